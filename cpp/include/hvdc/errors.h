@@ -1,0 +1,28 @@
+// Exceptions the core throws; the bindings map each to a Python exception class of the same name.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace hvdc {
+
+// Wrong use of the API on this rank (bad dtype, device, size): raised before any communication.
+struct UsageError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// Ranks called the same collective with different arguments; every rank throws it.
+struct MismatchError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A peer did not join a collective in time (dead, or stuck in different code).
+struct CommTimeoutError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The MPI library reported an error.
+struct CommError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace hvdc

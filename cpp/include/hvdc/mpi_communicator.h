@@ -1,0 +1,44 @@
+// Communicator over MPI. Owns a duplicate of the communicator it is given, so that its traffic
+// never matches Horovod's messages on the same world, and frees it on destruction.
+#pragma once
+#include <mpi.h>
+
+#include "hvdc/communicator.h"
+
+namespace hvdc {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Duplicates `comm`; MPI must be initialized (by mpi4py or Horovod) before this.
+  explicit MpiCommunicator(MPI_Comm comm);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void allreduce_sum(void* buf, int64_t count, DType dtype) override;
+  void allgather(const void* send, void* recv, size_t bytes) override;
+  void allgather_timed(const void* send, void* recv, size_t bytes, double timeout_s) override;
+  void sendrecv(const void* send, size_t send_bytes, int dst, void* recv, size_t recv_bytes,
+                int src) override;
+  void alltoall(const void* send, void* recv, size_t bytes) override;
+  void broadcast(void* buf, size_t bytes, int root) override;
+  std::unique_ptr<Communicator> split(int color, int key) const override;
+
+  // Ranks that share memory with this one (MPI_Comm_split_type SHARED).
+  std::unique_ptr<Communicator> split_shared() const;
+
+  static bool mpi_initialized();
+
+ private:
+  struct Adopt {};
+  MpiCommunicator(MPI_Comm owned, Adopt);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace hvdc

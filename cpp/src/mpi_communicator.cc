@@ -1,0 +1,167 @@
+#include "hvdc/mpi_communicator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "hvdc/errors.h"
+
+namespace hvdc {
+namespace {
+
+// MPI counts are int; every transfer is cut into pieces below 2^31 bytes.
+constexpr size_t kMaxChunkBytes = size_t{1} << 30;
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw CommError(std::string(what) + " failed: " + std::string(msg, len));
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::kFloat32: return MPI_FLOAT;
+    case DType::kFloat64: return MPI_DOUBLE;
+    default: throw UsageError(std::string("MPI sum is not defined for ") + dtype_name(t));
+  }
+}
+
+// Bytes a bandwidth-optimal (ring) allreduce moves per rank each way; MPI chooses its own algorithm,
+// so this is the model the statistics report, not a measurement of the library.
+uint64_t ring_bytes(size_t bytes, int n) {
+  return n <= 1 ? 0 : static_cast<uint64_t>(2.0 * (n - 1) / n * static_cast<double>(bytes));
+}
+
+}  // namespace
+
+bool MpiCommunicator::mpi_initialized() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
+  if (!mpi_initialized()) throw UsageError("MPI is not initialized");
+  check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+  // Errors come back as return codes and become C++ exceptions instead of aborting the job.
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm owned, Adopt) : comm_(owned) {
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  // After MPI_Finalize (interpreter shutdown) the handle is gone with the library state.
+  if (comm_ != MPI_COMM_NULL && mpi_initialized()) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::allreduce_sum(void* buf, int64_t count, DType dtype) {
+  const size_t esize = dtype_size(dtype);
+  const MPI_Datatype type = mpi_type(dtype);
+  const int64_t chunk = static_cast<int64_t>(kMaxChunkBytes / esize);
+  auto* p = static_cast<char*>(buf);
+  for (int64_t off = 0; off < count; off += chunk) {
+    const int n = static_cast<int>(std::min(chunk, count - off));
+    check(MPI_Allreduce(MPI_IN_PLACE, p + off * esize, n, type, MPI_SUM, comm_), "MPI_Allreduce");
+  }
+  const uint64_t b = ring_bytes(static_cast<size_t>(count) * esize, size_);
+  stats_.add(b, b);
+}
+
+void MpiCommunicator::allgather(const void* send, void* recv, size_t bytes) {
+  if (bytes >= kMaxChunkBytes) throw UsageError("allgather block too large");
+  check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
+                      MPI_BYTE, comm_),
+        "MPI_Allgather");
+  stats_.add(bytes * (size_ - 1), bytes * (size_ - 1));
+}
+
+void MpiCommunicator::allgather_timed(const void* send, void* recv, size_t bytes, double timeout_s) {
+  if (bytes >= kMaxChunkBytes) throw UsageError("allgather block too large");
+  MPI_Request req;
+  check(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
+                       MPI_BYTE, comm_, &req),
+        "MPI_Iallgather");
+  const auto start = std::chrono::steady_clock::now();
+  int done = 0;
+  int spins = 0;
+  while (true) {
+    check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) break;
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (timeout_s > 0 && waited > timeout_s) {
+      // The request cannot be cancelled portably; it is left pending and this communicator
+      // must not be used again. The caller turns this into an error on this rank.
+      throw CommTimeoutError("rank " + std::to_string(rank_) + " waited " +
+                             std::to_string(static_cast<int>(waited)) +
+                             " s for the other ranks to join a collective; a peer is dead or "
+                             "running different code (HVDC_TIMEOUT sets the limit)");
+    }
+    // Spin briefly for latency, then back off so a waiting rank does not steal a core.
+    if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  stats_.add(bytes * (size_ - 1), bytes * (size_ - 1));
+}
+
+void MpiCommunicator::sendrecv(const void* send, size_t send_bytes, int dst, void* recv,
+                               size_t recv_bytes, int src) {
+  const auto* s = static_cast<const char*>(send);
+  auto* r = static_cast<char*>(recv);
+  size_t so = 0, ro = 0;
+  // Both sides cut the stream at the same offsets, so pieces match one to one.
+  while (so < send_bytes || ro < recv_bytes) {
+    const int sn = static_cast<int>(std::min(kMaxChunkBytes, send_bytes - so));
+    const int rn = static_cast<int>(std::min(kMaxChunkBytes, recv_bytes - ro));
+    check(MPI_Sendrecv(s + so, sn, MPI_BYTE, dst, 7, r + ro, rn, MPI_BYTE, src, 7, comm_,
+                       MPI_STATUS_IGNORE),
+          "MPI_Sendrecv");
+    so += sn;
+    ro += rn;
+  }
+  stats_.add(send_bytes, recv_bytes);
+}
+
+void MpiCommunicator::alltoall(const void* send, void* recv, size_t bytes) {
+  if (bytes >= kMaxChunkBytes) throw UsageError("alltoall block too large");
+  check(MPI_Alltoall(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
+                     MPI_BYTE, comm_),
+        "MPI_Alltoall");
+  stats_.add(bytes * (size_ - 1), bytes * (size_ - 1));
+}
+
+void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) {
+  auto* p = static_cast<char*>(buf);
+  for (size_t off = 0; off < bytes; off += kMaxChunkBytes) {
+    const int n = static_cast<int>(std::min(kMaxChunkBytes, bytes - off));
+    check(MPI_Bcast(p + off, n, MPI_BYTE, root, comm_), "MPI_Bcast");
+  }
+  if (rank_ == root)
+    stats_.add(bytes * (size_ - 1), 0);
+  else
+    stats_.add(0, bytes);
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) const {
+  MPI_Comm out;
+  check(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split");
+  return std::unique_ptr<Communicator>(new MpiCommunicator(out, Adopt{}));
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split_shared() const {
+  MPI_Comm out;
+  check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &out),
+        "MPI_Comm_split_type");
+  return std::unique_ptr<Communicator>(new MpiCommunicator(out, Adopt{}));
+}
+
+}  // namespace hvdc

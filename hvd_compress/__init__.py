@@ -1,0 +1,1 @@
+"""hvd_compress."""

@@ -1,0 +1,91 @@
+"""Build of hvd_compress and its C++ core, hvd_compress._core (nanobind, MPI).
+
+CUDA sources (cpp/cuda/*.cu) are compiled when nvcc is on PATH and HVDC_WITH_CUDA is not "0";
+the CPU build never needs a GPU or the CUDA toolkit.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+
+import nanobind
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def mpi_flags() -> tuple[list[str], list[str], list[str]]:
+    """Include dirs, library dirs and libraries of the system MPI, asked from its compiler wrapper."""
+
+    def show(what: str) -> list[str]:
+        out = subprocess.run(["mpicc", f"--showme:{what}"], check=True, capture_output=True, text=True)
+        return out.stdout.split()
+
+    if shutil.which("mpicc") is None:
+        raise SystemExit("mpicc not found: install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
+    return show("incdirs"), show("libdirs"), show("libs")
+
+
+def cuda_enabled() -> bool:
+    return os.environ.get("HVDC_WITH_CUDA", "1") != "0" and shutil.which("nvcc") is not None
+
+
+class BuildExt(build_ext):
+    """build_ext that hands .cu files to nvcc and everything else to the C++ compiler."""
+
+    def build_extensions(self) -> None:
+        compiler = self.compiler
+        original = compiler._compile
+
+        def compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts):
+            if src.endswith(".cu"):
+                nvcc_args = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-c", src, "-o", obj]
+                nvcc_args += [a for a in pp_opts if a.startswith(("-I", "-D"))]
+                self.spawn(["nvcc", *nvcc_args])
+            else:
+                original(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        compiler.src_extensions.append(".cu")
+        compiler._compile = compile_one
+        super().build_extensions()
+
+
+def core_extension() -> Extension:
+    inc, libdirs, libs = mpi_flags()
+    nb_dir = os.path.dirname(nanobind.include_dir())
+    sources = sorted(glob.glob("cpp/src/*.cc")) + [os.path.join(nanobind.source_dir(), "nb_combined.cpp")]
+    macros = [("OMPI_SKIP_MPICXX", "1"), ("NDEBUG", "1")]
+    if cuda_enabled() and glob.glob("cpp/cuda/*.cu"):
+        sources += sorted(glob.glob("cpp/cuda/*.cu"))
+        macros.append(("HVDC_WITH_CUDA", "1"))
+        cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(shutil.which("nvcc"))))
+        libdirs = [*libdirs, os.path.join(cuda_home, "lib64")]
+        libs = [*libs, "cudart"]
+    return Extension(
+        "hvd_compress._core",
+        sources=sources,
+        include_dirs=["cpp/include", nanobind.include_dir(), os.path.join(nb_dir, "ext/robin_map/include"), *inc],
+        library_dirs=libdirs,
+        runtime_library_dirs=libdirs,
+        libraries=libs,
+        define_macros=macros,
+        extra_compile_args=["-std=c++17", "-O3", "-fvisibility=hidden", "-fno-strict-aliasing", "-Wall"],
+        language="c++",
+    )
+
+
+setup(
+    name="hvd_compress",
+    version="0.1.0",
+    description="Communication-efficient reductions (Adasum, 1-bit Adam/LAMB, SLAMB, Birder) on Horovod",
+    packages=find_packages(include=["hvd_compress", "hvd_compress.*"]),
+    ext_modules=[core_extension()],
+    cmdclass={"build_ext": BuildExt},
+    python_requires=">=3.10",
+    install_requires=["numpy", "mpi4py"],
+    zip_safe=False,
+)
