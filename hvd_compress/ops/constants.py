@@ -1,0 +1,20 @@
+"""Reduction ops understood by hvd_compress; the values match ``hvdc::ReduceOp`` in cpp/."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ReduceOp(enum.IntEnum):
+    """How a collective combines the ranks' tensors."""
+
+    Sum = 0
+    Average = 1
+    Adasum = 2
+
+
+Sum = ReduceOp.Sum
+Average = ReduceOp.Average
+Adasum = ReduceOp.Adasum
+
+DENSE_OPS = (ReduceOp.Sum, ReduceOp.Average)

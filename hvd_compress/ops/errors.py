@@ -1,0 +1,22 @@
+"""Exceptions raised by hvd_compress. Collective errors are raised on every rank alike."""
+
+from __future__ import annotations
+
+from hvd_compress import _core
+
+#: Bad input on some rank (dtype, device, layout); every rank raises it. A ``ValueError``.
+UsageError = _core.UsageError
+#: Ranks called a collective with different shapes, dtypes, ops or names. A ``RuntimeError``.
+MismatchError = _core.MismatchError
+#: A peer did not join a collective within the timeout. A ``TimeoutError``.
+CommTimeoutError = _core.CommTimeoutError
+#: The MPI library reported an error. A ``RuntimeError``.
+CommError = _core.CommError
+
+
+class NotInitializedError(RuntimeError):
+    """A collective was called before ``hvd.init()`` or ``hc.init()``."""
+
+
+class LaunchError(RuntimeError):
+    """The processes were not started by an MPI launcher, or Horovod and MPI disagree on the world."""

@@ -1,0 +1,18 @@
+"""The one place where a framework tensor becomes a core buffer.
+
+The core reads DLPack (``__dlpack__`` objects or capsules) through nanobind, so torch tensors,
+NumPy arrays and TensorFlow's DLPack capsules all reach it without a copy. This module only
+removes what DLPack refuses to export (autograd history) and never imports a framework.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def as_core_buffer(tensor: Any) -> Any:
+    """An object the core accepts for ``tensor``'s memory (same storage, no copy)."""
+    detach = getattr(tensor, "detach", None)
+    if detach is not None and getattr(tensor, "requires_grad", False):
+        return detach()
+    return tensor

@@ -1,0 +1,52 @@
+"""PyTorch face of hvd_compress: ``import hvd_compress.torch as hc``.
+
+Use after ``hvd.init()`` (or ``hc.init()`` in a job without Horovod, started by ``mpirun``)::
+
+    opt = hc.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hc.Average)
+"""
+
+from hvd_compress.ops.constants import Adasum, Average, ReduceOp, Sum
+from hvd_compress.ops.errors import (
+    CommError,
+    CommTimeoutError,
+    LaunchError,
+    MismatchError,
+    NotInitializedError,
+    UsageError,
+)
+from hvd_compress.ops.runtime import comm_stats, set_timeout
+from hvd_compress.torch.context import init, rank, size
+from hvd_compress.torch.functions import (
+    allreduce,
+    allreduce_,
+    broadcast_,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from hvd_compress.torch.optimizer import DistributedOptimizer
+
+__all__ = [
+    "Adasum",
+    "Average",
+    "CommError",
+    "CommTimeoutError",
+    "DistributedOptimizer",
+    "LaunchError",
+    "MismatchError",
+    "NotInitializedError",
+    "ReduceOp",
+    "Sum",
+    "UsageError",
+    "allreduce",
+    "allreduce_",
+    "broadcast_",
+    "broadcast_object",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+    "comm_stats",
+    "init",
+    "rank",
+    "set_timeout",
+    "size",
+]

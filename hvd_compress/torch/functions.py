@@ -1,0 +1,96 @@
+"""Collectives on torch tensors: allreduce, broadcast of parameters, optimizer state and objects."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from hvd_compress import ops
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.torch.context import ensure_init, horovod
+
+
+def allreduce_(tensor: torch.Tensor, op: Any = ReduceOp.Average, name: str | None = None) -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks in place and return it."""
+    ensure_init()
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"allreduce_ expects a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.is_contiguous():
+        ops.allreduce_(tensor.detach(), op=op, name=name)
+        return tensor
+    staged = tensor.detach().contiguous()
+    ops.allreduce_(staged, op=op, name=name)
+    with torch.no_grad():
+        tensor.copy_(staged)
+    return tensor
+
+
+def allreduce(tensor: torch.Tensor, op: Any = ReduceOp.Average, name: str | None = None) -> torch.Tensor:
+    """A new tensor holding the reduction of ``tensor`` over all ranks."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"allreduce expects a torch.Tensor, got {type(tensor).__name__}")
+    out = tensor.detach().clone(memory_format=torch.contiguous_format)
+    return allreduce_(out, op=op, name=name)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
+    """Overwrite ``tensor`` with root_rank's value, in place."""
+    ensure_init()
+    staged = tensor.detach() if tensor.is_contiguous() else tensor.detach().contiguous()
+    ops.broadcast_(staged, root_rank=root_rank, name=name)
+    if staged.data_ptr() != tensor.data_ptr():
+        with torch.no_grad():
+            tensor.copy_(staged)
+    return tensor
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+    """root_rank's ``obj`` (anything ``torch.save`` can write), on every rank."""
+    ensure_init()
+    if ops.rank() == root_rank:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+        length = torch.tensor([payload.numel()], dtype=torch.float64)
+    else:
+        length = torch.zeros(1, dtype=torch.float64)
+    ops.broadcast_(length, root_rank, f"{name or 'object'}.length")
+    if ops.rank() != root_rank:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    ops.broadcast_(payload, root_rank, f"{name or 'object'}.payload")
+    if ops.rank() == root_rank:
+        return obj
+    return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
+
+
+def _named_tensors(params: Any) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(params, dict):
+        return sorted(params.items())
+    items = list(params)
+    if items and isinstance(items[0], tuple):
+        return list(items)
+    return [(str(i), t) for i, t in enumerate(items)]
+
+
+def broadcast_parameters(params: dict[str, torch.Tensor] | Iterable[Any], root_rank: int = 0) -> None:
+    """Copy root_rank's parameters (a state_dict, or named_parameters()) to every rank, in place.
+
+    As ``hvd.broadcast_parameters``: Horovod does it when it runs, else the hvd_compress core.
+    """
+    hvd = horovod()
+    if hvd is not None:
+        hvd.broadcast_parameters(params, root_rank=root_rank)
+        return
+    for name, t in _named_tensors(params):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"broadcast_parameters: {name} is a {type(t).__name__}, not a tensor")
+        broadcast_(t.data if isinstance(t, torch.nn.Parameter) else t, root_rank, f"param.{name}")
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+    """Make every rank's optimizer state (hvd_compress compression state included) root_rank's."""
+    state = broadcast_object(optimizer.state_dict(), root_rank, "optimizer_state")
+    optimizer.load_state_dict(state)

@@ -1,0 +1,89 @@
+"""Runs a worker script on n real MPI processes under a hard timeout, and loads what each rank saved.
+
+Workers write ``rank{r}.pt`` into the directory given as their first argument; a hung or failed
+job fails the calling test with the job's output, it never hangs the test run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}",
+        OMP_NUM_THREADS="1",
+        TF_CPP_MIN_LOG_LEVEL="3",
+    )
+    if extra:
+        env.update(extra)
+    return env
+
+
+def launch(cmd: list[str], timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` in its own process group; on timeout kill the whole group and fail loudly."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"job hung: killed after {timeout:.0f} s: {' '.join(cmd)}\n{out[-6000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+def mpirun(
+    worker: str,
+    n: int,
+    out_dir: Path,
+    *args: str,
+    timeout: float = 180,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    mpi_args: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    cmd = ["mpirun", "--oversubscribe", "-np", str(n), "--bind-to", "none", *mpi_args]
+    cmd += [sys.executable, str(WORKERS / worker), str(out_dir), *args]
+    res = launch(cmd, timeout, mpi_env(env))
+    if check and res.returncode != 0:
+        raise AssertionError(f"{worker} on {n} ranks exited {res.returncode}:\n{res.stdout[-6000:]}")
+    return res
+
+
+def horovodrun(
+    worker: str, n: int, out_dir: Path, *args: str, mode: str = "--mpi", timeout: float = 180, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    cmd = ["horovodrun", "-np", str(n), mode]
+    if mode == "--mpi":
+        cmd += ["--mpi-args=--oversubscribe --bind-to none"]
+    cmd += [sys.executable, str(WORKERS / worker), str(out_dir), *args]
+    res = launch(cmd, timeout, mpi_env())
+    if check and res.returncode != 0:
+        raise AssertionError(f"{worker} under horovodrun on {n} ranks exited {res.returncode}:\n{res.stdout[-6000:]}")
+    return res
+
+
+def load_ranks(out_dir: Path, n: int) -> list[dict[str, Any]]:
+    """What each rank saved, in rank order; fails if a rank saved nothing."""
+    results = []
+    for r in range(n):
+        path = out_dir / f"rank{r}.pt"
+        assert path.exists(), f"rank {r} of {n} wrote no result"
+        results.append(torch.load(path, weights_only=False))
+    return results

@@ -1,0 +1,72 @@
+"""hc.allreduce / allreduce_ with Sum and Average on real MPI processes, against the NumPy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi_harness import load_ranks, mpirun
+
+from hvd_compress import reference
+
+SIZES = [0, 1, 7, 4097, 1 << 18]
+
+
+def _tolerance(expected: np.ndarray, inputs: list[np.ndarray], dtype: str, n: int) -> np.ndarray:
+    # The core sums in float32 (half types widened first; float64 as is) in MPI's order; the reference
+    # is exact and rounds once. Allow the summation error (n roundings of at most sum|x_i|) plus one
+    # ulp of the storage dtype.
+    eps = 2.0**-52 if dtype == "float64" else 2.0**-23
+    abs_sum = np.sum([np.abs(x) for x in inputs], axis=0)
+    return reference.ulp(expected, dtype) + eps * n * abs_sum
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_allreduce_matches_reference_for_every_dtype_and_size(n: int, out_dir) -> None:
+    mpirun("allreduce.py", n, out_dir, ",".join(map(str, SIZES)))
+    ranks = load_ranks(out_dir, n)
+    keys = [k for k in ranks[0]["results"] if isinstance(k, tuple)]
+    assert len(keys) == 2 * 4 * len(SIZES)
+    for key in keys:
+        op, dtype, numel = key
+        inputs = [rk["results"][key][0].numpy() for rk in ranks]
+        expected = reference.allreduce(inputs, op=op, dtype=dtype)
+        for r, rk in enumerate(ranks):
+            _, out, out_inplace = rk["results"][key]
+            for label, got in (("allreduce", out.numpy()), ("allreduce_", out_inplace.numpy())):
+                assert got.shape == expected[r].shape
+                err = np.abs(got - expected[r])
+                tol = _tolerance(expected[r], inputs, dtype, n)
+                bad = np.flatnonzero(err > tol)
+                assert bad.size == 0, (
+                    f"{label} {op} {dtype} numel={numel} n={n}: rank {r} differs from the reference at "
+                    f"{bad.size} element(s), first at {bad[0]}: got {got[bad[0]]}, want {expected[r][bad[0]]} "
+                    f"(max error {err.max():.3g})"
+                )
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_allreduce_in_place_on_noncontiguous_tensor_keeps_layout(n: int, out_dir) -> None:
+    mpirun("allreduce.py", n, out_dir, "1")
+    ranks = load_ranks(out_dir, n)
+    inputs = [rk["results"]["noncontig"][0].numpy().T for rk in ranks]
+    want = np.sum(inputs, axis=0)
+    for r, rk in enumerate(ranks):
+        got = rk["results"]["noncontig"][1].numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"rank {r} of {n}")
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_comm_stats_count_ring_bytes_of_each_call(n: int, out_dir) -> None:
+    mpirun("allreduce.py", n, out_dir, "4097")
+    ranks = load_ranks(out_dir, n)
+    for r, rk in enumerate(ranks):
+        stats = rk["stats"]
+        # 2 ops x 4 dtypes x (allreduce + allreduce_) of 4097 elements; halves travel as float32.
+        elem_bytes = {"float16": 4, "bfloat16": 4, "float32": 4, "float64": 8}
+        data = sum(2 * 2 * int(2 * (n - 1) / n * 4097 * b) for b in elem_bytes.values())
+        data += int(2 * (n - 1) / n * 64 * 4)  # the non-contiguous float32 call
+        assert stats["bytes_sent"] >= data, f"rank {r}: sent {stats['bytes_sent']} < data bytes {data}"
+        assert stats["bytes_sent"] == stats["bytes_received"], f"rank {r}: {stats}"
+        # Signature exchanges are small: at most 256 bytes per peer per call.
+        assert stats["bytes_sent"] - data <= stats["calls"] * 256 * (n - 1), f"rank {r}: {stats}"
+        assert stats["calls"] == 17, f"rank {r}: {stats}"
