@@ -1,0 +1,78 @@
+"""Each kind of bad input, on some ranks only; every rank records the exception it got."""
+
+import os
+import sys
+import threading
+import time
+
+import torch
+from common import save
+
+import hvd_compress.torch as hc
+
+case = sys.argv[2]
+hc.init()
+r, n = hc.rank(), hc.size()
+caught: dict[str, str] = {}
+
+
+def attempt(label, fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001  (the test inspects the type and text)
+        caught[label] = f"{type(e).__name__}: {e}"
+    else:
+        caught[label] = "no error"
+
+
+if case == "dtype":
+    x = torch.ones(5, dtype=torch.int32 if r == n - 1 else torch.float32)
+    attempt("dtype", lambda: hc.allreduce(x))
+    y = torch.ones(3, dtype=torch.complex64)
+    attempt("complex_all", lambda: hc.allreduce(y))
+elif case == "device":
+    x = torch.ones(5, device="meta" if r == 1 else "cpu")
+    attempt("device", lambda: hc.allreduce_(x))
+elif case == "shape":
+    attempt("numel", lambda: hc.allreduce(torch.ones(4 + r)))
+    attempt("dtype_mismatch", lambda: hc.allreduce(torch.ones(4, dtype=torch.float64 if r == 0 else torch.float32)))
+    attempt("op_mismatch", lambda: hc.allreduce(torch.ones(4), op=hc.Sum if r == 0 else hc.Average))
+    attempt("unknown_op", lambda: hc.allreduce(torch.ones(4), op=42))
+elif case == "after_errors":
+    attempt("numel", lambda: hc.allreduce(torch.ones(4 + r)))
+elif case == "timeout":
+    hc.set_timeout(2.0)
+    if r == 0:
+        start = time.monotonic()
+        attempt("timeout", lambda: hc.allreduce(torch.ones(4)))
+        caught["waited"] = f"{time.monotonic() - start:.1f}"
+        attempt("after_timeout", lambda: hc.allreduce(torch.ones(4)))
+    else:
+        time.sleep(6)  # a peer stuck elsewhere
+        caught["timeout"] = "peer"
+    save(r, {"caught": caught})
+    sys.stdout.flush()
+    os._exit(0)  # rank 0 holds a request that can never complete; MPI_Finalize would wait for it
+elif case == "gil":
+    # While rank 1 waits inside a collective for rank 0 (which arrives 1.5 s late), a Python thread
+    # on rank 1 keeps running: the core released the GIL.
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    if r == 0:
+        time.sleep(1.5)
+    t = threading.Thread(target=spin)
+    t.start()
+    hc.allreduce(torch.ones(4))
+    stop.set()
+    t.join()
+    caught["ticks"] = str(ticks[0])
+# After every error above, the ranks still agree and communicate.
+z = hc.allreduce(torch.full((3,), float(r)), op=hc.Sum)
+caught["recovered"] = str(z.tolist())
+save(r, {"caught": caught})
