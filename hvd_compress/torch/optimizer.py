@@ -108,7 +108,8 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
         raise NotImplementedError(f"DistributedOptimizer(op={op.name}) is not available yet")
     if algorithm_options:
         raise TypeError(f"op={op.name} takes no algorithm options, got {sorted(algorithm_options)}")
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedMixin.__dict__))
+    methods = {k: v for k, v in vars(_DistributedMixin).items() if not k.startswith("__")}
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     state = optimizer.state_dict()
     wrapped = cls.__new__(cls)
     optimizer.__class__.__init__(wrapped, optimizer.param_groups, **_init_kwargs(optimizer))
