@@ -57,7 +57,7 @@ class BuildExt(build_ext):
 def core_extension() -> Extension:
     inc, libdirs, libs = mpi_flags()
     nb_dir = os.path.dirname(nanobind.include_dir())
-    sources = sorted(glob.glob("cpp/src/*.cc")) + [os.path.join(nanobind.source_dir(), "nb_combined.cpp")]
+    sources = [*sorted(glob.glob("cpp/src/*.cc")), os.path.join(nanobind.source_dir(), "nb_combined.cpp")]
     macros = [("OMPI_SKIP_MPICXX", "1"), ("NDEBUG", "1")]
     if cuda_enabled() and glob.glob("cpp/cuda/*.cu"):
         sources += sorted(glob.glob("cpp/cuda/*.cu"))

@@ -14,7 +14,7 @@ def _simulate(init: list[torch.Tensor], n: int, op: str, steps: int, passes: int
     """The same training on one process: each virtual rank's gradient, combined by the reference."""
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     with torch.no_grad():
-        for p, v in zip(model.parameters(), init):
+        for p, v in zip(model.parameters(), init, strict=True):
             p.copy_(v)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
@@ -42,12 +42,12 @@ def test_distributed_optimizer_matches_simulation_and_keeps_ranks_identical(n, o
     mpirun("optimizer.py", n, out_dir, op, str(steps), str(passes))
     ranks = load_ranks(out_dir, n)
     for r in range(1, n):
-        for i, (a, b) in enumerate(zip(ranks[0]["init"], ranks[r]["init"])):
+        for i, (a, b) in enumerate(zip(ranks[0]["init"], ranks[r]["init"], strict=True)):
             assert torch.equal(a, b), f"broadcast_parameters: rank {r} tensor {i} differs from rank 0"
-        for step, (h0, hr) in enumerate(zip(ranks[0]["hashes"], ranks[r]["hashes"])):
+        for step, (h0, hr) in enumerate(zip(ranks[0]["hashes"], ranks[r]["hashes"], strict=True)):
             assert h0 == hr, f"n={n}: rank {r} parameters differ from rank 0 after step {step}"
     want = _simulate(ranks[0]["init"], n, op, steps, passes)
-    for i, (got, exp) in enumerate(zip(ranks[0]["final"], want)):
+    for i, (got, exp) in enumerate(zip(ranks[0]["final"], want, strict=True)):
         err = (got - exp).abs().max().item()
         assert err < 1e-5, f"n={n} {op}: parameter {i} is {err:.3g} away from the simulation"
     for r, rk in enumerate(ranks):

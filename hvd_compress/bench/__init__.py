@@ -1,0 +1,1 @@
+"""Benchmarks of hvd_compress collectives against Horovod's, run by ``make bench``."""

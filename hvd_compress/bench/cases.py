@@ -1,0 +1,35 @@
+"""What the benchmark times: each case is one of our collectives and the Horovod collectives it is
+compared with, all applied to the same float32 buffer."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+import hvd_compress.torch as hc
+
+Collective = Callable[[torch.Tensor], object]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    ours: Collective
+    baselines: dict[str, Collective]  # label -> Horovod collective; the first is the ratio's denominator
+
+
+def horovod_average(hvd) -> Collective:
+    return lambda t: hvd.allreduce_(t, op=hvd.Average, name="bench.hvd_average")
+
+
+def cases(hvd) -> list[Case]:
+    """All benchmark cases available in this build."""
+    return [
+        Case(
+            name="allreduce Average",
+            ours=lambda t: hc.allreduce_(t, op=hc.Average, name="bench.average"),
+            baselines={"hvd Average": horovod_average(hvd)},
+        ),
+    ]

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs `python -m hvd_compress.bench` under mpirun. With a rate (e.g. `tools/bench.sh 1gbit`) the
+# ranks run inside a network namespace whose loopback is rate-limited by tc tbf, and MPI is forced
+# over TCP on that loopback; the namespace is removed afterwards, also on failure.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PY:-python3}
+NP=${NP:-2}
+NET=${1:-}
+out="$here/bench_results"
+mkdir -p "$out"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+export TF_CPP_MIN_LOG_LEVEL=3
+mpi=(mpirun --oversubscribe --bind-to none -np "$NP" -x PYTHONPATH -x OMP_NUM_THREADS=1)
+if [ -z "$NET" ]; then
+    "${mpi[@]}" "$PY" -m hvd_compress.bench --out "$out" --label shm
+    exit 0
+fi
+ns="hvdc_bench_$$"
+cleanup() { ip netns del "$ns" 2>/dev/null || true; }
+trap cleanup EXIT INT TERM
+ip netns add "$ns"
+ip netns exec "$ns" ip link set lo up
+ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$NET" burst 256kb latency 50ms
+echo "[bench] namespace $ns: loopback limited to $NET (tbf burst 256kb latency 50ms); MPI over TCP"
+ip netns exec "$ns" "${mpi[@]}" --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+    -x HOROVOD_CPU_OPERATIONS=MPI "$PY" -m hvd_compress.bench --out "$out" --label "$NET"
