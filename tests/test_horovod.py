@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from mpi_harness import horovodrun, load_ranks
 
 

@@ -56,7 +56,9 @@ def init(comm: Any = None, expected_size: int | None = None, expected_rank: int 
             "hvd_compress needs MPI, but this job was started by horovodrun with Gloo: "
             "launch with `horovodrun --mpi ...` or `mpirun ...`"
         )
-    from mpi4py import MPI  # noqa: PLC0415  (importing mpi4py.MPI initializes MPI)
+    # Imported here, not at module level: importing mpi4py.MPI initializes MPI, which must not happen
+    # before the launch checks above (a Gloo launch would silently get a world of one).
+    from mpi4py import MPI
 
     world = comm if comm is not None else MPI.COMM_WORLD
     if _session is not None and _session.world is world:

@@ -12,7 +12,7 @@ from hvd_compress.ops.errors import LaunchError
 def horovod() -> ModuleType | None:
     """``horovod.torch`` if it is installed and initialized, else None."""
     try:
-        import horovod.torch as hvd  # noqa: PLC0415
+        import horovod.torch as hvd
     except ImportError:
         return None
     try:

@@ -6,6 +6,7 @@ wrapped optimizer, exactly like ``hvd.DistributedOptimizer``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from typing import Any
 
@@ -120,7 +121,5 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
 
 def _init_kwargs(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Constructor keywords that re-create ``optimizer``: its defaults (param groups carry the rest)."""
-    import inspect  # noqa: PLC0415
-
     accepted = inspect.signature(optimizer.__class__.__init__).parameters
     return {k: v for k, v in optimizer.defaults.items() if k in accepted}
