@@ -31,8 +31,11 @@ class _DistributedMixin:
         self._hvdc_passes = PassCounter(self._hvdc_grads.params, backward_passes_per_step)
         self._hvdc_meter = CommMeter()
         self._hvdc_hooks = [
-            p.register_post_accumulate_grad_hook(self._hvdc_passes.add) for p in self._hvdc_grads.params
+            p.register_post_accumulate_grad_hook(self._hvdc_count_pass) for p in self._hvdc_grads.params
         ]
+
+    def _hvdc_count_pass(self, p: torch.Tensor) -> None:
+        self._hvdc_passes.add(p)
 
     def synchronize(self) -> None:
         """Reduce the accumulated gradients over all ranks (step() calls this)."""
