@@ -44,6 +44,8 @@ def make_model() -> torch.nn.Module:
 
 REDUCTIONS = {
     "Average": lambda params: (torch.optim.SGD(params, lr=0.05, momentum=0.9), {"op": hc.Average}),
+    # Adasum combines each rank's own SGD update; it needs no learning-rate rescaling for the rank count.
+    "Adasum": lambda params: (torch.optim.SGD(params, lr=0.05, momentum=0.9), {"op": hc.Adasum}),
 }
 
 

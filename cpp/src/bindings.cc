@@ -3,9 +3,12 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "hvdc/errors.h"
 #include "hvdc/runtime.h"
@@ -125,6 +128,87 @@ NB_MODULE(_core, m) {
             rt.broadcast(v, root, name);
           },
           nb::arg("tensor"), nb::arg("root"), nb::arg("name") = "")
+      .def(
+          "adasum",
+          [](Runtime& rt, nb::handle obj, std::vector<int64_t> sizes, bool hierarchical,
+             const std::string& name) {
+            nb::ndarray<> a;
+            try {
+              a = nb::cast<nb::ndarray<>>(obj);
+            } catch (const std::exception&) {
+              nb::gil_scoped_release nogil;
+              rt.reject(kAdasum, "argument is not a tensor that supports DLPack", name);
+            }
+            TensorView v;
+            try {
+              v = view_of(a);
+            } catch (const UsageError& e) {
+              nb::gil_scoped_release nogil;
+              rt.reject(kAdasum, e.what(), name);
+            }
+            if (sizes.empty()) sizes.push_back(v.numel);
+            nb::gil_scoped_release nogil;
+            rt.adasum(v, sizes, hierarchical, name);
+          },
+          nb::arg("tensor"), nb::arg("sizes"), nb::arg("hierarchical") = false,
+          nb::arg("name") = "",
+          "In-place Adasum of a contiguous fused buffer cut into tensors of `sizes` elements "
+          "(empty: the whole buffer is one tensor); coefficients per tensor.")
+      .def(
+          "adasum_group",
+          [](Runtime& rt, nb::list tensors, bool hierarchical, const std::string& name) {
+            // Separate tensors are packed into one core-owned buffer (one exchange, one small
+            // allreduce per level for all of them) and unpacked afterwards.
+            std::vector<nb::ndarray<>> arrays;
+            std::vector<TensorView> views;
+            std::vector<int64_t> sizes;
+            try {
+              for (size_t i = 0; i < tensors.size(); ++i) {
+                try {
+                  arrays.push_back(nb::cast<nb::ndarray<>>(tensors[i]));
+                } catch (const std::exception&) {
+                  throw UsageError("grouped Adasum: item " + std::to_string(i) +
+                                   " is not a tensor that supports DLPack");
+                }
+                views.push_back(view_of(arrays.back()));
+                if (views.back().dtype != views.front().dtype)
+                  throw UsageError(std::string("grouped Adasum: tensors must share one dtype; item ") +
+                                   std::to_string(i) + " is " + dtype_name(views.back().dtype) +
+                                   ", item 0 is " + dtype_name(views.front().dtype));
+                sizes.push_back(views.back().numel);
+              }
+            } catch (const UsageError& e) {
+              nb::gil_scoped_release nogil;
+              rt.reject(kAdasum, e.what(), name);
+            }
+            nb::gil_scoped_release nogil;
+            TensorView fused;
+            std::vector<unsigned char> packed;
+            if (views.size() == 1) {
+              fused = views[0];
+            } else if (!views.empty()) {
+              fused.dtype = views[0].dtype;
+              for (const TensorView& v : views) fused.numel += v.numel;
+              packed.resize(fused.nbytes());
+              fused.data = packed.data();
+              size_t at = 0;
+              for (const TensorView& v : views) {
+                if (v.numel) std::memcpy(packed.data() + at, v.data, v.nbytes());
+                at += v.nbytes();
+              }
+            }
+            rt.adasum(fused, sizes, hierarchical, name);
+            if (views.size() > 1) {
+              size_t at = 0;
+              for (const TensorView& v : views) {
+                if (v.numel) std::memcpy(v.data, packed.data() + at, v.nbytes());
+                at += v.nbytes();
+              }
+            }
+          },
+          nb::arg("tensors"), nb::arg("hierarchical") = false, nb::arg("name") = "",
+          "In-place grouped Adasum of a list of contiguous same-dtype tensors (one fused "
+          "exchange, coefficients per tensor).")
       .def("stats",
            [](const Runtime& rt) {
              const CommStats s = rt.stats();

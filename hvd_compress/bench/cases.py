@@ -32,4 +32,12 @@ def cases(hvd) -> list[Case]:
             ours=lambda t: hc.allreduce_(t, op=hc.Average, name="bench.average"),
             baselines={"hvd Average": horovod_average(hvd)},
         ),
+        Case(
+            name="allreduce Adasum",
+            ours=lambda t: hc.allreduce_(t, op=hc.Adasum, name="bench.adasum"),
+            baselines={
+                "hvd Adasum": lambda t: hvd.allreduce_(t, op=hvd.Adasum, name="bench.hvd_adasum"),
+                "hvd Average": horovod_average(hvd),
+            },
+        ),
     ]

@@ -1,6 +1,6 @@
 """Framework-neutral API of hvd_compress (layer 2 of DESIGN.md): ops, runtime, collectives."""
 
-from hvd_compress.ops.collectives import allreduce_, broadcast_
+from hvd_compress.ops.collectives import adasum_fused_, allreduce_, broadcast_, grouped_allreduce_
 from hvd_compress.ops.constants import Adasum, Average, ReduceOp, Sum
 from hvd_compress.ops.errors import (
     CommError,
@@ -23,9 +23,11 @@ __all__ = [
     "ReduceOp",
     "Sum",
     "UsageError",
+    "adasum_fused_",
     "allreduce_",
     "broadcast_",
     "comm_stats",
+    "grouped_allreduce_",
     "init",
     "is_initialized",
     "rank",

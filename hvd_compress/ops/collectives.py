@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import Any
 
 from hvd_compress.ops import runtime
@@ -17,14 +19,56 @@ def _check_op(op: Any) -> ReduceOp:
     return op
 
 
+def _hierarchical(hierarchical: bool | None) -> bool:
+    """The Adasum mode: the argument, else ``HVDC_ADASUM_HIERARCHICAL=1`` from the environment."""
+    if hierarchical is not None:
+        return bool(hierarchical)
+    return os.environ.get("HVDC_ADASUM_HIERARCHICAL", "0").strip() not in ("", "0")
+
+
 def allreduce_(tensor: Any, op: Any = ReduceOp.Average, name: str | None = None) -> Any:
-    """Reduce ``tensor`` (contiguous, on the CPU) over all ranks in place and return it."""
+    """Reduce ``tensor`` (contiguous, on the CPU) over all ranks in place and return it.
+
+    With ``op=Adasum`` the whole tensor is one Adasum vector.
+    """
     op = _check_op(op)
     rt = runtime.get()
     if op in DENSE_OPS:
         rt.allreduce(as_core_buffer(tensor), int(op), name or "")
         return tensor
+    if op == ReduceOp.Adasum:
+        return adasum_fused_(tensor, [], name=name)
     raise NotImplementedError(f"op {op.name} is not available in allreduce yet")
+
+
+def adasum_fused_(flat: Any, sizes: Sequence[int], name: str | None = None, hierarchical: bool | None = None) -> Any:
+    """Adasum of a contiguous fused buffer over all ranks, in place; returns ``flat``.
+
+    ``sizes`` cuts ``flat`` into consecutive tensors (empty: one tensor); the Adasum dot products and
+    coefficients are per tensor, all tensors travel in one exchange. ``hierarchical`` (default:
+    ``HVDC_ADASUM_HIERARCHICAL``) averages within each node and runs Adasum across nodes.
+    """
+    runtime.get().adasum(as_core_buffer(flat), [int(s) for s in sizes], _hierarchical(hierarchical), name or "")
+    return flat
+
+
+def grouped_allreduce_(
+    tensors: Sequence[Any], op: Any = ReduceOp.Adasum, name: str | None = None, hierarchical: bool | None = None
+) -> list[Any]:
+    """Reduce each of ``tensors`` (contiguous, one dtype) over all ranks in place; returns them.
+
+    With ``op=Adasum`` the tensors are fused into one exchange with per-tensor coefficients (the core
+    packs them into one scratch buffer). Sum/Average reduce tensor by tensor.
+    """
+    op = _check_op(op)
+    tensors = list(tensors)
+    if op == ReduceOp.Adasum:
+        buffers = [as_core_buffer(t) for t in tensors]
+        runtime.get().adasum_group(buffers, _hierarchical(hierarchical), name or "")
+        return tensors
+    for i, t in enumerate(tensors):
+        allreduce_(t, op=op, name=f"{name}.{i}" if name else None)
+    return tensors
 
 
 def broadcast_(tensor: Any, root_rank: int = 0, name: str | None = None) -> Any:

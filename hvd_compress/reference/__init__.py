@@ -6,7 +6,8 @@ named like its C++ counterpart in cpp/ (``allreduce.py`` beside ``dense_allreduc
 can be read side by side. Inputs and outputs are lists with one array per virtual rank.
 """
 
+from hvd_compress.reference.adasum import adasum, adasum_hierarchical
 from hvd_compress.reference.allreduce import allreduce
 from hvd_compress.reference.dtypes import round_to, ulp
 
-__all__ = ["allreduce", "round_to", "ulp"]
+__all__ = ["adasum", "adasum_hierarchical", "allreduce", "round_to", "ulp"]

@@ -24,6 +24,7 @@ from hvd_compress.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from hvd_compress.torch.grouped import grouped_allreduce, grouped_allreduce_
 from hvd_compress.torch.optimizer import DistributedOptimizer
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "broadcast_optimizer_state",
     "broadcast_parameters",
     "comm_stats",
+    "grouped_allreduce",
+    "grouped_allreduce_",
     "init",
     "rank",
     "set_timeout",

@@ -10,7 +10,7 @@
 namespace hvdc {
 
 // Core entry points, so that ranks in different collectives are told so.
-enum Collective : int32_t { kAllreduce = 1, kBroadcast = 2, kAdasum = 3 };
+enum Collective : int32_t { kAllreduce = 1, kBroadcast = 2, kAdasum = 3, kCompressedAllreduce = 4 };
 
 struct CallSignature {
   int32_t collective = 0;  // which core entry point

@@ -1,0 +1,47 @@
+"""Grouped allreduce on torch tensors: one fused exchange for many tensors (Adasum: per-tensor coefficients)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hvd_compress import ops
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.torch.context import ensure_init
+
+
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    op: Any = ReduceOp.Adasum,
+    name: str | None = None,
+    hierarchical: bool | None = None,
+) -> list[torch.Tensor]:
+    """Reduce every tensor of ``tensors`` (one dtype) over all ranks in place and return them."""
+    ensure_init()
+    tensors = list(tensors)
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"grouped_allreduce_: item {i} is a {type(t).__name__}, not a torch.Tensor")
+    staged = [t.detach() if t.is_contiguous() else t.detach().contiguous() for t in tensors]
+    ops.grouped_allreduce_(staged, op=op, name=name, hierarchical=hierarchical)
+    with torch.no_grad():
+        for t, s in zip(tensors, staged, strict=True):
+            if s.data_ptr() != t.data_ptr() or not t.is_contiguous():
+                t.copy_(s)
+    return tensors
+
+
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    op: Any = ReduceOp.Adasum,
+    name: str | None = None,
+    hierarchical: bool | None = None,
+) -> list[torch.Tensor]:
+    """New tensors holding the reduction of each of ``tensors`` over all ranks (one fused exchange)."""
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"grouped_allreduce: item {i} is a {type(t).__name__}, not a torch.Tensor")
+    outs = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
+    return grouped_allreduce_(outs, op=op, name=name, hierarchical=hierarchical)
