@@ -67,6 +67,8 @@ def test_adasum_optimizer_matches_simulation_and_ranks_stay_identical(n, name, o
         assert rk["lr"] == pytest.approx({"sgd": 0.05, "accum": 0.05}.get(name, 0.01) * 0.5 ** (steps // 4))
         assert rk["stats"]["bytes_sent"] > 0, f"rank {r}: {rk['stats']}"
         assert rk["state_roundtrip"], f"rank {r}: state_dict() did not survive load_state_dict()"
+        # One bucket per parameter: every bucket is launched from a hook, during backward.
+        assert rk["buckets"] == 4 and rk["launched"] == [rk["buckets"]] * steps, f"rank {r}: {rk['launched']}"
 
 
 def test_adasum_optimizer_keeps_ranks_identical_for_50_steps_and_lowers_the_loss(out_dir) -> None:

@@ -44,22 +44,25 @@ if mode in OPTIMIZERS or mode == "accum":
     out["init"] = [p.detach().clone() for p in model.parameters()]
     opt = hc.DistributedOptimizer(
         OPTIMIZERS[name](model.parameters()), named_parameters=model.named_parameters(), op=hc.Adasum,
-        backward_passes_per_step=passes, bucket_mb=0.0001,  # tiny buckets: several fused calls per step
+        backward_passes_per_step=passes, bucket_mb=1e-6,  # one bucket per parameter: 4 fused calls per step
     )
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
-    hashes, losses, params = [], [], []
+    hashes, losses, params, launched = [], [], [], []
     for step in range(steps):
         opt.zero_grad()
         for micro in range(passes):
             x, y = batch(step, r, micro)
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
+        # buckets whose Adasum was started by the hooks, before step(): communication overlaps backward
+        launched.append(opt._hvdc_next_launch)
         opt.step()
         sched.step()
         losses.append(loss.item())
         hashes.append(digest(model))
         params.append([p.detach().clone() for p in model.parameters()])
     out.update(hashes=hashes, losses=losses, params=params, lr=opt.param_groups[0]["lr"], stats=opt.comm_stats())
+    out.update(launched=launched, buckets=len(opt._hvdc_buckets))
     state = opt.state_dict()
     fresh = hc.DistributedOptimizer(OPTIMIZERS[name](model.parameters()), op=hc.Adasum)
     fresh.load_state_dict(state)
