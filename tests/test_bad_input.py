@@ -83,6 +83,7 @@ def test_collective_before_init_raises_not_initialized() -> None:
 def test_gloo_only_horovodrun_launch_raises_launch_error_on_every_rank(out_dir) -> None:
     horovodrun("launch_mode.py", 2, out_dir, mode="--gloo", timeout=120)
     for r, rk in enumerate(load_ranks(out_dir, 2)):
-        assert rk["error"].startswith("LaunchError") and "--mpi" in rk["error"], f"rank {r}: {rk['error']}"
+        for op, error in rk["errors"].items():
+            assert error.startswith("LaunchError") and "--mpi" in error, f"rank {r} op {op}: {error}"
 
 
