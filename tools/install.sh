@@ -38,10 +38,10 @@ if ! have_py torch==$TORCH_VERSION; then
     log "pip: torch==$TORCH_VERSION"
     "$PY" -m pip install -q "torch==$TORCH_VERSION"
 fi
-if ! have_py tensorflow==$TF_VERSION tf_keras==$TF_VERSION mpi4py numpy pybind11 pytest pytest-timeout tqdm ruff matplotlib; then
-    log "pip: tensorflow, tf_keras, mpi4py, numpy, pybind11, pytest, tqdm, ruff, matplotlib"
+if ! have_py tensorflow==$TF_VERSION tf_keras==$TF_VERSION mpi4py numpy nanobind==3.1.0 pytest pytest-timeout tqdm ruff matplotlib; then
+    log "pip: tensorflow, tf_keras, mpi4py, numpy, nanobind, pytest, tqdm, ruff, matplotlib"
     "$PY" -m pip install -q -c "$here/tools/constraints.txt" "torch==$TORCH_VERSION" \
-        "tensorflow==$TF_VERSION" "tf_keras==$TF_VERSION" mpi4py numpy pybind11 pytest pytest-timeout \
+        "tensorflow==$TF_VERSION" "tf_keras==$TF_VERSION" mpi4py numpy nanobind==3.1.0 pytest pytest-timeout \
         tqdm ruff matplotlib packaging wheel
 fi
 
