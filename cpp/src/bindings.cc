@@ -12,6 +12,7 @@
 
 #include "hvdc/errors.h"
 #include "hvdc/runtime.h"
+#include "hvdc/onebit_bindings.h"
 
 namespace nb = nanobind;
 using namespace hvdc;
@@ -219,4 +220,5 @@ NB_MODULE(_core, m) {
              return d;
            })
       .def("reset_stats", &Runtime::reset_stats);
+  hvdc::register_onebit(m);
 }

@@ -26,6 +26,9 @@ def horovod_average(hvd) -> Collective:
 
 def cases(hvd) -> list[Case]:
     """All benchmark cases available in this build."""
+    # Imported here: onebit_cases imports Case from this module.
+    from hvd_compress.bench.onebit_cases import onebit_cases
+
     return [
         Case(
             name="allreduce Average",
@@ -40,4 +43,5 @@ def cases(hvd) -> list[Case]:
                 "hvd Average": horovod_average(hvd),
             },
         ),
+        *onebit_cases(hvd),
     ]

@@ -25,6 +25,7 @@ from hvd_compress.torch.functions import (
     broadcast_parameters,
 )
 from hvd_compress.torch.grouped import grouped_allreduce, grouped_allreduce_
+from hvd_compress.torch.onebit import OneBitState, compressed_allreduce, compressed_allreduce_
 from hvd_compress.torch.optimizer import DistributedOptimizer
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "LaunchError",
     "MismatchError",
     "NotInitializedError",
+    "OneBitState",
     "ReduceOp",
     "Sum",
     "UsageError",
@@ -46,6 +48,8 @@ __all__ = [
     "broadcast_optimizer_state",
     "broadcast_parameters",
     "comm_stats",
+    "compressed_allreduce",
+    "compressed_allreduce_",
     "grouped_allreduce",
     "grouped_allreduce_",
     "init",
