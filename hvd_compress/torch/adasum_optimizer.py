@@ -30,6 +30,7 @@ from hvd_compress import ops
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce
+from hvd_compress.torch.fused import flat_with_views
 from hvd_compress.torch.wrapping import CommMeter, PassCounter, check_named_parameters
 
 DEFAULT_BUCKET_MB = 16.0
@@ -58,11 +59,7 @@ def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[_
     open_by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
 
     def close(members: list[torch.nn.Parameter]) -> None:
-        flat = torch.zeros(sum(p.numel() for p in members), dtype=members[0].dtype, device=members[0].device)
-        views, off = [], 0
-        for p in members:
-            views.append(flat[off : off + p.numel()].view_as(p))
-            off += p.numel()
+        flat, views = flat_with_views(members)
         buckets.append(_Bucket(len(buckets), members, flat, views))
 
     for p in reversed(params):

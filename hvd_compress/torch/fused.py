@@ -12,6 +12,16 @@ from collections.abc import Iterable
 import torch
 
 
+def flat_with_views(params: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A zeroed flat buffer for ``params`` (one dtype and device) and a view of it shaped like each."""
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return flat, views
+
+
 class FusedGradients:
     """Flat gradient buffers with per-parameter views, grouped by (dtype, device)."""
 
@@ -22,12 +32,9 @@ class FusedGradients:
             groups.setdefault((p.dtype, p.device), []).append(p)
         self.buffers: list[torch.Tensor] = []
         self._views: dict[int, torch.Tensor] = {}
-        for (dtype, device), members in groups.items():
-            flat = torch.zeros(sum(p.numel() for p in members), dtype=dtype, device=device)
-            offset = 0
-            for p in members:
-                self._views[id(p)] = flat[offset : offset + p.numel()].view_as(p)
-                offset += p.numel()
+        for members in groups.values():
+            flat, views = flat_with_views(members)
+            self._views.update((id(p), v) for p, v in zip(members, views, strict=True))
             self.buffers.append(flat)
         for p in self.params:
             p.grad = self._views[id(p)]
