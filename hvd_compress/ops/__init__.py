@@ -1,7 +1,7 @@
 """Framework-neutral API of hvd_compress (layer 2 of DESIGN.md): ops, runtime, collectives."""
 
 from hvd_compress.ops.collectives import adasum_fused_, allreduce_, broadcast_, grouped_allreduce_
-from hvd_compress.ops.constants import Adasum, Average, ReduceOp, Sum
+from hvd_compress.ops.constants import Adasum, Average, OneBitAdam, OneBitLamb, ReduceOp, Sum
 from hvd_compress.ops.errors import (
     CommError,
     CommTimeoutError,
@@ -20,6 +20,8 @@ __all__ = [
     "LaunchError",
     "MismatchError",
     "NotInitializedError",
+    "OneBitAdam",
+    "OneBitLamb",
     "ReduceOp",
     "Sum",
     "UsageError",

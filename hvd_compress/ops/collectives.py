@@ -38,7 +38,10 @@ def allreduce_(tensor: Any, op: Any = ReduceOp.Average, name: str | None = None)
         return tensor
     if op == ReduceOp.Adasum:
         return adasum_fused_(tensor, [], name=name)
-    raise NotImplementedError(f"op {op.name} is not available in allreduce yet")
+    raise ValueError(
+        f"op {op.name} is an optimizer algorithm, not a reduction of one tensor: use "
+        f"DistributedOptimizer(opt, op={op.name}, ...) (or compressed_allreduce for the 1-bit collective)"
+    )
 
 
 def adasum_fused_(flat: Any, sizes: Sequence[int], name: str | None = None, hierarchical: bool | None = None) -> Any:

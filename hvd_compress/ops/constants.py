@@ -11,10 +11,16 @@ class ReduceOp(enum.IntEnum):
     Sum = 0
     Average = 1
     Adasum = 2
+    # Optimizer algorithms (DistributedOptimizer only): not reductions of one tensor.
+    OneBitAdam = 16
+    OneBitLamb = 17
 
 
 Sum = ReduceOp.Sum
 Average = ReduceOp.Average
 Adasum = ReduceOp.Adasum
+OneBitAdam = ReduceOp.OneBitAdam
+OneBitLamb = ReduceOp.OneBitLamb
 
 DENSE_OPS = (ReduceOp.Sum, ReduceOp.Average)
+OPTIMIZER_OPS = (ReduceOp.OneBitAdam, ReduceOp.OneBitLamb)

@@ -5,7 +5,7 @@ Use after ``hvd.init()`` (or ``hc.init()`` in a job without Horovod, started by 
     opt = hc.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hc.Average)
 """
 
-from hvd_compress.ops.constants import Adasum, Average, ReduceOp, Sum
+from hvd_compress.ops.constants import Adasum, Average, OneBitAdam, OneBitLamb, ReduceOp, Sum
 from hvd_compress.ops.errors import (
     CommError,
     CommTimeoutError,
@@ -25,6 +25,7 @@ from hvd_compress.torch.functions import (
     broadcast_parameters,
 )
 from hvd_compress.torch.grouped import grouped_allreduce, grouped_allreduce_
+from hvd_compress.torch.lamb import Lamb
 from hvd_compress.torch.onebit import OneBitState, compressed_allreduce, compressed_allreduce_
 from hvd_compress.torch.optimizer import DistributedOptimizer
 
@@ -34,9 +35,12 @@ __all__ = [
     "CommError",
     "CommTimeoutError",
     "DistributedOptimizer",
+    "Lamb",
     "LaunchError",
     "MismatchError",
     "NotInitializedError",
+    "OneBitAdam",
+    "OneBitLamb",
     "OneBitState",
     "ReduceOp",
     "Sum",

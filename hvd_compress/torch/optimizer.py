@@ -12,6 +12,15 @@ from hvd_compress.torch.adasum_optimizer import AdasumMixin
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce_
 from hvd_compress.torch.fused import FusedGradients
+from hvd_compress.torch.onebit_optimizer import (
+    ADAM_OPTIONS,
+    LAMB_OPTIONS,
+    OneBitAdamMixin,
+    OneBitLambMixin,
+    check_adam,
+    check_lamb,
+    split_options,
+)
 from hvd_compress.torch.wrapping import CommMeter, PassCounter, check_named_parameters, rewrap
 
 
@@ -72,6 +81,10 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       steps the wrapped optimizer, as ``hvd.DistributedOptimizer``.
     - ``op=hc.Adasum``: each rank steps on its own gradient and the parameter deltas are Adasum-reduced
       (see ``hvd_compress.torch.adasum_optimizer``); options ``hierarchical``, ``grad_scaler``, ``bucket_mb``.
+    - ``op=hc.OneBitAdam`` (wraps ``torch.optim.Adam``/``AdamW``) and ``op=hc.OneBitLamb`` (wraps
+      ``hc.Lamb``): dense warm-up for ``freeze_step`` steps, then 1-bit compressed momentum (see
+      ``hvd_compress.torch.onebit_optimizer``); LAMB options ``coeff_beta``, ``factor_min``, ``factor_max``,
+      ``factor_threshold``.
 
     The result is an instance of a subclass of ``optimizer``'s class, built on the same
     ``param_groups`` and carrying over its state, so LR schedulers and ``state_dict()`` work.
@@ -85,6 +98,17 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     if op == ReduceOp.Adasum:
         wrapped = rewrap(optimizer, AdasumMixin)
         wrapped._hvdc_setup(named_parameters, backward_passes_per_step, **algorithm_options)
+        return wrapped
+    onebit = {
+        ReduceOp.OneBitAdam: (check_adam, ADAM_OPTIONS, OneBitAdamMixin),
+        ReduceOp.OneBitLamb: (check_lamb, LAMB_OPTIONS, OneBitLambMixin),
+    }
+    if op in onebit:
+        check, defaults, mixin = onebit[op]
+        check(optimizer)
+        freeze_step, options = split_options(op.name, defaults, algorithm_options)
+        wrapped = rewrap(optimizer, mixin)
+        wrapped._hvdc_setup(named_parameters, backward_passes_per_step, freeze_step, **options)
         return wrapped
     if op not in DENSE_OPS:
         raise NotImplementedError(f"DistributedOptimizer(op={op.name}) is not available yet")

@@ -17,7 +17,9 @@ from hvd_compress import ops
 def rewrap(optimizer: torch.optim.Optimizer, mixin: type) -> torch.optim.Optimizer:
     """A new optimizer of a subclass of ``type(optimizer)`` + ``mixin``'s methods, on the same param
     groups and with the same state. As Horovod does, so ``isinstance(new, type(optimizer))`` holds."""
-    methods = {k: v for k, v in vars(mixin).items() if not k.startswith("__")}
+    methods: dict[str, Any] = {}
+    for klass in reversed(mixin.__mro__[:-1]):  # a mixin's own bases contribute too, nearest last
+        methods.update({k: v for k, v in vars(klass).items() if not (k.startswith("__") and k.endswith("__"))})
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     state = optimizer.state_dict()
     wrapped = cls.__new__(cls)
