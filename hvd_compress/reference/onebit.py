@@ -169,16 +169,35 @@ def _steps(grads: Sequence[Sequence[np.ndarray]]) -> Callable[[int], list[np.nda
     return lambda t: [np.asarray(g, dtype=np.float64) for g in grads[t - 1]]
 
 
+def _lr_at(lr: float | Sequence[float], t: int) -> float:
+    """The learning rate of step t (1-based): a constant, or one value per step (an LR schedule)."""
+    return float(lr[t - 1]) if isinstance(lr, Sequence) else float(lr)
+
+
+def _rounding(dtype: str | None) -> tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
+    """(round to the parameter dtype, round to float32): identities for ``dtype=None`` (exact float64).
+
+    With a dtype the simulations round where the PyTorch face stores a result: momentum, variance and
+    parameters in the parameter dtype (one rounding per in-place torch op), the local momentum m_r that
+    enters the compressor and LAMB's reconstructed gradient in float32 (its scratch buffers).
+    """
+    if dtype is None:
+        return (lambda a: a), (lambda a: a)
+    return (lambda a: round_to(a, dtype)), f32
+
+
 def onebit_adam(
     x0: np.ndarray,
     grads: Sequence[Sequence[np.ndarray]],
     *,
-    lr: float = 1e-3,
+    lr: float | Sequence[float] = 1e-3,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
     weight_decay: float = 0.0,
     freeze_step: int = 1,
     bias_correction: bool = False,
+    decoupled: bool = True,
+    dtype: str | None = None,
 ) -> OptimizerTrace:
     """1-bit Adam (paper 003, Algorithm 1) on n = len(grads[0]) virtual ranks, steps t = 1..len(grads).
 
@@ -189,31 +208,41 @@ def onebit_adam(
       compressed average of the m_r (``compressed_allreduce``, inputs rounded to float32, errors carried
       over, float32 buffer).
     - Update, every step: u = mh / (sqrt(vh) + eps), with mh = m / (1 - b1^t) and vh = v / (1 - b2^s)
-      (s = t in warm-up, s = freeze_step after it) when ``bias_correction``, else mh = m, vh = v (DeepSpeed's
-      OnebitAdam, which has no bias correction). Weight decay is decoupled (AdamW, and DeepSpeed's
-      ``update += weight_decay * p``): x = x - lr * (u + weight_decay * x).
+      (s = t in warm-up, s = freeze_step after it) when ``bias_correction`` (torch's Adam), else mh = m,
+      vh = v (DeepSpeed's OnebitAdam, which has no bias correction). Weight decay, ``decoupled`` (AdamW, and
+      DeepSpeed's ``update += weight_decay * p``): x = x - lr * (u + weight_decay * x); else L2 as torch's
+      Adam: every rank's gradient becomes g_r + weight_decay * x before anything else.
     The paper's line 13 has no eps; it is kept as in the warm-up so the two stages share one rule.
+    ``dtype`` (parameters, gradients, momentum and variance in that dtype) rounds as ``_rounding`` says;
+    the L2 term is then added to the averaged gradient, as the PyTorch face does.
     """
     b1, b2 = betas
     n = len(grads[0])
-    x = np.asarray(x0, dtype=np.float64).copy()
+    rd, r32 = _rounding(dtype)
+    x = rd(np.asarray(x0, dtype=np.float64))
     m, v = np.zeros_like(x), np.zeros_like(x)
     comp = CompressorState.zeros(x.size, n)
     trace = OptimizerTrace()
     at = _steps(grads)
     for t in range(1, len(grads) + 1):
-        g = at(t)
+        g = [rd(gr) for gr in at(t)]
         if t <= freeze_step:
-            gm = np.mean(g, axis=0)
-            m = b1 * m + (1 - b1) * gm
-            v = b2 * v + (1 - b2) * gm * gm
+            gm = rd(np.mean(g, axis=0))
+            if not decoupled:
+                gm = r32(gm + weight_decay * x)
+            m = rd(rd(b1 * m) + (1 - b1) * gm)
+            v = rd(rd(b2 * v) + (1 - b2) * gm * gm)
         else:
-            m = comp.allreduce([b1 * m + (1 - b1) * gr for gr in g])
+            if not decoupled:
+                g = [r32(gr + weight_decay * x) for gr in g]
+            m = rd(comp.allreduce([r32(r32((1 - b1) * gr) + b1 * m) for gr in g]))
         s = min(t, freeze_step)
         mh = m / (1 - b1**t) if bias_correction else m
         vh = v / (1 - b2**s) if bias_correction and s > 0 else v
-        u = mh / (np.sqrt(vh) + eps)
-        x = x - lr * (u + weight_decay * x)
+        u = mh / (r32(np.sqrt(vh)) + eps)
+        if decoupled:
+            x = rd(x * (1 - _lr_at(lr, t) * weight_decay))
+        x = rd(x - _lr_at(lr, t) * u)
         trace.params.append(x.copy())
     trace.state = {"exp_avg": m, "exp_avg_sq": v, "worker_error": comp.worker, "server_error": comp.server}
     return trace
@@ -231,7 +260,7 @@ def onebit_lamb(
     grads: Sequence[Sequence[np.ndarray]],
     sizes: Sequence[int] | None = None,
     *,
-    lr: float = 1e-3,
+    lr: float | Sequence[float] = 1e-3,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
     weight_decay: float = 0.0,
@@ -242,6 +271,8 @@ def onebit_lamb(
     factor_min: float = 0.5,
     factor_max: float = 4.0,
     factor_threshold: float = 0.1,
+    bias_correction: bool = False,
+    dtype: str | None = None,
 ) -> OptimizerTrace:
     """1-bit LAMB (paper 001, Algorithm 1) on n virtual ranks; ``sizes`` cuts the fused buffer into layers.
 
@@ -249,20 +280,25 @@ def onebit_lamb(
       g = dense mean of grads; m, v as Adam (no bias correction, as DeepSpeed's OnebitLamb);
       per layer u = m / (sqrt(v) + eps) + weight_decay * x, c = clip(||x|| / ||u||, min_coeff, max_coeff)
       (c = 1 when either norm is 0), c_avg = coeff_beta * c_avg + (1 - coeff_beta) * c (c_avg starts at 0);
-      x = x - lr * c * u.
+      x = x - lr * c * u. With ``bias_correction`` (hc.Lamb's default) m and v are divided by 1 - b1^t and
+      1 - b2^t in u.
     - At the end of step freeze_step (line 3): v_frozen = v; c_avg stops; v_fresh = v keeps updating.
     - Compression (lines 4-21): m_r = b1 m + (1 - b1) g_r; m = compressed average of the fused m_r (one call);
       per layer: g_rec = (m - b1 m_prev) / (1 - b1) (line 15); v_fresh = b2 v_fresh + (1 - b2) g_rec^2
       (line 16); r = max over the layer of (sqrt(v_frozen) + eps) / (sqrt(v_fresh) + eps) (line 17, garbled
-      in the text: DeepSpeed's form); r = clip(r, (1 - factor_threshold) r_prev, (1 + factor_threshold) r_prev)
-      (line 18, r_prev starts at 1) then r = clip(r, factor_min, factor_max) (line 19; DeepSpeed clips in the
-      other order); c = r * c_avg (line 20); u = m / (sqrt(v_frozen) + eps) + weight_decay * x;
+      in the text: DeepSpeed's form; with ``bias_correction`` v_frozen / (1 - b2^freeze_step) and
+      v_fresh / (1 - b2^t), so that both estimate the same second moment);
+      r = clip(r, (1 - factor_threshold) r_prev, (1 + factor_threshold) r_prev) (line 18, r_prev starts at 1),
+      then r = clip(r, factor_min, factor_max) (line 19; DeepSpeed clips in the other order);
+      c = r * c_avg (line 20); u = mh / (sqrt(vh_frozen) + eps) + weight_decay * x;
       x = x - lr * c * u (line 21). DeepSpeed's weight-decay adjustment of r and its per-tensor momentum
       scaling before fusion are not part of the paper and not simulated.
+    ``dtype`` rounds as ``_rounding`` says.
     """
     b1, b2 = betas
     n = len(grads[0])
-    x = np.asarray(x0, dtype=np.float64).copy()
+    rd, r32 = _rounding(dtype)
+    x = rd(np.asarray(x0, dtype=np.float64))
     layers = _layers(sizes if sizes is not None else [x.size], x.size)
     m, v = np.zeros_like(x), np.zeros_like(x)
     v_fresh = v
@@ -271,15 +307,19 @@ def onebit_lamb(
     comp = CompressorState.zeros(x.size, n)
     trace = OptimizerTrace()
     at = _steps(grads)
+
+    def bc(beta: float, t: int) -> float:
+        return 1 - beta**t if bias_correction else 1.0
+
     for t in range(1, len(grads) + 1):
-        g = at(t)
+        g = [rd(gr) for gr in at(t)]
         step = np.zeros_like(x)
         if t <= freeze_step:
-            gm = np.mean(g, axis=0)
-            m = b1 * m + (1 - b1) * gm
-            v = b2 * v + (1 - b2) * gm * gm
+            gm = rd(np.mean(g, axis=0))
+            m = rd(rd(b1 * m) + (1 - b1) * gm)
+            v = rd(rd(b2 * v) + (1 - b2) * gm * gm)
             for i, sl in enumerate(layers):
-                u = m[sl] / (np.sqrt(v[sl]) + eps) + weight_decay * x[sl]
+                u = m[sl] / bc(b1, t) / (np.sqrt(v[sl] / bc(b2, t)) + eps) + weight_decay * x[sl]
                 xn, un = np.linalg.norm(x[sl]), np.linalg.norm(u)
                 c = float(np.clip(xn / un, min_coeff, max_coeff)) if xn > 0 and un > 0 else 1.0
                 c_avg[i] = coeff_beta * c_avg[i] + (1 - coeff_beta) * c
@@ -287,17 +327,19 @@ def onebit_lamb(
             v_fresh = v.copy()
         else:
             m_prev = m
-            m = comp.allreduce([b1 * m_prev + (1 - b1) * gr for gr in g])
-            g_rec = (m - b1 * m_prev) / (1 - b1)
-            v_fresh = b2 * v_fresh + (1 - b2) * g_rec * g_rec
+            out = comp.allreduce([r32(r32((1 - b1) * gr) + b1 * m_prev) for gr in g])
+            g_rec = r32((out - b1 * m_prev) / (1 - b1))
+            v_fresh = rd(rd(b2 * v_fresh) + (1 - b2) * g_rec * g_rec)
+            m = rd(out)
             for i, sl in enumerate(layers):
-                ratio = float(np.max((np.sqrt(v[sl]) + eps) / (np.sqrt(v_fresh[sl]) + eps), initial=1.0))
+                frozen = np.sqrt(v[sl] / bc(b2, freeze_step)) + eps
+                ratio = float(np.max(frozen / (np.sqrt(v_fresh[sl] / bc(b2, t)) + eps))) if frozen.size else 1.0
                 ratio = float(np.clip(ratio, (1 - factor_threshold) * r_prev[i], (1 + factor_threshold) * r_prev[i]))
                 ratio = float(np.clip(ratio, factor_min, factor_max))
                 r_prev[i] = ratio
-                u = m[sl] / (np.sqrt(v[sl]) + eps) + weight_decay * x[sl]
+                u = m[sl] / bc(b1, t) / frozen + weight_decay * x[sl]
                 step[sl] = ratio * c_avg[i] * u
-        x = x - lr * step
+        x = rd(x - _lr_at(lr, t) * step)
         trace.params.append(x.copy())
     trace.state = {
         "exp_avg": m,

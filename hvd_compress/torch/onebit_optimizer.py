@@ -64,8 +64,10 @@ class _Segment:
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
     fresh: torch.Tensor | None  # 1-bit LAMB's fresh variance
-    work: torch.Tensor  # scratch: the local momentum m_r, then the update
-    scratch: torch.Tensor  # scratch: denominators, reconstructed gradient
+    # float32 scratch whatever the parameter dtype: the local momentum m_r is formed and compressed in
+    # float32, so a half-precision momentum loses no bits before its sign is taken.
+    work: torch.Tensor  # m_r, the compressed average, then the update direction
+    scratch: torch.Tensor  # denominators, the L2 gradient, the reconstructed gradient
     onebit: OneBitState
     lamb_coeff_freeze: list[float]
     last_factor: list[float]
@@ -103,9 +105,9 @@ def _segments(param_groups: list[dict[str, Any]], lamb: bool) -> list[_Segment]:
                     exp_avg=exp_avg,
                     exp_avg_sq=exp_avg_sq,
                     fresh=flat_with_views(params)[0] if lamb else None,
-                    work=torch.empty_like(exp_avg),
-                    scratch=torch.empty_like(exp_avg),
-                    onebit=OneBitState(numel, dtype),
+                    work=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
+                    scratch=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
+                    onebit=OneBitState(numel, torch.float32),
                     lamb_coeff_freeze=[0.0] * len(params),
                     last_factor=[1.0] * len(params),
                 )

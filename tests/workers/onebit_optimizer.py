@@ -1,0 +1,52 @@
+"""hc.DistributedOptimizer(op=OneBitAdam/OneBitLamb) on a model whose gradients are given inputs.
+
+The loss sum_i <P_i, G_i(step, rank)> makes every parameter's gradient exactly G_i, so the test can
+feed the same per-rank gradients to the reference simulation. Two parameter groups (two fused
+segments, each with its own 1-bit state). Saves the parameters of every step, the per-step hash, the
+learning rates used, the final optimizer state and the bytes of each step.
+
+argv: out_dir algo(adam|adamw|lamb) dtype steps freeze_step sizes(comma list; the last one is group 2)
+"""
+
+import hashlib
+import sys
+
+import torch
+from common import DTYPES, rank_input, save
+
+import hvd_compress.torch as hc
+
+algo, dtype_name, steps, freeze = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+sizes = [int(s) for s in sys.argv[6].split(",")]
+dtype = DTYPES[dtype_name]
+hc.init()
+r = hc.rank()
+total = sum(sizes)
+x0 = rank_input(0, total, dtype, seed=777)  # the same on every rank
+params = [torch.nn.Parameter(p.clone()) for p in x0.split(sizes)]
+groups = [{"params": params[:-1]}, {"params": params[-1:]}]
+if algo == "adam":
+    base, op = torch.optim.Adam(groups, lr=0.01, weight_decay=0.05), hc.OneBitAdam
+elif algo == "adamw":
+    base, op = torch.optim.AdamW(groups, lr=0.01, weight_decay=0.05), hc.OneBitAdam
+else:
+    base, op = hc.Lamb(groups, lr=0.01, weight_decay=0.05, min_coeff=0.01, max_coeff=10.0), hc.OneBitLamb
+opt = hc.DistributedOptimizer(base, named_parameters=[(f"p{i}", p) for i, p in enumerate(params)], op=op,
+                              freeze_step=freeze)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
+trace, hashes, lrs, stats = [], [], [], []
+for step in range(steps):
+    opt.zero_grad()
+    grads = rank_input(r, total, dtype, seed=step + 1).split(sizes)
+    loss = sum((p * g).sum() for p, g in zip(params, grads, strict=True))
+    loss.backward()
+    lrs.append(opt.param_groups[0]["lr"])
+    opt.step()
+    sched.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    trace.append(flat.clone())
+    hashes.append(hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest())
+    stats.append(opt.comm_stats())
+sd = opt.state_dict()
+save(r, {"trace": trace, "hashes": hashes, "lrs": lrs, "stats": stats, "state": sd,
+         "exp_avg": torch.cat([sd["state"][i]["exp_avg"].reshape(-1) for i in range(len(params))])})
