@@ -79,3 +79,50 @@ def _check_bytes(stats: list[dict[str, int]], n: int, dtype: str) -> None:
     del n, dtype
     assert all(s["bytes_sent"] == stats[0]["bytes_sent"] > 0 for s in stats[:FREEZE])
     assert all(s["bytes_sent"] == stats[FREEZE]["bytes_sent"] > 0 for s in stats[FREEZE:])
+
+
+@pytest.mark.parametrize("algo", ["adamw", "lamb"])
+def test_resume_from_checkpoint_is_bit_identical(algo: str, out_dir) -> None:
+    """4 ranks, 300 steps (dense warm-up for 50), stopped at 150 and resumed from a checkpoint in new
+    objects: the final parameters and error buffers equal those of the run never stopped, bit for bit."""
+    n = 4
+    mpirun("onebit_resume.py", n, out_dir, algo, "300", "150", "50", timeout=420)
+    ranks = load_ranks(out_dir, n)
+    assert len({rk["final_a"] for rk in ranks}) == 1, "ranks differ at the end of the uninterrupted run"
+    for r, rk in enumerate(ranks):
+        assert rk["final_b"] == rk["final_a"], f"rank {r}: the resumed run ended with other parameters"
+        assert rk["errors_equal"], f"rank {r}: the resumed run ended with other error buffers"
+        assert rk["losses_b"] == rk["losses_a"], f"rank {r}: the loss curves differ"
+        assert np.mean(rk["losses_a"][-20:]) < np.mean(rk["losses_a"][:20]), "no training progress"
+    # Bytes on the wire per step, an 83k-parameter model in float32: compressed <= dense / 30.
+    dense, onebit = ranks[0]["dense_bytes"], ranks[0]["onebit_bytes"]
+    assert onebit * 30 <= dense, f"compressed step sent {onebit} bytes, dense warm-up step {dense}"
+
+
+@pytest.mark.parametrize(("n", "groups"), [(2, 1), (3, 2)])
+def test_bad_input_raises_on_every_rank_and_changes_nothing(n: int, groups: int, out_dir) -> None:
+    mpirun("onebit_optimizer_bad.py", n, out_dir, str(groups), timeout=240)
+    ranks = load_ranks(out_dir, n)
+    expected = {
+        "no_freeze": "TypeError: op=OneBitAdam needs freeze_step",
+        "unknown_option": "TypeError: op=OneBitAdam got unknown options ['beta3']",
+        "amsgrad": "ValueError: op=OneBitAdam does not support amsgrad",
+        "lamb_on_adam": "TypeError: op=OneBitLamb wraps hc.Lamb",
+        "adam_on_sgd": "TypeError: op=OneBitAdam wraps torch.optim.Adam",
+        "bad_factor": "ValueError: op=OneBitLamb: need 0 < factor_min",
+        "allreduce_op": "ValueError: op OneBitAdam is an optimizer algorithm",
+        "nan_warmup": "UsageError: OneBitLamb: non-finite averaged gradient",
+        "nan_compressed": "UsageError:",
+        "warmup_unchanged": "True",
+        "compressed_unchanged": "True",
+        "wrong_checkpoint": "ValueError: OneBitLamb.load_state_dict: fused buffer sizes",
+        "wrong_algorithm": "ValueError: OneBitAdam.load_state_dict: the checkpoint is for 'OneBitLamb'",
+    }
+    for r, rk in enumerate(ranks):
+        for key, prefix in expected.items():
+            assert rk["results"][key].startswith(prefix), f"rank {r}, {key}: {rk['results'][key]}"
+        assert "non-finite" in rk["results"]["nan_compressed"]
+        assert "state unchanged" in rk["results"]["nan_compressed"]
+        assert rk["step"] == 4  # the two refused steps were not taken
+    for a, b in zip(ranks[0]["params"], ranks[-1]["params"], strict=True):
+        assert torch.equal(a, b)

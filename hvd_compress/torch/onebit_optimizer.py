@@ -231,10 +231,12 @@ class _OneBitMixin:
         return seg.grad
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the fused gradient buffers in place (gradients stay views, never None)."""
+        """Zero the fused gradient buffers in place (gradients stay views, never None); the count of
+        backward passes starts again (also after a step that raised)."""
         del set_to_none  # views must survive for the fused reduction
         for seg in self._hvdc_segments:
             seg.grads.zero_()
+        self._hvdc_passes.reset()
 
     def comm_stats(self) -> dict[str, int]:
         """Bytes this rank sent and received for this optimizer since the last call."""
@@ -451,7 +453,8 @@ def split_options(op_name: str, defaults: dict[str, Any], options: dict[str, Any
     freeze_step = options.pop("freeze_step")
     unknown = sorted(set(options) - set(defaults))
     if unknown:
-        raise TypeError(f"op={op_name} got unknown options {unknown}; it takes freeze_step and {sorted(defaults)}")
+        takes = ", ".join(["freeze_step", *sorted(defaults)])
+        raise TypeError(f"op={op_name} got unknown options {unknown}; it takes {takes}")
     merged = {**defaults, **options}
     if "factor_min" in merged and not 0 < merged["factor_min"] <= merged["factor_max"]:
         raise ValueError(f"op={op_name}: need 0 < factor_min <= factor_max, got {merged}")
