@@ -24,7 +24,7 @@ test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 demo: install
-	$(MPIRUN) -np $(NP) $(PY) examples/demo.py
+	$(MPIRUN) -np $(NP) $(PY) examples/demo.py --out examples/out
 
 bench: install
 	NP=$(BENCH_NP) PY=$(PY) bash tools/bench.sh $(NET)
