@@ -214,7 +214,8 @@ def onebit_adam(
       Adam: every rank's gradient becomes g_r + weight_decay * x before anything else.
     The paper's line 13 has no eps; it is kept as in the warm-up so the two stages share one rule.
     ``dtype`` (parameters, gradients, momentum and variance in that dtype) rounds as ``_rounding`` says;
-    the L2 term is then added to the averaged gradient, as the PyTorch face does.
+    the L2 term is then added to the averaged gradient in warm-up, and as (1 - b1) wd x to (1 - b1) g_r
+    in compression, as the PyTorch face does.
     """
     b1, b2 = betas
     n = len(grads[0])
@@ -233,9 +234,8 @@ def onebit_adam(
             m = rd(rd(b1 * m) + (1 - b1) * gm)
             v = rd(rd(b2 * v) + (1 - b2) * gm * gm)
         else:
-            if not decoupled:
-                g = [r32(gr + weight_decay * x) for gr in g]
-            m = rd(comp.allreduce([r32(r32((1 - b1) * gr) + b1 * m) for gr in g]))
+            l2 = 0.0 if decoupled else (1 - b1) * weight_decay
+            m = rd(comp.allreduce([r32(r32(r32((1 - b1) * gr) + l2 * x) + b1 * m) for gr in g]))
         s = min(t, freeze_step)
         mh = m / (1 - b1**t) if bias_correction else m
         vh = v / (1 - b2**s) if bias_correction and s > 0 else v

@@ -69,6 +69,7 @@ class _Segment:
     work: torch.Tensor  # m_r, the compressed average, then the update direction
     scratch: torch.Tensor  # denominators, the L2 gradient, the reconstructed gradient
     onebit: OneBitState
+    denom_key: tuple[float, ...] | None  # what ``scratch`` holds Adam's frozen denominator for, if it does
     lamb_coeff_freeze: list[float]
     last_factor: list[float]
 
@@ -108,6 +109,7 @@ def _segments(param_groups: list[dict[str, Any]], lamb: bool) -> list[_Segment]:
                     work=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
                     scratch=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
                     onebit=OneBitState(numel, torch.float32),
+                    denom_key=None,
                     lamb_coeff_freeze=[0.0] * len(params),
                     last_factor=[1.0] * len(params),
                 )
@@ -225,10 +227,12 @@ class _OneBitMixin:
     def _hvdc_local_momentum(self, seg: _Segment, group: dict[str, Any]) -> None:
         """work = b1 m + (1 - b1) g_r (003 Alg. 1 line 6; 001 Alg. 1 line 6), this rank's gradient."""
         b1 = group["betas"][0]
-        seg.work.copy_(self._hvdc_gradient(seg, group)).mul_(1 - b1).add_(seg.exp_avg, alpha=b1)
+        torch.mul(seg.grad, 1 - b1, out=seg.work)
+        self._hvdc_add_l2(seg.work, seg, group, (1 - b1) * group["weight_decay"])
+        seg.work.add_(seg.exp_avg, alpha=b1)
 
-    def _hvdc_gradient(self, seg: _Segment, group: dict[str, Any]) -> torch.Tensor:
-        return seg.grad
+    def _hvdc_add_l2(self, flat: torch.Tensor, seg: _Segment, group: dict[str, Any], alpha: float) -> None:
+        """Adds alpha * x to ``flat`` where the rule has an L2 term in the gradient (Adam's weight decay)."""
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the fused gradient buffers in place (gradients stay views, never None); the count of
@@ -282,6 +286,8 @@ class _OneBitMixin:
                 seg.onebit.load_state_dict(saved["onebit"])
                 seg.lamb_coeff_freeze = [float(c) for c in saved["lamb_coeff_freeze"]]
                 seg.last_factor = [float(c) for c in saved["last_factor"]]
+        for seg in self._hvdc_segments:
+            seg.denom_key = None
         self._hvdc_bind_state()
 
     def _hvdc_plain_step(self, state_dict: dict[str, Any]) -> int:
@@ -322,18 +328,17 @@ class OneBitAdamMixin(_OneBitMixin):
     def _hvdc_decoupled(group: dict[str, Any]) -> bool:
         return bool(group.get("decoupled_weight_decay", False))
 
-    def _hvdc_gradient(self, seg: _Segment, group: dict[str, Any]) -> torch.Tensor:
-        """The gradient with Adam's L2 term (g + wd x, torch.optim.Adam), in ``scratch``."""
-        if group["weight_decay"] == 0 or self._hvdc_decoupled(group):
-            return seg.grad
-        seg.scratch.copy_(seg.grad)
-        torch._foreach_add_(seg.views(seg.scratch), seg.params, alpha=group["weight_decay"])
-        return seg.scratch
+    def _hvdc_add_l2(self, flat: torch.Tensor, seg: _Segment, group: dict[str, Any], alpha: float) -> None:
+        if alpha != 0 and not self._hvdc_decoupled(group):
+            torch._foreach_add_(seg.views(flat), seg.params, alpha=alpha)
 
     def _hvdc_warmup(self, seg: _Segment, group: dict[str, Any], t: int) -> None:
-        """Adam's step on the averaged gradient (003 Alg. 1 line 2)."""
+        """Adam's step on the averaged gradient (003 Alg. 1 line 2), with Adam's L2 term g + wd x."""
         b1, b2 = group["betas"]
-        g = self._hvdc_gradient(seg, group)
+        g = seg.grad
+        if group["weight_decay"] != 0 and not self._hvdc_decoupled(group):
+            g = seg.scratch.copy_(seg.grad)
+            self._hvdc_add_l2(g, seg, group, group["weight_decay"])
         seg.exp_avg.mul_(b1).add_(g, alpha=1 - b1)
         seg.exp_avg_sq.mul_(b2).addcmul_(g, g, value=1 - b2)
         self._hvdc_apply(seg, group, t, t)
@@ -350,8 +355,12 @@ class OneBitAdamMixin(_OneBitMixin):
         params = seg.params
         if wd != 0 and self._hvdc_decoupled(group):
             torch._foreach_mul_(params, 1 - lr * wd)
-        denom = torch.sqrt(seg.exp_avg_sq, out=seg.scratch).div_(math.sqrt(1 - b2**t_v)).add_(group["eps"])
-        torch._foreach_addcdiv_(params, seg.views(seg.exp_avg), seg.views(denom), value=-lr / (1 - b1**t_m))
+        # With v frozen the denominator is the same every step: computed once into ``scratch`` and kept.
+        key = (float(group["eps"]), float(b2), float(t_v)) if t_v < t_m else None
+        if key is None or seg.denom_key != key:
+            torch.sqrt(seg.exp_avg_sq, out=seg.scratch).div_(math.sqrt(1 - b2**t_v)).add_(group["eps"])
+        seg.denom_key = key
+        torch._foreach_addcdiv_(params, seg.views(seg.exp_avg), seg.views(seg.scratch), value=-lr / (1 - b1**t_m))
 
 
 class OneBitLambMixin(_OneBitMixin):
@@ -384,7 +393,7 @@ class OneBitLambMixin(_OneBitMixin):
         b1, b2 = group["betas"]
         opt = self._hvdc_options
         f = self._hvdc_freeze_step
-        g_rec = torch.mul(seg.exp_avg, b1, out=seg.scratch).neg_().add_(seg.work).div_(1 - b1)
+        g_rec = torch.sub(seg.work, seg.exp_avg, alpha=b1, out=seg.scratch).div_(1 - b1)
         seg.fresh.mul_(b2).addcmul_(g_rec, g_rec, value=1 - b2)
         seg.exp_avg.copy_(seg.work)
         ratio = self._hvdc_variance_ratio(seg, group, f, t)
