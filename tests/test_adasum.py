@@ -212,3 +212,25 @@ def test_adasum_matches_horovod_at_power_of_two(n: int, out_dir) -> None:
             assert err <= rel * scale, (
                 f"rank {r} of {n} {key}: hc vs hvd Adasum max error {err:.3g} (scale {scale:.3g})"
             )
+
+
+WAIT_SIZES = [8, 9, 15, 16, 17, 63, 65, (1 << 22) + 3]  # as passed to tests/workers/adasum_wait.py
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_adasum_is_exact_and_deterministic_when_ranks_arrive_late(n: int, out_dir) -> None:
+    mpirun("adasum_wait.py", n, out_dir, ",".join(map(str, WAIT_SIZES)), timeout=240)
+    saved = load_ranks(out_dir, n)
+    for dname in ("float32", "float64"):
+        for numel in WAIT_SIZES:
+            inputs = [_np(rank_input(r, numel, DTYPES[dname], seed=numel + 1)) for r in range(n)]
+            want = reference.adasum(inputs, dtype=dname)
+            late = [_np(rk[(dname, numel)][0]) for rk in saved]
+            _assert_matches(
+                f"late ranks {dname} numel={numel}", late, want, _tolerance(inputs, dname, _steps(n)), n
+            )
+            for r, rk in enumerate(saved):
+                again = _np(rk[(dname, numel)][1])
+                assert np.array_equal(again, late[r], equal_nan=True), (
+                    f"{dname} numel={numel}: rank {r} of {n}: the same input reduced twice gave different bits"
+                )

@@ -2,6 +2,10 @@
 # Runs `python -m hvd_compress.bench` under mpirun. With a rate (e.g. `tools/bench.sh 1gbit`) the
 # ranks run inside a network namespace whose loopback is rate-limited by tc tbf, and MPI is forced
 # over TCP on that loopback; the namespace is removed afterwards, also on failure.
+#
+# BENCH_ENV="VAR=value ..." exports settings to every rank, for both our collectives and Horovod's
+# (e.g. BENCH_ENV=HOROVOD_CYCLE_TIME=20); the label, and so the result file, then names them.
+# BENCH_ARGS="..." is passed on to the benchmark (e.g. BENCH_ARGS='--only "allreduce Adasum"').
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-python3}
@@ -12,8 +16,15 @@ mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL=3
 mpi=(mpirun --oversubscribe --bind-to none -np "$NP" -x PYTHONPATH -x OMP_NUM_THREADS=1)
+suffix=""
+for kv in ${BENCH_ENV:-}; do
+    export "${kv?}"
+    mpi+=(-x "${kv%%=*}")
+    suffix+="_${kv//=/}"
+done
+eval "args=(${BENCH_ARGS:-})"
 if [ -z "$NET" ]; then
-    "${mpi[@]}" "$PY" -m hvd_compress.bench --out "$out" --label shm
+    "${mpi[@]}" "$PY" -m hvd_compress.bench --out "$out" --label "shm$suffix" "${args[@]}"
     exit 0
 fi
 ns="hvdc_bench_$$"
@@ -24,4 +35,4 @@ ip netns exec "$ns" ip link set lo up
 ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$NET" burst 256kb latency 50ms
 echo "[bench] namespace $ns: loopback limited to $NET (tbf burst 256kb latency 50ms); MPI over TCP"
 ip netns exec "$ns" "${mpi[@]}" --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
-    -x HOROVOD_CPU_OPERATIONS=MPI "$PY" -m hvd_compress.bench --out "$out" --label "$NET"
+    -x HOROVOD_CPU_OPERATIONS=MPI "$PY" -m hvd_compress.bench --out "$out" --label "$NET$suffix" "${args[@]}"

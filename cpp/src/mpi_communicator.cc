@@ -1,5 +1,7 @@
 #include "hvdc/mpi_communicator.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -35,6 +37,48 @@ uint64_t ring_bytes(size_t bytes, int n) {
   return n <= 1 ? 0 : static_cast<uint64_t>(2.0 * (n - 1) / n * static_cast<double>(bytes));
 }
 
+// Allreduces up to this size go through MPI_Iallreduce and wait_yielding(); larger ones (a dense
+// allreduce of a whole buffer) keep the blocking MPI_Allreduce and its tuned algorithms.
+constexpr size_t kSmallAllreduceBytes = size_t{64} << 10;
+
+// How a rank waits for its peers. Open MPI's blocking calls spin in the progress engine without
+// ever giving up the core; on a machine with fewer cores than busy threads (Horovod's background
+// thread polls every HOROVOD_CYCLE_TIME; several ranks per node) the spin can keep off the core
+// exactly the peer thread it waits for. So every wait polls MPI_Testall and calls sched_yield()
+// between polls: on an idle core the yield returns at once (no added latency); on a busy one the
+// runnable thread goes first. After a long wait (a late peer, a slow network) it also sleeps briefly
+// between polls, so a waiting rank stops burning a core.
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A wait longer than this (seconds) sleeps between polls.
+constexpr double kYieldOnlyS = 0.005;
+
+// Returns false (requests still pending) when `timeout_s` > 0 ran out, true when all completed.
+bool wait_yielding(int n, MPI_Request* reqs, double timeout_s, double* waited_s) {
+  const double start = now_s();
+  bool patient = false;  // past kYieldOnlyS: sleep between polls
+  for (unsigned polls = 1;; ++polls) {
+    int done = 0;
+    check(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    if (done) return true;
+    // While yielding, the clock is read every 64 polls only (a poll is far below a microsecond).
+    if (patient || polls % 64 == 0) {
+      const double waited = now_s() - start;
+      if (waited_s != nullptr) *waited_s = waited;
+      if (timeout_s > 0 && waited > timeout_s) return false;
+      patient = waited > kYieldOnlyS;
+    }
+    if (patient)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    else
+      sched_yield();
+  }
+}
+
+void wait_yielding(int n, MPI_Request* reqs) { wait_yielding(n, reqs, 0, nullptr); }
+
 }  // namespace
 
 bool MpiCommunicator::mpi_initialized() {
@@ -69,9 +113,16 @@ void MpiCommunicator::allreduce_sum(void* buf, int64_t count, DType dtype) {
   const MPI_Datatype type = mpi_type(dtype);
   const int64_t chunk = static_cast<int64_t>(kMaxChunkBytes / esize);
   auto* p = static_cast<char*>(buf);
-  for (int64_t off = 0; off < count; off += chunk) {
-    const int n = static_cast<int>(std::min(chunk, count - off));
-    check(MPI_Allreduce(MPI_IN_PLACE, p + off * esize, n, type, MPI_SUM, comm_), "MPI_Allreduce");
+  if (static_cast<size_t>(count) * esize <= kSmallAllreduceBytes) {
+    MPI_Request req;
+    check(MPI_Iallreduce(MPI_IN_PLACE, p, static_cast<int>(count), type, MPI_SUM, comm_, &req),
+          "MPI_Iallreduce");
+    wait_yielding(1, &req);
+  } else {
+    for (int64_t off = 0; off < count; off += chunk) {
+      const int n = static_cast<int>(std::min(chunk, count - off));
+      check(MPI_Allreduce(MPI_IN_PLACE, p + off * esize, n, type, MPI_SUM, comm_), "MPI_Allreduce");
+    }
   }
   const uint64_t b = ring_bytes(static_cast<size_t>(count) * esize, size_);
   stats_.add(b, b);
@@ -91,24 +142,14 @@ void MpiCommunicator::allgather_timed(const void* send, void* recv, size_t bytes
   check(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
                        MPI_BYTE, comm_, &req),
         "MPI_Iallgather");
-  const auto start = std::chrono::steady_clock::now();
-  int done = 0;
-  int spins = 0;
-  while (true) {
-    check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
-    if (done) break;
-    const double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (timeout_s > 0 && waited > timeout_s) {
-      // The request cannot be cancelled portably; it is left pending and this communicator
-      // must not be used again. The caller turns this into an error on this rank.
-      throw CommTimeoutError("rank " + std::to_string(rank_) + " waited " +
-                             std::to_string(static_cast<int>(waited)) +
-                             " s for the other ranks to join a collective; a peer is dead or "
-                             "running different code (HVDC_TIMEOUT sets the limit)");
-    }
-    // Spin briefly for latency, then back off so a waiting rank does not steal a core.
-    if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  double waited = 0;
+  if (!wait_yielding(1, &req, timeout_s, &waited)) {
+    // The request cannot be cancelled portably; it is left pending and this communicator
+    // must not be used again. The caller turns this into an error on this rank.
+    throw CommTimeoutError("rank " + std::to_string(rank_) + " waited " +
+                           std::to_string(static_cast<int>(waited)) +
+                           " s for the other ranks to join a collective; a peer is dead or "
+                           "running different code (HVDC_TIMEOUT sets the limit)");
   }
   stats_.add(bytes * (size_ - 1), bytes * (size_ - 1));
 }
@@ -122,9 +163,10 @@ void MpiCommunicator::sendrecv(const void* send, size_t send_bytes, int dst, voi
   while (so < send_bytes || ro < recv_bytes) {
     const int sn = static_cast<int>(std::min(kMaxChunkBytes, send_bytes - so));
     const int rn = static_cast<int>(std::min(kMaxChunkBytes, recv_bytes - ro));
-    check(MPI_Sendrecv(s + so, sn, MPI_BYTE, dst, 7, r + ro, rn, MPI_BYTE, src, 7, comm_,
-                       MPI_STATUS_IGNORE),
-          "MPI_Sendrecv");
+    MPI_Request reqs[2];
+    check(MPI_Irecv(r + ro, rn, MPI_BYTE, src, 7, comm_, &reqs[0]), "MPI_Irecv");
+    check(MPI_Isend(s + so, sn, MPI_BYTE, dst, 7, comm_, &reqs[1]), "MPI_Isend");
+    wait_yielding(2, reqs);
     so += sn;
     ro += rn;
   }

@@ -45,13 +45,15 @@ def run_case(case: Case, size_mb: float, comm, min_reps: int, max_reps: int, bud
     hc.comm_stats()
     start = time.perf_counter()
     reps = 0
-    while reps < max_reps and (reps < min_reps or time.perf_counter() - start < budget_s):
+    while True:
         for k, fn in impls.items():
             bufs[k].copy_(src)
             times[k].append(_timed(fn, bufs[k], comm))
         reps += 1
-        # every rank must agree on whether to go on
-        if comm.allreduce(time.perf_counter() - start > budget_s and reps >= min_reps, op=MPI.LOR):
+        # Every rank must agree on whether to go on: a rank that tested its own clock alone could
+        # leave the loop while another starts one more repetition, and the next collective mismatches.
+        done = reps >= max_reps or (reps >= min_reps and time.perf_counter() - start > budget_s)
+        if comm.allreduce(done, op=MPI.LOR):
             break
     stats = hc.comm_stats()
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}

@@ -3,6 +3,10 @@
 // run in double whatever the storage dtype (paper 002, Section 4.4.1): the coefficients decide how
 // much of each gradient survives, and a half-precision dot product of a million elements would be
 // dominated by rounding. Results are rounded once, on store, to the storage dtype.
+//
+// float32 and float64 run vectorized (AVX-512 or AVX2 where the CPU has it, picked at the first
+// call; SSE2 otherwise) with the same operations in the same order as the scalar loop, so every
+// version returns the same bits; no fused multiply-add anywhere.
 #pragma once
 #include <cstdint>
 

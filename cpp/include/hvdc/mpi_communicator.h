@@ -1,5 +1,11 @@
 // Communicator over MPI. Owns a duplicate of the communicator it is given, so that its traffic
 // never matches Horovod's messages on the same world, and frees it on destruction.
+//
+// Waiting: sendrecv, the small allreduces (up to 64 KiB: Adasum's dot products, signatures) and
+// allgather_timed post non-blocking requests and poll them, yielding the core between polls and
+// sleeping between polls once a wait passes 5 ms, instead of Open MPI's blocking calls, which spin
+// without yielding. On a node with more busy threads than cores (several ranks per node, Horovod's
+// background thread) a spinning waiter otherwise takes the core from the very peer it waits for.
 #pragma once
 #include <mpi.h>
 
