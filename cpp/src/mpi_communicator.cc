@@ -130,9 +130,12 @@ void MpiCommunicator::allreduce_sum(void* buf, int64_t count, DType dtype) {
 
 void MpiCommunicator::allgather(const void* send, void* recv, size_t bytes) {
   if (bytes >= kMaxChunkBytes) throw UsageError("allgather block too large");
-  check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
-                      MPI_BYTE, comm_),
-        "MPI_Allgather");
+  // Non-blocking + yielding wait, as sendrecv: a spinning wait holds the core a peer needs.
+  MPI_Request req;
+  check(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
+                       MPI_BYTE, comm_, &req),
+        "MPI_Iallgather");
+  wait_yielding(1, &req);
   stats_.add(bytes * (size_ - 1), bytes * (size_ - 1));
 }
 
@@ -175,9 +178,11 @@ void MpiCommunicator::sendrecv(const void* send, size_t send_bytes, int dst, voi
 
 void MpiCommunicator::alltoall(const void* send, void* recv, size_t bytes) {
   if (bytes >= kMaxChunkBytes) throw UsageError("alltoall block too large");
-  check(MPI_Alltoall(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
-                     MPI_BYTE, comm_),
-        "MPI_Alltoall");
+  MPI_Request req;
+  check(MPI_Ialltoall(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
+                      MPI_BYTE, comm_, &req),
+        "MPI_Ialltoall");
+  wait_yielding(1, &req);
   stats_.add(bytes * (size_ - 1), bytes * (size_ - 1));
 }
 
