@@ -51,6 +51,29 @@ def test_compressed_allreduce_half_buffers_match_reference(n: int, out_dir) -> N
     _compare(ranks, n, "bfloat16", HALF_SIZES)
 
 
+def test_compressed_allreduce_on_portable_kernels_matches_reference(out_dir) -> None:
+    """HVDC_ONEBIT_KERNELS=scalar runs the whole collective on the portable (non-SIMD) kernels."""
+    n, sizes = 2, [13, 4099, 2400, 1 << 16]
+    args = (",".join(map(str, sizes)), "float32,float16,bfloat16", str(STEPS))
+    mpirun("compressed.py", n, out_dir, *args, env={"HVDC_ONEBIT_KERNELS": "scalar"}, timeout=240)
+    ranks = load_ranks(out_dir, n)
+    assert [rk["isa"] for rk in ranks] == ["scalar"] * n
+    for dtype in ("float32", "float16", "bfloat16"):
+        _compare(ranks, n, dtype, sizes)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_simd_and_portable_kernels_write_identical_bytes(dtype: str) -> None:
+    """Every 1-bit kernel, AVX2 against portable (a no-op on a CPU without AVX2): bits, errors, results,
+    sums, the non-finite scan; lengths around the 32-element blocks and tails, 1 to 5 server ranks."""
+    from hvd_compress import _core
+
+    for numel in (0, 1, 7, 8, 31, 32, 33, 63, 64, 100, 1000, 4099, (1 << 16) + 5):
+        for seed in range(3):
+            why = _core.onebit_kernels_self_check(numel, dtype, seed)
+            assert why == "", f"{dtype} numel={numel} seed={seed}: {why}"
+
+
 def _compare(ranks: list[dict], n: int, dtype: str, sizes: list[int]) -> None:
     for numel in sizes:
         werr = [np.zeros(numel) for _ in range(n)]

@@ -1,92 +1,359 @@
+// 1-bit kernels (see hvdc/onebit_kernels.h for the wire format and the rounding points): a
+// portable scalar version of each, and an AVX2 (+F16C) version chosen at run time. Both run the
+// same float32 operations in the same order per element, so they produce the same bytes; only
+// the order of the double sum of squares differs (harmless, see the header).
+//
+// Layout of the code: a "source" gives the value v[i] that the compensated value c = v[i] + e[i]
+// is built from (the buffer element widened to float32 for the worker step; acc[i] / n, or the
+// sum over ranks of +/-scale_r divided by n, for the server step). The two passes (signs and sum
+// of squares; error update) are written once per implementation over any source. The AVX2 loops
+// take 32 elements (one 32-bit word of bits, four 8-lane vectors) per iteration; the scalar code
+// finishes the last < 32 elements, so both implementations share the tail.
 #include "hvdc/onebit_kernels.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "hvdc/errors.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HVDC_ONEBIT_AVX2 1
+#define HVDC_AVX2 __attribute__((target("avx2,f16c,fma")))
+#else
+#define HVDC_ONEBIT_AVX2 0
+#endif
 
 namespace hvdc {
 namespace {
 
-// Element access per storage dtype: load widens to float32 (exact), store rounds once from
-// float32 exactly as the rest of the core narrows (dtype.h).
-struct F32 {
-  using T = float;
-  static float load(const T* p, int64_t i) { return p[i]; }
-  static void store(T* p, int64_t i, float v) { p[i] = v; }
-};
-struct F16 {
-  using T = uint16_t;
-  static float load(const T* p, int64_t i) { return half_to_float(p[i]); }
-  static void store(T* p, int64_t i, float v) { p[i] = float_to_half(v); }
-};
-struct BF16 {
-  using T = uint16_t;
-  static float load(const T* p, int64_t i) { return bf16_to_float(p[i]); }
-  static void store(T* p, int64_t i, float v) { p[i] = float_to_bf16(v); }
+enum class Isa { kScalar, kAvx2 };
+
+// Decided once per process: AVX2 where the CPU has it, unless HVDC_ONEBIT_KERNELS=scalar asks
+// for the portable code (so that tests can run the whole collective on it).
+Isa active_isa() {
+#if HVDC_ONEBIT_AVX2
+  static const Isa isa = [] {
+    const char* want = std::getenv("HVDC_ONEBIT_KERNELS");
+    if (want != nullptr && std::strcmp(want, "scalar") == 0) return Isa::kScalar;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+                   __builtin_cpu_supports("fma")
+               ? Isa::kAvx2
+               : Isa::kScalar;
+  }();
+  return isa;
+#else
+  return Isa::kScalar;
+#endif
+}
+
+inline int bit_of(const uint8_t* bits, int64_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
+
+#if HVDC_ONEBIT_AVX2
+// Streams read one core's memory bandwidth only with more misses in flight than the hardware
+// prefetcher keeps: the loops below ask for the data kPrefetch elements ahead (past the end of
+// an array it is harmless: a prefetch never faults).
+constexpr int64_t kPrefetch = 512;
+inline void prefetch_line(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+}
+inline void prefetch32(const float* p) {  // 32 floats: two 64-byte lines
+  prefetch_line(p);
+  prefetch_line(p + 16);
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Sources. value(i): the scalar value; load32(i, v) (AVX2 only): v[k] = values i + 8k ..
+// i + 8k + 7.
+
+struct SrcF32 {
+  const float* p;
+  float value(int64_t i) const { return p[i]; }
+#if HVDC_ONEBIT_AVX2
+  HVDC_AVX2 void load32(int64_t i, __m256* v) const {
+    for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(p + i + 8 * k);
+  }
+  HVDC_AVX2 void prefetch(int64_t i) const { prefetch32(p + i); }
+#endif
 };
 
-template <typename F>
-auto dispatch(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kFloat32: return f(F32{});
-    case DType::kFloat16: return f(F16{});
-    case DType::kBFloat16: return f(BF16{});
-    default: break;
+struct SrcF16 {
+  const uint16_t* p;
+  float value(int64_t i) const { return half_to_float(p[i]); }
+#if HVDC_ONEBIT_AVX2
+  HVDC_AVX2 void load32(int64_t i, __m256* v) const {  // F16C: exact widening
+    for (int k = 0; k < 4; ++k)
+      v[k] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i + 8 * k)));
   }
+  HVDC_AVX2 void prefetch(int64_t i) const { prefetch_line(p + i); }
+#endif
+};
+
+struct SrcBF16 {
+  const uint16_t* p;
+  float value(int64_t i) const { return bf16_to_float(p[i]); }
+#if HVDC_ONEBIT_AVX2
+  HVDC_AVX2 void load32(int64_t i, __m256* v) const {  // bfloat16 is the top half of a float32
+    for (int k = 0; k < 4; ++k) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i + 8 * k));
+      v[k] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+  }
+  HVDC_AVX2 void prefetch(int64_t i) const { prefetch_line(p + i); }
+#endif
+};
+
+// Division by the rank count n: a multiplication by 1/n when n is a power of two (1/n is then
+// exact and both give the correctly rounded quotient), a float32 division otherwise.
+struct DivideBy {
+  float n, inv;
+  bool pow2;
+  explicit DivideBy(int nranks)
+      : n(static_cast<float>(nranks)),
+        inv(1.0f / static_cast<float>(nranks)),
+        pow2(nranks > 0 && (nranks & (nranks - 1)) == 0) {}
+  float operator()(float a) const { return pow2 ? a * inv : a / n; }
+#if HVDC_ONEBIT_AVX2
+  HVDC_AVX2 __m256 operator()(__m256 a) const {
+    return pow2 ? _mm256_mul_ps(a, _mm256_set1_ps(inv)) : _mm256_div_ps(a, _mm256_set1_ps(n));
+  }
+#endif
+};
+
+struct SrcAccDiv {  // server step from an accumulated buffer: acc[i] / n
+  const float* acc;
+  DivideBy div;
+  float value(int64_t i) const { return div(acc[i]); }
+#if HVDC_ONEBIT_AVX2
+  HVDC_AVX2 void load32(int64_t i, __m256* v) const {
+    for (int k = 0; k < 4; ++k) v[k] = div(_mm256_loadu_ps(acc + i + 8 * k));
+  }
+  HVDC_AVX2 void prefetch(int64_t i) const { prefetch32(acc + i); }
+#endif
+};
+
+#if HVDC_ONEBIT_AVX2
+inline uint32_t load_word(const uint8_t* bits, int64_t i) {  // the 32 bits of elements i..i+31
+  uint32_t w;
+  std::memcpy(&w, bits + (i >> 3), 4);
+  return w;
+}
+
+// Bit 8k + j of a 32-bit word, broadcast to every lane, moved to the sign position (bit 31) of
+// lane j of vector k: shift left by 31 - (8k + j).
+struct SignBits {
+  __m256i shift[4];
+  HVDC_AVX2 SignBits() {
+    for (int k = 0; k < 4; ++k)
+      shift[k] = _mm256_sub_epi32(_mm256_set1_epi32(31 - 8 * k),
+                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  // Lane j of v[k] is `pos` if bit 8k + j of `word` is set, else -pos (a sign flip: exact).
+  HVDC_AVX2 void select(uint32_t word, float pos, __m256* v) const {
+    const __m256i w = _mm256_set1_epi32(static_cast<int>(word));
+    const __m256i neg = _mm256_castps_si256(_mm256_set1_ps(-pos));
+    const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+    for (int k = 0; k < 4; ++k)
+      v[k] = _mm256_castsi256_ps(
+          _mm256_xor_si256(neg, _mm256_and_si256(_mm256_sllv_epi32(w, shift[k]), sign)));
+  }
+};
+#endif
+
+// Fused server step: (sum over ranks of +/-scale_r, in rank order, from 0.0f) / n. With N > 0 the
+// rank count is N, known at compile time, and the pointers and scales are held by value (so the
+// loops keep them in registers); N == 0 takes any count from the arrays.
+template <int N>
+struct SrcBitsSum {
+  static constexpr int kHeld = N > 0 ? N : 1;
+  const uint8_t* const* bits;
+  const float* scales;
+  int nranks;
+  DivideBy div;
+  const uint8_t* held_bits[kHeld];
+  float held_scale[kHeld];
+
+  SrcBitsSum(const uint8_t* const* b, const float* s, int n)
+      : bits(b), scales(s), nranks(n), div(n) {
+    for (int r = 0; r < kHeld; ++r) {
+      held_bits[r] = N > 0 ? b[r] : nullptr;
+      held_scale[r] = N > 0 ? s[r] : 0.0f;
+    }
+  }
+  int count() const { return N > 0 ? N : nranks; }
+  const uint8_t* bits_of(int r) const { return N > 0 ? held_bits[r] : bits[r]; }
+  float scale_of(int r) const { return N > 0 ? held_scale[r] : scales[r]; }
+
+  float value(int64_t i) const {
+    float acc = 0.0f;
+    for (int r = 0; r < count(); ++r) acc += bit_of(bits_of(r), i) ? scale_of(r) : -scale_of(r);
+    return div(acc);
+  }
+#if HVDC_ONEBIT_AVX2
+  HVDC_AVX2 void load32(int64_t i, __m256* v) const {
+    const SignBits sb;
+    for (int k = 0; k < 4; ++k) v[k] = _mm256_setzero_ps();
+    for (int r = 0; r < count(); ++r) {
+      __m256 t[4];
+      sb.select(load_word(bits_of(r), i), scale_of(r), t);
+      for (int k = 0; k < 4; ++k) v[k] = _mm256_add_ps(v[k], t[k]);
+    }
+    for (int k = 0; k < 4; ++k) v[k] = div(v[k]);
+  }
+  HVDC_AVX2 void prefetch(int64_t) const {}  // a few bytes per rank: the hardware keeps up
+#endif
+};
+
+// ---------------------------------------------------------------------------------------------
+// The two passes, scalar. Both start at element `lo` (a multiple of 8) so that the AVX2 versions
+// can hand them their tail.
+
+// Pass 1: bytes lo / 8 .. ceil(n_real / 8) - 1 of `bits` (bits of positions >= n_real are 0) and
+// the double sum of squares of c over [lo, n_real). With kStoreC, c is also written to c_out[i]
+// (the server step passes its error buffer, and pass 2 reads c there instead of recomputing it);
+// without, c_out is unused and the pass only reads.
+template <bool kStoreC, typename Src>
+double signs_scalar(const Src& src, const float* error, float* c_out, int64_t lo,
+                    int64_t n_real, uint8_t* bits) {
+  double s[4] = {0, 0, 0, 0};
+  for (int64_t b = lo >> 3; 8 * b < n_real; ++b) {
+    const int64_t base = 8 * b;
+    const int m = n_real - base < 8 ? static_cast<int>(n_real - base) : 8;
+    unsigned byte = 0;
+    for (int j = 0; j < m; ++j) {
+      const float c = src.value(base + j) + error[base + j];
+      if (kStoreC) c_out[base + j] = c;
+      byte |= static_cast<unsigned>(c >= 0.0f) << j;
+      s[j & 3] += static_cast<double>(c) * static_cast<double>(c);
+    }
+    bits[b] = static_cast<uint8_t>(byte);
+  }
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+// Pass 2: error = c - (+/-scale) over [lo, n_real); c = error[i] if pass 1 stored it.
+template <bool kStoredC, typename Src>
+void error_scalar(const Src& src, float* error, int64_t lo, int64_t n_real, float scale) {
+  for (int64_t i = lo; i < n_real; ++i) {
+    const float c = kStoredC ? error[i] : src.value(i) + error[i];
+    error[i] = c >= 0.0f ? c - scale : c + scale;
+  }
+}
+
+#if HVDC_ONEBIT_AVX2
+template <bool kStoreC, typename Src>
+HVDC_AVX2 double signs_avx2(const Src& source, const float* error, float* c_out, int64_t n_real,
+                            uint8_t* bits) {
+  const Src src = source;  // a local copy: stores through `error` cannot alias it
+  const __m256 zero = _mm256_setzero_ps();
+  __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 32 <= n_real; i += 32) {
+    src.prefetch(i + kPrefetch);
+    prefetch32(error + i + kPrefetch);
+    __m256 v[4];
+    src.load32(i, v);
+    __m256 c[4];
+    uint32_t word = 0;
+    for (int k = 0; k < 4; ++k) {
+      c[k] = _mm256_add_ps(v[k], _mm256_loadu_ps(error + i + 8 * k));
+      if (kStoreC) _mm256_storeu_ps(c_out + i + 8 * k, c[k]);
+      word |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(c[k], zero, _CMP_GE_OQ)))
+              << (8 * k);
+    }
+    std::memcpy(bits + (i >> 3), &word, 4);
+    // Squares of float32 values are exact in double, so fma(c, c, s) rounds once, as s + c * c
+    // does; four accumulators, two fmas each.
+    const __m256d lo0 = _mm256_cvtps_pd(_mm256_castps256_ps128(c[0]));
+    const __m256d hi0 = _mm256_cvtps_pd(_mm256_extractf128_ps(c[0], 1));
+    const __m256d lo1 = _mm256_cvtps_pd(_mm256_castps256_ps128(c[1]));
+    const __m256d hi1 = _mm256_cvtps_pd(_mm256_extractf128_ps(c[1], 1));
+    const __m256d lo2 = _mm256_cvtps_pd(_mm256_castps256_ps128(c[2]));
+    const __m256d hi2 = _mm256_cvtps_pd(_mm256_extractf128_ps(c[2], 1));
+    const __m256d lo3 = _mm256_cvtps_pd(_mm256_castps256_ps128(c[3]));
+    const __m256d hi3 = _mm256_cvtps_pd(_mm256_extractf128_ps(c[3], 1));
+    s0 = _mm256_fmadd_pd(hi0, hi0, _mm256_fmadd_pd(lo0, lo0, s0));
+    s1 = _mm256_fmadd_pd(hi1, hi1, _mm256_fmadd_pd(lo1, lo1, s1));
+    s2 = _mm256_fmadd_pd(hi2, hi2, _mm256_fmadd_pd(lo2, lo2, s2));
+    s3 = _mm256_fmadd_pd(hi3, hi3, _mm256_fmadd_pd(lo3, lo3, s3));
+  }
+  const __m256d s = _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3));
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, s);
+  const double tail = signs_scalar<kStoreC>(src, error, c_out, i, n_real, bits);
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + tail;
+}
+
+template <bool kStoredC, typename Src>
+HVDC_AVX2 void error_avx2(const Src& source, float* error, int64_t n_real, float scale) {
+  const Src src = source;  // a local copy: stores through `error` cannot alias it
+  // c + scale equals c - (-scale) exactly: e = c - (c >= 0 ? scale : -scale), the sign of the
+  // subtrahend flipped by the comparison mask's sign bit.
+  const __m256 zero = _mm256_setzero_ps(), neg = _mm256_set1_ps(-scale);
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  int64_t i = 0;
+  for (; i + 32 <= n_real; i += 32) {
+    if (!kStoredC) src.prefetch(i + kPrefetch);
+    prefetch32(error + i + kPrefetch);
+    __m256 v[4];
+    if (!kStoredC) src.load32(i, v);
+    for (int k = 0; k < 4; ++k) {
+      float* e = error + i + 8 * k;
+      const __m256 c = kStoredC ? _mm256_loadu_ps(e) : _mm256_add_ps(v[k], _mm256_loadu_ps(e));
+      const __m256 nonneg = _mm256_cmp_ps(c, zero, _CMP_GE_OQ);
+      const __m256 sub = _mm256_xor_ps(neg, _mm256_and_ps(nonneg, sign));
+      _mm256_storeu_ps(e, _mm256_sub_ps(c, sub));
+    }
+  }
+  error_scalar<kStoredC>(src, error, i, n_real, scale);
+}
+#endif
+
+// Pass 1 over a whole chunk with `isa`, padding bytes zeroed. kStoreC, c_out: see signs_scalar.
+template <bool kStoreC = false, typename Src>
+double signs(Isa isa, const Src& src, const float* error, float* c_out, int64_t n_real,
+             int64_t n_padded, uint8_t* bits) {
+  double sumsq;
+#if HVDC_ONEBIT_AVX2
+  if (isa == Isa::kAvx2)
+    sumsq = signs_avx2<kStoreC>(src, error, c_out, n_real, bits);
+  else
+#endif
+    sumsq = signs_scalar<kStoreC>(src, error, c_out, 0, n_real, bits);
+  const int64_t written = (n_real + 7) / 8;
+  if (written < n_padded / 8)
+    std::memset(bits + written, 0, static_cast<size_t>(n_padded / 8 - written));
+  return sumsq;
+}
+
+template <bool kStoredC = false, typename Src>
+void update_error(Isa isa, const Src& src, float* error, int64_t n_real, float scale) {
+#if HVDC_ONEBIT_AVX2
+  if (isa == Isa::kAvx2) return error_avx2<kStoredC>(src, error, n_real, scale);
+#endif
+  (void)isa;
+  error_scalar<kStoredC>(src, error, 0, n_real, scale);
+}
+
+[[noreturn]] void unsupported(DType dtype) {
   throw UsageError(std::string("1-bit compression is not defined for ") + dtype_name(dtype) +
                    "; use float32, float16 or bfloat16");
 }
 
-// The common tail of the worker and server steps. On entry error[i] holds the compensated value
-// c[i] (i < n_real) and `sumsq` its squared norm: writes scale, then error = c - (+/-scale). The
-// sign is re-derived from c (c >= 0, the same test that set the bit), so this loop never reads the
-// packed bits and vectorizes.
-float finish(float* error, int64_t n_real, double sumsq) {
-  if (n_real == 0) return 0.0f;
-  const float scale = static_cast<float>(std::sqrt(sumsq / static_cast<double>(n_real)));
-  for (int64_t i = 0; i < n_real; ++i) {
-    const float c = error[i];
-    error[i] = c >= 0.0f ? c - scale : c + scale;
+template <typename F>
+auto dispatch(DType dtype, const void* x, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32: return f(SrcF32{static_cast<const float*>(x)});
+    case DType::kFloat16: return f(SrcF16{static_cast<const uint16_t*>(x)});
+    case DType::kBFloat16: return f(SrcBF16{static_cast<const uint16_t*>(x)});
+    default: break;
   }
-  return scale;
-}
-
-// One pass: c = value(i) + error[i] stored back into error, its square summed in double (eight
-// lanes in a fixed order, so the compiler can keep them in SIMD registers without -ffast-math),
-// and the sign bits packed 8 per byte. Bits of padding positions are 0.
-template <typename Value>
-double compensate_and_pack(Value value, float* error, int64_t n_real, int64_t n_padded,
-                           uint8_t* bits) {
-  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  const int64_t full = n_real / 8;
-  for (int64_t b = 0; b < full; ++b) {
-    uint8_t byte = 0;
-    for (int j = 0; j < 8; ++j) {
-      const int64_t i = 8 * b + j;
-      const float c = value(i) + error[i];
-      error[i] = c;
-      lanes[j] += static_cast<double>(c) * static_cast<double>(c);
-      byte |= static_cast<uint8_t>(c >= 0.0f) << j;
-    }
-    bits[b] = byte;
-  }
-  int64_t b = full;
-  if (full * 8 < n_real) {  // the last, partly real byte
-    uint8_t byte = 0;
-    for (int j = 0; 8 * b + j < n_real; ++j) {
-      const int64_t i = 8 * b + j;
-      const float c = value(i) + error[i];
-      error[i] = c;
-      lanes[j] += static_cast<double>(c) * static_cast<double>(c);
-      byte |= static_cast<uint8_t>(c >= 0.0f) << j;
-    }
-    bits[b++] = byte;
-  }
-  if (b < n_padded / 8) std::memset(bits + b, 0, static_cast<size_t>(n_padded / 8 - b));
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  unsupported(dtype);
 }
 
 void check_padding(int64_t n_real, int64_t n_padded) {
@@ -96,71 +363,559 @@ void check_padding(int64_t n_real, int64_t n_padded) {
                      "and at least the real size");
 }
 
+// ---------------------------------------------------------------------------------------------
+// Non-finite scan: blocks of 1024, a branch-free test per block, the index found in the block.
+
+template <typename Src>
+int64_t first_nonfinite_in(const Src& src, const float* error, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) {
+    const float c = src.value(i) + error[i];
+    if (!std::isfinite(c)) return i;
+  }
+  return -1;
+}
+
+template <typename Src>
+int64_t first_nonfinite_scalar(const Src& src, const float* error, int64_t n) {
+  constexpr int64_t kBlock = 1024;
+  for (int64_t lo = 0; lo < n; lo += kBlock) {
+    const int64_t hi = lo + kBlock < n ? lo + kBlock : n;
+    int bad = 0;
+    for (int64_t i = lo; i < hi; ++i) {
+      const float c = src.value(i) + error[i];
+      uint32_t u;
+      std::memcpy(&u, &c, 4);
+      bad |= (u & 0x7f800000u) == 0x7f800000u;  // exponent all ones: Inf or NaN
+    }
+    if (bad) return first_nonfinite_in(src, error, lo, hi);
+  }
+  return -1;
+}
+
+#if HVDC_ONEBIT_AVX2
+template <typename Src>
+HVDC_AVX2 int64_t first_nonfinite_avx2(const Src& src, const float* error, int64_t n) {
+  constexpr int64_t kBlock = 1024;  // a multiple of 32
+  const __m256i exp = _mm256_set1_epi32(0x7f800000);
+  int64_t lo = 0;
+  for (; lo + kBlock <= n; lo += kBlock) {
+    __m256i bad = _mm256_setzero_si256();
+    for (int64_t i = lo; i < lo + kBlock; i += 32) {
+      __m256 v[4];
+      src.load32(i, v);
+      for (int k = 0; k < 4; ++k) {
+        const __m256 e = _mm256_loadu_ps(error + i + 8 * k);
+        const __m256i c = _mm256_castps_si256(_mm256_add_ps(v[k], e));
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(c, exp), exp));
+      }
+    }
+    if (!_mm256_testz_si256(bad, bad)) return first_nonfinite_in(src, error, lo, lo + kBlock);
+  }
+  return first_nonfinite_in(src, error, lo, n);
+}
+#endif
+
+int64_t first_nonfinite(Isa isa, const void* x, DType dtype, const float* error, int64_t n) {
+  return dispatch(dtype, x, [&](const auto& src) -> int64_t {
+#if HVDC_ONEBIT_AVX2
+    if (isa == Isa::kAvx2) return first_nonfinite_avx2(src, error, n);
+#endif
+    (void)isa;
+    return first_nonfinite_scalar(src, error, n);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accumulate and decompress: bits to +/-scale.
+
+void accumulate_scalar(const uint8_t* bits, float scale, float* acc, int64_t lo, int64_t n_real) {
+  for (int64_t i = lo; i < n_real; ++i) acc[i] += bit_of(bits, i) ? scale : -scale;
+}
+
+// Writes the two patterns of `out` (T = float or uint16_t) for bit 1 and bit 0.
+template <typename T>
+void decompress_scalar(const uint8_t* bits, T pos, T neg, T* out, int64_t lo, int64_t n_real) {
+  for (int64_t i = lo; i < n_real; ++i) out[i] = bit_of(bits, i) ? pos : neg;
+}
+
+#if HVDC_ONEBIT_AVX2
+HVDC_AVX2 void accumulate_avx2(const uint8_t* bits, float scale, float* acc, int64_t n_real) {
+  const SignBits sb;
+  int64_t i = 0;
+  for (; i + 32 <= n_real; i += 32) {
+    __m256 t[4];
+    sb.select(load_word(bits, i), scale, t);
+    for (int k = 0; k < 4; ++k) {
+      float* a = acc + i + 8 * k;
+      _mm256_storeu_ps(a, _mm256_add_ps(_mm256_loadu_ps(a), t[k]));
+    }
+  }
+  accumulate_scalar(bits, scale, acc, i, n_real);
+}
+
+// float32 result: the select of accumulate with the float scale (its two patterns are exactly
+// +scale and -scale).
+HVDC_AVX2 void decompress32_avx2(const uint8_t* bits, float scale, float* out, int64_t n_real) {
+  const SignBits sb;
+  int64_t i = 0;
+  for (; i + 32 <= n_real; i += 32) {
+    __m256 t[4];
+    sb.select(load_word(bits, i), scale, t);
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + i + 8 * k, t[k]);
+  }
+  decompress_scalar(bits, scale, -scale, out, i, n_real);
+}
+
+HVDC_AVX2 void decompress16_avx2(const uint8_t* bits, uint16_t pos, uint16_t neg, uint16_t* out,
+                                 int64_t n_real) {
+  const __m256i p = _mm256_set1_epi16(static_cast<short>(pos));
+  const __m256i q = _mm256_set1_epi16(static_cast<short>(neg));
+  const __m256i pq = _mm256_xor_si256(p, q);  // q ^ (p ^ q) = p where the bit is set
+  const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
+                                        8192, 16384, static_cast<short>(0x8000));
+  int64_t i = 0;
+  for (; i + 32 <= n_real; i += 32) {
+    const uint32_t word = load_word(bits, i);
+    for (int k = 0; k < 2; ++k) {
+      const __m256i w = _mm256_set1_epi16(static_cast<short>(word >> (16 * k)));
+      const __m256i m = _mm256_cmpeq_epi16(_mm256_and_si256(w, bit), bit);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 16 * k),
+                          _mm256_xor_si256(q, _mm256_and_si256(m, pq)));
+    }
+  }
+  decompress_scalar(bits, pos, neg, out, i, n_real);
+}
+#endif
+
+void accumulate(Isa isa, const uint8_t* bits, float scale, float* acc, int64_t n_real) {
+#if HVDC_ONEBIT_AVX2
+  if (isa == Isa::kAvx2) return accumulate_avx2(bits, scale, acc, n_real);
+#endif
+  (void)isa;
+  accumulate_scalar(bits, scale, acc, 0, n_real);
+}
+
+// The result takes only two values, +/-scale rounded once to the buffer dtype: the kernels copy
+// their bit patterns.
+void decompress(Isa isa, const uint8_t* bits, float scale, void* out, DType dtype,
+                int64_t n_real) {
+  if (dtype == DType::kFloat32) {
+    auto* o = static_cast<float*>(out);
+#if HVDC_ONEBIT_AVX2
+    if (isa == Isa::kAvx2) return decompress32_avx2(bits, scale, o, n_real);
+#endif
+    return decompress_scalar(bits, scale, -scale, o, 0, n_real);
+  }
+  if (!is_half(dtype)) unsupported(dtype);
+  const bool f16 = dtype == DType::kFloat16;
+  const uint16_t pos = f16 ? float_to_half(scale) : float_to_bf16(scale);
+  const uint16_t neg = f16 ? float_to_half(-scale) : float_to_bf16(-scale);
+  auto* o = static_cast<uint16_t*>(out);
+#if HVDC_ONEBIT_AVX2
+  if (isa == Isa::kAvx2) return decompress16_avx2(bits, pos, neg, o, n_real);
+#endif
+  (void)isa;
+  decompress_scalar(bits, pos, neg, o, 0, n_real);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pass 2 of the worker step fused with the result of the same chunk (one pass over the buffer
+// instead of two): error = c - (+/-wscale) with c = x + error, then x = bit ? pos : neg (the
+// result's two bit patterns in the buffer dtype). x is read before it is overwritten.
+
+template <typename Src, typename T>
+void error_result_scalar(const Src& src, float* error, float wscale, const uint8_t* bits, T pos,
+                         T neg, T* out, int64_t lo, int64_t n_real) {
+  for (int64_t i = lo; i < n_real; ++i) {
+    const float c = src.value(i) + error[i];
+    error[i] = c >= 0.0f ? c - wscale : c + wscale;
+    out[i] = bit_of(bits, i) ? pos : neg;
+  }
+}
+
+#if HVDC_ONEBIT_AVX2
+// The error half of error_avx2 on 32 elements whose values are v.
+HVDC_AVX2 inline void error32_avx2(const __m256* v, float* error, __m256 neg) {
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  for (int k = 0; k < 4; ++k) {
+    float* e = error + 8 * k;
+    const __m256 c = _mm256_add_ps(v[k], _mm256_loadu_ps(e));
+    const __m256 nonneg = _mm256_cmp_ps(c, zero, _CMP_GE_OQ);
+    _mm256_storeu_ps(e, _mm256_sub_ps(c, _mm256_xor_ps(neg, _mm256_and_ps(nonneg, sign))));
+  }
+}
+
+HVDC_AVX2 void error_result_f32_avx2(const float* x, float* error, float wscale,
+                                     const uint8_t* bits, float rscale, float* out,
+                                     int64_t n_real) {
+  const SrcF32 src{x};
+  const SignBits sb;
+  const __m256 neg = _mm256_set1_ps(-wscale);
+  int64_t i = 0;
+  for (; i + 32 <= n_real; i += 32) {
+    src.prefetch(i + kPrefetch);
+    prefetch32(error + i + kPrefetch);
+    __m256 v[4], t[4];
+    src.load32(i, v);
+    error32_avx2(v, error + i, neg);
+    sb.select(load_word(bits, i), rscale, t);
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + i + 8 * k, t[k]);
+  }
+  error_result_scalar(src, error, wscale, bits, rscale, -rscale, out, i, n_real);
+}
+
+template <typename Src>
+HVDC_AVX2 void error_result_16_avx2(const Src& source, float* error, float wscale,
+                                    const uint8_t* bits, uint16_t pos, uint16_t neg,
+                                    uint16_t* out, int64_t n_real) {
+  const Src src = source;
+  const __m256 negw = _mm256_set1_ps(-wscale);
+  const __m256i p = _mm256_set1_epi16(static_cast<short>(pos));
+  const __m256i q = _mm256_set1_epi16(static_cast<short>(neg));
+  const __m256i pq = _mm256_xor_si256(p, q);
+  const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
+                                        8192, 16384, static_cast<short>(0x8000));
+  int64_t i = 0;
+  for (; i + 32 <= n_real; i += 32) {
+    src.prefetch(i + kPrefetch);
+    prefetch32(error + i + kPrefetch);
+    __m256 v[4];
+    src.load32(i, v);
+    error32_avx2(v, error + i, negw);
+    const uint32_t word = load_word(bits, i);
+    for (int k = 0; k < 2; ++k) {
+      const __m256i w = _mm256_set1_epi16(static_cast<short>(word >> (16 * k)));
+      const __m256i m = _mm256_cmpeq_epi16(_mm256_and_si256(w, bit), bit);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 16 * k),
+                          _mm256_xor_si256(q, _mm256_and_si256(m, pq)));
+    }
+  }
+  error_result_scalar(src, error, wscale, bits, pos, neg, out, i, n_real);
+}
+#endif
+
+void compress_error_result(Isa isa, void* x, DType dtype, float* error, int64_t n_real,
+                           float wscale, const uint8_t* bits, float rscale) {
+  if (dtype == DType::kFloat32) {
+    auto* o = static_cast<float*>(x);
+#if HVDC_ONEBIT_AVX2
+    if (isa == Isa::kAvx2) return error_result_f32_avx2(o, error, wscale, bits, rscale, o, n_real);
+#endif
+    return error_result_scalar(SrcF32{o}, error, wscale, bits, rscale, -rscale, o, 0, n_real);
+  }
+  if (!is_half(dtype)) unsupported(dtype);
+  const bool f16 = dtype == DType::kFloat16;
+  const uint16_t pos = f16 ? float_to_half(rscale) : float_to_bf16(rscale);
+  const uint16_t neg = f16 ? float_to_half(-rscale) : float_to_bf16(-rscale);
+  auto* o = static_cast<uint16_t*>(x);
+  if (f16) {
+#if HVDC_ONEBIT_AVX2
+    if (isa == Isa::kAvx2)
+      return error_result_16_avx2(SrcF16{o}, error, wscale, bits, pos, neg, o, n_real);
+#endif
+    return error_result_scalar(SrcF16{o}, error, wscale, bits, pos, neg, o, 0, n_real);
+  }
+#if HVDC_ONEBIT_AVX2
+  if (isa == Isa::kAvx2)
+    return error_result_16_avx2(SrcBF16{o}, error, wscale, bits, pos, neg, o, n_real);
+#endif
+  (void)isa;
+  error_result_scalar(SrcBF16{o}, error, wscale, bits, pos, neg, o, 0, n_real);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The steps, with an explicit implementation (the public functions pass active_isa()).
+
+double compress_signs(Isa isa, const void* x, DType dtype, const float* error, int64_t n_real,
+                      int64_t n_padded, uint8_t* bits) {
+  check_padding(n_real, n_padded);
+  return dispatch(dtype, x, [&](const auto& src) {
+    return signs(isa, src, error, nullptr, n_real, n_padded, bits);
+  });
+}
+
+void compress_error(Isa isa, const void* x, DType dtype, float* error, int64_t n_real,
+                    float scale) {
+  dispatch(dtype, x, [&](const auto& src) {
+    update_error(isa, src, error, n_real, scale);
+    return 0;
+  });
+}
+
+float server_compress(Isa isa, const float* acc, int nranks, float* error, int64_t n_real,
+                      int64_t n_padded, uint8_t* bits) {
+  check_padding(n_real, n_padded);
+  const SrcAccDiv src{acc, DivideBy(nranks)};
+  const float scale = onebit_scale(signs(isa, src, error, nullptr, n_real, n_padded, bits), n_real);
+  update_error(isa, src, error, n_real, scale);
+  return scale;
+}
+
+float server_reduce_compress(Isa isa, const uint8_t* const* bits, const float* scales, int nranks,
+                             float* error, int64_t n_real, int64_t n_padded, uint8_t* out_bits) {
+  check_padding(n_real, n_padded);
+  // The sum over ranks costs more to recompute than c costs to store: pass 1 stores it.
+  const auto run = [&](const auto& src) {
+    const float scale =
+        onebit_scale(signs<true>(isa, src, error, error, n_real, n_padded, out_bits), n_real);
+    update_error<true>(isa, src, error, n_real, scale);
+    return scale;
+  };
+  switch (nranks) {
+    case 1: return run(SrcBitsSum<1>(bits, scales, nranks));
+    case 2: return run(SrcBitsSum<2>(bits, scales, nranks));
+    case 3: return run(SrcBitsSum<3>(bits, scales, nranks));
+    case 4: return run(SrcBitsSum<4>(bits, scales, nranks));
+    default: return run(SrcBitsSum<0>(bits, scales, nranks));
+  }
+}
+
 }  // namespace
 
 int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error, int64_t n) {
-  return dispatch(dtype, [&](auto a) -> int64_t {
-    using A = decltype(a);
-    const auto* p = static_cast<const typename A::T*>(x);
-    // Blocks of 1024: a branch-free finiteness test the compiler vectorizes, and an early exit.
-    constexpr int64_t kBlock = 1024;
-    for (int64_t lo = 0; lo < n; lo += kBlock) {
-      const int64_t hi = lo + kBlock < n ? lo + kBlock : n;
-      int bad = 0;
-      for (int64_t i = lo; i < hi; ++i) {
-        const float c = A::load(p, i) + error[i];
-        bad |= !(c - c == 0.0f);  // false for NaN and +/-Inf only
-      }
-      if (bad)
-        for (int64_t i = lo; i < hi; ++i) {
-          const float c = A::load(p, i) + error[i];
-          if (!(c - c == 0.0f)) return i;
-        }
-    }
-    return -1;
-  });
+  return first_nonfinite(active_isa(), x, dtype, error, n);
+}
+
+float onebit_scale(double sumsq, int64_t n_real) {
+  if (n_real == 0) return 0.0f;
+  return static_cast<float>(std::sqrt(sumsq / static_cast<double>(n_real)));
+}
+
+double onebit_compress_signs(const void* x, DType dtype, const float* error, int64_t n_real,
+                             int64_t n_padded, uint8_t* bits) {
+  return compress_signs(active_isa(), x, dtype, error, n_real, n_padded, bits);
+}
+
+void onebit_compress_error(const void* x, DType dtype, float* error, int64_t n_real,
+                           float scale) {
+  compress_error(active_isa(), x, dtype, error, n_real, scale);
 }
 
 float onebit_compress(const void* x, DType dtype, float* error, int64_t n_real, int64_t n_padded,
                       uint8_t* bits) {
-  check_padding(n_real, n_padded);
-  const double sumsq = dispatch(dtype, [&](auto a) {
-    using A = decltype(a);
-    const auto* p = static_cast<const typename A::T*>(x);
-    return compensate_and_pack([p](int64_t i) { return A::load(p, i); }, error, n_real, n_padded,
-                               bits);
-  });
-  return finish(error, n_real, sumsq);
+  const Isa isa = active_isa();
+  const float scale =
+      onebit_scale(compress_signs(isa, x, dtype, error, n_real, n_padded, bits), n_real);
+  compress_error(isa, x, dtype, error, n_real, scale);
+  return scale;
 }
 
 void onebit_accumulate(const uint8_t* bits, float scale, float* acc, int64_t n_real) {
-  const int64_t full = n_real / 8;
-  for (int64_t b = 0; b < full; ++b) {
-    const unsigned byte = bits[b];
-    for (int j = 0; j < 8; ++j) acc[8 * b + j] += ((byte >> j) & 1u) ? scale : -scale;
-  }
-  for (int64_t i = full * 8; i < n_real; ++i)
-    acc[i] += ((bits[i >> 3] >> (i & 7)) & 1u) ? scale : -scale;
+  accumulate(active_isa(), bits, scale, acc, n_real);
 }
 
 float onebit_server_compress(const float* acc, int nranks, float* error, int64_t n_real,
                              int64_t n_padded, uint8_t* bits) {
-  check_padding(n_real, n_padded);
-  const float n = static_cast<float>(nranks);
-  const double sumsq = compensate_and_pack([acc, n](int64_t i) { return acc[i] / n; }, error,
-                                           n_real, n_padded, bits);
-  return finish(error, n_real, sumsq);
+  return server_compress(active_isa(), acc, nranks, error, n_real, n_padded, bits);
+}
+
+float onebit_server_reduce_compress(const uint8_t* const* bits, const float* scales, int nranks,
+                                    float* error, int64_t n_real, int64_t n_padded,
+                                    uint8_t* out_bits) {
+  return server_reduce_compress(active_isa(), bits, scales, nranks, error, n_real, n_padded,
+                                out_bits);
 }
 
 void onebit_decompress(const uint8_t* bits, float scale, void* out, DType dtype, int64_t n_real) {
-  dispatch(dtype, [&](auto a) {
-    using A = decltype(a);
-    auto* p = static_cast<typename A::T*>(out);
-    const float pos = scale, neg = -scale;
-    for (int64_t i = 0; i < n_real; ++i)
-      A::store(p, i, ((bits[i >> 3] >> (i & 7)) & 1u) ? pos : neg);
-    return 0;
-  });
+  decompress(active_isa(), bits, scale, out, dtype, n_real);
+}
+
+void onebit_compress_error_decompress(void* x, DType dtype, float* error, int64_t n_real,
+                                      float scale, const uint8_t* result_bits,
+                                      float result_scale) {
+  compress_error_result(active_isa(), x, dtype, error, n_real, scale, result_bits, result_scale);
+}
+
+const char* onebit_kernel_isa() { return active_isa() == Isa::kAvx2 ? "avx2" : "scalar"; }
+
+// ---------------------------------------------------------------------------------------------
+// Self-check: scalar against AVX2 on the same data.
+
+namespace {
+
+struct Lcg {  // small deterministic generator, enough for test data
+  uint64_t s;
+  uint32_t next() {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(s >> 33);
+  }
+  float uniform() { return static_cast<float>(next() >> 8) * (1.0f / 16777216.0f); }  // [0, 1)
+  // Mostly moderate values, with zeros of both signs, subnormal and huge ones (of float16 when
+  // `f16`, so that the buffer stays finite).
+  float value(bool f16) {
+    const uint32_t kind = next() % 64;
+    if (kind == 0) return 0.0f;
+    if (kind == 1) return -0.0f;
+    if (kind == 2) return (uniform() - 0.5f) * (f16 ? 1e-4f : 1e-40f);
+    if (kind == 3) return (uniform() - 0.5f) * (f16 ? 1e5f : 1e30f);
+    if (kind == 4) return (uniform() - 0.5f) * 1e-6f;
+    return (uniform() - 0.5f) * 4.0f;
+  }
+};
+
+template <typename T>
+std::string first_difference(const char* what, const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return std::string(what) + ": sizes differ";
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0)
+      return std::string(what) + ": scalar and avx2 differ at index " + std::to_string(i);
+  return "";
+}
+
+std::string close_sums(const char* what, double a, double b) {
+  if (a == b || std::fabs(a - b) <= 1e-12 * std::fabs(a)) return "";
+  return std::string(what) + ": sums of squares " + std::to_string(a) + " and " + std::to_string(b);
+}
+
+}  // namespace
+
+std::string onebit_kernels_self_check(int64_t numel, DType dtype, uint64_t seed) {
+#if HVDC_ONEBIT_AVX2
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("f16c") ||
+      !__builtin_cpu_supports("fma"))
+    return "";
+#else
+  return "";
+#endif
+  const Isa both[2] = {Isa::kScalar, Isa::kAvx2};
+  const size_t n = static_cast<size_t>(numel);
+  const int64_t padded = (numel + 7) / 8 * 8;
+  const size_t nbytes = static_cast<size_t>(padded / 8);
+  Lcg rng{seed * 2654435761u + 1};
+  // Buffer in its dtype; the float values are rounded to it.
+  std::vector<uint8_t> x(n * dtype_size(dtype));
+  for (size_t i = 0; i < n; ++i) {
+    const float v = rng.value(dtype == DType::kFloat16);
+    if (dtype == DType::kFloat32) std::memcpy(x.data() + 4 * i, &v, 4);
+    else if (dtype == DType::kFloat16) {
+      const uint16_t h = float_to_half(v);
+      std::memcpy(x.data() + 2 * i, &h, 2);
+    } else if (dtype == DType::kBFloat16) {
+      const uint16_t h = float_to_bf16(v);
+      std::memcpy(x.data() + 2 * i, &h, 2);
+    } else {
+      throw UsageError(std::string("onebit_kernels_self_check: dtype ") + dtype_name(dtype));
+    }
+  }
+  std::vector<float> error0(n);
+  for (float& e : error0) e = rng.value(false) * 0.25f;
+
+  std::string why;
+  // Worker step: both passes, with the same scale for pass 2 so that errors compare exactly.
+  std::vector<uint8_t> bits[2];
+  std::vector<float> err[2];
+  double sums[2];
+  for (int k = 0; k < 2; ++k) {
+    bits[k].assign(nbytes, 0xAB);
+    err[k] = error0;
+    sums[k] =
+        compress_signs(both[k], x.data(), dtype, err[k].data(), numel, padded, bits[k].data());
+  }
+  if (!(why = first_difference("compress bits", bits[0], bits[1])).empty()) return why;
+  if (!(why = close_sums("compress", sums[0], sums[1])).empty()) return why;
+  const float scale = onebit_scale(sums[0], numel);
+  for (int k = 0; k < 2; ++k) compress_error(both[k], x.data(), dtype, err[k].data(), numel, scale);
+  if (!(why = first_difference("compress error", err[0], err[1])).empty()) return why;
+
+  // Server side with 1 to 5 ranks (every specialization of the fused kernel): accumulate +
+  // server_compress, and the fused step, all agreeing.
+  constexpr int kMaxRanks = 5;
+  std::vector<uint8_t> rbits[kMaxRanks];
+  float rscales[kMaxRanks];
+  const uint8_t* rptr[kMaxRanks];
+  for (int r = 0; r < kMaxRanks; ++r) {
+    rbits[r].resize(nbytes);
+    for (auto& b : rbits[r]) b = static_cast<uint8_t>(rng.next());
+    rptr[r] = rbits[r].data();
+    rscales[r] = r == 0 ? scale : r == 3 ? 0.0f : 1e-3f * static_cast<float>(r) + rng.uniform();
+  }
+  for (int kRanks = 1; kRanks <= kMaxRanks; ++kRanks) {
+    const std::string at = std::to_string(kRanks) + " ranks: ";
+    std::vector<float> acc[2], serr[2], ferr[2];
+    std::vector<uint8_t> sbits[2], fbits[2];
+    float sscale[2], fscale[2];
+    for (int k = 0; k < 2; ++k) {
+      acc[k].assign(n, 0.0f);
+      for (int r = 0; r < kRanks; ++r)
+        accumulate(both[k], rptr[r], rscales[r], acc[k].data(), numel);
+      serr[k] = error0;
+      ferr[k] = error0;
+      sbits[k].assign(nbytes, 0xCD);
+      fbits[k].assign(nbytes, 0xEF);
+      sscale[k] = server_compress(both[k], acc[k].data(), kRanks, serr[k].data(), numel, padded,
+                                  sbits[k].data());
+      fscale[k] = server_reduce_compress(both[k], rptr, rscales, kRanks, ferr[k].data(), numel,
+                                         padded, fbits[k].data());
+    }
+    for (const std::string& d :
+         {first_difference("accumulate", acc[0], acc[1]),
+          first_difference("server bits", sbits[0], sbits[1]),
+          first_difference("fused server bits (scalar)", fbits[0], sbits[1]),
+          first_difference("fused server bits (avx2)", fbits[1], sbits[1])})
+      if (!d.empty()) return at + d;
+    // Scales may differ by the order of the sum of squares; errors are compared when they agree.
+    const float s0 = sscale[0];
+    if (sscale[1] == s0 && fscale[0] == s0 && fscale[1] == s0) {
+      for (const std::string& d :
+           {first_difference("server error", serr[0], serr[1]),
+            first_difference("fused server error (scalar)", ferr[0], serr[0]),
+            first_difference("fused server error (avx2)", ferr[1], serr[0])})
+        if (!d.empty()) return at + d;
+    } else if (std::fabs(sscale[1] - s0) > 1e-6f * s0 || std::fabs(fscale[0] - s0) > 1e-6f * s0 ||
+               std::fabs(fscale[1] - s0) > 1e-6f * s0) {
+      return at + "server scales differ: " + std::to_string(s0) + ", " +
+             std::to_string(sscale[1]) + ", fused " + std::to_string(fscale[0]) + ", " +
+             std::to_string(fscale[1]);
+    }
+  }
+
+  // Decompress into the dtype.
+  std::vector<uint8_t> out[2];
+  for (int k = 0; k < 2; ++k) {
+    out[k].assign(n * dtype_size(dtype), 0x11);
+    decompress(both[k], rptr[0], 0.3f, out[k].data(), dtype, numel);
+  }
+  if (!(why = first_difference("decompress", out[0], out[1])).empty()) return why;
+
+  // Worker pass 2 fused with the result: the same bytes as the two kernels one after the other.
+  {
+    std::vector<uint8_t> xr[3];
+    std::vector<float> er[3];
+    for (int k = 0; k < 3; ++k) {
+      xr[k] = x;
+      er[k] = error0;
+    }
+    compress_error(both[0], xr[0].data(), dtype, er[0].data(), numel, scale);
+    decompress(both[0], rptr[1], 0.7f, xr[0].data(), dtype, numel);
+    for (int k = 0; k < 2; ++k)
+      compress_error_result(both[k], xr[k + 1].data(), dtype, er[k + 1].data(), numel, scale,
+                            rptr[1], 0.7f);
+    for (const std::string& d : {first_difference("error+result (scalar) x", xr[1], xr[0]),
+                                 first_difference("error+result (avx2) x", xr[2], xr[0]),
+                                 first_difference("error+result (scalar) e", er[1], er[0]),
+                                 first_difference("error+result (avx2) e", er[2], er[0])})
+      if (!d.empty()) return d;
+  }
+
+  // Non-finite scan, with an Inf planted (when there is room) in the error buffer.
+  if (numel > 0) {
+    std::vector<float> bad = error0;
+    const size_t at = static_cast<size_t>(rng.next()) % n;
+    bad[at] = INFINITY;
+    const int64_t got0 = first_nonfinite(both[0], x.data(), dtype, bad.data(), numel);
+    const int64_t got1 = first_nonfinite(both[1], x.data(), dtype, bad.data(), numel);
+    if (got0 != got1 || got0 > static_cast<int64_t>(at) || got0 < 0)
+      return "first_nonfinite: scalar " + std::to_string(got0) + ", avx2 " +
+             std::to_string(got1) + ", planted at " + std::to_string(at);
+    const double s0 =
+        compress_signs(both[0], x.data(), dtype, bad.data(), numel, padded, bits[0].data());
+    const double s1 =
+        compress_signs(both[1], x.data(), dtype, bad.data(), numel, padded, bits[1].data());
+    if (std::isfinite(s0) || std::isfinite(s1)) return "sum of squares finite with an Inf input";
+  }
+  return "";
 }
 
 }  // namespace hvdc

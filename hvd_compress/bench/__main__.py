@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 import hvd_compress.torch as hc
 from hvd_compress.bench.cases import Case, cases
+from hvd_compress.bench.kernels import kernel_markdown, run_kernels
 
 MB = 1 << 20
 
@@ -97,12 +98,19 @@ def main() -> None:
     parser.add_argument("--min-reps", type=int, default=5)
     parser.add_argument("--max-reps", type=int, default=30)
     parser.add_argument("--budget", type=float, default=4.0, help="seconds per (collective, size)")
+    parser.add_argument(
+        "--kernel-dtypes",
+        default="float32,float16,bfloat16",
+        help="dtypes of the 1-bit kernel micro-benchmark on rank 0 ('' skips it)",
+    )
     args = parser.parse_args()
 
     hvd.init()
     hc.init()
     comm = MPI.COMM_WORLD
     wanted = {s.strip() for s in args.only.split(",") if s.strip()}
+    kdtypes = [d for d in args.kernel_dtypes.split(",") if d]
+    krows = run_kernels(comm, [float(s) for s in args.sizes.split(",")], kdtypes) if kdtypes else []
     rows = []
     for case in cases(hvd):
         if wanted and case.name not in wanted:
@@ -117,8 +125,9 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         stem = out / f"bench_{args.label}_np{hc.size()}"
-        stem.with_suffix(".json").write_text(json.dumps({"label": args.label, "rows": rows}, indent=1))
-        table = markdown(rows, args.label)
+        result = {"label": args.label, "rows": rows, "kernels": krows}
+        stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+        table = markdown(rows, args.label) + ("\n" + kernel_markdown(krows) if krows else "")
         stem.with_suffix(".md").write_text(table)
         print(table)
         print(f"[bench] wrote {stem}.json and {stem}.md")

@@ -28,6 +28,7 @@ def cases(hvd) -> list[Case]:
     """All benchmark cases available in this build."""
     # Imported here: onebit_cases imports Case from this module.
     from hvd_compress.bench.onebit_cases import onebit_cases
+    from hvd_compress.bench.optimizer_cases import optimizer_cases
 
     return [
         Case(
@@ -44,4 +45,5 @@ def cases(hvd) -> list[Case]:
             },
         ),
         *onebit_cases(hvd),
+        *optimizer_cases(hvd),
     ]

@@ -7,18 +7,22 @@
 // P = onebit_padded_numel(numel, n), a multiple of 8 * n, and cut into n chunks of C = P / n
 // elements; chunk j is served by rank j.
 //   phase 1 (line 7): each rank compresses its whole error-compensated buffer, chunk by chunk
-//     (one float32 scale per chunk; worker error updated);
+//     (one float32 scale per chunk); this pass only reads, and doubles as the NaN/Inf check;
 //   gather (line 8): alltoall, block j = [scale of chunk j][C / 8 bytes of bits] goes to rank j;
 //   average (line 10): rank j unpacks the n received chunks, averages them, adds its server error,
-//     re-compresses the result with one scale and updates its server error;
+//     re-compresses the result with one scale and updates its server error (one fused kernel);
 //   scatter (line 11): allgather of the blocks [server scale][C / 8 bytes of bits];
 //   result (line 13): every rank decompresses all chunks into `buffer`: identical bits everywhere.
+//     The worker error of phase 1 (error = c - (+/-scale)) is written in this same pass, which
+//     reads each input value just before the result overwrites it: the buffer and the worker
+//     error are streamed twice per call (phase 1, result), not three or four times.
 // Each scale travels in the same message as its bits (one alltoall and one allgather per call
 // instead of two each). Padding is never data: its bits are 0, it decompresses to nothing, and it
 // is not counted in any scale; errors of padding positions are neither read nor written.
 // Wire format, bit order and rounding points: hvdc/onebit_kernels.h.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "hvdc/communicator.h"
@@ -34,6 +38,31 @@ int64_t onebit_padded_numel(int64_t numel, int world_size);
 // non-finite compensated values (buffer + worker error), naming expected vs got. Reads only.
 std::string onebit_check_input(const TensorView& buffer, const TensorView& worker_error,
                                const TensorView& server_error, int world_size);
+
+// One call split in two around the ranks' agreement (onebit_bindings.cc): onebit_prepare checks
+// the input and runs phase 1's first pass (signs and scales of every chunk, reading only; the
+// NaN/Inf check is fused into it), then, once every rank has agreed to go on,
+// compressed_allreduce_prepared does the rest. The call keeps the phase-1 blocks in between, so
+// the buffer and the worker error are read once less than with a separate check.
+struct OneBitCall {
+  TensorView buffer, worker_error, server_error;
+  int world_size = 0;
+  int64_t chunk = 0;  // C: elements per chunk (padded)
+  size_t block = 0;   // bytes of one wire block: float32 scale + C / 8 bytes of bits
+  std::unique_ptr<uint8_t[]> send;  // block j: [worker scale of chunk j][bits of chunk j]
+  bool prepared = false;
+};
+
+// The checks of onebit_check_input and, if they pass, phase 1's first pass into `call`. Returns
+// "" when the call can run, else why not (the same messages as onebit_check_input). Reads the
+// tensors only.
+std::string onebit_prepare(const TensorView& buffer, const TensorView& worker_error,
+                           const TensorView& server_error, int world_size, OneBitCall& call);
+
+// The rest of a call that onebit_prepare accepted on this rank (and every rank agreed to run):
+// alltoall, server step, allgather, result with the worker error update. comm.size() must be the
+// world_size given to onebit_prepare.
+void compressed_allreduce_prepared(Communicator& comm, OneBitCall& call);
 
 // In place: `buffer` becomes the error-compensated 1-bit average over all ranks; `worker_error`
 // (numel float32) and `server_error` (padded numel / size float32) are updated. Every rank must

@@ -18,10 +18,25 @@
 //   - the compensated value c = float(x) + e is one float32 addition;
 //   - the sum of squares is accumulated in double; scale = float(sqrt(sum / n_real));
 //   - the new error e = c - (+/-scale) is one float32 subtraction;
-//   - the server accumulates +/-scale_r over ranks r = 0..n-1 in rank order in float32, then
-//     divides by float(n) (one float32 division) before adding its error.
+//   - the server accumulates +/-scale_r over ranks r = 0..n-1 in rank order in float32 (starting
+//     from 0.0f), then divides by float(n) (one float32 division) before adding its error.
+// Every other step is exact, so every implementation below produces the same bits, scales and
+// errors, except for the order of the double sum of squares: each square of a float32 is exact
+// in double, and the sums differ only in their last double bits, which moves the float32 scale
+// only in a tie 29 bits below its last place (the tests allow one float32 ulp there).
+//
+// Implementation: every kernel has a portable scalar version and an AVX2 (+F16C, FMA) version
+// chosen at run time (__builtin_cpu_supports; HVDC_ONEBIT_KERNELS=scalar in the environment
+// forces the portable one); both produce identical bytes (onebit_kernels_self_check).
+// The worker and server steps are two passes over a chunk, because the scale needs the whole sum
+// of squares before any error can be written: pass 1 (`*_signs`) reads only and writes the bits,
+// pass 2 (`*_error`) recomputes c (the same float32 operations, so the same value) and writes the
+// error. Recomputing c costs fewer memory bytes than storing it, and pass 1 leaving the state
+// untouched lets the collective fuse the NaN/Inf check into it (a non-finite c makes the sum of
+// squares non-finite, and a finite c cannot: c^2 <= 1.2e77 for float32).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "hvdc/dtype.h"
 
@@ -36,8 +51,29 @@ int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error, i
 // scale = ||c|| / sqrt(n_real); error = c - scale * sign(c). `x` has `n_real` elements of `dtype`
 // (float32, float16 or bfloat16), `error` n_real float32s, `bits` n_padded / 8 bytes
 // (n_padded >= n_real, a multiple of 8). n_real == 0 gives scale 0 and all-zero bits.
+// Equals onebit_compress_signs, onebit_scale, onebit_compress_error in sequence.
 float onebit_compress(const void* x, DType dtype, float* error, int64_t n_real, int64_t n_padded,
                       uint8_t* bits);
+
+// Pass 1 of onebit_compress, reading only: writes the n_padded / 8 bytes of bits and returns the
+// double sum of squares of c = x + error over the n_real real elements. The sum is +inf or NaN if
+// and only if some c is (then nothing else should be done with this chunk).
+double onebit_compress_signs(const void* x, DType dtype, const float* error, int64_t n_real,
+                             int64_t n_padded, uint8_t* bits);
+
+// float(sqrt(sumsq / n_real)), and 0 for n_real == 0.
+float onebit_scale(double sumsq, int64_t n_real);
+
+// Pass 2 of onebit_compress: error = c - (c >= 0 ? scale : -scale), c = float(x) + error.
+void onebit_compress_error(const void* x, DType dtype, float* error, int64_t n_real, float scale);
+
+// onebit_compress_error(x, dtype, error, n_real, scale) followed by
+// onebit_decompress(result_bits, result_scale, x, dtype, n_real), in one pass over x: each x[i]
+// is read (for the worker error) before the result overwrites it. What the collective runs after
+// the allgather, on each chunk of its buffer.
+void onebit_compress_error_decompress(void* x, DType dtype, float* error, int64_t n_real,
+                                      float scale, const uint8_t* result_bits,
+                                      float result_scale);
 
 // acc[i] += bit_i ? scale : -scale for i < n_real (one received chunk, float32 accumulation).
 void onebit_accumulate(const uint8_t* bits, float scale, float* acc, int64_t n_real);
@@ -48,7 +84,24 @@ void onebit_accumulate(const uint8_t* bits, float scale, float* acc, int64_t n_r
 float onebit_server_compress(const float* acc, int nranks, float* error, int64_t n_real,
                              int64_t n_padded, uint8_t* bits);
 
+// The server step fused with the accumulation, as the collective runs it (no float32 sum buffer):
+// c = (0.0f + (+/-scales[0]) + ... + (+/-scales[nranks-1])) / nranks + error, the signs of rank r
+// taken from bits[r] (n_real elements each); then as onebit_server_compress. Same results as
+// onebit_accumulate over r = 0..nranks-1 into a zeroed buffer followed by onebit_server_compress.
+float onebit_server_reduce_compress(const uint8_t* const* bits, const float* scales, int nranks,
+                                    float* error, int64_t n_real, int64_t n_padded,
+                                    uint8_t* out_bits);
+
 // out[i] = round_to_dtype(bit_i ? scale : -scale) for i < n_real (the result, 003 Alg. 1 line 13).
 void onebit_decompress(const uint8_t* bits, float scale, void* out, DType dtype, int64_t n_real);
+
+// Which implementation the kernels above run in this process: "avx2" or "scalar".
+const char* onebit_kernel_isa();
+
+// Test hook: runs every kernel above with both implementations (where this CPU has AVX2) on
+// `numel` pseudo-random elements of `dtype` drawn from `seed` (with zeros of both signs, tiny and
+// huge values) and compares the outputs byte for byte. "" if identical (or no AVX2 here), else
+// what differed where.
+std::string onebit_kernels_self_check(int64_t numel, DType dtype, uint64_t seed);
 
 }  // namespace hvdc

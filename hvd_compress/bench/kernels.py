@@ -1,0 +1,92 @@
+"""Single-thread throughput of the 1-bit kernels (cpp/src/onebit_kernels.cc) against a plain memory copy.
+
+For each kernel K, ``_core.onebit_kernel_bench`` times K on one chunk and, right after it in every repetition,
+``memcpy`` (between two distinct buffers) of the bytes K streams element by element
+(cpp/include/hvdc/onebit_kernel_bench.h):
+
+================  =====================================================================  =====================
+kernel            what it does                                                           memcpy of
+================  =====================================================================  =====================
+compress          worker step, both passes: c = x + e, signs, scale, e = c -/+ scale     x + worker error
+compress_signs    its first pass (signs, sum of squares; reads only): collective step 1  x + worker error
+accumulate        acc += +/-scale (one received chunk)                                   acc (float32)
+server_compress   c = acc / 2 + e, signs, scale, e = c -/+ scale                         acc + server error
+server_fused      the server step the collective runs: 2 ranks' bits summed, averaged    server error
+                  and re-compressed in one kernel (no acc buffer)
+decompress        out = +/-scale in the buffer dtype                                     out
+error_decompress  the collective's last step: worker error pass 2 fused with decompress  x + worker error
+================  =====================================================================  =====================
+
+``ratio = memcpy time / kernel time``: the kernel's throughput over those bytes as a fraction of memcpy's
+(1.0 = as fast as copying them once). Sizes are the buffer's bytes in its dtype (numel = MB / dtype size).
+"""
+
+from __future__ import annotations
+
+import time
+
+from hvd_compress import _core
+
+MB = 1 << 20
+KERNELS = (
+    "compress",
+    "compress_signs",
+    "accumulate",
+    "server_compress",
+    "server_fused",
+    "decompress",
+    "error_decompress",
+)
+_DTYPE_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def kernel_rows(sizes_mb: list[float], dtypes: list[str], reps: int = 9) -> list[dict]:
+    """One row per (dtype, size, kernel), measured in this process on one thread."""
+    rows = []
+    for dtype in dtypes:
+        for mb in sizes_mb:
+            numel = int(mb * MB) // _DTYPE_SIZE[dtype]
+            t = _core.onebit_kernel_bench(numel, dtype, reps)
+            for kernel in KERNELS:
+                copy = "memcpy_" + kernel
+                rows.append(
+                    {
+                        "kernel": kernel,
+                        "dtype": dtype,
+                        "size_mb": mb,
+                        "numel": int(t["numel"]),
+                        "kernel_ms": t[kernel] * 1e3,
+                        "memcpy_ms": t[copy] * 1e3,
+                        "ratio": t[copy] / t[kernel],
+                    }
+                )
+    return rows
+
+
+def run_kernels(comm, sizes_mb: list[float], dtypes: list[str], reps: int = 9) -> list[dict]:
+    """Rank 0 measures while the other ranks wait without spinning (so they leave it a core); [] elsewhere."""
+    rows = kernel_rows(sizes_mb, dtypes, reps) if comm.rank == 0 else []
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.005)
+    return rows
+
+
+def kernel_markdown(rows: list[dict]) -> str:
+    lines = [
+        f"1-bit kernels on one thread ({_core.onebit_kernel_isa()}), median ms, and ratio memcpy / kernel "
+        "(memcpy of the bytes each kernel streams: see hvd_compress/bench/kernels.py)",
+        "",
+        "| kernel | dtype | MB | numel | kernel ms | memcpy ms | kernel / memcpy throughput |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['kernel']} | {r['dtype']} | {r['size_mb']:g} | {r['numel']:,} | {r['kernel_ms']:.3f} | "
+            f"{r['memcpy_ms']:.3f} | {r['ratio']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m hvd_compress.bench.kernels: this process only, no MPI
+    print(kernel_markdown(kernel_rows([1, 4, 16, 64], ["float32", "float16", "bfloat16"])))
