@@ -73,7 +73,7 @@ def core_extension() -> Extension:
         runtime_library_dirs=libdirs,
         libraries=libs,
         define_macros=macros,
-        extra_compile_args=["-std=c++17", "-O3", "-fvisibility=hidden", "-fno-strict-aliasing", "-Wall"],
+        extra_compile_args=["-std=c++17", "-O3", "-fvisibility=hidden", "-fno-strict-aliasing", "-Wall", "-Wno-psabi"],
         language="c++",
     )
 
