@@ -64,6 +64,7 @@ class _Segment:
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
     fresh: torch.Tensor | None  # 1-bit LAMB's fresh variance
+    frozen_denom: torch.Tensor | None  # 1-bit LAMB: sqrt(vh_frozen) + eps, float32, made at the first compressed step
     # float32 scratch whatever the parameter dtype: the local momentum m_r is formed and compressed in
     # float32, so a half-precision momentum loses no bits before its sign is taken.
     work: torch.Tensor  # m_r, the compressed average, then the update direction
@@ -106,6 +107,7 @@ def _segments(param_groups: list[dict[str, Any]], lamb: bool) -> list[_Segment]:
                     exp_avg=exp_avg,
                     exp_avg_sq=exp_avg_sq,
                     fresh=flat_with_views(params)[0] if lamb else None,
+                    frozen_denom=None,
                     work=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
                     scratch=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
                     onebit=OneBitState(numel, torch.float32),
@@ -396,7 +398,11 @@ class OneBitLambMixin(_OneBitMixin):
         g_rec = torch.sub(seg.work, seg.exp_avg, alpha=b1, out=seg.scratch).div_(1 - b1)
         seg.fresh.mul_(b2).addcmul_(g_rec, g_rec, value=1 - b2)
         seg.exp_avg.copy_(seg.work)
-        ratio = self._hvdc_variance_ratio(seg, group, f, t)
+        frozen = self._hvdc_frozen_denom(seg, group, f)
+        fresh = torch.sqrt(seg.fresh, out=seg.scratch)
+        if group.get("bias_correction", True):
+            fresh.div_(math.sqrt(1 - b2**t))
+        ratio = torch.div(frozen, fresh.add_(group["eps"]), out=seg.scratch)
         scales = []
         for i, view in enumerate(seg.views(ratio)):
             r = float(view.max()) if view.numel() else 1.0
@@ -405,21 +411,28 @@ class OneBitLambMixin(_OneBitMixin):
             r = min(max(r, opt["factor_min"]), opt["factor_max"])
             seg.last_factor[i] = r
             scales.append(-group["lr"] * r * seg.lamb_coeff_freeze[i])
-        u = self._hvdc_direction(seg, group, t, f)
-        torch._foreach_mul_(u, scales)
-        torch._foreach_add_(seg.params, u)
+        u = torch.div(seg.exp_avg, frozen, out=seg.work)
+        if group.get("bias_correction", True):
+            u.div_(1 - b1**t)
+        views = seg.views(u)
+        if group["weight_decay"] != 0:
+            torch._foreach_add_(views, seg.params, alpha=group["weight_decay"])
+        torch._foreach_mul_(views, scales)
+        torch._foreach_add_(seg.params, views)
 
-    def _hvdc_variance_ratio(self, seg: _Segment, group: dict[str, Any], f: int, t: int) -> torch.Tensor:
-        """(sqrt(vh_frozen) + eps) / (sqrt(vh_fresh) + eps), element-wise, in ``scratch`` (uses ``work``)."""
-        b2, eps = group["betas"][1], group["eps"]
-        bc = group.get("bias_correction", True)
-        frozen = torch.sqrt(seg.exp_avg_sq, out=seg.work)
-        if bc:
-            frozen.div_(math.sqrt(1 - b2**f))
-        fresh = torch.sqrt(seg.fresh, out=seg.scratch)
-        if bc:
-            fresh.div_(math.sqrt(1 - b2**t))
-        return fresh.add_(eps).reciprocal_().mul_(frozen.add_(eps))
+    def _hvdc_frozen_denom(self, seg: _Segment, group: dict[str, Any], f: int) -> torch.Tensor:
+        """sqrt(vh_frozen) + eps: v does not change after freeze_step, so it is computed once (per eps, b2)."""
+        b2 = group["betas"][1]
+        key = (float(group["eps"]), float(b2), float(f))
+        if seg.frozen_denom is None:
+            seg.frozen_denom = torch.empty(seg.exp_avg.numel(), dtype=torch.float32, device=seg.exp_avg.device)
+        if seg.denom_key != key:
+            torch.sqrt(seg.exp_avg_sq, out=seg.frozen_denom)
+            if group.get("bias_correction", True):
+                seg.frozen_denom.div_(math.sqrt(1 - b2**f))
+            seg.frozen_denom.add_(group["eps"])
+            seg.denom_key = key
+        return seg.frozen_denom
 
     def _hvdc_direction(self, seg: _Segment, group: dict[str, Any], t_m: int, t_v: int) -> list[torch.Tensor]:
         """u = mh / (sqrt(vh) + eps) + wd x per layer, in ``work`` (views)."""
