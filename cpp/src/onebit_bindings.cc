@@ -78,12 +78,7 @@ void run(Runtime& rt, nb::handle tensor, nb::handle worker_error, nb::handle ser
   // The views point into tensors the caller keeps alive for the call; the GIL is not needed.
   nb::gil_scoped_release nogil;
   const auto lock = rt.serialize();
-  CallSignature sig;
-  sig.collective = kCompressedAllreduce;
-  sig.dtype = static_cast<int32_t>(buf.dtype);
-  sig.device = static_cast<int32_t>(buf.device);
-  sig.numel = buf.numel;
-  sig.name_hash = fnv1a(name.data(), name.size());
+  CallSignature sig = signature_of(kCompressedAllreduce, buf, 0, name);
   // Local checks (sizes, dtypes, finiteness) ride in the signature: one exchange, and a rank
   // with bad input makes every rank raise before any error buffer changes. The finiteness check
   // is fused into the first (read-only) pass of phase 1, which onebit_prepare runs here.

@@ -8,21 +8,6 @@
 #include "hvdc/signature.h"
 
 namespace hvdc {
-namespace {
-
-CallSignature signature_of(Collective collective, const TensorView& t, int op,
-                           const std::string& name) {
-  CallSignature sig;
-  sig.collective = collective;
-  sig.op = op;
-  sig.dtype = static_cast<int32_t>(t.dtype);
-  sig.device = static_cast<int32_t>(t.device);
-  sig.numel = t.numel;
-  sig.name_hash = fnv1a(name.data(), name.size());
-  return sig;
-}
-
-}  // namespace
 
 Runtime::Runtime(MPI_Comm world, double timeout_s)
     : world_(new MpiCommunicator(world)), timeout_s_(timeout_s) {}

@@ -18,6 +18,18 @@ uint64_t fnv1a(const void* data, size_t bytes, uint64_t h) {
   return h;
 }
 
+CallSignature signature_of(Collective collective, const TensorView& t, int op,
+                           const std::string& name) {
+  CallSignature sig;
+  sig.collective = collective;
+  sig.op = op;
+  sig.dtype = static_cast<int32_t>(t.dtype);
+  sig.device = static_cast<int32_t>(t.device);
+  sig.numel = t.numel;
+  sig.name_hash = fnv1a(name.data(), name.size());
+  return sig;
+}
+
 namespace {
 
 template <typename F>

@@ -12,14 +12,19 @@ from collections.abc import Iterable
 import torch
 
 
-def flat_with_views(params: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """A zeroed flat buffer for ``params`` (one dtype and device) and a view of it shaped like each."""
-    flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+def views_into(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Consecutive views of ``flat`` shaped like each of ``params``."""
     views, offset = [], 0
     for p in params:
         views.append(flat[offset : offset + p.numel()].view_as(p))
         offset += p.numel()
-    return flat, views
+    return views
+
+
+def flat_with_views(params: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A zeroed flat buffer for ``params`` (one dtype and device) and a view of it shaped like each."""
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+    return flat, views_into(flat, params)
 
 
 class FusedGradients:

@@ -46,7 +46,7 @@ from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.errors import UsageError
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce_
-from hvd_compress.torch.fused import FusedGradients, flat_with_views
+from hvd_compress.torch.fused import FusedGradients, flat_with_views, views_into
 from hvd_compress.torch.lamb import Lamb, trust_ratio
 from hvd_compress.torch.onebit import OneBitState, compressed_allreduce_
 from hvd_compress.torch.wrapping import CommMeter, PassCounter, check_named_parameters
@@ -73,17 +73,19 @@ class _Segment:
     denom_key: tuple[float, ...] | None  # what ``scratch`` holds Adam's frozen denominator for, if it does
     lamb_coeff_freeze: list[float]
     last_factor: list[float]
+    view_cache: dict[int, list[torch.Tensor]] = dataclasses.field(default_factory=dict)
 
     @property
     def grad(self) -> torch.Tensor:
         return self.grads.buffers[0]
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        out, offset = [], 0
-        for p in self.params:
-            out.append(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
-        return out
+        """Per-parameter views of one of this segment's flat buffers (made once per buffer: the buffers
+        live as long as the segment, and the views are needed several times every step)."""
+        key = flat.data_ptr()
+        if key not in self.view_cache:
+            self.view_cache[key] = views_into(flat, self.params)
+        return self.view_cache[key]
 
 
 def _segments(param_groups: list[dict[str, Any]], lamb: bool) -> list[_Segment]:

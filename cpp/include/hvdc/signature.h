@@ -6,6 +6,7 @@
 #include <string>
 
 #include "hvdc/communicator.h"
+#include "hvdc/tensor.h"
 
 namespace hvdc {
 
@@ -26,6 +27,10 @@ struct CallSignature {
 };
 
 uint64_t fnv1a(const void* data, size_t bytes, uint64_t h = 1469598103934665603ull);
+
+// The signature of a one-tensor call of `collective` on `t` (op, dtype, device, numel, name hash).
+CallSignature signature_of(Collective collective, const TensorView& t, int op,
+                           const std::string& name);
 
 // Allgathers `sig` (with `timeout_s`). Throws UsageError on every rank if any rank rejected its
 // input, else MismatchError on every rank if any signature differs from rank 0's. `what` names
