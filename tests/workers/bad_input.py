@@ -6,7 +6,7 @@ import threading
 import time
 
 import torch
-from common import save
+from common import outcome, save
 
 import hvd_compress.torch as hc
 
@@ -17,12 +17,7 @@ caught: dict[str, str] = {}
 
 
 def attempt(label, fn):
-    try:
-        fn()
-    except Exception as e:
-        caught[label] = f"{type(e).__name__}: {e}"
-    else:
-        caught[label] = "no error"
+    caught[label] = outcome(fn)
 
 
 if case == "dtype":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,3 +29,12 @@ def rank_input(rank: int, numel: int, dtype: torch.dtype, seed: int = 0) -> torc
     """A deterministic, rank-dependent input that the test can re-create."""
     g = torch.Generator().manual_seed(seed * 1000 + rank)
     return torch.randn(numel, generator=g, dtype=torch.float64).to(dtype)
+
+
+def outcome(fn: Callable[[], object]) -> str:
+    """``"Type: message"`` of what ``fn()`` raised, or ``"no error"``; the tests check both."""
+    try:
+        fn()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"

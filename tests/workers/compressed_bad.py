@@ -2,7 +2,7 @@
 whether its error buffers changed."""
 
 import torch
-from common import save
+from common import outcome, save
 
 import hvd_compress.torch as hc
 from hvd_compress.torch.onebit import OneBitState, compressed_allreduce
@@ -20,12 +20,7 @@ compressed_allreduce(torch.linspace(-1, 1, numel) * (r + 1), state, name="warm")
 
 def attempt(label, fn, st=state):
     before = (st.worker_error.clone(), st.server_error.clone())
-    try:
-        fn()
-    except Exception as e:
-        caught[label] = f"{type(e).__name__}: {e}"
-    else:
-        caught[label] = "no error"
+    caught[label] = outcome(fn)
     unchanged[label] = torch.equal(before[0], st.worker_error) and torch.equal(before[1], st.server_error)
 
 

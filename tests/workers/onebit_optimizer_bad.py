@@ -7,7 +7,7 @@ argv: out_dir groups(1|2)  -- 2 puts the last layer in its own param group (two 
 import sys
 
 import torch
-from common import save
+from common import outcome, save
 
 import hvd_compress.torch as hc
 
@@ -22,11 +22,7 @@ results: dict[str, str] = {}
 
 
 def attempt(label: str, fn) -> None:
-    try:
-        fn()
-        results[label] = "no error"
-    except Exception as e:  # the test checks type and message
-        results[label] = f"{type(e).__name__}: {e}"
+    results[label] = outcome(fn)
 
 
 def wrap(base, **options):
