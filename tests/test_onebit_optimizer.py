@@ -17,7 +17,7 @@ STEPS, FREEZE = 10, 4
 OPTIONS = {"betas": (0.9, 0.999), "weight_decay": 0.05}
 
 
-def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int]) -> np.ndarray:
+def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int], freeze: int = FREEZE) -> np.ndarray:
     """Parameters after every step (steps x numel), each param group simulated on its own."""
     total = sum(sizes)
     x0 = rank_input(0, total, DTYPES[dtype], seed=777).double().numpy()
@@ -26,11 +26,11 @@ def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int]
     out = np.zeros((STEPS, total))
     for lo, hi, layer_sizes in cuts:
         g = [[gr[lo:hi] for gr in step] for step in grads]
-        if algo == "lamb":
-            trace = ref.onebit_lamb(x0[lo:hi], g, layer_sizes, lr=lrs, eps=1e-6, freeze_step=FREEZE,
+        if algo.startswith("lamb"):
+            trace = ref.onebit_lamb(x0[lo:hi], g, layer_sizes, lr=lrs, eps=1e-6, freeze_step=freeze,
                                     bias_correction=True, dtype=dtype, **OPTIONS)
         else:
-            trace = ref.onebit_adam(x0[lo:hi], g, lr=lrs, eps=1e-8, freeze_step=FREEZE, bias_correction=True,
+            trace = ref.onebit_adam(x0[lo:hi], g, lr=lrs, eps=1e-8, freeze_step=freeze, bias_correction=True,
                                     decoupled=algo == "adamw", dtype=dtype, **OPTIONS)
         out[:, lo:hi] = np.stack(trace.params)
     return out
@@ -54,18 +54,7 @@ def test_onebit_optimizer_matches_reference_every_step(algo: str, dtype: str, n:
     # Float32 parameters: the torch ops and the float64 simulation differ by float32 roundings only.
     # Half parameters: by one rounding of the parameter dtype per step at most (the compressor's input
     # is formed in float32 on both sides, so no sign decision differs).
-    for step in range(STEPS):
-        # element-wise: a rounding or two per step taken, in ulps of the element or of the step's size
-        # (lr 0.01 times an update of order 1), whichever is larger: x - lr * u cancels near zero
-        units = 4.0 if dtype == "float32" else 2.0
-        tol = units * (step + 1) * ulp(np.maximum(np.abs(want[step]), 0.02), dtype)
-        err = np.abs(got[step] - want[step])
-        bad = np.flatnonzero(err > tol)
-        assert bad.size == 0, (
-            f"{algo}/{dtype} n={n} step {step + 1}: {bad.size} element(s) off the reference, first {bad[0]}: "
-            f"torch {got[step][bad[0]]!r}, reference {want[step][bad[0]]!r} (tolerance {tol[bad[0]]:.3g}); "
-            f"compression from step {FREEZE + 1}"
-        )
+    _assert_matches(got, want, dtype, f"{algo}/{dtype} n={n} (compression from step {FREEZE + 1})")
     _check_bytes(ranks[0]["stats"])
     state = ranks[0]["state"]["hvd_compress"]
     assert state["step"] == STEPS and state["algorithm"] == ("OneBitLamb" if algo == "lamb" else "OneBitAdam")
@@ -74,10 +63,37 @@ def test_onebit_optimizer_matches_reference_every_step(algo: str, dtype: str, n:
         assert all(0.5 <= f <= 4.0 for f in factors) and any(f != 1.0 for f in factors)
 
 
+def _assert_matches(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> None:
+    """Element-wise at every step: a rounding or two per step taken, in ulps of the element or of the
+    step's size (lr 0.01 times an update of order 1), whichever is larger: x - lr * u cancels near zero."""
+    units = 4.0 if dtype == "float32" else 2.0
+    for step in range(STEPS):
+        tol = units * (step + 1) * ulp(np.maximum(np.abs(want[step]), 0.02), dtype)
+        err = np.abs(got[step] - want[step])
+        bad = np.flatnonzero(err > tol)
+        assert bad.size == 0, (
+            f"{what}, step {step + 1}: {bad.size} element(s) off the reference, first {bad[0]}: "
+            f"torch {got[step][bad[0]]!r}, reference {want[step][bad[0]]!r} (tolerance {tol[bad[0]]:.3g})"
+        )
+
+
 def _check_bytes(stats: list[dict[str, int]]) -> None:
     """Every step of a stage moves the same bytes (the ratio to dense is checked at a real size below)."""
     assert all(s["bytes_sent"] == stats[0]["bytes_sent"] > 0 for s in stats[:FREEZE])
     assert all(s["bytes_sent"] == stats[FREEZE]["bytes_sent"] > 0 for s in stats[FREEZE:])
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_plain_lamb_behind_dense_average_matches_reference(n: int, out_dir) -> None:
+    """hc.Lamb, the rule 1-bit LAMB compresses, with op=Average: the reference run never leaving warm-up."""
+    mpirun("onebit_optimizer.py", n, out_dir, "lamb-dense", "float32", str(STEPS), str(FREEZE),
+           ",".join(map(str, SIZES)), timeout=240)
+    ranks = load_ranks(out_dir, n)
+    for step in range(STEPS):
+        assert len({rk["hashes"][step] for rk in ranks}) == 1, f"ranks differ after step {step + 1}"
+    want = _reference("lamb", "float32", n, ranks[0]["lrs"], SIZES, freeze=STEPS)
+    got = torch.stack(ranks[0]["trace"]).double().numpy()
+    _assert_matches(got, want, "float32", f"hc.Lamb + Average n={n}")
 
 
 @pytest.mark.parametrize("algo", ["adamw", "lamb"])

@@ -5,7 +5,7 @@ feed the same per-rank gradients to the reference simulation. Two parameter grou
 segments, each with its own 1-bit state). Saves the parameters of every step, the per-step hash, the
 learning rates used, the final optimizer state and the bytes of each step.
 
-argv: out_dir algo(adam|adamw|lamb) dtype steps freeze_step sizes(comma list; the last one is group 2)
+argv: out_dir algo(adam|adamw|lamb|lamb-dense) dtype steps freeze_step sizes(comma list; the last one is group 2)
 """
 
 import hashlib
@@ -29,10 +29,12 @@ if algo == "adam":
     base, op = torch.optim.Adam(groups, lr=0.01, weight_decay=0.05), hc.OneBitAdam
 elif algo == "adamw":
     base, op = torch.optim.AdamW(groups, lr=0.01, weight_decay=0.05), hc.OneBitAdam
-else:
-    base, op = hc.Lamb(groups, lr=0.01, weight_decay=0.05, min_coeff=0.01, max_coeff=10.0), hc.OneBitLamb
+else:  # lamb, or lamb-dense: plain hc.Lamb behind a dense average (the uncompressed rule)
+    base = hc.Lamb(groups, lr=0.01, weight_decay=0.05, min_coeff=0.01, max_coeff=10.0)
+    op = hc.Average if algo == "lamb-dense" else hc.OneBitLamb
+options = {} if op == hc.Average else {"freeze_step": freeze}
 opt = hc.DistributedOptimizer(base, named_parameters=[(f"p{i}", p) for i, p in enumerate(params)], op=op,
-                              freeze_step=freeze)
+                              **options)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
 trace, hashes, lrs, stats = [], [], [], []
 for step in range(steps):
