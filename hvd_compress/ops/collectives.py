@@ -56,7 +56,7 @@ def adasum_fused_(flat: Any, sizes: Sequence[int], name: str | None = None, hier
 
 
 def grouped_allreduce_(
-    tensors: Sequence[Any], op: Any = ReduceOp.Adasum, name: str | None = None, hierarchical: bool | None = None
+    tensors: Sequence[Any], op: Any = ReduceOp.Average, name: str | None = None, hierarchical: bool | None = None
 ) -> list[Any]:
     """Reduce each of ``tensors`` (contiguous, one dtype) over all ranks in place; returns them.
 

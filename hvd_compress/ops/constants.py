@@ -1,4 +1,8 @@
-"""Reduction ops understood by hvd_compress; the values match ``hvdc::ReduceOp`` in cpp/."""
+"""Reduction ops understood by hvd_compress; the values match ``hvdc::ReduceOp`` in cpp/.
+
+The reductions carry Horovod's own values (``hvd.Average == 0``, ``hvd.Sum == 1``, ``hvd.Adasum == 2``),
+so a Horovod constant passed as ``op=`` means in hvd_compress what it means in Horovod.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,8 @@ import enum
 class ReduceOp(enum.IntEnum):
     """How a collective combines the ranks' tensors."""
 
-    Sum = 0
-    Average = 1
+    Average = 0
+    Sum = 1
     Adasum = 2
     # Optimizer algorithms (DistributedOptimizer only): not reductions of one tensor.
     OneBitAdam = 16

@@ -14,7 +14,7 @@ from hvd_compress.torch.context import ensure_init
 
 def grouped_allreduce_(
     tensors: Sequence[torch.Tensor],
-    op: Any = ReduceOp.Adasum,
+    op: Any = ReduceOp.Average,
     name: str | None = None,
     hierarchical: bool | None = None,
 ) -> list[torch.Tensor]:
@@ -35,7 +35,7 @@ def grouped_allreduce_(
 
 def grouped_allreduce(
     tensors: Sequence[torch.Tensor],
-    op: Any = ReduceOp.Adasum,
+    op: Any = ReduceOp.Average,
     name: str | None = None,
     hierarchical: bool | None = None,
 ) -> list[torch.Tensor]:

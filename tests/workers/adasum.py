@@ -64,7 +64,7 @@ for dname in ("float32", "float64"):
         nan[3] = float("nan")
     tail = rank_input(r, 11, dtype, seed=11)  # after the NaN tensor: must stay finite
     inputs = [ortho, same, zero, half_zero, nan, tail]
-    out["special"][dname] = ([t.clone() for t in inputs], grouped_allreduce_(inputs))
+    out["special"][dname] = ([t.clone() for t in inputs], grouped_allreduce_(inputs, op=hc.Adasum))
 
 # In-place face on a non-contiguous tensor keeps its layout.
 base = rank_input(r, 64, torch.float32, seed=12).view(8, 8)
@@ -74,11 +74,11 @@ out["noncontig"] = t.contiguous()
 
 # Errors: every rank raises, then the ranks keep working.
 attempt("numel", lambda: hc.allreduce(torch.ones(4 + r), op=hc.Adasum))
-attempt("count", lambda: grouped_allreduce([torch.ones(8)] if r == 0 else [torch.ones(4), torch.ones(4)]))
+attempt("count", lambda: grouped_allreduce([torch.ones(8)] if r == 0 else [torch.ones(4), torch.ones(4)], op=hc.Adasum))
 attempt("layout", lambda: ops.adasum_fused_(torch.ones(8), [3, 5] if r == n - 1 else [4, 4]))
 attempt("mode", lambda: ops.adasum_fused_(torch.ones(8), [8], hierarchical=(r == 0)))
 attempt("bad_sizes", lambda: ops.adasum_fused_(torch.ones(8), [4, 5] if r == n - 1 else [4, 4]))
-attempt("mixed_dtypes", lambda: grouped_allreduce([torch.ones(2), torch.ones(2, dtype=torch.float64)]))
+attempt("mixed_dtypes", lambda: grouped_allreduce([torch.ones(2), torch.ones(2, dtype=torch.float64)], op=hc.Adasum))
 attempt("int_dtype", lambda: hc.allreduce(torch.ones(4, dtype=torch.int32 if r == 0 else torch.float32), op=hc.Adasum))
 out["recovered"] = hc.allreduce(torch.full((3,), float(r + 1)), op=hc.Adasum)
 

@@ -1,10 +1,11 @@
-// The reductions a collective call can ask for; values are shared with hvd_compress/ops/constants.py.
+// The reductions a collective call can ask for; values are shared with hvd_compress/ops/constants.py
+// and are Horovod's (horovod/common/message.h), so a Horovod op constant means the same here.
 #pragma once
 #include <cstdint>
 
 namespace hvdc {
 
-enum class ReduceOp : int32_t { kSum = 0, kAverage = 1, kAdasum = 2 };
+enum class ReduceOp : int32_t { kAverage = 0, kSum = 1, kAdasum = 2 };
 
 inline const char* reduce_op_name(ReduceOp op) {
   switch (op) {
