@@ -1,14 +1,10 @@
-"""``hc.DistributedOptimizer(op=hc.Adasum)``: apply the optimizer first, then Adasum the parameter delta.
+"""``hc.DistributedOptimizer(op=hc.Adasum)``, the PyTorch face of ``hvd_compress.algorithms.adasum_delta``.
 
-Paper 002 (Adasum, MLSys 2021), Section 4.1: with an adaptive optimizer Adasum combines the
-*updates* each rank's optimizer computed from its own gradient, not the gradients. Per rank:
-``delta_r = step(p, g_r) - p``; then ``p <- p + Adasum_r(delta_r)`` (Algorithm 1 for the reduction).
-
-Overlap: a post-accumulate hook on each parameter runs the wrapped optimizer's step for that
-parameter alone as soon as its gradient is final, writes the delta into a view of a bucket buffer,
-and restores the parameter. A bucket whose deltas are all written is Adasum-reduced on a background
-thread (the core releases the GIL), in bucket order, which is the same on every rank; ``step()``
-finishes the rest, waits, and applies ``p = start + reduced delta``.
+The algorithm (paper 002, Section 4.1: step locally, then Adasum the parameter delta), its bucket plan and
+the in-order background reductions live in ``algorithms/adasum_delta.py``. This face does what needs torch:
+a post-accumulate hook on each parameter runs the wrapped optimizer's step for that parameter alone as
+soon as its gradient is final, writes the delta into a view of its bucket buffer and restores the
+parameter; ``step()`` finishes the rest, waits, and applies ``p = start + reduced delta``.
 
 Mixed precision: pass ``grad_scaler=`` (a ``torch.amp.GradScaler``) and call ``scaler.step(opt)``.
 Gradients are then still scaled when the hooks fire, so the local steps wait for ``step()``: it
@@ -19,7 +15,6 @@ moves the scale the same way). That path has no overlap.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 from collections.abc import Iterable
 from typing import Any
@@ -27,13 +22,18 @@ from typing import Any
 import torch
 
 from hvd_compress import ops
+from hvd_compress.algorithms.adasum_delta import AdasumOptions, DeltaReductions, plan_buckets
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce
 from hvd_compress.torch.fused import flat_with_views
-from hvd_compress.torch.wrapping import CommMeter, PassCounter, check_named_parameters
-
-DEFAULT_BUCKET_MB = 16.0
+from hvd_compress.torch.wrapping import (
+    CommMeter,
+    PassCounter,
+    SynchronizeProtocol,
+    check_named_parameters,
+    hook_gradients,
+)
 
 
 @dataclasses.dataclass
@@ -44,8 +44,6 @@ class _Bucket:
     params: list[torch.nn.Parameter]
     flat: torch.Tensor
     views: list[torch.Tensor]
-    ready: set[int] = dataclasses.field(default_factory=set)
-    future: concurrent.futures.Future | None = None
 
     @property
     def sizes(self) -> list[int]:
@@ -53,30 +51,21 @@ class _Bucket:
 
 
 def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[_Bucket]:
-    # Reverse registration order approximates the order gradients become final in backward, so
-    # early buckets fill first and their communication overlaps the rest of backward.
-    buckets: list[_Bucket] = []
-    open_by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
-
-    def close(members: list[torch.nn.Parameter]) -> None:
-        flat, views = flat_with_views(members)
-        buckets.append(_Bucket(len(buckets), members, flat, views))
-
-    for p in reversed(params):
-        key = (p.dtype, p.device)
-        members = open_by_dtype.setdefault(key, [])
-        members.append(p)
-        if sum(q.numel() * q.element_size() for q in members) >= bucket_bytes:
-            close(members)
-            open_by_dtype[key] = []
-    for members in open_by_dtype.values():
-        if members:
-            close(members)
+    plan = plan_buckets([((p.dtype, p.device), p.numel() * p.element_size()) for p in params], bucket_bytes)
+    buckets = []
+    for members in plan:
+        ps = [params[i] for i in members]
+        flat, views = flat_with_views(ps)
+        buckets.append(_Bucket(len(buckets), ps, flat, views))
     return buckets
 
 
-class AdasumMixin:
-    """Methods added to the wrapped optimizer's class for op=Adasum."""
+class AdasumMixin(SynchronizeProtocol):
+    """Methods added to the wrapped optimizer's class for op=Adasum.
+
+    ``synchronize()`` means: finish every rank's local step and Adasum-reduce the parameter deltas (the
+    gradients were consumed by the local steps, so clipping ``.grad`` after it changes nothing; clip
+    inside the training step before ``backward()`` returns, or use ``op=hc.Average``)."""
 
     _step_supports_amp_scaling = True
 
@@ -84,25 +73,23 @@ class AdasumMixin:
         self,
         named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
         backward_passes_per_step: int,
-        hierarchical: bool | None = None,
         grad_scaler: Any = None,
-        bucket_mb: float = DEFAULT_BUCKET_MB,
+        **options: Any,
     ) -> None:
         params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         check_named_parameters(params, named_parameters)
+        self._hvdc_options = AdasumOptions(**options)
         self._hvdc_params = params
-        self._hvdc_hierarchical = hierarchical
         self._hvdc_scaler = grad_scaler
-        self._hvdc_buckets = _make_buckets(params, int(bucket_mb * (1 << 20)))
+        self._hvdc_buckets = _make_buckets(params, int(self._hvdc_options.bucket_mb * (1 << 20)))
         self._hvdc_where = {
             id(p): (b, i) for b in self._hvdc_buckets for i, p in enumerate(b.params)
         }
-        self._hvdc_start: dict[int, torch.Tensor] = {}
-        self._hvdc_next_launch = 0
+        self._hvdc_written: set[int] = set()  # parameters whose delta this step is in its bucket
+        self._hvdc_reductions = DeltaReductions([len(b.params) for b in self._hvdc_buckets])
         self._hvdc_passes = PassCounter(params, backward_passes_per_step)
         self._hvdc_meter = CommMeter()
-        self._hvdc_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvdc-adasum")
-        self._hvdc_hooks = [p.register_post_accumulate_grad_hook(self._hvdc_on_grad) for p in params]
+        hook_gradients(params, self._hvdc_on_grad)
 
     # -- local step and delta ------------------------------------------------------------------
     def _hvdc_step_only(self, params: list[torch.nn.Parameter]) -> None:
@@ -126,9 +113,11 @@ class AdasumMixin:
                 bucket, i = self._hvdc_where[id(p)]
                 torch.sub(p, start, out=bucket.views[i])
                 p.copy_(start)
-                bucket.ready.add(id(p))
+                self._hvdc_written.add(id(p))
+                self._hvdc_reductions.mark_ready(bucket.index)
 
     def _hvdc_on_grad(self, p: torch.Tensor) -> None:
+        self._hvdc_synchronized = False
         if self._hvdc_passes.add(p) < self._hvdc_passes.limit or self._hvdc_scaler is not None:
             return
         ensure_init()
@@ -136,38 +125,33 @@ class AdasumMixin:
         self._hvdc_launch_ready()
 
     # -- communication -------------------------------------------------------------------------
+    def _hvdc_reduce_bucket(self, index: int) -> None:
+        b = self._hvdc_buckets[index]
+        self._hvdc_meter.run(
+            ops.adasum_fused_,
+            b.flat,
+            b.sizes,
+            name=f"DistributedOptimizer.adasum.{b.index}",
+            hierarchical=self._hvdc_options.hierarchical,
+        )
+
     def _hvdc_launch_ready(self) -> None:
         """Start, in bucket order, every bucket whose deltas are all written."""
-        while self._hvdc_next_launch < len(self._hvdc_buckets):
-            b = self._hvdc_buckets[self._hvdc_next_launch]
-            if len(b.ready) < len(b.params):
-                return
-            b.future = self._hvdc_pool.submit(
-                self._hvdc_meter.run,
-                ops.adasum_fused_,
-                b.flat,
-                b.sizes,
-                name=f"DistributedOptimizer.adasum.{b.index}",
-                hierarchical=self._hvdc_hierarchical,
-            )
-            self._hvdc_next_launch += 1
+        self._hvdc_reductions.launch_ready(self._hvdc_reduce_bucket)
 
     def synchronize(self) -> None:
         """Finish every local update, reduce all deltas and wait for them (step() calls this)."""
         ensure_init()
-        pending = [p for p in self._hvdc_params if id(p) not in self._hvdc_where[id(p)][0].ready]
+        pending = [p for p in self._hvdc_params if id(p) not in self._hvdc_written]
         if pending:
             self._hvdc_local_update(pending)
         self._hvdc_launch_ready()
-        errors = []
-        for b in self._hvdc_buckets:
-            try:
-                b.future.result()
-            except Exception as e:  # re-raised below, once every bucket is drained
-                errors.append(e)
-        if errors:
+        try:
+            self._hvdc_reductions.drain()
+        except Exception:
             self._hvdc_reset()
-            raise errors[0]
+            raise
+        self._hvdc_mark_synchronized()
 
     def _hvdc_apply(self) -> None:
         with torch.no_grad():
@@ -176,10 +160,9 @@ class AdasumMixin:
                     p.add_(view)
 
     def _hvdc_reset(self) -> None:
-        for b in self._hvdc_buckets:
-            b.ready.clear()
-            b.future = None
-        self._hvdc_next_launch = 0
+        self._hvdc_step_done()
+        self._hvdc_written.clear()
+        self._hvdc_reductions.reset()
         self._hvdc_passes.reset()
 
     def _hvdc_any_rank_nonfinite(self, grad_scaler: Any) -> bool:
@@ -209,7 +192,7 @@ class AdasumMixin:
             if self._hvdc_any_rank_nonfinite(grad_scaler):
                 self._hvdc_reset()
                 return loss
-        self.synchronize()
+        self._hvdc_synchronize_for_step()
         self._hvdc_apply()
         self._hvdc_reset()
         return loss

@@ -10,7 +10,7 @@ import torch
 
 from hvd_compress import ops
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.torch.context import ensure_init, horovod
+from hvd_compress.torch.context import ensure_init
 
 
 def allreduce_(tensor: torch.Tensor, op: Any = ReduceOp.Average, name: str | None = None) -> torch.Tensor:
@@ -36,11 +36,17 @@ def allreduce(tensor: torch.Tensor, op: Any = ReduceOp.Average, name: str | None
     return allreduce_(out, op=op, name=name)
 
 
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
-    """Overwrite ``tensor`` with root_rank's value, in place."""
+    """Overwrite ``tensor`` with root_rank's value, in place. Any dtype: a broadcast copies bytes, so
+    integer, bool and complex tensors (BatchNorm's ``num_batches_tracked``) travel as their bytes."""
     ensure_init()
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"broadcast_ expects a torch.Tensor, got {type(tensor).__name__}")
     staged = tensor.detach() if tensor.is_contiguous() else tensor.detach().contiguous()
-    ops.broadcast_(staged, root_rank=root_rank, name=name)
+    ops.broadcast_(staged if staged.dtype in _FLOATS else staged.reshape(-1).view(torch.uint8), root_rank, name)
     if staged.data_ptr() != tensor.data_ptr():
         with torch.no_grad():
             tensor.copy_(staged)
@@ -78,12 +84,10 @@ def _named_tensors(params: Any) -> list[tuple[str, torch.Tensor]]:
 def broadcast_parameters(params: dict[str, torch.Tensor] | Iterable[Any], root_rank: int = 0) -> None:
     """Copy root_rank's parameters (a state_dict, or named_parameters()) to every rank, in place.
 
-    As ``hvd.broadcast_parameters``: Horovod does it when it runs, else the hvd_compress core.
+    As ``hvd.broadcast_parameters``, on the hvd_compress core with or without Horovod: every dtype travels
+    as its bytes, so bool buffers (which Horovod refuses) work too.
     """
-    hvd = horovod()
-    if hvd is not None:
-        hvd.broadcast_parameters(params, root_rank=root_rank)
-        return
+    ensure_init()
     for name, t in _named_tensors(params):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"broadcast_parameters: {name} is a {type(t).__name__}, not a tensor")

@@ -49,9 +49,14 @@ from hvd_compress.torch.functions import allreduce_
 from hvd_compress.torch.fused import FusedGradients, flat_with_views, views_into
 from hvd_compress.torch.lamb import Lamb, trust_ratio
 from hvd_compress.torch.onebit import OneBitState, compressed_allreduce_
-from hvd_compress.torch.wrapping import CommMeter, PassCounter, check_named_parameters
-
-STATE_KEY = "hvd_compress"
+from hvd_compress.torch.wrapping import (
+    STATE_KEY,
+    CommMeter,
+    PassCounter,
+    SynchronizeProtocol,
+    check_named_parameters,
+    hook_gradients,
+)
 
 
 @dataclasses.dataclass
@@ -121,8 +126,16 @@ def _segments(param_groups: list[dict[str, Any]], lamb: bool) -> list[_Segment]:
     return segments
 
 
-class _OneBitMixin:
-    """What both 1-bit optimizers share: fused state, the two stages, checkpoints, metering."""
+class _OneBitMixin(SynchronizeProtocol):
+    """What both 1-bit optimizers share: fused state, the two stages, checkpoints, metering.
+
+    ``synchronize()`` ends the gradient phase of the coming step. In warm-up it averages the gradients
+    densely into ``.grad`` (and checks them), as ``op=hc.Average`` does; in the compression stage no
+    gradient is ever averaged (the momentum is what travels, in ``step()``), so it only gathers this
+    rank's gradient into ``.grad``. Either way ``.grad`` then holds what ``step()`` will use, and
+    clipping it between ``synchronize()`` and ``step()`` (inside ``skip_synchronize()``) clips that:
+    the averaged gradient in warm-up, each rank's own gradient before its momentum is formed after.
+    """
 
     _hvdc_algorithm = "OneBit"
 
@@ -145,10 +158,11 @@ class _OneBitMixin:
         trainable = [p for s in self._hvdc_segments for p in s.params]
         self._hvdc_passes = PassCounter(trainable, backward_passes_per_step)
         self._hvdc_meter = CommMeter()
-        self._hvdc_hooks = [p.register_post_accumulate_grad_hook(self._hvdc_count_pass) for p in trainable]
+        hook_gradients(trainable, self._hvdc_count_pass)
 
     def _hvdc_count_pass(self, p: torch.Tensor) -> None:
         self._hvdc_passes.add(p)
+        self._hvdc_synchronized = False
 
     def _hvdc_bind_state(self) -> None:
         """Make every parameter's state tensors views of the segment buffers, keeping their values."""
@@ -175,18 +189,26 @@ class _OneBitMixin:
         return self._hvdc_t >= self._hvdc_freeze_step
 
     @torch.no_grad()
+    def synchronize(self) -> None:
+        """End the gradient phase: warm-up averages the gradients densely, compression gathers them."""
+        ensure_init()
+        for seg in self._hvdc_segments:
+            seg.grads.gather()
+        if self._hvdc_t + 1 <= self._hvdc_freeze_step:
+            for i, seg in enumerate(self._hvdc_segments):
+                self._hvdc_meter.run(allreduce_, seg.grad, op=ReduceOp.Average, name=f"{self._hvdc_algorithm}.grad.{i}")
+        self._hvdc_passes.reset()
+        self._hvdc_mark_synchronized()
+
+    @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        ensure_init()
+        self._hvdc_synchronize_for_step()
         t = self._hvdc_t + 1
-        for seg in self._hvdc_segments:
-            seg.grads.gather()
         if t <= self._hvdc_freeze_step:
-            for i, seg in enumerate(self._hvdc_segments):
-                self._hvdc_meter.run(allreduce_, seg.grad, op=ReduceOp.Average, name=f"{self._hvdc_algorithm}.grad.{i}")
             self._hvdc_check_finite()
             for seg in self._hvdc_segments:
                 self._hvdc_warmup(seg, self.param_groups[seg.group], t)
@@ -203,7 +225,7 @@ class _OneBitMixin:
         for seg in self._hvdc_segments:
             for p in seg.params:
                 self.state[p]["step"].fill_(float(t))
-        self._hvdc_passes.reset()
+        self._hvdc_step_done()
         return loss
 
     def _hvdc_check_finite(self) -> None:
@@ -245,6 +267,7 @@ class _OneBitMixin:
         for seg in self._hvdc_segments:
             seg.grads.zero_()
         self._hvdc_passes.reset()
+        self._hvdc_step_done()
 
     def comm_stats(self) -> dict[str, int]:
         """Bytes this rank sent and received for this optimizer since the last call."""

@@ -21,10 +21,17 @@ from hvd_compress.torch.onebit_optimizer import (
     check_lamb,
     split_options,
 )
-from hvd_compress.torch.wrapping import CommMeter, PassCounter, check_named_parameters, rewrap
+from hvd_compress.torch.wrapping import (
+    CommMeter,
+    PassCounter,
+    SynchronizeProtocol,
+    check_named_parameters,
+    hook_gradients,
+    rewrap,
+)
 
 
-class _DistributedMixin:
+class _DistributedMixin(SynchronizeProtocol):
     """Methods added to the wrapped optimizer's class for op=Average/Sum."""
 
     def _hvdc_setup(
@@ -39,29 +46,33 @@ class _DistributedMixin:
         self._hvdc_grads = FusedGradients(params)
         self._hvdc_passes = PassCounter(self._hvdc_grads.params, backward_passes_per_step)
         self._hvdc_meter = CommMeter()
-        self._hvdc_hooks = [
-            p.register_post_accumulate_grad_hook(self._hvdc_count_pass) for p in self._hvdc_grads.params
-        ]
+        hook_gradients(self._hvdc_grads.params, self._hvdc_count_pass)
 
     def _hvdc_count_pass(self, p: torch.Tensor) -> None:
         self._hvdc_passes.add(p)
+        self._hvdc_synchronized = False  # a new gradient after synchronize() needs reducing again
 
     def synchronize(self) -> None:
-        """Reduce the accumulated gradients over all ranks (step() calls this)."""
+        """Reduce the accumulated gradients over all ranks into ``.grad`` (step() calls this unless it
+        runs inside ``skip_synchronize()``): clip or inspect the reduced gradients between the two."""
         ensure_init()
         self._hvdc_grads.gather()
         for i, flat in enumerate(self._hvdc_grads.buffers):
             self._hvdc_meter.run(allreduce_, flat, op=self._hvdc_op, name=f"DistributedOptimizer.grad.{i}")
         self._hvdc_passes.reset()
+        self._hvdc_mark_synchronized()
 
     def step(self, closure: Any = None) -> Any:
-        self.synchronize()
-        return super(self.__class__, self).step(closure)
+        self._hvdc_synchronize_for_step()
+        out = super(self.__class__, self).step(closure)
+        self._hvdc_step_done()
+        return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the fused gradient buffers in place (gradients stay views, never None)."""
         del set_to_none  # views must survive for the fused reduction
         self._hvdc_grads.zero_()
+        self._hvdc_step_done()
 
     def comm_stats(self) -> dict[str, int]:
         """Bytes this rank sent and received for this optimizer since the last call."""

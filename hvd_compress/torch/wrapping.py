@@ -1,33 +1,119 @@
 """Plumbing shared by the optimizer wrappers: subclassing the wrapped optimizer's class (so that
-``isinstance``, LR schedulers and ``state_dict()`` keep working), counting backward passes, and
-metering the bytes each wrapper moves."""
+``isinstance``, LR schedulers and ``state_dict()`` keep working), the gradient hooks, Horovod's
+``synchronize()``/``skip_synchronize()`` protocol, counting backward passes, and metering the bytes each
+wrapper moves."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
-from collections.abc import Iterable
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
 from hvd_compress import ops
 
+STATE_KEY = "hvd_compress"  # the section of state_dict() that holds a wrapper's own state
+
 
 def rewrap(optimizer: torch.optim.Optimizer, mixin: type) -> torch.optim.Optimizer:
     """A new optimizer of a subclass of ``type(optimizer)`` + ``mixin``'s methods, on the same param
-    groups and with the same state. As Horovod does, so ``isinstance(new, type(optimizer))`` holds."""
-    methods: dict[str, Any] = {}
+    groups and with the same state. As Horovod does, so ``isinstance(new, type(optimizer))`` holds.
+
+    Wrapping an hvd_compress wrapper again wraps the optimizer inside it (its own section of the state
+    is dropped): two layers would each reduce the gradients."""
+    base = optimizer.__class__
+    while getattr(base, "_hvdc_wrapper", False):
+        base = base.__bases__[0]
+    methods: dict[str, Any] = {"_hvdc_wrapper": True}
     for klass in reversed(mixin.__mro__[:-1]):  # a mixin's own bases contribute too, nearest last
         methods.update({k: v for k, v in vars(klass).items() if not (k.startswith("__") and k.endswith("__"))})
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+    cls = type(base.__name__, (base,), methods)
     state = optimizer.state_dict()
+    state.pop(STATE_KEY, None)
     wrapped = cls.__new__(cls)
-    accepted = inspect.signature(optimizer.__class__.__init__).parameters
+    accepted = inspect.signature(base.__init__).parameters
     kwargs = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    optimizer.__class__.__init__(wrapped, optimizer.param_groups, **kwargs)
+    base.__init__(wrapped, optimizer.param_groups, **kwargs)
     wrapped.load_state_dict(state)
     return wrapped
+
+
+_HOOK_ATTR = "_hvdc_grad_hook"
+
+
+def hook_gradients(params: Iterable[torch.nn.Parameter], callback: Callable[[torch.Tensor], None]) -> None:
+    """Call ``callback(p)`` (a bound method of the wrapper) whenever ``p``'s gradient is accumulated.
+
+    A parameter carries at most one hvd_compress hook: a new wrapper on the same model removes the
+    previous wrapper's hook, so a dropped wrapper never counts passes or launches collectives again. The
+    hook holds the wrapper weakly, so that dropping it frees it (and its buffers and threads).
+    """
+    ref = weakref.WeakMethod(callback)
+
+    def hook(p: torch.Tensor) -> None:
+        fn = ref()
+        if fn is not None:
+            fn(p)
+
+    for p in params:
+        previous = getattr(p, _HOOK_ATTR, None)
+        if previous is not None:
+            previous.remove()
+        setattr(p, _HOOK_ATTR, p.register_post_accumulate_grad_hook(hook))
+
+
+SYNC_WARNING = (
+    "optimizer.step() called without optimizer.skip_synchronize() context after optimizer.synchronize(). "
+    "This can cause training slowdown. You may want to consider using optimizer.skip_synchronize() "
+    "context if you use optimizer.synchronize() in your code."
+)
+
+
+class SynchronizeProtocol:
+    """Horovod's ``synchronize()`` / ``skip_synchronize()`` contract, shared by every wrapper.
+
+    ``synchronize()`` (each wrapper's own) ends the gradient phase and calls ``_hvdc_mark_synchronized``;
+    ``step()`` calls ``_hvdc_synchronize_for_step()`` first. Unlike Horovod, a ``step()`` after
+    ``synchronize()`` without ``skip_synchronize()`` warns (Horovod's text) but does not reduce the same
+    gradients a second time (Horovod does, which makes ``op=Sum`` steps n times larger); and ``step()``
+    inside ``skip_synchronize()`` with no ``synchronize()`` since the last step raises instead of
+    letting the ranks step on their local gradients and drift apart.
+    """
+
+    _hvdc_synchronized = False
+    _hvdc_skip = False
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """``step()`` inside this context uses the gradients of the preceding ``synchronize()``."""
+        self._hvdc_skip = True
+        try:
+            yield
+        finally:
+            self._hvdc_skip = False
+
+    def _hvdc_mark_synchronized(self) -> None:
+        self._hvdc_synchronized = True
+
+    def _hvdc_synchronize_for_step(self) -> None:
+        if self._hvdc_skip:
+            if not self._hvdc_synchronized:
+                raise RuntimeError(
+                    "step() inside skip_synchronize() needs a synchronize() since the last step; without it "
+                    "every rank would step on its own gradients and the ranks' parameters would diverge"
+                )
+        elif self._hvdc_synchronized:
+            warnings.warn(SYNC_WARNING, stacklevel=3)
+        else:
+            self.synchronize()
+
+    def _hvdc_step_done(self) -> None:
+        self._hvdc_synchronized = False
 
 
 def check_named_parameters(

@@ -55,7 +55,7 @@ if mode in OPTIMIZERS or mode == "accum":
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
         # buckets whose Adasum was started by the hooks, before step(): communication overlaps backward
-        launched.append(opt._hvdc_next_launch)
+        launched.append(opt._hvdc_reductions.launched)
         opt.step()
         sched.step()
         losses.append(loss.item())
