@@ -1,2 +1,27 @@
 """Each optimizer algorithm written once, framework-neutral (layer 2 of DESIGN.md): options, state,
-checkpoint schema and step sequencing. Imports no framework; the faces call into it."""
+checkpoint schema and step sequencing. Imports no framework; a face finds an algorithm here by its op.
+
+Reductions (``Sum``, ``Average``, ``Adasum``: what the core's ``ReduceOp`` knows) stay apart from the
+algorithms; both are valid ``op=`` values of ``DistributedOptimizer``.
+"""
+
+from __future__ import annotations
+
+from hvd_compress.algorithms.onebit import OneBitAlgorithm
+from hvd_compress.algorithms.onebit_adam import OneBitAdam
+from hvd_compress.algorithms.onebit_lamb import OneBitLamb
+from hvd_compress.ops.constants import ReduceOp
+
+#: Optimizer algorithms by op: the class that runs it over a face's segments.
+REGISTRY: dict[ReduceOp, type[OneBitAlgorithm]] = {
+    ReduceOp.OneBitAdam: OneBitAdam,
+    ReduceOp.OneBitLamb: OneBitLamb,
+}
+
+
+def lookup(op: ReduceOp) -> type[OneBitAlgorithm]:
+    """The algorithm registered for ``op``; ``KeyError`` if ``op`` is a plain reduction."""
+    return REGISTRY[op]
+
+
+__all__ = ["REGISTRY", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "lookup"]

@@ -56,6 +56,13 @@ class OneBitState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict()``; it must be for the same numel, dtype and world size."""
+        self.check_state_dict(state)
+        with torch.no_grad():
+            self.worker_error.copy_(state["worker_error"].reshape(-1))
+            self.server_error.copy_(state["server_error"].reshape(-1))
+
+    def check_state_dict(self, state: dict[str, Any]) -> None:
+        """Raise a clear ValueError if ``state`` is not a ``state_dict()`` of a state like this one."""
         want = {"numel": self.numel, "dtype": str(self.dtype).removeprefix("torch."), "world_size": self.world_size}
         for key, value in want.items():
             if state.get(key) != value:
@@ -66,9 +73,6 @@ class OneBitState:
                 got = f"{t.dtype} x {t.numel()}" if isinstance(t, torch.Tensor) else type(t).__name__
                 want_t = f"torch.float32 x {target.numel()}"
                 raise ValueError(f"OneBitState.load_state_dict: {key} is {got}, expected {want_t}")
-        with torch.no_grad():
-            self.worker_error.copy_(state["worker_error"].reshape(-1))
-            self.server_error.copy_(state["server_error"].reshape(-1))
 
 
 def compressed_allreduce_(tensor: torch.Tensor, state: OneBitState, name: str | None = None) -> torch.Tensor:

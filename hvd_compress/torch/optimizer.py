@@ -7,20 +7,15 @@ from typing import Any
 
 import torch
 
+from hvd_compress import algorithms
+from hvd_compress.algorithms.onebit import parse_options
 from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
 from hvd_compress.torch.adasum_optimizer import AdasumMixin
+from hvd_compress.torch.backend import BACKEND
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce_
 from hvd_compress.torch.fused import FusedGradients
-from hvd_compress.torch.onebit_optimizer import (
-    ADAM_OPTIONS,
-    LAMB_OPTIONS,
-    OneBitAdamMixin,
-    OneBitLambMixin,
-    check_adam,
-    check_lamb,
-    split_options,
-)
+from hvd_compress.torch.onebit_optimizer import OneBitMixin, check_adam, check_lamb
 from hvd_compress.torch.wrapping import (
     CommMeter,
     PassCounter,
@@ -110,16 +105,12 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
         wrapped = rewrap(optimizer, AdasumMixin)
         wrapped._hvdc_setup(named_parameters, backward_passes_per_step, **algorithm_options)
         return wrapped
-    onebit = {
-        ReduceOp.OneBitAdam: (check_adam, ADAM_OPTIONS, OneBitAdamMixin),
-        ReduceOp.OneBitLamb: (check_lamb, LAMB_OPTIONS, OneBitLambMixin),
-    }
-    if op in onebit:
-        check, defaults, mixin = onebit[op]
-        check(optimizer)
-        freeze_step, options = split_options(op.name, defaults, algorithm_options)
-        wrapped = rewrap(optimizer, mixin)
-        wrapped._hvdc_setup(named_parameters, backward_passes_per_step, freeze_step, **options)
+    if op in algorithms.REGISTRY:
+        _WRAPPED_CHECKS[op](optimizer)
+        algorithm = algorithms.lookup(op)
+        options = parse_options(algorithm.options_cls, algorithm.name, algorithm_options)
+        wrapped = rewrap(optimizer, OneBitMixin)
+        wrapped._hvdc_setup(named_parameters, backward_passes_per_step, algorithm(options, BACKEND, [], None))
         return wrapped
     if op not in DENSE_OPS:
         raise NotImplementedError(f"DistributedOptimizer(op={op.name}) is not available yet")
@@ -128,3 +119,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     wrapped = rewrap(optimizer, _DistributedMixin)
     wrapped._hvdc_setup(named_parameters, op, backward_passes_per_step)
     return wrapped
+
+
+#: What each optimizer algorithm requires of the torch optimizer it wraps.
+_WRAPPED_CHECKS = {ReduceOp.OneBitAdam: check_adam, ReduceOp.OneBitLamb: check_lamb}

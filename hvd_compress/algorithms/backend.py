@@ -1,0 +1,69 @@
+"""The element-wise primitives the algorithms are written in, implemented once per framework face.
+
+An algorithm never touches a framework: it calls these on the face's own tensors (flat contiguous
+buffers, per-parameter views of them, and the parameters). Each primitive is one in-place framework op
+with that framework's rounding, named and ordered as in PyTorch, so the algorithms round exactly as the
+NumPy reference (which follows the same order) expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+Tensor = Any  # a framework tensor (torch.Tensor, tf.Variable, ...)
+Scalar = float
+
+
+class Backend(Protocol):
+    """In-place math on a face's tensors; every method returns its (first) output."""
+
+    def float32_like(self, numel: int, like: Tensor) -> Tensor:
+        """A new zeroed float32 flat buffer of ``numel`` elements on ``like``'s device."""
+
+    def zeros_like(self, x: Tensor) -> Tensor:
+        """A new zeroed tensor of ``x``'s shape, dtype and device."""
+
+    def copy_(self, dst: Tensor, src: Tensor) -> Tensor: ...
+
+    def add_(self, x: Tensor, y: Tensor | Scalar, alpha: Scalar = 1.0) -> Tensor:
+        """x += alpha * y (y a tensor), or x += y (y a number)."""
+
+    def mul_(self, x: Tensor, y: Tensor | Scalar) -> Tensor: ...
+
+    def div_(self, x: Tensor, y: Tensor | Scalar) -> Tensor: ...
+
+    def addcmul_(self, x: Tensor, a: Tensor, b: Tensor, value: Scalar) -> Tensor:
+        """x += value * a * b."""
+
+    def reciprocal_(self, x: Tensor) -> Tensor: ...
+
+    def sqrt(self, x: Tensor, out: Tensor) -> Tensor:
+        """out = sqrt(x) (``out`` may be ``x``)."""
+
+    def sub(self, a: Tensor, b: Tensor, alpha: Scalar, out: Tensor) -> Tensor:
+        """out = a - alpha * b."""
+
+    def div(self, a: Tensor, b: Tensor, out: Tensor) -> Tensor:
+        """out = a / b."""
+
+    def foreach_add_(self, xs: Sequence[Tensor], ys: Sequence[Tensor], alpha: Scalar) -> None:
+        """x_i += alpha * y_i."""
+
+    def foreach_mul_(self, xs: Sequence[Tensor], scalars: Scalar | Sequence[Scalar]) -> None: ...
+
+    def foreach_addcdiv_(self, xs: Sequence[Tensor], a: Sequence[Tensor], b: Sequence[Tensor], value: Scalar) -> None:
+        """x_i += value * a_i / b_i."""
+
+    def foreach_norm(self, xs: Sequence[Tensor]) -> list[float]:
+        """The 2-norm of each tensor, as computed in its dtype, as Python floats."""
+
+    def norm(self, x: Tensor) -> float:
+        """The 2-norm of ``x``, as computed in its dtype."""
+
+    def max(self, x: Tensor) -> float: ...
+
+    def first_nonfinite(self, x: Tensor) -> tuple[int, float] | None:
+        """(index, value) of the first NaN/Inf element of ``x``, or None when all are finite."""
+
+    def any_nonfinite(self, x: Tensor) -> bool: ...

@@ -1,0 +1,275 @@
+"""The two-stage machine that 1-bit Adam (``onebit_adam``) and 1-bit LAMB (``onebit_lamb``) share.
+
+Paper 003 Algorithm 1 and paper 001 Algorithm 1 have the same skeleton, written here once:
+
+- warm-up, steps 1..``freeze_step`` (line 2 of both boxes): the gradients are averaged densely
+  (``synchronize``) and the uncompressed rule runs on the average;
+- compression, later steps (lines 5-13 of 003, 6-13 of 001): the variance stays frozen, each rank forms
+  m_r = b1 m + (1 - b1) g_r from the shared momentum and its own gradient (line 6), the m_r go through the
+  error-compensated 1-bit compressed allreduce (lines 7-11/13, in the core), and every rank applies the
+  same update with the result.
+
+Non-finite values: a NaN/Inf gradient on any rank makes ``step()`` raise ``UsageError`` on every rank
+before any state changes (warm-up: checked on the averaged gradient, which every rank holds; compression:
+one tiny flag allreduce when there are several segments, then the core checks what enters each
+compressor on every rank). Nothing is skipped silently.
+
+State: one ``Segment`` per (param group, dtype) of flat buffers that the face allocates (its framework's
+tensors, of which each parameter's state is a view), the step, and per segment the 1-bit error feedback
+and LAMB's per-layer coefficients. ``state_dict()`` is the one checkpoint schema every face writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hvd_compress import ops
+from hvd_compress.algorithms.backend import Backend, Tensor
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.errors import UsageError
+from hvd_compress.ops.onebit import compressed_allreduce_
+
+
+@dataclasses.dataclass(frozen=True)
+class OneBitOptions:
+    """Options of both 1-bit optimizers: ``freeze_step`` dense warm-up steps (required)."""
+
+    freeze_step: int
+
+    def validate(self, op_name: str) -> None:
+        fs = self.freeze_step
+        if isinstance(fs, bool) or not isinstance(fs, int) or fs < 1:
+            raise ValueError(f"{op_name}: freeze_step must be an int >= 1, got {fs!r}")
+
+
+def parse_options(options_cls: type, op_name: str, given: dict[str, Any]) -> Any:
+    """``options_cls`` built from ``DistributedOptimizer``'s keyword options, with clear errors."""
+    if "freeze_step" not in given:
+        raise TypeError(f"op={op_name} needs freeze_step=<number of dense warm-up steps>")
+    names = [f.name for f in dataclasses.fields(options_cls)]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise TypeError(f"op={op_name} got unknown options {unknown}; it takes {', '.join(names)}")
+    options = options_cls(**given)
+    options.validate(op_name)
+    return options
+
+
+@dataclasses.dataclass
+class Segment:
+    """The parameters of one (param group, dtype) with the face's flat buffers for them.
+
+    ``grad``, ``exp_avg``, ``exp_avg_sq`` (and LAMB's ``fresh``) have the parameters' dtype; ``work`` and
+    ``scratch`` are float32 whatever that dtype is, so that m_r is formed and compressed without losing
+    bits to a half type. ``onebit`` is the face's error-feedback state (``state_dict``/``load_state_dict``/
+    ``check_state_dict``/``reset`` and ``worker_error``/``server_error`` buffers). ``views(flat)`` gives the
+    per-parameter views of one of these buffers.
+    """
+
+    group: int
+    params: list[Tensor]
+    sizes: list[int]  # elements of each parameter
+    grad: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    fresh: Tensor | None
+    work: Tensor
+    scratch: Tensor
+    onebit: Any
+    views: Callable[[Tensor], list[Tensor]]
+    # The algorithm's own per-segment state:
+    denom: Tensor | None = None  # d = sqrt(vh_frozen) + eps, kept while v is frozen
+    denom_key: tuple[float, ...] | None = None  # the (eps, b2, t_v) that ``denom`` holds d for
+    lamb_coeff_freeze: list[float] = dataclasses.field(default_factory=list)
+    last_factor: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def numel(self) -> int:
+        return sum(self.sizes)
+
+    def __post_init__(self) -> None:
+        self.lamb_coeff_freeze = self.lamb_coeff_freeze or [0.0] * len(self.params)
+        self.last_factor = self.last_factor or [1.0] * len(self.params)
+
+
+class Meter:
+    """What runs the algorithm's collectives: ``run(fn, *args, **kwargs)`` (a face may count bytes there)."""
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+
+class OneBitAlgorithm:
+    """The shared sequencing; subclasses supply ``warmup``, ``compressed`` and ``denom_buffer``."""
+
+    name = "OneBit"
+    options_cls: type = OneBitOptions
+    # True where a checkpoint without our section cannot be resumed past warm-up (state would be lost).
+    needs_section_after_warmup = False
+    has_fresh_variance = False  # segments need a ``fresh`` buffer (1-bit LAMB)
+
+    def __init__(self, options: OneBitOptions, backend: Backend, segments: Sequence[Segment], meter: Any) -> None:
+        self.options = options
+        self.xp = backend
+        self.segments = list(segments)
+        self.meter = meter
+        self.t = 0  # steps taken
+
+    @property
+    def freeze_step(self) -> int:
+        return self.options.freeze_step
+
+    @property
+    def compression_started(self) -> bool:
+        return self.t >= self.freeze_step
+
+    # -- the step ------------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """The gradient phase of the coming step: warm-up averages ``grad`` over all ranks; the
+        compression stage never averages a gradient (the momentum travels in ``step``)."""
+        if self.t + 1 <= self.freeze_step:
+            for i, seg in enumerate(self.segments):
+                self.meter.run(ops.allreduce_, seg.grad, op=ReduceOp.Average, name=f"{self.name}.grad.{i}")
+
+    def step(self, groups: Sequence[dict[str, Any]]) -> int:
+        """One optimizer step on the segments' (synchronized) gradients; returns the new step count."""
+        t = self.t + 1
+        if t <= self.freeze_step:
+            self.check_finite()
+            for seg in self.segments:
+                self.warmup(seg, groups[seg.group], t)
+        else:
+            for seg in self.segments:
+                self.local_momentum(seg, groups[seg.group])
+            if len(self.segments) > 1:
+                self.agree_finite()
+            for i, seg in enumerate(self.segments):
+                self.meter.run(
+                    compressed_allreduce_, seg.work, seg.onebit.worker_error, seg.onebit.server_error,
+                    name=f"{self.name}.m.{i}",
+                )
+            for seg in self.segments:
+                self.compressed(seg, groups[seg.group], t)
+        self.t = t
+        return t
+
+    def check_finite(self) -> None:
+        # Every rank holds the same averaged gradients, so every rank reaches the same verdict.
+        for seg in self.segments:
+            bad = self.xp.first_nonfinite(seg.grad)
+            if bad is not None:
+                raise UsageError(
+                    f"{self.name}: non-finite averaged gradient at step {self.t + 1} (element {bad[0]} of param "
+                    f"group {seg.group}: value {bad[1]}); step not taken, state unchanged"
+                )
+
+    def agree_finite(self) -> None:
+        # With several segments the core's per-call check could reject a later one after an earlier one
+        # updated its error feedback; one tiny allreduce first keeps a rejected step free of side effects.
+        local = sum(int(self.xp.any_nonfinite(seg.work)) for seg in self.segments)
+        flag = self.xp.add_(self.xp.float32_like(1, self.segments[0].work), float(local))
+        self.meter.run(ops.allreduce_, flag, op=ReduceOp.Sum, name=f"{self.name}.finite")
+        bad = int(self.xp.max(flag))
+        if bad > 0:
+            raise UsageError(
+                f"{self.name}: non-finite local momentum at step {self.t + 1} on {bad} segment(s) over all "
+                "ranks (NaN/Inf gradient); step not taken, state unchanged"
+            )
+
+    # -- the math both boxes share -------------------------------------------------------------------
+    def local_momentum(self, seg: Segment, group: dict[str, Any]) -> None:
+        """work = b1 m + (1 - b1) g_r (003 Alg. 1 line 6; 001 Alg. 1 line 6), this rank's gradient."""
+        xp = self.xp
+        b1 = group["betas"][0]
+        # Copy first: a product written straight into float32 would be rounded to a half gradient's dtype.
+        xp.mul_(xp.copy_(seg.work, seg.grad), 1 - b1)
+        self.add_l2(seg.work, seg, group, (1 - b1) * group["weight_decay"])
+        xp.add_(seg.work, seg.exp_avg, alpha=b1)
+
+    def add_l2(self, flat: Tensor, seg: Segment, group: dict[str, Any], alpha: float) -> None:
+        """Adds alpha * x to ``flat`` where the rule has an L2 term in the gradient (Adam's weight decay)."""
+
+    def frozen_denom(self, seg: Segment, group: dict[str, Any], t_v: int) -> Tensor:
+        """d = sqrt(vh) + eps for v of step ``t_v``: v does not change after freeze_step, so d is computed
+        once (per eps, b2) into ``denom_buffer(seg)``; bias-corrected unless the group turns that off."""
+        b2 = group["betas"][1]
+        key = (float(group["eps"]), float(b2), float(t_v))
+        out = self.denom_buffer(seg)
+        if seg.denom_key != key:
+            self.xp.sqrt(seg.exp_avg_sq, out=out)
+            if group.get("bias_correction", True):
+                self.xp.div_(out, math.sqrt(1 - b2**t_v))
+            self.xp.add_(out, group["eps"])
+            seg.denom_key = key
+        return out
+
+    def denom_buffer(self, seg: Segment) -> Tensor:
+        raise NotImplementedError
+
+    def warmup(self, seg: Segment, group: dict[str, Any], t: int) -> None:
+        raise NotImplementedError
+
+    def compressed(self, seg: Segment, group: dict[str, Any], t: int) -> None:
+        raise NotImplementedError
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The one checkpoint schema of the 1-bit optimizers (the section ``hvd_compress`` of a face's)."""
+        return {
+            "algorithm": self.name,
+            "step": self.t,
+            "freeze_step": self.freeze_step,
+            "segments": [
+                {
+                    "numel": seg.numel,
+                    "onebit": seg.onebit.state_dict(),
+                    "lamb_coeff_freeze": list(seg.lamb_coeff_freeze),
+                    "last_factor": list(seg.last_factor),
+                }
+                for seg in self.segments
+            ],
+        }
+
+    def check_state_dict(self, ours: dict[str, Any]) -> None:
+        """Raise a clear ValueError, before anything changes, if ``ours`` cannot be loaded here."""
+        what = f"{self.name}.load_state_dict"
+        if ours.get("algorithm") != self.name:
+            raise ValueError(f"{what}: the checkpoint is for {ours.get('algorithm')!r}")
+        if ours.get("freeze_step") != self.freeze_step:
+            raise ValueError(f"{what}: checkpoint freeze_step {ours.get('freeze_step')} != {self.freeze_step}")
+        saved = ours.get("segments", [])
+        want = [seg.numel for seg in self.segments]
+        if [s.get("numel") for s in saved] != want:
+            raise ValueError(f"{what}: fused buffer sizes {[s.get('numel') for s in saved]} != this model's {want}")
+        for seg, s in zip(self.segments, saved, strict=True):
+            if len(s["lamb_coeff_freeze"]) != len(seg.params) or len(s["last_factor"]) != len(seg.params):
+                raise ValueError(f"{what}: per-layer coefficients do not match the parameters")
+            seg.onebit.check_state_dict(s["onebit"])
+
+    def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int) -> None:
+        """Restore ``state_dict()``; ``None`` (a plain optimizer's checkpoint at step ``plain_step``) starts the
+        error feedback from zero. Call ``check_state_dict``/``check_plain_step`` first."""
+        if ours is None:
+            for seg in self.segments:
+                seg.onebit.reset()
+            self.t = plain_step
+        else:
+            self.t = int(ours["step"])
+            for seg, saved in zip(self.segments, ours["segments"], strict=True):
+                seg.onebit.load_state_dict(saved["onebit"])
+                seg.lamb_coeff_freeze = [float(c) for c in saved["lamb_coeff_freeze"]]
+                seg.last_factor = [float(c) for c in saved["last_factor"]]
+        for seg in self.segments:
+            seg.denom_key = None
+
+    def check_plain_step(self, t: int, key: str) -> None:
+        """A checkpoint without our section (a plain optimizer's, at step ``t``) is refused where the missing
+        state matters: 1-bit LAMB past its warm-up (its averaged trust ratios are lost)."""
+        if t > self.freeze_step and self.needs_section_after_warmup:
+            raise ValueError(
+                f"{self.name}: the optimizer state (step {t}) has no '{key}' section, "
+                f"which is needed after freeze_step={self.freeze_step}"
+            )

@@ -1,0 +1,68 @@
+"""1-bit Adam: paper 003 (Tang et al. 2021), Algorithm 1, over a wrapped Adam/AdamW.
+
+- warm-up (line 2): Adam's step on the averaged gradient, with Adam's bias correction, and weight decay
+  as L2 in the gradient (Adam) or decoupled (AdamW: x *= 1 - lr wd);
+- compression (lines 5-13): m_r = b1 m + (1 - b1) g_r (line 6, ``OneBitAlgorithm.local_momentum``),
+  compressed average (lines 7-11, the core), m = that average (line 12), and
+  x = x - lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^freeze_step)) + eps) with v frozen (line 13), whose
+  denominator is therefore computed once and kept.
+
+The sequencing and the checkpoint schema are ``OneBitAlgorithm``'s (``algorithms/onebit.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hvd_compress.algorithms.backend import Tensor
+from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitOptions, Segment
+
+
+class OneBitAdam(OneBitAlgorithm):
+    """1-bit Adam on the face's segments; the group's hyper-parameters are read every step."""
+
+    name = "OneBitAdam"
+    options_cls = OneBitOptions
+
+    @staticmethod
+    def decoupled(group: dict[str, Any]) -> bool:
+        return bool(group.get("decoupled_weight_decay", False))
+
+    def add_l2(self, flat: Tensor, seg: Segment, group: dict[str, Any], alpha: float) -> None:
+        if alpha != 0 and not self.decoupled(group):
+            self.xp.foreach_add_(seg.views(flat), seg.params, alpha=alpha)
+
+    def warmup(self, seg: Segment, group: dict[str, Any], t: int) -> None:
+        """Adam's step on the averaged gradient (003 Alg. 1 line 2), with Adam's L2 term g + wd x."""
+        xp = self.xp
+        b1, b2 = group["betas"]
+        g = seg.grad
+        if group["weight_decay"] != 0 and not self.decoupled(group):
+            g = xp.copy_(seg.scratch, seg.grad)
+            self.add_l2(g, seg, group, group["weight_decay"])
+        xp.add_(xp.mul_(seg.exp_avg, b1), g, alpha=1 - b1)
+        xp.addcmul_(xp.mul_(seg.exp_avg_sq, b2), g, g, value=1 - b2)
+        self.apply(seg, group, t, t)
+
+    def compressed(self, seg: Segment, group: dict[str, Any], t: int) -> None:
+        """m = the compressed average (in ``work``); v frozen (003 Alg. 1 lines 12-13)."""
+        self.xp.copy_(seg.exp_avg, seg.work)
+        self.apply(seg, group, t, self.freeze_step)
+
+    def denom_buffer(self, seg: Segment) -> Tensor:
+        return seg.scratch  # free in the compressed stage: the L2 gradient copy is a warm-up thing
+
+    def apply(self, seg: Segment, group: dict[str, Any], t_m: int, t_v: int) -> None:
+        """x = x - lr / (1 - b1^t_m) * m / (sqrt(v) / sqrt(1 - b2^t_v) + eps), as torch.optim.Adam."""
+        xp = self.xp
+        b1, b2 = group["betas"]
+        lr, wd = group["lr"], group["weight_decay"]
+        if wd != 0 and self.decoupled(group):
+            xp.foreach_mul_(seg.params, 1 - lr * wd)
+        if t_v < t_m:  # v frozen: the denominator is the same every step, computed once and kept
+            denom = self.frozen_denom(seg, group, t_v)
+        else:
+            denom = xp.add_(xp.div_(xp.sqrt(seg.exp_avg_sq, out=seg.scratch), math.sqrt(1 - b2**t_v)), group["eps"])
+            seg.denom_key = None
+        xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), seg.views(denom), value=-lr / (1 - b1**t_m))

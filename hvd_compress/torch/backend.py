@@ -1,0 +1,97 @@
+"""``hvd_compress.algorithms.backend.Backend`` on torch tensors: each primitive is one torch op."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class TorchBackend:
+    """The algorithms' element-wise primitives as torch ops (no autograd: call under ``no_grad``)."""
+
+    @staticmethod
+    def float32_like(numel: int, like: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(numel, dtype=torch.float32, device=like.device)
+
+    @staticmethod
+    def zeros_like(x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x, memory_format=torch.preserve_format)
+
+    @staticmethod
+    def copy_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        return dst.copy_(src)
+
+    @staticmethod
+    def add_(x: torch.Tensor, y: torch.Tensor | float, alpha: float = 1.0) -> torch.Tensor:
+        if isinstance(y, torch.Tensor):
+            return x.add_(y, alpha=alpha)
+        return x.add_(y)
+
+    @staticmethod
+    def mul_(x: torch.Tensor, y: torch.Tensor | float) -> torch.Tensor:
+        return x.mul_(y)
+
+    @staticmethod
+    def div_(x: torch.Tensor, y: torch.Tensor | float) -> torch.Tensor:
+        return x.div_(y)
+
+    @staticmethod
+    def addcmul_(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, value: float) -> torch.Tensor:
+        return x.addcmul_(a, b, value=value)
+
+    @staticmethod
+    def reciprocal_(x: torch.Tensor) -> torch.Tensor:
+        return x.reciprocal_()
+
+    @staticmethod
+    def sqrt(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return torch.sqrt(x, out=out)
+
+    @staticmethod
+    def sub(a: torch.Tensor, b: torch.Tensor, alpha: float, out: torch.Tensor) -> torch.Tensor:
+        return torch.sub(a, b, alpha=alpha, out=out)
+
+    @staticmethod
+    def div(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return torch.div(a, b, out=out)
+
+    @staticmethod
+    def foreach_add_(xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor], alpha: float) -> None:
+        torch._foreach_add_(list(xs), list(ys), alpha=alpha)
+
+    @staticmethod
+    def foreach_mul_(xs: Sequence[torch.Tensor], scalars: float | Sequence[float]) -> None:
+        torch._foreach_mul_(list(xs), scalars if isinstance(scalars, (int, float)) else list(scalars))
+
+    @staticmethod
+    def foreach_addcdiv_(
+        xs: Sequence[torch.Tensor], a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], value: float
+    ) -> None:
+        torch._foreach_addcdiv_(list(xs), list(a), list(b), value=value)
+
+    @staticmethod
+    def foreach_norm(xs: Sequence[torch.Tensor]) -> list[float]:
+        return [float(n) for n in torch._foreach_norm(list(xs))]
+
+    @staticmethod
+    def norm(x: torch.Tensor) -> float:
+        return float(x.norm())
+
+    @staticmethod
+    def max(x: torch.Tensor) -> float:
+        return float(x.max())
+
+    @staticmethod
+    def first_nonfinite(x: torch.Tensor) -> tuple[int, float] | None:
+        if bool(torch.isfinite(x).all()):
+            return None
+        bad = int((~torch.isfinite(x)).nonzero()[0, 0])
+        return bad, float(x[bad])
+
+    @staticmethod
+    def any_nonfinite(x: torch.Tensor) -> bool:
+        return bool((~torch.isfinite(x)).any())
+
+
+BACKEND = TorchBackend()
