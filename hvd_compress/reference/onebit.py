@@ -20,7 +20,18 @@ dtype. Only the order of the float64 sum of squares differs from the C++ (it can
 scale except in a tie at the last of 29 extra bits).
 
 The optimizers (``onebit_adam``, ``onebit_lamb``) are plain simulations of the papers' algorithm boxes over
-per-rank gradient sequences; their exact semantics are in their docstrings.
+per-rank gradient sequences; their exact semantics are in their docstrings. Both take ``compress``: what goes
+through the compressor (``COMPRESS_RULES``):
+
+- ``"momentum"``, the papers' rule (003 Alg. 1 line 7, 001 Alg. 1 line 7): the momentum m_r itself. An element
+  whose frozen variance is 0 (a dead ReLU unit in warm-up) has m ~ 0 but decompresses to +/-scale of its chunk,
+  and its update lr * scale / eps is enormous: training blows up (DeepSpeed's OnebitAdam/OnebitLamb too).
+- ``"preconditioned"`` (the default): the preconditioned momentum p_r = m_r / d with d = sqrt(vh_frozen) + eps.
+  d is identical on every rank (v is frozen from a dense average), so mean(p_r) = mean(m_r) / d: without
+  compression both rules are the same algorithm; with it, the chunk scale is that of the update direction
+  (order 1), so every element's update is bounded by about lr * scale. The momentum kept is m = p * d, the
+  compressed average mapped back (a dead element's momentum stays ~ eps * scale), and the rest of each box
+  runs on it unchanged.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import numpy as np
 from hvd_compress.reference.dtypes import round_to
 
 SUPPORTED = ("float32", "float16", "bfloat16")
+COMPRESS_RULES = ("preconditioned", "momentum")  # the default first
 
 
 def f32(x: np.ndarray | float) -> np.ndarray:
@@ -186,6 +198,12 @@ def _rounding(dtype: str | None) -> tuple[Callable[[np.ndarray], np.ndarray], Ca
     return (lambda a: round_to(a, dtype)), f32
 
 
+def check_compress(compress: str) -> None:
+    """Raise ValueError unless ``compress`` names one of ``COMPRESS_RULES``."""
+    if compress not in COMPRESS_RULES:
+        raise ValueError(f"compress must be one of {', '.join(map(repr, COMPRESS_RULES))}, got {compress!r}")
+
+
 def onebit_adam(
     x0: np.ndarray,
     grads: Sequence[Sequence[np.ndarray]],
@@ -198,6 +216,7 @@ def onebit_adam(
     bias_correction: bool = False,
     decoupled: bool = True,
     dtype: str | None = None,
+    compress: str = "preconditioned",
 ) -> OptimizerTrace:
     """1-bit Adam (paper 003, Algorithm 1) on n = len(grads[0]) virtual ranks, steps t = 1..len(grads).
 
@@ -213,10 +232,14 @@ def onebit_adam(
       DeepSpeed's ``update += weight_decay * p``): x = x - lr * (u + weight_decay * x); else L2 as torch's
       Adam: every rank's gradient becomes g_r + weight_decay * x before anything else.
     The paper's line 13 has no eps; it is kept as in the warm-up so the two stages share one rule.
+    ``compress="preconditioned"`` (module docstring) replaces line 7's input by p_r = m_r / d, with
+    d = sqrt(vh_frozen) + eps (rounded as the PyTorch face stores it), and m = (compressed average) * d;
+    the update is then as above. ``compress="momentum"`` is line 7 as written.
     ``dtype`` (parameters, gradients, momentum and variance in that dtype) rounds as ``_rounding`` says;
     the L2 term is then added to the averaged gradient in warm-up, and as (1 - b1) wd x to (1 - b1) g_r
     in compression, as the PyTorch face does.
     """
+    check_compress(compress)
     b1, b2 = betas
     n = len(grads[0])
     rd, r32 = _rounding(dtype)
@@ -235,7 +258,12 @@ def onebit_adam(
             v = rd(rd(b2 * v) + (1 - b2) * gm * gm)
         else:
             l2 = 0.0 if decoupled else (1 - b1) * weight_decay
-            m = rd(comp.allreduce([r32(r32(r32((1 - b1) * gr) + l2 * x) + b1 * m) for gr in g]))
+            m_r = [r32(r32(r32((1 - b1) * gr) + l2 * x) + b1 * m) for gr in g]
+            if compress == "preconditioned":
+                d = _frozen_denom(v, b2, freeze_step, eps, bias_correction, rd, r32)
+                m = rd(r32(comp.allreduce([r32(mr / d) for mr in m_r]) * d))
+            else:
+                m = rd(comp.allreduce(m_r))
         s = min(t, freeze_step)
         mh = m / (1 - b1**t) if bias_correction else m
         vh = v / (1 - b2**s) if bias_correction and s > 0 else v
@@ -246,6 +274,20 @@ def onebit_adam(
         trace.params.append(x.copy())
     trace.state = {"exp_avg": m, "exp_avg_sq": v, "worker_error": comp.worker, "server_error": comp.server}
     return trace
+
+
+def _frozen_denom(
+    v: np.ndarray, b2: float, freeze_step: int, eps: float, bias_correction: bool,
+    rd: Callable[[np.ndarray], np.ndarray], r32: Callable[[np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """d = sqrt(vh_frozen) + eps at the PyTorch face's rounding points: the root in the state dtype, the
+    bias correction and eps in float32 (its denominator buffer), with the scalars rounded to float32 as
+    torch's in-place ops on a float32 tensor round them. d scales what enters the compressor, so a one-ulp
+    difference here could flip a sign decision that the simulation must reproduce."""
+    root = rd(np.sqrt(v))
+    if bias_correction:
+        root = r32(root / r32(np.sqrt(1 - b2**freeze_step)))
+    return r32(root + r32(eps))
 
 
 def _layers(sizes: Sequence[int], numel: int) -> list[slice]:
@@ -273,6 +315,7 @@ def onebit_lamb(
     factor_threshold: float = 0.1,
     bias_correction: bool = False,
     dtype: str | None = None,
+    compress: str = "preconditioned",
 ) -> OptimizerTrace:
     """1-bit LAMB (paper 001, Algorithm 1) on n virtual ranks; ``sizes`` cuts the fused buffer into layers.
 
@@ -293,8 +336,14 @@ def onebit_lamb(
       c = r * c_avg (line 20); u = mh / (sqrt(vh_frozen) + eps) + weight_decay * x;
       x = x - lr * c * u (line 21). DeepSpeed's weight-decay adjustment of r and its per-tensor momentum
       scaling before fusion are not part of the paper and not simulated.
+    - ``compress="preconditioned"`` (module docstring) replaces line 7's input by p_r = m_r / d, with
+      d = sqrt(vh_frozen) + eps per element; the compressed average p is mapped back to m = p * d, and
+      lines 15-21 run on that m as above: the reconstructed gradient, v_fresh and r see the momentum that the
+      update uses (without compression m is the exact mean of the m_r under either rule, so g_rec is the
+      mean gradient). ``compress="momentum"`` is line 7 as written.
     ``dtype`` rounds as ``_rounding`` says.
     """
+    check_compress(compress)
     b1, b2 = betas
     n = len(grads[0])
     rd, r32 = _rounding(dtype)
@@ -327,7 +376,12 @@ def onebit_lamb(
             v_fresh = v.copy()
         else:
             m_prev = m
-            out = comp.allreduce([r32(r32((1 - b1) * gr) + b1 * m_prev) for gr in g])
+            m_r = [r32(r32((1 - b1) * gr) + b1 * m_prev) for gr in g]
+            if compress == "preconditioned":
+                d = _frozen_denom(v, b2, freeze_step, eps, bias_correction, rd, r32)
+                out = r32(comp.allreduce([r32(mr / d) for mr in m_r]) * d)
+            else:
+                out = comp.allreduce(m_r)
             g_rec = r32((out - b1 * m_prev) / (1 - b1))
             v_fresh = rd(rd(b2 * v_fresh) + (1 - b2) * g_rec * g_rec)
             m = rd(out)

@@ -21,6 +21,21 @@
   ``bias_correction``); r clipped to (1 -/+ factor_threshold) r_prev (line 18), then to
   [factor_min, factor_max] (line 19); x = x - lr r c_avg (mh / (sqrt(vh) + eps) + wd x) (lines 20-21).
 
+What enters the compressor, option ``compress`` (both optimizers):
+
+- ``"preconditioned"`` (default; deviates from line 7 of both boxes): p_r = m_r / d with
+  d = sqrt(vh_frozen) + eps, instead of m_r. d is the same on every rank (v was frozen from dense
+  averages), so without compression mean(p_r) = mean(m_r) / d and the two rules are one algorithm. The
+  compressed average p is mapped back to m = p d and the rest of each box runs on that m unchanged
+  (1-bit LAMB reconstructs its gradient from it, line 15, so v_fresh and r follow the momentum that the
+  update uses). Why: the compressor gives every element of a chunk the chunk's scale. With
+  ``"momentum"`` an element whose frozen v is 0 (a ReLU unit dead through warm-up) gets m = +/-scale and
+  so an update lr scale / eps (with eps 1e-8, parameters jump from 0.07 to 25 in one step, then turn
+  non-finite); compressed in the preconditioned space it moves by about lr scale at most, scale being of
+  the order of every other element's update. The error feedback lives in the compressed space, so a
+  checkpoint records the rule and refuses to resume under the other one.
+- ``"momentum"``: the papers' rule as written (and DeepSpeed's OnebitAdam/OnebitLamb): m_r is compressed.
+
 Layout: for each (param group, dtype) one *segment*: flat gradient, momentum and variance buffers of
 which every parameter's ``.grad`` and ``state['exp_avg']``/``['exp_avg_sq']`` are views, so one
 collective call per segment and step moves all of them. The 1-bit error feedback (``OneBitState``),
@@ -67,10 +82,10 @@ class _Segment:
     frozen_denom: torch.Tensor | None  # 1-bit LAMB: sqrt(vh_frozen) + eps, float32, made at the first compressed step
     # float32 scratch whatever the parameter dtype: the local momentum m_r is formed and compressed in
     # float32, so a half-precision momentum loses no bits before its sign is taken.
-    work: torch.Tensor  # m_r, the compressed average, then the update direction
+    work: torch.Tensor  # m_r (or m_r / d), the compressed average, then the update direction
     scratch: torch.Tensor  # denominators, the L2 gradient, the reconstructed gradient
     onebit: OneBitState
-    denom_key: tuple[float, ...] | None  # what ``scratch`` holds Adam's frozen denominator for, if it does
+    denom_key: tuple[float, ...] | None  # the (eps, b2, freeze_step) that the kept frozen denominator d is for
     lamb_coeff_freeze: list[float]
     last_factor: list[float]
     view_cache: dict[int, list[torch.Tensor]] = dataclasses.field(default_factory=dict)
@@ -229,14 +244,41 @@ class _OneBitMixin:
             )
 
     def _hvdc_local_momentum(self, seg: _Segment, group: dict[str, Any]) -> None:
-        """work = b1 m + (1 - b1) g_r (003 Alg. 1 line 6; 001 Alg. 1 line 6), this rank's gradient."""
+        """work = b1 m + (1 - b1) g_r (003 Alg. 1 line 6; 001 Alg. 1 line 6), this rank's gradient; divided
+        by d = sqrt(vh_frozen) + eps with ``compress="preconditioned"`` (deviates from line 7, see top)."""
         b1 = group["betas"][0]
-        torch.mul(seg.grad, 1 - b1, out=seg.work)
+        # Copy first: torch.mul(half, scalar, out=float32) would round the product to the half dtype.
+        seg.work.copy_(seg.grad).mul_(1 - b1)
         self._hvdc_add_l2(seg.work, seg, group, (1 - b1) * group["weight_decay"])
         seg.work.add_(seg.exp_avg, alpha=b1)
+        if self._hvdc_options["compress"] == "preconditioned":
+            seg.work.div_(self._hvdc_frozen_denom(seg, group, self._hvdc_freeze_step))
 
     def _hvdc_add_l2(self, flat: torch.Tensor, seg: _Segment, group: dict[str, Any], alpha: float) -> None:
         """Adds alpha * x to ``flat`` where the rule has an L2 term in the gradient (Adam's weight decay)."""
+
+    def _hvdc_unprecondition(self, seg: _Segment, group: dict[str, Any]) -> None:
+        """``work``: the compressed average p of the m_r / d back to momentum, m = p d (``"preconditioned"``)."""
+        if self._hvdc_options["compress"] == "preconditioned":
+            seg.work.mul_(self._hvdc_frozen_denom(seg, group, self._hvdc_freeze_step))
+
+    def _hvdc_frozen_denom(self, seg: _Segment, group: dict[str, Any], f: int) -> torch.Tensor:
+        """d = sqrt(vh_frozen) + eps: v does not change after freeze_step, so it is computed once (per eps, b2)
+        into ``_hvdc_denom_buffer(seg)``; bias-corrected for freeze_step unless the group turns that off."""
+        b2 = group["betas"][1]
+        key = (float(group["eps"]), float(b2), float(f))
+        out = self._hvdc_denom_buffer(seg)
+        if seg.denom_key != key:
+            torch.sqrt(seg.exp_avg_sq, out=out)
+            if group.get("bias_correction", True):
+                out.div_(math.sqrt(1 - b2**f))
+            out.add_(group["eps"])
+            seg.denom_key = key
+        return out
+
+    def _hvdc_denom_buffer(self, seg: _Segment) -> torch.Tensor:
+        """Where d is kept during the compressed stage."""
+        raise NotImplementedError
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the fused gradient buffers in place (gradients stay views, never None); the count of
@@ -256,6 +298,7 @@ class _OneBitMixin:
             "algorithm": self._hvdc_algorithm,
             "step": self._hvdc_t,
             "freeze_step": self._hvdc_freeze_step,
+            "compress": self._hvdc_options["compress"],
             "segments": [
                 {
                     "numel": seg.exp_avg.numel(),
@@ -312,6 +355,11 @@ class _OneBitMixin:
             raise ValueError(f"{what}: the checkpoint is for {ours.get('algorithm')!r}")
         if ours.get("freeze_step") != self._hvdc_freeze_step:
             raise ValueError(f"{what}: checkpoint freeze_step {ours.get('freeze_step')} != {self._hvdc_freeze_step}")
+        # The error feedback is kept in the space that is compressed; checkpoints older than the option used
+        # the papers' rule.
+        saved_rule = ours.get("compress", "momentum")
+        if saved_rule != self._hvdc_options["compress"]:
+            raise ValueError(f"{what}: checkpoint compress={saved_rule!r} != {self._hvdc_options['compress']!r}")
         saved = ours.get("segments", [])
         want = [seg.exp_avg.numel() for seg in self._hvdc_segments]
         if [s.get("numel") for s in saved] != want:
@@ -349,8 +397,12 @@ class OneBitAdamMixin(_OneBitMixin):
 
     def _hvdc_compressed(self, seg: _Segment, group: dict[str, Any], t: int) -> None:
         """m = the compressed average (in ``work``); v frozen (003 Alg. 1 line 13)."""
+        self._hvdc_unprecondition(seg, group)
         seg.exp_avg.copy_(seg.work)
         self._hvdc_apply(seg, group, t, self._hvdc_freeze_step)
+
+    def _hvdc_denom_buffer(self, seg: _Segment) -> torch.Tensor:
+        return seg.scratch  # free in the compressed stage: the L2 gradient copy is a warm-up thing
 
     def _hvdc_apply(self, seg: _Segment, group: dict[str, Any], t_m: int, t_v: int) -> None:
         """x = x - lr / (1 - b1^t_m) * m / (sqrt(v) / sqrt(1 - b2^t_v) + eps), as torch.optim.Adam."""
@@ -359,12 +411,12 @@ class OneBitAdamMixin(_OneBitMixin):
         params = seg.params
         if wd != 0 and self._hvdc_decoupled(group):
             torch._foreach_mul_(params, 1 - lr * wd)
-        # With v frozen the denominator is the same every step: computed once into ``scratch`` and kept.
-        key = (float(group["eps"]), float(b2), float(t_v)) if t_v < t_m else None
-        if key is None or seg.denom_key != key:
-            torch.sqrt(seg.exp_avg_sq, out=seg.scratch).div_(math.sqrt(1 - b2**t_v)).add_(group["eps"])
-        seg.denom_key = key
-        torch._foreach_addcdiv_(params, seg.views(seg.exp_avg), seg.views(seg.scratch), value=-lr / (1 - b1**t_m))
+        if t_v < t_m:  # v frozen: the denominator is the same every step, computed once and kept
+            denom = self._hvdc_frozen_denom(seg, group, t_v)
+        else:
+            denom = torch.sqrt(seg.exp_avg_sq, out=seg.scratch).div_(math.sqrt(1 - b2**t_v)).add_(group["eps"])
+            seg.denom_key = None
+        torch._foreach_addcdiv_(params, seg.views(seg.exp_avg), seg.views(denom), value=-lr / (1 - b1**t_m))
 
 
 class OneBitLambMixin(_OneBitMixin):
@@ -397,6 +449,7 @@ class OneBitLambMixin(_OneBitMixin):
         b1, b2 = group["betas"]
         opt = self._hvdc_options
         f = self._hvdc_freeze_step
+        self._hvdc_unprecondition(seg, group)
         g_rec = torch.sub(seg.work, seg.exp_avg, alpha=b1, out=seg.scratch).div_(1 - b1)
         seg.fresh.mul_(b2).addcmul_(g_rec, g_rec, value=1 - b2)
         seg.exp_avg.copy_(seg.work)
@@ -422,18 +475,10 @@ class OneBitLambMixin(_OneBitMixin):
         torch._foreach_mul_(views, scales)
         torch._foreach_add_(seg.params, views)
 
-    def _hvdc_frozen_denom(self, seg: _Segment, group: dict[str, Any], f: int) -> torch.Tensor:
-        """sqrt(vh_frozen) + eps: v does not change after freeze_step, so it is computed once (per eps, b2)."""
-        b2 = group["betas"][1]
-        key = (float(group["eps"]), float(b2), float(f))
+    def _hvdc_denom_buffer(self, seg: _Segment) -> torch.Tensor:
+        # Its own buffer (``scratch`` holds the reconstructed gradient and the ratio), made when first needed.
         if seg.frozen_denom is None:
             seg.frozen_denom = torch.empty(seg.exp_avg.numel(), dtype=torch.float32, device=seg.exp_avg.device)
-        if seg.denom_key != key:
-            torch.sqrt(seg.exp_avg_sq, out=seg.frozen_denom)
-            if group.get("bias_correction", True):
-                seg.frozen_denom.div_(math.sqrt(1 - b2**f))
-            seg.frozen_denom.add_(group["eps"])
-            seg.denom_key = key
         return seg.frozen_denom
 
     def _hvdc_direction(self, seg: _Segment, group: dict[str, Any], t_m: int, t_v: int) -> list[torch.Tensor]:
@@ -451,8 +496,10 @@ class OneBitLambMixin(_OneBitMixin):
         return views
 
 
-ADAM_OPTIONS: dict[str, Any] = {}
-LAMB_OPTIONS = {"coeff_beta": 0.9, "factor_min": 0.5, "factor_max": 4.0, "factor_threshold": 0.1}
+COMPRESS_RULES = ("preconditioned", "momentum")  # option ``compress``: the default first
+ADAM_OPTIONS: dict[str, Any] = {"compress": COMPRESS_RULES[0]}
+LAMB_OPTIONS = {"coeff_beta": 0.9, "factor_min": 0.5, "factor_max": 4.0, "factor_threshold": 0.1,
+                "compress": COMPRESS_RULES[0]}
 
 
 def check_adam(optimizer: torch.optim.Optimizer) -> None:
@@ -480,6 +527,9 @@ def split_options(op_name: str, defaults: dict[str, Any], options: dict[str, Any
         takes = ", ".join(["freeze_step", *sorted(defaults)])
         raise TypeError(f"op={op_name} got unknown options {unknown}; it takes {takes}")
     merged = {**defaults, **options}
+    if merged["compress"] not in COMPRESS_RULES:
+        choices = ", ".join(map(repr, COMPRESS_RULES))
+        raise ValueError(f"op={op_name}: compress must be one of {choices}, got {merged['compress']!r}")
     if "factor_min" in merged and not 0 < merged["factor_min"] <= merged["factor_max"]:
         raise ValueError(f"op={op_name}: need 0 < factor_min <= factor_max, got {merged}")
     if "factor_threshold" in merged and not 0 <= merged["factor_threshold"] < 1:

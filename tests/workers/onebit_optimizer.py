@@ -6,6 +6,7 @@ segments, each with its own 1-bit state). Saves the parameters of every step, th
 learning rates used, the final optimizer state and the bytes of each step.
 
 argv: out_dir algo(adam|adamw|lamb|lamb-dense) dtype steps freeze_step sizes(comma list; the last one is group 2)
+      [compress(preconditioned|momentum); the optimizer's default if left out]
 """
 
 import hashlib
@@ -18,6 +19,7 @@ import hvd_compress.torch as hc
 
 algo, dtype_name, steps, freeze = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 sizes = [int(s) for s in sys.argv[6].split(",")]
+rule = {"compress": sys.argv[7]} if len(sys.argv) > 7 else {}
 dtype = DTYPES[dtype_name]
 hc.init()
 r = hc.rank()
@@ -32,7 +34,7 @@ elif algo == "adamw":
 else:  # lamb, or lamb-dense: plain hc.Lamb behind a dense average (the uncompressed rule)
     base = hc.Lamb(groups, lr=0.01, weight_decay=0.05, min_coeff=0.01, max_coeff=10.0)
     op = hc.Average if algo == "lamb-dense" else hc.OneBitLamb
-options = {} if op == hc.Average else {"freeze_step": freeze}
+options = {} if op == hc.Average else {"freeze_step": freeze, **rule}
 opt = hc.DistributedOptimizer(base, named_parameters=[(f"p{i}", p) for i, p in enumerate(params)], op=op,
                               **options)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
