@@ -21,20 +21,19 @@
   ``bias_correction``); r clipped to (1 -/+ factor_threshold) r_prev (line 18), then to
   [factor_min, factor_max] (line 19); x = x - lr r c_avg (mh / (sqrt(vh) + eps) + wd x) (lines 20-21).
 
-What enters the compressor, option ``compress`` (both optimizers):
-
-- ``"preconditioned"`` (default; deviates from line 7 of both boxes): p_r = m_r / d with
-  d = sqrt(vh_frozen) + eps, instead of m_r. d is the same on every rank (v was frozen from dense
-  averages), so without compression mean(p_r) = mean(m_r) / d and the two rules are one algorithm. The
-  compressed average p is mapped back to m = p d and the rest of each box runs on that m unchanged
-  (1-bit LAMB reconstructs its gradient from it, line 15, so v_fresh and r follow the momentum that the
-  update uses). Why: the compressor gives every element of a chunk the chunk's scale. With
-  ``"momentum"`` an element whose frozen v is 0 (a ReLU unit dead through warm-up) gets m = +/-scale and
-  so an update lr scale / eps (with eps 1e-8, parameters jump from 0.07 to 25 in one step, then turn
-  non-finite); compressed in the preconditioned space it moves by about lr scale at most, scale being of
-  the order of every other element's update. The error feedback lives in the compressed space, so a
-  checkpoint records the rule and refuses to resume under the other one.
-- ``"momentum"``: the papers' rule as written (and DeepSpeed's OnebitAdam/OnebitLamb): m_r is compressed.
+Variance floor, option ``variance_floor`` (both optimizers; deviates from 003 line 13 and 001 lines 17
+and 21): in the compressed stage each layer's frozen vh is used as max(vh, variance_floor * mean(vh)),
+the mean over that layer (parameter tensor) of the frozen vh; 1-bit LAMB floors its fresh vh by the
+same per-layer value in the ratio of line 17, so that the ratio still compares two estimates of one
+second moment. ``variance_floor=0`` is the papers' exact rule; the default is 0.01. Why: the compressor
+gives every element of a chunk +/-the chunk's scale, so an element whose frozen v is 0 (a ReLU unit
+dead through warm-up) gets m = +/-scale and an update lr scale / eps: with eps 1e-8 parameters jump
+from 0.07 to 25 in one step, then turn non-finite (DeepSpeed's OnebitAdam/OnebitLamb share this). A
+unit that revives later, with v still 0, does the same. With the floor such an element is
+preconditioned like a quiet element of its layer. Compressing m / (sqrt(vh) + eps) instead of m
+bounds the dead elements' step but not a revived one's (it still diverged on a ReLU MLP and CNN) and
+trained worse with the floor added (tests/test_relu_fidelity.py's module docstring has the figures).
+The floor is derived from the frozen v in the state, so checkpoints need nothing more.
 
 Layout: for each (param group, dtype) one *segment*: flat gradient, momentum and variance buffers of
 which every parameter's ``.grad`` and ``state['exp_avg']``/``['exp_avg_sq']`` are views, so one
@@ -82,13 +81,14 @@ class _Segment:
     frozen_denom: torch.Tensor | None  # 1-bit LAMB: sqrt(vh_frozen) + eps, float32, made at the first compressed step
     # float32 scratch whatever the parameter dtype: the local momentum m_r is formed and compressed in
     # float32, so a half-precision momentum loses no bits before its sign is taken.
-    work: torch.Tensor  # m_r (or m_r / d), the compressed average, then the update direction
+    work: torch.Tensor  # m_r, the compressed average, then the update direction
     scratch: torch.Tensor  # denominators, the L2 gradient, the reconstructed gradient
     onebit: OneBitState
     denom_key: tuple[float, ...] | None  # the (eps, b2, freeze_step) that the kept frozen denominator d is for
     lamb_coeff_freeze: list[float]
     last_factor: list[float]
     view_cache: dict[int, list[torch.Tensor]] = dataclasses.field(default_factory=dict)
+    floor_roots: list[float] = dataclasses.field(default_factory=list)  # per layer sqrt(floor), with the kept d
 
     @property
     def grad(self) -> torch.Tensor:
@@ -244,37 +244,40 @@ class _OneBitMixin:
             )
 
     def _hvdc_local_momentum(self, seg: _Segment, group: dict[str, Any]) -> None:
-        """work = b1 m + (1 - b1) g_r (003 Alg. 1 line 6; 001 Alg. 1 line 6), this rank's gradient; divided
-        by d = sqrt(vh_frozen) + eps with ``compress="preconditioned"`` (deviates from line 7, see top)."""
+        """work = b1 m + (1 - b1) g_r (003 Alg. 1 line 6; 001 Alg. 1 line 6), this rank's gradient."""
         b1 = group["betas"][0]
         # Copy first: torch.mul(half, scalar, out=float32) would round the product to the half dtype.
         seg.work.copy_(seg.grad).mul_(1 - b1)
         self._hvdc_add_l2(seg.work, seg, group, (1 - b1) * group["weight_decay"])
         seg.work.add_(seg.exp_avg, alpha=b1)
-        if self._hvdc_options["compress"] == "preconditioned":
-            seg.work.div_(self._hvdc_frozen_denom(seg, group, self._hvdc_freeze_step))
 
     def _hvdc_add_l2(self, flat: torch.Tensor, seg: _Segment, group: dict[str, Any], alpha: float) -> None:
         """Adds alpha * x to ``flat`` where the rule has an L2 term in the gradient (Adam's weight decay)."""
 
-    def _hvdc_unprecondition(self, seg: _Segment, group: dict[str, Any]) -> None:
-        """``work``: the compressed average p of the m_r / d back to momentum, m = p d (``"preconditioned"``)."""
-        if self._hvdc_options["compress"] == "preconditioned":
-            seg.work.mul_(self._hvdc_frozen_denom(seg, group, self._hvdc_freeze_step))
-
     def _hvdc_frozen_denom(self, seg: _Segment, group: dict[str, Any], f: int) -> torch.Tensor:
-        """d = sqrt(vh_frozen) + eps: v does not change after freeze_step, so it is computed once (per eps, b2)
-        into ``_hvdc_denom_buffer(seg)``; bias-corrected for freeze_step unless the group turns that off."""
+        """d = max(sqrt(vh_frozen), sqrt(floor)) + eps per layer (see the top: variance floor): v does not
+        change after freeze_step, so d is computed once (per eps, b2) into ``_hvdc_denom_buffer(seg)``."""
         b2 = group["betas"][1]
         key = (float(group["eps"]), float(b2), float(f))
         out = self._hvdc_denom_buffer(seg)
         if seg.denom_key != key:
+            bc = 1 - b2**f if group.get("bias_correction", True) else 1.0
             torch.sqrt(seg.exp_avg_sq, out=out)
-            if group.get("bias_correction", True):
-                out.div_(math.sqrt(1 - b2**f))
+            if bc != 1.0:
+                out.div_(math.sqrt(bc))
+            ratio = self._hvdc_options["variance_floor"]
+            seg.floor_roots = [math.sqrt(ratio * float(v.double().mean()) / bc) if v.numel() else 0.0
+                               for v in seg.views(seg.exp_avg_sq)]
+            self._hvdc_floor(seg, out)
             out.add_(group["eps"])
             seg.denom_key = key
         return out
+
+    def _hvdc_floor(self, seg: _Segment, root: torch.Tensor) -> None:
+        """root = max(root, sqrt(floor)) per layer, with the floors of the kept frozen denominator."""
+        if self._hvdc_options["variance_floor"] > 0:
+            for view, floor in zip(seg.views(root), seg.floor_roots, strict=True):
+                view.clamp_min_(floor)
 
     def _hvdc_denom_buffer(self, seg: _Segment) -> torch.Tensor:
         """Where d is kept during the compressed stage."""
@@ -298,7 +301,6 @@ class _OneBitMixin:
             "algorithm": self._hvdc_algorithm,
             "step": self._hvdc_t,
             "freeze_step": self._hvdc_freeze_step,
-            "compress": self._hvdc_options["compress"],
             "segments": [
                 {
                     "numel": seg.exp_avg.numel(),
@@ -355,11 +357,6 @@ class _OneBitMixin:
             raise ValueError(f"{what}: the checkpoint is for {ours.get('algorithm')!r}")
         if ours.get("freeze_step") != self._hvdc_freeze_step:
             raise ValueError(f"{what}: checkpoint freeze_step {ours.get('freeze_step')} != {self._hvdc_freeze_step}")
-        # The error feedback is kept in the space that is compressed; checkpoints older than the option used
-        # the papers' rule.
-        saved_rule = ours.get("compress", "momentum")
-        if saved_rule != self._hvdc_options["compress"]:
-            raise ValueError(f"{what}: checkpoint compress={saved_rule!r} != {self._hvdc_options['compress']!r}")
         saved = ours.get("segments", [])
         want = [seg.exp_avg.numel() for seg in self._hvdc_segments]
         if [s.get("numel") for s in saved] != want:
@@ -397,7 +394,6 @@ class OneBitAdamMixin(_OneBitMixin):
 
     def _hvdc_compressed(self, seg: _Segment, group: dict[str, Any], t: int) -> None:
         """m = the compressed average (in ``work``); v frozen (003 Alg. 1 line 13)."""
-        self._hvdc_unprecondition(seg, group)
         seg.exp_avg.copy_(seg.work)
         self._hvdc_apply(seg, group, t, self._hvdc_freeze_step)
 
@@ -449,7 +445,6 @@ class OneBitLambMixin(_OneBitMixin):
         b1, b2 = group["betas"]
         opt = self._hvdc_options
         f = self._hvdc_freeze_step
-        self._hvdc_unprecondition(seg, group)
         g_rec = torch.sub(seg.work, seg.exp_avg, alpha=b1, out=seg.scratch).div_(1 - b1)
         seg.fresh.mul_(b2).addcmul_(g_rec, g_rec, value=1 - b2)
         seg.exp_avg.copy_(seg.work)
@@ -457,6 +452,7 @@ class OneBitLambMixin(_OneBitMixin):
         fresh = torch.sqrt(seg.fresh, out=seg.scratch)
         if group.get("bias_correction", True):
             fresh.div_(math.sqrt(1 - b2**t))
+        self._hvdc_floor(seg, fresh)  # the frozen variance's floor: line 17 compares like with like
         ratio = torch.div(frozen, fresh.add_(group["eps"]), out=seg.scratch)
         scales = []
         for i, view in enumerate(seg.views(ratio)):
@@ -496,10 +492,9 @@ class OneBitLambMixin(_OneBitMixin):
         return views
 
 
-COMPRESS_RULES = ("preconditioned", "momentum")  # option ``compress``: the default first
-ADAM_OPTIONS: dict[str, Any] = {"compress": COMPRESS_RULES[0]}
+ADAM_OPTIONS: dict[str, Any] = {"variance_floor": 0.01}
 LAMB_OPTIONS = {"coeff_beta": 0.9, "factor_min": 0.5, "factor_max": 4.0, "factor_threshold": 0.1,
-                "compress": COMPRESS_RULES[0]}
+                "variance_floor": 0.01}
 
 
 def check_adam(optimizer: torch.optim.Optimizer) -> None:
@@ -527,9 +522,12 @@ def split_options(op_name: str, defaults: dict[str, Any], options: dict[str, Any
         takes = ", ".join(["freeze_step", *sorted(defaults)])
         raise TypeError(f"op={op_name} got unknown options {unknown}; it takes {takes}")
     merged = {**defaults, **options}
-    if merged["compress"] not in COMPRESS_RULES:
-        choices = ", ".join(map(repr, COMPRESS_RULES))
-        raise ValueError(f"op={op_name}: compress must be one of {choices}, got {merged['compress']!r}")
+    floor = merged["variance_floor"]
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor < math.inf:
+        raise ValueError(
+            f"op={op_name}: variance_floor must be a finite number >= 0 (0: the papers' exact rule; default "
+            f"{defaults['variance_floor']}), got {floor!r}"
+        )
     if "factor_min" in merged and not 0 < merged["factor_min"] <= merged["factor_max"]:
         raise ValueError(f"op={op_name}: need 0 < factor_min <= factor_max, got {merged}")
     if "factor_threshold" in merged and not 0 <= merged["factor_threshold"] < 1:

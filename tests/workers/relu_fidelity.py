@@ -10,9 +10,10 @@ Two tasks, each rank training on its own shard and every rank scoring the same h
 - ``cnn``: a small ReLU CNN on scikit-learn's bundled digits (8x8 images, 10 classes), 1297 training
   images sharded over the ranks, 500 held out.
 
-argv: out_dir task(mlp|cnn) steps freeze_step runs
-  runs: comma list of Adam, Lamb, OneBitAdam:<compress>, OneBitLamb:<compress> (compress: preconditioned
-  or momentum), run one after another from the same initial model.
+argv: out_dir task(mlp|cnn) steps runs
+  runs: comma list of Adam, Lamb (dense average), OneBitAdam:<variance_floor>:<freeze_step> and
+  OneBitLamb:<variance_floor>:<freeze_step> (variance_floor 0: the papers' exact rule), run one after
+  another from the same initial model and data order.
 
 Saves per rank, for each run: the final held-out loss (NaN if the run raised or diverged), the error it
 raised if any, the largest |parameter| right after the first compressed step, and the SHA-256 of the
@@ -31,7 +32,7 @@ from common import save
 
 import hvd_compress.torch as hc
 
-task, steps, freeze, runs = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5].split(",")
+task, steps, runs = sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
 BATCH = 16  # per rank
 LR = {"Adam": 1e-3, "Lamb": 1e-2}
 
@@ -79,18 +80,19 @@ def make_model() -> torch.nn.Module:
 
 
 def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
-    name, _, rule = run.partition(":")
+    name, floor, freeze = [*run.split(":"), "", ""][:3]
     if name.endswith("Adam"):
         base = torch.optim.Adam(model.parameters(), lr=LR["Adam"])
     else:
         base = hc.Lamb(model.parameters(), lr=LR["Lamb"])
     options = {"op": hc.Average} if not name.startswith("OneBit") else {
-        "op": getattr(hc, name), "freeze_step": freeze, "compress": rule}
+        "op": getattr(hc, name), "freeze_step": int(freeze), "variance_floor": float(floor)}
     return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), **options)
 
 
 def train(run: str, data: tuple[torch.Tensor, ...]) -> dict[str, object]:
     x, y, x_test, y_test = data
+    freeze = int(run.split(":")[2]) if run.startswith("OneBit") else 0
     model = make_model()
     hc.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = make_optimizer(run, model)
@@ -98,6 +100,7 @@ def train(run: str, data: tuple[torch.Tensor, ...]) -> dict[str, object]:
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     order = torch.Generator().manual_seed(100 + rank)
     out: dict[str, object] = {"error": None, "max_abs_after_freeze": math.nan}
+    step = 0
     start = time.perf_counter()
     try:
         for step in range(1, steps + 1):
