@@ -15,46 +15,58 @@ from hvd_compress.reference.dtypes import ulp
 SIZES = [13, 30, 7]  # 50 elements: not a multiple of 8 * n for n = 2, 3, 4; the 7 form a second group
 STEPS, FREEZE = 10, 4
 OPTIONS = {"betas": (0.9, 0.999), "weight_decay": 0.05}
+# variance_floor: the default, with elements of each layer whose gradient is 0 through warm-up (frozen v = 0,
+# as a dead ReLU unit leaves: the floor acts, and the gradients they get afterwards test a unit that revives),
+# and 0, the papers' exact rule (on gradients without such elements: with them it diverges by design).
+RULES = {"floor": (0.01, [2, 20, 45]), "paper": (0.0, [])}
 
 
-def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int], freeze: int = FREEZE) -> np.ndarray:
+def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int], freeze: int = FREEZE,
+               rule: str = "paper") -> np.ndarray:
     """Parameters after every step (steps x numel), each param group simulated on its own."""
     total = sum(sizes)
+    floor, dead = RULES[rule]
     x0 = rank_input(0, total, DTYPES[dtype], seed=777).double().numpy()
     grads = [[rank_input(r, total, DTYPES[dtype], seed=t + 1).double().numpy() for r in range(n)] for t in range(STEPS)]
+    for step in grads[:freeze]:
+        for gr in step:
+            gr[dead] = 0.0
     cuts = [(0, total - sizes[-1], sizes[:-1]), (total - sizes[-1], total, sizes[-1:])]
     out = np.zeros((STEPS, total))
     for lo, hi, layer_sizes in cuts:
         g = [[gr[lo:hi] for gr in step] for step in grads]
         if algo.startswith("lamb"):
             trace = ref.onebit_lamb(x0[lo:hi], g, layer_sizes, lr=lrs, eps=1e-6, freeze_step=freeze,
-                                    bias_correction=True, dtype=dtype, **OPTIONS)
+                                    bias_correction=True, dtype=dtype, variance_floor=floor, **OPTIONS)
         else:
-            trace = ref.onebit_adam(x0[lo:hi], g, lr=lrs, eps=1e-8, freeze_step=freeze, bias_correction=True,
-                                    decoupled=algo == "adamw", dtype=dtype, **OPTIONS)
+            trace = ref.onebit_adam(x0[lo:hi], g, layer_sizes, lr=lrs, eps=1e-8, freeze_step=freeze,
+                                    bias_correction=True, decoupled=algo == "adamw", dtype=dtype,
+                                    variance_floor=floor, **OPTIONS)
         out[:, lo:hi] = np.stack(trace.params)
     return out
 
 
+@pytest.mark.parametrize("rule", ["floor", "paper"])
 @pytest.mark.parametrize(
     ("algo", "dtype", "n"),
     [("adam", "float32", 2), ("adamw", "float32", 3), ("lamb", "float32", 4), ("lamb", "float32", 3),
      ("adamw", "float16", 4), ("lamb", "bfloat16", 2)],
 )
-def test_onebit_optimizer_matches_reference_every_step(algo: str, dtype: str, n: int, out_dir) -> None:
+def test_onebit_optimizer_matches_reference_every_step(algo: str, dtype: str, n: int, rule: str, out_dir) -> None:
+    floor, dead = RULES[rule]
     mpirun("onebit_optimizer.py", n, out_dir, algo, dtype, str(STEPS), str(FREEZE), ",".join(map(str, SIZES)),
-           timeout=240)
+           str(floor), ",".join(map(str, dead)), timeout=240)
     ranks = load_ranks(out_dir, n)
     for step in range(STEPS):  # identical parameters on every rank after every step
         assert len({rk["hashes"][step] for rk in ranks}) == 1, f"ranks differ after step {step + 1}"
     lrs = ranks[0]["lrs"]
     assert lrs[0] > lrs[-1], "the LR scheduler did not act"
-    want = _reference(algo, dtype, n, lrs, SIZES)
+    want = _reference(algo, dtype, n, lrs, SIZES, rule=rule)
     got = torch.stack(ranks[0]["trace"]).double().numpy()
     # Float32 parameters: the torch ops and the float64 simulation differ by float32 roundings only.
     # Half parameters: by one rounding of the parameter dtype per step at most (the compressor's input
     # is formed in float32 on both sides, so no sign decision differs).
-    _assert_matches(got, want, dtype, f"{algo}/{dtype} n={n} (compression from step {FREEZE + 1})")
+    _assert_matches(got, want, dtype, f"{algo}/{dtype}/{rule} n={n} (compression from step {FREEZE + 1})")
     _check_bytes(ranks[0]["stats"])
     state = ranks[0]["state"]["hvd_compress"]
     assert state["step"] == STEPS and state["algorithm"] == ("OneBitLamb" if algo == "lamb" else "OneBitAdam")
@@ -87,7 +99,7 @@ def _check_bytes(stats: list[dict[str, int]]) -> None:
 def test_plain_lamb_behind_dense_average_matches_reference(n: int, out_dir) -> None:
     """hc.Lamb, the rule 1-bit LAMB compresses, with op=Average: the reference run never leaving warm-up."""
     mpirun("onebit_optimizer.py", n, out_dir, "lamb-dense", "float32", str(STEPS), str(FREEZE),
-           ",".join(map(str, SIZES)), timeout=240)
+           ",".join(map(str, SIZES)), "0", "", timeout=240)
     ranks = load_ranks(out_dir, n)
     for step in range(STEPS):
         assert len({rk["hashes"][step] for rk in ranks}) == 1, f"ranks differ after step {step + 1}"
@@ -125,6 +137,7 @@ def test_bad_input_raises_on_every_rank_and_changes_nothing(n: int, groups: int,
         "lamb_on_adam": "TypeError: op=OneBitLamb wraps hc.Lamb",
         "adam_on_sgd": "TypeError: op=OneBitAdam wraps torch.optim.Adam",
         "bad_factor": "ValueError: op=OneBitLamb: need 0 < factor_min",
+        "bad_floor": "ValueError: op=OneBitAdam: variance_floor must be a finite number >= 0 (0: the papers' exact",
         "allreduce_op": "ValueError: op OneBitAdam is an optimizer algorithm",
         "nan_warmup": "UsageError: OneBitLamb: non-finite averaged gradient",
         "nan_compressed": "UsageError:",

@@ -38,11 +38,12 @@ if ! have_py torch==$TORCH_VERSION; then
     log "pip: torch==$TORCH_VERSION"
     "$PY" -m pip install -q "torch==$TORCH_VERSION"
 fi
-if ! have_py tensorflow==$TF_VERSION tf_keras==$TF_VERSION mpi4py numpy nanobind==3.1.0 pytest pytest-timeout tqdm ruff matplotlib; then
-    log "pip: tensorflow, tf_keras, mpi4py, numpy, nanobind, pytest, tqdm, ruff, matplotlib"
+# scikit-learn: only for its bundled digits data set (no download), used by the ReLU fidelity test.
+if ! have_py tensorflow==$TF_VERSION tf_keras==$TF_VERSION mpi4py numpy nanobind==3.1.0 pytest pytest-timeout tqdm ruff matplotlib scikit-learn; then
+    log "pip: tensorflow, tf_keras, mpi4py, numpy, nanobind, pytest, tqdm, ruff, matplotlib, scikit-learn"
     "$PY" -m pip install -q -c "$here/tools/constraints.txt" "torch==$TORCH_VERSION" \
         "tensorflow==$TF_VERSION" "tf_keras==$TF_VERSION" mpi4py numpy nanobind==3.1.0 pytest pytest-timeout \
-        tqdm ruff matplotlib packaging wheel
+        tqdm ruff matplotlib scikit-learn packaging wheel
 fi
 
 # 3. Horovod from its sdist, patched for torch 2.13 / TF 2.21, built once and cached as a wheel.

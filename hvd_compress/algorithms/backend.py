@@ -58,6 +58,12 @@ class Backend(Protocol):
     def foreach_norm(self, xs: Sequence[Tensor]) -> list[float]:
         """The 2-norm of each tensor, as computed in its dtype, as Python floats."""
 
+    def clamp_min_(self, x: Tensor, value: Scalar) -> Tensor:
+        """x = max(x, value)."""
+
+    def foreach_mean(self, xs: Sequence[Tensor]) -> list[float]:
+        """The mean of each tensor, accumulated in double precision (0.0 for an empty one)."""
+
     def norm(self, x: Tensor) -> float:
         """The 2-norm of ``x``, as computed in its dtype."""
 

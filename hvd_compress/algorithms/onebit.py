@@ -9,6 +9,20 @@ Paper 003 Algorithm 1 and paper 001 Algorithm 1 have the same skeleton, written 
   error-compensated 1-bit compressed allreduce (lines 7-11/13, in the core), and every rank applies the
   same update with the result.
 
+Variance floor, option ``variance_floor`` (both optimizers; deviates from 003 line 13 and 001 lines 17
+and 21): in the compressed stage each layer's frozen vh is used as max(vh, variance_floor * mean(vh)),
+the mean over that layer (parameter tensor) of the frozen vh; 1-bit LAMB floors its fresh vh by the
+same per-layer value in the ratio of line 17, so that the ratio still compares two estimates of one
+second moment. ``variance_floor=0`` is the papers' exact rule; the default is 0.01. Why: the compressor
+gives every element of a chunk +/-the chunk's scale, so an element whose frozen v is 0 (a ReLU unit
+dead through warm-up) gets m = +/-scale and an update lr scale / eps: with eps 1e-8 parameters jump
+from 0.07 to 25 in one step, then turn non-finite (DeepSpeed's OnebitAdam/OnebitLamb share this). A
+unit that revives later, with v still 0, does the same. With the floor such an element is
+preconditioned like a quiet element of its layer. Compressing m / (sqrt(vh) + eps) instead of m
+bounds the dead elements' step but not a revived one's (it still diverged on a ReLU MLP and CNN) and
+trained worse with the floor added (tests/test_relu_fidelity.py's module docstring has the figures).
+The floor is derived from the frozen v in the state, so checkpoints need nothing more.
+
 Non-finite values: a NaN/Inf gradient on any rank makes ``step()`` raise ``UsageError`` on every rank
 before any state changes (warm-up: checked on the averaged gradient, which every rank holds; compression:
 one tiny flag allreduce when there are several segments, then the core checks what enters each
@@ -32,17 +46,26 @@ from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.onebit import compressed_allreduce_
 
+DEFAULT_VARIANCE_FLOOR = 0.01
+
 
 @dataclasses.dataclass(frozen=True)
 class OneBitOptions:
-    """Options of both 1-bit optimizers: ``freeze_step`` dense warm-up steps (required)."""
+    """Options of both 1-bit optimizers: ``freeze_step`` dense warm-up steps (required), ``variance_floor``."""
 
     freeze_step: int
+    variance_floor: float = DEFAULT_VARIANCE_FLOOR
 
     def validate(self, op_name: str) -> None:
         fs = self.freeze_step
         if isinstance(fs, bool) or not isinstance(fs, int) or fs < 1:
             raise ValueError(f"{op_name}: freeze_step must be an int >= 1, got {fs!r}")
+        floor = self.variance_floor
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor < math.inf:
+            raise ValueError(
+                f"op={op_name}: variance_floor must be a finite number >= 0 (0: the papers' exact rule; default "
+                f"{DEFAULT_VARIANCE_FLOOR}), got {floor!r}"
+            )
 
 
 def parse_options(options_cls: type, op_name: str, given: dict[str, Any]) -> Any:
@@ -83,6 +106,7 @@ class Segment:
     # The algorithm's own per-segment state:
     denom: Tensor | None = None  # d = sqrt(vh_frozen) + eps, kept while v is frozen
     denom_key: tuple[float, ...] | None = None  # the (eps, b2, t_v) that ``denom`` holds d for
+    floor_roots: list[float] = dataclasses.field(default_factory=list)  # per layer sqrt(floor), with the kept d
     lamb_coeff_freeze: list[float] = dataclasses.field(default_factory=list)
     last_factor: list[float] = dataclasses.field(default_factory=list)
 
@@ -193,18 +217,32 @@ class OneBitAlgorithm:
         """Adds alpha * x to ``flat`` where the rule has an L2 term in the gradient (Adam's weight decay)."""
 
     def frozen_denom(self, seg: Segment, group: dict[str, Any], t_v: int) -> Tensor:
-        """d = sqrt(vh) + eps for v of step ``t_v``: v does not change after freeze_step, so d is computed
-        once (per eps, b2) into ``denom_buffer(seg)``; bias-corrected unless the group turns that off."""
+        """d = max(sqrt(vh), sqrt(floor)) + eps per layer for the frozen v of step ``t_v`` (see the top:
+        variance floor): v does not change after freeze_step, so d is computed once (per eps, b2) into
+        ``denom_buffer(seg)``; bias-corrected unless the group turns that off."""
+        xp = self.xp
         b2 = group["betas"][1]
         key = (float(group["eps"]), float(b2), float(t_v))
         out = self.denom_buffer(seg)
         if seg.denom_key != key:
-            self.xp.sqrt(seg.exp_avg_sq, out=out)
-            if group.get("bias_correction", True):
-                self.xp.div_(out, math.sqrt(1 - b2**t_v))
-            self.xp.add_(out, group["eps"])
+            bc = 1 - b2**t_v if group.get("bias_correction", True) else 1.0
+            xp.sqrt(seg.exp_avg_sq, out=out)
+            if bc != 1.0:
+                xp.div_(out, math.sqrt(bc))
+            ratio = self.options.variance_floor
+            means = xp.foreach_mean(seg.views(seg.exp_avg_sq))
+            sizes = zip(means, seg.sizes, strict=True)
+            seg.floor_roots = [math.sqrt(ratio * mean / bc) if size else 0.0 for mean, size in sizes]
+            self.floor(seg, out)
+            xp.add_(out, group["eps"])
             seg.denom_key = key
         return out
+
+    def floor(self, seg: Segment, root: Tensor) -> None:
+        """root = max(root, sqrt(floor)) per layer, with the floors of the kept frozen denominator."""
+        if self.options.variance_floor > 0:
+            for view, floor in zip(seg.views(root), seg.floor_roots, strict=True):
+                self.xp.clamp_min_(view, floor)
 
     def denom_buffer(self, seg: Segment) -> Tensor:
         raise NotImplementedError

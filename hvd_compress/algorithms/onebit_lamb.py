@@ -87,6 +87,7 @@ class OneBitLamb(OneBitAlgorithm):
         fresh = xp.sqrt(seg.fresh, out=seg.scratch)
         if group.get("bias_correction", True):
             xp.div_(fresh, math.sqrt(1 - b2**t))
+        self.floor(seg, fresh)  # the frozen variance's floor: line 17 compares like with like
         ratio = xp.div(frozen, xp.add_(fresh, group["eps"]), out=seg.scratch)
         scales = []
         for i, view in enumerate(seg.views(ratio)):

@@ -20,7 +20,11 @@ dtype. Only the order of the float64 sum of squares differs from the C++ (it can
 scale except in a tie at the last of 29 extra bits).
 
 The optimizers (``onebit_adam``, ``onebit_lamb``) are plain simulations of the papers' algorithm boxes over
-per-rank gradient sequences; their exact semantics are in their docstrings.
+per-rank gradient sequences; their exact semantics are in their docstrings. Both take ``variance_floor``
+(default 0.01; 0 is the papers' exact rule): in the compressed stage each layer's frozen vh is used as
+max(vh, variance_floor * mean over the layer of vh). Without it an element whose frozen v is 0 (a ReLU unit
+dead through warm-up) decompresses to +/-scale of its chunk and is updated by lr * scale / eps, which
+blows training up; with it such an element is preconditioned like a quiet element of its layer.
 """
 
 from __future__ import annotations
@@ -186,9 +190,39 @@ def _rounding(dtype: str | None) -> tuple[Callable[[np.ndarray], np.ndarray], Ca
     return (lambda a: round_to(a, dtype)), f32
 
 
+def _layers(sizes: Sequence[int], numel: int) -> list[slice]:
+    off = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    if off[-1] != numel:
+        raise ValueError(f"reference onebit optimizer: sizes {list(sizes)} do not cut {numel} elements")
+    return [slice(off[i], off[i + 1]) for i in range(len(sizes))]
+
+
+def _floored_root(
+    v: np.ndarray, layers: Sequence[slice], bc2: float, variance_floor: float,
+    rd: Callable[[np.ndarray], np.ndarray], r32: Callable[[np.ndarray], np.ndarray],
+) -> tuple[np.ndarray, list[float]]:
+    """(max(sqrt(v / bc2), sqrt(floor)) per layer, the per-layer sqrt(floor)) of the frozen v, with
+    floor = variance_floor * mean(v / bc2) over the layer; rounded where the PyTorch face rounds (the root in
+    the state dtype, then float32 with float32 scalars)."""
+    root = rd(np.sqrt(v))
+    if bc2 != 1.0:
+        root = r32(root / r32(np.sqrt(bc2)))
+    floors = [float(np.sqrt(variance_floor * np.mean(v[sl]) / bc2)) if sl.stop > sl.start else 0.0 for sl in layers]
+    if variance_floor > 0:
+        for sl, floor in zip(layers, floors, strict=True):
+            root[sl] = np.maximum(root[sl], r32(floor))
+    return root, floors
+
+
+def _check_floor(variance_floor: float) -> None:
+    if not 0 <= variance_floor < np.inf:
+        raise ValueError(f"variance_floor must be a finite number >= 0 (0: the papers' rule), got {variance_floor}")
+
+
 def onebit_adam(
     x0: np.ndarray,
     grads: Sequence[Sequence[np.ndarray]],
+    sizes: Sequence[int] | None = None,
     *,
     lr: float | Sequence[float] = 1e-3,
     betas: tuple[float, float] = (0.9, 0.999),
@@ -198,6 +232,7 @@ def onebit_adam(
     bias_correction: bool = False,
     decoupled: bool = True,
     dtype: str | None = None,
+    variance_floor: float = 0.01,
 ) -> OptimizerTrace:
     """1-bit Adam (paper 003, Algorithm 1) on n = len(grads[0]) virtual ranks, steps t = 1..len(grads).
 
@@ -213,14 +248,18 @@ def onebit_adam(
       DeepSpeed's ``update += weight_decay * p``): x = x - lr * (u + weight_decay * x); else L2 as torch's
       Adam: every rank's gradient becomes g_r + weight_decay * x before anything else.
     The paper's line 13 has no eps; it is kept as in the warm-up so the two stages share one rule.
+    In compression, sqrt(vh) is max(sqrt(vh), sqrt(variance_floor * mean(vh))) per layer (``sizes`` cuts x
+    into layers; one layer if None): ``_floored_root``; ``variance_floor=0`` is line 13 as written.
     ``dtype`` (parameters, gradients, momentum and variance in that dtype) rounds as ``_rounding`` says;
     the L2 term is then added to the averaged gradient in warm-up, and as (1 - b1) wd x to (1 - b1) g_r
     in compression, as the PyTorch face does.
     """
+    _check_floor(variance_floor)
     b1, b2 = betas
     n = len(grads[0])
     rd, r32 = _rounding(dtype)
     x = rd(np.asarray(x0, dtype=np.float64))
+    layers = _layers(sizes if sizes is not None else [x.size], x.size)
     m, v = np.zeros_like(x), np.zeros_like(x)
     comp = CompressorState.zeros(x.size, n)
     trace = OptimizerTrace()
@@ -239,20 +278,17 @@ def onebit_adam(
         s = min(t, freeze_step)
         mh = m / (1 - b1**t) if bias_correction else m
         vh = v / (1 - b2**s) if bias_correction and s > 0 else v
-        u = mh / (r32(np.sqrt(vh)) + eps)
+        if t <= freeze_step:
+            u = mh / (r32(np.sqrt(vh)) + eps)
+        else:
+            bc2 = 1 - b2**freeze_step if bias_correction else 1.0
+            u = mh / r32(_floored_root(v, layers, bc2, variance_floor, rd, r32)[0] + r32(eps))
         if decoupled:
             x = rd(x * (1 - _lr_at(lr, t) * weight_decay))
         x = rd(x - _lr_at(lr, t) * u)
         trace.params.append(x.copy())
     trace.state = {"exp_avg": m, "exp_avg_sq": v, "worker_error": comp.worker, "server_error": comp.server}
     return trace
-
-
-def _layers(sizes: Sequence[int], numel: int) -> list[slice]:
-    off = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-    if off[-1] != numel:
-        raise ValueError(f"reference onebit_lamb: sizes {list(sizes)} do not cut {numel} elements")
-    return [slice(off[i], off[i + 1]) for i in range(len(sizes))]
 
 
 def onebit_lamb(
@@ -273,6 +309,7 @@ def onebit_lamb(
     factor_threshold: float = 0.1,
     bias_correction: bool = False,
     dtype: str | None = None,
+    variance_floor: float = 0.01,
 ) -> OptimizerTrace:
     """1-bit LAMB (paper 001, Algorithm 1) on n virtual ranks; ``sizes`` cuts the fused buffer into layers.
 
@@ -293,8 +330,13 @@ def onebit_lamb(
       c = r * c_avg (line 20); u = mh / (sqrt(vh_frozen) + eps) + weight_decay * x;
       x = x - lr * c * u (line 21). DeepSpeed's weight-decay adjustment of r and its per-tensor momentum
       scaling before fusion are not part of the paper and not simulated.
+    - Variance floor (``_floored_root``): in compression sqrt(vh_frozen) is max(sqrt(vh_frozen), sqrt(floor))
+      per layer, floor = variance_floor * mean(vh_frozen) over the layer, in lines 17 and 21; line 17 floors
+      sqrt(vh_fresh) by the same value, so the ratio compares two estimates of one second moment (an
+      element dead through warm-up does not make r huge). ``variance_floor=0`` is the box as written.
     ``dtype`` rounds as ``_rounding`` says.
     """
+    _check_floor(variance_floor)
     b1, b2 = betas
     n = len(grads[0])
     rd, r32 = _rounding(dtype)
@@ -331,9 +373,13 @@ def onebit_lamb(
             g_rec = r32((out - b1 * m_prev) / (1 - b1))
             v_fresh = rd(rd(b2 * v_fresh) + (1 - b2) * g_rec * g_rec)
             m = rd(out)
+            root, floors = _floored_root(v, layers, bc(b2, freeze_step), variance_floor, rd, r32)
             for i, sl in enumerate(layers):
-                frozen = np.sqrt(v[sl] / bc(b2, freeze_step)) + eps
-                ratio = float(np.max(frozen / (np.sqrt(v_fresh[sl] / bc(b2, t)) + eps))) if frozen.size else 1.0
+                frozen = r32(root[sl] + r32(eps))
+                fresh = np.sqrt(v_fresh[sl] / bc(b2, t))
+                if variance_floor > 0:
+                    fresh = np.maximum(fresh, r32(floors[i]))
+                ratio = float(np.max(frozen / (fresh + eps))) if frozen.size else 1.0
                 ratio = float(np.clip(ratio, (1 - factor_threshold) * r_prev[i], (1 + factor_threshold) * r_prev[i]))
                 ratio = float(np.clip(ratio, factor_min, factor_max))
                 r_prev[i] = ratio

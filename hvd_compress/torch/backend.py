@@ -75,6 +75,14 @@ class TorchBackend:
         return [float(n) for n in torch._foreach_norm(list(xs))]
 
     @staticmethod
+    def clamp_min_(x: torch.Tensor, value: float) -> torch.Tensor:
+        return x.clamp_min_(value)
+
+    @staticmethod
+    def foreach_mean(xs: Sequence[torch.Tensor]) -> list[float]:
+        return [float(x.double().mean()) if x.numel() else 0.0 for x in xs]
+
+    @staticmethod
     def norm(x: torch.Tensor) -> float:
         return float(x.norm())
 

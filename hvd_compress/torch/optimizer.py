@@ -89,8 +89,9 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       (see ``hvd_compress.torch.adasum_optimizer``); options ``hierarchical``, ``grad_scaler``, ``bucket_mb``.
     - ``op=hc.OneBitAdam`` (wraps ``torch.optim.Adam``/``AdamW``) and ``op=hc.OneBitLamb`` (wraps
       ``hc.Lamb``): dense warm-up for ``freeze_step`` steps, then 1-bit compressed momentum (see
-      ``hvd_compress.torch.onebit_optimizer``); LAMB options ``coeff_beta``, ``factor_min``, ``factor_max``,
-      ``factor_threshold``.
+      ``hvd_compress.torch.onebit_optimizer``); ``variance_floor`` (default 0.01: each layer's frozen
+      variance at least that fraction of its mean, which trains ReLU networks; 0: the papers' exact rule);
+      LAMB options ``coeff_beta``, ``factor_min``, ``factor_max``, ``factor_threshold``.
 
     The result is an instance of a subclass of ``optimizer``'s class, built on the same
     ``param_groups`` and carrying over its state, so LR schedulers and ``state_dict()`` work.

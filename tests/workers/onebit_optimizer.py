@@ -6,6 +6,8 @@ segments, each with its own 1-bit state). Saves the parameters of every step, th
 learning rates used, the final optimizer state and the bytes of each step.
 
 argv: out_dir algo(adam|adamw|lamb|lamb-dense) dtype steps freeze_step sizes(comma list; the last one is group 2)
+      variance_floor dead(comma list of elements whose gradient is 0 on every rank through warm-up, as a
+      ReLU unit dead in warm-up; may be empty)
 """
 
 import hashlib
@@ -18,6 +20,7 @@ import hvd_compress.torch as hc
 
 algo, dtype_name, steps, freeze = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 sizes = [int(s) for s in sys.argv[6].split(",")]
+floor, dead = float(sys.argv[7]), [int(i) for i in sys.argv[8].split(",") if i]
 dtype = DTYPES[dtype_name]
 hc.init()
 r = hc.rank()
@@ -32,14 +35,17 @@ elif algo == "adamw":
 else:  # lamb, or lamb-dense: plain hc.Lamb behind a dense average (the uncompressed rule)
     base = hc.Lamb(groups, lr=0.01, weight_decay=0.05, min_coeff=0.01, max_coeff=10.0)
     op = hc.Average if algo == "lamb-dense" else hc.OneBitLamb
-options = {} if op == hc.Average else {"freeze_step": freeze}
+options = {} if op == hc.Average else {"freeze_step": freeze, "variance_floor": floor}
 opt = hc.DistributedOptimizer(base, named_parameters=[(f"p{i}", p) for i, p in enumerate(params)], op=op,
                               **options)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
 trace, hashes, lrs, stats = [], [], [], []
 for step in range(steps):
     opt.zero_grad()
-    grads = rank_input(r, total, dtype, seed=step + 1).split(sizes)
+    flat_grad = rank_input(r, total, dtype, seed=step + 1)
+    if step < freeze:
+        flat_grad[dead] = 0
+    grads = flat_grad.split(sizes)
     loss = sum((p * g).sum() for p, g in zip(params, grads, strict=True))
     loss.backward()
     lrs.append(opt.param_groups[0]["lr"])

@@ -36,6 +36,7 @@ attempt("amsgrad", lambda: wrap(torch.optim.Adam(params, amsgrad=True), op=hc.On
 attempt("lamb_on_adam", lambda: wrap(torch.optim.Adam(params), op=hc.OneBitLamb, freeze_step=2))
 attempt("adam_on_sgd", lambda: wrap(torch.optim.SGD(params, lr=0.1), op=hc.OneBitAdam, freeze_step=2))
 attempt("bad_factor", lambda: wrap(hc.Lamb(params), op=hc.OneBitLamb, freeze_step=2, factor_min=5.0))
+attempt("bad_floor", lambda: wrap(torch.optim.Adam(params), op=hc.OneBitAdam, freeze_step=2, variance_floor=-1.0))
 attempt("allreduce_op", lambda: hc.allreduce(torch.ones(3), op=hc.OneBitAdam))
 
 opt = wrap(hc.Lamb(param_groups, lr=0.01), op=hc.OneBitLamb, freeze_step=2)
