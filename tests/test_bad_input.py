@@ -52,6 +52,25 @@ def test_mismatched_shape_dtype_op_raise_mismatch_on_every_rank(n: int, out_dir)
     _recovered(caught, n)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_same_numel_in_different_shapes_raises_mismatch_naming_each_rank_shape(n: int, out_dir) -> None:
+    mpirun("bad_input.py", n, out_dir, "shape_2d", timeout=120)
+    caught = _caught(out_dir, n)
+    shapes = ["[2, 3]" if r % 2 == 0 else "[3, 2]" for r in range(n)]
+    want = {
+        "allreduce": "shape:" + "".join(f" rank {r}={s};" for r, s in enumerate(shapes)),
+        "grouped": "shape:" + "".join(f" rank {r}=[4] {s};" for r, s in enumerate(shapes)),
+    }
+    for call in ("adasum", "broadcast", "compressed"):
+        want[call] = want["allreduce"]
+    for r, c in enumerate(caught):
+        for call, text in want.items():
+            assert c[call].startswith("MismatchError"), f"rank {r} of {n}, {call}: {c[call]}"
+            assert text in c[call], f"rank {r} of {n}, {call}: {text!r} not in {c[call]!r}"
+            assert "numel:" not in c[call], f"rank {r} of {n}, {call}: numel reported as different: {c[call]}"
+    _recovered(caught, n)
+
+
 def test_peer_that_never_joins_gives_timeout_error_not_hang(out_dir) -> None:
     # Rank 0 leaves without MPI_Finalize (its request can never complete), so mpirun reports an
     # abnormal exit: the verdict comes from what rank 0 recorded.

@@ -1,69 +1,110 @@
 #include "hvdc/runtime.h"
 
-#include <cstdio>
-#include <cstdlib>
+#include <cstring>
 
+#include "hvdc/compressed_allreduce.h"
 #include "hvdc/dense_allreduce.h"
 #include "hvdc/errors.h"
 #include "hvdc/signature.h"
 
 namespace hvdc {
-
-Runtime::Runtime(MPI_Comm world, double timeout_s)
-    : world_(new MpiCommunicator(world)), timeout_s_(timeout_s) {}
-
-void Runtime::agree(CallSignature sig, const std::string& name) {
-  if (broken_)
-    throw CommTimeoutError("an earlier collective timed out; this process cannot communicate "
-                           "any more and must be restarted");
-  try {
-    agree_on_signature(*world_, sig, timeout_s_, name.empty() ? "hvd_compress collective" : name);
-  } catch (const CommTimeoutError&) {
-    broken_ = true;
-    throw;
-  }
-}
-
-void Runtime::allreduce(const TensorView& t, ReduceOp op, const std::string& name) {
-  const auto lock = serialize();
-  agree(signature_of(kAllreduce, t, static_cast<int>(op), name), name);
-  world_->stats().calls++;
-  dense_allreduce(*world_, t, op);
-}
-
-void Runtime::broadcast(const TensorView& t, int root, const std::string& name) {
-  const auto lock = serialize();
-  if (root < 0 || root >= size())
-    throw UsageError("broadcast root " + std::to_string(root) + " is not a rank of a world of " +
-                     std::to_string(size()));
-  agree(signature_of(kBroadcast, t, root, name), name);
-  world_->stats().calls++;
-  world_->broadcast(t.data, t.nbytes(), root);
-}
-
 namespace {
 
 // Bit set in the signature's op field of a hierarchical Adasum call, so that ranks that disagree
 // on the mode raise MismatchError ("op") instead of joining different communicators.
 constexpr int32_t kAdasumHierarchicalFlag = 0x100;
 
-// HVDC_LOCAL_SIZE=k: consecutive blocks of k ranks form a node (emulates nodes on one machine);
-// 0 when unset, meaning the MPI shared-memory node.
-int local_size_from_env() {
-  const char* raw = std::getenv("HVDC_LOCAL_SIZE");
-  if (raw == nullptr || *raw == '\0') return 0;
-  char* end = nullptr;
-  const long k = std::strtol(raw, &end, 10);
-  if (*end != '\0' || k < 1 || k > (1 << 30))
-    throw UsageError(std::string("HVDC_LOCAL_SIZE=") + raw + " is not a positive number of ranks");
-  return static_cast<int>(k);
+int adasum_op(bool hierarchical) {
+  return static_cast<int>(ReduceOp::kAdasum) | (hierarchical ? kAdasumHierarchicalFlag : 0);
 }
 
 }  // namespace
 
-void Runtime::adasum(const TensorView& fused, const std::vector<int64_t>& tensor_sizes,
-                     bool hierarchical, const std::string& name) {
-  const auto lock = serialize();
+Runtime::Runtime(MPI_Comm world, const RuntimeConfig& config)
+    : world_(new MpiCommunicator(world)), timeout_s_(config.timeout_s) {
+  // Every rank must split the same way: agree on the local size (and on every rank's settings
+  // being valid) before any split.
+  CallSignature settings;
+  settings.collective = kInit;
+  settings.numel = config.local_size;
+  if (!config.invalid.empty()) set_rejected(settings, config.invalid);
+  agree(settings, "hvd_compress init (HVDC_LOCAL_SIZE)");
+  adasum_plan_.reset(new AdasumPlan(*world_));
+  const int k = config.local_size;
+  std::unique_ptr<Communicator> node =
+      k > 0 ? world_->split(rank() / k, rank()) : world_->split_shared();
+  hierarchical_plan_.reset(new HierarchicalAdasumPlan(*world_, std::move(node)));
+  // Start-up traffic is no collective call of the user's: it stays out of stats().
+  absorb_plan_stats();
+}
+
+void Runtime::agree(const CallSignature& sig, const std::string& what) {
+  if (broken_)
+    throw CommTimeoutError("an earlier collective timed out; this process cannot communicate "
+                           "any more and must be restarted");
+  try {
+    agree_on_signature(*world_, sig, timeout_s_, what.empty() ? "hvd_compress collective" : what);
+  } catch (const CommTimeoutError&) {
+    broken_ = true;
+    throw;
+  }
+}
+
+void Runtime::absorb_plan_stats() {
+  for (const CommStats& s : {adasum_plan_ ? adasum_plan_->take_stats() : CommStats{},
+                             hierarchical_plan_ ? hierarchical_plan_->take_stats() : CommStats{}})
+    world_->stats().add(s.bytes_sent, s.bytes_received);
+}
+
+template <typename Body>
+CommStats Runtime::run(const CallSignature& sig, const std::string& what, Body&& body) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  const CommStats before = world_->stats();
+  // What this call moved, added to the totals whether it returns or throws (a rejected call's
+  // signature exchange was on the wire too). `agreed`: the call counts once the ranks agreed.
+  const auto account = [&](bool agreed) {
+    absorb_plan_stats();
+    CommStats moved;
+    moved.add(world_->stats().bytes_sent - before.bytes_sent,
+              world_->stats().bytes_received - before.bytes_received);
+    moved.calls = agreed ? 1 : 0;
+    const std::lock_guard<std::mutex> totals_lock(stats_mu_);
+    totals_.add(moved.bytes_sent, moved.bytes_received);
+    totals_.calls += moved.calls;
+    return moved;
+  };
+  bool agreed = false;
+  try {
+    agree(sig, what);
+    agreed = true;
+    body();
+  } catch (...) {
+    account(agreed);
+    throw;
+  }
+  return account(true);
+}
+
+CommStats Runtime::allreduce(const TensorView& t, ReduceOp op, const std::string& name) {
+  CallSignature sig = signature_of(kAllreduce, t, static_cast<int>(op), name);
+  if (op != ReduceOp::kSum && op != ReduceOp::kAverage)
+    set_rejected(sig, "allreduce: unknown op " + std::to_string(static_cast<int>(op)));
+  return run(sig, name, [&] { dense_allreduce(*world_, t, op); });
+}
+
+CommStats Runtime::broadcast(const TensorView& t, int root, const std::string& name) {
+  CallSignature sig = signature_of(kBroadcast, t, root, name);
+  if (root < 0 || root >= size())
+    set_rejected(sig, "broadcast root " + std::to_string(root) + " is not a rank of a world of " +
+                          std::to_string(size()));
+  return run(sig, name, [&] { world_->broadcast(t.data, t.nbytes(), root); });
+}
+
+CommStats Runtime::adasum(const TensorView& fused, const std::vector<int64_t>& tensor_sizes,
+                          bool hierarchical, const std::string& name) {
+  CallSignature sig = signature_of(kAdasum, fused, adasum_op(hierarchical), name);
+  sig.ntensors = static_cast<int64_t>(tensor_sizes.size());
+  sig.layout_hash = fnv1a(tensor_sizes.data(), tensor_sizes.size() * sizeof(int64_t));
   int64_t total = 0;
   bool negative = false;
   for (int64_t s : tensor_sizes) {
@@ -71,56 +112,83 @@ void Runtime::adasum(const TensorView& fused, const std::vector<int64_t>& tensor
     total += s;
   }
   if (negative || total != fused.numel)
-    reject_unlocked(kAdasum,
-           "Adasum: tensor sizes (" + std::to_string(tensor_sizes.size()) + " tensors, " +
-               std::to_string(total) + " elements) do not cut the fused buffer of " +
-               std::to_string(fused.numel) + " elements",
-           name);
-  CallSignature sig = signature_of(
-      kAdasum, fused,
-      static_cast<int>(ReduceOp::kAdasum) | (hierarchical ? kAdasumHierarchicalFlag : 0), name);
-  sig.ntensors = static_cast<int64_t>(tensor_sizes.size());
-  sig.layout_hash = fnv1a(tensor_sizes.data(), tensor_sizes.size() * sizeof(int64_t));
-  agree(sig, name);
-  world_->stats().calls++;
-  if (!hierarchical) {
-    if (!adasum_plan_) adasum_plan_.reset(new AdasumPlan(*world_));
+    set_rejected(sig, "Adasum: tensor sizes (" + std::to_string(tensor_sizes.size()) +
+                          " tensors, " + std::to_string(total) +
+                          " elements) do not cut the fused buffer of " +
+                          std::to_string(fused.numel) + " elements");
+  return run(sig, name, [&] { run_adasum(fused, tensor_sizes, hierarchical); });
+}
+
+void Runtime::run_adasum(const TensorView& fused, const std::vector<int64_t>& tensor_sizes,
+                         bool hierarchical) {
+  if (hierarchical)
+    adasum_hierarchical(*hierarchical_plan_, fused, tensor_sizes);
+  else
     adasum_rvh(*adasum_plan_, fused, tensor_sizes);
-    const CommStats s = adasum_plan_->take_stats();
-    world_->stats().add(s.bytes_sent, s.bytes_received);
-    return;
+}
+
+CommStats Runtime::adasum_group(const std::vector<TensorView>& tensors, bool hierarchical,
+                                const std::string& name) {
+  CallSignature sig = signature_of(kAdasum, tensors, adasum_op(hierarchical), name);
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    sizes.push_back(tensors[i].numel);
+    if (tensors[i].dtype != tensors[0].dtype && sig.error[0] == '\0')
+      set_rejected(sig, std::string("grouped Adasum: tensors must share one dtype; item ") +
+                            std::to_string(i) + " is " + dtype_name(tensors[i].dtype) +
+                            ", item 0 is " + dtype_name(tensors[0].dtype));
   }
-  if (!hierarchical_plan_) {
-    // Every rank must split the same way: agree on HVDC_LOCAL_SIZE before any split.
-    CallSignature local;
-    local.collective = kAdasum;
-    try {
-      local.numel = local_size_from_env();
-    } catch (const UsageError& e) {
-      std::snprintf(local.error, sizeof(local.error), "%s", e.what());
+  return run(sig, name, [&] {
+    if (tensors.size() == 1) return run_adasum(tensors[0], sizes, hierarchical);
+    TensorView fused;
+    if (!tensors.empty()) fused.dtype = tensors[0].dtype;
+    for (const TensorView& t : tensors) fused.numel += t.numel;
+    std::vector<unsigned char> packed(fused.nbytes());
+    fused.data = packed.data();
+    size_t at = 0;
+    for (const TensorView& t : tensors) {
+      if (t.numel) std::memcpy(packed.data() + at, t.data, t.nbytes());
+      at += t.nbytes();
     }
-    agree(local, "HVDC_LOCAL_SIZE of hierarchical Adasum");
-    const int k = static_cast<int>(local.numel);
-    std::unique_ptr<Communicator> node =
-        k > 0 ? world_->split(rank() / k, rank()) : world_->split_shared();
-    hierarchical_plan_.reset(new HierarchicalAdasumPlan(*world_, std::move(node)));
-  }
-  adasum_hierarchical(*hierarchical_plan_, fused, tensor_sizes);
-  const CommStats s = hierarchical_plan_->take_stats();
-  world_->stats().add(s.bytes_sent, s.bytes_received);
+    run_adasum(fused, sizes, hierarchical);
+    at = 0;
+    for (const TensorView& t : tensors) {
+      if (t.numel) std::memcpy(t.data, packed.data() + at, t.nbytes());
+      at += t.nbytes();
+    }
+  });
 }
 
-void Runtime::reject(int collective, const std::string& why, const std::string& name) {
-  const auto lock = serialize();
-  reject_unlocked(collective, why, name);
+CommStats Runtime::compressed_allreduce(const TensorView& buffer, const TensorView& worker_error,
+                                        const TensorView& server_error, const std::string& name) {
+  CallSignature sig = signature_of(kCompressedAllreduce, buffer, 0, name);
+  // Local checks (sizes, dtypes, finiteness) ride in the signature: one exchange, and a rank with
+  // bad input makes every rank raise before any error buffer changes. The finiteness check is
+  // fused into the first (read-only) pass of phase 1, which onebit_prepare runs here, outside
+  // the lock (it touches no communicator).
+  OneBitCall call;
+  const std::string why = onebit_prepare(buffer, worker_error, server_error, size(), call);
+  if (!why.empty()) set_rejected(sig, why);
+  return run(sig, name.empty() ? "compressed_allreduce" : name,
+             [&] { compressed_allreduce_prepared(*world_, call); });
 }
 
-void Runtime::reject_unlocked(int collective, const std::string& why, const std::string& name) {
+void Runtime::reject(Collective collective, const std::string& why, const std::string& name) {
   CallSignature sig;
   sig.collective = collective;
-  std::snprintf(sig.error, sizeof(sig.error), "%s", why.c_str());
-  agree(sig, name);
-  throw UsageError(why);  // unreachable: agree() throws on the error it just sent
+  set_rejected(sig, why);
+  run(sig, name, [] {});
+  throw UsageError(why);  // unreachable: the exchange throws on the rejection it just sent
+}
+
+CommStats Runtime::stats() const {
+  const std::lock_guard<std::mutex> lock(stats_mu_);
+  return totals_;
+}
+
+void Runtime::reset_stats() {
+  const std::lock_guard<std::mutex> lock(stats_mu_);
+  totals_ = CommStats{};
 }
 
 }  // namespace hvdc

@@ -1,5 +1,6 @@
 #include "hvdc/signature.h"
 
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -18,6 +19,35 @@ uint64_t fnv1a(const void* data, size_t bytes, uint64_t h) {
   return h;
 }
 
+namespace {
+
+// The dims `t` stands for: its shape, or [numel] for a flat view.
+std::vector<int64_t> dims_of(const TensorView& t) {
+  return t.shape.empty() ? std::vector<int64_t>{t.numel} : t.shape;
+}
+
+// Shape hash and text of `tensors`, in order. The dim count goes into the hash too, so that
+// [6] [1] and [6, 1] differ in a group.
+void set_shape(CallSignature& sig, const std::vector<const TensorView*>& tensors) {
+  uint64_t h = fnv1a(nullptr, 0);
+  std::string text;
+  for (const TensorView* t : tensors) {
+    const std::vector<int64_t> dims = dims_of(*t);
+    const int64_t ndim = static_cast<int64_t>(dims.size());
+    h = fnv1a(&ndim, sizeof(ndim), h);
+    h = fnv1a(dims.data(), dims.size() * sizeof(int64_t), h);
+    if (!text.empty()) text += ' ';
+    text += '[';
+    for (size_t d = 0; d < dims.size(); ++d) text += (d ? ", " : "") + std::to_string(dims[d]);
+    text += ']';
+  }
+  sig.shape_hash = h;
+  if (text.size() >= sizeof(sig.shape)) text = text.substr(0, sizeof(sig.shape) - 4) + "...";
+  std::snprintf(sig.shape, sizeof(sig.shape), "%s", text.c_str());
+}
+
+}  // namespace
+
 CallSignature signature_of(Collective collective, const TensorView& t, int op,
                            const std::string& name) {
   CallSignature sig;
@@ -27,19 +57,54 @@ CallSignature signature_of(Collective collective, const TensorView& t, int op,
   sig.device = static_cast<int32_t>(t.device);
   sig.numel = t.numel;
   sig.name_hash = fnv1a(name.data(), name.size());
+  set_shape(sig, {&t});
   return sig;
+}
+
+CallSignature signature_of(Collective collective, const std::vector<TensorView>& tensors, int op,
+                           const std::string& name) {
+  CallSignature sig;
+  sig.collective = collective;
+  sig.op = op;
+  if (!tensors.empty()) {
+    sig.dtype = static_cast<int32_t>(tensors[0].dtype);
+    sig.device = static_cast<int32_t>(tensors[0].device);
+  }
+  std::vector<int64_t> sizes;
+  std::vector<const TensorView*> all;
+  for (const TensorView& t : tensors) {
+    sig.numel += t.numel;
+    sizes.push_back(t.numel);
+    all.push_back(&t);
+  }
+  sig.ntensors = static_cast<int64_t>(tensors.size());
+  sig.layout_hash = fnv1a(sizes.data(), sizes.size() * sizeof(int64_t));
+  sig.name_hash = fnv1a(name.data(), name.size());
+  set_shape(sig, all);
+  return sig;
+}
+
+void set_rejected(CallSignature& sig, const std::string& why) {
+  std::snprintf(sig.error, sizeof(sig.error), "%s", why.c_str());
 }
 
 namespace {
 
-template <typename F>
+// Adds "field: rank 0=...; rank 1=...;" to `out` when `key` differs between ranks.
+template <typename Key, typename Show>
 void describe(std::ostringstream& out, const char* field, const std::vector<CallSignature>& all,
-              F get) {
+              Key key, Show show) {
   bool differs = false;
-  for (const auto& s : all) differs |= get(s) != get(all[0]);
+  for (const auto& s : all) differs |= key(s) != key(all[0]);
   if (!differs) return;
   out << "\n  " << field << ":";
-  for (size_t r = 0; r < all.size(); ++r) out << " rank " << r << "=" << get(all[r]) << ";";
+  for (size_t r = 0; r < all.size(); ++r) out << " rank " << r << "=" << show(all[r]) << ";";
+}
+
+template <typename Get>
+void describe(std::ostringstream& out, const char* field, const std::vector<CallSignature>& all,
+              Get get) {
+  describe(out, field, all, get, get);
 }
 
 }  // namespace
@@ -57,6 +122,7 @@ void agree_on_signature(Communicator& comm, const CallSignature& sig, double tim
   bool same = true;
   for (const auto& s : all) same &= std::memcmp(&s, &all[0], sizeof(CallSignature)) == 0;
   if (same) return;
+  for (auto& s : all) s.shape[sizeof(s.shape) - 1] = '\0';  // a peer's text is printed below
   std::ostringstream out;
   out << what << ": ranks called it with different arguments";
   describe(out, "collective", all, [](const CallSignature& s) { return s.collective; });
@@ -65,6 +131,9 @@ void agree_on_signature(Communicator& comm, const CallSignature& sig, double tim
            [](const CallSignature& s) { return std::string(dtype_name(DType(s.dtype))); });
   describe(out, "device", all, [](const CallSignature& s) { return s.device; });
   describe(out, "numel", all, [](const CallSignature& s) { return s.numel; });
+  describe(
+      out, "shape", all, [](const CallSignature& s) { return s.shape_hash; },
+      [](const CallSignature& s) { return std::string(s.shape); });
   describe(out, "tensor count", all, [](const CallSignature& s) { return s.ntensors; });
   describe(out, "tensor sizes (hash)", all, [](const CallSignature& s) { return s.layout_hash; });
   describe(out, "name (hash)", all, [](const CallSignature& s) { return s.name_hash; });

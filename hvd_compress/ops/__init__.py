@@ -10,13 +10,15 @@ from hvd_compress.ops.errors import (
     NotInitializedError,
     UsageError,
 )
-from hvd_compress.ops.runtime import comm_stats, init, is_initialized, rank, set_timeout, shutdown, size
+from hvd_compress.ops.runtime import Config, comm_stats, init, is_initialized, rank, set_timeout, shutdown, size
+from hvd_compress.ops.traffic import Traffic, counting
 
 __all__ = [
     "Adasum",
     "Average",
     "CommError",
     "CommTimeoutError",
+    "Config",
     "LaunchError",
     "MismatchError",
     "NotInitializedError",
@@ -24,11 +26,13 @@ __all__ = [
     "OneBitLamb",
     "ReduceOp",
     "Sum",
+    "Traffic",
     "UsageError",
     "adasum_fused_",
     "allreduce_",
     "broadcast_",
     "comm_stats",
+    "counting",
     "grouped_allreduce_",
     "init",
     "is_initialized",

@@ -1,14 +1,18 @@
-"""Framework-neutral collectives over the core: in-place on any DLPack tensor."""
+"""Framework-neutral collectives over the core: in-place on any DLPack tensor.
+
+Each takes an optional ``traffic`` accumulator (``hvd_compress.ops.traffic.Traffic``) that receives the
+bytes this rank sent and received for that call; calls made inside ``counting(...)`` also report there.
+"""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
 from hvd_compress.ops import runtime
 from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
 from hvd_compress.ops.tensors import as_core_buffer
+from hvd_compress.ops.traffic import Traffic, record
 
 
 def _check_op(op: Any) -> ReduceOp:
@@ -20,43 +24,55 @@ def _check_op(op: Any) -> ReduceOp:
 
 
 def _hierarchical(hierarchical: bool | None) -> bool:
-    """The Adasum mode: the argument, else ``HVDC_ADASUM_HIERARCHICAL=1`` from the environment."""
+    """The Adasum mode: the argument, else ``HVDC_ADASUM_HIERARCHICAL`` as read at ``init()``."""
     if hierarchical is not None:
         return bool(hierarchical)
-    return os.environ.get("HVDC_ADASUM_HIERARCHICAL", "0").strip() not in ("", "0")
+    return runtime.config().adasum_hierarchical
 
 
-def allreduce_(tensor: Any, op: Any = ReduceOp.Average, name: str | None = None) -> Any:
+def allreduce_(tensor: Any, op: Any = ReduceOp.Average, name: str | None = None, traffic: Traffic | None = None) -> Any:
     """Reduce ``tensor`` (contiguous, on the CPU) over all ranks in place and return it.
 
-    With ``op=Adasum`` the whole tensor is one Adasum vector.
+    With ``op=Adasum`` the whole tensor is one Adasum vector. Ranks must pass tensors of one shape.
     """
     op = _check_op(op)
     rt = runtime.get()
     if op in DENSE_OPS:
-        rt.allreduce(as_core_buffer(tensor), int(op), name or "")
+        record(rt.allreduce(as_core_buffer(tensor), int(op), name or ""), traffic)
         return tensor
     if op == ReduceOp.Adasum:
-        return adasum_fused_(tensor, [], name=name)
+        return adasum_fused_(tensor, [], name=name, traffic=traffic)
     raise ValueError(
         f"op {op.name} is an optimizer algorithm, not a reduction of one tensor: use "
         f"DistributedOptimizer(opt, op={op.name}, ...) (or compressed_allreduce for the 1-bit collective)"
     )
 
 
-def adasum_fused_(flat: Any, sizes: Sequence[int], name: str | None = None, hierarchical: bool | None = None) -> Any:
+def adasum_fused_(
+    flat: Any,
+    sizes: Sequence[int],
+    name: str | None = None,
+    hierarchical: bool | None = None,
+    traffic: Traffic | None = None,
+) -> Any:
     """Adasum of a contiguous fused buffer over all ranks, in place; returns ``flat``.
 
     ``sizes`` cuts ``flat`` into consecutive tensors (empty: one tensor); the Adasum dot products and
     coefficients are per tensor, all tensors travel in one exchange. ``hierarchical`` (default:
-    ``HVDC_ADASUM_HIERARCHICAL``) averages within each node and runs Adasum across nodes.
+    ``HVDC_ADASUM_HIERARCHICAL`` at ``init()``) averages within each node and runs Adasum across nodes.
     """
-    runtime.get().adasum(as_core_buffer(flat), [int(s) for s in sizes], _hierarchical(hierarchical), name or "")
+    rt = runtime.get()
+    sizes = [int(s) for s in sizes]
+    record(rt.adasum(as_core_buffer(flat), sizes, _hierarchical(hierarchical), name or ""), traffic)
     return flat
 
 
 def grouped_allreduce_(
-    tensors: Sequence[Any], op: Any = ReduceOp.Average, name: str | None = None, hierarchical: bool | None = None
+    tensors: Sequence[Any],
+    op: Any = ReduceOp.Average,
+    name: str | None = None,
+    hierarchical: bool | None = None,
+    traffic: Traffic | None = None,
 ) -> list[Any]:
     """Reduce each of ``tensors`` (contiguous, one dtype) over all ranks in place; returns them.
 
@@ -67,14 +83,14 @@ def grouped_allreduce_(
     tensors = list(tensors)
     if op == ReduceOp.Adasum:
         buffers = [as_core_buffer(t) for t in tensors]
-        runtime.get().adasum_group(buffers, _hierarchical(hierarchical), name or "")
+        record(runtime.get().adasum_group(buffers, _hierarchical(hierarchical), name or ""), traffic)
         return tensors
     for i, t in enumerate(tensors):
-        allreduce_(t, op=op, name=f"{name}.{i}" if name else None)
+        allreduce_(t, op=op, name=f"{name}.{i}" if name else None, traffic=traffic)
     return tensors
 
 
-def broadcast_(tensor: Any, root_rank: int = 0, name: str | None = None) -> Any:
+def broadcast_(tensor: Any, root_rank: int = 0, name: str | None = None, traffic: Traffic | None = None) -> Any:
     """Overwrite ``tensor`` on every rank with root_rank's, in place, and return it."""
-    runtime.get().broadcast(as_core_buffer(tensor), int(root_rank), name or "")
+    record(runtime.get().broadcast(as_core_buffer(tensor), int(root_rank), name or ""), traffic)
     return tensor

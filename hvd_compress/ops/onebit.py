@@ -12,6 +12,7 @@ from typing import Any
 from hvd_compress import _core
 from hvd_compress.ops import runtime
 from hvd_compress.ops.tensors import as_core_buffer
+from hvd_compress.ops.traffic import Traffic, record
 
 
 def padded_numel(numel: int, world_size: int) -> int:
@@ -24,19 +25,19 @@ def server_error_numel(numel: int, world_size: int) -> int:
     return padded_numel(numel, world_size) // int(world_size)
 
 
-def compressed_allreduce_(buffer: Any, worker_error: Any, server_error: Any, name: str | None = None) -> Any:
+def compressed_allreduce_(
+    buffer: Any, worker_error: Any, server_error: Any, name: str | None = None, traffic: Traffic | None = None
+) -> Any:
     """Replace ``buffer`` (contiguous CPU float32/float16/bfloat16) by its error-compensated 1-bit average.
 
     ``worker_error`` (``numel`` float32) and ``server_error`` (``server_error_numel(numel, size)``
     float32) carry the compression error between calls and are updated in place. Bad input on any rank
     (sizes, dtypes, NaN/Inf) raises ``UsageError`` on every rank with the buffers unchanged; ranks that
-    pass different sizes raise ``MismatchError``. Returns ``buffer``.
+    pass different sizes or shapes raise ``MismatchError``. The bytes of the call go to ``traffic`` (and to
+    the accumulators of ``counting``, see ``hvd_compress.ops.traffic``). Returns ``buffer``.
     """
-    _core.compressed_allreduce(
-        runtime.get(),
-        as_core_buffer(buffer),
-        as_core_buffer(worker_error),
-        as_core_buffer(server_error),
-        name or "",
+    counts = runtime.get().compressed_allreduce(
+        as_core_buffer(buffer), as_core_buffer(worker_error), as_core_buffer(server_error), name or ""
     )
+    record(counts, traffic)
     return buffer

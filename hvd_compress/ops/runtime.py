@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from hvd_compress import _core
@@ -17,22 +18,50 @@ from hvd_compress.ops.errors import LaunchError, NotInitializedError
 DEFAULT_TIMEOUT_S = 300.0
 
 
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The settings read once, at ``init()``, from the environment (nothing reads them per call)."""
+
+    #: ``HVDC_TIMEOUT``: seconds a collective waits for every rank to join (``set_timeout`` changes it).
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    #: ``HVDC_ADASUM_HIERARCHICAL``: the Adasum mode when a call does not say (not "" and not "0": on).
+    adasum_hierarchical: bool = False
+    #: ``HVDC_LOCAL_SIZE``: blocks of this many consecutive ranks form a node; 0: the shared-memory node.
+    local_size: int = 0
+    #: Why a setting is invalid on this rank ("" if none): ``init()`` then raises on every rank.
+    invalid: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Config:
+        problems = []
+        timeout_s = DEFAULT_TIMEOUT_S
+        raw = env.get("HVDC_TIMEOUT", "")
+        try:
+            timeout_s = float(raw) if raw else DEFAULT_TIMEOUT_S
+        except ValueError:
+            problems.append(f"HVDC_TIMEOUT={raw!r} is not a number of seconds")
+        local_size = 0
+        raw = env.get("HVDC_LOCAL_SIZE", "")
+        if raw:
+            try:
+                local_size = int(raw)
+            except ValueError:
+                local_size = -1
+            if not 1 <= local_size <= 1 << 30:
+                problems.append(f"HVDC_LOCAL_SIZE={raw} is not a positive number of ranks")
+                local_size = 0
+        hierarchical = env.get("HVDC_ADASUM_HIERARCHICAL", "0").strip() not in ("", "0")
+        return cls(timeout_s, hierarchical, local_size, "; ".join(problems))
+
 
 @dataclasses.dataclass
 class _Session:
     core: _core.Runtime
     world: Any  # the mpi4py communicator it was built on
+    config: Config
 
 
 _session: _Session | None = None
-
-
-def _timeout_from_env() -> float:
-    raw = os.environ.get("HVDC_TIMEOUT", "")
-    try:
-        return float(raw) if raw else DEFAULT_TIMEOUT_S
-    except ValueError as e:
-        raise ValueError(f"HVDC_TIMEOUT={raw!r} is not a number of seconds") from e
 
 
 def _launched_by_mpi() -> bool:
@@ -73,21 +102,34 @@ def init(comm: Any = None, expected_size: int | None = None, expected_rank: int 
             f"Horovod rank {expected_rank} is MPI rank {world.Get_rank()}: pass Horovod's communicator "
             "to hc.init(comm=...)"
         )
-    _session = _Session(_core.Runtime(MPI._handleof(world), _timeout_from_env()), world)
+    config = Config.from_env()
+    # Collective: agrees on the settings (a bad one on any rank raises UsageError on every rank) and
+    # builds the node topology once.
+    core = _core.Runtime(MPI._handleof(world), config.timeout_s, config.local_size, config.invalid)
+    _session = _Session(core, world, config)
 
 
 def is_initialized() -> bool:
     return _session is not None
 
 
-def get() -> _core.Runtime:
-    """The runtime; raises ``NotInitializedError`` before ``init()``."""
+def _current() -> _Session:
     if _session is None:
         raise NotInitializedError(
             "hvd_compress is not initialized: call hvd.init() and then use hc, or call hc.init() "
             "first (in a job started by mpirun or horovodrun)"
         )
-    return _session.core
+    return _session
+
+
+def get() -> _core.Runtime:
+    """The runtime; raises ``NotInitializedError`` before ``init()``."""
+    return _current().core
+
+
+def config() -> Config:
+    """The settings ``init()`` read; raises ``NotInitializedError`` before ``init()``."""
+    return _current().config
 
 
 def shutdown() -> None:
@@ -110,7 +152,8 @@ def set_timeout(seconds: float) -> None:
 
 
 def comm_stats(reset: bool = True) -> dict[str, int]:
-    """Bytes this rank sent and received in hvd_compress collectives since the last reset."""
+    """Bytes this rank sent and received in all hvd_compress collectives of this process (every thread)
+    since the last reset, and the number of calls. Per-call counts: ``hvd_compress.ops.traffic``."""
     rt = get()
     stats = dict(rt.stats())
     if reset:

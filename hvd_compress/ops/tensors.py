@@ -2,7 +2,9 @@
 
 The core reads DLPack (``__dlpack__`` objects or capsules) through nanobind, so torch tensors,
 NumPy arrays and TensorFlow's DLPack capsules all reach it without a copy. This module only
-removes what DLPack refuses to export (autograd history) and never imports a framework.
+removes what DLPack refuses to export (autograd history) and never imports a framework. The buffer
+keeps the tensor's shape (never flatten here): the core puts it in the call signature, so ranks that
+pass equal element counts in different shapes raise ``MismatchError`` instead of being reduced.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 
 def as_core_buffer(tensor: Any) -> Any:
-    """An object the core accepts for ``tensor``'s memory (same storage, no copy)."""
+    """An object the core accepts for ``tensor``'s memory and shape (same storage, no copy)."""
     detach = getattr(tensor, "detach", None)
     if detach is not None and getattr(tensor, "requires_grad", False):
         return detach()

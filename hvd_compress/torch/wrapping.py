@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -156,22 +155,20 @@ class PassCounter:
 
 
 class CommMeter:
-    """Bytes this wrapper's own collectives sent and received (thread-safe)."""
+    """Bytes this wrapper's own collectives sent and received (thread-safe).
+
+    Each core call reports its own bytes (``hvd_compress.ops.traffic``): ``run`` counts exactly the calls
+    ``fn`` makes on the calling thread, whatever other threads (the Adasum background thread, a user's
+    allreduce) communicate at the same time.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._bytes = {"bytes_sent": 0, "bytes_received": 0}
+        self._traffic = ops.Traffic()
 
     def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        before = ops.comm_stats(reset=False)
-        out = fn(*args, **kwargs)
-        after = ops.comm_stats(reset=False)
-        with self._lock:
-            for k in self._bytes:
-                self._bytes[k] += after[k] - before[k]
-        return out
+        with ops.counting(self._traffic):
+            return fn(*args, **kwargs)
 
     def take(self) -> dict[str, int]:
-        with self._lock:
-            out, self._bytes = self._bytes, {"bytes_sent": 0, "bytes_received": 0}
-        return out
+        counts = self._traffic.take()
+        return {"bytes_sent": counts["bytes_sent"], "bytes_received": counts["bytes_received"]}

@@ -46,9 +46,14 @@ for dname, dtype in DTYPES.items():
     # Hierarchical (HVDC_LOCAL_SIZE set by the test): by argument, and by environment variable.
     h = torch.cat(xs)
     ops.adasum_fused_(h, GROUP, hierarchical=True)
+    # The variable is read once, at init: a fresh runtime with it set, then one without.
     os.environ["HVDC_ADASUM_HIERARCHICAL"] = "1"
+    ops.shutdown()
+    hc.init()
     h_env = grouped_allreduce([x.clone() for x in xs], op=hc.Adasum)
     del os.environ["HVDC_ADASUM_HIERARCHICAL"]
+    ops.shutdown()
+    hc.init()
     out["hier"][dname] = (h, torch.cat(h_env))
 
 # Special inputs, float32 and float64, one group each: orthogonal, identical, zero, partly zero, NaN.

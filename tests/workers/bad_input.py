@@ -33,6 +33,14 @@ elif case == "shape":
     attempt("dtype_mismatch", lambda: hc.allreduce(torch.ones(4, dtype=torch.float64 if r == 0 else torch.float32)))
     attempt("op_mismatch", lambda: hc.allreduce(torch.ones(4), op=hc.Sum if r == 0 else hc.Average))
     attempt("unknown_op", lambda: hc.allreduce(torch.ones(4), op=42))
+elif case == "shape_2d":
+    # The same element count in different shapes: [2, 3] on even ranks, [3, 2] on odd ones.
+    shape = (2, 3) if r % 2 == 0 else (3, 2)
+    attempt("allreduce", lambda: hc.allreduce(torch.ones(shape)))
+    attempt("adasum", lambda: hc.allreduce(torch.ones(shape), op=hc.Adasum))
+    attempt("grouped", lambda: hc.grouped_allreduce([torch.ones(4), torch.ones(shape)], op=hc.Adasum))
+    attempt("broadcast", lambda: hc.broadcast_(torch.ones(shape), root_rank=0))
+    attempt("compressed", lambda: hc.compressed_allreduce(torch.ones(shape), hc.OneBitState(6)))
 elif case == "after_errors":
     attempt("numel", lambda: hc.allreduce(torch.ones(4 + r)))
 elif case == "timeout":

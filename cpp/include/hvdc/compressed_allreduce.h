@@ -39,9 +39,10 @@ int64_t onebit_padded_numel(int64_t numel, int world_size);
 std::string onebit_check_input(const TensorView& buffer, const TensorView& worker_error,
                                const TensorView& server_error, int world_size);
 
-// One call split in two around the ranks' agreement (onebit_bindings.cc): onebit_prepare checks
-// the input and runs phase 1's first pass (signs and scales of every chunk, reading only; the
-// NaN/Inf check is fused into it), then, once every rank has agreed to go on,
+// One call split in two around the ranks' agreement (Runtime::compressed_allreduce), so that a
+// rank's bad input is rejected on every rank with the error buffers unchanged: onebit_prepare
+// checks the input and runs phase 1's first pass (signs and scales of every chunk, reading only;
+// the NaN/Inf check is fused into it), then, once every rank has agreed to go on,
 // compressed_allreduce_prepared does the rest. The call keeps the phase-1 blocks in between, so
 // the buffer and the worker error are read once less than with a separate check.
 struct OneBitCall {

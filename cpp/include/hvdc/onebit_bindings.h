@@ -1,12 +1,11 @@
-// Python bindings of the 1-bit collective (compressed_allreduce.h), registered into the module
-// hvd_compress._core by bindings.cc.
+// Python bindings of the 1-bit helpers (padded length, kernel hooks), registered into the module
+// hvd_compress._core by bindings.cc; the collective is Runtime.compressed_allreduce.
 #pragma once
 #include <nanobind/nanobind.h>
 
 namespace hvdc {
 
-// Adds _core.compressed_allreduce(runtime, tensor, worker_error, server_error, name) and
-// _core.onebit_padded_numel(numel, world_size).
+// Adds _core.onebit_padded_numel(numel, world_size) and the 1-bit kernel hooks.
 void register_onebit(nanobind::module_& m);
 
 }  // namespace hvdc

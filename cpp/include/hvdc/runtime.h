@@ -1,5 +1,11 @@
-// The one object that holds the core's mutable state: the world communicator and the settings
-// that apply to every collective. Python holds exactly one per process (hvd_compress.ops.runtime).
+// The one object that holds the core's mutable state: the world communicator, the settings that
+// apply to every collective and the node topology. Python holds exactly one per process
+// (hvd_compress.ops.runtime).
+//
+// Every collective runs the same protocol (Runtime::run): one call at a time; this rank's
+// signature (with its rejection of its own input, if any) exchanged with every rank, so that a
+// bad call raises on every rank instead of hanging the others; the call counted; and the bytes
+// this rank moved for it returned to the caller.
 #pragma once
 #include <memory>
 #include <mutex>
@@ -7,6 +13,7 @@
 #include <vector>
 
 #include "hvdc/adasum.h"
+#include "hvdc/comm_stats.h"
 #include "hvdc/mpi_communicator.h"
 #include "hvdc/reduce_op.h"
 #include "hvdc/signature.h"
@@ -14,54 +21,87 @@
 
 namespace hvdc {
 
+// What the runtime reads once, at start-up (hvd_compress.ops reads it from the environment).
+struct RuntimeConfig {
+  double timeout_s = 300;  // HVDC_TIMEOUT: seconds a collective waits for every rank to join
+  // HVDC_LOCAL_SIZE=k: consecutive blocks of k ranks form a node (emulates nodes on one machine);
+  // 0 means the MPI shared-memory node.
+  int local_size = 0;
+  // Non-empty when this rank's settings are invalid (why): the constructor then raises on every
+  // rank, instead of this rank alone leaving the others waiting in the start-up exchange.
+  std::string invalid;
+};
+
 class Runtime {
  public:
-  // `world` is borrowed from mpi4py (or Horovod's world) and duplicated.
-  Runtime(MPI_Comm world, double timeout_s);
+  // `world` is borrowed from mpi4py (or Horovod's world) and duplicated. Collective: agrees on the
+  // settings that must match (local size) and builds the node topology and the Adasum level
+  // groups once. Throws UsageError on every rank if some rank's config is invalid.
+  Runtime(MPI_Comm world, const RuntimeConfig& config);
 
   int rank() const { return world_->rank(); }
   int size() const { return world_->size(); }
   double timeout() const { return timeout_s_; }
   void set_timeout(double s) { timeout_s_ = s; }
 
-  void allreduce(const TensorView& t, ReduceOp op, const std::string& name);
-  void broadcast(const TensorView& t, int root, const std::string& name);
+  // Each collective returns the bytes this rank sent and received for that call (signature
+  // exchange included; calls == 1), counted under the runtime's lock, so calls on other threads
+  // never leak into it. Bad input on any rank throws UsageError on every rank, before any data
+  // moves.
+  CommStats allreduce(const TensorView& t, ReduceOp op, const std::string& name);
+  CommStats broadcast(const TensorView& t, int root, const std::string& name);
   // In-place Adasum of a fused buffer whose tensors have `tensor_sizes` elements (dot products
-  // and coefficients per tensor; see hvdc/adasum.h). `hierarchical`: average within each node
-  // (MPI shared-memory node, or blocks of HVDC_LOCAL_SIZE consecutive ranks), Adasum across
-  // nodes. Sizes that do not add up to fused.numel are rejected on every rank.
-  void adasum(const TensorView& fused, const std::vector<int64_t>& tensor_sizes, bool hierarchical,
-              const std::string& name);
+  // and coefficients per tensor; see hvdc/adasum.h). `hierarchical`: average within each node,
+  // Adasum across nodes. Sizes that do not add up to fused.numel are rejected on every rank.
+  CommStats adasum(const TensorView& fused, const std::vector<int64_t>& tensor_sizes,
+                   bool hierarchical, const std::string& name);
+  // In-place Adasum of separate same-dtype tensors, packed into one core-owned buffer (one
+  // exchange, one small allreduce per level for all of them) and unpacked afterwards.
+  CommStats adasum_group(const std::vector<TensorView>& tensors, bool hierarchical,
+                         const std::string& name);
+  // In place: `buffer` becomes the error-compensated 1-bit average (hvdc/compressed_allreduce.h);
+  // the error buffers are updated only if every rank accepted its input.
+  CommStats compressed_allreduce(const TensorView& buffer, const TensorView& worker_error,
+                                 const TensorView& server_error, const std::string& name);
 
-  // Joins the signature exchange of a collective whose input this rank rejected (`why`), so that
-  // every rank raises instead of the others waiting for a peer that never arrives. Always throws.
-  [[noreturn]] void reject(int collective, const std::string& why, const std::string& name);
+  // Joins the signature exchange of a collective whose input this rank could not even read
+  // (`why`), so that every rank raises instead of the others waiting for a peer that never
+  // arrives. Always throws.
+  [[noreturn]] void reject(Collective collective, const std::string& why, const std::string& name);
 
-  // For collectives defined outside this class (e.g. onebit_bindings.cc): hold serialize() for the
-  // whole call, exchange the signature with agree(), then communicate on world().
-  [[nodiscard]] std::unique_lock<std::mutex> serialize() { return std::unique_lock<std::mutex>(mu_); }
-  // Throws on every rank if the ranks' signatures differ or some rank rejected its input; a
-  // timeout marks the runtime broken. The caller holds serialize().
-  void agree(CallSignature sig, const std::string& name);
-  Communicator& world() { return *world_; }
-
-  // Bytes on the wire by this rank, signature exchanges included.
-  CommStats stats() const { return world_->stats(); }
-  void reset_stats() { world_->stats() = CommStats{}; }
+  // Bytes on the wire by this rank since the last reset_stats(), signature exchanges included.
+  CommStats stats() const;
+  void reset_stats();
 
  private:
+  // The protocol of every collective: under mu_, agree on `sig` (throws on every rank if some rank
+  // rejected its input or the signatures differ; a timeout marks the runtime broken), count the
+  // call, run `body`, and return what this call moved. Defined in runtime.cc.
+  template <typename Body>
+  CommStats run(const CallSignature& sig, const std::string& what, Body&& body);
+  void agree(const CallSignature& sig, const std::string& what);
+  // The Adasum of a fused buffer, flat or hierarchical, on the topology built at start-up.
+  void run_adasum(const TensorView& fused, const std::vector<int64_t>& tensor_sizes,
+                  bool hierarchical);
+  // Moves what the plans' group communicators counted onto the world's counters.
+  void absorb_plan_stats();
+
   // Collectives may be called from several threads (the Adasum optimizer reduces on a worker
   // thread while the main thread may reduce a loss); the communicators and scratch buffers are
   // shared, so one collective runs at a time. Taken with the GIL released.
   std::mutex mu_;
-  [[noreturn]] void reject_unlocked(int collective, const std::string& why, const std::string& name);
   std::unique_ptr<MpiCommunicator> world_;
   double timeout_s_;
   bool broken_ = false;  // set after a timeout: a pending request makes the communicator unusable
-  // Built by the first Adasum call (collectively: every rank is in that call) and kept, so the
-  // per-level group communicators are split once. Declared after world_: destroyed before it.
+  // Built at start-up (collectively: every rank is in the constructor) and kept, so the per-level
+  // group communicators and the node groups are split once. Declared after world_: destroyed
+  // before it.
   std::unique_ptr<AdasumPlan> adasum_plan_;
   std::unique_ptr<HierarchicalAdasumPlan> hierarchical_plan_;
+  // Totals for stats(): kept apart from the communicators' counters and under their own lock, so
+  // that reading them never waits for a collective in flight on another thread.
+  mutable std::mutex stats_mu_;
+  CommStats totals_;
 };
 
 }  // namespace hvdc

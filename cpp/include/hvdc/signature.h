@@ -4,14 +4,22 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "hvdc/communicator.h"
 #include "hvdc/tensor.h"
 
 namespace hvdc {
 
-// Core entry points, so that ranks in different collectives are told so.
-enum Collective : int32_t { kAllreduce = 1, kBroadcast = 2, kAdasum = 3, kCompressedAllreduce = 4 };
+// Core entry points, so that ranks in different collectives are told so. kInit is the runtime's
+// own exchange at start-up (the settings that must be equal on every rank).
+enum Collective : int32_t {
+  kAllreduce = 1,
+  kBroadcast = 2,
+  kAdasum = 3,
+  kCompressedAllreduce = 4,
+  kInit = 5,
+};
 
 struct CallSignature {
   int32_t collective = 0;  // which core entry point
@@ -22,15 +30,31 @@ struct CallSignature {
   int64_t ntensors = 1;
   uint64_t layout_hash = 0;  // hash of the per-tensor sizes of a grouped call
   uint64_t name_hash = 0;
+  // Hash of every dim of every tensor: what is compared. `shape` is the same dims as text, for the
+  // message only, cut with "..." where they do not fit (the hash still tells such shapes apart).
+  uint64_t shape_hash = 0;
+  char shape[40] = {0};
   // Non-empty when this rank rejected its own input; every rank then raises with this text.
   char error[160] = {0};
 };
+// Every call exchanges one signature per peer; the tests (and the byte counts users see) rely on
+// this staying within 256 bytes.
+static_assert(sizeof(CallSignature) <= 256, "CallSignature travels in every call: keep it small");
 
 uint64_t fnv1a(const void* data, size_t bytes, uint64_t h = 1469598103934665603ull);
 
-// The signature of a one-tensor call of `collective` on `t` (op, dtype, device, numel, name hash).
+// The signature of a one-tensor call of `collective` on `t` (op, dtype, device, numel, shape, name
+// hash).
 CallSignature signature_of(Collective collective, const TensorView& t, int op,
                            const std::string& name);
+
+// The signature of a grouped call on `tensors` (one dtype): numel is the total, the layout hash
+// covers the per-tensor sizes and the shape every tensor's dims.
+CallSignature signature_of(Collective collective, const std::vector<TensorView>& tensors, int op,
+                           const std::string& name);
+
+// Marks `sig` as rejected by this rank, for the reason `why` (cut to fit).
+void set_rejected(CallSignature& sig, const std::string& why);
 
 // Allgathers `sig` (with `timeout_s`). Throws UsageError on every rank if any rank rejected its
 // input, else MismatchError on every rank if any signature differs from rank 0's. `what` names

@@ -1,6 +1,8 @@
 // A non-owning view of a framework tensor's memory, as received through DLPack.
 #pragma once
 #include <cstdint>
+#include <vector>
+
 #include "hvdc/dtype.h"
 
 namespace hvdc {
@@ -12,6 +14,11 @@ struct TensorView {
   int64_t numel = 0;
   DType dtype = DType::kFloat32;
   Device device = Device::kCPU;
+  // The framework's dims, read only for the call signature: ranks whose tensors hold the same
+  // number of elements in different shapes (2x3 vs 3x2) must raise, as Horovod does, instead of
+  // reducing unrelated elements together. Empty means a flat buffer of `numel` elements (what the
+  // core's own buffers and C++ callers pass); the kernels never look at it.
+  std::vector<int64_t> shape;
 
   size_t nbytes() const { return static_cast<size_t>(numel) * dtype_size(dtype); }
 };
