@@ -33,7 +33,7 @@ CPPTEST_FLAGS := -std=c++17 -O1 -g -fsanitize=address,undefined -fno-omit-frame-
 CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature
 CPPTEST_OBJS_thread_communicator :=
 CPPTEST_OBJS_adasum := adasum adasum_kernels
-CPPTEST_OBJS_compressed_allreduce := compressed_allreduce onebit_kernels
+CPPTEST_OBJS_compressed_allreduce := compressed_allreduce onebit_kernels signature
 CPPTEST_OBJS_signature := signature
 export ASAN_OPTIONS := detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS := print_stacktrace=1
