@@ -29,12 +29,14 @@ test: install lint cpptest
 CPPTEST_DIR := build/cpptest
 CPPTEST_CXX ?= g++
 CPPTEST_FLAGS := -std=c++17 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
-	-fno-sanitize-recover=all -Wall -Wno-psabi -pthread -Icpp/include -Icpp/tests -MMD -MP
-CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature
+	-fno-sanitize-recover=all -Wall -Wno-psabi -pthread -Icpp/include -Icpp/tests -MMD -MP \
+	-DHVDC_ONEBIT_SELF_CHECK=1
+CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature onebit_kernels
 CPPTEST_OBJS_thread_communicator :=
 CPPTEST_OBJS_adasum := adasum adasum_kernels
 CPPTEST_OBJS_compressed_allreduce := compressed_allreduce onebit_kernels signature
 CPPTEST_OBJS_signature := signature
+CPPTEST_OBJS_onebit_kernels := onebit_kernels
 export ASAN_OPTIONS := detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS := print_stacktrace=1
 
@@ -45,11 +47,12 @@ $(CPPTEST_DIR)/fixtures.bin: cpp/tests/make_fixtures.py $(wildcard hvd_compress/
 	@mkdir -p $(@D)
 	$(PY) cpp/tests/make_fixtures.py $@
 
-$(CPPTEST_DIR)/obj/%.o: cpp/src/%.cc
+# Objects depend on the Makefile too: the flags live here, and make does not track them.
+$(CPPTEST_DIR)/obj/%.o: cpp/src/%.cc Makefile
 	@mkdir -p $(@D)
 	$(CPPTEST_CXX) $(CPPTEST_FLAGS) -c $< -o $@
 
-$(CPPTEST_DIR)/obj/%.o: cpp/tests/%.cc
+$(CPPTEST_DIR)/obj/%.o: cpp/tests/%.cc Makefile
 	@mkdir -p $(@D)
 	$(CPPTEST_CXX) $(CPPTEST_FLAGS) -c $< -o $@
 
@@ -69,4 +72,4 @@ bench: install
 	NP=$(BENCH_NP) PY=$(PY) bash tools/bench.sh $(NET)
 
 clean:
-	rm -rf build hvd_compress/_core*.so hvd_compress/.core_built bench_results examples/out
+	rm -rf build hvd_compress/_core*.so hvd_compress/_kernel_bench*.so hvd_compress/.core_built bench_results examples/out
