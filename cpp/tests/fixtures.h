@@ -6,13 +6,16 @@
 // that the case list lives in the generator only.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "hvdc/dtype.h"
 
 namespace hvdc {
@@ -95,5 +98,26 @@ class Fixtures {
  private:
   std::map<std::string, std::vector<double>> arrays_;
 };
+
+// The main() of a fixture-driven test: `program FIXTURES` runs run_case(failures, fixtures, name)
+// for every case of `collective` (at least `min_cases` of them: a file that lost its cases must not
+// pass as an empty success), then `also` (checks that need no fixture), and returns the exit
+// status.
+inline int run_fixture_cases(
+    int argc, char** argv, const char* program, const std::string& collective, size_t min_cases,
+    const std::function<void(Failures&, const Fixtures&, const std::string&)>& run_case,
+    const std::function<void(Failures&)>& also = nullptr) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s FIXTURES (written by cpp/tests/make_fixtures.py)\n", argv[0]);
+    return 2;
+  }
+  const Fixtures fx(argv[1]);
+  Failures f;
+  const std::vector<std::string> cases = fx.cases(collective);
+  f.check(cases.size() >= min_cases, str("only ", cases.size(), " ", collective, " cases in ", argv[1]));
+  for (const std::string& name : cases) run_case(f, fx, name);
+  if (also) also(f);
+  return f.finish(program);
+}
 
 }  // namespace hvdc

@@ -13,7 +13,7 @@ Cases (the C++ tests find them through each case's ``meta`` array, so the list l
   storage dtype, one tensor of 0, 1, 7 or 4097 elements, the grouped layout of tests/test_adasum.py (per-tensor
   coefficients), a zero vector on one rank, and hierarchical mode with nodes of 2 ranks. meta = [n, dtype code,
   local size (0: flat), tensor sizes...]; ``in/<r>`` rank r's input; ``out`` every rank's expected result;
-  ``tol`` the element-wise tolerance of tests/test_adasum.py::_tolerance.
+  ``tol`` the element-wise tolerance that tests/test_adasum.py uses too (reference.adasum.core_tolerance).
 - ``onebit/<case>``: ``hvd_compress.reference.onebit.compressed_allreduce`` at n = 1..5 for float32, float16
   and bfloat16 buffers of 1, 13, 1000, 2400 and 4099 elements, three calls in a row with the errors carried
   over. meta = [n, dtype code, numel, calls]; ``<call>/in/<r>``, ``<call>/out``, ``<call>/werr/<r>`` and
@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from hvd_compress import reference
 from hvd_compress.reference import onebit
+from hvd_compress.reference.adasum import combine_steps, core_tolerance
 
 # hvdc::DType (cpp/include/hvdc/dtype.h)
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
@@ -61,34 +62,21 @@ def rank_inputs(n: int, numel: int, dtype: str, seed: int) -> list[np.ndarray]:
     return [reference.round_to(rng.standard_normal(numel) * (1 + 0.5 * r), dtype) for r in range(n)]
 
 
-def adasum_steps(n: int) -> int:
-    """Combine steps on the longest path (tests/test_adasum.py::_steps): fold-in and log2(p) levels."""
-    p = 1 << (n.bit_length() - 1)
-    return p.bit_length() - 1 + (n > p)
-
-
-def adasum_tolerance(inputs: list[np.ndarray], dtype: str, steps: int) -> np.ndarray:
-    """tests/test_adasum.py::_tolerance: (steps + 1) ulps of sum_i |g_i| (+ 1e-12 relative in float64)."""
-    abs_sum = np.sum([np.abs(reference.round_to(g, dtype)) for g in inputs], axis=0)
-    rel = 1e-12 if dtype == "float64" else 0.0
-    return (steps + 1) * reference.ulp(abs_sum, dtype) + rel * abs_sum
-
-
 def write_adasum_case(w: Writer, name: str, inputs: list[np.ndarray], sizes: list[int], dtype: str, local: int) -> None:
     n = len(inputs)
     if local:
         want = reference.adasum_hierarchical(inputs, local, sizes=sizes, dtype=dtype)
-        steps = adasum_steps(-(-n // local)) + 1  # the node average is one more rounding
+        steps = combine_steps(-(-n // local)) + 1  # the node average is one more rounding
     else:
         want = reference.adasum(inputs, sizes=sizes, dtype=dtype)
-        steps = adasum_steps(n)
+        steps = combine_steps(n)
     base = f"adasum/{name}"
     w.array(f"{base}/meta", [n, DTYPE_CODES[dtype], local, *sizes])
     for r, x in enumerate(inputs):
         w.array(f"{base}/in/{r}", x)
     assert all(np.array_equal(v, want[0], equal_nan=True) for v in want), "reference ranks differ"
     w.array(f"{base}/out", want[0])
-    w.array(f"{base}/tol", adasum_tolerance(inputs, dtype, steps) if sum(sizes) else [])
+    w.array(f"{base}/tol", core_tolerance(inputs, dtype, steps) if sum(sizes) else [])
 
 
 def write_adasum(w: Writer) -> None:

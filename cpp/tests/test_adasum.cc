@@ -1,8 +1,8 @@
 // adasum_rvh and adasum_hierarchical (cpp/src/adasum.cc) on n = 1..5 thread ranks against
-// hvd_compress/reference/adasum.py, element by element, with the tolerance of
-// tests/test_adasum.py::_tolerance (computed by make_fixtures.py): the core and the reference run
-// the same float64 operations except for the order of the dot-product sums, so a stored value may
-// round the other way once per combine step. Covers the power-of-two levels, the fold of
+// hvd_compress/reference/adasum.py, element by element, within core_tolerance of that module
+// (computed by make_fixtures.py; tests/test_adasum.py uses the same): the core and the reference
+// run the same float64 operations except for the order of the dot-product sums, so a stored value
+// may round the other way once per combine step. Covers the power-of-two levels, the fold of
 // non-power-of-two rank counts, per-tensor coefficients of a grouped buffer (including an empty
 // tensor), a zero vector, every storage dtype, hierarchical mode over split node groups, the reuse
 // of one plan by a second call, identical bits on every rank, and byte conservation in the stats.
@@ -106,14 +106,5 @@ void run_case(Failures& f, const Fixtures& fx, const std::string& name) {
 }  // namespace hvdc
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s FIXTURES\n", argv[0]);
-    return 2;
-  }
-  const hvdc::Fixtures fx(argv[1]);
-  hvdc::Failures f;
-  const std::vector<std::string> cases = fx.cases("adasum");
-  f.check(cases.size() >= 100, hvdc::str("only ", cases.size(), " Adasum cases in ", argv[1]));
-  for (const std::string& name : cases) hvdc::run_case(f, fx, name);
-  return f.finish("test_adasum");
+  return hvdc::run_fixture_cases(argc, argv, "test_adasum", "adasum", 100, hvdc::run_case);
 }

@@ -146,15 +146,9 @@ void nonfinite_rejected_everywhere(Failures& f, int n) {
 }  // namespace hvdc
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s FIXTURES\n", argv[0]);
-    return 2;
-  }
-  const hvdc::Fixtures fx(argv[1]);
-  hvdc::Failures f;
-  const std::vector<std::string> cases = fx.cases("onebit");
-  f.check(cases.size() >= 75, hvdc::str("only ", cases.size(), " 1-bit cases in ", argv[1]));
-  for (const std::string& name : cases) hvdc::run_case(f, fx, name);
-  for (int n = 1; n <= 5; ++n) hvdc::nonfinite_rejected_everywhere(f, n);
-  return f.finish("test_compressed_allreduce");
+  return hvdc::run_fixture_cases(argc, argv, "test_compressed_allreduce", "onebit", 75,
+                                 hvdc::run_case, [](hvdc::Failures& f) {
+                                   for (int n = 1; n <= 5; ++n)
+                                     hvdc::nonfinite_rejected_everywhere(f, n);
+                                 });
 }
