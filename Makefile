@@ -26,6 +26,7 @@ test: install lint cpptest
 # C++ tests of the collectives over the in-process thread communicator (cpp/tests), without MPI,
 # nanobind or Python headers, under AddressSanitizer + UndefinedBehaviorSanitizer; any finding or
 # failed check stops `make test`. Only the core sources they need are compiled (into build/cpptest).
+# Needs g++ and $(PY) with NumPy (for the expected vectors), which `make install` provides.
 CPPTEST_DIR := build/cpptest
 CPPTEST_CXX ?= g++
 CPPTEST_FLAGS := -std=c++17 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
@@ -37,11 +38,13 @@ CPPTEST_OBJS_adasum := adasum adasum_kernels
 CPPTEST_OBJS_compressed_allreduce := compressed_allreduce onebit_kernels signature
 CPPTEST_OBJS_signature := signature
 CPPTEST_OBJS_onebit_kernels := onebit_kernels
-export ASAN_OPTIONS := detect_leaks=1:abort_on_error=0
-export UBSAN_OPTIONS := print_stacktrace=1
+CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
+# Every program runs, even after one failed, so that one run reports them all; then any failure
+# fails the target.
 cpptest: $(addprefix $(CPPTEST_DIR)/test_,$(CPPTEST_BINS)) $(CPPTEST_DIR)/fixtures.bin
-	@set -e; for t in $(CPPTEST_BINS); do $(CPPTEST_DIR)/test_$$t $(CPPTEST_DIR)/fixtures.bin; done
+	@rc=0; for t in $(CPPTEST_BINS); do \
+		$(CPPTEST_ENV) $(CPPTEST_DIR)/test_$$t $(CPPTEST_DIR)/fixtures.bin || rc=1; done; exit $$rc
 
 $(CPPTEST_DIR)/fixtures.bin: cpp/tests/make_fixtures.py $(wildcard hvd_compress/reference/*.py)
 	@mkdir -p $(@D)

@@ -153,9 +153,11 @@ void ThreadCommunicator::gather_blocks(const void* send, void* recv, size_t byte
                                        double timeout_s) const {
   const bool timed = timeout_s > 0;
   const Clock::time_point start = Clock::now();
-  const auto deadline =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                  timed ? timeout_s : 0.0));
+  // One deadline for the whole call, as MpiCommunicator's one wait on one request.
+  const Clock::time_point deadline =
+      timed ? start + std::chrono::duration_cast<Clock::duration>(
+                          std::chrono::duration<double>(timeout_s))
+            : start;
   auto* out = static_cast<unsigned char*>(recv);
   for (int dst = 0; dst < size_; ++dst)
     if (dst != rank_) box_->post(kCollective, rank_, dst, send, bytes);
