@@ -9,7 +9,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export TF_CPP_MIN_LOG_LEVEL := 3
 MPIRUN := mpirun --oversubscribe --bind-to none -x PYTHONPATH -x OMP_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL
 
-.PHONY: install build test lint demo bench clean
+.PHONY: install build test lint cpptest demo bench clean
 
 install:
 	bash tools/install.sh
@@ -20,8 +20,53 @@ build:
 lint: install
 	$(PY) -m ruff check .
 
-test: install lint
+test: install lint cpptest
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# C++ tests of the collectives over the in-process thread communicator (cpp/tests), without MPI,
+# nanobind or Python headers, under AddressSanitizer + UndefinedBehaviorSanitizer; any finding or
+# failed check stops `make test`. Only the core sources they need are compiled (into build/cpptest).
+# Needs g++ and $(PY) with NumPy (for the expected vectors), which `make install` provides.
+CPPTEST_DIR := build/cpptest
+CPPTEST_CXX ?= g++
+CPPTEST_FLAGS := -std=c++17 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
+	-fno-sanitize-recover=all -Wall -Wno-psabi -pthread -Icpp/include -Icpp/tests -MMD -MP \
+	-DHVDC_ONEBIT_SELF_CHECK=1
+CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature onebit_kernels
+CPPTEST_OBJS_thread_communicator :=
+CPPTEST_OBJS_adasum := adasum adasum_kernels
+CPPTEST_OBJS_compressed_allreduce := compressed_allreduce onebit_kernels signature
+CPPTEST_OBJS_signature := signature
+CPPTEST_OBJS_onebit_kernels := onebit_kernels
+CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
+
+# Every program runs, even after one failed, so that one run reports them all; then any failure
+# fails the target.
+cpptest: $(addprefix $(CPPTEST_DIR)/test_,$(CPPTEST_BINS)) $(CPPTEST_DIR)/fixtures.bin
+	@rc=0; for t in $(CPPTEST_BINS); do \
+		$(CPPTEST_ENV) $(CPPTEST_DIR)/test_$$t $(CPPTEST_DIR)/fixtures.bin || rc=1; done; exit $$rc
+
+$(CPPTEST_DIR)/fixtures.bin: cpp/tests/make_fixtures.py $(wildcard hvd_compress/reference/*.py)
+	@mkdir -p $(@D)
+	$(PY) cpp/tests/make_fixtures.py $@
+
+# Objects depend on the Makefile too: the flags live here, and make does not track them.
+$(CPPTEST_DIR)/obj/%.o: cpp/src/%.cc Makefile
+	@mkdir -p $(@D)
+	$(CPPTEST_CXX) $(CPPTEST_FLAGS) -c $< -o $@
+
+$(CPPTEST_DIR)/obj/%.o: cpp/tests/%.cc Makefile
+	@mkdir -p $(@D)
+	$(CPPTEST_CXX) $(CPPTEST_FLAGS) -c $< -o $@
+
+# The objects are kept between runs: rebuilding the core under the sanitizers is most of the time.
+.PRECIOUS: $(CPPTEST_DIR)/obj/%.o
+.SECONDEXPANSION:
+$(CPPTEST_DIR)/test_%: $(CPPTEST_DIR)/obj/test_%.o $(CPPTEST_DIR)/obj/thread_communicator.o \
+		$$(addsuffix .o,$$(addprefix $(CPPTEST_DIR)/obj/,$$(CPPTEST_OBJS_$$*)))
+	$(CPPTEST_CXX) $(CPPTEST_FLAGS) $^ -o $@
+
+-include $(wildcard $(CPPTEST_DIR)/obj/*.d)
 
 demo: install
 	$(MPIRUN) -np $(NP) $(PY) examples/demo.py --out examples/out
@@ -30,4 +75,4 @@ bench: install
 	NP=$(BENCH_NP) PY=$(PY) bash tools/bench.sh $(NET)
 
 clean:
-	rm -rf build hvd_compress/_core*.so hvd_compress/.core_built bench_results examples/out
+	rm -rf build hvd_compress/_core*.so hvd_compress/_kernel_bench*.so hvd_compress/.core_built bench_results examples/out

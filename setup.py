@@ -1,5 +1,8 @@
 """Build of hvd_compress and its C++ core, hvd_compress._core (nanobind, MPI).
 
+A second, small extension, hvd_compress._kernel_bench, holds the 1-bit kernels' self-check and
+micro-benchmark (cpp/bench), so that the shipped _core carries no test or benchmark hook.
+
 CUDA sources (cpp/cuda/*.cu) are compiled when nvcc is on PATH and HVDC_WITH_CUDA is not "0";
 the CPU build never needs a GPU or the CUDA toolkit.
 """
@@ -51,13 +54,32 @@ class BuildExt(build_ext):
 
         compiler.src_extensions.append(".cu")
         compiler._compile = compile_one
+        # One extension after the other, each into a folder of its own (build_extension): both
+        # compile nanobind's nb_combined.cpp and cpp/src/onebit_kernels.cc, with different macros,
+        # and one object path per source would be shared, and raced for under -j.
+        self.parallel = False
         super().build_extensions()
+
+    def build_extension(self, ext: Extension) -> None:
+        shared_temp = self.build_temp
+        self.build_temp = os.path.join(shared_temp, ext.name)
+        try:
+            super().build_extension(ext)
+        finally:
+            self.build_temp = shared_temp
+
+
+NANOBIND_SOURCE = os.path.join(nanobind.source_dir(), "nb_combined.cpp")
+NANOBIND_INCLUDES = [
+    nanobind.include_dir(),
+    os.path.join(os.path.dirname(nanobind.include_dir()), "ext/robin_map/include"),
+]
+COMPILE_ARGS = ["-std=c++17", "-O3", "-fvisibility=hidden", "-fno-strict-aliasing", "-Wall", "-Wno-psabi"]
 
 
 def core_extension() -> Extension:
     inc, libdirs, libs = mpi_flags()
-    nb_dir = os.path.dirname(nanobind.include_dir())
-    sources = [*sorted(glob.glob("cpp/src/*.cc")), os.path.join(nanobind.source_dir(), "nb_combined.cpp")]
+    sources = [*sorted(glob.glob("cpp/src/*.cc")), NANOBIND_SOURCE]
     macros = [("OMPI_SKIP_MPICXX", "1"), ("NDEBUG", "1")]
     if cuda_enabled() and glob.glob("cpp/cuda/*.cu"):
         sources += sorted(glob.glob("cpp/cuda/*.cu"))
@@ -68,12 +90,25 @@ def core_extension() -> Extension:
     return Extension(
         "hvd_compress._core",
         sources=sources,
-        include_dirs=["cpp/include", nanobind.include_dir(), os.path.join(nb_dir, "ext/robin_map/include"), *inc],
+        include_dirs=["cpp/include", *NANOBIND_INCLUDES, *inc],
         library_dirs=libdirs,
         runtime_library_dirs=libdirs,
         libraries=libs,
         define_macros=macros,
-        extra_compile_args=["-std=c++17", "-O3", "-fvisibility=hidden", "-fno-strict-aliasing", "-Wall", "-Wno-psabi"],
+        extra_compile_args=COMPILE_ARGS,
+        language="c++",
+    )
+
+
+def kernel_bench_extension() -> Extension:
+    """The 1-bit kernels with their self-check compiled in, the benchmark, and their bindings; no MPI."""
+    sources = ["cpp/src/onebit_kernels.cc", *sorted(glob.glob("cpp/bench/*.cc")), NANOBIND_SOURCE]
+    return Extension(
+        "hvd_compress._kernel_bench",
+        sources=sources,
+        include_dirs=["cpp/include", *NANOBIND_INCLUDES],
+        define_macros=[("NDEBUG", "1"), ("HVDC_ONEBIT_SELF_CHECK", "1")],
+        extra_compile_args=COMPILE_ARGS,
         language="c++",
     )
 
@@ -83,7 +118,7 @@ setup(
     version="0.1.0",
     description="Communication-efficient reductions (Adasum, 1-bit Adam/LAMB, SLAMB, Birder) on Horovod",
     packages=find_packages(include=["hvd_compress", "hvd_compress.*"]),
-    ext_modules=[core_extension()],
+    ext_modules=[core_extension(), kernel_bench_extension()],
     cmdclass={"build_ext": BuildExt},
     python_requires=">=3.10",
     install_requires=["numpy", "mpi4py"],

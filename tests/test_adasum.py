@@ -18,6 +18,8 @@ from mpi_harness import load_ranks, mpirun
 from workers.common import DTYPES, rank_input
 
 from hvd_compress import reference
+from hvd_compress.reference.adasum import combine_steps as _steps
+from hvd_compress.reference.adasum import core_tolerance as _tolerance
 
 SIZES = [0, 1, 7, 4097, 1 << 20]
 GROUP = [5, 0, 4097, 1, 300]  # as in tests/workers/adasum.py
@@ -47,24 +49,6 @@ def _np(t: torch.Tensor) -> np.ndarray:
 def _group_input(r: int, dtype: torch.dtype) -> np.ndarray:
     """Rank r's tensors of the grouped cases (seeds as in the worker), concatenated."""
     return np.concatenate([_np(rank_input(r, k, dtype, seed=100 + i)) for i, k in enumerate(GROUP)])
-
-
-def _steps(n: int) -> int:
-    """Combine steps on the longest path: the fold-in (n not a power of two) and log2(p) levels."""
-    p = 1 << (n.bit_length() - 1)
-    return p.bit_length() - 1 + (n > p)
-
-
-def _tolerance(inputs: list[np.ndarray], dtype: str, steps: int) -> np.ndarray:
-    # The core and the reference do the same float64 operations on the same stored values in the same
-    # order, except the order of the float64 sums of the dot products (8 lanes, MPI's allreduce, NumPy's
-    # pairwise sum): the coefficients agree to about 1e-13 relative. A value stored to the dtype can
-    # therefore round the other way, 1 ulp per combine step, carried by the later steps (coefficients
-    # stay near 1 for these random inputs): (steps + 1) ulps of sum_i |g_i|, which bounds every
-    # intermediate value. float64 also carries the coefficient difference itself (1e-12 * sum_i |g_i|).
-    abs_sum = np.sum([np.abs(reference.round_to(g, dtype)) for g in inputs], axis=0)
-    rel = 1e-12 if dtype == "float64" else 0.0
-    return (steps + 1) * reference.ulp(abs_sum, dtype) + rel * abs_sum
 
 
 def _assert_matches(label: str, got: list[np.ndarray], want: list[np.ndarray], tol: np.ndarray, n: int) -> None:

@@ -74,10 +74,10 @@ if ! have_py horovod==$HOROVOD_VERSION || [ "$(cat "$CACHE/horovod.key" 2>/dev/n
 fi
 
 # 4. The extension, in place (editable) so tests and examples import the checkout.
-if ! (cd "$here" && "$PY" -c "import hvd_compress._core" 2>/dev/null) || \
+if ! (cd "$here" && "$PY" -c "import hvd_compress._core, hvd_compress._kernel_bench" 2>/dev/null) || \
    [ -n "$(find "$here/cpp" "$here/setup.py" -newer "$here/hvd_compress/.core_built" 2>/dev/null | head -1)" ] || \
    [ ! -e "$here/hvd_compress/.core_built" ]; then
-    log "building hvd_compress._core"
+    log "building hvd_compress._core and hvd_compress._kernel_bench"
     (cd "$here" && "$PY" setup.py -q build_ext --inplace >/dev/null)
     touch "$here/hvd_compress/.core_built"
 fi

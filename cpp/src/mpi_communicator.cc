@@ -31,12 +31,6 @@ MPI_Datatype mpi_type(DType t) {
   }
 }
 
-// Bytes a bandwidth-optimal (ring) allreduce moves per rank each way; MPI chooses its own algorithm,
-// so this is the model the statistics report, not a measurement of the library.
-uint64_t ring_bytes(size_t bytes, int n) {
-  return n <= 1 ? 0 : static_cast<uint64_t>(2.0 * (n - 1) / n * static_cast<double>(bytes));
-}
-
 // Allreduces up to this size go through MPI_Iallreduce and wait_yielding(); larger ones (a dense
 // allreduce of a whole buffer) keep the blocking MPI_Allreduce and its tuned algorithms.
 constexpr size_t kSmallAllreduceBytes = size_t{64} << 10;
@@ -124,7 +118,7 @@ void MpiCommunicator::allreduce_sum(void* buf, int64_t count, DType dtype) {
       check(MPI_Allreduce(MPI_IN_PLACE, p + off * esize, n, type, MPI_SUM, comm_), "MPI_Allreduce");
     }
   }
-  const uint64_t b = ring_bytes(static_cast<size_t>(count) * esize, size_);
+  const uint64_t b = ring_allreduce_bytes(static_cast<size_t>(count) * esize, size_);
   stats_.add(b, b);
 }
 

@@ -1,6 +1,7 @@
 """Single-thread throughput of the 1-bit kernels (cpp/src/onebit_kernels.cc) against a plain memory copy.
 
-For each kernel K, ``_core.onebit_kernel_bench`` times K on one chunk and, right after it in every repetition,
+For each kernel K, ``_kernel_bench.onebit_kernel_bench`` (an extension of its own, not the shipped ``_core``)
+times K on one chunk and, right after it in every repetition,
 ``memcpy`` (between two distinct buffers) of the bytes K streams element by element
 (cpp/include/hvdc/onebit_kernel_bench.h):
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import time
 
-from hvd_compress import _core
+from hvd_compress import _kernel_bench
 
 MB = 1 << 20
 KERNELS = (
@@ -46,7 +47,7 @@ def kernel_rows(sizes_mb: list[float], dtypes: list[str], reps: int = 9) -> list
     for dtype in dtypes:
         for mb in sizes_mb:
             numel = int(mb * MB) // _DTYPE_SIZE[dtype]
-            t = _core.onebit_kernel_bench(numel, dtype, reps)
+            t = _kernel_bench.onebit_kernel_bench(numel, dtype, reps)
             for kernel in KERNELS:
                 copy = "memcpy_" + kernel
                 rows.append(
@@ -74,7 +75,7 @@ def run_kernels(comm, sizes_mb: list[float], dtypes: list[str], reps: int = 9) -
 
 def kernel_markdown(rows: list[dict]) -> str:
     lines = [
-        f"1-bit kernels on one thread ({_core.onebit_kernel_isa()}), median ms, and ratio memcpy / kernel "
+        f"1-bit kernels on one thread ({_kernel_bench.onebit_kernel_isa()}), median ms, and ratio memcpy / kernel "
         "(memcpy of the bytes each kernel streams: see hvd_compress/bench/kernels.py)",
         "",
         "| kernel | dtype | MB | numel | kernel ms | memcpy ms | kernel / memcpy throughput |",

@@ -25,7 +25,7 @@ import sys
 
 import numpy as np
 
-from hvd_compress.reference.dtypes import round_to
+from hvd_compress.reference.dtypes import round_to, ulp
 
 _TINY = float(np.sqrt(sys.float_info.min))  # sqrt(DBL_MIN)
 
@@ -143,6 +143,28 @@ def adasum(inputs: list[np.ndarray], sizes: list[int] | None = None, dtype: str 
     for r in range(p, n):
         x[r] = x[r - p].copy()
     return x
+
+
+def combine_steps(n: int) -> int:
+    """Combine steps on the longest path at n ranks: the fold-in (n not a power of two) and log2(p) levels."""
+    p = 1 << (n.bit_length() - 1)
+    return p.bit_length() - 1 + (n > p)
+
+
+def core_tolerance(inputs: list[np.ndarray], dtype: str, steps: int) -> np.ndarray:
+    """How far the core's Adasum of ``inputs`` may be from ``adasum``'s, element by element.
+
+    The core and this reference do the same float64 operations on the same stored values in the same order,
+    except the order of the float64 sums of the dot products (8 lanes, MPI's allreduce, NumPy's pairwise sum):
+    the coefficients agree to about 1e-13 relative. A value stored to the dtype can therefore round the other
+    way, 1 ulp per combine step, carried by the later steps (coefficients stay near 1 for random inputs):
+    (steps + 1) ulps of sum_i |g_i|, which bounds every intermediate value. float64 also carries the
+    coefficient difference itself (1e-12 * sum_i |g_i|). ``steps``: ``combine_steps`` (+1 for the node average
+    of hierarchical mode). Used by tests/test_adasum.py (MPI) and cpp/tests (threads) alike.
+    """
+    abs_sum = np.sum([np.abs(round_to(g, dtype)) for g in inputs], axis=0)
+    rel = 1e-12 if dtype == "float64" else 0.0
+    return (steps + 1) * ulp(abs_sum, dtype) + rel * abs_sum
 
 
 def adasum_hierarchical(

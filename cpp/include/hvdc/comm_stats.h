@@ -1,5 +1,6 @@
 // Bytes this rank put on and took off the wire, kept per communicator.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace hvdc {
@@ -14,5 +15,13 @@ struct CommStats {
     bytes_received += received;
   }
 };
+
+// Bytes a bandwidth-optimal (ring) allreduce of `bytes` moves per rank each way among `n` ranks.
+// MPI chooses its own algorithm, so this is the model the statistics report, not a measurement;
+// every Communicator implementation counts allreduce_sum with it, so the numbers do not depend on
+// which one ran.
+inline uint64_t ring_allreduce_bytes(size_t bytes, int n) {
+  return n <= 1 ? 0 : static_cast<uint64_t>(2.0 * (n - 1) / n * static_cast<double>(bytes));
+}
 
 }  // namespace hvdc

@@ -1,5 +1,7 @@
-// Single-thread timing of the 1-bit kernels (hvdc/onebit_kernels.h) against memcpy of the same
-// bytes, for `python -m hvd_compress.bench` (hvd_compress/bench/kernels.py).
+// Test and benchmark hooks of the 1-bit kernels (hvdc/onebit_kernels.h), kept out of the shipped
+// extension hvd_compress._core: they are built into hvd_compress._kernel_bench (setup.py, bound in
+// cpp/bench/kernel_bench_bindings.cc) for `python -m hvd_compress.bench` (hvd_compress/bench/kernels.py)
+// and tests/test_compressed_allreduce.py, and into the C++ tests (cpp/tests, under sanitizers).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -26,5 +28,12 @@ namespace hvdc {
 //   server_fused: numel * 4 (server error); decompress: numel * dtype size (the result).
 // memcpy_K / K is the kernel's throughput relative to memcpy over the same bytes. Also "numel".
 std::map<std::string, double> onebit_kernel_bench(int64_t numel, DType dtype, int reps);
+
+// Runs every kernel of hvdc/onebit_kernels.h with both implementations (where this CPU has AVX2)
+// on `numel` pseudo-random elements of `dtype` drawn from `seed` (with zeros of both signs, tiny
+// and huge values) and compares the outputs byte for byte. "" if identical (or no AVX2 here), else
+// what differed where. Defined in cpp/src/onebit_kernels.cc (it needs both private
+// implementations), compiled only with HVDC_ONEBIT_SELF_CHECK.
+std::string onebit_kernels_self_check(int64_t numel, DType dtype, uint64_t seed);
 
 }  // namespace hvdc

@@ -27,7 +27,8 @@
 //
 // Implementation: every kernel has a portable scalar version and an AVX2 (+F16C, FMA) version
 // chosen at run time (__builtin_cpu_supports; HVDC_ONEBIT_KERNELS=scalar in the environment
-// forces the portable one); both produce identical bytes (onebit_kernels_self_check).
+// forces the portable one); both produce identical bytes (onebit_kernels_self_check, in
+// hvdc/onebit_kernel_bench.h).
 // The worker and server steps are two passes over a chunk, because the scale needs the whole sum
 // of squares before any error can be written: pass 1 (`*_signs`) reads only and writes the bits,
 // pass 2 (`*_error`) recomputes c (the same float32 operations, so the same value) and writes the
@@ -36,7 +37,6 @@
 // squares non-finite, and a finite c cannot: c^2 <= 1.2e77 for float32).
 #pragma once
 #include <cstdint>
-#include <string>
 
 #include "hvdc/dtype.h"
 
@@ -97,11 +97,5 @@ void onebit_decompress(const uint8_t* bits, float scale, void* out, DType dtype,
 
 // Which implementation the kernels above run in this process: "avx2" or "scalar".
 const char* onebit_kernel_isa();
-
-// Test hook: runs every kernel above with both implementations (where this CPU has AVX2) on
-// `numel` pseudo-random elements of `dtype` drawn from `seed` (with zeros of both signs, tiny and
-// huge values) and compares the outputs byte for byte. "" if identical (or no AVX2 here), else
-// what differed where.
-std::string onebit_kernels_self_check(int64_t numel, DType dtype, uint64_t seed);
 
 }  // namespace hvdc

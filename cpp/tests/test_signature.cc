@@ -1,0 +1,174 @@
+// agree_on_signature (cpp/src/signature.cc), the exchange every collective starts with, at
+// n = 1..5 thread ranks: equal signatures pass; a signature that differs in any one field on one
+// rank makes every rank throw MismatchError naming that field and the ranks' values; a rank that
+// rejected its own input makes every rank throw UsageError naming it (also when its signature
+// differs too, as Runtime::reject's does), with an over-long reason cut safely; a rank that never
+// joins makes the others throw CommTimeoutError within the timeout.
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "hvdc/errors.h"
+#include "hvdc/signature.h"
+#include "thread_communicator.h"
+
+namespace hvdc {
+namespace {
+
+constexpr double kHangS = 60;     // a rank that waits this long is deadlocked: fail, do not hang
+constexpr double kTimeoutS = 30;  // the agreement's own timeout where nobody is missing
+
+CallSignature base_signature() {
+  TensorView t;
+  t.numel = 4097;
+  t.dtype = DType::kFloat32;
+  return signature_of(kAllreduce, t, 0, "grad");
+}
+
+// What agree_on_signature threw on one rank: the exception's type and text ("" for none).
+struct Outcome {
+  std::string type, message;
+};
+
+Outcome agree(Communicator& comm, const CallSignature& sig, double timeout_s) {
+  try {
+    agree_on_signature(comm, sig, timeout_s, "allreduce");
+    return {"", ""};
+  } catch (const MismatchError& e) {
+    return {"MismatchError", e.what()};
+  } catch (const UsageError& e) {
+    return {"UsageError", e.what()};
+  } catch (const CommTimeoutError& e) {
+    return {"CommTimeoutError", e.what()};
+  }
+}
+
+// Runs one agreement at n ranks, rank r contributing sig_of(r), and checks that every rank's
+// outcome has `type` and contains each of `needles`.
+void expect(Failures& f, const std::string& label, int n,
+            const std::function<CallSignature(int)>& sig_of, const std::string& type,
+            const std::vector<std::string>& needles) {
+  std::vector<Outcome> outcomes(static_cast<size_t>(n));
+  std::vector<CommStats> stats(static_cast<size_t>(n));
+  ThreadWorld world(n, kHangS);
+  const std::vector<std::string> failed = world.run([&](Communicator& comm) {
+    outcomes[comm.rank()] = agree(comm, sig_of(comm.rank()), kTimeoutS);
+    stats[comm.rank()] = comm.stats();
+  });
+  f.ran();
+  for (int r = 0; r < n; ++r) {
+    const std::string what = str(label, ": rank ", r, " of ", n);
+    if (!f.check(failed[r].empty(), what + " threw " + failed[r])) continue;
+    f.check(outcomes[r].type == type, what + ": expected " + (type.empty() ? "no error" : type) +
+                                          ", got " + outcomes[r].type + " '" +
+                                          outcomes[r].message + "'");
+    for (const std::string& needle : needles)
+      f.check(outcomes[r].message.find(needle) != std::string::npos,
+              what + ": message '" + outcomes[r].message + "' does not say '" + needle + "'");
+    // One allgather of the signature, whatever the outcome.
+    const uint64_t bytes = sizeof(CallSignature) * static_cast<uint64_t>(n - 1);
+    f.check(stats[r].bytes_sent == bytes && stats[r].bytes_received == bytes,
+            str(what, ": counted ", stats[r].bytes_sent, "/", stats[r].bytes_received,
+                " bytes, want ", bytes));
+  }
+}
+
+void agreement(Failures& f, int n) {
+  expect(f, "equal signatures", n, [](int) { return base_signature(); }, "", {});
+}
+
+// One field differs on rank `odd`; the message names that field and the differing rank's value.
+void mismatch(Failures& f, int n) {
+  struct Field {
+    const char* name;     // as agree_on_signature's message names it
+    const char* odd_value;
+    void (*change)(CallSignature&);
+  };
+  const Field fields[] = {
+      {"collective", "=3", [](CallSignature& s) { s.collective = kAdasum; }},
+      {"op", "=1", [](CallSignature& s) { s.op = 1; }},
+      {"dtype", "=float16", [](CallSignature& s) { s.dtype = static_cast<int32_t>(DType::kFloat16); }},
+      {"device", "=1", [](CallSignature& s) { s.device = 1; }},
+      {"numel", "=4096", [](CallSignature& s) { s.numel = 4096; }},
+      {"tensor count", "=2", [](CallSignature& s) { s.ntensors = 2; }},
+      {"tensor sizes (hash)", "=7", [](CallSignature& s) { s.layout_hash = 7; }},
+      {"name (hash)", "=", [](CallSignature& s) { s.name_hash = fnv1a("other", 5); }},
+  };
+  for (size_t k = 0; k < sizeof(fields) / sizeof(fields[0]); ++k) {
+    const Field& field = fields[k];
+    const int odd = static_cast<int>(k) % n;  // each rank is the odd one out in some case
+    expect(
+        f, str("mismatched ", field.name, " on rank ", odd), n,
+        [&](int r) {
+          CallSignature s = base_signature();
+          if (r == odd) field.change(s);
+          return s;
+        },
+        "MismatchError",
+        {"ranks called it with different arguments", str(field.name, ":"),
+         str("rank ", odd, field.odd_value)});
+  }
+}
+
+// Rank `bad` rejected its input (with the bare signature Runtime::reject sends, which differs
+// from the others' too): UsageError everywhere, naming the rank and its reason.
+void rejection(Failures& f, int n, int bad, const std::string& why, const std::string& shown) {
+  expect(
+      f, str("rank ", bad, " rejects"), n,
+      [&](int r) {
+        if (r != bad) return base_signature();
+        CallSignature s;
+        s.collective = kAllreduce;
+        std::snprintf(s.error, sizeof(s.error), "%s", why.c_str());
+        return s;
+      },
+      "UsageError", {str("allreduce: rank ", bad, " rejected its input: "), shown});
+}
+
+// Rank `absent` never joins: every other rank throws CommTimeoutError after the timeout.
+void timeout(Failures& f, int n, int absent) {
+  std::vector<Outcome> outcomes(static_cast<size_t>(n));
+  std::vector<double> waited(static_cast<size_t>(n));
+  ThreadWorld world(n, kHangS);
+  const std::vector<std::string> failed = world.run([&](Communicator& comm) {
+    if (comm.rank() == absent) return;
+    const auto start = std::chrono::steady_clock::now();
+    outcomes[comm.rank()] = agree(comm, base_signature(), 0.2);
+    waited[comm.rank()] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+  f.ran();
+  for (int r = 0; r < n; ++r) {
+    const std::string what = str("rank ", absent, " absent: rank ", r, " of ", n);
+    if (!f.check(failed[r].empty(), what + " threw " + failed[r]) || r == absent) continue;
+    f.check(outcomes[r].type == "CommTimeoutError" &&
+                outcomes[r].message.find(str("rank ", r, " waited")) != std::string::npos,
+            what + ": expected CommTimeoutError, got " + outcomes[r].type + " '" +
+                outcomes[r].message + "'");
+    f.check(waited[r] >= 0.2 && waited[r] < 10, str(what, ": gave up after ", waited[r], " s"));
+  }
+}
+
+}  // namespace
+}  // namespace hvdc
+
+int main() {
+  hvdc::Failures f;
+  for (int n = 1; n <= 5; ++n) {
+    hvdc::agreement(f, n);
+    if (n > 1) hvdc::mismatch(f, n);
+    hvdc::rejection(f, n, n - 1, "tensor is not contiguous", "tensor is not contiguous");
+    hvdc::rejection(f, n, 0, "bad dtype", "bad dtype");
+    // A reason longer than the field arrives cut to its 159 characters, never unterminated.
+    hvdc::rejection(f, n, n / 2, std::string(300, 'x'), std::string(159, 'x'));
+    if (n > 1) {
+      hvdc::timeout(f, n, n - 1);
+      hvdc::timeout(f, n, 0);
+    }
+  }
+  return f.finish("test_signature");
+}
