@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -111,8 +112,15 @@ inline int run_fixture_cases(
     std::fprintf(stderr, "usage: %s FIXTURES (written by cpp/tests/make_fixtures.py)\n", argv[0]);
     return 2;
   }
-  const Fixtures fx(argv[1]);
   Failures f;
+  std::unique_ptr<Fixtures> loaded;
+  try {
+    loaded = std::make_unique<Fixtures>(argv[1]);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());  // a message, not std::terminate
+    return 2;
+  }
+  const Fixtures& fx = *loaded;
   const std::vector<std::string> cases = fx.cases(collective);
   f.check(cases.size() >= min_cases, str("only ", cases.size(), " ", collective, " cases in ", argv[1]));
   for (const std::string& name : cases) run_case(f, fx, name);
