@@ -45,6 +45,7 @@ from hvd_compress.algorithms.backend import Backend, Tensor
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.onebit import compressed_allreduce_
+from hvd_compress.ops.traffic import CommMeter
 
 DEFAULT_VARIANCE_FLOOR = 0.01
 
@@ -119,13 +120,6 @@ class Segment:
         self.last_factor = self.last_factor or [1.0] * len(self.params)
 
 
-class Meter:
-    """What runs the algorithm's collectives: ``run(fn, *args, **kwargs)`` (a face may count bytes there)."""
-
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-
 class OneBitAlgorithm:
     """The shared sequencing; subclasses supply ``warmup``, ``compressed`` and ``denom_buffer``."""
 
@@ -135,11 +129,13 @@ class OneBitAlgorithm:
     needs_section_after_warmup = False
     has_fresh_variance = False  # segments need a ``fresh`` buffer (1-bit LAMB)
 
-    def __init__(self, options: OneBitOptions, backend: Backend, segments: Sequence[Segment], meter: Any) -> None:
+    def __init__(
+        self, options: OneBitOptions, backend: Backend, segments: Sequence[Segment], meter: CommMeter | None
+    ) -> None:
         self.options = options
         self.xp = backend
         self.segments = list(segments)
-        self.meter = meter
+        self.meter = meter if meter is not None else CommMeter()
         self.t = 0  # steps taken
 
     @property

@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 _KEYS = ("bytes_sent", "bytes_received", "calls")
 
@@ -67,3 +68,23 @@ def record(counts: Mapping[str, int], traffic: Traffic | None = None) -> Mapping
     for t in targets.values():
         t.add(counts)
     return counts
+
+
+class CommMeter:
+    """Bytes this wrapper's own collectives sent and received (thread-safe).
+
+    Each core call reports its own bytes (above): ``run`` counts exactly the calls
+    ``fn`` makes on the calling thread, whatever other threads (the Adasum background thread, a user's
+    allreduce) communicate at the same time.
+    """
+
+    def __init__(self) -> None:
+        self._traffic = Traffic()
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        with counting(self._traffic):
+            return fn(*args, **kwargs)
+
+    def take(self) -> dict[str, int]:
+        counts = self._traffic.take()
+        return {"bytes_sent": counts["bytes_sent"], "bytes_received": counts["bytes_received"]}

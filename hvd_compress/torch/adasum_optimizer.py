@@ -24,12 +24,12 @@ import torch
 from hvd_compress import ops
 from hvd_compress.algorithms.adasum_delta import AdasumOptions, DeltaReductions, plan_buckets
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.passes import PassCounter
+from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce
 from hvd_compress.torch.fused import flat_with_views
 from hvd_compress.torch.wrapping import (
-    CommMeter,
-    PassCounter,
     SynchronizeProtocol,
     check_named_parameters,
     hook_gradients,

@@ -18,14 +18,14 @@ import torch
 
 from hvd_compress.algorithms import OneBitAlgorithm
 from hvd_compress.algorithms.onebit import Segment
+from hvd_compress.ops.passes import PassCounter
+from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients, flat_with_views, views_into
 from hvd_compress.torch.lamb import Lamb
 from hvd_compress.torch.onebit import OneBitState
 from hvd_compress.torch.wrapping import (
     STATE_KEY,
-    CommMeter,
-    PassCounter,
     SynchronizeProtocol,
     check_named_parameters,
     hook_gradients,

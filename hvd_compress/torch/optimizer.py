@@ -10,6 +10,8 @@ import torch
 from hvd_compress import algorithms
 from hvd_compress.algorithms.onebit import parse_options
 from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
+from hvd_compress.ops.passes import PassCounter
+from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.adasum_optimizer import AdasumMixin
 from hvd_compress.torch.backend import BACKEND
 from hvd_compress.torch.context import ensure_init
@@ -17,8 +19,6 @@ from hvd_compress.torch.functions import allreduce_
 from hvd_compress.torch.fused import FusedGradients
 from hvd_compress.torch.onebit_optimizer import OneBitMixin, check_adam, check_lamb
 from hvd_compress.torch.wrapping import (
-    CommMeter,
-    PassCounter,
     SynchronizeProtocol,
     check_named_parameters,
     hook_gradients,

@@ -1,7 +1,7 @@
-"""Plumbing shared by the optimizer wrappers: subclassing the wrapped optimizer's class (so that
-``isinstance``, LR schedulers and ``state_dict()`` keep working), the gradient hooks, Horovod's
-``synchronize()``/``skip_synchronize()`` protocol, counting backward passes, and metering the bytes each
-wrapper moves."""
+"""Plumbing shared by the torch optimizer wrappers: subclassing the wrapped optimizer's class (so that
+``isinstance``, LR schedulers and ``state_dict()`` keep working), the gradient hooks and Horovod's
+``synchronize()``/``skip_synchronize()`` protocol. Pass counting and byte metering are framework-neutral
+(``hvd_compress.ops.passes``, ``hvd_compress.ops.traffic``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-
-from hvd_compress import ops
 
 STATE_KEY = "hvd_compress"  # the section of state_dict() that holds a wrapper's own state
 
@@ -128,47 +126,3 @@ def check_named_parameters(
             f"named_parameters does not name {len(missing)} parameter(s) of the optimizer (first at index {missing[0]})"
         )
     return names
-
-
-class PassCounter:
-    """Counts backward passes per parameter and refuses more than ``limit`` before a step."""
-
-    def __init__(self, params: list[torch.nn.Parameter], limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {limit}")
-        self.limit = limit
-        self.counts = {id(p): 0 for p in params}
-
-    def add(self, p: torch.Tensor) -> int:
-        n = self.counts[id(p)] + 1
-        if n > self.limit:
-            raise RuntimeError(
-                f"gradients were computed {n} times before step(); with backward_passes_per_step="
-                f"{self.limit} call step() (or synchronize()) every {self.limit} backward passes"
-            )
-        self.counts[id(p)] = n
-        return n
-
-    def reset(self) -> None:
-        for k in self.counts:
-            self.counts[k] = 0
-
-
-class CommMeter:
-    """Bytes this wrapper's own collectives sent and received (thread-safe).
-
-    Each core call reports its own bytes (``hvd_compress.ops.traffic``): ``run`` counts exactly the calls
-    ``fn`` makes on the calling thread, whatever other threads (the Adasum background thread, a user's
-    allreduce) communicate at the same time.
-    """
-
-    def __init__(self) -> None:
-        self._traffic = ops.Traffic()
-
-    def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        with ops.counting(self._traffic):
-            return fn(*args, **kwargs)
-
-    def take(self) -> dict[str, int]:
-        counts = self._traffic.take()
-        return {"bytes_sent": counts["bytes_sent"], "bytes_received": counts["bytes_received"]}

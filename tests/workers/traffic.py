@@ -7,7 +7,7 @@ from common import save
 
 import hvd_compress.torch as hc
 from hvd_compress import ops
-from hvd_compress.torch.wrapping import CommMeter
+from hvd_compress.ops.traffic import CommMeter
 
 hc.init()
 r = hc.rank()

@@ -1,0 +1,30 @@
+"""Backward passes per parameter between two steps (``backward_passes_per_step``), framework-neutral:
+parameters are told apart by identity."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class PassCounter:
+    """Counts backward passes per parameter and refuses more than ``limit`` before a step."""
+
+    def __init__(self, params: Iterable[object], limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {limit}")
+        self.limit = limit
+        self.counts = {id(p): 0 for p in params}
+
+    def add(self, p: object) -> int:
+        n = self.counts[id(p)] + 1
+        if n > self.limit:
+            raise RuntimeError(
+                f"gradients were computed {n} times before step(); with backward_passes_per_step="
+                f"{self.limit} call step() (or synchronize()) every {self.limit} backward passes"
+            )
+        self.counts[id(p)] = n
+        return n
+
+    def reset(self) -> None:
+        for k in self.counts:
+            self.counts[k] = 0
