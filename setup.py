@@ -15,7 +15,7 @@ import shutil
 import subprocess
 
 import nanobind
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -113,14 +113,10 @@ def kernel_bench_extension() -> Extension:
     )
 
 
+# Metadata and build requirements are in pyproject.toml (so `pip install .` / `pip wheel .` work in a clean
+# virtual environment); this file adds the extensions.
 setup(
-    name="hvd_compress",
-    version="0.1.0",
-    description="Communication-efficient reductions (Adasum, 1-bit Adam/LAMB, SLAMB, Birder) on Horovod",
-    packages=find_packages(include=["hvd_compress", "hvd_compress.*"]),
     ext_modules=[core_extension(), kernel_bench_extension()],
     cmdclass={"build_ext": BuildExt},
-    python_requires=">=3.10",
-    install_requires=["numpy", "mpi4py"],
     zip_safe=False,
 )

@@ -1,0 +1,66 @@
+"""``python -m hvd_compress --check-build``: what is built and in use, as ``horovodrun --check-build``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata as md
+import sys
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def check_build() -> list[str]:
+    """Lines describing the build: version, extensions, kernels, MPI, frameworks, Horovod."""
+    import hvd_compress
+
+    lines = [f"hvd_compress {hvd_compress.__version__}", "", "Extensions:"]
+    try:
+        from hvd_compress import _core
+
+        info = dict(_core.build_info())
+        lines.append(f"    [X] _core (CUDA: {'yes' if info.get('cuda') else 'no'})")
+        lines.append(f"    1-bit kernels: {_core.onebit_kernel_isa()}")
+    except ImportError as e:
+        lines.append(f"    [ ] _core: {e} (run `make build`)")
+    try:
+        importlib.import_module("hvd_compress._kernel_bench")
+        lines.append("    [X] _kernel_bench (kernel self-check and micro-benchmark)")
+    except ImportError:
+        lines.append("    [ ] _kernel_bench")
+    lines += ["", "Frameworks:"]
+    for name, dist in (("PyTorch", "torch"), ("TensorFlow", "tensorflow")):
+        v = _version(dist)
+        lines.append(f"    [{'X' if v else ' '}] {name}{' ' + v if v else ''}")
+    lines += ["", "Controllers:"]
+    try:
+        from mpi4py import MPI
+
+        lib = MPI.Get_library_version().splitlines()[0].strip()
+        lines.append(f"    [X] MPI: {lib} (mpi4py {_version('mpi4py')})")
+    except ImportError:
+        lines.append("    [ ] MPI: mpi4py is not installed")
+    hv = _version("horovod")
+    horovod = f"Horovod {hv} (launcher; hvd_compress needs its MPI mode)" if hv else "Horovod"
+    lines.append(f"    [{'X' if hv else ' '}] {horovod}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hvd_compress", description=__doc__)
+    parser.add_argument("--check-build", action="store_true", help="print what is built and in use")
+    args = parser.parse_args(argv)
+    if not args.check_build:
+        parser.print_help()
+        return 2
+    print("\n".join(check_build()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""``python -m hvd_compress --check-build`` reports what is built and in use, as ``horovodrun --check-build``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from mpi_harness import ROOT, mpi_env
+
+import hvd_compress
+from hvd_compress import _core
+
+
+def test_check_build_names_extensions_kernels_mpi_and_frameworks() -> None:
+    res = subprocess.run([sys.executable, "-m", "hvd_compress", "--check-build"], capture_output=True, text=True,
+                         env=mpi_env(), cwd=ROOT, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert out.startswith(f"hvd_compress {hvd_compress.__version__}\n"), out
+    assert "[X] _core (CUDA: no)" in out and f"1-bit kernels: {_core.onebit_kernel_isa()}" in out, out
+    assert "[X] _kernel_bench" in out and "[X] PyTorch 2.13.0" in out, out
+    assert "[X] MPI: Open MPI" in out and "[X] Horovod 0.28.1" in out, out
+
+
+def test_module_without_flags_prints_usage_and_fails() -> None:
+    res = subprocess.run([sys.executable, "-m", "hvd_compress"], capture_output=True, text=True, env=mpi_env(),
+                         cwd=ROOT, timeout=120)
+    assert res.returncode == 2 and "--check-build" in res.stdout, res.stdout + res.stderr
