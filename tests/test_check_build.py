@@ -12,8 +12,8 @@ from hvd_compress import _core
 
 
 def test_check_build_names_extensions_kernels_mpi_and_frameworks() -> None:
-    res = subprocess.run([sys.executable, "-m", "hvd_compress", "--check-build"], capture_output=True, text=True, check=False,
-                         env=mpi_env(), cwd=ROOT, timeout=120)
+    cmd = [sys.executable, "-m", "hvd_compress", "--check-build"]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=mpi_env(), cwd=ROOT, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     assert out.startswith(f"hvd_compress {hvd_compress.__version__}\n"), out
