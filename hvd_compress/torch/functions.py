@@ -28,12 +28,33 @@ def allreduce_(tensor: torch.Tensor, op: Any = ReduceOp.Average, name: str | Non
     return tensor
 
 
-def allreduce(tensor: torch.Tensor, op: Any = ReduceOp.Average, name: str | None = None) -> torch.Tensor:
-    """A new tensor holding the reduction of ``tensor`` over all ranks."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"allreduce expects a torch.Tensor, got {type(tensor).__name__}")
+def _allreduce_copy(tensor: torch.Tensor, op: Any, name: str | None) -> torch.Tensor:
     out = tensor.detach().clone(memory_format=torch.contiguous_format)
     return allreduce_(out, op=op, name=name)
+
+
+class _Allreduce(torch.autograd.Function):
+    """As Horovod's ``HorovodAllreduce``: the gradient of a reduction is the same reduction of the incoming
+    gradient (every rank must call ``backward`` too, in the same order, as for any collective)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, op: Any, name: str | None) -> torch.Tensor:
+        ctx.op, ctx.name = op, name
+        return _allreduce_copy(tensor, op, name)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _allreduce_copy(grad, ctx.op, f"{ctx.name}.grad" if ctx.name else None), None, None
+
+
+def allreduce(tensor: torch.Tensor, op: Any = ReduceOp.Average, name: str | None = None) -> torch.Tensor:
+    """A new tensor holding the reduction of ``tensor`` over all ranks; differentiable (the gradient is the
+    same reduction of the incoming gradient, as in Horovod)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"allreduce expects a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _Allreduce.apply(tensor, op, name)
+    return _allreduce_copy(tensor, op, name)
 
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

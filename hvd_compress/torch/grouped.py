@@ -33,15 +33,38 @@ def grouped_allreduce_(
     return tensors
 
 
+def _grouped_copy(tensors: Sequence[torch.Tensor], op: Any, name: str | None, hierarchical: bool | None) -> list:
+    outs = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
+    return grouped_allreduce_(outs, op=op, name=name, hierarchical=hierarchical)
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    """As Horovod's ``HorovodGroupedAllreduce``: the gradients are the same grouped reduction of the
+    incoming gradients (every rank calls ``backward`` too)."""
+
+    @staticmethod
+    def forward(ctx: Any, op: Any, name: str | None, hierarchical: bool | None, *tensors: torch.Tensor) -> tuple:
+        ctx.op, ctx.name, ctx.hierarchical = op, name, hierarchical
+        return tuple(_grouped_copy(tensors, op, name, hierarchical))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        name = f"{ctx.name}.grad" if ctx.name else None
+        return (None, None, None, *_grouped_copy(grads, ctx.op, name, ctx.hierarchical))
+
+
 def grouped_allreduce(
     tensors: Sequence[torch.Tensor],
     op: Any = ReduceOp.Average,
     name: str | None = None,
     hierarchical: bool | None = None,
 ) -> list[torch.Tensor]:
-    """New tensors holding the reduction of each of ``tensors`` over all ranks (one fused exchange)."""
+    """New tensors holding the reduction of each of ``tensors`` over all ranks (one fused exchange);
+    differentiable as Horovod's."""
+    tensors = list(tensors)
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"grouped_allreduce: item {i} is a {type(t).__name__}, not a torch.Tensor")
-    outs = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
-    return grouped_allreduce_(outs, op=op, name=name, hierarchical=hierarchical)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return list(_GroupedAllreduce.apply(op, name, hierarchical, *tensors))
+    return _grouped_copy(tensors, op, name, hierarchical)
