@@ -25,6 +25,7 @@ from hvd_compress.torch.functions import (
     broadcast_parameters,
 )
 from hvd_compress.torch.grouped import grouped_allreduce, grouped_allreduce_
+from hvd_compress.torch.horovod_entry import horovod_entry, install_from_environment
 from hvd_compress.torch.lamb import Lamb
 from hvd_compress.torch.onebit import OneBitState, compressed_allreduce, compressed_allreduce_
 from hvd_compress.torch.optimizer import DistributedOptimizer
@@ -56,8 +57,11 @@ __all__ = [
     "compressed_allreduce_",
     "grouped_allreduce",
     "grouped_allreduce_",
+    "horovod_entry",
     "init",
     "rank",
     "set_timeout",
     "size",
 ]
+
+install_from_environment()
