@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hvd_compress.algorithms.backend import Backend, Tensor
+from hvd_compress.ops.backend import Backend, Tensor
 
 
 def trust_ratio(x_norm: float, u_norm: float, min_coeff: float, max_coeff: float) -> float:

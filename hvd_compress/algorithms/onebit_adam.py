@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hvd_compress.algorithms.backend import Tensor
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitOptions, Segment
+from hvd_compress.ops.backend import Tensor
 
 
 class OneBitAdam(OneBitAlgorithm):

@@ -21,9 +21,9 @@ import dataclasses
 import math
 from typing import Any
 
-from hvd_compress.algorithms.backend import Tensor
 from hvd_compress.algorithms.lamb import trust_ratio
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitOptions, Segment
+from hvd_compress.ops.backend import Tensor
 
 
 @dataclasses.dataclass(frozen=True)

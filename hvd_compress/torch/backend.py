@@ -1,4 +1,4 @@
-"""``hvd_compress.algorithms.backend.Backend`` on torch tensors: each primitive is one torch op."""
+"""``hvd_compress.ops.backend.Backend`` on torch tensors: each primitive is one torch op."""
 
 from __future__ import annotations
 
@@ -13,6 +13,16 @@ class TorchBackend:
     @staticmethod
     def float32_like(numel: int, like: torch.Tensor) -> torch.Tensor:
         return torch.zeros(numel, dtype=torch.float32, device=like.device)
+
+    @staticmethod
+    def describe(x: object) -> tuple[str, int] | None:
+        if not isinstance(x, torch.Tensor):
+            return None
+        return str(x.dtype).removeprefix("torch."), x.numel()
+
+    @staticmethod
+    def zero_(x: torch.Tensor) -> torch.Tensor:
+        return x.zero_()
 
     @staticmethod
     def zeros_like(x: torch.Tensor) -> torch.Tensor:

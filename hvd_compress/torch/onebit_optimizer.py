@@ -72,7 +72,7 @@ def _segments(param_groups: list[dict[str, Any]], lamb: bool) -> tuple[list[Segm
                     fresh=flat_with_views(params)[0] if lamb else None,
                     work=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
                     scratch=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
-                    onebit=OneBitState(numel, torch.float32),
+                    onebit=OneBitState(numel, torch.float32, device=exp_avg.device),
                     views=_segment_views(params),
                 )
             )

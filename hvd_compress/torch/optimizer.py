@@ -9,7 +9,7 @@ import torch
 
 from hvd_compress import algorithms
 from hvd_compress.algorithms.onebit import parse_options
-from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
+from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.adasum_optimizer import AdasumMixin
@@ -102,25 +102,48 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
         op = ReduceOp(op)
     except ValueError:
         raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
-    if op == ReduceOp.Adasum:
-        wrapped = rewrap(optimizer, AdasumMixin)
-        wrapped._hvdc_setup(named_parameters, backward_passes_per_step, **algorithm_options)
-        return wrapped
-    if op in algorithms.REGISTRY:
-        _WRAPPED_CHECKS[op](optimizer)
-        algorithm = algorithms.lookup(op)
-        options = parse_options(algorithm.options_cls, algorithm.name, algorithm_options)
-        wrapped = rewrap(optimizer, OneBitMixin)
-        wrapped._hvdc_setup(named_parameters, backward_passes_per_step, algorithm(options, BACKEND, [], None))
-        return wrapped
-    if op not in DENSE_OPS:
+    wrap = _WRAPPERS.get(op)
+    if wrap is None:
         raise NotImplementedError(f"DistributedOptimizer(op={op.name}) is not available yet")
-    if algorithm_options:
-        raise TypeError(f"op={op.name} takes no algorithm options, got {sorted(algorithm_options)}")
+    return wrap(optimizer, named_parameters, op, backward_passes_per_step, algorithm_options)
+
+
+def _dense(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
+           options: dict[str, Any]) -> torch.optim.Optimizer:
+    if options:
+        raise TypeError(f"op={op.name} takes no algorithm options, got {sorted(options)}")
     wrapped = rewrap(optimizer, _DistributedMixin)
-    wrapped._hvdc_setup(named_parameters, op, backward_passes_per_step)
+    wrapped._hvdc_setup(named_parameters, op, passes)
     return wrapped
 
 
-#: What each optimizer algorithm requires of the torch optimizer it wraps.
-_WRAPPED_CHECKS = {ReduceOp.OneBitAdam: check_adam, ReduceOp.OneBitLamb: check_lamb}
+def _adasum(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
+            options: dict[str, Any]) -> torch.optim.Optimizer:
+    wrapped = rewrap(optimizer, AdasumMixin)
+    wrapped._hvdc_setup(named_parameters, passes, **options)
+    return wrapped
+
+
+def _onebit(check: Any) -> Any:
+    """The wrapper for a 1-bit algorithm whose wrapped torch optimizer ``check`` accepts."""
+
+    def wrap(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
+             options: dict[str, Any]) -> torch.optim.Optimizer:
+        check(optimizer)
+        algorithm = algorithms.lookup(op)
+        parsed = parse_options(algorithm.options_cls, algorithm.name, options)
+        wrapped = rewrap(optimizer, OneBitMixin)
+        wrapped._hvdc_setup(named_parameters, passes, algorithm(parsed, BACKEND, [], None))
+        return wrapped
+
+    return wrap
+
+
+#: The face of each op: reductions (Average, Sum, Adasum) and the algorithms of ``hvd_compress.algorithms``.
+_WRAPPERS = {
+    ReduceOp.Average: _dense,
+    ReduceOp.Sum: _dense,
+    ReduceOp.Adasum: _adasum,
+    ReduceOp.OneBitAdam: _onebit(check_adam),
+    ReduceOp.OneBitLamb: _onebit(check_lamb),
+}

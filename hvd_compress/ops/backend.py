@@ -1,4 +1,5 @@
-"""The element-wise primitives the algorithms are written in, implemented once per framework face.
+"""The element-wise primitives the algorithms and the compression state are written in, implemented once
+per framework face (``hvd_compress/torch/backend.py``).
 
 An algorithm never touches a framework: it calls these on the face's own tensors (flat contiguous
 buffers, per-parameter views of them, and the parameters). Each primitive is one in-place framework op
@@ -20,6 +21,11 @@ class Backend(Protocol):
 
     def float32_like(self, numel: int, like: Tensor) -> Tensor:
         """A new zeroed float32 flat buffer of ``numel`` elements on ``like``'s device."""
+
+    def describe(self, x: object) -> tuple[str, int] | None:
+        """(dtype name such as ``"float32"``, number of elements) of a tensor of this face; None otherwise."""
+
+    def zero_(self, x: Tensor) -> Tensor: ...
 
     def zeros_like(self, x: Tensor) -> Tensor:
         """A new zeroed tensor of ``x``'s shape, dtype and device."""
