@@ -10,10 +10,15 @@ class PassCounter:
     """Counts backward passes per parameter and refuses more than ``limit`` before a step."""
 
     def __init__(self, params: Iterable[object], limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {limit}")
-        self.limit = limit
         self.counts = {id(p): 0 for p in params}
+        self.set_limit(limit)
+
+    def set_limit(self, limit: int) -> None:
+        """From now on, ``limit`` passes per step (the passes so far are forgotten)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"backward_passes_per_step must be an int >= 1, got {limit!r}")
+        self.limit = limit
+        self.reset()
 
     def add(self, p: object) -> int:
         n = self.counts[id(p)] + 1

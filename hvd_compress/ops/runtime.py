@@ -7,6 +7,7 @@ with Horovod's.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 from collections.abc import Mapping
@@ -59,6 +60,8 @@ class _Session:
     core: _core.Runtime
     world: Any  # the mpi4py communicator it was built on
     config: Config
+    # The one thread that runs asynchronous collectives, in submission order (made on first use).
+    executor: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 _session: _Session | None = None
@@ -135,7 +138,20 @@ def config() -> Config:
 def shutdown() -> None:
     """Drop the runtime (frees its duplicated communicator); ``init()`` may be called again."""
     global _session
+    if _session is not None and _session.executor is not None:
+        _session.executor.shutdown(wait=True)
     _session = None
+
+
+def executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The thread that runs this process's asynchronous collectives one at a time, in submission order
+    (so every rank issues them in the order it submitted them)."""
+    session = _session
+    if session is None:
+        get()  # raises NotInitializedError
+    if session.executor is None:
+        session.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvdc-async")
+    return session.executor
 
 
 def rank() -> int:

@@ -15,10 +15,21 @@ from hvd_compress.ops.errors import (
     UsageError,
 )
 from hvd_compress.ops.runtime import comm_stats, set_timeout
+from hvd_compress.torch.asynchronous import (
+    allreduce_async,
+    allreduce_async_,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    poll,
+    synchronize,
+)
 from hvd_compress.torch.context import init, rank, size
 from hvd_compress.torch.functions import (
     allreduce,
     allreduce_,
+    broadcast,
     broadcast_,
     broadcast_object,
     broadcast_optimizer_state,
@@ -48,7 +59,12 @@ __all__ = [
     "UsageError",
     "allreduce",
     "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "broadcast",
     "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
@@ -57,11 +73,15 @@ __all__ = [
     "compressed_allreduce_",
     "grouped_allreduce",
     "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
     "horovod_entry",
     "init",
+    "poll",
     "rank",
     "set_timeout",
     "size",
+    "synchronize",
 ]
 
 install_from_environment()

@@ -13,48 +13,87 @@ from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.torch.context import ensure_init
 
 
-def allreduce_(tensor: torch.Tensor, op: Any = ReduceOp.Average, name: str | None = None) -> torch.Tensor:
-    """Reduce ``tensor`` over all ranks in place and return it."""
+def _resolve_op(op: Any, average: bool | None) -> Any:
+    """Horovod's deprecated ``average=`` (True: Average, False: Sum), or ``op`` (default Average)."""
+    if average is not None:
+        if op is not None:
+            raise ValueError("allreduce: give op= or the deprecated average=, not both (as Horovod)")
+        return ReduceOp.Average if average else ReduceOp.Sum
+    return ReduceOp.Average if op is None else op
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    op: Any = None,
+    name: str | None = None,
+    *,
+    average: bool | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks in place and return it. As Horovod's: ``op`` (default Average) or the
+    deprecated ``average=``; ``prescale_factor`` multiplies the input before the reduction, ``postscale_factor``
+    the result after it."""
     ensure_init()
+    op = _resolve_op(op, average)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"allreduce_ expects a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.is_contiguous():
-        ops.allreduce_(tensor.detach(), op=op, name=name)
-        return tensor
-    staged = tensor.detach().contiguous()
-    ops.allreduce_(staged, op=op, name=name)
+    staged = tensor.detach() if tensor.is_contiguous() else tensor.detach().contiguous()
     with torch.no_grad():
-        tensor.copy_(staged)
+        if prescale_factor != 1.0:
+            staged.mul_(prescale_factor)
+        ops.allreduce_(staged, op=op, name=name)
+        if postscale_factor != 1.0:
+            staged.mul_(postscale_factor)
+        if staged.data_ptr() != tensor.data_ptr():
+            tensor.copy_(staged)
     return tensor
 
 
-def _allreduce_copy(tensor: torch.Tensor, op: Any, name: str | None) -> torch.Tensor:
+def _allreduce_copy(tensor: torch.Tensor, op: Any, name: str | None, scales: tuple[float, float]) -> torch.Tensor:
     out = tensor.detach().clone(memory_format=torch.contiguous_format)
-    return allreduce_(out, op=op, name=name)
+    return allreduce_(out, op=op, name=name, prescale_factor=scales[0], postscale_factor=scales[1])
 
 
 class _Allreduce(torch.autograd.Function):
-    """As Horovod's ``HorovodAllreduce``: the gradient of a reduction is the same reduction of the incoming
-    gradient (every rank must call ``backward`` too, in the same order, as for any collective)."""
+    """As Horovod's ``HorovodAllreduce``: the gradient of a reduction is the same reduction (same scale
+    factors) of the incoming gradient (every rank must call ``backward`` too, in the same order)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, op: Any, name: str | None) -> torch.Tensor:
-        ctx.op, ctx.name = op, name
-        return _allreduce_copy(tensor, op, name)
+    def forward(ctx: Any, tensor: torch.Tensor, op: Any, name: str | None, scales: tuple[float, float]) -> torch.Tensor:
+        ctx.op, ctx.name, ctx.scales = op, name, scales
+        return _allreduce_copy(tensor, op, name, scales)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return _allreduce_copy(grad, ctx.op, f"{ctx.name}.grad" if ctx.name else None), None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        name = f"{ctx.name}.grad" if ctx.name else None
+        return _allreduce_copy(grad, ctx.op, name, ctx.scales), None, None, None
 
 
-def allreduce(tensor: torch.Tensor, op: Any = ReduceOp.Average, name: str | None = None) -> torch.Tensor:
-    """A new tensor holding the reduction of ``tensor`` over all ranks; differentiable (the gradient is the
-    same reduction of the incoming gradient, as in Horovod)."""
+def allreduce(
+    tensor: torch.Tensor,
+    op: Any = None,
+    name: str | None = None,
+    *,
+    average: bool | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """A new tensor holding the reduction of ``tensor`` over all ranks (arguments as ``allreduce_``);
+    differentiable (the gradient is the same reduction of the incoming gradient, as in Horovod)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"allreduce expects a torch.Tensor, got {type(tensor).__name__}")
+    op, scales = _resolve_op(op, average), (prescale_factor, postscale_factor)
     if tensor.requires_grad and torch.is_grad_enabled():
-        return _Allreduce.apply(tensor, op, name)
-    return _allreduce_copy(tensor, op, name)
+        return _Allreduce.apply(tensor, op, name, scales)
+    return _allreduce_copy(tensor, op, name, scales)
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
+    """A new tensor holding root_rank's ``tensor`` (Horovod's out-of-place broadcast)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"broadcast expects a torch.Tensor, got {type(tensor).__name__}")
+    return broadcast_(tensor.detach().clone(memory_format=torch.contiguous_format), root_rank, name)
 
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from hvd_compress import algorithms
+from hvd_compress import algorithms, ops
 from hvd_compress.algorithms.onebit import parse_options
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.passes import PassCounter
@@ -34,10 +34,12 @@ class _DistributedMixin(SynchronizeProtocol):
         named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
         op: ReduceOp,
         backward_passes_per_step: int,
+        gradient_predivide_factor: float = 1.0,
     ) -> None:
         params = [p for g in self.param_groups for p in g["params"]]
         check_named_parameters(params, named_parameters)
         self._hvdc_op = op
+        self._hvdc_predivide = float(gradient_predivide_factor)
         self._hvdc_grads = FusedGradients(params)
         self._hvdc_passes = PassCounter(self._hvdc_grads.params, backward_passes_per_step)
         self._hvdc_meter = CommMeter()
@@ -52,8 +54,14 @@ class _DistributedMixin(SynchronizeProtocol):
         runs inside ``skip_synchronize()``): clip or inspect the reduced gradients between the two."""
         ensure_init()
         self._hvdc_grads.gather()
+        f = self._hvdc_predivide
         for i, flat in enumerate(self._hvdc_grads.buffers):
-            self._hvdc_meter.run(allreduce_, flat, op=self._hvdc_op, name=f"DistributedOptimizer.grad.{i}")
+            name = f"DistributedOptimizer.grad.{i}"
+            if f == 1.0:
+                self._hvdc_meter.run(allreduce_, flat, op=self._hvdc_op, name=name)
+            else:  # Horovod's split average: 1/f before the sum, f/size after it
+                self._hvdc_meter.run(allreduce_, flat, op=ReduceOp.Sum, name=name, prescale_factor=1.0 / f,
+                                     postscale_factor=f / ops.size())
         self._hvdc_passes.reset()
         self._hvdc_mark_synchronized()
 
@@ -110,10 +118,18 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
 
 def _dense(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
            options: dict[str, Any]) -> torch.optim.Optimizer:
+    options = dict(options)
+    predivide = options.pop("gradient_predivide_factor", 1.0)
     if options:
-        raise TypeError(f"op={op.name} takes no algorithm options, got {sorted(options)}")
+        raise TypeError(
+            f"op={op.name} takes no algorithm options (only gradient_predivide_factor), got {sorted(options)}"
+        )
+    if not isinstance(predivide, (int, float)) or isinstance(predivide, bool) or not predivide > 0:
+        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {predivide!r}")
+    if predivide != 1.0 and op != ReduceOp.Average:
+        raise ValueError("gradient_predivide_factor is supported with op=Average only (as in Horovod)")
     wrapped = rewrap(optimizer, _DistributedMixin)
-    wrapped._hvdc_setup(named_parameters, op, passes)
+    wrapped._hvdc_setup(named_parameters, op, passes, predivide)
     return wrapped
 
 

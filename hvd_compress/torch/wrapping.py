@@ -94,6 +94,10 @@ class SynchronizeProtocol:
         finally:
             self._hvdc_skip = False
 
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """As Horovod's: from now on the gradients of ``passes`` backward passes make one step."""
+        self._hvdc_passes.set_limit(passes)
+
     def _hvdc_mark_synchronized(self) -> None:
         self._hvdc_synchronized = True
 
