@@ -75,6 +75,8 @@ def test_second_wrapper_on_same_model_replaces_the_first(ranks) -> None:
     for r, rk in enumerate(saved):
         for i, (got, want) in enumerate(zip(rk["rewrap"]["final"], params, strict=True)):
             _close(got, want.double().numpy(), f"n={n} {mode} rank {r}: parameter {i} after re-wrapping")
+        # the original wrapper still counts passes after a deep copy of the model was wrapped
+        assert "computed 2 times" in rk["hook_alive"], f"n={n} {mode} rank {r}: {rk['hook_alive']}"
 
 
 def test_broadcast_parameters_copies_integer_and_bool_buffers(ranks) -> None:

@@ -40,7 +40,10 @@ def rewrap(optimizer: torch.optim.Optimizer, mixin: type) -> torch.optim.Optimiz
     return wrapped
 
 
-_HOOK_ATTR = "_hvdc_grad_hook"
+# The hvd_compress hook of each parameter, by id (checked against a weak reference: tensors compare
+# element-wise, so they cannot key a WeakKeyDictionary). Not an attribute of the parameter: a deep copy
+# of the model would copy it, and wrapping the copy would then remove the original's hook.
+_hooks: dict[int, tuple[weakref.ref, Any]] = {}
 
 
 def hook_gradients(params: Iterable[torch.nn.Parameter], callback: Callable[[torch.Tensor], None]) -> None:
@@ -58,10 +61,12 @@ def hook_gradients(params: Iterable[torch.nn.Parameter], callback: Callable[[tor
             fn(p)
 
     for p in params:
-        previous = getattr(p, _HOOK_ATTR, None)
-        if previous is not None:
-            previous.remove()
-        setattr(p, _HOOK_ATTR, p.register_post_accumulate_grad_hook(hook))
+        key = id(p)
+        previous = _hooks.get(key)
+        if previous is not None and previous[0]() is p:
+            previous[1].remove()
+        handle = p.register_post_accumulate_grad_hook(hook)
+        _hooks[key] = (weakref.ref(p, lambda _, key=key: _hooks.pop(key, None)), handle)
 
 
 SYNC_WARNING = (

@@ -5,6 +5,7 @@ argv: out_dir, mode ("hc": hc.init() alone; "hvd": hvd.init() first). Saves inpu
 computes what they must be with the NumPy reference.
 """
 
+import copy
 import gc
 import sys
 import warnings
@@ -58,11 +59,17 @@ start = [p.detach().clone() for p in model.parameters()]
 opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), op=hvd.Average)
 rewrapped = hc.DistributedOptimizer(opt, model.named_parameters(), op=hvd.Average)  # wrapping a wrapper
 del opt
+# A deep copy of the model, wrapped on its own (an EMA or evaluation copy), leaves the original's hooks alone.
+twin = copy.deepcopy(model)
+twin_opt = hc.DistributedOptimizer(torch.optim.SGD(twin.parameters(), lr=0.1), twin.named_parameters())
 for step in range(3):
     rewrapped.zero_grad()
     model_and_grads(model, step)
     rewrapped.step()
 out["rewrap"] = {"start": start, "final": [p.detach().clone() for p in model.parameters()]}
+rewrapped.zero_grad()
+out["hook_alive"] = outcome(lambda: [model_and_grads(model, 9) for _ in range(2)])
+rewrapped.zero_grad()
 del rewrapped
 gc.collect()
 
