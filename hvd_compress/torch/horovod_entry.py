@@ -19,7 +19,6 @@ from typing import Any
 
 from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
 
-_PATCHED = ("DistributedOptimizer", "allreduce", "allreduce_", "grouped_allreduce")
 _originals: dict[str, Any] = {}
 
 
@@ -27,7 +26,7 @@ def _ours(op: Any) -> bool:
     return isinstance(op, ReduceOp) and op not in DENSE_OPS
 
 
-def _route(name: str, original: Any, ours: Any) -> Any:
+def _route(original: Any, ours: Any) -> Any:
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -74,9 +73,9 @@ def horovod_entry(enabled: bool = True) -> bool:
             "allreduce_": hc.allreduce_,
             "grouped_allreduce": hc.grouped_allreduce,
         }
-        for name in _PATCHED:
+        for name, fn in ours.items():
             _originals[name] = getattr(hvd, name)
-            setattr(hvd, name, _route(name, _originals[name], ours[name]))
+            setattr(hvd, name, _route(_originals[name], fn))
     return True
 
 

@@ -48,7 +48,7 @@ def _segment_views(params: list[torch.nn.Parameter]) -> Any:
     return views
 
 
-def _segments(param_groups: list[dict[str, Any]], lamb: bool) -> tuple[list[Segment], list[FusedGradients]]:
+def _segments(param_groups: list[dict[str, Any]], fresh: bool) -> tuple[list[Segment], list[FusedGradients]]:
     segments, grads = [], []
     for gi, group in enumerate(param_groups):
         by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
@@ -69,7 +69,7 @@ def _segments(param_groups: list[dict[str, Any]], lamb: bool) -> tuple[list[Segm
                     grad=fused.buffers[0],
                     exp_avg=exp_avg,
                     exp_avg_sq=flat_with_views(params)[0],
-                    fresh=flat_with_views(params)[0] if lamb else None,
+                    fresh=flat_with_views(params)[0] if fresh else None,
                     work=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
                     scratch=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
                     onebit=OneBitState(numel, torch.float32, device=exp_avg.device),
@@ -100,7 +100,7 @@ class OneBitMixin(SynchronizeProtocol):
         """Run ``algorithm`` (built with its options, no segments yet) on this optimizer's parameters."""
         params = [p for g in self.param_groups for p in g["params"]]
         check_named_parameters(params, named_parameters)
-        segments, self._hvdc_grads = _segments(self.param_groups, lamb=algorithm.has_fresh_variance)
+        segments, self._hvdc_grads = _segments(self.param_groups, fresh=algorithm.has_fresh_variance)
         self._hvdc_meter = CommMeter()
         algorithm.segments, algorithm.meter = segments, self._hvdc_meter
         self._hvdc_alg = algorithm

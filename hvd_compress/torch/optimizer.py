@@ -55,13 +55,11 @@ class _DistributedMixin(SynchronizeProtocol):
         ensure_init()
         self._hvdc_grads.gather()
         f = self._hvdc_predivide
+        # Horovod's split average with a predivide factor: 1/f before the sum, f/size after it.
+        op, pre, post = (self._hvdc_op, 1.0, 1.0) if f == 1.0 else (ReduceOp.Sum, 1.0 / f, f / ops.size())
         for i, flat in enumerate(self._hvdc_grads.buffers):
-            name = f"DistributedOptimizer.grad.{i}"
-            if f == 1.0:
-                self._hvdc_meter.run(allreduce_, flat, op=self._hvdc_op, name=name)
-            else:  # Horovod's split average: 1/f before the sum, f/size after it
-                self._hvdc_meter.run(allreduce_, flat, op=ReduceOp.Sum, name=name, prescale_factor=1.0 / f,
-                                     postscale_factor=f / ops.size())
+            self._hvdc_meter.run(allreduce_, flat, op=op, name=f"DistributedOptimizer.grad.{i}",
+                                 prescale_factor=pre, postscale_factor=post)
         self._hvdc_passes.reset()
         self._hvdc_mark_synchronized()
 
