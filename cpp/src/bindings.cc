@@ -14,6 +14,7 @@
 
 #include "hvdc/errors.h"
 #include "hvdc/onebit_bindings.h"
+#include "hvdc/random_bindings.h"
 #include "hvdc/runtime.h"
 
 namespace nb = nanobind;
@@ -217,4 +218,5 @@ NB_MODULE(_core, m) {
       .def("stats", [](const Runtime& rt) { return as_dict(rt.stats()); })
       .def("reset_stats", &Runtime::reset_stats);
   hvdc::register_onebit(m);
+  hvdc::register_random(m);
 }
