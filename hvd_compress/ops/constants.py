@@ -18,6 +18,8 @@ class ReduceOp(enum.IntEnum):
     # Optimizer algorithms (DistributedOptimizer only): not reductions of one tensor.
     OneBitAdam = 16
     OneBitLamb = 17
+    SLAMB = 18
+    Birder = 19
 
 
 Sum = ReduceOp.Sum
@@ -25,6 +27,8 @@ Average = ReduceOp.Average
 Adasum = ReduceOp.Adasum
 OneBitAdam = ReduceOp.OneBitAdam
 OneBitLamb = ReduceOp.OneBitLamb
+SLAMB = ReduceOp.SLAMB
+Birder = ReduceOp.Birder
 
 DENSE_OPS = (ReduceOp.Sum, ReduceOp.Average)
-OPTIMIZER_OPS = (ReduceOp.OneBitAdam, ReduceOp.OneBitLamb)
+OPTIMIZER_OPS = (ReduceOp.OneBitAdam, ReduceOp.OneBitLamb, ReduceOp.SLAMB, ReduceOp.Birder)

@@ -19,6 +19,13 @@ enum Collective : int32_t {
   kAdasum = 3,
   kCompressedAllreduce = 4,
   kInit = 5,
+  // Reserved for the collectives being added (one value each, so that parallel work never reuses
+  // one): Horovod's allgather, the masked (SLAMB) allreduce, the sparse compressed reductions,
+  // Birder's hierarchical 1-bit allreduce.
+  kAllgather = 6,
+  kMaskedAllreduce = 7,
+  kSparseAllreduce = 8,
+  kHierarchicalCompressedAllreduce = 9,
 };
 
 struct CallSignature {
