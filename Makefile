@@ -9,7 +9,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export TF_CPP_MIN_LOG_LEVEL := 3
 MPIRUN := mpirun --oversubscribe --bind-to none -x PYTHONPATH -x OMP_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL
 
-.PHONY: install build test lint cpptest demo bench clean
+.PHONY: install build test lint cpptest demo bench bench-e2e clean
 
 install:
 	bash tools/install.sh
@@ -74,6 +74,10 @@ demo: install
 
 bench: install
 	NP=$(BENCH_NP) PY=$(PY) bash tools/bench.sh $(NET)
+
+# End-to-end training steps of three models with every method (hvd_compress/bench/e2e.py); NP ranks.
+bench-e2e: install
+	BENCH_MODULE=hvd_compress.bench.e2e NP=$(NP) PY=$(PY) bash tools/bench.sh $(NET)
 
 clean:
 	rm -rf build hvd_compress/_core*.so hvd_compress/_kernel_bench*.so hvd_compress/.core_built bench_results examples/out

@@ -6,16 +6,20 @@
 # BENCH_ENV="VAR=value ..." exports settings to every rank, for both our collectives and Horovod's
 # (e.g. BENCH_ENV=HOROVOD_CYCLE_TIME=20); the label, and so the result file, then names them.
 # BENCH_ARGS="..." is passed on to the benchmark (e.g. BENCH_ARGS='--only "allreduce Adasum"').
+# BENCH_MODULE picks the benchmark: hvd_compress.bench (collectives, the default) or hvd_compress.bench.e2e
+# (end-to-end training steps; `make bench-e2e`).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-python3}
 NP=${NP:-2}
 NET=${1:-}
+MODULE=${BENCH_MODULE:-hvd_compress.bench}
+export HVDC_BENCH_NET="$NET"
 out="$here/bench_results"
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL=3
-mpi=(mpirun --oversubscribe --bind-to none -np "$NP" -x PYTHONPATH -x OMP_NUM_THREADS=1)
+mpi=(mpirun --oversubscribe --bind-to none -np "$NP" -x PYTHONPATH -x OMP_NUM_THREADS=1 -x HVDC_BENCH_NET)
 suffix=""
 for kv in ${BENCH_ENV:-}; do
     export "${kv?}"
@@ -24,7 +28,7 @@ for kv in ${BENCH_ENV:-}; do
 done
 eval "args=(${BENCH_ARGS:-})"
 if [ -z "$NET" ]; then
-    "${mpi[@]}" "$PY" -m hvd_compress.bench --out "$out" --label "shm$suffix" "${args[@]}"
+    "${mpi[@]}" "$PY" -m "$MODULE" --out "$out" --label "shm$suffix" "${args[@]}"
     exit 0
 fi
 ns="hvdc_bench_$$"
@@ -35,4 +39,4 @@ ip netns exec "$ns" ip link set lo up
 ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$NET" burst 256kb latency 50ms
 echo "[bench] namespace $ns: loopback limited to $NET (tbf burst 256kb latency 50ms); MPI over TCP"
 ip netns exec "$ns" "${mpi[@]}" --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
-    -x HOROVOD_CPU_OPERATIONS=MPI "$PY" -m hvd_compress.bench --out "$out" --label "$NET$suffix" "${args[@]}"
+    -x HOROVOD_CPU_OPERATIONS=MPI "$PY" -m "$MODULE" --out "$out" --label "$NET$suffix" "${args[@]}"

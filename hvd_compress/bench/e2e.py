@@ -1,0 +1,312 @@
+"""``python -m hvd_compress.bench.e2e``: real training steps, end to end, for every hvd_compress op against
+what a user would pick instead (``make bench-e2e``, ``make bench-e2e NET=1gbit``).
+
+For each model of ``hvd_compress.bench.models`` and each method (every ``hc`` op, Horovod's
+``DistributedOptimizer``, torch DDP, DDP with the PowerSGD hook of rank 4, and the floor: the same step with the
+local optimizer and no communication at all), from the same initial weights and the same per-rank batches:
+
+- median step time over the steps after ``--warmup`` (a 1-bit optimizer's compression stage), the slowest rank;
+- its ratio to the floor;
+- bytes per step and rank: hvd_compress's own counts for ``hc`` ops; under ``NET=...`` also what crossed the
+  namespace's loopback (every method, all traffic: MPI and gloo run over TCP there), divided by the ranks;
+- held-out loss at the end, and the wall-clock time at which the method's training loss (smoothed) first
+  reached the dense run's final training loss.
+
+Writes ``e2e_<label>_np<n>.json``/``.md`` and one PNG per model (training loss against wall-clock time) under
+``--out``. Methods run one after another in one job, so they share the machine's state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from torch import nn
+
+import hvd_compress.torch as hc
+from hvd_compress.bench.models import MODELS, Data, build, digits
+
+LO_STATS = Path("/sys/class/net/lo/statistics")
+
+
+@dataclass
+class Method:
+    """How to wrap a model's optimizer for one method; ``rule`` names the uncompressed rule it follows."""
+
+    name: str
+    rule: str  # "adam" or "lamb": the local optimizer it is built on
+    wrap: Callable[[nn.Module, torch.optim.Optimizer], tuple[nn.Module, torch.optim.Optimizer]]
+    hc_bytes: bool = False  # hvd_compress counts its bytes
+
+
+@dataclass
+class Run:
+    method: str
+    model: str
+    step_ms: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    wall_s: list[float] = field(default_factory=list)
+    hc_bytes_per_step: float | None = None
+    wire_bytes_per_step: float | None = None
+    test_loss: float = float("nan")
+
+
+def _local_optimizer(rule: str, params, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=lr) if rule == "adam" else hc.Lamb(params, lr=10 * lr)
+
+
+def _hc(op, **options) -> Callable:
+    def wrap(model, opt):
+        return model, hc.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=op, **options)
+
+    return wrap
+
+
+def _hvd(model, opt):
+    return model, hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+
+
+def _ddp(powersgd: bool) -> Callable:
+    def wrap(model, opt):
+        from torch.nn.parallel import DistributedDataParallel
+
+        # PowerSGD chains several gloo allreduces per bucket from future callbacks; with more than one bucket
+        # in flight the ranks can issue them in different orders (gloo then aborts on a size mismatch), so the
+        # PowerSGD baseline runs with one bucket.
+        ddp = DistributedDataParallel(model, bucket_cap_mb=1024 if powersgd else 25)
+        if powersgd:
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+            state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2)
+            ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        return ddp, opt
+
+    return wrap
+
+
+def _floor(model, opt):
+    return model, opt
+
+
+def methods(freeze: int) -> list[Method]:
+    """Every method, dense first (its final loss is the target of the others)."""
+    out = [
+        Method("hc Average (Adam)", "adam", _hc(hc.Average), True),
+        Method("Horovod Adam", "adam", _hvd),
+        Method("DDP Adam", "adam", _ddp(False)),
+        Method("DDP+PowerSGD r4 Adam", "adam", _ddp(True)),
+        Method("hc Adasum (Adam)", "adam", _hc(hc.Adasum), True),
+        Method("hc OneBitAdam", "adam", _hc(hc.OneBitAdam, freeze_step=freeze), True),
+        Method("hc Average (Lamb)", "lamb", _hc(hc.Average), True),
+        Method("hc OneBitLamb", "lamb", _hc(hc.OneBitLamb, freeze_step=freeze), True),
+    ]
+    # Algorithms that exist in this build (SLAMB, Birder) join without a change here.
+    if getattr(hc, "SLAMB", None) is not None:
+        out.append(Method("hc SLAMB", "lamb", _hc(hc.SLAMB, compress_ratio=0.1, sync_interval=100), True))
+    out.append(Method("floor Adam (no comm)", "adam", _floor))
+    return out
+
+
+def _wire_bytes() -> int:
+    return int((LO_STATS / "tx_bytes").read_text()) if LO_STATS.exists() else 0
+
+
+def train(method: Method, model_name: str, data: Data, comm, args) -> Run:
+    rank, size = comm.Get_rank(), comm.Get_size()
+    model = build(model_name, seed=args.seed)
+    opt = _local_optimizer(method.rule, model.parameters(), args.lr)
+    model, opt = method.wrap(model, opt)
+    loss_fn = nn.CrossEntropyLoss()
+    run = Run(method.name, model_name)
+    gen = torch.Generator().manual_seed(1000 + rank)  # each rank's own batches, the same for every method
+    n_train = data.x_train.shape[0]
+    wire0 = 0
+    comm.Barrier()
+    start = time.perf_counter()
+    for step in range(args.steps):
+        if step == args.warmup:
+            comm.Barrier()
+            wire0 = _wire_bytes()
+            hc.comm_stats()  # resets: what follows is the measured steps' traffic
+        idx = torch.randint(0, n_train, (args.batch,), generator=gen)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = loss_fn(model(data.x_train[idx]), data.y_train[idx])
+        loss.backward()
+        opt.step()
+        run.step_ms.append((time.perf_counter() - t0) * 1e3)
+        run.losses.append(float(loss.detach()))
+        run.wall_s.append(time.perf_counter() - start)
+    comm.Barrier()
+    measured = max(args.steps - args.warmup, 1)
+    wire = _wire_bytes() - wire0
+    hc_sent = hc.comm_stats()["bytes_sent"]
+    if method.hc_bytes:
+        run.hc_bytes_per_step = comm.allreduce(hc_sent, op=MPI.SUM) / size / measured
+    if LO_STATS.exists() and os.environ.get("HVDC_BENCH_NET"):
+        run.wire_bytes_per_step = wire / size / measured  # lo counts every rank's traffic once
+    # The slowest rank's time per step; the mean loss over ranks.
+    run.step_ms = _reduce(comm, run.step_ms, MPI.MAX)
+    run.losses = [v / size for v in _reduce(comm, run.losses, MPI.SUM)]
+    with torch.no_grad():
+        inner = model.module if hasattr(model, "module") else model
+        run.test_loss = float(loss_fn(inner(data.x_test), data.y_test))
+    return run
+
+
+def _reduce(comm, values: list[float], op) -> list[float]:
+    """Element-wise ``op`` of every rank's ``values``."""
+    send = np.asarray(values, dtype=np.float64)
+    recv = np.empty_like(send)
+    comm.Allreduce(send, recv, op=op)
+    return recv.tolist()
+
+
+def _smooth(xs: list[float], k: int = 10) -> list[float]:
+    out, acc = [], []
+    for x in xs:
+        acc.append(x)
+        acc = acc[-k:]
+        out.append(sum(acc) / len(acc))
+    return out
+
+
+def summarize(runs: list[Run], warmup: int) -> list[dict]:
+    rows = []
+    by_model: dict[str, list[Run]] = {}
+    for r in runs:
+        by_model.setdefault(r.model, []).append(r)
+    for model, group in by_model.items():
+        floor = next((r for r in group if r.method.startswith("floor")), None)
+        floor_ms = statistics.median(floor.step_ms[warmup:]) if floor else float("nan")
+        targets = {}
+        for r in group:
+            if r.method.startswith("hc Average"):
+                targets["lamb" if "Lamb" in r.method else "adam"] = _smooth(r.losses)[-1]
+        for r in group:
+            med = statistics.median(r.step_ms[warmup:])
+            target = targets.get("lamb" if "Lamb" in r.method or "SLAMB" in r.method else "adam")
+            reached = None
+            if target is not None:
+                for t, loss in zip(r.wall_s, _smooth(r.losses), strict=True):
+                    if loss <= target:
+                        reached = t
+                        break
+            rows.append({
+                "model": model, "method": r.method, "median_step_ms": med, "ratio_to_floor": med / floor_ms,
+                "hc_bytes_per_step": r.hc_bytes_per_step, "wire_bytes_per_step": r.wire_bytes_per_step,
+                "final_train_loss": _smooth(r.losses)[-1], "test_loss": r.test_loss, "time_to_dense_loss_s": reached,
+            })
+    return rows
+
+
+def markdown(rows: list[dict], label: str, size: int, args) -> str:
+    def mb(v):
+        return "" if v is None else f"{v / 1e6:.3f}"
+
+    lines = [
+        f"End-to-end training steps, `{label}`, {size} ranks, batch {args.batch} per rank, {args.steps} steps "
+        f"(median over the {args.steps - args.warmup} after step {args.warmup}), digits data",
+        "",
+        "| model | method | median step ms | / floor | MB/step/rank (hc) | MB/step/rank (wire) | final train loss "
+        "| held-out loss | s to dense loss |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        reached = "not reached" if r["time_to_dense_loss_s"] is None else f"{r['time_to_dense_loss_s']:.1f}"
+        lines.append(
+            f"| {r['model']} | {r['method']} | {r['median_step_ms']:.1f} | {r['ratio_to_floor']:.2f} | "
+            f"{mb(r['hc_bytes_per_step'])} | {mb(r['wire_bytes_per_step'])} | {r['final_train_loss']:.4f} | "
+            f"{r['test_loss']:.4f} | {reached} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[Run], stem: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for model in dict.fromkeys(r.model for r in runs):
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for r in runs:
+            if r.model == model:
+                ax.plot(r.wall_s, _smooth(r.losses), label=r.method)
+        ax.set_xlabel("wall-clock s (rank 0)")
+        ax.set_ylabel("training loss (mean over ranks, smoothed over 10 steps)")
+        ax.set_yscale("log")
+        ax.set_title(f"{model}: {stem.name}")
+        ax.legend(fontsize=7)
+        path = stem.parent / f"{stem.name}_{model}.png"
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def _init_gloo(comm) -> None:
+    """torch.distributed over gloo for the DDP baselines, rendezvous on this host (the namespace's loopback)."""
+    port = comm.bcast(29500 + os.getpid() % 2000 if comm.Get_rank() == 0 else None, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(),
+                            world_size=comm.Get_size())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--only", default="", help="comma-separated method names (default: all)")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=15, help="steps before timing; the 1-bit freeze_step")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="bench_results")
+    parser.add_argument("--label", default="shm")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    hvd.init()
+    hc.init()
+    comm = MPI.COMM_WORLD
+    _init_gloo(comm)
+    data = digits(args.seed)
+    wanted = {s.strip() for s in args.only.split(",") if s.strip()}
+    runs = []
+    for model in args.models.split(","):
+        for method in methods(args.warmup):
+            if wanted and method.name not in wanted:
+                continue
+            run = train(method, model, data, comm, args)
+            runs.append(run)
+            if comm.Get_rank() == 0:
+                print(f"[e2e] {model} / {method.name}: median {statistics.median(run.step_ms[args.warmup:]):.1f} "
+                      f"ms, final loss {_smooth(run.losses)[-1]:.4f}", flush=True)
+    if comm.Get_rank() == 0:
+        rows = summarize(runs, args.warmup)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = out / f"e2e_{args.label}_np{comm.Get_size()}"
+        stem.with_suffix(".json").write_text(json.dumps({"label": args.label, "rows": rows,
+                                                          "runs": [r.__dict__ for r in runs]}, indent=1))
+        table = markdown(rows, args.label, comm.Get_size(), args)
+        stem.with_suffix(".md").write_text(table)
+        pngs = plot(runs, stem)
+        print(table)
+        print(f"[e2e] wrote {stem}.json, {stem}.md and {', '.join(str(p) for p in pngs)}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
