@@ -9,6 +9,7 @@ import torch
 
 from hvd_compress import ops
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.torch.context import ensure_init
 
 
@@ -17,9 +18,11 @@ def grouped_allreduce_(
     op: Any = ReduceOp.Average,
     name: str | None = None,
     hierarchical: bool | None = None,
+    process_set: Any = None,
 ) -> list[torch.Tensor]:
     """Reduce every tensor of ``tensors`` (one dtype) over all ranks in place and return them."""
     ensure_init()
+    check_process_set(process_set)
     tensors = list(tensors)
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
@@ -58,9 +61,11 @@ def grouped_allreduce(
     op: Any = ReduceOp.Average,
     name: str | None = None,
     hierarchical: bool | None = None,
+    process_set: Any = None,
 ) -> list[torch.Tensor]:
     """New tensors holding the reduction of each of ``tensors`` over all ranks (one fused exchange);
     differentiable as Horovod's."""
+    check_process_set(process_set)
     tensors = list(tensors)
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
