@@ -148,7 +148,12 @@ def check_named_parameters(
     """Names by parameter id; every optimizer parameter must be named when names are given."""
     if named_parameters is None:
         return {id(p): f"param.{i}" for i, p in enumerate(params)}
-    names = {id(p): n for n, p in named_parameters}
+    named = list(named_parameters)
+    seen: set[str] = set()
+    duplicates = sorted({n for n, _ in named if n in seen or seen.add(n)})
+    if duplicates:
+        raise ValueError(f"named_parameters has duplicate names (as Horovod, they must be unique): {duplicates}")
+    names = {id(p): n for n, p in named}
     missing = [i for i, p in enumerate(params) if id(p) not in names]
     if missing:
         raise ValueError(
