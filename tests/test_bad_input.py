@@ -24,10 +24,11 @@ def test_unsupported_dtype_on_one_rank_raises_on_every_rank(n: int, out_dir) -> 
     mpirun("bad_input.py", n, out_dir, "dtype", timeout=120)
     caught = _caught(out_dir, n)
     for r, c in enumerate(caught):
-        assert c["dtype"].startswith("UsageError"), f"rank {r}: {c['dtype']}"
-        assert f"rank {n - 1} rejected its input" in c["dtype"] and "int32" in c["dtype"], f"rank {r}: {c['dtype']}"
-        assert "float16, bfloat16, float32 and float64" in c["dtype"], f"rank {r}: {c['dtype']}"
-        assert c["complex_all"].startswith("UsageError") and "complex64" in c["complex_all"], c["complex_all"]
+        # RejectedInputError: a UsageError (ValueError) and a RuntimeError.
+        assert c["dtype"].startswith("RejectedInputError"), f"rank {r}: {c['dtype']}"
+        assert f"rank {n - 1} rejected its input" in c["dtype"] and "bool" in c["dtype"], f"rank {r}: {c['dtype']}"
+        assert "float16, bfloat16, float32, float64" in c["dtype"], f"rank {r}: {c['dtype']}"
+        assert c["complex_all"].startswith("RejectedInputError") and "complex64" in c["complex_all"], c["complex_all"]
     _recovered(caught, n)
 
 
@@ -35,7 +36,7 @@ def test_tensor_on_unsupported_device_raises_on_every_rank(out_dir) -> None:
     mpirun("bad_input.py", 3, out_dir, "device", timeout=120)
     caught = _caught(out_dir, 3)
     for r, c in enumerate(caught):
-        assert c["device"].startswith("UsageError") and "rank 1 rejected its input" in c["device"], f"rank {r}: {c}"
+        assert c["device"].startswith("RejectedInputError") and "rank 1 rejected its input" in c["device"], f"{r}: {c}"
     _recovered(caught, 3)
 
 

@@ -23,9 +23,19 @@ using namespace hvdc;
 namespace {
 
 const char* const kSupported = "hvd_compress reduces float16, bfloat16, float32 and float64";
+const char* const kSupportedWithInts =
+    "this collective takes float16, bfloat16, float32, float64, uint8, int8, int16, int32 and int64";
 
-DType to_dtype(const nb::dlpack::dtype& dt, bool allow_bytes) {
+// `allow_ints`: the integer types too (dense allreduce, allgather).
+DType to_dtype(const nb::dlpack::dtype& dt, bool allow_bytes, bool allow_ints = false) {
   using Code = nb::dlpack::dtype_code;
+  if (dt.lanes == 1 && allow_ints) {
+    if (dt.code == static_cast<uint8_t>(Code::UInt) && dt.bits == 8) return DType::kUInt8;
+    if (dt.code == static_cast<uint8_t>(Code::Int) && dt.bits == 8) return DType::kInt8;
+    if (dt.code == static_cast<uint8_t>(Code::Int) && dt.bits == 16) return DType::kInt16;
+    if (dt.code == static_cast<uint8_t>(Code::Int) && dt.bits == 32) return DType::kInt32;
+    if (dt.code == static_cast<uint8_t>(Code::Int) && dt.bits == 64) return DType::kInt64;
+  }
   if (dt.lanes == 1) {
     if (dt.code == static_cast<uint8_t>(Code::Float) && dt.bits == 16) return DType::kFloat16;
     if (dt.code == static_cast<uint8_t>(Code::Float) && dt.bits == 32) return DType::kFloat32;
@@ -36,13 +46,15 @@ DType to_dtype(const nb::dlpack::dtype& dt, bool allow_bytes) {
   }
   static const char* kinds[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
   const std::string kind = dt.code < 7 ? kinds[dt.code] : "code" + std::to_string(dt.code);
-  throw UsageError("unsupported dtype " + kind + std::to_string(dt.bits) + ": " + kSupported);
+  throw UsageError("unsupported dtype " + kind + std::to_string(dt.bits) + ": " +
+                   (allow_ints ? kSupportedWithInts : kSupported));
 }
 
 // The one translation from a DLPack object to a core view, shape included; UsageError, prefixed
 // with `what` when given, for anything the core cannot address. `allow_bytes`: uint8 too (the
-// broadcast of pickled objects).
-TensorView view_of(nb::handle obj, const std::string& what = "", bool allow_bytes = false) {
+// broadcast of pickled objects); `allow_ints`: every integer type (to_dtype).
+TensorView view_of(nb::handle obj, const std::string& what = "", bool allow_bytes = false,
+                   bool allow_ints = false) {
   const std::string prefix = what.empty() ? "" : what + ": ";
   nb::ndarray<> a;
   try {
@@ -52,7 +64,7 @@ TensorView view_of(nb::handle obj, const std::string& what = "", bool allow_byte
   }
   TensorView v;
   try {
-    v.dtype = to_dtype(a.dtype(), allow_bytes);
+    v.dtype = to_dtype(a.dtype(), allow_bytes, allow_ints);
   } catch (const UsageError& e) {
     throw UsageError(prefix + e.what());
   }
@@ -111,7 +123,10 @@ nb::dict released(Call call) {
 NB_MODULE(_core, m) {
   m.doc() = "hvd_compress C++ core: collectives over MPI on DLPack tensors";
 
-  nb::exception<UsageError>(m, "UsageError", PyExc_ValueError);
+  nb::exception<UsageError> usage_error(m, "UsageError", PyExc_ValueError);
+  // Both a UsageError and a RuntimeError: what Horovod's users catch for a failed collective.
+  nb::exception<RejectedInputError>(m, "RejectedInputError",
+                                    nb::make_tuple(usage_error, nb::handle(PyExc_RuntimeError)));
   nb::exception<MismatchError>(m, "MismatchError", PyExc_RuntimeError);
   nb::exception<CommTimeoutError>(m, "CommTimeoutError", PyExc_TimeoutError);
   nb::exception<CommError>(m, "CommError", PyExc_RuntimeError);
@@ -150,11 +165,34 @@ NB_MODULE(_core, m) {
       .def(
           "allreduce",
           [](Runtime& rt, nb::handle tensor, int op, const std::string& name) {
-            const TensorView v = views_or_reject(rt, kAllreduce, name, [&] { return view_of(tensor); });
+            const TensorView v = views_or_reject(rt, kAllreduce, name, [&] {
+              return view_of(tensor, "", /*allow_bytes=*/false, /*allow_ints=*/true);
+            });
             return released([&] { return rt.allreduce(v, static_cast<ReduceOp>(op), name); });
           },
           nb::arg("tensor"), nb::arg("op"), nb::arg("name") = "",
-          "In-place Sum/Average allreduce of a contiguous tensor; returns this call's bytes.")
+          "In-place Average/Sum/Min/Max/Product allreduce of a contiguous float or integer tensor; "
+          "returns this call's bytes.")
+      .def(
+          "allgather",
+          [](Runtime& rt, nb::handle tensor, const std::string& name) {
+            const TensorView v = views_or_reject(rt, kAllgather, name, [&] {
+              TensorView t = view_of(tensor, "allgather", /*allow_bytes=*/false, /*allow_ints=*/true);
+              if (t.shape.empty())
+                throw UsageError("allgather: a tensor with no dimensions; give it one (reshape(1))");
+              return t;
+            });
+            auto* out = new std::vector<unsigned char>();
+            nb::capsule owner(out, [](void* p) noexcept { delete static_cast<std::vector<unsigned char>*>(p); });
+            std::vector<int64_t> rows;
+            const nb::dict moved = released([&] { return rt.allgather(v, name, *out, rows); });
+            nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> bytes(out->data(), {out->size()}, owner);
+            return nb::make_tuple(bytes, rows, moved);
+          },
+          nb::arg("tensor"), nb::arg("name") = "",
+          "Horovod's allgather of a contiguous tensor whose first dim may differ per rank: returns "
+          "(uint8 NumPy array of every rank's rows in rank order, each rank's first dim, this "
+          "call's bytes).")
       .def(
           "broadcast",
           [](Runtime& rt, nb::handle tensor, int root, const std::string& name) {

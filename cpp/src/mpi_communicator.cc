@@ -31,6 +31,30 @@ MPI_Datatype mpi_type(DType t) {
   }
 }
 
+// The MPI type of every dtype allreduce_op takes (the half types are widened by the caller).
+MPI_Datatype mpi_numeric_type(DType t) {
+  switch (t) {
+    case DType::kFloat32: return MPI_FLOAT;
+    case DType::kFloat64: return MPI_DOUBLE;
+    case DType::kUInt8: return MPI_UINT8_T;
+    case DType::kInt8: return MPI_INT8_T;
+    case DType::kInt16: return MPI_INT16_T;
+    case DType::kInt32: return MPI_INT32_T;
+    case DType::kInt64: return MPI_INT64_T;
+    default: throw UsageError(std::string("MPI reductions are not defined for ") + dtype_name(t));
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kProduct: return MPI_PROD;
+    default: throw UsageError(std::string("no element-wise MPI op for ") + reduce_op_name(op));
+  }
+}
+
 // Allreduces up to this size go through MPI_Iallreduce and wait_yielding(); larger ones (a dense
 // allreduce of a whole buffer) keep the blocking MPI_Allreduce and its tuned algorithms.
 constexpr size_t kSmallAllreduceBytes = size_t{64} << 10;
@@ -116,6 +140,28 @@ void MpiCommunicator::allreduce_sum(void* buf, int64_t count, DType dtype) {
     for (int64_t off = 0; off < count; off += chunk) {
       const int n = static_cast<int>(std::min(chunk, count - off));
       check(MPI_Allreduce(MPI_IN_PLACE, p + off * esize, n, type, MPI_SUM, comm_), "MPI_Allreduce");
+    }
+  }
+  const uint64_t b = ring_allreduce_bytes(static_cast<size_t>(count) * esize, size_);
+  stats_.add(b, b);
+}
+
+void MpiCommunicator::allreduce_op(void* buf, int64_t count, DType dtype, ReduceOp op) {
+  const size_t esize = dtype_size(dtype);
+  const MPI_Datatype type = mpi_numeric_type(dtype);
+  const MPI_Op mop = mpi_op(op);
+  const int64_t chunk = static_cast<int64_t>(kMaxChunkBytes / esize);
+  auto* p = static_cast<char*>(buf);
+  // As allreduce_sum: small ones wait yielding, large ones keep MPI's tuned blocking algorithms.
+  if (static_cast<size_t>(count) * esize <= kSmallAllreduceBytes) {
+    MPI_Request req;
+    check(MPI_Iallreduce(MPI_IN_PLACE, p, static_cast<int>(count), type, mop, comm_, &req),
+          "MPI_Iallreduce");
+    wait_yielding(1, &req);
+  } else {
+    for (int64_t off = 0; off < count; off += chunk) {
+      const int n = static_cast<int>(std::min(chunk, count - off));
+      check(MPI_Allreduce(MPI_IN_PLACE, p + off * esize, n, type, mop, comm_), "MPI_Allreduce");
     }
   }
   const uint64_t b = ring_allreduce_bytes(static_cast<size_t>(count) * esize, size_);

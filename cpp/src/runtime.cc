@@ -1,7 +1,9 @@
 #include "hvdc/runtime.h"
 
+#include <algorithm>
 #include <cstring>
 
+#include "hvdc/allgather.h"
 #include "hvdc/compressed_allreduce.h"
 #include "hvdc/dense_allreduce.h"
 #include "hvdc/errors.h"
@@ -87,9 +89,24 @@ CommStats Runtime::run(const CallSignature& sig, const std::string& what, Body&&
 
 CommStats Runtime::allreduce(const TensorView& t, ReduceOp op, const std::string& name) {
   CallSignature sig = signature_of(kAllreduce, t, static_cast<int>(op), name);
-  if (op != ReduceOp::kSum && op != ReduceOp::kAverage)
+  if (op != ReduceOp::kAverage && !is_elementwise_op(op))
     set_rejected(sig, "allreduce: unknown op " + std::to_string(static_cast<int>(op)));
   return run(sig, name, [&] { dense_allreduce(*world_, t, op); });
+}
+
+CommStats Runtime::allgather(const TensorView& t, const std::string& name,
+                             std::vector<unsigned char>& out, std::vector<int64_t>& rows_per_rank) {
+  // What must agree is everything but the first dim: the signature is that of one row (its dims
+  // as the shape), with the dim count in the op field so that [5] and [5, 1] differ.
+  TensorView row = t;
+  const int64_t rows = t.shape.empty() ? t.numel : t.shape[0];
+  row.shape.assign(t.shape.size() > 1 ? t.shape.begin() + 1 : t.shape.end(), t.shape.end());
+  row.numel = 1;
+  for (int64_t d : row.shape) row.numel *= d;
+  CallSignature sig =
+      signature_of(kAllgather, row, static_cast<int>(std::max<size_t>(t.shape.size(), 1)), name);
+  const size_t row_bytes = static_cast<size_t>(row.numel) * dtype_size(t.dtype);
+  return run(sig, name, [&] { allgather_rows(*world_, t.data, rows, row_bytes, out, rows_per_rank); });
 }
 
 CommStats Runtime::broadcast(const TensorView& t, int root, const std::string& name) {

@@ -116,7 +116,7 @@ void agree_on_signature(Communicator& comm, const CallSignature& sig, double tim
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].error[0] == '\0') continue;
     all[r].error[sizeof(all[r].error) - 1] = '\0';
-    throw UsageError(what + ": rank " + std::to_string(r) + " rejected its input: " +
+    throw RejectedInputError(what + ": rank " + std::to_string(r) + " rejected its input: " +
                      all[r].error);
   }
   bool same = true;

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "hvdc/errors.h"
@@ -40,6 +41,38 @@ void sum_in_rank_order(const unsigned char* all, int n, int64_t count, void* out
   std::copy(in, in + count, o);
   for (int r = 1; r < n; ++r)
     for (int64_t i = 0; i < count; ++i) o[i] += in[r * count + i];
+}
+
+// a op b for one element: integer Sum and Product wrap around as MPI's do (computed in uint64,
+// so there is no signed overflow and no promotion of uint16 * uint16 to int).
+template <typename T>
+T combine(T a, T b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin: return std::min(a, b);
+    case ReduceOp::kMax: return std::max(a, b);
+    case ReduceOp::kSum:
+      if constexpr (std::is_integral_v<T>)
+        return static_cast<T>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+      else
+        return a + b;
+    case ReduceOp::kProduct:
+      if constexpr (std::is_integral_v<T>)
+        return static_cast<T>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+      else
+        return a * b;
+    default: throw UsageError(std::string("ThreadCommunicator: op ") + reduce_op_name(op));
+  }
+}
+
+// Reduces `n` rank contributions of `count` T's with `op` into `out`, in rank order, as
+// sum_in_rank_order: every rank gets the same bits.
+template <typename T>
+void reduce_in_rank_order(const unsigned char* all, int n, int64_t count, void* out, ReduceOp op) {
+  auto* o = static_cast<T*>(out);
+  const auto* in = reinterpret_cast<const T*>(all);
+  std::copy(in, in + count, o);
+  for (int r = 1; r < n; ++r)
+    for (int64_t i = 0; i < count; ++i) o[i] = combine(o[i], in[r * count + i], op);
 }
 
 }  // namespace
@@ -184,6 +217,27 @@ void ThreadCommunicator::allreduce_sum(void* buf, int64_t count, DType dtype) {
     sum_in_rank_order<float>(all.data(), size_, count, buf);
   else
     sum_in_rank_order<double>(all.data(), size_, count, buf);
+  const uint64_t b = ring_allreduce_bytes(bytes, size_);
+  stats_.add(b, b);
+}
+
+void ThreadCommunicator::allreduce_op(void* buf, int64_t count, DType dtype, ReduceOp op) {
+  if (!is_elementwise_op(op))
+    throw UsageError(std::string("ThreadCommunicator: no element-wise op ") + reduce_op_name(op));
+  const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
+  std::vector<unsigned char> all(bytes * size_);
+  gather_blocks(buf, all.data(), bytes, 0);
+  const unsigned char* a = all.data();
+  switch (dtype) {
+    case DType::kFloat32: reduce_in_rank_order<float>(a, size_, count, buf, op); break;
+    case DType::kFloat64: reduce_in_rank_order<double>(a, size_, count, buf, op); break;
+    case DType::kUInt8: reduce_in_rank_order<uint8_t>(a, size_, count, buf, op); break;
+    case DType::kInt8: reduce_in_rank_order<int8_t>(a, size_, count, buf, op); break;
+    case DType::kInt16: reduce_in_rank_order<int16_t>(a, size_, count, buf, op); break;
+    case DType::kInt32: reduce_in_rank_order<int32_t>(a, size_, count, buf, op); break;
+    case DType::kInt64: reduce_in_rank_order<int64_t>(a, size_, count, buf, op); break;
+    default: throw UsageError(std::string("MPI reductions are not defined for ") + dtype_name(dtype));
+  }
   const uint64_t b = ring_allreduce_bytes(bytes, size_);
   stats_.add(b, b);
 }

@@ -41,6 +41,7 @@ class ThreadCommunicator final : public Communicator {
   int size() const override { return size_; }
 
   void allreduce_sum(void* buf, int64_t count, DType dtype) override;
+  void allreduce_op(void* buf, int64_t count, DType dtype, ReduceOp op) override;
   void allgather(const void* send, void* recv, size_t bytes) override;
   void allgather_timed(const void* send, void* recv, size_t bytes, double timeout_s) override;
   void sendrecv(const void* send, size_t send_bytes, int dst, void* recv, size_t recv_bytes,

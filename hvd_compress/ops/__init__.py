@@ -1,13 +1,15 @@
 """Framework-neutral API of hvd_compress (layer 2 of DESIGN.md): ops, runtime, collectives."""
 
-from hvd_compress.ops.collectives import adasum_fused_, allreduce_, broadcast_, grouped_allreduce_
-from hvd_compress.ops.constants import Adasum, Average, OneBitAdam, OneBitLamb, ReduceOp, Sum
+from hvd_compress.ops.collectives import adasum_fused_, allgather, allreduce_, broadcast_, grouped_allreduce_
+from hvd_compress.ops.constants import Adasum, Average, Max, Min, OneBitAdam, OneBitLamb, Product, ReduceOp, Sum
 from hvd_compress.ops.errors import (
     CommError,
     CommTimeoutError,
     LaunchError,
     MismatchError,
     NotInitializedError,
+    ProcessSetError,
+    RejectedInputError,
     UsageError,
 )
 from hvd_compress.ops.runtime import Config, comm_stats, init, is_initialized, rank, set_timeout, shutdown, size
@@ -20,15 +22,21 @@ __all__ = [
     "CommTimeoutError",
     "Config",
     "LaunchError",
+    "Max",
+    "Min",
     "MismatchError",
     "NotInitializedError",
     "OneBitAdam",
     "OneBitLamb",
+    "ProcessSetError",
+    "Product",
     "ReduceOp",
+    "RejectedInputError",
     "Sum",
     "Traffic",
     "UsageError",
     "adasum_fused_",
+    "allgather",
     "allreduce_",
     "broadcast_",
     "comm_stats",

@@ -33,7 +33,9 @@ def _hierarchical(hierarchical: bool | None) -> bool:
 def allreduce_(tensor: Any, op: Any = ReduceOp.Average, name: str | None = None, traffic: Traffic | None = None) -> Any:
     """Reduce ``tensor`` (contiguous, on the CPU) over all ranks in place and return it.
 
-    With ``op=Adasum`` the whole tensor is one Adasum vector. Ranks must pass tensors of one shape.
+    Average, Sum, Min, Max and Product take floating and integer tensors (integer Average is Horovod's: the
+    sum times 1/size, truncated toward zero). With ``op=Adasum`` (floating only) the whole tensor is one
+    Adasum vector. Ranks must pass tensors of one shape.
     """
     op = _check_op(op)
     rt = runtime.get()
@@ -88,6 +90,15 @@ def grouped_allreduce_(
     for i, t in enumerate(tensors):
         allreduce_(t, op=op, name=f"{name}.{i}" if name else None, traffic=traffic)
     return tensors
+
+
+def allgather(tensor: Any, name: str | None = None, traffic: Traffic | None = None) -> tuple[Any, list[int]]:
+    """Horovod's allgather of ``tensor`` (contiguous, at least one dim): its first dim may differ per rank,
+    its other dims and dtype must agree. Returns (a uint8 NumPy array holding every rank's rows in rank
+    order, each rank's first dim); the face views the bytes as its dtype and shape."""
+    data, rows, moved = runtime.get().allgather(as_core_buffer(tensor), name or "")
+    record(moved, traffic)
+    return data, [int(r) for r in rows]
 
 
 def broadcast_(tensor: Any, root_rank: int = 0, name: str | None = None, traffic: Traffic | None = None) -> Any:

@@ -6,6 +6,9 @@ from hvd_compress import _core
 
 #: Bad input on some rank (dtype, device, layout); every rank raises it. A ``ValueError``.
 UsageError = _core.UsageError
+#: Some rank rejected its input to a collective (dtype, device, layout); every rank raises it. Both a
+#: ``UsageError`` (so a ``ValueError``) and a ``RuntimeError``, what Horovod's users catch.
+RejectedInputError = _core.RejectedInputError
 #: Ranks called a collective with different shapes, dtypes, ops or names. A ``RuntimeError``.
 MismatchError = _core.MismatchError
 #: A peer did not join a collective within the timeout. A ``TimeoutError``.
@@ -16,6 +19,10 @@ CommError = _core.CommError
 
 class NotInitializedError(RuntimeError):
     """A collective was called before ``hvd.init()`` or ``hc.init()``."""
+
+
+class ProcessSetError(NotImplementedError):
+    """A process set other than the global one: hvd_compress runs every collective on all ranks of its world."""
 
 
 class LaunchError(RuntimeError):

@@ -5,17 +5,21 @@ Use after ``hvd.init()`` (or ``hc.init()`` in a job without Horovod, started by 
     opt = hc.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hc.Average)
 """
 
-from hvd_compress.ops.constants import Adasum, Average, OneBitAdam, OneBitLamb, ReduceOp, Sum
+from hvd_compress.ops.constants import Adasum, Average, Max, Min, OneBitAdam, OneBitLamb, Product, ReduceOp, Sum
 from hvd_compress.ops.errors import (
     CommError,
     CommTimeoutError,
     LaunchError,
     MismatchError,
     NotInitializedError,
+    ProcessSetError,
+    RejectedInputError,
     UsageError,
 )
+from hvd_compress.ops.process_sets import ProcessSet, add_process_set, global_process_set
 from hvd_compress.ops.runtime import comm_stats, set_timeout
 from hvd_compress.torch.asynchronous import (
+    allgather_async,
     allreduce_async,
     allreduce_async_,
     broadcast_async,
@@ -35,6 +39,7 @@ from hvd_compress.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from hvd_compress.torch.gather import allgather, allgather_object
 from hvd_compress.torch.grouped import grouped_allreduce, grouped_allreduce_
 from hvd_compress.torch.horovod_entry import horovod_entry, install_from_environment
 from hvd_compress.torch.lamb import Lamb
@@ -49,14 +54,24 @@ __all__ = [
     "DistributedOptimizer",
     "Lamb",
     "LaunchError",
+    "Max",
+    "Min",
     "MismatchError",
     "NotInitializedError",
     "OneBitAdam",
     "OneBitLamb",
     "OneBitState",
+    "ProcessSet",
+    "ProcessSetError",
+    "Product",
     "ReduceOp",
+    "RejectedInputError",
     "Sum",
     "UsageError",
+    "add_process_set",
+    "allgather",
+    "allgather_async",
+    "allgather_object",
     "allreduce",
     "allreduce_",
     "allreduce_async",
@@ -71,6 +86,7 @@ __all__ = [
     "comm_stats",
     "compressed_allreduce",
     "compressed_allreduce_",
+    "global_process_set",
     "grouped_allreduce",
     "grouped_allreduce_",
     "grouped_allreduce_async",

@@ -17,6 +17,7 @@ import torch
 from hvd_compress.ops import runtime
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce, allreduce_, broadcast, broadcast_
+from hvd_compress.torch.gather import allgather
 from hvd_compress.torch.grouped import grouped_allreduce, grouped_allreduce_
 
 Handle = concurrent.futures.Future
@@ -45,12 +46,17 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], *args: Any, **kwar
     return _submit(grouped_allreduce_, list(tensors), *args, **kwargs)
 
 
-def broadcast_async(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> Handle:
-    return _submit(broadcast, tensor.detach(), root_rank, name)
+def broadcast_async(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, **kwargs: Any) -> Handle:
+    return _submit(broadcast, tensor.detach(), root_rank, name, **kwargs)
 
 
-def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> Handle:
-    return _submit(broadcast_, tensor, root_rank, name)
+def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, **kwargs: Any) -> Handle:
+    return _submit(broadcast_, tensor, root_rank, name, **kwargs)
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None, **kwargs: Any) -> Handle:
+    """``allgather`` started in the background; ``synchronize(handle)`` gives the gathered tensor."""
+    return _submit(allgather, tensor.detach(), name, **kwargs)
 
 
 def poll(handle: Handle) -> bool:

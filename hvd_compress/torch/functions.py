@@ -10,6 +10,7 @@ import torch
 
 from hvd_compress import ops
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.torch.context import ensure_init
 
 
@@ -22,6 +23,14 @@ def _resolve_op(op: Any, average: bool | None) -> Any:
     return ReduceOp.Average if op is None else op
 
 
+def _scale_(t: torch.Tensor, factor: float) -> None:
+    """``t *= factor`` in place; integers are scaled in double and truncated toward zero, as Horovod does."""
+    if t.is_floating_point():
+        t.mul_(factor)
+    else:
+        t.copy_(t.double().mul_(factor))
+
+
 def allreduce_(
     tensor: torch.Tensor,
     op: Any = None,
@@ -30,21 +39,25 @@ def allreduce_(
     average: bool | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> torch.Tensor:
-    """Reduce ``tensor`` over all ranks in place and return it. As Horovod's: ``op`` (default Average) or the
-    deprecated ``average=``; ``prescale_factor`` multiplies the input before the reduction, ``postscale_factor``
-    the result after it."""
+    """Reduce ``tensor`` over all ranks in place and return it. As Horovod's: ``op`` (default Average; also Sum,
+    Min, Max, Product, Adasum) or the deprecated ``average=``; ``prescale_factor`` multiplies the input before
+    the reduction, ``postscale_factor`` the result after it (integers: in double, truncated). Integer tensors
+    take every op but Adasum; their Average is Horovod's (the sum times 1/size, truncated toward zero).
+    ``process_set``: the global set only (``hc.ProcessSetError`` otherwise)."""
     ensure_init()
+    check_process_set(process_set)
     op = _resolve_op(op, average)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"allreduce_ expects a torch.Tensor, got {type(tensor).__name__}")
     staged = tensor.detach() if tensor.is_contiguous() else tensor.detach().contiguous()
     with torch.no_grad():
         if prescale_factor != 1.0:
-            staged.mul_(prescale_factor)
+            _scale_(staged, prescale_factor)
         ops.allreduce_(staged, op=op, name=name)
         if postscale_factor != 1.0:
-            staged.mul_(postscale_factor)
+            _scale_(staged, postscale_factor)
         if staged.data_ptr() != tensor.data_ptr():
             tensor.copy_(staged)
     return tensor
@@ -78,9 +91,11 @@ def allreduce(
     average: bool | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> torch.Tensor:
     """A new tensor holding the reduction of ``tensor`` over all ranks (arguments as ``allreduce_``);
     differentiable (the gradient is the same reduction of the incoming gradient, as in Horovod)."""
+    check_process_set(process_set)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"allreduce expects a torch.Tensor, got {type(tensor).__name__}")
     op, scales = _resolve_op(op, average), (prescale_factor, postscale_factor)
@@ -89,8 +104,11 @@ def allreduce(
     return _allreduce_copy(tensor, op, name, scales)
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
+def broadcast(
+    tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: Any = None
+) -> torch.Tensor:
     """A new tensor holding root_rank's ``tensor`` (Horovod's out-of-place broadcast)."""
+    check_process_set(process_set)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"broadcast expects a torch.Tensor, got {type(tensor).__name__}")
     return broadcast_(tensor.detach().clone(memory_format=torch.contiguous_format), root_rank, name)
@@ -99,10 +117,13 @@ def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None)
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
+def broadcast_(
+    tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: Any = None
+) -> torch.Tensor:
     """Overwrite ``tensor`` with root_rank's value, in place. Any dtype: a broadcast copies bytes, so
     integer, bool and complex tensors (BatchNorm's ``num_batches_tracked``) travel as their bytes."""
     ensure_init()
+    check_process_set(process_set)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"broadcast_ expects a torch.Tensor, got {type(tensor).__name__}")
     staged = tensor.detach() if tensor.is_contiguous() else tensor.detach().contiguous()
@@ -113,9 +134,10 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
     return tensor
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
     """root_rank's ``obj`` (anything ``torch.save`` can write), on every rank."""
     ensure_init()
+    check_process_set(process_set)
     if ops.rank() == root_rank:
         buf = io.BytesIO()
         torch.save(obj, buf)

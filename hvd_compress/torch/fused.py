@@ -43,6 +43,22 @@ class FusedGradients:
             self.buffers.append(flat)
         for p in self.params:
             p.grad = self._views[id(p)]
+        # Parameters whose gradients arrived sparse (nn.Embedding(sparse=True)) while sparse_as_dense is off:
+        # id -> the gradient's sparse_dim. Their .grad stays a sparse tensor, reduced apart (Horovod's
+        # allgather of indices and values), and their slot in the flat buffer stays zero.
+        self.sparse: dict[int, int] = {}
+
+    def keep_sparse(self, p: torch.Tensor, grad: torch.Tensor) -> None:
+        """Before ``grad`` accumulates into ``p.grad``: a sparse ``grad`` makes ``p`` a sparse parameter, whose
+        gradient accumulates as a sparse tensor instead of into its dense view."""
+        if not grad.is_sparse:
+            return
+        view = self._views[id(p)]
+        if id(p) not in self.sparse:
+            self.sparse[id(p)] = grad.sparse_dim()
+            view.zero_()
+        if p.grad is not None and not p.grad.is_sparse and p.grad.data_ptr() == view.data_ptr():
+            p.grad = None  # cleared before accumulation: the sparse gradient becomes .grad as it is
 
     def gather(self) -> None:
         """Make every parameter's ``.grad`` its view again, copying in any gradient held elsewhere.
@@ -51,13 +67,15 @@ class FusedGradients:
         ranks reduce the same buffers.
         """
         for p in self.params:
+            if id(p) in self.sparse:
+                continue
             view = self._views[id(p)]
             g = p.grad
             if g is None:
                 view.zero_()
+            elif g.is_sparse:  # sparse_as_dense: a sparse gradient that replaced the view
+                view.copy_(g.to_dense())
             elif g.data_ptr() != view.data_ptr():
-                if g.is_sparse:
-                    raise ValueError("hvd_compress: sparse gradients are not supported; use dense embeddings")
                 view.copy_(g)
             p.grad = view
 
@@ -65,4 +83,4 @@ class FusedGradients:
         for flat in self.buffers:
             flat.zero_()
         for p in self.params:
-            p.grad = self._views[id(p)]
+            p.grad = None if id(p) in self.sparse else self._views[id(p)]

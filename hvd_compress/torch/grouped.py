@@ -9,7 +9,9 @@ import torch
 
 from hvd_compress import ops
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.torch.context import ensure_init
+from hvd_compress.torch.functions import _resolve_op
 
 
 def grouped_allreduce_(
@@ -17,9 +19,15 @@ def grouped_allreduce_(
     op: Any = ReduceOp.Average,
     name: str | None = None,
     hierarchical: bool | None = None,
+    process_set: Any = None,
+    *,
+    average: bool | None = None,
 ) -> list[torch.Tensor]:
-    """Reduce every tensor of ``tensors`` (one dtype) over all ranks in place and return them."""
+    """Reduce every tensor of ``tensors`` (one dtype) over all ranks in place and return them (``op`` or
+    Horovod's deprecated ``average=``)."""
     ensure_init()
+    check_process_set(process_set)
+    op = _resolve_op(None if average is not None and op is ReduceOp.Average else op, average)
     tensors = list(tensors)
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
@@ -58,9 +66,14 @@ def grouped_allreduce(
     op: Any = ReduceOp.Average,
     name: str | None = None,
     hierarchical: bool | None = None,
+    process_set: Any = None,
+    *,
+    average: bool | None = None,
 ) -> list[torch.Tensor]:
     """New tensors holding the reduction of each of ``tensors`` over all ranks (one fused exchange);
-    differentiable as Horovod's."""
+    differentiable as Horovod's. ``average=``: Horovod's deprecated form of ``op``."""
+    check_process_set(process_set)
+    op = _resolve_op(None if average is not None and op is ReduceOp.Average else op, average)
     tensors = list(tensors)
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):

@@ -11,6 +11,7 @@ from hvd_compress import algorithms, ops
 from hvd_compress.algorithms.onebit import parse_options
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.passes import PassCounter
+from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.adasum_optimizer import AdasumMixin
 from hvd_compress.torch.backend import BACKEND
@@ -18,6 +19,7 @@ from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce_
 from hvd_compress.torch.fused import FusedGradients
 from hvd_compress.torch.onebit_optimizer import OneBitMixin, check_adam, check_lamb
+from hvd_compress.torch.sparse import sparse_allreduce
 from hvd_compress.torch.wrapping import (
     SynchronizeProtocol,
     check_named_parameters,
@@ -35,15 +37,20 @@ class _DistributedMixin(SynchronizeProtocol):
         op: ReduceOp,
         backward_passes_per_step: int,
         gradient_predivide_factor: float = 1.0,
+        sparse_as_dense: bool = False,
     ) -> None:
         params = [p for g in self.param_groups for p in g["params"]]
-        check_named_parameters(params, named_parameters)
+        names = check_named_parameters(params, named_parameters)
         self._hvdc_op = op
         self._hvdc_predivide = float(gradient_predivide_factor)
         self._hvdc_grads = FusedGradients(params)
         self._hvdc_passes = PassCounter(self._hvdc_grads.params, backward_passes_per_step)
         self._hvdc_meter = CommMeter()
-        hook_gradients(self._hvdc_grads.params, self._hvdc_count_pass)
+        self._hvdc_names = names
+        # Without sparse_as_dense, a sparse gradient stays sparse (Horovod's allgather); with it, it accumulates
+        # into its dense view like any other gradient.
+        before = None if sparse_as_dense else self._hvdc_grads.keep_sparse
+        hook_gradients(self._hvdc_grads.params, self._hvdc_count_pass, before)
 
     def _hvdc_count_pass(self, p: torch.Tensor) -> None:
         self._hvdc_passes.add(p)
@@ -60,6 +67,11 @@ class _DistributedMixin(SynchronizeProtocol):
         for i, flat in enumerate(self._hvdc_grads.buffers):
             self._hvdc_meter.run(allreduce_, flat, op=op, name=f"DistributedOptimizer.grad.{i}",
                                  prescale_factor=pre, postscale_factor=post)
+        sparse = self._hvdc_grads.sparse
+        for p in self._hvdc_grads.params:  # in parameter order: the same order on every rank
+            if id(p) in sparse:
+                name = f"DistributedOptimizer.sparse.{self._hvdc_names.get(id(p), '?')}"
+                p.grad = self._hvdc_meter.run(sparse_allreduce, p.grad, p, sparse[id(p)], self._hvdc_op, name)
         self._hvdc_passes.reset()
         self._hvdc_mark_synchronized()
 
@@ -85,6 +97,9 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
     op: Any = ReduceOp.Average,
     backward_passes_per_step: int = 1,
+    *,
+    sparse_as_dense: bool = False,
+    process_set: Any = None,
     **algorithm_options: Any,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for data-parallel training over all ranks.
@@ -99,6 +114,10 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       variance at least that fraction of its mean, which trains ReLU networks; 0: the papers' exact rule);
       LAMB options ``coeff_beta``, ``factor_min``, ``factor_max``, ``factor_threshold``.
 
+    Sparse gradients (``nn.Embedding(sparse=True)``), with ``op=Average``/``Sum``: reduced as Horovod does (an
+    allgather of indices and values, coalesced; Average divides by the world size), so ``torch.optim.SparseAdam``
+    works; ``sparse_as_dense=True`` densifies them instead. ``process_set``: the global set only.
+
     The result is an instance of a subclass of ``optimizer``'s class, built on the same
     ``param_groups`` and carrying over its state, so LR schedulers and ``state_dict()`` work.
     """
@@ -108,9 +127,12 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
         op = ReduceOp(op)
     except ValueError:
         raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
+    check_process_set(process_set)
     wrap = _WRAPPERS.get(op)
     if wrap is None:
         raise NotImplementedError(f"DistributedOptimizer(op={op.name}) is not available yet")
+    if op in (ReduceOp.Average, ReduceOp.Sum):
+        algorithm_options = {**algorithm_options, "sparse_as_dense": sparse_as_dense}
     return wrap(optimizer, named_parameters, op, backward_passes_per_step, algorithm_options)
 
 
@@ -118,6 +140,7 @@ def _dense(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp
            options: dict[str, Any]) -> torch.optim.Optimizer:
     options = dict(options)
     predivide = options.pop("gradient_predivide_factor", 1.0)
+    sparse_as_dense = bool(options.pop("sparse_as_dense", False))
     if options:
         raise TypeError(
             f"op={op.name} takes no algorithm options (only gradient_predivide_factor), got {sorted(options)}"
@@ -127,7 +150,7 @@ def _dense(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp
     if predivide != 1.0 and op != ReduceOp.Average:
         raise ValueError("gradient_predivide_factor is supported with op=Average only (as in Horovod)")
     wrapped = rewrap(optimizer, _DistributedMixin)
-    wrapped._hvdc_setup(named_parameters, op, passes, predivide)
+    wrapped._hvdc_setup(named_parameters, op, passes, predivide, sparse_as_dense)
     return wrapped
 
 

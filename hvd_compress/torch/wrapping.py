@@ -46,14 +46,20 @@ def rewrap(optimizer: torch.optim.Optimizer, mixin: type) -> torch.optim.Optimiz
 _hooks: dict[int, tuple[weakref.ref, Any]] = {}
 
 
-def hook_gradients(params: Iterable[torch.nn.Parameter], callback: Callable[[torch.Tensor], None]) -> None:
-    """Call ``callback(p)`` (a bound method of the wrapper) whenever ``p``'s gradient is accumulated.
+def hook_gradients(
+    params: Iterable[torch.nn.Parameter],
+    callback: Callable[[torch.Tensor], None],
+    before: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+) -> None:
+    """Call ``callback(p)`` (a bound method of the wrapper) whenever ``p``'s gradient is accumulated, and
+    ``before(p, grad)`` (also a bound method), when given, with each incoming gradient before it is.
 
-    A parameter carries at most one hvd_compress hook: a new wrapper on the same model removes the
-    previous wrapper's hook, so a dropped wrapper never counts passes or launches collectives again. The
-    hook holds the wrapper weakly, so that dropping it frees it (and its buffers and threads).
+    A parameter carries at most one set of hvd_compress hooks: a new wrapper on the same model removes the
+    previous wrapper's hooks, so a dropped wrapper never counts passes or launches collectives again. The
+    hooks hold the wrapper weakly, so that dropping it frees it (and its buffers and threads).
     """
     ref = weakref.WeakMethod(callback)
+    before_ref = weakref.WeakMethod(before) if before is not None else None
 
     def hook(p: torch.Tensor) -> None:
         fn = ref()
@@ -64,9 +70,23 @@ def hook_gradients(params: Iterable[torch.nn.Parameter], callback: Callable[[tor
         key = id(p)
         previous = _hooks.get(key)
         if previous is not None and previous[0]() is p:
-            previous[1].remove()
-        handle = p.register_post_accumulate_grad_hook(hook)
-        _hooks[key] = (weakref.ref(p, lambda _, key=key: _hooks.pop(key, None)), handle)
+            for handle in previous[1]:
+                handle.remove()
+        handles = [p.register_post_accumulate_grad_hook(hook)]
+        if before_ref is not None:
+            handles.append(p.register_hook(_before_hook(before_ref, weakref.ref(p))))
+        _hooks[key] = (weakref.ref(p, lambda _, key=key: _hooks.pop(key, None)), handles)
+
+
+def _before_hook(fn_ref: weakref.WeakMethod, p_ref: weakref.ref) -> Callable[[torch.Tensor], None]:
+    """A tensor hook calling ``fn_ref()(p, grad)``; it holds neither the wrapper nor the parameter."""
+
+    def hook(grad: torch.Tensor) -> None:
+        fn, p = fn_ref(), p_ref()
+        if fn is not None and p is not None:
+            fn(p, grad)
+
+    return hook
 
 
 SYNC_WARNING = (
@@ -128,7 +148,12 @@ def check_named_parameters(
     """Names by parameter id; every optimizer parameter must be named when names are given."""
     if named_parameters is None:
         return {id(p): f"param.{i}" for i, p in enumerate(params)}
-    names = {id(p): n for n, p in named_parameters}
+    named = list(named_parameters)
+    seen: set[str] = set()
+    duplicates = sorted({n for n, _ in named if n in seen or seen.add(n)})
+    if duplicates:
+        raise ValueError(f"named_parameters has duplicate names (as Horovod, they must be unique): {duplicates}")
+    names = {id(p): n for n, p in named}
     missing = [i for i, p in enumerate(params) if id(p) not in names]
     if missing:
         raise ValueError(

@@ -8,6 +8,7 @@
 
 #include "hvdc/comm_stats.h"
 #include "hvdc/dtype.h"
+#include "hvdc/reduce_op.h"
 
 namespace hvdc {
 
@@ -20,6 +21,9 @@ class Communicator {
 
   // Element-wise sum over all ranks, in place; dtype is float32 or float64.
   virtual void allreduce_sum(void* buf, int64_t count, DType dtype) = 0;
+  // Element-wise `op` (Sum, Min, Max or Product: is_elementwise_op) over all ranks, in place;
+  // dtype is float32, float64 or an integer type (integers wrap around as in MPI).
+  virtual void allreduce_op(void* buf, int64_t count, DType dtype, ReduceOp op) = 0;
   // Every rank contributes `bytes` and receives size() * bytes, ordered by rank.
   virtual void allgather(const void* send, void* recv, size_t bytes) = 0;
   // As allgather, but gives up with CommTimeoutError when some rank has not joined within

@@ -1,5 +1,7 @@
-// Sum/Average allreduce of one contiguous buffer, in place. float32/float64 go to MPI as they are;
-// float16/bfloat16 are widened to float32 first, so partial sums keep float32 precision.
+// Sum/Average/Min/Max/Product allreduce of one contiguous buffer, in place. float32/float64 and
+// the integer types go to MPI as they are; float16/bfloat16 are widened to float32 first, so
+// partial sums keep float32 precision. Average of integers is Horovod's: the sum times 1/n in
+// double, truncated toward zero.
 #pragma once
 #include "hvdc/communicator.h"
 #include "hvdc/reduce_op.h"

@@ -6,7 +6,17 @@
 
 namespace hvdc {
 
-enum class DType : int32_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat64 = 3, kUInt8 = 4 };
+enum class DType : int32_t {
+  kFloat16 = 0,
+  kBFloat16 = 1,
+  kFloat32 = 2,
+  kFloat64 = 3,
+  kUInt8 = 4,
+  kInt8 = 5,
+  kInt16 = 6,
+  kInt32 = 7,
+  kInt64 = 8,
+};
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -14,7 +24,11 @@ inline size_t dtype_size(DType t) {
     case DType::kBFloat16: return 2;
     case DType::kFloat32: return 4;
     case DType::kFloat64: return 8;
-    case DType::kUInt8: return 1;
+    case DType::kUInt8:
+    case DType::kInt8: return 1;
+    case DType::kInt16: return 2;
+    case DType::kInt32: return 4;
+    case DType::kInt64: return 8;
   }
   return 0;
 }
@@ -26,11 +40,20 @@ inline const char* dtype_name(DType t) {
     case DType::kFloat32: return "float32";
     case DType::kFloat64: return "float64";
     case DType::kUInt8: return "uint8";
+    case DType::kInt8: return "int8";
+    case DType::kInt16: return "int16";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
   }
   return "unknown";
 }
 
 inline bool is_half(DType t) { return t == DType::kFloat16 || t == DType::kBFloat16; }
+
+inline bool is_integer(DType t) {
+  return t == DType::kUInt8 || t == DType::kInt8 || t == DType::kInt16 || t == DType::kInt32 ||
+         t == DType::kInt64;
+}
 
 // IEEE binary16 through the compiler's _Float16 (GCC >= 12 on x86-64, clang): exact conversions,
 // and F16C instructions where the target has them.

@@ -10,6 +10,13 @@ struct UsageError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// Some rank rejected its own input to a collective (bad dtype, device, layout); every rank throws
+// it. A UsageError here; in Python both a UsageError (ValueError) and a RuntimeError, the class
+// Horovod's users catch for a collective that failed.
+struct RejectedInputError : UsageError {
+  using UsageError::UsageError;
+};
+
 // Ranks called the same collective with different arguments; every rank throws it.
 struct MismatchError : std::runtime_error {
   using std::runtime_error::runtime_error;

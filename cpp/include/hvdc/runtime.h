@@ -48,6 +48,7 @@ class Runtime {
   // exchange included; calls == 1), counted under the runtime's lock, so calls on other threads
   // never leak into it. Bad input on any rank throws UsageError on every rank, before any data
   // moves.
+  // `op`: Average, Sum, Min, Max or Product (hvdc/dense_allreduce.h); floating and integer dtypes.
   CommStats allreduce(const TensorView& t, ReduceOp op, const std::string& name);
   CommStats broadcast(const TensorView& t, int root, const std::string& name);
   // In-place Adasum of a fused buffer whose tensors have `tensor_sizes` elements (dot products
@@ -63,6 +64,12 @@ class Runtime {
   // the error buffers are updated only if every rank accepted its input.
   CommStats compressed_allreduce(const TensorView& buffer, const TensorView& worker_error,
                                  const TensorView& server_error, const std::string& name);
+
+  // Horovod's allgather: `t` (at least one dim) may have a different first dim on each rank; its
+  // other dims and its dtype must agree (MismatchError otherwise). `out` receives every rank's
+  // rows in rank order and `rows_per_rank` each rank's first dim.
+  CommStats allgather(const TensorView& t, const std::string& name, std::vector<unsigned char>& out,
+                      std::vector<int64_t>& rows_per_rank);
 
   // Joins the signature exchange of a collective whose input this rank could not even read
   // (`why`), so that every rank raises instead of the others waiting for a peer that never

@@ -19,6 +19,7 @@ enum Collective : int32_t {
   kAdasum = 3,
   kCompressedAllreduce = 4,
   kInit = 5,
+<<<<<<< HEAD
   // Reserved for the collectives being added (one value each, so that parallel work never reuses
   // one): Horovod's allgather, the masked (SLAMB) allreduce, the sparse compressed reductions,
   // Birder's hierarchical 1-bit allreduce.
@@ -26,6 +27,9 @@ enum Collective : int32_t {
   kMaskedAllreduce = 7,
   kSparseAllreduce = 8,
   kHierarchicalCompressedAllreduce = 9,
+=======
+  kAllgather = 6,
+>>>>>>> parity
 };
 
 struct CallSignature {
@@ -64,7 +68,7 @@ CallSignature signature_of(Collective collective, const std::vector<TensorView>&
 void set_rejected(CallSignature& sig, const std::string& why);
 
 // Allgathers `sig` (with `timeout_s`). Throws UsageError on every rank if any rank rejected its
-// input, else MismatchError on every rank if any signature differs from rank 0's. `what` names
+// input (RejectedInputError, a UsageError), else MismatchError on every rank if any signature differs from rank 0's. `what` names
 // the call in the message.
 void agree_on_signature(Communicator& comm, const CallSignature& sig, double timeout_s,
                         const std::string& what);
