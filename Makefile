@@ -32,21 +32,17 @@ CPPTEST_CXX ?= g++
 CPPTEST_FLAGS := -std=c++17 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
 	-fno-sanitize-recover=all -Wall -Wno-psabi -pthread -Icpp/include -Icpp/tests -MMD -MP \
 	-DHVDC_ONEBIT_SELF_CHECK=1
-<<<<<<< HEAD
-CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature onebit_kernels philox
-=======
-CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature onebit_kernels reduce_ops
->>>>>>> parity
+# One line per test program (and its core objects), so that new programs merge without conflict.
+CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature onebit_kernels
 CPPTEST_OBJS_thread_communicator :=
 CPPTEST_OBJS_adasum := adasum adasum_kernels
 CPPTEST_OBJS_compressed_allreduce := compressed_allreduce onebit_kernels signature
 CPPTEST_OBJS_signature := signature
 CPPTEST_OBJS_onebit_kernels := onebit_kernels
-<<<<<<< HEAD
+CPPTEST_BINS += philox
 CPPTEST_OBJS_philox := philox
-=======
+CPPTEST_BINS += reduce_ops
 CPPTEST_OBJS_reduce_ops := dense_allreduce cast allgather
->>>>>>> parity
 CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
 # Every program runs, even after one failed, so that one run reports them all; then any failure

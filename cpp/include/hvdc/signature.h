@@ -19,17 +19,10 @@ enum Collective : int32_t {
   kAdasum = 3,
   kCompressedAllreduce = 4,
   kInit = 5,
-<<<<<<< HEAD
-  // Reserved for the collectives being added (one value each, so that parallel work never reuses
-  // one): Horovod's allgather, the masked (SLAMB) allreduce, the sparse compressed reductions,
-  // Birder's hierarchical 1-bit allreduce.
   kAllgather = 6,
-  kMaskedAllreduce = 7,
-  kSparseAllreduce = 8,
-  kHierarchicalCompressedAllreduce = 9,
-=======
-  kAllgather = 6,
->>>>>>> parity
+  kMaskedAllreduce = 7,  // SLAMB's masked allreduce
+  kSparseAllreduce = 8,  // the top-k / random-k compressed reductions
+  kHierarchicalCompressedAllreduce = 9,  // Birder's hierarchical 1-bit allreduce
 };
 
 struct CallSignature {
