@@ -32,13 +32,14 @@ CPPTEST_CXX ?= g++
 CPPTEST_FLAGS := -std=c++17 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
 	-fno-sanitize-recover=all -Wall -Wno-psabi -pthread -Icpp/include -Icpp/tests -MMD -MP \
 	-DHVDC_ONEBIT_SELF_CHECK=1
-CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature onebit_kernels philox
+CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature onebit_kernels philox masks
 CPPTEST_OBJS_thread_communicator :=
 CPPTEST_OBJS_adasum := adasum adasum_kernels
 CPPTEST_OBJS_compressed_allreduce := compressed_allreduce onebit_kernels signature
 CPPTEST_OBJS_signature := signature
 CPPTEST_OBJS_onebit_kernels := onebit_kernels
 CPPTEST_OBJS_philox := philox
+CPPTEST_OBJS_masks := masks masked_allreduce philox signature dense_allreduce cast
 CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
 # Every program runs, even after one failed, so that one run reports them all; then any failure
