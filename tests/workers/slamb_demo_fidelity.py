@@ -11,9 +11,9 @@ import torch
 from common import save
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import demo  # noqa: E402
+import demo
 
-import hvd_compress.torch as hc  # noqa: E402
+import hvd_compress.torch as hc
 
 epochs, shard = int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(1)
