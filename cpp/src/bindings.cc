@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hvdc/errors.h"
+#include "hvdc/masked_bindings.h"
 #include "hvdc/onebit_bindings.h"
 #include "hvdc/random_bindings.h"
 #include "hvdc/runtime.h"
@@ -257,4 +258,5 @@ NB_MODULE(_core, m) {
       .def("reset_stats", &Runtime::reset_stats);
   hvdc::register_onebit(m);
   hvdc::register_random(m);
+  hvdc::register_masked(m, +[](nb::handle t, const std::string& what) { return view_of(t, what); });
 }

@@ -1,12 +1,14 @@
 #include "hvdc/runtime.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "hvdc/allgather.h"
 #include "hvdc/compressed_allreduce.h"
 #include "hvdc/dense_allreduce.h"
 #include "hvdc/errors.h"
+#include "hvdc/masked_allreduce.h"
 #include "hvdc/signature.h"
 
 namespace hvdc {
@@ -188,6 +190,29 @@ CommStats Runtime::compressed_allreduce(const TensorView& buffer, const TensorVi
   if (!why.empty()) set_rejected(sig, why);
   return run(sig, name.empty() ? "compressed_allreduce" : name,
              [&] { compressed_allreduce_prepared(*world_, call); });
+}
+
+CommStats Runtime::masked_allreduce(const TensorView& t, const MaskSpec& spec_in,
+                                    uint8_t* mask_out, bool check_finite,
+                                    const std::string& name) {
+  MaskSpec spec = spec_in;
+  spec.numel = t.numel;
+  CallSignature sig = masked_signature(t, spec, name);
+  std::string why = check_mask_spec(spec);
+  if (why.empty() && check_finite) {
+    const int64_t bad = first_nonfinite(t);
+    if (bad >= 0)
+      why = "masked_allreduce: non-finite value at element " + std::to_string(bad) + " of " +
+            std::to_string(t.numel);
+  }
+  if (!why.empty()) set_rejected(sig, why);
+  return run(sig, name.empty() ? "masked_allreduce" : name, [&] {
+    // The mask is drawn once the ranks agreed: a rejected call leaves mask_out as it was.
+    if (!mask_out) masked_mask_.resize(static_cast<size_t>(t.numel));
+    uint8_t* m = mask_out ? mask_out : masked_mask_.data();
+    random_mask(spec, m);
+    masked_average(*world_, t, m, masked_scratch_);
+  });
 }
 
 void Runtime::reject(Collective collective, const std::string& why, const std::string& name) {

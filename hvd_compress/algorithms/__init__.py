@@ -10,18 +10,20 @@ from __future__ import annotations
 from hvd_compress.algorithms.onebit import OneBitAlgorithm
 from hvd_compress.algorithms.onebit_adam import OneBitAdam
 from hvd_compress.algorithms.onebit_lamb import OneBitLamb
+from hvd_compress.algorithms.slamb import Slamb
 from hvd_compress.ops.constants import ReduceOp
 
 #: Optimizer algorithms by op: the class that runs it over a face's segments.
-REGISTRY: dict[ReduceOp, type[OneBitAlgorithm]] = {
+REGISTRY: dict[ReduceOp, type[OneBitAlgorithm] | type[Slamb]] = {
     ReduceOp.OneBitAdam: OneBitAdam,
     ReduceOp.OneBitLamb: OneBitLamb,
+    ReduceOp.SLAMB: Slamb,
 }
 
 
-def lookup(op: ReduceOp) -> type[OneBitAlgorithm]:
+def lookup(op: ReduceOp) -> type[OneBitAlgorithm] | type[Slamb]:
     """The algorithm registered for ``op``; ``KeyError`` if ``op`` is a plain reduction."""
     return REGISTRY[op]
 
 
-__all__ = ["REGISTRY", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "lookup"]
+__all__ = ["REGISTRY", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "Slamb", "lookup"]

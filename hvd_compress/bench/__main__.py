@@ -21,6 +21,7 @@ from mpi4py import MPI
 import hvd_compress.torch as hc
 from hvd_compress.bench.cases import Case, cases
 from hvd_compress.bench.kernels import kernel_markdown, run_kernels
+from hvd_compress.bench.slamb_cases import mask_kernel_markdown, mask_kernel_rows
 
 MB = 1 << 20
 
@@ -111,6 +112,8 @@ def main() -> None:
     wanted = {s.strip() for s in args.only.split(",") if s.strip()}
     kdtypes = [d for d in args.kernel_dtypes.split(",") if d]
     krows = run_kernels(comm, [float(s) for s in args.sizes.split(",")], kdtypes) if kdtypes else []
+    # The mask kernels on rank 0 (the others wait in the first collective below).
+    mrows = mask_kernel_rows([float(s) for s in args.sizes.split(",")]) if hc.rank() == 0 else []
     rows = []
     for case in cases(hvd):
         if wanted and case.name not in wanted:
@@ -125,9 +128,10 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         stem = out / f"bench_{args.label}_np{hc.size()}"
-        result = {"label": args.label, "rows": rows, "kernels": krows}
+        result = {"label": args.label, "rows": rows, "kernels": krows, "mask_kernels": mrows}
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
         table = markdown(rows, args.label) + ("\n" + kernel_markdown(krows) if krows else "")
+        table += "\n" + mask_kernel_markdown(mrows)
         stem.with_suffix(".md").write_text(table)
         print(table)
         print(f"[bench] wrote {stem}.json and {stem}.md")

@@ -29,6 +29,7 @@ def cases(hvd) -> list[Case]:
     # Imported here: onebit_cases imports Case from this module.
     from hvd_compress.bench.onebit_cases import onebit_cases
     from hvd_compress.bench.optimizer_cases import optimizer_cases
+    from hvd_compress.bench.slamb_cases import slamb_cases
 
     return [
         Case(
@@ -46,4 +47,5 @@ def cases(hvd) -> list[Case]:
         ),
         *onebit_cases(hvd),
         *optimizer_cases(hvd),
+        *slamb_cases(hvd),
     ]

@@ -79,3 +79,16 @@ class Backend(Protocol):
         """(index, value) of the first NaN/Inf element of ``x``, or None when all are finite."""
 
     def any_nonfinite(self, x: Tensor) -> bool: ...
+
+    # SLAMB's masked primitives (``algorithms/slamb.py``): ``mask`` is a bool tensor of ``x``'s shape.
+    def bool_like(self, numel: int, like: Tensor) -> Tensor:
+        """A new all-False bool flat buffer of ``numel`` elements on ``like``'s device."""
+
+    def masked_fill_(self, x: Tensor, mask: Tensor, value: Scalar) -> Tensor:
+        """x[mask] = value."""
+
+    def clamp_(self, x: Tensor, low: Scalar, high: Scalar) -> Tensor:
+        """x = min(max(x, low), high)."""
+
+    def masked_norms(self, x: Tensor, mask: Tensor) -> tuple[float, float, int]:
+        """(2-norm of x[mask], 2-norm of x[~mask], number of elements selected), norms in ``x``'s dtype."""

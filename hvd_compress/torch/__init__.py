@@ -5,7 +5,18 @@ Use after ``hvd.init()`` (or ``hc.init()`` in a job without Horovod, started by 
     opt = hc.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hc.Average)
 """
 
-from hvd_compress.ops.constants import Adasum, Average, Max, Min, OneBitAdam, OneBitLamb, Product, ReduceOp, Sum
+from hvd_compress.ops.constants import (
+    SLAMB,
+    Adasum,
+    Average,
+    Max,
+    Min,
+    OneBitAdam,
+    OneBitLamb,
+    Product,
+    ReduceOp,
+    Sum,
+)
 from hvd_compress.ops.errors import (
     CommError,
     CommTimeoutError,
@@ -43,10 +54,12 @@ from hvd_compress.torch.gather import allgather, allgather_object
 from hvd_compress.torch.grouped import grouped_allreduce, grouped_allreduce_
 from hvd_compress.torch.horovod_entry import horovod_entry, install_from_environment
 from hvd_compress.torch.lamb import Lamb
+from hvd_compress.torch.masked import masked_allreduce, masked_allreduce_, random_mask
 from hvd_compress.torch.onebit import OneBitState, compressed_allreduce, compressed_allreduce_
 from hvd_compress.torch.optimizer import DistributedOptimizer
 
 __all__ = [
+    "SLAMB",
     "Adasum",
     "Average",
     "CommError",
@@ -93,7 +106,10 @@ __all__ = [
     "grouped_allreduce_async_",
     "horovod_entry",
     "init",
+    "masked_allreduce",
+    "masked_allreduce_",
     "poll",
+    "random_mask",
     "rank",
     "set_timeout",
     "size",

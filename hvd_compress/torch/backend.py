@@ -141,5 +141,26 @@ class TorchBackend:
     def any_nonfinite(x: torch.Tensor) -> bool:
         return bool((~torch.isfinite(x)).any())
 
+    @staticmethod
+    def bool_like(numel: int, like: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(numel, dtype=torch.bool, device=like.device)
+
+    @staticmethod
+    def masked_fill_(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tensor:
+        return x.masked_fill_(mask, value)
+
+    @staticmethod
+    def clamp_(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+        return x.clamp_(low, high)
+
+    @staticmethod
+    def masked_norms(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, int]:
+        selected = int(mask.sum())
+        if selected == mask.numel():
+            return float(x.norm()), 0.0, selected
+        if selected == 0:
+            return 0.0, float(x.norm()), 0
+        return float(x[mask].norm()), float(x[~mask].norm()), selected
+
 
 BACKEND = TorchBackend()

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from hvd_compress import algorithms, ops
+from hvd_compress.algorithms import slamb
 from hvd_compress.algorithms.onebit import parse_options
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.passes import PassCounter
@@ -19,6 +20,8 @@ from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce_
 from hvd_compress.torch.fused import FusedGradients
 from hvd_compress.torch.onebit_optimizer import OneBitMixin, check_adam, check_lamb
+from hvd_compress.torch.slamb_optimizer import SlambMixin
+from hvd_compress.torch.slamb_optimizer import check_lamb as check_slamb_lamb
 from hvd_compress.torch.sparse import sparse_allreduce
 from hvd_compress.torch.wrapping import (
     SynchronizeProtocol,
@@ -113,6 +116,10 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       ``hvd_compress.torch.onebit_optimizer``); ``variance_floor`` (default 0.01: each layer's frozen
       variance at least that fraction of its mean, which trains ReLU networks; 0: the papers' exact rule);
       LAMB options ``coeff_beta``, ``factor_min``, ``factor_max``, ``factor_threshold``.
+    - ``op=hc.SLAMB`` (wraps ``hc.Lamb``): random-k masked momentum averaging with local error compensation and
+      a dense parameter average every ``sync_interval`` steps (see ``hvd_compress.torch.slamb_optimizer``);
+      options ``compress_ratio``, ``sync_interval``, ``beta3``, ``seed``, ``mask``, ``grad_size_thr``,
+      ``clip_min``, ``clip_max``, ``sync_grad``; ``synchronize_parameters()`` before evaluating or saving.
 
     Sparse gradients (``nn.Embedding(sparse=True)``), with ``op=Average``/``Sum``: reduced as Horovod does (an
     allgather of indices and values, coalesced; Average divides by the world size), so ``torch.optim.SparseAdam``
@@ -176,6 +183,15 @@ def _onebit(check: Any) -> Any:
     return wrap
 
 
+def _slamb(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
+           options: dict[str, Any]) -> torch.optim.Optimizer:
+    check_slamb_lamb(optimizer)
+    parsed = slamb.parse_options(options)
+    wrapped = rewrap(optimizer, SlambMixin)
+    wrapped._hvdc_setup(named_parameters, passes, parsed)
+    return wrapped
+
+
 #: The face of each op: reductions (Average, Sum, Adasum) and the algorithms of ``hvd_compress.algorithms``.
 _WRAPPERS = {
     ReduceOp.Average: _dense,
@@ -183,4 +199,5 @@ _WRAPPERS = {
     ReduceOp.Adasum: _adasum,
     ReduceOp.OneBitAdam: _onebit(check_adam),
     ReduceOp.OneBitLamb: _onebit(check_lamb),
+    ReduceOp.SLAMB: _slamb,
 }

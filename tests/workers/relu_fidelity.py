@@ -12,7 +12,8 @@ Two tasks, each rank training on its own shard and every rank scoring the same h
 
 argv: out_dir task(mlp|cnn) steps runs
   runs: comma list of Adam, Lamb (dense average), OneBitAdam:<variance_floor>:<freeze_step> and
-  OneBitLamb:<variance_floor>:<freeze_step> (variance_floor 0: the papers' exact rule), run one after
+  OneBitLamb:<variance_floor>:<freeze_step> (variance_floor 0: the papers' exact rule) and
+  SLAMB:<compress_ratio>:<sync_interval>, run one after
   another from the same initial model and data order.
 
 Saves per rank, for each run: the final held-out loss (NaN if the run raised or diverged), the error it
@@ -87,6 +88,8 @@ def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
         base = hc.Lamb(model.parameters(), lr=LR["Lamb"])
     options = {"op": hc.Average} if not name.startswith("OneBit") else {
         "op": getattr(hc, name), "freeze_step": int(freeze), "variance_floor": float(floor)}
+    if name == "SLAMB":  # SLAMB:<compress_ratio>:<sync_interval>
+        options = {"op": hc.SLAMB, "compress_ratio": float(floor), "sync_interval": int(freeze), "seed": 5}
     return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), **options)
 
 
@@ -113,6 +116,8 @@ def train(run: str, data: tuple[torch.Tensor, ...]) -> dict[str, object]:
                 out["max_abs_after_freeze"] = max(float(p.detach().abs().max()) for p in model.parameters())
     except hc.UsageError as e:  # non-finite values reached the optimizer: the run failed
         out["error"] = f"step {step}: {e}"
+    if hasattr(opt, "synchronize_parameters") and out["error"] is None:
+        opt.synchronize_parameters()  # SLAMB: the ranks' models differ between syncs; evaluate their average
     with torch.no_grad():
         test = torch.nn.functional.cross_entropy(model(x_test), y_test).item()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])

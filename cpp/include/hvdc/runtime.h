@@ -14,6 +14,7 @@
 
 #include "hvdc/adasum.h"
 #include "hvdc/comm_stats.h"
+#include "hvdc/masks.h"
 #include "hvdc/mpi_communicator.h"
 #include "hvdc/reduce_op.h"
 #include "hvdc/signature.h"
@@ -70,6 +71,14 @@ class Runtime {
   // rows in rank order and `rows_per_rank` each rank's first dim.
   CommStats allgather(const TensorView& t, const std::string& name, std::vector<unsigned char>& out,
                       std::vector<int64_t>& rows_per_rank);
+  // In place (hvdc/masked_allreduce.h): the elements of `t` that the mask of `spec` (numel taken
+  // from `t`) selects become their average over all ranks, the others stay local. The mask's
+  // arguments (ratio, seed, step, kind, always-selected ranges) are part of the signature, so ranks
+  // whose masks would differ raise MismatchError. `mask_out` (t.numel bytes, may be null) receives
+  // the mask used. `check_finite`: a NaN/Inf anywhere in `t` on any rank raises UsageError on every
+  // rank with `t` unchanged.
+  CommStats masked_allreduce(const TensorView& t, const MaskSpec& spec, uint8_t* mask_out,
+                             bool check_finite, const std::string& name);
 
   // Joins the signature exchange of a collective whose input this rank could not even read
   // (`why`), so that every rank raises instead of the others waiting for a peer that never
@@ -107,6 +116,9 @@ class Runtime {
   std::unique_ptr<HierarchicalAdasumPlan> hierarchical_plan_;
   // Totals for stats(): kept apart from the communicators' counters and under their own lock, so
   // that reading them never waits for a collective in flight on another thread.
+  // The masked allreduce's dense buffer and mask, kept between calls (used under mu_).
+  std::vector<unsigned char> masked_scratch_;
+  std::vector<uint8_t> masked_mask_;
   mutable std::mutex stats_mu_;
   CommStats totals_;
 };

@@ -1,0 +1,65 @@
+// Random-k masks that every rank derives from (seed, step) without communicating (SLAMB, paper 000
+// Alg. 1 line 6; spec shared/specs/slamb.md section 3), and the compaction kernels that move the
+// selected elements of a buffer into a dense one and back (the masked allreduce's gather/scatter).
+//
+// Two kinds, both drawn from the core's Philox (hvdc/philox.h), never from a framework generator:
+//   - cyclic (the default, the reference code's v1): a permutation pi of range(numel) is drawn once
+//     per (numel, seed): element i gets the Philox word w_i = word i of (seed, step 0, stream
+//     kMaskPermutationStream), and pi sorts the elements by (w_i, i) (a stable sort by the words:
+//     ties keep index order, so NumPy's argsort(w, kind="stable") is the same permutation). With
+//     nc = int(1 / ratio) and chunk size cs = ceil(numel / nc) (torch.chunk's), step t selects
+//     pi[c * cs, (c + 1) * cs) with c = t mod nc: every element exactly once in any nc consecutive
+//     steps, a fixed count per step. Where numel is small torch.chunk returns fewer than nc chunks
+//     (the reference code then fails); here those steps select nothing from the permutation.
+//   - bernoulli (the paper's and v2's): element i is selected when uniform i of (seed, step,
+//     kMaskBernoulliStream) < float32(ratio) (uniforms as in hvdc/philox.h).
+// `always` ranges (offset, length) are selected on every step whatever the draw (SLAMB step 2:
+// 1-D and small tensors). Masks are bytes: 1 selected, 0 not (the layout of a bool tensor).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hvdc {
+
+enum class MaskKind : int32_t { kCyclic = 0, kBernoulli = 1 };
+
+// Philox streams of the masks (hvdc/philox.h: `stream` separates uses that share a seed).
+constexpr uint32_t kMaskPermutationStream = 0x4d41534bu;  // "MASK"
+constexpr uint32_t kMaskBernoulliStream = 0x4d41534cu;
+
+struct MaskSpec {
+  int64_t numel = 0;
+  double ratio = 1.0;  // k in (0, 1]
+  uint64_t seed = 0;
+  int64_t step = 0;  // t >= 0; Bernoulli keys Philox with t mod 2^32
+  MaskKind kind = MaskKind::kCyclic;
+  std::vector<int64_t> always;  // (offset, length) pairs selected on every step
+};
+
+// Why `spec` is invalid (ratio outside (0, 1], negative numel or step, an unknown kind, an `always`
+// range outside [0, numel)), or empty when it is valid.
+std::string check_mask_spec(const MaskSpec& spec);
+
+// The mask of `spec` into out[0, numel) (validate with check_mask_spec first). The cyclic
+// permutation of (numel, seed) is computed once and kept (one per process, the last one used),
+// as a chunk number per element, so that later steps are one streaming compare.
+void random_mask(const MaskSpec& spec, uint8_t* out);
+
+// The permutation pi of a cyclic mask (for tests and the NumPy mirror): pi[j] = the element at
+// position j.
+std::vector<int64_t> cyclic_permutation(int64_t numel, uint64_t seed);
+
+// Number of selected elements of mask[0, n).
+int64_t mask_count(const uint8_t* mask, int64_t n);
+
+// dst[0, count) = the elements of src[0, n) whose mask byte is set, in index order; returns count.
+// `elem` is the element size in bytes (2, 4 or 8). `dst` must hold mask_count(mask, n) elements.
+int64_t mask_gather(const void* src, const uint8_t* mask, int64_t n, size_t elem, void* dst);
+
+// The inverse: the selected elements of dst[0, n) become compact[0, count) in index order; the
+// others are left as they are. Returns count.
+int64_t mask_scatter(const void* compact, const uint8_t* mask, int64_t n, size_t elem, void* dst);
+
+}  // namespace hvdc

@@ -1,0 +1,137 @@
+// _core.random_mask and friends, and Runtime.masked_allreduce (see hvdc/masked_bindings.h).
+#include "hvdc/masked_bindings.h"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "hvdc/errors.h"
+#include "hvdc/masks.h"
+#include "hvdc/runtime.h"
+
+namespace nb = nanobind;
+
+namespace hvdc {
+namespace {
+
+using BoolFlat = nb::ndarray<bool, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+MaskSpec spec_of(int64_t numel, double ratio, uint64_t seed, int64_t step, int kind,
+                 std::vector<int64_t> always) {
+  MaskSpec s;
+  s.numel = numel;
+  s.ratio = ratio;
+  s.seed = seed;
+  s.step = step;
+  s.kind = static_cast<MaskKind>(kind);
+  s.always = std::move(always);
+  return s;
+}
+
+// A flat CPU view of a contiguous array of 2-, 4- or 8-byte elements (the kernels move bytes).
+TensorView raw_view(ViewOf view_of, nb::handle obj, const char* what) {
+  return view_of(obj, what);
+}
+
+}  // namespace
+
+void register_masked(nb::module_& m, ViewOf view_of) {
+  m.def(
+      "random_mask",
+      [](BoolFlat out, double ratio, uint64_t seed, int64_t step, int kind,
+         std::vector<int64_t> always) {
+        const MaskSpec s = spec_of(static_cast<int64_t>(out.shape(0)), ratio, seed, step, kind,
+                                   std::move(always));
+        const std::string why = check_mask_spec(s);
+        if (!why.empty()) throw UsageError("random_mask: " + why);
+        nb::gil_scoped_release nogil;
+        random_mask(s, reinterpret_cast<uint8_t*>(out.data()));
+      },
+      nb::arg("out"), nb::arg("ratio"), nb::arg("seed"), nb::arg("step"), nb::arg("kind") = 0,
+      nb::arg("always") = std::vector<int64_t>{},
+      "Fills the bool array `out` with the random-k mask of (len(out), ratio, seed, step, kind: "
+      "0 cyclic, 1 bernoulli), plus the (offset, length) pairs in `always` (hvdc/masks.h).");
+  m.def(
+      "cyclic_permutation",
+      [](int64_t numel, uint64_t seed) {
+        if (numel < 0 || numel >= (int64_t{1} << 32))
+          throw UsageError("cyclic_permutation: numel must be in [0, 2^32)");
+        return cyclic_permutation(numel, seed);
+      },
+      nb::arg("numel"), nb::arg("seed"),
+      "The permutation pi of the cyclic masks of (numel, seed), as a list (for tests).");
+  m.def(
+      "mask_gather",
+      [view_of](nb::handle src, BoolFlat mask, nb::handle dst) {
+        const TensorView s = raw_view(view_of, src, "mask_gather: src");
+        const TensorView d = raw_view(view_of, dst, "mask_gather: dst");
+        const auto* mk = reinterpret_cast<const uint8_t*>(mask.data());
+        if (static_cast<int64_t>(mask.shape(0)) != s.numel || s.dtype != d.dtype)
+          throw UsageError("mask_gather: mask and src sizes or src and dst dtypes differ");
+        nb::gil_scoped_release nogil;
+        if (mask_count(mk, s.numel) > d.numel) throw UsageError("mask_gather: dst is too small");
+        return mask_gather(s.data, mk, s.numel, dtype_size(s.dtype), d.data);
+      },
+      nb::arg("src"), nb::arg("mask"), nb::arg("dst"),
+      "dst[:count] = src[mask] (index order); returns count.");
+  m.def(
+      "mask_scatter",
+      [view_of](nb::handle compact, BoolFlat mask, nb::handle dst) {
+        const TensorView c = raw_view(view_of, compact, "mask_scatter: compact");
+        const TensorView d = raw_view(view_of, dst, "mask_scatter: dst");
+        const auto* mk = reinterpret_cast<const uint8_t*>(mask.data());
+        if (static_cast<int64_t>(mask.shape(0)) != d.numel || c.dtype != d.dtype)
+          throw UsageError("mask_scatter: mask and dst sizes or compact and dst dtypes differ");
+        nb::gil_scoped_release nogil;
+        if (mask_count(mk, d.numel) > c.numel) throw UsageError("mask_scatter: compact is too small");
+        return mask_scatter(c.data, mk, d.numel, dtype_size(d.dtype), d.data);
+      },
+      nb::arg("compact"), nb::arg("mask"), nb::arg("dst"),
+      "dst[mask] = compact[:count] (index order), the rest of dst unchanged; returns count.");
+
+  nb::handle runtime = nb::type<Runtime>();
+  nb::cpp_function_def(
+      [view_of](Runtime& rt, nb::handle tensor, double ratio, uint64_t seed, int64_t step,
+                int kind, std::vector<int64_t> always, std::optional<BoolFlat> mask_out,
+                bool check_finite, const std::string& name) {
+        TensorView v;
+        try {
+          v = view_of(tensor, "masked_allreduce");
+          if (mask_out && static_cast<int64_t>(mask_out->shape(0)) != v.numel)
+            throw UsageError("masked_allreduce: mask_out has " + std::to_string(mask_out->shape(0)) +
+                             " elements, the tensor " + std::to_string(v.numel));
+        } catch (const UsageError& e) {
+          // This rank still joins the exchange, so that no peer waits for it.
+          nb::gil_scoped_release nogil;
+          rt.reject(kMaskedAllreduce, e.what(), name);
+        }
+        const MaskSpec s = spec_of(v.numel, ratio, seed, step, kind, std::move(always));
+        uint8_t* out = mask_out ? reinterpret_cast<uint8_t*>(mask_out->data()) : nullptr;
+        CommStats moved;
+        {
+          nb::gil_scoped_release nogil;
+          moved = rt.masked_allreduce(v, s, out, check_finite, name);
+        }
+        nb::dict d;
+        d["bytes_sent"] = moved.bytes_sent;
+        d["bytes_received"] = moved.bytes_received;
+        d["calls"] = moved.calls;
+        return d;
+      },
+      nb::scope(runtime), nb::name("masked_allreduce"), nb::is_method(), nb::arg("tensor"),
+      nb::arg("ratio"), nb::arg("seed"), nb::arg("step"), nb::arg("kind") = 0,
+      nb::arg("always") = std::vector<int64_t>{}, nb::arg("mask_out").none() = nb::none(),
+      nb::arg("check_finite") = false, nb::arg("name") = "",
+      "In place: the elements of `tensor` that the random-k mask of (numel, ratio, seed, step, "
+      "kind) plus `always` selects become their average over all ranks; the others stay. The "
+      "mask's arguments are agreed (MismatchError on every rank if they differ). `mask_out` (bool, "
+      "numel) receives the mask. `check_finite`: NaN/Inf on any rank raises UsageError on every "
+      "rank, tensor unchanged. Returns this call's bytes.");
+}
+
+}  // namespace hvdc

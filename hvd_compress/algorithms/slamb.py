@@ -1,0 +1,292 @@
+"""SLAMB: paper 000 (Xu et al., ICML 2023), Algorithm 1 with the Appendix E simplification, as the spec
+``shared/specs/slamb.md`` fixes it (its recommended form, the authors' ``Slamb`` = "v1"). Per step t, rank i:
+
+1. g = the local gradient; no gradient allreduce (spec section 2 step 1, S6; App. E, Table 13). Option
+   ``sync_grad`` (Alg. 1 line 9) averages g[M_t] first.
+2. M_t = random_mask(D, k, seed, t) OR always, always = every tensor with ndim <= 1 or numel < grad_size_thr
+   (section 3; S8, S9). D = all trainable parameters in param-group order. Masks come from the core's Philox
+   keyed by (seed, t): the same on every rank, nothing sent, no framework generator touched.
+3. m = b1 m + (1 - b1) g (Alg. 1 line 7).
+4. m[M_t] = mean over ranks of m[M_t] (lines 8, 10; S1): one dense buffer of nnz(M_t) values, no index
+   (``ops.masks.masked_allreduce_``). It runs on m's new value in a scratch buffer, with the core's finite
+   check: a NaN/Inf gradient on any rank raises ``UsageError`` on every rank before any state changes.
+5. v = b2 v + (1 - b2) g^2 with the local g (line 11): v is never communicated.
+6. c = where(M_t, 1, b3 c), c_0 = 1 (freshness, "staleness" in the paper; lines 13-14).
+7. u = mh / (sqrt(vh) + eps) + wd x, bias correction with the global t (line 12; S2, S12).
+8. Per layer (lines 15-19, App. E; S3, S4, S5), r(a, b) = ||a|| / ||b||, or 1 if a norm is 0 or the slice empty:
+   ndim <= 1: x -= lr r(x, u) u, unclipped; otherwise phi_max = r(x[M], u[M]), phi_min = r(x[~M], u[~M]),
+   phi = clip(c phi_max + (1 - c) phi_min, clip_min, clip_max), eta = c lr + (1 - c) lr / sqrt(n) per element
+   (n = world size; S10), x -= phi * eta * u. A layer selected whole this step (c = 1 everywhere: k = 1 or a
+   forced small tensor) takes x -= lr clip(phi_max) u, the same value without the per-element blend.
+9. If t mod H == 0: x = mean over ranks of x, all trainable parameters densely (line 20; S7: the paper's
+   schedule, not the code's t mod H == 1); ``synchronize_parameters()`` for the end of training.
+
+Hyper-parameters lr, betas, eps and weight_decay are read from each param group on every step (schedulers
+work); the spec's defaults (section 5): k = 0.1, H = 100, b3 = 0.95 (S11), clip 0.01 / 1000, threshold 9000.
+
+State: m, v (the face binds them as the optimizer's per-parameter state), the freshness c, the step and the
+options that fix the masks (seed, k, kind); ``state_dict()`` is the checkpoint schema every face writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hvd_compress import ops
+from hvd_compress.ops import masks as mask_ops
+from hvd_compress.ops.backend import Backend, Tensor
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.traffic import CommMeter
+
+
+@dataclasses.dataclass(frozen=True)
+class SlambOptions:
+    """SLAMB's options, with the spec's recommended defaults (section 5)."""
+
+    compress_ratio: float = 0.1  # k: the fraction of momentum elements synchronized each step
+    sync_interval: int = 100  # H: the parameters are averaged densely every H steps
+    beta3: float = 0.95  # freshness decay of unsynchronized elements
+    seed: int = 0  # the masks' Philox seed (must be the same on every rank)
+    mask: str = "cyclic"  # "cyclic" (v1, every element once per int(1/k) steps) or "bernoulli" (paper, v2)
+    grad_size_thr: int = 9000  # tensors smaller than this (and all 1-D ones) are synchronized every step
+    clip_min: float = 0.01  # bounds of the blended trust ratio phi
+    clip_max: float = 1000.0
+    sync_grad: bool = False  # Alg. 1 line 9: average g[M] before the moments (off: App. E, spec S6)
+
+    def validate(self, op_name: str = "SLAMB") -> None:
+        k = self.compress_ratio
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0.0 < k <= 1.0:
+            raise ValueError(f"op={op_name}: compress_ratio must be in (0, 1], got {k!r}")
+        h = self.sync_interval
+        if isinstance(h, bool) or not isinstance(h, int) or h < 1:
+            raise ValueError(f"op={op_name}: sync_interval must be an int >= 1, got {h!r}")
+        b3 = self.beta3
+        if isinstance(b3, bool) or not isinstance(b3, (int, float)) or not 0.0 <= b3 <= 1.0:
+            raise ValueError(f"op={op_name}: beta3 must be in [0, 1], got {b3!r}")
+        mask_ops.check_mask_args(float(k), self.seed, 0)
+        mask_ops.mask_kind(self.mask)
+        thr = self.grad_size_thr
+        if isinstance(thr, bool) or not isinstance(thr, int) or thr < 0:
+            raise ValueError(f"op={op_name}: grad_size_thr must be an int >= 0, got {thr!r}")
+        if not 0.0 < self.clip_min <= self.clip_max:
+            raise ValueError(f"op={op_name}: need 0 < clip_min <= clip_max, got {self.clip_min}, {self.clip_max}")
+        if not isinstance(self.sync_grad, bool):
+            raise ValueError(f"op={op_name}: sync_grad must be True or False, got {self.sync_grad!r}")
+
+
+def parse_options(given: dict[str, Any]) -> SlambOptions:
+    """``SlambOptions`` from ``DistributedOptimizer``'s keyword options, with clear errors."""
+    names = [f.name for f in dataclasses.fields(SlambOptions)]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise TypeError(f"op=SLAMB got unknown options {unknown}; it takes {', '.join(names)}")
+    options = SlambOptions(**given)
+    options.validate()
+    return options
+
+
+def ratio(a: float, b: float) -> float:
+    """r(a, b) = a / b, or 1 when either norm is 0 (spec S5)."""
+    return a / b if a > 0.0 and b > 0.0 else 1.0
+
+
+@dataclasses.dataclass
+class SlambBuffers:
+    """The face's flat buffers over the D trainable parameters (float32, param-group order).
+
+    ``grad`` holds this rank's gradient, ``exp_avg``/``exp_avg_sq`` m and v (each parameter's optimizer state is
+    a view of them), ``freshness`` c, ``mask`` (bool) M_t, ``work``/``scratch`` temporaries. ``views(flat)``
+    gives the per-parameter views of one of them; ``groups`` (param group, first, end) the element ranges.
+    """
+
+    params: list[Tensor]
+    shapes: list[tuple[int, ...]]
+    group_of: list[int]
+    grad: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    freshness: Tensor
+    mask: Tensor
+    work: Tensor
+    scratch: Tensor
+    views: Callable[[Tensor], list[Tensor]]
+
+    @property
+    def sizes(self) -> list[int]:
+        return [math.prod(s) for s in self.shapes]
+
+    @property
+    def numel(self) -> int:
+        return sum(self.sizes)
+
+    def groups(self) -> list[tuple[int, int, int]]:
+        """(param group, first element, end element) of each run of parameters of one group."""
+        out: list[tuple[int, int, int]] = []
+        at = 0
+        for g, size in zip(self.group_of, self.sizes, strict=True):
+            if out and out[-1][0] == g:
+                out[-1] = (g, out[-1][1], at + size)
+            else:
+                out.append((g, at, at + size))
+            at += size
+        return out
+
+
+def always_ranges(shapes: Sequence[tuple[int, ...]], threshold: int) -> list[int]:
+    """(offset, length) pairs of the tensors synchronized every step: ndim <= 1 or numel < threshold."""
+    out, at = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        if size and (len(shape) <= 1 or size < threshold):
+            if out and out[-2] + out[-1] == at:
+                out[-1] += size
+            else:
+                out += [at, size]
+        at += size
+    return out
+
+
+class Slamb:
+    """SLAMB's sequencing over a face's ``SlambBuffers`` (see the module docstring)."""
+
+    name = "SLAMB"
+    options_cls = SlambOptions
+
+    def __init__(self, options: SlambOptions, backend: Backend, buffers: SlambBuffers, world_size: int,
+                 meter: CommMeter | None = None) -> None:
+        self.options = options
+        self.xp = backend
+        self.buf = buffers
+        self.world_size = int(world_size)
+        self.meter = meter if meter is not None else CommMeter()
+        self.t = 0
+        self.always = always_ranges(buffers.shapes, options.grad_size_thr)
+        self.xp.add_(self.xp.zero_(buffers.freshness), 1.0)  # c_0 = 1
+
+    # -- the step ------------------------------------------------------------------------------------
+    def _masked_allreduce(self, flat: Tensor, t: int, what: str) -> None:
+        o = self.options
+        self.meter.run(
+            mask_ops.masked_allreduce_, flat, o.compress_ratio, o.seed, t, o.mask, self.always,
+            mask_out=self.buf.mask, check_finite=True, name=f"{self.name}.{what}",
+        )
+
+    def step(self, groups: Sequence[dict[str, Any]]) -> int:
+        """One SLAMB step on ``buf.grad`` (this rank's gradient); returns the new step count. Nothing changes
+        when it raises (bad input on any rank raises on every rank)."""
+        xp, b, o = self.xp, self.buf, self.options
+        t = self.t + 1
+        runs = b.groups()
+        if o.sync_grad:  # Alg. 1 line 9: g[M] averaged (the spec's default skips it)
+            self._masked_allreduce(b.grad, t, "grad")
+        for gi, lo, hi in runs:  # step 3 into ``work``: m itself changes only once step 4 succeeded
+            b1 = groups[gi]["betas"][0]
+            w = b.work[lo:hi]
+            xp.add_(xp.mul_(xp.copy_(w, b.exp_avg[lo:hi]), b1), b.grad[lo:hi], alpha=1 - b1)
+        self._masked_allreduce(b.work, t, "m")  # step 4, and M_t into b.mask
+        xp.copy_(b.exp_avg, b.work)
+        for gi, lo, hi in runs:  # step 5
+            b2 = groups[gi]["betas"][1]
+            g = b.grad[lo:hi]
+            xp.addcmul_(xp.mul_(b.exp_avg_sq[lo:hi], b2), g, g, value=1 - b2)
+        xp.masked_fill_(xp.mul_(b.freshness, o.beta3), b.mask, 1.0)  # step 6
+        for gi, lo, hi in runs:
+            self._direction(b, groups[gi], t, lo, hi)  # step 7 into ``work``
+        self._update(groups, t)  # step 8
+        self.t = t
+        if t % o.sync_interval == 0:  # step 9
+            self.synchronize_parameters()
+        return t
+
+    def _direction(self, b: SlambBuffers, group: dict[str, Any], t: int, lo: int, hi: int) -> None:
+        """u = mh / (sqrt(vh) + eps) into work[lo:hi] (the weight decay is added per layer)."""
+        xp = self.xp
+        b1, b2 = group["betas"]
+        u = b.work[lo:hi]
+        xp.sqrt(b.exp_avg_sq[lo:hi], out=u)
+        if group.get("bias_correction", True):
+            xp.div_(u, math.sqrt(1 - b2**t))
+        xp.mul_(xp.reciprocal_(xp.add_(u, group["eps"])), b.exp_avg[lo:hi])
+        if group.get("bias_correction", True):
+            xp.div_(u, 1 - b1**t)
+
+    def _update(self, groups: Sequence[dict[str, Any]], t: int) -> None:
+        xp, b, o = self.xp, self.buf, self.options
+        u_views, c_views, m_views, s_views = (b.views(f) for f in (b.work, b.freshness, b.mask, b.scratch))
+        root_n = math.sqrt(self.world_size)
+        for i, x in enumerate(b.params):
+            group = groups[b.group_of[i]]
+            lr, wd, u = group["lr"], group["weight_decay"], u_views[i]
+            if wd != 0.0:
+                xp.add_(u, x, alpha=wd)
+            if len(b.shapes[i]) <= 1:  # plain LAMB, unclipped (spec step 8)
+                xp.add_(x, u, alpha=-lr * ratio(xp.norm(x), xp.norm(u)))
+                continue
+            x_in, x_out, selected = xp.masked_norms(x, m_views[i])
+            u_in, u_out, _ = xp.masked_norms(u, m_views[i])
+            phi_max, phi_min = ratio(x_in, u_in), ratio(x_out, u_out)
+            if selected == b.sizes[i]:  # c = 1 on the whole layer: phi = clip(phi_max), eta = lr
+                xp.add_(x, u, alpha=-lr * min(max(phi_max, o.clip_min), o.clip_max))
+                continue
+            c, s = c_views[i], s_views[i]
+            phi = xp.clamp_(xp.add_(xp.mul_(xp.copy_(s, c), phi_max - phi_min), phi_min), o.clip_min, o.clip_max)
+            xp.mul_(u, phi)
+            eta = xp.add_(xp.mul_(xp.copy_(s, c), lr - lr / root_n), lr / root_n)
+            xp.addcmul_(x, u, eta, value=-1.0)
+
+    def synchronize_parameters(self) -> None:
+        """x = mean over ranks of x for every trainable parameter: one dense allreduce (spec step 9)."""
+        xp, b = self.xp, self.buf
+        views = b.views(b.scratch)
+        for v, x in zip(views, b.params, strict=True):
+            xp.copy_(v, x)
+        self.meter.run(ops.allreduce_, b.scratch, op=ReduceOp.Average, name=f"{self.name}.params")
+        for v, x in zip(views, b.params, strict=True):
+            xp.copy_(x, v)
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Our section of a face's checkpoint (m and v are the optimizer's per-parameter state)."""
+        o = self.options
+        return {
+            "algorithm": self.name,
+            "step": self.t,
+            "world_size": self.world_size,
+            "numel": self.buf.numel,
+            "seed": o.seed,
+            "compress_ratio": o.compress_ratio,
+            "mask": o.mask,
+            "freshness": self.xp.copy_(self.xp.float32_like(self.buf.numel, self.buf.freshness), self.buf.freshness),
+        }
+
+    def check_state_dict(self, ours: dict[str, Any]) -> None:
+        """Raise a clear ValueError, before anything changes, if ``ours`` cannot be resumed here."""
+        what = f"{self.name}.load_state_dict"
+        if not isinstance(ours, dict) or ours.get("algorithm") != self.name:
+            got = ours.get("algorithm") if isinstance(ours, dict) else type(ours).__name__
+            raise ValueError(f"{what}: the checkpoint is for {got!r}, not {self.name}")
+        o = self.options
+        want = {"world_size": self.world_size, "numel": self.buf.numel, "seed": o.seed,
+                "compress_ratio": o.compress_ratio, "mask": o.mask}
+        for key, value in want.items():
+            if ours.get(key) != value:
+                raise ValueError(f"{what}: the checkpoint has {key}={ours.get(key)!r}, this optimizer {value!r}")
+        got = self.xp.describe(ours.get("freshness"))
+        if got != ("float32", self.buf.numel):
+            raise ValueError(f"{what}: freshness is {got}, expected float32 x {self.buf.numel}")
+        step = ours.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"{what}: step {step!r} is not an int >= 0")
+
+    def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int) -> None:
+        """Restore ``state_dict()`` (call ``check_state_dict`` first); ``None`` (a plain LAMB checkpoint at step
+        ``plain_step``) starts the freshness at 1."""
+        if ours is None:
+            self.xp.add_(self.xp.zero_(self.buf.freshness), 1.0)
+            self.t = int(plain_step)
+        else:
+            self.xp.copy_(self.buf.freshness, ours["freshness"].reshape(-1))
+            self.t = int(ours["step"])

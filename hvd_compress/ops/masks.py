@@ -1,0 +1,78 @@
+"""Framework-neutral random-k masks and the masked allreduce (SLAMB's communication: paper 000 Alg. 1 lines
+6-8; spec shared/specs/slamb.md sections 2 step 4 and 3), over the core (cpp/include/hvdc/masks.h,
+cpp/include/hvdc/masked_allreduce.h).
+
+Masks come from the core's Philox keyed by (seed, step): the same bits on every rank, no framework
+generator touched, nothing sent. ``kind="cyclic"`` (default) selects chunk (step mod int(1/ratio)) of a
+permutation drawn once from ``seed``: every element exactly once per int(1/ratio) steps, a fixed count per
+step. ``kind="bernoulli"`` selects each element independently with probability ``ratio``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hvd_compress import _core
+from hvd_compress.ops import runtime
+from hvd_compress.ops.tensors import as_core_buffer
+from hvd_compress.ops.traffic import Traffic, record
+
+KINDS = {"cyclic": 0, "bernoulli": 1}
+_U64 = (1 << 64) - 1
+
+
+def mask_kind(kind: str) -> int:
+    """The core's code of a mask kind name; ValueError for an unknown one."""
+    try:
+        return KINDS[kind]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown mask kind {kind!r}; use one of {sorted(KINDS)}") from None
+
+
+def check_mask_args(ratio: float, seed: int, step: int) -> None:
+    """ValueError for a ratio outside (0, 1], a seed outside [0, 2**64) or a negative step."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < ratio <= 1.0:
+        raise ValueError(f"ratio (the fraction of elements selected) must be in (0, 1], got {ratio!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _U64:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+
+
+def random_mask_(out: Any, ratio: float, seed: int, step: int, kind: str = "cyclic",
+                 always: Sequence[int] = ()) -> Any:
+    """Fill ``out`` (a contiguous 1-D bool tensor on the CPU) with the mask of (len(out), ratio, seed, step,
+    kind), plus the (offset, length) pairs of ``always``; returns ``out``."""
+    check_mask_args(ratio, seed, step)
+    _core.random_mask(out, float(ratio), int(seed), int(step), mask_kind(kind), [int(a) for a in always])
+    return out
+
+
+def masked_allreduce_(
+    tensor: Any,
+    ratio: float,
+    seed: int,
+    step: int,
+    kind: str = "cyclic",
+    always: Sequence[int] = (),
+    mask_out: Any = None,
+    check_finite: bool = False,
+    name: str | None = None,
+    traffic: Traffic | None = None,
+) -> Any:
+    """In place: the elements of ``tensor`` (contiguous, CPU, float) that the mask selects become their
+    average over all ranks; the others keep this rank's values. Returns ``tensor``.
+
+    The mask is ``random_mask_`` of (numel, ratio, seed, step, kind, always), drawn in the core; its
+    arguments are agreed between the ranks first (``MismatchError`` on every rank if any differs, before
+    any data moves). ``mask_out`` (bool, numel) receives it. ``check_finite``: NaN/Inf on any rank raises
+    ``UsageError`` on every rank with every tensor unchanged.
+    """
+    check_mask_args(ratio, seed, step)
+    counts = runtime.get().masked_allreduce(
+        as_core_buffer(tensor), float(ratio), int(seed), int(step), mask_kind(kind), [int(a) for a in always],
+        mask_out, bool(check_finite), name or "",
+    )
+    record(counts, traffic)
+    return tensor

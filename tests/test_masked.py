@@ -1,0 +1,70 @@
+"""hc.random_mask and hc.masked_allreduce (SLAMB's communication; spec shared/specs/slamb.md sections 2 and 3)
+on real MPI processes against the NumPy mirror hvd_compress.reference.masks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from mpi_harness import load_ranks, mpirun
+from workers.common import rank_input
+
+import hvd_compress.torch as hc
+from hvd_compress.reference import masks as ref
+
+SEED = 1234
+
+
+@pytest.mark.parametrize("kind", ["cyclic", "bernoulli"])
+@pytest.mark.parametrize(("numel", "ratio"), [(1, 0.5), (1000, 0.1), (4099, 0.25), (777, 1.0), (50, 0.01)])
+def test_random_mask_equals_reference(numel: int, ratio: float, kind: str) -> None:
+    for step in (0, 1, 2, 7, 2**32 + 3):
+        got = hc.random_mask(numel, ratio, SEED, step, kind).numpy()
+        want = ref.random_mask(numel, ratio, SEED, step, kind)
+        assert np.array_equal(got, want), f"{kind} numel={numel} k={ratio} step={step}: {np.sum(got != want)} differ"
+
+
+def test_cyclic_mask_selects_every_element_once_per_cycle() -> None:
+    numel, ratio = 1003, 0.1
+    hits = sum(hc.random_mask(numel, ratio, 5, t).long() for t in range(3, 13))
+    assert torch.equal(hits, torch.ones(numel, dtype=torch.long))
+    counts = {int(hc.random_mask(numel, ratio, 5, t).sum()) for t in range(10)}
+    assert counts == {101, 94}, counts  # ceil(1003 / 10) per chunk, the last chunk the rest
+
+
+def test_random_mask_rejects_bad_arguments() -> None:
+    for kwargs in ({"ratio": 0.0}, {"ratio": 1.5}, {"ratio": -0.1}, {"seed": -1}, {"step": -1}, {"kind": "x"}):
+        args = {"numel": 10, "ratio": 0.5, "seed": 1, "step": 1, "kind": "cyclic", **kwargs}
+        with pytest.raises(ValueError):
+            hc.random_mask(**args)
+
+
+@pytest.mark.parametrize(("n", "numel", "ratio", "kind"), [(2, 1000, 0.1, "cyclic"), (3, 4099, 0.25, "bernoulli"),
+                                                          (4, 517, 0.1, "cyclic")])
+def test_masked_allreduce_matches_reference_on_every_rank(n: int, numel: int, ratio: float, kind: str,
+                                                          out_dir) -> None:
+    steps = 4
+    mpirun("masked.py", n, out_dir, str(numel), str(ratio), kind, str(steps), timeout=120)
+    ranks = load_ranks(out_dir, n)
+    for t in range(1, steps + 1):
+        want_mask = ref.random_mask(numel, ratio, SEED, t, kind)
+        for r, rk in enumerate(ranks):
+            assert np.array_equal(rk["masks"][t - 1].numpy(), want_mask), f"rank {r} step {t}: mask differs"
+        xs = [rank_input(r, numel, torch.float32, seed=50 + t).numpy() for r in range(n)]
+        want = ref.masked_allreduce(xs, want_mask)
+        for r, rk in enumerate(ranks):
+            got = rk["results"][t - 1].numpy()
+            err = np.max(np.abs(got - want[r]))
+            assert err <= 1e-6, f"rank {r} of {n}, step {t}, numel {numel}: off by {err}"
+            assert np.array_equal(got[~want_mask], xs[r][~want_mask]), f"rank {r}: unselected elements changed"
+    # The selected elements travel densely: 6554 floats of 2**16 at k = 0.1, no index.
+    sent = ranks[0]["stats"]["bytes_sent"]
+    dense = 4 * 6554
+    assert dense <= sent <= 2 * dense + 4096, f"{sent} bytes sent for {dense} bytes of selected values"
+    for r, rk in enumerate(ranks):
+        bad = rk["bad"]
+        for key in ("seed", "numel", "step"):
+            assert bad[key].startswith("MismatchError"), f"rank {r} {key}: {bad[key]}"
+        assert "seed=1235" in bad["seed"] and "t=2" in bad["step"], bad
+        assert bad["ratio"].startswith("ValueError") and bad["kind"].startswith("ValueError"), bad
+        assert torch.allclose(rk["after"], torch.full((10,), (n - 1) / 2))

@@ -1,0 +1,91 @@
+"""hc.DistributedOptimizer(op=hc.SLAMB) on real MPI processes against the NumPy simulation of the spec
+(hvd_compress.reference.slamb; shared/specs/slamb.md), element by element, at n = 2, 3, 4."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from mpi_harness import load_ranks, mpirun
+from workers.common import rank_input
+
+from hvd_compress.reference import slamb as ref
+
+SHAPES = [(12, 25), (25,), (8, 30), (5, 6), (7,)]
+NUMEL = sum(math.prod(s) for s in SHAPES)
+LAMB = {"lr": 0.01, "weight_decay": 0.01, "eps": 1e-6}
+
+
+def _x0() -> np.ndarray:
+    g = torch.Generator().manual_seed(7)
+    return torch.cat([(torch.randn(s, generator=g) * 0.5).reshape(-1) for s in SHAPES]).double().numpy()
+
+
+@pytest.mark.parametrize(("n", "ratio", "interval", "kind"), [(2, 0.25, 3, "cyclic"), (3, 0.1, 4, "bernoulli"),
+                                                              (4, 0.1, 5, "cyclic")])
+def test_slamb_matches_reference_every_step_on_every_rank(n: int, ratio: float, interval: int, kind: str,
+                                                          out_dir) -> None:
+    steps = 11
+    mpirun("slamb_optimizer.py", n, out_dir, "trace", str(ratio), str(interval), kind, str(steps), timeout=240)
+    ranks = load_ranks(out_dir, n)
+    grads = [[rank_input(r, NUMEL, torch.float32, seed=t + 1).double().numpy() for r in range(n)]
+             for t in range(steps)]
+    want = ref.slamb(_x0(), grads, SHAPES, compress_ratio=ratio, sync_interval=interval, mask=kind, seed=99,
+                     grad_size_thr=100, **LAMB)
+    always = ref.always_ranges(SHAPES, 100)
+    for t in range(steps):
+        what = f"n={n} k={ratio} H={interval} {kind} step {t + 1}"
+        mask = want["masks"][t]
+        for r, rk in enumerate(ranks):
+            assert np.array_equal(rk["masks"][t].numpy(), mask), f"{what}: rank {r} mask differs"
+            assert np.allclose(rk["freshness"][t].numpy(), want["freshness"][t], rtol=1e-6, atol=0), what
+            got_m = rk["momentum"][t].double().numpy()
+            err_m = np.max(np.abs(got_m - want["momentum"][t][r]))
+            assert err_m <= 1e-6, f"{what}: rank {r} momentum off by {err_m}"
+            got = rk["params"][t].double().numpy()
+            err = np.max(np.abs(got - want["params"][t][r]))
+            assert err <= 2e-5, f"{what}: rank {r} parameters off by {err}"
+        # m[M_t] identical on every rank after step 4; x identical after a sync step, different between.
+        m0 = ranks[0]["momentum"][t].numpy()
+        for r, rk in enumerate(ranks[1:], 1):
+            assert np.array_equal(rk["momentum"][t].numpy()[mask], m0[mask]), f"{what}: rank {r} m[M] differs"
+        same = all(torch.equal(rk["params"][t], ranks[0]["params"][t]) for rk in ranks)
+        assert same == ((t + 1) % interval == 0), f"{what}: parameters identical on every rank: {same}"
+    assert sum(always[1::2]) < NUMEL  # some elements are masked, not all forced
+    final = [rk["final"] for rk in ranks]
+    assert all(torch.equal(f, final[0]) for f in final), "synchronize_parameters left ranks different"
+    # Bytes: a sync step adds the dense parameter average to the masked momentum.
+    per_step = ranks[0]["bytes"]
+    assert per_step[interval - 1] > per_step[0] + 4 * NUMEL * (n - 1) // n, per_step
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_slamb_k1_h1_sync_grad_equals_lamb_on_averaged_gradients(n: int, out_dir) -> None:
+    mpirun("slamb_optimizer.py", n, out_dir, "identity", "8", timeout=180)
+    for r, rk in enumerate(load_ranks(out_dir, n)):
+        worst = max(rk["diffs"])
+        # Equal up to the float32 rounding of the dense parameter average of identical parameters.
+        assert worst <= 4e-7 * rk["scale"], f"rank {r} of {n}: SLAMB(k=1, H=1) differs from LAMB by {worst}"
+
+
+def test_slamb_resumed_run_is_bit_identical(out_dir) -> None:
+    mpirun("slamb_optimizer.py", 3, out_dir, "resume", "9", "5", timeout=180)
+    for r, rk in enumerate(load_ranks(out_dir, 3)):
+        assert torch.equal(rk["straight"], rk["resumed"]), f"rank {r}: resumed run differs from the straight one"
+        assert rk["step"] == 9
+
+
+def test_slamb_bad_input_raises_on_every_rank_with_state_untouched(out_dir) -> None:
+    n = 3
+    mpirun("slamb_optimizer.py", n, out_dir, "bad", timeout=180)
+    ranks = load_ranks(out_dir, n)
+    for r, rk in enumerate(ranks):
+        for key in ("compress_ratio=0.0", "compress_ratio=1.5", "sync_interval=0", "mask=x"):
+            assert rk[key].startswith("ValueError"), f"rank {r} {key}: {rk[key]}"
+        assert rk["nan"].startswith("UsageError") and "non-finite" in rk["nan"], f"rank {r}: {rk['nan']}"
+        assert rk["seed"].startswith("MismatchError") and "seed=" in rk["seed"], f"rank {r}: {rk['seed']}"
+        assert rk["other_algorithm"].startswith("ValueError") and "OneBitLamb" in rk["other_algorithm"]
+        assert rk["other_world"].startswith("ValueError") and "world_size" in rk["other_world"]
+        assert rk["nan_unchanged"] and rk["load_unchanged"], f"rank {r}: state changed by a rejected call"
