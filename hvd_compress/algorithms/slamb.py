@@ -52,8 +52,11 @@ class SlambOptions:
     seed: int = 0  # the masks' Philox seed (must be the same on every rank)
     mask: str = "cyclic"  # "cyclic" (v1, every element once per int(1/k) steps) or "bernoulli" (paper, v2)
     grad_size_thr: int = 9000  # tensors smaller than this (and all 1-D ones) are synchronized every step
-    clip_min: float = 0.01  # bounds of the blended trust ratio phi
-    clip_max: float = 1000.0
+    # Bounds of the blended trust ratio phi; None: the wrapped LAMB's own min_coeff / max_coeff (hc.Lamb:
+    # 0.01 / 10), so that SLAMB with k = 1, H = 1 and sync_grad is that LAMB for every ratio (spec section 7
+    # needs c_min <= ratio <= c_max otherwise); the spec's reference-code values are 0.01 / 1000.
+    clip_min: float | None = None
+    clip_max: float | None = None
     sync_grad: bool = False  # Alg. 1 line 9: average g[M] before the moments (off: App. E, spec S6)
 
     def validate(self, op_name: str = "SLAMB") -> None:
@@ -71,7 +74,9 @@ class SlambOptions:
         thr = self.grad_size_thr
         if isinstance(thr, bool) or not isinstance(thr, int) or thr < 0:
             raise ValueError(f"op={op_name}: grad_size_thr must be an int >= 0, got {thr!r}")
-        if not 0.0 < self.clip_min <= self.clip_max:
+        lo = 0.01 if self.clip_min is None else self.clip_min
+        hi = max(lo, 1000.0) if self.clip_max is None else self.clip_max
+        if not 0.0 < lo <= hi:
             raise ValueError(f"op={op_name}: need 0 < clip_min <= clip_max, got {self.clip_min}, {self.clip_max}")
         if not isinstance(self.sync_grad, bool):
             raise ValueError(f"op={op_name}: sync_grad must be True or False, got {self.sync_grad!r}")
@@ -220,6 +225,8 @@ class Slamb:
         for i, x in enumerate(b.params):
             group = groups[b.group_of[i]]
             lr, wd, u = group["lr"], group["weight_decay"], u_views[i]
+            clip_min = group.get("min_coeff", 0.01) if o.clip_min is None else o.clip_min
+            clip_max = group.get("max_coeff", 1000.0) if o.clip_max is None else o.clip_max
             if wd != 0.0:
                 xp.add_(u, x, alpha=wd)
             if len(b.shapes[i]) <= 1:  # plain LAMB, unclipped (spec step 8)
@@ -229,10 +236,10 @@ class Slamb:
             u_in, u_out, _ = xp.masked_norms(u, m_views[i])
             phi_max, phi_min = ratio(x_in, u_in), ratio(x_out, u_out)
             if selected == b.sizes[i]:  # c = 1 on the whole layer: phi = clip(phi_max), eta = lr
-                xp.add_(x, u, alpha=-lr * min(max(phi_max, o.clip_min), o.clip_max))
+                xp.add_(x, u, alpha=-lr * min(max(phi_max, clip_min), clip_max))
                 continue
             c, s = c_views[i], s_views[i]
-            phi = xp.clamp_(xp.add_(xp.mul_(xp.copy_(s, c), phi_max - phi_min), phi_min), o.clip_min, o.clip_max)
+            phi = xp.clamp_(xp.add_(xp.mul_(xp.copy_(s, c), phi_max - phi_min), phi_min), clip_min, clip_max)
             xp.mul_(u, phi)
             eta = xp.add_(xp.mul_(xp.copy_(s, c), lr - lr / root_n), lr / root_n)
             xp.addcmul_(x, u, eta, value=-1.0)
