@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "hvdc/birder_bindings.h"
 #include "hvdc/errors.h"
 #include "hvdc/onebit_bindings.h"
 #include "hvdc/random_bindings.h"
@@ -219,4 +220,5 @@ NB_MODULE(_core, m) {
       .def("reset_stats", &Runtime::reset_stats);
   hvdc::register_onebit(m);
   hvdc::register_random(m);
+  hvdc::register_birder(m);
 }
