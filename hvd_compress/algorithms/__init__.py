@@ -7,21 +7,23 @@ algorithms; both are valid ``op=`` values of ``DistributedOptimizer``.
 
 from __future__ import annotations
 
+from hvd_compress.algorithms.birder import BirderAlgorithm
 from hvd_compress.algorithms.onebit import OneBitAlgorithm
 from hvd_compress.algorithms.onebit_adam import OneBitAdam
 from hvd_compress.algorithms.onebit_lamb import OneBitLamb
 from hvd_compress.ops.constants import ReduceOp
 
 #: Optimizer algorithms by op: the class that runs it over a face's segments.
-REGISTRY: dict[ReduceOp, type[OneBitAlgorithm]] = {
+REGISTRY: dict[ReduceOp, type[OneBitAlgorithm] | type[BirderAlgorithm]] = {
     ReduceOp.OneBitAdam: OneBitAdam,
     ReduceOp.OneBitLamb: OneBitLamb,
+    ReduceOp.Birder: BirderAlgorithm,
 }
 
 
-def lookup(op: ReduceOp) -> type[OneBitAlgorithm]:
+def lookup(op: ReduceOp) -> type[OneBitAlgorithm] | type[BirderAlgorithm]:
     """The algorithm registered for ``op``; ``KeyError`` if ``op`` is a plain reduction."""
     return REGISTRY[op]
 
 
-__all__ = ["REGISTRY", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "lookup"]
+__all__ = ["REGISTRY", "BirderAlgorithm", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "lookup"]

@@ -25,6 +25,7 @@ from hvd_compress.torch.asynchronous import (
     poll,
     synchronize,
 )
+from hvd_compress.torch.birder import Birder
 from hvd_compress.torch.context import init, rank, size
 from hvd_compress.torch.functions import (
     allreduce,
@@ -44,6 +45,7 @@ from hvd_compress.torch.optimizer import DistributedOptimizer
 __all__ = [
     "Adasum",
     "Average",
+    "Birder",
     "CommError",
     "CommTimeoutError",
     "DistributedOptimizer",
