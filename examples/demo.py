@@ -57,9 +57,12 @@ REDUCTIONS = {
     "OneBitAdam": lambda params: (torch.optim.Adam(params, lr=5e-3), {"op": hc.OneBitAdam, "freeze_step": FREEZE}),
     "Lamb": lambda params: (hc.Lamb(params, lr=2e-2), {"op": hc.Average}),
     "OneBitLamb": lambda params: (hc.Lamb(params, lr=2e-2), {"op": hc.OneBitLamb, "freeze_step": FREEZE}),
+    # Birder (paper 004): its uncompressed rule behind a dense average, and the 1-bit algorithm.
+    "BirderDense": lambda params: (hc.Birder(params, lr=5e-3), {"op": hc.Average}),
+    "Birder": lambda params: (hc.Birder(params, lr=5e-3), {"op": hc.Birder}),
 }
 # Each 1-bit optimizer and the dense optimizer it compresses (same rule, same hyper-parameters).
-COUNTERPARTS = {"OneBitAdam": "Adam", "OneBitLamb": "Lamb"}
+COUNTERPARTS = {"OneBitAdam": "Adam", "OneBitLamb": "Lamb", "Birder": "BirderDense"}
 FREEZE = 100  # dense warm-up steps of the 1-bit optimizers: 20% of the default run (paper 003: 15-25%)
 
 
