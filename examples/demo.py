@@ -61,9 +61,12 @@ REDUCTIONS = {
     # threshold for always-synchronized tensors, so the threshold is lowered to let the mask act on them.
     "SLAMB": lambda params: (hc.Lamb(params, lr=2e-2), {"op": hc.SLAMB, "compress_ratio": 0.1, "sync_interval": 100,
                                                          "grad_size_thr": 1000, "seed": 1}),
+    # Birder (paper 004): its uncompressed rule behind a dense average, and the 1-bit algorithm.
+    "BirderDense": lambda params: (hc.Birder(params, lr=5e-3), {"op": hc.Average}),
+    "Birder": lambda params: (hc.Birder(params, lr=5e-3), {"op": hc.Birder}),
 }
 # Each compressed optimizer and the dense optimizer it compresses (same rule, same hyper-parameters).
-COUNTERPARTS = {"OneBitAdam": "Adam", "OneBitLamb": "Lamb", "SLAMB": "Lamb"}
+COUNTERPARTS = {"OneBitAdam": "Adam", "OneBitLamb": "Lamb", "SLAMB": "Lamb", "Birder": "BirderDense"}
 FREEZE = 100  # dense warm-up steps of the 1-bit optimizers: 20% of the default run (paper 003: 15-25%)
 
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "hvdc/birder_bindings.h"
 #include "hvdc/errors.h"
 #include "hvdc/masked_bindings.h"
 #include "hvdc/onebit_bindings.h"
@@ -259,4 +260,5 @@ NB_MODULE(_core, m) {
   hvdc::register_onebit(m);
   hvdc::register_random(m);
   hvdc::register_masked(m, +[](nb::handle t, const std::string& what) { return view_of(t, what); });
+  hvdc::register_birder(m);
 }

@@ -38,6 +38,7 @@ Runtime::Runtime(MPI_Comm world, const RuntimeConfig& config)
   std::unique_ptr<Communicator> node =
       k > 0 ? world_->split(rank() / k, rank()) : world_->split_shared();
   hierarchical_plan_.reset(new HierarchicalAdasumPlan(*world_, std::move(node)));
+  hierarchical_onebit_plan_.reset(new HierarchicalOneBitPlan(*world_, hierarchical_plan_->node()));
   // Start-up traffic is no collective call of the user's: it stays out of stats().
   absorb_plan_stats();
 }
@@ -56,7 +57,9 @@ void Runtime::agree(const CallSignature& sig, const std::string& what) {
 
 void Runtime::absorb_plan_stats() {
   for (const CommStats& s : {adasum_plan_ ? adasum_plan_->take_stats() : CommStats{},
-                             hierarchical_plan_ ? hierarchical_plan_->take_stats() : CommStats{}})
+                             hierarchical_plan_ ? hierarchical_plan_->take_stats() : CommStats{},
+                             hierarchical_onebit_plan_ ? hierarchical_onebit_plan_->take_stats()
+                                                       : CommStats{}})
     world_->stats().add(s.bytes_sent, s.bytes_received);
 }
 
@@ -213,6 +216,28 @@ CommStats Runtime::masked_allreduce(const TensorView& t, const MaskSpec& spec_in
     random_mask(spec, m);
     masked_average(*world_, t, m, masked_scratch_);
   });
+}
+
+CommStats Runtime::hierarchical_compressed_allreduce(const HierarchicalCall& call, bool hierarchical,
+                                                    const std::string& name) {
+  // Everything that must match across ranks rides in the signature: the payload and the modes in
+  // `op`, the seed, step and moment constants in the layout hash (a mismatch raises everywhere).
+  const int op = static_cast<int>(call.payload) | (hierarchical ? 0x100 : 0) |
+                 (call.has_moments ? 0x200 : 0) | (call.worker_uniforms.data ? 0x400 : 0);
+  CallSignature sig = signature_of(kHierarchicalCompressedAllreduce, call.buffer, op, name);
+  const struct {
+    uint64_t seed;
+    uint32_t step;
+    float beta, one_minus_beta, eps;
+  } constants{call.key.seed, call.key.step, call.beta, call.one_minus_beta, call.eps};
+  sig.layout_hash = fnv1a(&constants, sizeof constants);
+  const HierarchicalGroups groups =
+      hierarchical ? hierarchical_onebit_plan_->groups() : HierarchicalGroups{nullptr, world_.get()};
+  std::string why = hierarchical ? hierarchical_onebit_plan_->invalid() : "";
+  if (why.empty()) why = hierarchical_check(groups, call);
+  if (!why.empty()) set_rejected(sig, why);
+  return run(sig, name.empty() ? "hierarchical_compressed_allreduce" : name,
+             [&] { hvdc::hierarchical_compressed_allreduce(groups, call); });
 }
 
 void Runtime::reject(Collective collective, const std::string& why, const std::string& name) {

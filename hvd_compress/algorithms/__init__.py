@@ -7,6 +7,7 @@ algorithms; both are valid ``op=`` values of ``DistributedOptimizer``.
 
 from __future__ import annotations
 
+from hvd_compress.algorithms.birder import BirderAlgorithm
 from hvd_compress.algorithms.onebit import OneBitAlgorithm
 from hvd_compress.algorithms.onebit_adam import OneBitAdam
 from hvd_compress.algorithms.onebit_lamb import OneBitLamb
@@ -14,16 +15,17 @@ from hvd_compress.algorithms.slamb import Slamb
 from hvd_compress.ops.constants import ReduceOp
 
 #: Optimizer algorithms by op: the class that runs it over a face's segments.
-REGISTRY: dict[ReduceOp, type[OneBitAlgorithm] | type[Slamb]] = {
+REGISTRY: dict[ReduceOp, type[OneBitAlgorithm] | type[Slamb] | type[BirderAlgorithm]] = {
     ReduceOp.OneBitAdam: OneBitAdam,
     ReduceOp.OneBitLamb: OneBitLamb,
     ReduceOp.SLAMB: Slamb,
+    ReduceOp.Birder: BirderAlgorithm,
 }
 
 
-def lookup(op: ReduceOp) -> type[OneBitAlgorithm] | type[Slamb]:
+def lookup(op: ReduceOp) -> type[OneBitAlgorithm] | type[Slamb] | type[BirderAlgorithm]:
     """The algorithm registered for ``op``; ``KeyError`` if ``op`` is a plain reduction."""
     return REGISTRY[op]
 
 
-__all__ = ["REGISTRY", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "Slamb", "lookup"]
+__all__ = ["REGISTRY", "BirderAlgorithm", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "Slamb", "lookup"]

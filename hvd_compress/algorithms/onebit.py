@@ -23,6 +23,12 @@ bounds the dead elements' step but not a revived one's (it still diverged on a R
 trained worse with the floor added (tests/test_relu_fidelity.py's module docstring has the figures).
 The floor is derived from the frozen v in the state, so checkpoints need nothing more.
 
+Hierarchical mode, option ``hierarchical=True`` (paper 004 Section 4, specs/birder.md section 4): the local
+momenta travel through the Hierarchical-1-bit-All-Reduce with the scaled 1-bit payload: a full-precision
+mean within each node, then the 1-bit compressed allreduce among the ranks with the same local index (one
+per node), then a gather within the node. The worker error then covers this rank's chunk of its node's
+mean (dpad / ranks per node entries), the server error dpad / world size; both are in ``state_dict()``.
+
 Non-finite values: a NaN/Inf gradient on any rank makes ``step()`` raise ``UsageError`` on every rank
 before any state changes (warm-up: checked on the averaged gradient, which every rank holds; compression:
 one tiny flag allreduce when there are several segments, then the core checks what enters each
@@ -41,6 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvd_compress import ops
+from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.errors import UsageError
@@ -56,6 +63,7 @@ class OneBitOptions:
 
     freeze_step: int
     variance_floor: float = DEFAULT_VARIANCE_FLOOR
+    hierarchical: bool = False
 
     def validate(self, op_name: str) -> None:
         fs = self.freeze_step
@@ -67,6 +75,8 @@ class OneBitOptions:
                 f"op={op_name}: variance_floor must be a finite number >= 0 (0: the papers' exact rule; default "
                 f"{DEFAULT_VARIANCE_FLOOR}), got {floor!r}"
             )
+        if not isinstance(self.hierarchical, bool):
+            raise ValueError(f"op={op_name}: hierarchical must be True or False, got {self.hierarchical!r}")
 
 
 def parse_options(options_cls: type, op_name: str, given: dict[str, Any]) -> Any:
@@ -110,6 +120,8 @@ class Segment:
     floor_roots: list[float] = dataclasses.field(default_factory=list)  # per layer sqrt(floor), with the kept d
     lamb_coeff_freeze: list[float] = dataclasses.field(default_factory=list)
     last_factor: list[float] = dataclasses.field(default_factory=list)
+    # (worker, server) error of the hierarchical mode, made on first use (sizes depend on the node size).
+    hierarchical_errors: tuple[Tensor, Tensor] | None = None
 
     @property
     def numel(self) -> int:
@@ -167,6 +179,13 @@ class OneBitAlgorithm:
             if len(self.segments) > 1:
                 self.agree_finite()
             for i, seg in enumerate(self.segments):
+                if self.options.hierarchical:
+                    werr, serr = self.hierarchical_errors(seg)
+                    self.meter.run(
+                        birder_ops.hierarchical_compressed_allreduce_, seg.work, werr, serr,
+                        payload=birder_ops.PAYLOAD_SCALED, hierarchical=True, name=f"{self.name}.m.{i}",
+                    )
+                    continue
                 self.meter.run(
                     compressed_allreduce_, seg.work, seg.onebit.worker_error, seg.onebit.server_error,
                     name=f"{self.name}.m.{i}",
@@ -175,6 +194,13 @@ class OneBitAlgorithm:
                 self.compressed(seg, groups[seg.group], t)
         self.t = t
         return t
+
+    def hierarchical_errors(self, seg: Segment) -> tuple[Tensor, Tensor]:
+        """The segment's (worker, server) error of the hierarchical mode, zeros when first asked for."""
+        if seg.hierarchical_errors is None:
+            c1, c2 = birder_ops.state_numels(seg.numel, True)
+            seg.hierarchical_errors = (self.xp.float32_like(c1, seg.work), self.xp.float32_like(c2, seg.work))
+        return seg.hierarchical_errors
 
     def check_finite(self) -> None:
         # Every rank holds the same averaged gradients, so every rank reaches the same verdict.
@@ -262,16 +288,28 @@ class OneBitAlgorithm:
                     "onebit": seg.onebit.state_dict(),
                     "lamb_coeff_freeze": list(seg.lamb_coeff_freeze),
                     "last_factor": list(seg.last_factor),
+                    **self.hierarchical_state(seg),
                 }
                 for seg in self.segments
             ],
+            "hierarchical": self.options.hierarchical,
         }
+
+    def hierarchical_state(self, seg: Segment) -> dict[str, Any]:
+        if not self.options.hierarchical:
+            return {}
+        xp = self.xp
+        werr, serr = self.hierarchical_errors(seg)
+        return {"hierarchical_errors": [xp.copy_(xp.zeros_like(werr), werr), xp.copy_(xp.zeros_like(serr), serr)]}
 
     def check_state_dict(self, ours: dict[str, Any]) -> None:
         """Raise a clear ValueError, before anything changes, if ``ours`` cannot be loaded here."""
         what = f"{self.name}.load_state_dict"
         if ours.get("algorithm") != self.name:
             raise ValueError(f"{what}: the checkpoint is for {ours.get('algorithm')!r}")
+        if bool(ours.get("hierarchical", False)) != self.options.hierarchical:
+            raise ValueError(f"{what}: checkpoint hierarchical={ours.get('hierarchical', False)} != "
+                             f"{self.options.hierarchical}")
         if ours.get("freeze_step") != self.freeze_step:
             raise ValueError(f"{what}: checkpoint freeze_step {ours.get('freeze_step')} != {self.freeze_step}")
         saved = ours.get("segments", [])
@@ -282,6 +320,11 @@ class OneBitAlgorithm:
             if len(s["lamb_coeff_freeze"]) != len(seg.params) or len(s["last_factor"]) != len(seg.params):
                 raise ValueError(f"{what}: per-layer coefficients do not match the parameters")
             seg.onebit.check_state_dict(s["onebit"])
+            if self.options.hierarchical:
+                got = [self.xp.describe(e) for e in s.get("hierarchical_errors", [None, None])]
+                want = [self.xp.describe(e) for e in self.hierarchical_errors(seg)]
+                if got != want:
+                    raise ValueError(f"{what}: hierarchical errors {got} != {want} (another world or node size?)")
 
     def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int) -> None:
         """Restore ``state_dict()``; ``None`` (a plain optimizer's checkpoint at step ``plain_step``) starts the
@@ -289,6 +332,9 @@ class OneBitAlgorithm:
         if ours is None:
             for seg in self.segments:
                 seg.onebit.reset()
+                if self.options.hierarchical:
+                    for e in self.hierarchical_errors(seg):
+                        self.xp.zero_(e)
             self.t = plain_step
         else:
             self.t = int(ours["step"])
@@ -296,6 +342,9 @@ class OneBitAlgorithm:
                 seg.onebit.load_state_dict(saved["onebit"])
                 seg.lamb_coeff_freeze = [float(c) for c in saved["lamb_coeff_freeze"]]
                 seg.last_factor = [float(c) for c in saved["last_factor"]]
+                if self.options.hierarchical:
+                    for target, value in zip(self.hierarchical_errors(seg), saved["hierarchical_errors"], strict=True):
+                        self.xp.copy_(target, value)
         for seg in self.segments:
             seg.denom_key = None
 

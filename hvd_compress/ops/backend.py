@@ -44,6 +44,9 @@ class Backend(Protocol):
 
     def reciprocal_(self, x: Tensor) -> Tensor: ...
 
+    def abs(self, x: Tensor, out: Tensor) -> Tensor:
+        """out = |x| (``out`` may be ``x``)."""
+
     def sqrt(self, x: Tensor, out: Tensor) -> Tensor:
         """out = sqrt(x) (``out`` may be ``x``)."""
 

@@ -40,6 +40,7 @@ from hvd_compress.torch.asynchronous import (
     poll,
     synchronize,
 )
+from hvd_compress.torch.birder import Birder
 from hvd_compress.torch.context import init, rank, size
 from hvd_compress.torch.functions import (
     allreduce,
@@ -62,6 +63,7 @@ __all__ = [
     "SLAMB",
     "Adasum",
     "Average",
+    "Birder",
     "CommError",
     "CommTimeoutError",
     "DistributedOptimizer",

@@ -74,6 +74,10 @@ class TorchBackend:
         return x.reciprocal_()
 
     @staticmethod
+    def abs(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return torch.abs(x, out=out)
+
+    @staticmethod
     def sqrt(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return torch.sqrt(x, out=out)
 

@@ -9,6 +9,7 @@ import torch
 
 from hvd_compress import algorithms, ops
 from hvd_compress.algorithms import slamb
+from hvd_compress.algorithms.birder import parse_options as parse_birder_options
 from hvd_compress.algorithms.onebit import parse_options
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.passes import PassCounter
@@ -16,6 +17,7 @@ from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.adasum_optimizer import AdasumMixin
 from hvd_compress.torch.backend import BACKEND
+from hvd_compress.torch.birder import Birder, BirderMixin, check_birder
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce_
 from hvd_compress.torch.fused import FusedGradients
@@ -115,11 +117,14 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       ``hc.Lamb``): dense warm-up for ``freeze_step`` steps, then 1-bit compressed momentum (see
       ``hvd_compress.torch.onebit_optimizer``); ``variance_floor`` (default 0.01: each layer's frozen
       variance at least that fraction of its mean, which trains ReLU networks; 0: the papers' exact rule);
-      LAMB options ``coeff_beta``, ``factor_min``, ``factor_max``, ``factor_threshold``.
+      LAMB options ``coeff_beta``, ``factor_min``, ``factor_max``, ``factor_threshold``; ``hierarchical=True``:
+      the compressed momentum goes through the Hierarchical-1-bit-All-Reduce (paper 004 Section 4).
     - ``op=hc.SLAMB`` (wraps ``hc.Lamb``): random-k masked momentum averaging with local error compensation and
       a dense parameter average every ``sync_interval`` steps (see ``hvd_compress.torch.slamb_optimizer``);
       options ``compress_ratio``, ``sync_interval``, ``beta3``, ``seed``, ``mask``, ``grad_size_thr``,
       ``clip_min``, ``clip_max``, ``sync_grad``; ``synchronize_parameters()`` before evaluating or saving.
+    - ``op=hc.Birder`` (wraps ``hc.Birder``): paper 004's 1-bit algorithm (see ``hvd_compress.torch.birder``);
+      options ``hierarchical`` (Section 4 over the nodes), ``seed``.
 
     Sparse gradients (``nn.Embedding(sparse=True)``), with ``op=Average``/``Sum``: reduced as Horovod does (an
     allgather of indices and values, coalesced; Average divides by the world size), so ``torch.optim.SparseAdam``
@@ -130,6 +135,8 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if op is Birder:  # hc.Birder is the optimizer class and, as op=, the algorithm
+        op = ReduceOp.Birder
     try:
         op = ReduceOp(op)
     except ValueError:
@@ -192,6 +199,15 @@ def _slamb(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp
     return wrapped
 
 
+def _birder(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
+            options: dict[str, Any]) -> torch.optim.Optimizer:
+    check_birder(optimizer)
+    algorithm = algorithms.lookup(op)
+    wrapped = rewrap(optimizer, BirderMixin)
+    wrapped._hvdc_setup(named_parameters, passes, algorithm(parse_birder_options(options), BACKEND, [], None))
+    return wrapped
+
+
 #: The face of each op: reductions (Average, Sum, Adasum) and the algorithms of ``hvd_compress.algorithms``.
 _WRAPPERS = {
     ReduceOp.Average: _dense,
@@ -200,4 +216,5 @@ _WRAPPERS = {
     ReduceOp.OneBitAdam: _onebit(check_adam),
     ReduceOp.OneBitLamb: _onebit(check_lamb),
     ReduceOp.SLAMB: _slamb,
+    ReduceOp.Birder: _birder,
 }

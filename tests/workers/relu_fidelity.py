@@ -12,8 +12,9 @@ Two tasks, each rank training on its own shard and every rank scoring the same h
 
 argv: out_dir task(mlp|cnn) steps runs
   runs: comma list of Adam, Lamb (dense average), OneBitAdam:<variance_floor>:<freeze_step> and
-  OneBitLamb:<variance_floor>:<freeze_step> (variance_floor 0: the papers' exact rule) and
-  SLAMB:<compress_ratio>:<sync_interval>, run one after
+  OneBitLamb:<variance_floor>:<freeze_step> (variance_floor 0: the papers' exact rule),
+  SLAMB:<compress_ratio>:<sync_interval>, Birder (op=hc.Birder), BirderHier (hierarchical=True) and BirderDense
+  (hc.Birder behind op=hc.Average), run one after
   another from the same initial model and data order.
 
 Saves per rank, for each run: the final held-out loss (NaN if the run raised or diverged), the error it
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import sys
 import time
 
@@ -35,7 +37,7 @@ import hvd_compress.torch as hc
 
 task, steps, runs = sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
 BATCH = 16  # per rank
-LR = {"Adam": 1e-3, "Lamb": 1e-2}
+LR = {"Adam": 1e-3, "Lamb": 1e-2, "Birder": float(os.environ.get("BIRDER_LR", "1e-3"))}
 
 hc.init()
 torch.set_num_threads(1)
@@ -82,6 +84,11 @@ def make_model() -> torch.nn.Module:
 
 def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
     name, floor, freeze = [*run.split(":"), "", ""][:3]
+    if name.startswith("Birder"):  # Birder (paper 004): BirderDense = hc.Birder's rule behind a dense average
+        base = hc.Birder(model.parameters(), lr=LR["Birder"])
+        hier = name == "BirderHier"
+        options = {"op": hc.Average} if name == "BirderDense" else {"op": hc.Birder, "hierarchical": hier}
+        return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), **options)
     if name.endswith("Adam"):
         base = torch.optim.Adam(model.parameters(), lr=LR["Adam"])
     else:

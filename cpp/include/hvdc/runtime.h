@@ -15,6 +15,7 @@
 #include "hvdc/adasum.h"
 #include "hvdc/comm_stats.h"
 #include "hvdc/masks.h"
+#include "hvdc/hierarchical_allreduce.h"
 #include "hvdc/mpi_communicator.h"
 #include "hvdc/reduce_op.h"
 #include "hvdc/signature.h"
@@ -43,6 +44,8 @@ class Runtime {
   int rank() const { return world_->rank(); }
   int size() const { return world_->size(); }
   double timeout() const { return timeout_s_; }
+  // Ranks in this rank's node (the topology built at start-up).
+  int node_size() const { return hierarchical_plan_->node().size(); }
   void set_timeout(double s) { timeout_s_ = s; }
 
   // Each collective returns the bytes this rank sent and received for that call (signature
@@ -79,6 +82,12 @@ class Runtime {
   // rank with `t` unchanged.
   CommStats masked_allreduce(const TensorView& t, const MaskSpec& spec, uint8_t* mask_out,
                              bool check_finite, const std::string& name);
+  // In place: `call.buffer` becomes the Hierarchical-1-bit-All-Reduce of paper 004 Section 4
+  // (hvdc/hierarchical_allreduce.h), Birder's +/-1 or the scaled 1-bit payload; `hierarchical`:
+  // over the node topology built at start-up (nodes of unequal size are rejected on every rank),
+  // else flat (every rank its own node). Errors and moments change only if every rank accepted.
+  CommStats hierarchical_compressed_allreduce(const HierarchicalCall& call, bool hierarchical,
+                                              const std::string& name);
 
   // Joins the signature exchange of a collective whose input this rank could not even read
   // (`why`), so that every rank raises instead of the others waiting for a peer that never
@@ -114,6 +123,8 @@ class Runtime {
   // before it.
   std::unique_ptr<AdasumPlan> adasum_plan_;
   std::unique_ptr<HierarchicalAdasumPlan> hierarchical_plan_;
+  // The cross-node groups of the hierarchical 1-bit allreduce, over hierarchical_plan_'s nodes.
+  std::unique_ptr<HierarchicalOneBitPlan> hierarchical_onebit_plan_;
   // Totals for stats(): kept apart from the communicators' counters and under their own lock, so
   // that reading them never waits for a collective in flight on another thread.
   // The masked allreduce's dense buffer and mask, kept between calls (used under mu_).

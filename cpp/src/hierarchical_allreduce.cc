@@ -1,0 +1,231 @@
+// Hierarchical-1-bit-All-Reduce (paper 004, Section 4; specs/birder.md section 4): see
+// hvdc/hierarchical_allreduce.h for the stages, the layout and the keying of the random draws.
+#include "hvdc/hierarchical_allreduce.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "hvdc/compressed_allreduce.h"
+#include "hvdc/errors.h"
+
+namespace hvdc {
+namespace {
+
+struct Shape {
+  int m = 1, l = 0, n = 1, j = 0;  // node size, local index, nodes, node index
+  int64_t d = 0, dpad = 0, c1 = 0, c2 = 0;
+};
+
+Shape shape_of(const HierarchicalGroups& g, int64_t d) {
+  Shape s;
+  if (g.node != nullptr) {
+    s.m = g.node->size();
+    s.l = g.node->rank();
+  }
+  s.n = g.cross->size();
+  s.j = g.cross->rank();
+  s.d = d;
+  s.dpad = hierarchical_padded_numel(d, s.n * s.m);
+  s.c1 = s.dpad / s.m;
+  s.c2 = s.dpad / (static_cast<int64_t>(s.n) * s.m);
+  return s;
+}
+
+int64_t clamp_len(int64_t v, int64_t hi) { return std::clamp<int64_t>(v, 0, hi); }
+
+TensorView f32_view(float* data, int64_t numel) {
+  TensorView v;
+  v.data = data;
+  v.numel = numel;
+  v.dtype = DType::kFloat32;
+  v.shape = {numel};
+  return v;
+}
+
+std::string expect_f32(const char* what, const TensorView& t, int64_t numel, const std::string& why) {
+  const std::string pre = std::string("hierarchical_compressed_allreduce: ") + what;
+  if (t.dtype != DType::kFloat32) return pre + " must be float32, got " + dtype_name(t.dtype);
+  if (t.device != Device::kCPU) return pre + " must be on the CPU";
+  if (t.numel != numel)
+    return pre + " has " + std::to_string(t.numel) + " elements, expected " + std::to_string(numel) +
+           " (" + why + ")";
+  return "";
+}
+
+}  // namespace
+
+int64_t hierarchical_padded_numel(int64_t numel, int world_size) {
+  if (numel < 0 || world_size < 1)
+    throw UsageError("hierarchical_padded_numel: numel " + std::to_string(numel) + ", world size " +
+                     std::to_string(world_size));
+  const int64_t unit = 8 * static_cast<int64_t>(world_size);
+  return (numel + unit - 1) / unit * unit;
+}
+
+std::string hierarchical_check(const HierarchicalGroups& g, const HierarchicalCall& call) {
+  const Shape s = shape_of(g, call.buffer.numel);
+  const std::string c1 = "padded numel " + std::to_string(s.dpad) + " / " + std::to_string(s.m) +
+                         " ranks per node";
+  const std::string c2 = "padded numel " + std::to_string(s.dpad) + " / " +
+                         std::to_string(s.n * s.m) + " ranks";
+  for (const std::string& why :
+       {expect_f32("tensor", call.buffer, s.d, "the tensor"),
+        expect_f32("worker error", call.worker_error, s.c1, c1),
+        expect_f32("server error", call.server_error, s.c2, c2)})
+    if (!why.empty()) return why;
+  if (call.payload != HierarchicalPayload::kSign && call.payload != HierarchicalPayload::kScaled)
+    return "hierarchical_compressed_allreduce: unknown payload " +
+           std::to_string(static_cast<int>(call.payload));
+  if (call.payload == HierarchicalPayload::kSign) {
+    if (call.has_moments)
+      for (const std::string& why : {expect_f32("first moment m", call.m, s.c1, c1),
+                                     expect_f32("moment b", call.b, s.c1, c1)})
+        if (!why.empty()) return why;
+    const bool injected = call.worker_uniforms.data != nullptr || call.server_uniforms.data != nullptr;
+    if (injected)
+      for (const std::string& why :
+           {expect_f32("worker uniforms", call.worker_uniforms, s.dpad * s.n,
+                       std::to_string(s.n) + " nodes x padded numel " + std::to_string(s.dpad)),
+            expect_f32("server uniforms", call.server_uniforms, s.dpad, "the padded numel")})
+        if (!why.empty()) return why;
+  } else if (call.has_moments) {
+    return "hierarchical_compressed_allreduce: moments go with the +/-1 (Birder) payload only";
+  }
+  const int64_t bad = first_nonfinite_f32(static_cast<const float*>(call.buffer.data), s.d);
+  if (bad >= 0)
+    return "hierarchical_compressed_allreduce: non-finite input: element " + std::to_string(bad) +
+           " is " + std::to_string(static_cast<const float*>(call.buffer.data)[bad]) +
+           "; state unchanged";
+  return "";
+}
+
+void hierarchical_compressed_allreduce(const HierarchicalGroups& g, const HierarchicalCall& call) {
+  const Shape s = shape_of(g, call.buffer.numel);
+  if (s.d == 0) return;  // every rank agreed on d: nobody communicates
+  Communicator& cross = *g.cross;
+  auto* x = static_cast<float*>(call.buffer.data);
+  auto* werr = static_cast<float*>(call.worker_error.data);
+  auto* serr = static_cast<float*>(call.server_error.data);
+  const int64_t real1 = clamp_len(s.d - s.l * s.c1, s.c1);  // real elements of C_l
+
+  // 1. Intra-node reduce-scatter, MEAN, float32 (spec 4.1, B6): alltoall of the c1 chunks, then
+  // the sum in local-rank order and one division.
+  std::vector<float> mean;
+  float* a = x;  // flat: this rank's own buffer is its worker's vector
+  if (s.m > 1) {
+    std::vector<float> staged;
+    const float* send = x;
+    if (s.d < s.dpad) {  // the alltoall sends whole chunks: the last one padded with zeros
+      staged.assign(static_cast<size_t>(s.dpad), 0.0f);
+      std::memcpy(staged.data(), x, sizeof(float) * s.d);
+      send = staged.data();
+    }
+    std::vector<float> recv(static_cast<size_t>(s.dpad));
+    g.node->alltoall(send, recv.data(), sizeof(float) * s.c1);
+    mean.assign(recv.begin(), recv.begin() + s.c1);
+    for (int r = 1; r < s.m; ++r) {
+      const float* in = recv.data() + r * s.c1;
+      for (int64_t i = 0; i < real1; ++i) mean[i] += in[i];
+    }
+    const float fm = static_cast<float>(s.m);
+    for (int64_t i = 0; i < real1; ++i) mean[i] /= fm;
+    a = mean.data();
+  }
+
+  if (call.payload == HierarchicalPayload::kScaled) {
+    // 2-4. The 1-bit compressed allreduce of paper 003 over the nodes, on the real part of C_l.
+    const int64_t server = onebit_padded_numel(real1, s.n) / s.n;
+    compressed_allreduce(cross, f32_view(a, real1), f32_view(werr, real1), f32_view(serr, server));
+    if (s.m > 1) {  // 5. intra-node allgather of the float32 chunks
+      std::vector<float> all(static_cast<size_t>(s.dpad));
+      g.node->allgather(a, all.data(), sizeof(float) * s.c1);
+      std::memcpy(x, all.data(), sizeof(float) * s.d);
+    }
+    return;
+  }
+
+  // 2. Worker (spec 4.2 / Alg. 1 lines 8-9): y = a + e_w, or the ratio of the updated moments.
+  const size_t piece = static_cast<size_t>(s.c2 / 8);
+  std::vector<uint8_t> wbits(static_cast<size_t>(s.c1 / 8));
+  BirderMoments mo;
+  if (call.has_moments) {
+    mo.m = static_cast<float*>(call.m.data);
+    mo.b = static_cast<float*>(call.b.data);
+    mo.beta = call.beta;
+    mo.one_minus_beta = call.one_minus_beta;
+    mo.eps = call.eps;
+  }
+  const bool injected = call.worker_uniforms.data != nullptr;
+  UniformSource uw;
+  uw.key = call.key;
+  uw.key.stream = static_cast<uint32_t>(s.j);
+  uw.offset = static_cast<uint64_t>(s.l * s.c1);
+  if (injected)
+    uw.injected = static_cast<const float*>(call.worker_uniforms.data) + s.j * s.dpad + s.l * s.c1;
+  stochastic_quantize(a, werr, call.has_moments ? &mo : nullptr, real1, s.c1, uw, wbits.data());
+
+  // 3. Inter-node alltoall among the same-l ranks: piece j' of C_l goes to node j'.
+  std::vector<uint8_t> recv(piece * s.n);
+  cross.alltoall(wbits.data(), recv.data(), piece);
+
+  // 4. Server (spec 4.4 / Alg. 1 lines 11-12) of S_{l,j}, then the inter-node allgather of u[C_l].
+  const int64_t start = s.l * s.c1 + s.j * s.c2;
+  const int64_t real2 = clamp_len(s.d - start, s.c2);
+  std::vector<const uint8_t*> bits(static_cast<size_t>(s.n));
+  for (int r = 0; r < s.n; ++r) bits[r] = recv.data() + piece * r;
+  std::vector<uint8_t> sbits(piece);
+  UniformSource us;
+  us.key = call.key;
+  us.key.stream = kServerStream;
+  us.offset = static_cast<uint64_t>(start);
+  if (injected) us.injected = static_cast<const float*>(call.server_uniforms.data) + start;
+  stochastic_server_quantize(bits.data(), s.n, serr, real2, s.c2, us, sbits.data());
+  std::vector<uint8_t> chunk(static_cast<size_t>(s.c1 / 8));
+  cross.allgather(sbits.data(), chunk.data(), piece);
+
+  // 5. Intra-node allgather of the chunks' bits; the first d decode into the buffer.
+  if (s.m > 1) {
+    std::vector<uint8_t> all(static_cast<size_t>(s.dpad / 8));
+    g.node->allgather(chunk.data(), all.data(), chunk.size());
+    sign_unpack(all.data(), x, s.d);
+  } else {
+    sign_unpack(chunk.data(), x, s.d);
+  }
+}
+
+HierarchicalOneBitPlan::HierarchicalOneBitPlan(Communicator& world, Communicator& node)
+    : node_(node) {
+  // Every rank learns every node's size and lowest world rank (its leader's), so that all agree
+  // on the node numbering and on whether the nodes are equal.
+  int32_t leader = world.rank();
+  node.broadcast(&leader, sizeof leader, 0);
+  const int32_t mine[2] = {node.size(), leader};
+  std::vector<int32_t> all(2 * static_cast<size_t>(world.size()));
+  world.allgather(mine, all.data(), sizeof mine);
+  std::vector<int32_t> leaders;
+  int32_t smallest = node.size(), largest = node.size();
+  for (int r = 0; r < world.size(); ++r) {
+    smallest = std::min(smallest, all[2 * r]);
+    largest = std::max(largest, all[2 * r]);
+    leaders.push_back(all[2 * r + 1]);
+  }
+  std::sort(leaders.begin(), leaders.end());
+  leaders.erase(std::unique(leaders.begin(), leaders.end()), leaders.end());
+  const int index = static_cast<int>(std::lower_bound(leaders.begin(), leaders.end(), leader) -
+                                     leaders.begin());
+  if (smallest != largest)
+    invalid_ = "hierarchical 1-bit allreduce needs nodes of equal size: a world of " +
+               std::to_string(world.size()) + " ranks has nodes of " + std::to_string(smallest) +
+               " and of " + std::to_string(largest) +
+               " ranks (HVDC_LOCAL_SIZE must divide the world size)";
+  cross_ = world.split(node.rank(), index);
+}
+
+CommStats HierarchicalOneBitPlan::take_stats() {
+  const CommStats s = cross_->stats();
+  cross_->stats() = CommStats{};
+  return s;
+}
+
+}  // namespace hvdc

@@ -1,0 +1,226 @@
+"""Birder: paper 004 (NeurIPS 2023), Algorithm 1 and Section 4, as specs/birder.md fixes it.
+
+- ``uncompressed_step``: the rule without compression (SoftSignSGD of paper 004; ``hc.Birder`` alone or
+  under ``op=hc.Average``): m = beta m + (1 - beta) g (Alg. 1 line 5, spec 3.2); b = beta b + (1 - beta) |g|
+  (line 6, spec 3.3; no sqrt(v), no bias correction); x = x - lr m / (b + eps) - lr wd x (spec 3.7, B3, B4:
+  eps in the denominator, decoupled decay).
+- ``BirderAlgorithm``: ``op=hc.Birder``, the 1-bit algorithm. Per step and segment one core call, the
+  Hierarchical-1-bit-All-Reduce (hvd_compress.ops.birder, spec 4) in "grad" mode (B5): the node-mean gradient
+  updates this rank's shard of m and b, the ratio r = m / (b + eps) (lines 5-7, spec 3.4) plus the worker
+  error is quantized (lines 8-9, spec 3.5), the server averages, adds its error and re-quantizes (lines
+  11-12, spec 3.6); every rank receives the same u in {+/-1}^d and applies x = x - lr u - lr wd x (line 13,
+  spec 3.7), identically everywhere. No warm-up (spec 1). ``hierarchical=False``: every rank is a worker.
+
+State per (param group) segment: the shards of m, b and the worker error (c1 = dpad / m_loc entries), the
+server error (c2 = dpad / N), and the step t, which with ``seed`` is the RNG position: the draws of step t
+are Philox (seed, t, stream, element). ``state_dict()`` holds all of it (exact resume); a checkpoint of
+another algorithm, world size, node size or mode is refused with a clear ``ValueError``.
+
+Non-finite gradients: ``step()`` raises ``UsageError`` on every rank before any state changes (one tiny flag
+allreduce when there are several segments; the core checks each call's input on every rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hvd_compress import ops
+from hvd_compress.ops import birder as birder_ops
+from hvd_compress.ops.backend import Backend, Tensor
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.errors import UsageError
+from hvd_compress.ops.traffic import CommMeter
+
+DEFAULTS = {"lr": 1e-3, "beta": 0.95, "eps": 1e-8, "weight_decay": 0.0}  # spec 5
+
+
+def check_hyperparameters(lr: float, beta: float, eps: float, weight_decay: float) -> None:
+    """ValueError for values the rule cannot take."""
+    if not lr >= 0:
+        raise ValueError(f"Birder: lr must be >= 0, got {lr}")
+    if not 0 <= beta < 1:
+        raise ValueError(f"Birder: beta must be in [0, 1), got {beta}")
+    if not eps > 0:
+        raise ValueError(f"Birder: eps must be > 0, got {eps}")
+    if not weight_decay >= 0:
+        raise ValueError(f"Birder: weight_decay must be >= 0, got {weight_decay}")
+
+
+def uncompressed_step(xp: Backend, params: Sequence[Tensor], grads: Sequence[Tensor], ms: Sequence[Tensor],
+                      bs: Sequence[Tensor], scratch: Sequence[Tensor], group: dict[str, Any]) -> None:
+    """One step of the uncompressed rule on each (param, grad, m, b); ``scratch`` like the params, float32."""
+    beta, eps, lr, wd = group["beta"], group["eps"], group["lr"], group["weight_decay"]
+    for g, m, b, tmp in zip(grads, ms, bs, scratch, strict=True):
+        xp.add_(xp.mul_(m, beta), g, alpha=1 - beta)  # line 5
+        xp.add_(xp.mul_(b, beta), xp.abs(g, out=tmp), alpha=1 - beta)  # line 6
+        xp.add_(xp.copy_(tmp, b), eps)
+    if wd != 0:
+        xp.foreach_mul_(params, 1 - lr * wd)  # decoupled decay on the old x (B4)
+    xp.foreach_addcdiv_(params, ms, scratch, value=-lr)
+
+
+@dataclasses.dataclass(frozen=True)
+class BirderOptions:
+    """``hierarchical``: Section 4's hierarchical all-reduce over the nodes (workers = nodes); ``seed``: RNG."""
+
+    hierarchical: bool = False
+    seed: int = 0
+
+    def validate(self, op_name: str) -> None:
+        if not isinstance(self.hierarchical, bool):
+            raise ValueError(f"op={op_name}: hierarchical must be True or False, got {self.hierarchical!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 1 << 64:
+            raise ValueError(f"op={op_name}: seed must be an int in [0, 2**64), got {self.seed!r}")
+
+
+def parse_options(given: dict[str, Any]) -> BirderOptions:
+    """``BirderOptions`` from ``DistributedOptimizer``'s keyword options, with clear errors."""
+    names = [f.name for f in dataclasses.fields(BirderOptions)]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise TypeError(f"op=Birder got unknown options {unknown}; it takes {', '.join(names)}")
+    options = BirderOptions(**given)
+    options.validate("Birder")
+    return options
+
+
+@dataclasses.dataclass
+class BirderSegment:
+    """The float32 parameters of one param group, with the face's flat buffers.
+
+    ``grad``: the fused gradient (each parameter's ``.grad`` is a view); ``update``: float32 numel, the input
+    of the collective and its result u; ``m``, ``b``, ``worker_error`` (c1) and ``server_error`` (c2): state.
+    """
+
+    group: int
+    params: list[Tensor]
+    sizes: list[int]
+    grad: Tensor
+    update: Tensor
+    m: Tensor
+    b: Tensor
+    worker_error: Tensor
+    server_error: Tensor
+    views: Callable[[Tensor], list[Tensor]]
+
+    @property
+    def numel(self) -> int:
+        return sum(self.sizes)
+
+    def buffers(self) -> dict[str, Tensor]:
+        return {"m": self.m, "b": self.b, "worker_error": self.worker_error, "server_error": self.server_error}
+
+
+class BirderAlgorithm:
+    """Alg. 1 of paper 004 over the face's segments; the group's lr, beta, eps, weight_decay read every step."""
+
+    name = "Birder"
+    options_cls = BirderOptions
+
+    def __init__(self, options: BirderOptions, backend: Backend, segments: Sequence[BirderSegment],
+                 meter: CommMeter | None) -> None:
+        self.options = options
+        self.xp = backend
+        self.segments = list(segments)
+        self.meter = meter if meter is not None else CommMeter()
+        self.t = 0
+        self.seed = options.seed
+
+    @staticmethod
+    def state_numels(numel: int, hierarchical: bool) -> tuple[int, int]:
+        """(c1, c2) of a segment of ``numel`` elements on this world."""
+        return birder_ops.state_numels(numel, hierarchical)
+
+    def synchronize(self) -> None:
+        """No gradient is ever averaged densely: the quantized ratio travels in ``step``."""
+
+    def step(self, groups: Sequence[dict[str, Any]]) -> int:
+        """One step (Alg. 1 lines 4-13) on every segment; returns the new step count."""
+        xp = self.xp
+        t = self.t + 1
+        for seg in self.segments:
+            group = groups[seg.group]
+            check_hyperparameters(group["lr"], group["beta"], group["eps"], group["weight_decay"])
+            xp.copy_(seg.update, seg.grad)
+        if len(self.segments) > 1:
+            self.agree_finite()
+        for i, seg in enumerate(self.segments):
+            group = groups[seg.group]
+            self.meter.run(
+                birder_ops.hierarchical_compressed_allreduce_, seg.update, seg.worker_error, seg.server_error,
+                payload=birder_ops.PAYLOAD_SIGN, hierarchical=self.options.hierarchical, seed=self.seed, step=t,
+                moments=(seg.m, seg.b), beta=group["beta"], eps=group["eps"], name=f"{self.name}.u.{i}",
+            )
+        for seg in self.segments:  # line 13: x = x - lr u - lr wd x, the same on every rank
+            group = groups[seg.group]
+            lr, wd = group["lr"], group["weight_decay"]
+            if wd != 0:
+                xp.foreach_mul_(seg.params, 1 - lr * wd)
+            xp.foreach_add_(seg.params, seg.views(seg.update), alpha=-lr)
+        self.t = t
+        return t
+
+    def agree_finite(self) -> None:
+        # The core checks each call on every rank, but a later segment's rejection would come after an
+        # earlier one's state changed: one flag allreduce first keeps a rejected step free of side effects.
+        local = sum(int(self.xp.any_nonfinite(seg.update)) for seg in self.segments)
+        flag = self.xp.add_(self.xp.float32_like(1, self.segments[0].update), float(local))
+        self.meter.run(ops.allreduce_, flag, op=ReduceOp.Sum, name=f"{self.name}.finite")
+        bad = int(self.xp.max(flag))
+        if bad > 0:
+            raise UsageError(
+                f"{self.name}: non-finite gradient at step {self.t + 1} on {bad} segment(s) over all ranks; "
+                "step not taken, state unchanged"
+            )
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def layout(self) -> dict[str, Any]:
+        """What a checkpoint must match: world and node size, mode."""
+        return {
+            "world_size": ops.size(),
+            "node_size": birder_ops.node_size(self.options.hierarchical),
+            "hierarchical": self.options.hierarchical,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        xp = self.xp
+        return {
+            "algorithm": self.name,
+            "step": self.t,
+            "seed": self.seed,
+            **self.layout(),
+            "segments": [
+                {"numel": seg.numel, **{k: xp.copy_(xp.zeros_like(v), v) for k, v in seg.buffers().items()}}
+                for seg in self.segments
+            ],
+        }
+
+    def check_state_dict(self, ours: dict[str, Any] | None) -> None:
+        """A clear ValueError, before anything changes, if ``ours`` cannot be loaded here."""
+        what = f"{self.name}.load_state_dict"
+        if ours is None:
+            raise ValueError(f"{what}: the checkpoint has no Birder state (errors, moments, RNG position)")
+        if ours.get("algorithm") != self.name:
+            raise ValueError(f"{what}: the checkpoint is for {ours.get('algorithm')!r}, not {self.name}")
+        for key, value in self.layout().items():
+            if ours.get(key) != value:
+                raise ValueError(f"{what}: checkpoint {key} {ours.get(key)!r} != this run's {value!r}")
+        saved = ours.get("segments", [])
+        if [s.get("numel") for s in saved] != [seg.numel for seg in self.segments]:
+            raise ValueError(f"{what}: fused buffer sizes {[s.get('numel') for s in saved]} != this model's "
+                             f"{[seg.numel for seg in self.segments]}")
+        for seg, s in zip(self.segments, saved, strict=True):
+            for key, target in seg.buffers().items():
+                if self.xp.describe(s.get(key)) != self.xp.describe(target):
+                    raise ValueError(f"{what}: {key} is {self.xp.describe(s.get(key))}, expected "
+                                     f"{self.xp.describe(target)}")
+
+    def load_state_dict(self, ours: dict[str, Any]) -> None:
+        """Restore ``state_dict()`` (call ``check_state_dict`` first)."""
+        self.t = int(ours["step"])
+        self.seed = int(ours["seed"])
+        for seg, saved in zip(self.segments, ours["segments"], strict=True):
+            for key, target in seg.buffers().items():
+                self.xp.copy_(target, saved[key])

@@ -1,0 +1,178 @@
+"""PyTorch face of Birder (paper 004): the optimizer ``hc.Birder`` (the uncompressed rule) and the wrapper
+methods of ``hc.DistributedOptimizer(hc.Birder(...), op=hc.Birder)`` (the 1-bit algorithm).
+
+The math and the sequencing are ``hvd_compress.algorithms.birder``'s; this face keeps the tensors: per
+param group one segment of flat float32 buffers (the fused gradient of which every ``.grad`` is a view, the
+update, and the sharded m, b and error feedback), the gradient hooks, and the ``hvd_compress`` section of
+``state_dict()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from hvd_compress.algorithms import birder as alg
+from hvd_compress.ops.passes import PassCounter
+from hvd_compress.ops.traffic import CommMeter
+from hvd_compress.torch.backend import BACKEND
+from hvd_compress.torch.context import ensure_init
+from hvd_compress.torch.fused import FusedGradients, views_into
+from hvd_compress.torch.wrapping import STATE_KEY, SynchronizeProtocol, check_named_parameters, hook_gradients
+
+
+class Birder(torch.optim.Optimizer):
+    """Birder's rule without compression (SoftSignSGD, paper 004): m and b moving averages of g and |g| with
+    one beta, x = x - lr m / (b + eps) - lr weight_decay x (decoupled). Defaults: specs/birder.md section 5.
+
+    Wrapped by ``hc.DistributedOptimizer(..., op=hc.Birder)`` it becomes the 1-bit algorithm; under
+    ``op=hc.Average`` it steps on the averaged gradient."""
+
+    def __init__(self, params: Any, lr: float = 1e-3, beta: float = 0.95, eps: float = 1e-8,
+                 weight_decay: float = 0.0) -> None:
+        alg.check_hyperparameters(lr, beta, eps, weight_decay)
+        super().__init__(params, {"lr": lr, "beta": beta, "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            alg.check_hyperparameters(group["lr"], group["beta"], group["eps"], group["weight_decay"])
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_abs"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+            alg.uncompressed_step(
+                BACKEND, params, [p.grad for p in params], [self.state[p]["exp_avg"] for p in params],
+                [self.state[p]["exp_avg_abs"] for p in params], [torch.empty_like(p) for p in params], group,
+            )
+        return loss
+
+
+def _zeros(numel: int, device: torch.device) -> torch.Tensor:
+    return torch.zeros(numel, dtype=torch.float32, device=device)
+
+
+def _segments(param_groups: list[dict[str, Any]], hierarchical: bool) -> tuple[list[alg.BirderSegment],
+                                                                                list[FusedGradients]]:
+    segments, grads = [], []
+    for gi, group in enumerate(param_groups):
+        params = [p for p in group["params"] if p.requires_grad]
+        if not params:
+            continue
+        if any(p.dtype != torch.float32 for p in params):
+            raise ValueError("op=Birder supports float32 parameters only")
+        fused = FusedGradients(params)
+        if len(fused.buffers) != 1:
+            raise ValueError("op=Birder needs every parameter of a group on one device")
+        numel = sum(p.numel() for p in params)
+        c1, c2 = alg.BirderAlgorithm.state_numels(numel, hierarchical)
+        device = fused.buffers[0].device
+        cache: dict[int, list[torch.Tensor]] = {}
+
+        def views(flat: torch.Tensor, params: list[torch.Tensor] = params,
+                  cache: dict[int, list[torch.Tensor]] = cache) -> list[torch.Tensor]:
+            if flat.data_ptr() not in cache:
+                cache[flat.data_ptr()] = views_into(flat, params)
+            return cache[flat.data_ptr()]
+
+        segments.append(alg.BirderSegment(
+            group=gi, params=params, sizes=[p.numel() for p in params], grad=fused.buffers[0],
+            update=_zeros(numel, device), m=_zeros(c1, device), b=_zeros(c1, device),
+            worker_error=_zeros(c1, device), server_error=_zeros(c2, device),
+            views=views,
+        ))
+        grads.append(fused)
+    return segments, grads
+
+
+class BirderMixin(SynchronizeProtocol):
+    """Methods added to a wrapped ``hc.Birder`` for ``op=hc.Birder`` (paper 004 Alg. 1, 1-bit both ways).
+
+    ``synchronize()`` only gathers this rank's gradient into ``.grad`` (nothing is averaged densely): clipping
+    between ``synchronize()`` and ``step()`` clips each rank's own gradient before it enters the moments.
+    """
+
+    def _hvdc_setup(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
+                    backward_passes_per_step: int, algorithm: alg.BirderAlgorithm) -> None:
+        ensure_init()
+        params = [p for g in self.param_groups for p in g["params"]]
+        check_named_parameters(params, named_parameters)
+        segments, self._hvdc_grads = _segments(self.param_groups, algorithm.options.hierarchical)
+        self._hvdc_meter = CommMeter()
+        algorithm.segments, algorithm.meter = segments, self._hvdc_meter
+        self._hvdc_alg = algorithm
+        trainable = [p for s in segments for p in s.params]
+        self._hvdc_passes = PassCounter(trainable, backward_passes_per_step)
+        hook_gradients(trainable, self._hvdc_count_pass)
+
+    def _hvdc_count_pass(self, p: torch.Tensor) -> None:
+        self._hvdc_passes.add(p)
+        self._hvdc_synchronized = False
+
+    @torch.no_grad()
+    def synchronize(self) -> None:
+        """End the gradient phase: gather the gradients into the fused buffers (nothing is averaged)."""
+        ensure_init()
+        for fused in self._hvdc_grads:
+            fused.gather()
+        self._hvdc_passes.reset()
+        self._hvdc_mark_synchronized()
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._hvdc_synchronize_for_step()
+        self._hvdc_alg.step(self.param_groups)
+        self._hvdc_step_done()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the fused gradient buffers in place (gradients stay views, never None)."""
+        del set_to_none  # views must survive for the fused reduction
+        for fused in self._hvdc_grads:
+            fused.zero_()
+        self._hvdc_passes.reset()
+        self._hvdc_step_done()
+
+    def comm_stats(self) -> dict[str, int]:
+        """Bytes this rank sent and received for this optimizer since the last call."""
+        return self._hvdc_meter.take()
+
+    @property
+    def birder_step(self) -> int:
+        """Steps taken (with the seed, the RNG position)."""
+        return self._hvdc_alg.t
+
+    def state_dict(self) -> dict[str, Any]:
+        out = super(self.__class__, self).state_dict()
+        out[STATE_KEY] = self._hvdc_alg.state_dict()
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a ``state_dict()`` of the same algorithm, world, node size and model; anything else raises
+        ``ValueError`` with the state untouched."""
+        state_dict = dict(state_dict)
+        ours = state_dict.pop(STATE_KEY, None)
+        if not hasattr(self, "_hvdc_alg"):  # rewrap() loading the wrapped optimizer's state
+            return super(self.__class__, self).load_state_dict(state_dict)
+        self._hvdc_alg.check_state_dict(ours)
+        super(self.__class__, self).load_state_dict(state_dict)
+        self._hvdc_alg.load_state_dict(ours)
+
+
+def check_birder(optimizer: torch.optim.Optimizer) -> None:
+    if not isinstance(optimizer, Birder):
+        raise TypeError(f"op=Birder wraps hc.Birder, got {type(optimizer).__name__}")
