@@ -6,6 +6,7 @@
 #include "hvdc/dense_allreduce.h"
 #include "hvdc/errors.h"
 #include "hvdc/signature.h"
+#include "hvdc/sparse_allreduce.h"
 
 namespace hvdc {
 namespace {
@@ -171,6 +172,23 @@ CommStats Runtime::compressed_allreduce(const TensorView& buffer, const TensorVi
   if (!why.empty()) set_rejected(sig, why);
   return run(sig, name.empty() ? "compressed_allreduce" : name,
              [&] { compressed_allreduce_prepared(*world_, call); });
+}
+
+CommStats Runtime::sparse_allreduce(const TensorView& buffer, const TensorView& error,
+                                   const SparseSpec& spec, const std::string& name) {
+  // The kind rides in the op field; ratio, seed and (random-k) step, which pick what is sent, in the
+  // layout hash: ranks that disagree raise MismatchError on every rank.
+  CallSignature sig = signature_of(kSparseAllreduce, buffer,
+                                   static_cast<int>(spec.op) | (static_cast<int>(spec.kind) << 8), name);
+  uint64_t key[3] = {0, spec.seed, spec.kind == SparseKind::kRandomK ? spec.step : 0u};
+  std::memcpy(&key[0], &spec.ratio, sizeof(double));
+  sig.layout_hash = fnv1a(key, sizeof(key));
+  const std::string why = sparse_check_input(buffer, error, spec);
+  if (!why.empty()) set_rejected(sig, why);
+  const std::string what = std::string("allreduce(compression=") + sparse_kind_name(spec.kind) +
+                           (name.empty() ? "" : ", name=" + name) +
+                           ") [kind, ratio, seed and step must match on every rank]";
+  return run(sig, what, [&] { sparse_allreduce_prepared(*world_, buffer, error, spec); });
 }
 
 void Runtime::reject(Collective collective, const std::string& why, const std::string& name) {

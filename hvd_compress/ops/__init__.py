@@ -1,6 +1,7 @@
 """Framework-neutral API of hvd_compress (layer 2 of DESIGN.md): ops, runtime, collectives."""
 
 from hvd_compress.ops.collectives import adasum_fused_, allreduce_, broadcast_, grouped_allreduce_
+from hvd_compress.ops.compression import Compression, CompressionState, Compressor
 from hvd_compress.ops.constants import Adasum, Average, OneBitAdam, OneBitLamb, ReduceOp, Sum
 from hvd_compress.ops.errors import (
     CommError,
@@ -18,6 +19,9 @@ __all__ = [
     "Average",
     "CommError",
     "CommTimeoutError",
+    "Compression",
+    "CompressionState",
+    "Compressor",
     "Config",
     "LaunchError",
     "MismatchError",

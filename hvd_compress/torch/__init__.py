@@ -25,6 +25,7 @@ from hvd_compress.torch.asynchronous import (
     poll,
     synchronize,
 )
+from hvd_compress.torch.compression import Compression, CompressionState, Compressor
 from hvd_compress.torch.context import init, rank, size
 from hvd_compress.torch.functions import (
     allreduce,
@@ -46,6 +47,9 @@ __all__ = [
     "Average",
     "CommError",
     "CommTimeoutError",
+    "Compression",
+    "CompressionState",
+    "Compressor",
     "DistributedOptimizer",
     "Lamb",
     "LaunchError",
