@@ -148,6 +148,17 @@ std::string sparse_check_input(const TensorView& buffer, const TensorView& error
     return what + "at most 2^32 - 1 elements (indices are uint32); split the tensor";
   if (error.dtype != DType::kFloat32 || error.device != Device::kCPU)
     return what + "error buffer must be float32 on the CPU, got " + dtype_name(error.dtype);
+ {
+    int64_t total = 0;
+    bool negative = false;
+    for (int64_t m : spec.segments) {
+      negative |= m < 0;
+      total += m;
+    }
+    if (!spec.segments.empty() && (negative || total != buffer.numel))
+      return what + "tensor sizes (" + std::to_string(spec.segments.size()) + " tensors, " + std::to_string(total) +
+             " elements) do not cut the buffer of " + std::to_string(buffer.numel) + " elements";
+  }
   if (error.numel != buffer.numel)
     return what + "error buffer has " + std::to_string(error.numel) + " elements, expected " +
            std::to_string(buffer.numel) + " (the tensor's numel)";
@@ -172,14 +183,32 @@ void topk_select(const float* c, int64_t numel, int64_t k, uint32_t* idx) {
   select_smallest(keys, k, idx);
 }
 
-void randomk_select(int64_t numel, int64_t k, uint64_t seed, uint32_t step, uint32_t* idx) {
+void randomk_select(int64_t numel, int64_t k, uint64_t seed, uint32_t step, uint32_t* idx, uint64_t offset) {
   std::vector<uint32_t> words(static_cast<size_t>(numel));
   PhiloxKey key;
   key.seed = seed;
   key.step = step;
   key.stream = kRandomKStream;
-  philox_fill_u32(key, 0, numel, words.data());
+  philox_fill_u32(key, offset, numel, words.data());
   select_smallest(words, k, idx);
+}
+
+void sparse_select(const float* c, int64_t numel, const SparseSpec& spec, std::vector<uint32_t>& idx) {
+  const std::vector<int64_t> whole{numel};
+  const std::vector<int64_t>& segments = spec.segments.empty() ? whole : spec.segments;
+  idx.clear();
+  int64_t offset = 0;
+  for (int64_t m : segments) {
+    const int64_t k = sparse_k(m, spec.ratio);
+    const size_t at = idx.size();
+    idx.resize(at + static_cast<size_t>(k));
+    if (spec.kind == SparseKind::kTopK)
+      topk_select(c + offset, m, k, idx.data() + at);
+    else
+      randomk_select(m, k, spec.seed, spec.step, idx.data() + at, static_cast<uint64_t>(offset));
+    for (size_t j = at; j < idx.size(); ++j) idx[j] += static_cast<uint32_t>(offset);
+    offset += m;
+  }
 }
 
 void sparse_allreduce(Communicator& comm, const TensorView& buffer, const TensorView& error,
@@ -197,23 +226,22 @@ void sparse_allreduce_prepared(Communicator& comm, const TensorView& buffer, con
     return half_wire_allreduce(comm, buffer, spec.kind == SparseKind::kFloat16 ? DType::kFloat16 : DType::kBFloat16,
                                spec.op);
   const int n = comm.size();
-  const int64_t k = sparse_k(numel, spec.ratio);
   // c = x + e, the compensated value; it becomes the new error once the sent elements are cut out.
   auto* e = static_cast<float*>(error.data);
   std::vector<float> x(static_cast<size_t>(numel));
   to_float(buffer, x.data());
   for (int64_t i = 0; i < numel; ++i) e[i] += x[i];
   const float* c = e;
-  std::vector<uint32_t> idx(static_cast<size_t>(k));
+  std::vector<uint32_t> idx;
+  sparse_select(c, numel, spec, idx);  // the same count on every rank: numel and segments agreed
+  const auto k = static_cast<int64_t>(idx.size());
   std::vector<float> out(static_cast<size_t>(numel), 0.0f);
   if (spec.kind == SparseKind::kTopK) {
-    topk_select(c, numel, k, idx.data());
     std::vector<Pair> send(static_cast<size_t>(k)), all(static_cast<size_t>(k) * n);
     for (int64_t j = 0; j < k; ++j) send[j] = Pair{idx[j], c[idx[j]]};
     comm.allgather(send.data(), all.data(), static_cast<size_t>(k) * sizeof(Pair));
     for (const Pair& p : all) out[p.index] += p.value;  // rank order, then index order
   } else {
-    randomk_select(numel, k, spec.seed, spec.step, idx.data());
     std::vector<float> vals(static_cast<size_t>(k));
     for (int64_t j = 0; j < k; ++j) vals[j] = c[idx[j]];
     comm.allreduce_sum(vals.data(), k, DType::kFloat32);

@@ -4,9 +4,12 @@
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "hvdc/errors.h"
 #include "hvdc/runtime.h"
@@ -28,7 +31,7 @@ void register_sparse(nb::module_& m) {
   m.def(
       "sparse_allreduce",
       [](Runtime& rt, nb::handle tensor, nb::handle error, int kind, int op, double ratio, uint64_t seed,
-         uint64_t step, const std::string& name) {
+         uint64_t step, std::vector<int64_t> sizes, const std::string& name) {
         TensorView buffer, err;
         try {
           buffer = binding_view_of(tensor, "allreduce(compression): tensor");
@@ -43,6 +46,7 @@ void register_sparse(nb::module_& m) {
         spec.ratio = ratio;
         spec.seed = seed;
         spec.step = static_cast<uint32_t>(step);
+        spec.segments = std::move(sizes);
         CommStats moved;
         {
           nb::gil_scoped_release nogil;
@@ -51,10 +55,11 @@ void register_sparse(nb::module_& m) {
         return binding_stats(moved);
       },
       nb::arg("runtime"), nb::arg("tensor"), nb::arg("error").none(), nb::arg("kind"), nb::arg("op"),
-      nb::arg("ratio") = 1.0, nb::arg("seed") = 0, nb::arg("step") = 0, nb::arg("name") = "",
+      nb::arg("ratio") = 1.0, nb::arg("seed") = 0, nb::arg("step") = 0, nb::arg("sizes") = std::vector<int64_t>(), nb::arg("name") = "",
       "In place: `tensor` (contiguous CPU float) becomes its compressed reduction over all ranks "
       "(kind 1 fp16, 2 bf16, 3 top-k, 4 random-k; op 0 Average, 1 Sum); `error` (numel float32, "
-      "top-k/random-k; None otherwise) is updated. Returns this call's bytes.");
+      "top-k/random-k; None otherwise) is updated; `sizes` cuts it into tensors that each send their own k "
+      "(empty: one tensor). Returns this call's bytes.");
   m.def("sparse_k", &sparse_k, nb::arg("numel"), nb::arg("ratio"),
         "Elements top-k/random-k send of `numel` at `ratio`: floor(ratio * numel + 0.5) in [1, numel].");
   m.def(

@@ -27,6 +27,7 @@ def horovod_average(hvd) -> Collective:
 def cases(hvd) -> list[Case]:
     """All benchmark cases available in this build."""
     # Imported here: onebit_cases imports Case from this module.
+    from hvd_compress.bench.compression_cases import compression_cases
     from hvd_compress.bench.onebit_cases import onebit_cases
     from hvd_compress.bench.optimizer_cases import optimizer_cases
 
@@ -45,5 +46,6 @@ def cases(hvd) -> list[Case]:
             },
         ),
         *onebit_cases(hvd),
+        *compression_cases(hvd),
         *optimizer_cases(hvd),
     ]

@@ -108,11 +108,19 @@ def resolve(compression: Any) -> Compressor:
 class CompressionState:
     """Error feedback of one buffer of ``numel`` elements under ``compressor`` (top-k or random-k): the float32
     ``error`` (input + error - what was sent, on ``like``'s device) and the ``step`` (calls completed; random-k
-    draws its indices from it). Only a call that every rank accepted changes it."""
+    draws its indices from it). ``sizes`` cuts the buffer into the tensors it fuses (default: one), each of
+    which sends its own ratio of elements, as Horovod compresses each gradient on its own. Only a call that
+    every rank accepted changes the state."""
 
-    def __init__(self, numel: int, compressor: Compressor, xp: Backend, like: Tensor) -> None:
+    def __init__(
+        self, numel: int, compressor: Compressor, xp: Backend, like: Tensor, sizes: list[int] | None = None
+    ) -> None:
         if int(numel) < 0:
             raise ValueError(f"CompressionState: numel must be >= 0, got {numel}")
+        sizes = [int(numel)] if sizes is None else [int(m) for m in sizes]
+        if any(m < 0 for m in sizes) or sum(sizes) != int(numel):
+            raise ValueError(f"CompressionState: sizes {sizes} do not add up to numel {numel}")
+        self.sizes = sizes
         if not isinstance(compressor, Compressor) or not compressor.stateful:
             raise ValueError(f"CompressionState is for topk/randomk compression, got {compressor!r}")
         self.numel = int(numel)
@@ -129,13 +137,14 @@ class CompressionState:
         return {
             "compression": self.compressor.describe(),
             "numel": self.numel,
+            "sizes": list(self.sizes),
             "step": self.step,
             "error": self.xp.copy_(self.xp.float32_like(self.numel, self.error), self.error),
         }
 
     def check_state_dict(self, state: dict[str, Any]) -> None:
         """Raise a clear ValueError if ``state`` is not a ``state_dict()`` of a state like this one."""
-        want = {"compression": self.compressor.describe(), "numel": self.numel}
+        want = {"compression": self.compressor.describe(), "numel": self.numel, "sizes": self.sizes}
         for key, value in want.items():
             if state.get(key) != value:
                 raise ValueError(
@@ -181,10 +190,10 @@ def compressed_allreduce_(
             raise ValueError(f"state is for {state.compressor!r}, the call asks for {compressor!r}")
     op_value = int(op) if isinstance(op, int) else -1
     error = as_core_buffer(state.error) if compressor.stateful else None
-    step = state.step if compressor.stateful else 0
+    step, sizes = (state.step, state.sizes) if compressor.stateful else (0, [])
     counts = _core.sparse_allreduce(
         runtime.get(), as_core_buffer(tensor), error, KINDS[compressor.kind], op_value,
-        compressor.ratio, compressor.seed, step, name or "",
+        compressor.ratio, compressor.seed, step, sizes, name or "",
     )
     record(counts, traffic)
     if compressor.stateful:

@@ -39,9 +39,23 @@ def topk_select(c: np.ndarray, k: int) -> np.ndarray:
     return _smallest(-np.abs(np.asarray(c, dtype=np.float32)), k)
 
 
-def randomk_select(numel: int, k: int, seed: int, step: int) -> np.ndarray:
-    """Indices of the k smallest Philox words of (seed, step, RANDOMK_STREAM), ascending: every rank's."""
-    return _smallest(philox.words(numel, seed, step, RANDOMK_STREAM), k)
+def randomk_select(numel: int, k: int, seed: int, step: int, offset: int = 0) -> np.ndarray:
+    """Indices of the k smallest Philox words [offset, offset + numel) of (seed, step, RANDOMK_STREAM), counted
+    from 0, ascending: every rank's."""
+    return _smallest(philox.words(numel, seed, step, RANDOMK_STREAM, offset), k)
+
+
+def sparse_select(c: np.ndarray, kind: str, ratio: float, seed: int, step: int, sizes: list[int]) -> np.ndarray:
+    """The ascending indices every tensor (``sizes`` cut the buffer) sends: its own k of its own elements."""
+    out, offset = [], 0
+    for m in sizes:
+        k = sparse_k(m, ratio)
+        if kind == "topk":
+            out.append(topk_select(c[offset : offset + m], k) + offset)
+        else:
+            out.append(randomk_select(m, k, seed, step, offset) + offset)
+        offset += m
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
 def _to_float32(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -62,25 +76,34 @@ def half_wire_allreduce(xs: list[np.ndarray], dtype: str, kind: str, op: str) ->
 
 
 def sparse_allreduce(
-    xs: list[np.ndarray], errors: list[np.ndarray], kind: str, op: str, ratio: float, seed: int, step: int, dtype: str
+    xs: list[np.ndarray],
+    errors: list[np.ndarray],
+    kind: str,
+    op: str,
+    ratio: float,
+    seed: int,
+    step: int,
+    dtype: str,
+    sizes: list[int] | None = None,
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Top-k / random-k with error feedback: (the result on every rank as float64, each rank's new float32
-    error). c = x + e; k elements of c are sent; e becomes c with the sent elements set to 0."""
+    error). c = x + e; each tensor (``sizes``, default one) sends k of its elements of c; e becomes c with the
+    sent elements set to 0."""
     n, numel = len(xs), xs[0].size
-    k = sparse_k(numel, ratio)
+    sizes = [numel] if sizes is None else sizes
     cs = [
         (_to_float32(x, dtype) + np.asarray(e, dtype=np.float32)).astype(np.float32)
         for x, e in zip(xs, errors, strict=True)
     ]
     out = np.zeros(numel, dtype=np.float32)
     if kind == "topk":
-        chosen = [topk_select(c, k) for c in cs]
+        chosen = [sparse_select(c, kind, ratio, seed, step, sizes) for c in cs]
         for c, idx in zip(cs, chosen, strict=True):  # rank order; one rank's indices are distinct
             out[idx] = (out[idx] + c[idx]).astype(np.float32)
     elif kind == "randomk":
-        idx = randomk_select(numel, k, seed, step)
+        idx = sparse_select(cs[0], kind, ratio, seed, step, sizes)
         chosen = [idx] * n
-        vals = np.zeros(k, dtype=np.float32)
+        vals = np.zeros(idx.size, dtype=np.float32)
         for c in cs:
             vals = (vals + c[idx]).astype(np.float32)
         out[idx] = vals

@@ -21,7 +21,10 @@ __all__ = ["Compression", "CompressionState", "Compressor"]
 class CompressionState(compression_ops.CompressionState):
     """Error feedback (float32 ``error`` of ``numel`` elements, on ``device``, default the CPU) and ``step`` of
     one tensor reduced with ``compression`` (``hc.Compression.topk(...)`` or ``randomk(...)``); keep one per
-    tensor across calls and save its ``state_dict()`` with the checkpoint."""
+    tensor across calls and save its ``state_dict()`` with the checkpoint. ``sizes``: the tensors a fused buffer
+    holds (each sends its own ratio of elements; default one tensor)."""
 
-    def __init__(self, numel: int, compression: Any, device: torch.device | str | None = None) -> None:
-        super().__init__(numel, compression_ops.resolve(compression), BACKEND, torch.empty(0, device=device))
+    def __init__(self, numel: int, compression: Any, device: torch.device | str | None = None,
+                 sizes: list[int] | None = None) -> None:
+        like = torch.empty(0, device=device)
+        super().__init__(numel, compression_ops.resolve(compression), BACKEND, like, sizes)

@@ -32,12 +32,16 @@ COMPRESSORS = {
 # (dtype, numel, op): float32 at every size and both ops; the other dtypes at two sizes.
 CASES = [("float32", m, op) for m in (1, 13, 1000, 4099) for op in ("Average", "Sum")]
 CASES += [(d, m, "Average") for d in ("float64", "float16", "bfloat16") for m in (13, 4099)]
+# A fused buffer of several tensors (an empty one too): each sends its own ratio of elements.
+SEGMENTS = [5, 0, 1000, 94]
+CASES += [("float32", sum(SEGMENTS), "Average")]
 
 if "collective" in modes:
     results = {}
     for cname, comp in COMPRESSORS.items():
         for dname, numel, op in CASES:
-            state = hc.CompressionState(numel, comp) if comp.stateful else None
+            sizes = SEGMENTS if numel == sum(SEGMENTS) else None
+            state = hc.CompressionState(numel, comp, sizes=sizes) if comp.stateful else None
             calls = []
             for step in range(STEPS):
                 x = rank_input(r, numel, DTYPES[dname], seed=100 * step + 7)

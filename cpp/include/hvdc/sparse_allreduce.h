@@ -21,7 +21,8 @@
 //     i), i < numel (ties: lower index first): the same on every rank with no index on the wire; the
 //     k values c[idx] are allreduced as one dense float32 buffer (/ n for Average) and scattered into
 //     a zero buffer.
-// Selected indices are kept in ascending order (memory order for the gather and scatter).
+// Selected indices are kept in ascending order (memory order for the gather and scatter). With
+// segments (a fused buffer of several tensors), each tensor selects its own k of its own elements.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -46,6 +47,9 @@ struct SparseSpec {
   double ratio = 1.0;  // top-k/random-k: fraction of the elements sent, in (0, 1]
   uint64_t seed = 0;   // random-k
   uint32_t step = 0;   // random-k: the call's step (the caller's counter, mod 2^32)
+  // Top-k/random-k: the buffer is these consecutive tensors (elements each; empty: one tensor), and each
+  // sends its own k = sparse_k(size, ratio), as Horovod compresses each gradient tensor on its own.
+  std::vector<int64_t> segments;
 };
 
 // Elements sent of `numel` at `ratio`: floor(ratio * numel + 0.5), at least 1 (0 for an empty buffer),
@@ -59,8 +63,11 @@ std::string sparse_check_input(const TensorView& buffer, const TensorView& error
 
 // Ascending indices of the k elements of largest |c| (ties: lower index), c finite.
 void topk_select(const float* c, int64_t numel, int64_t k, uint32_t* idx);
-// Ascending indices of the k smallest words of (seed, step, kRandomKStream) among [0, numel).
-void randomk_select(int64_t numel, int64_t k, uint64_t seed, uint32_t step, uint32_t* idx);
+// Ascending indices of the k smallest words [offset, offset + numel) of (seed, step, kRandomKStream),
+// counted from 0 (the word of element i of a fused buffer is word i: a tensor at `offset` draws its own).
+void randomk_select(int64_t numel, int64_t k, uint64_t seed, uint32_t step, uint32_t* idx, uint64_t offset = 0);
+// The ascending indices every segment of `spec` sends (top-k of c, or random-k), into `idx`.
+void sparse_select(const float* c, int64_t numel, const SparseSpec& spec, std::vector<uint32_t>& idx);
 
 // In place: `buffer` becomes the compressed reduction over all ranks; `error` is updated (top-k and
 // random-k). Every rank must call it with the same numel, dtype and spec (the runtime agrees on a
