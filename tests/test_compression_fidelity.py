@@ -2,7 +2,9 @@
 2% of dense SGD at 4 ranks, on a ReLU MLP with real data (scikit-learn's digits), with identical parameters on
 every rank. Same model, data order, SGD(lr=0.1, momentum=0.9) and cosine decay for both; see the worker.
 
-Measured (4 ranks on 2 loaded cores): see the README's Compression section.
+Measured (4 ranks on 2 loaded cores, 800 steps): dense SGD 0.0754, top-k 1% 0.0756 (+0.3%), 7,032 against 157,500
+bytes sent per step. At 300-400 steps top-k lagged by 22-24%; selecting per parameter instead of over the fused
+buffer ended at 0.0858 (+13.9%); random-k 1% diverged with momentum 0.9.
 """
 
 from __future__ import annotations
