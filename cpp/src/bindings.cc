@@ -18,6 +18,7 @@
 #include "hvdc/onebit_bindings.h"
 #include "hvdc/random_bindings.h"
 #include "hvdc/runtime.h"
+#include "hvdc/sparse_bindings.h"
 
 namespace nb = nanobind;
 using namespace hvdc;
@@ -121,6 +122,11 @@ nb::dict released(Call call) {
 }
 
 }  // namespace
+
+namespace hvdc {
+TensorView binding_view_of(nb::handle obj, const std::string& what) { return view_of(obj, what); }
+nb::dict binding_stats(const CommStats& s) { return as_dict(s); }
+}  // namespace hvdc
 
 NB_MODULE(_core, m) {
   m.doc() = "hvd_compress C++ core: collectives over MPI on DLPack tensors";
@@ -261,4 +267,5 @@ NB_MODULE(_core, m) {
   hvdc::register_random(m);
   hvdc::register_masked(m, +[](nb::handle t, const std::string& what) { return view_of(t, what); });
   hvdc::register_birder(m);
+  hvdc::register_sparse(m);
 }

@@ -10,6 +10,7 @@
 #include "hvdc/errors.h"
 #include "hvdc/masked_allreduce.h"
 #include "hvdc/signature.h"
+#include "hvdc/sparse_allreduce.h"
 
 namespace hvdc {
 namespace {
@@ -238,6 +239,24 @@ CommStats Runtime::hierarchical_compressed_allreduce(const HierarchicalCall& cal
   if (!why.empty()) set_rejected(sig, why);
   return run(sig, name.empty() ? "hierarchical_compressed_allreduce" : name,
              [&] { hvdc::hierarchical_compressed_allreduce(groups, call); });
+}
+
+CommStats Runtime::sparse_allreduce(const TensorView& buffer, const TensorView& error,
+                                   const SparseSpec& spec, const std::string& name) {
+  // The kind rides in the op field; ratio, seed and (random-k) step, which pick what is sent, in the
+  // layout hash with the tensor sizes: ranks that disagree raise MismatchError on every rank.
+  CallSignature sig = signature_of(kSparseAllreduce, buffer,
+                                   static_cast<int>(spec.op) | (static_cast<int>(spec.kind) << 8), name);
+  uint64_t key[3] = {0, spec.seed, spec.kind == SparseKind::kRandomK ? spec.step : 0u};
+  std::memcpy(&key[0], &spec.ratio, sizeof(double));
+  sig.layout_hash = fnv1a(spec.segments.data(), spec.segments.size() * sizeof(int64_t), fnv1a(key, sizeof(key)));
+  sig.ntensors = spec.segments.empty() ? 1 : static_cast<int64_t>(spec.segments.size());
+  const std::string why = sparse_check_input(buffer, error, spec);
+  if (!why.empty()) set_rejected(sig, why);
+  const std::string what = std::string("allreduce(compression=") + sparse_kind_name(spec.kind) +
+                           (name.empty() ? "" : ", name=" + name) +
+                           ") [kind, ratio, seed and step must match on every rank]";
+  return run(sig, what, [&] { sparse_allreduce_prepared(*world_, buffer, error, spec); });
 }
 
 void Runtime::reject(Collective collective, const std::string& why, const std::string& name) {

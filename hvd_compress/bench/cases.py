@@ -28,6 +28,7 @@ def cases(hvd) -> list[Case]:
     """All benchmark cases available in this build."""
     # Imported here: onebit_cases imports Case from this module.
     from hvd_compress.bench.birder_cases import birder_cases
+    from hvd_compress.bench.compression_cases import compression_cases
     from hvd_compress.bench.onebit_cases import onebit_cases
     from hvd_compress.bench.optimizer_cases import optimizer_cases
     from hvd_compress.bench.slamb_cases import slamb_cases
@@ -47,6 +48,7 @@ def cases(hvd) -> list[Case]:
             },
         ),
         *onebit_cases(hvd),
+        *compression_cases(hvd),
         *optimizer_cases(hvd),
         *slamb_cases(hvd),
         *birder_cases(hvd),

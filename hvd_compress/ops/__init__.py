@@ -1,6 +1,7 @@
 """Framework-neutral API of hvd_compress (layer 2 of DESIGN.md): ops, runtime, collectives."""
 
 from hvd_compress.ops.collectives import adasum_fused_, allgather, allreduce_, broadcast_, grouped_allreduce_
+from hvd_compress.ops.compression import Compression, CompressionState, Compressor
 from hvd_compress.ops.constants import Adasum, Average, Max, Min, OneBitAdam, OneBitLamb, Product, ReduceOp, Sum
 from hvd_compress.ops.errors import (
     CommError,
@@ -20,6 +21,9 @@ __all__ = [
     "Average",
     "CommError",
     "CommTimeoutError",
+    "Compression",
+    "CompressionState",
+    "Compressor",
     "Config",
     "LaunchError",
     "Max",

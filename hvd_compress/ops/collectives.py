@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from hvd_compress.ops import runtime
+from hvd_compress.ops.compression import compressed_allreduce_
+from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
 from hvd_compress.ops.tensors import as_core_buffer
 from hvd_compress.ops.traffic import Traffic, record
@@ -30,14 +32,26 @@ def _hierarchical(hierarchical: bool | None) -> bool:
     return runtime.config().adasum_hierarchical
 
 
-def allreduce_(tensor: Any, op: Any = ReduceOp.Average, name: str | None = None, traffic: Traffic | None = None) -> Any:
+def allreduce_(
+    tensor: Any,
+    op: Any = ReduceOp.Average,
+    name: str | None = None,
+    traffic: Traffic | None = None,
+    compression: Any = None,
+    state: Any = None,
+) -> Any:
     """Reduce ``tensor`` (contiguous, on the CPU) over all ranks in place and return it.
 
     Average, Sum, Min, Max and Product take floating and integer tensors (integer Average is Horovod's: the
     sum times 1/size, truncated toward zero). With ``op=Adasum`` (floating only) the whole tensor is one
     Adasum vector. Ranks must pass tensors of one shape.
+    ``compression`` (``hvd_compress.ops.compression``; Average/Sum only) compresses what travels; top-k and
+    random-k need their ``state`` (a ``CompressionState`` kept across calls).
     """
     op = _check_op(op)
+    compressor = resolve_compression(compression)
+    if compressor.kind != "none":
+        return compressed_allreduce_(tensor, compressor, state, op=op, name=name, traffic=traffic)
     rt = runtime.get()
     if op in DENSE_OPS:
         record(rt.allreduce(as_core_buffer(tensor), int(op), name or ""), traffic)

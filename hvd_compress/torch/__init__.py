@@ -41,6 +41,7 @@ from hvd_compress.torch.asynchronous import (
     synchronize,
 )
 from hvd_compress.torch.birder import Birder
+from hvd_compress.torch.compression import Compression, CompressionState, Compressor
 from hvd_compress.torch.context import init, rank, size
 from hvd_compress.torch.functions import (
     allreduce,
@@ -66,6 +67,9 @@ __all__ = [
     "Birder",
     "CommError",
     "CommTimeoutError",
+    "Compression",
+    "CompressionState",
+    "Compressor",
     "DistributedOptimizer",
     "Lamb",
     "LaunchError",

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from hvd_compress import ops
+from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.torch.context import ensure_init
@@ -40,12 +41,16 @@ def allreduce_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: Any = None,
+    compression: Any = None,
+    state: Any = None,
 ) -> torch.Tensor:
     """Reduce ``tensor`` over all ranks in place and return it. As Horovod's: ``op`` (default Average; also Sum,
     Min, Max, Product, Adasum) or the deprecated ``average=``; ``prescale_factor`` multiplies the input before
     the reduction, ``postscale_factor`` the result after it (integers: in double, truncated). Integer tensors
     take every op but Adasum; their Average is Horovod's (the sum times 1/size, truncated toward zero).
-    ``process_set``: the global set only (``hc.ProcessSetError`` otherwise)."""
+    ``process_set``: the global set only (``hc.ProcessSetError`` otherwise).
+    ``compression`` (``hc.Compression.*`` or Horovod's ``hvd.Compression.none``/``fp16``) compresses what travels,
+    top-k/random-k with their ``state`` (``hc.CompressionState``)."""
     ensure_init()
     check_process_set(process_set)
     op = _resolve_op(op, average)
@@ -55,7 +60,7 @@ def allreduce_(
     with torch.no_grad():
         if prescale_factor != 1.0:
             _scale_(staged, prescale_factor)
-        ops.allreduce_(staged, op=op, name=name)
+        ops.allreduce_(staged, op=op, name=name, compression=compression, state=state)
         if postscale_factor != 1.0:
             _scale_(staged, postscale_factor)
         if staged.data_ptr() != tensor.data_ptr():
@@ -63,24 +68,28 @@ def allreduce_(
     return tensor
 
 
-def _allreduce_copy(tensor: torch.Tensor, op: Any, name: str | None, scales: tuple[float, float]) -> torch.Tensor:
+def _allreduce_copy(tensor: torch.Tensor, op: Any, name: str | None, scales: tuple[float, float],
+                    compression: Any = None, state: Any = None) -> torch.Tensor:
     out = tensor.detach().clone(memory_format=torch.contiguous_format)
-    return allreduce_(out, op=op, name=name, prescale_factor=scales[0], postscale_factor=scales[1])
+    return allreduce_(out, op=op, name=name, prescale_factor=scales[0], postscale_factor=scales[1],
+                      compression=compression, state=state)
 
 
 class _Allreduce(torch.autograd.Function):
     """As Horovod's ``HorovodAllreduce``: the gradient of a reduction is the same reduction (same scale
-    factors) of the incoming gradient (every rank must call ``backward`` too, in the same order)."""
+    factors, same stateless compression) of the incoming gradient (every rank must call ``backward`` too, in the
+    same order)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, op: Any, name: str | None, scales: tuple[float, float]) -> torch.Tensor:
-        ctx.op, ctx.name, ctx.scales = op, name, scales
-        return _allreduce_copy(tensor, op, name, scales)
+    def forward(ctx: Any, tensor: torch.Tensor, op: Any, name: str | None, scales: tuple[float, float],
+                compression: Any) -> torch.Tensor:
+        ctx.op, ctx.name, ctx.scales, ctx.compression = op, name, scales, compression
+        return _allreduce_copy(tensor, op, name, scales, compression)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
         name = f"{ctx.name}.grad" if ctx.name else None
-        return _allreduce_copy(grad, ctx.op, name, ctx.scales), None, None, None
+        return _allreduce_copy(grad, ctx.op, name, ctx.scales, ctx.compression), None, None, None, None
 
 
 def allreduce(
@@ -92,16 +101,20 @@ def allreduce(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: Any = None,
+    compression: Any = None,
+    state: Any = None,
 ) -> torch.Tensor:
     """A new tensor holding the reduction of ``tensor`` over all ranks (arguments as ``allreduce_``);
-    differentiable (the gradient is the same reduction of the incoming gradient, as in Horovod)."""
+    differentiable (the gradient is the same reduction of the incoming gradient, as in Horovod), except with
+    top-k/random-k compression, whose error feedback is a state, not a function."""
     check_process_set(process_set)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"allreduce expects a torch.Tensor, got {type(tensor).__name__}")
     op, scales = _resolve_op(op, average), (prescale_factor, postscale_factor)
-    if tensor.requires_grad and torch.is_grad_enabled():
-        return _Allreduce.apply(tensor, op, name, scales)
-    return _allreduce_copy(tensor, op, name, scales)
+    stateless = not resolve_compression(compression).stateful
+    if tensor.requires_grad and torch.is_grad_enabled() and stateless:
+        return _Allreduce.apply(tensor, op, name, scales, compression)
+    return _allreduce_copy(tensor, op, name, scales, compression, state)
 
 
 def broadcast(

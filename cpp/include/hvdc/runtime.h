@@ -23,6 +23,8 @@
 
 namespace hvdc {
 
+struct SparseSpec;  // hvdc/sparse_allreduce.h
+
 // What the runtime reads once, at start-up (hvd_compress.ops reads it from the environment).
 struct RuntimeConfig {
   double timeout_s = 300;  // HVDC_TIMEOUT: seconds a collective waits for every rank to join
@@ -88,6 +90,11 @@ class Runtime {
   // else flat (every rank its own node). Errors and moments change only if every rank accepted.
   CommStats hierarchical_compressed_allreduce(const HierarchicalCall& call, bool hierarchical,
                                               const std::string& name);
+  // In place: `buffer` becomes its compressed reduction (hvdc/sparse_allreduce.h: 16-bit wire, top-k,
+  // random-k); `error` (top-k/random-k) is updated only if every rank accepted its input. The kind,
+  // ratio, seed and (random-k) step are part of the signature.
+  CommStats sparse_allreduce(const TensorView& buffer, const TensorView& error, const SparseSpec& spec,
+                             const std::string& name);
 
   // Joins the signature exchange of a collective whose input this rank could not even read
   // (`why`), so that every rank raises instead of the others waiting for a peer that never

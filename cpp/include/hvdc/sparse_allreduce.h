@@ -1,0 +1,83 @@
+// The compressed reductions of the dense path: Horovod's `compression=` (fp16) plus bf16, top-k and
+// random-k with error feedback, as one core collective (Collective kSparseAllreduce, one runtime
+// entry: Runtime::sparse_allreduce). Written over the Communicator interface only; the NumPy mirror
+// is hvd_compress/reference/compression.py (same names for the same steps).
+//
+// kFloat16 / kBFloat16 (Horovod's FP16Compressor: compress before the reduction, decompress after,
+// the compressed value is what is reduced): every rank rounds its buffer to the 16-bit type (through
+// float32, as every narrowing in the core does), the buffer is cut into n chunks of C = ceil(numel / n)
+// elements (the last padded with zeros that are never data), chunk j goes to rank j by alltoall
+// (16-bit on the wire), rank j sums its n chunks in float32 in rank order, divides by n for Average,
+// rounds the result to 16 bits once, and the 16-bit chunks are allgathered and widened into the buffer's
+// dtype. About half the bytes of a float32 ring allreduce; identical bits on every rank.
+//
+// kTopK and kRandomK keep a float32 error `e` (numel elements) per buffer; c = float32(x) + e is the
+// compensated value, k = sparse_k(numel, ratio) elements of it are sent, and afterwards e = c with the
+// sent elements set to 0 (residual = input + error - what was sent; sent values are exactly c's).
+//   kTopK: the k elements of largest |c| (ties: lower index first) travel as (uint32 index, float32
+//     value) pairs by allgather; every rank adds the n * k pairs, rank by rank, into a zero float32
+//     buffer (then / n for Average): identical bits on every rank, elements no rank chose become 0.
+//   kRandomK: the k indices are those of the k smallest Philox words of (seed, step, kRandomKStream,
+//     i), i < numel (ties: lower index first): the same on every rank with no index on the wire; the
+//     k values c[idx] are allreduced as one dense float32 buffer (/ n for Average) and scattered into
+//     a zero buffer.
+// Selected indices are kept in ascending order (memory order for the gather and scatter). With
+// segments (a fused buffer of several tensors), each tensor selects its own k of its own elements.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hvdc/communicator.h"
+#include "hvdc/reduce_op.h"
+#include "hvdc/tensor.h"
+
+namespace hvdc {
+
+enum class SparseKind : int32_t { kFloat16 = 1, kBFloat16 = 2, kTopK = 3, kRandomK = 4 };
+
+const char* sparse_kind_name(SparseKind kind);
+
+// The Philox stream of random-k's index draws (hvdc/philox.h), apart from every other use.
+constexpr uint32_t kRandomKStream = 0x524b5031u;  // "RKP1"
+
+struct SparseSpec {
+  SparseKind kind = SparseKind::kTopK;
+  ReduceOp op = ReduceOp::kAverage;
+  double ratio = 1.0;  // top-k/random-k: fraction of the elements sent, in (0, 1]
+  uint64_t seed = 0;   // random-k
+  uint32_t step = 0;   // random-k: the call's step (the caller's counter, mod 2^32)
+  // Top-k/random-k: the buffer is these consecutive tensors (elements each; empty: one tensor), and each
+  // sends its own k = sparse_k(size, ratio), as Horovod compresses each gradient tensor on its own.
+  std::vector<int64_t> segments;
+};
+
+// Elements sent of `numel` at `ratio`: floor(ratio * numel + 0.5), at least 1 (0 for an empty buffer),
+// at most numel. The same double arithmetic as the reference, so both agree on every rank.
+int64_t sparse_k(int64_t numel, double ratio);
+
+// Why this rank cannot run the call ("" if it can): op, kind, ratio, buffer dtype and device, the
+// error buffer (float32, numel elements, for top-k/random-k), and non-finite inputs (x, or x + e),
+// naming the first bad element. Reads only.
+std::string sparse_check_input(const TensorView& buffer, const TensorView& error, const SparseSpec& spec);
+
+// Ascending indices of the k elements of largest |c| (ties: lower index), c finite.
+void topk_select(const float* c, int64_t numel, int64_t k, uint32_t* idx);
+// Ascending indices of the k smallest words [offset, offset + numel) of (seed, step, kRandomKStream),
+// counted from 0 (the word of element i of a fused buffer is word i: a tensor at `offset` draws its own).
+void randomk_select(int64_t numel, int64_t k, uint64_t seed, uint32_t step, uint32_t* idx, uint64_t offset = 0);
+// The ascending indices every segment of `spec` sends (top-k of c, or random-k), into `idx`.
+void sparse_select(const float* c, int64_t numel, const SparseSpec& spec, std::vector<uint32_t>& idx);
+
+// In place: `buffer` becomes the compressed reduction over all ranks; `error` is updated (top-k and
+// random-k). Every rank must call it with the same numel, dtype and spec (the runtime agrees on a
+// signature first) and with input that passes sparse_check_input (throws UsageError otherwise,
+// before communicating).
+void sparse_allreduce(Communicator& comm, const TensorView& buffer, const TensorView& error,
+                      const SparseSpec& spec);
+// The same for input that sparse_check_input already accepted on this rank (the runtime checks once,
+// before the ranks agree, so that a rejected call leaves every buffer unchanged).
+void sparse_allreduce_prepared(Communicator& comm, const TensorView& buffer, const TensorView& error,
+                               const SparseSpec& spec);
+
+}  // namespace hvdc

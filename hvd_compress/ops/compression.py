@@ -1,0 +1,207 @@
+"""Compression of the dense path, as Horovod users know it (``compression=`` on ``allreduce`` and on
+``DistributedOptimizer``): the description objects both faces use, the error-feedback state, and the
+call into the core's ``sparse_allreduce`` (cpp/include/hvdc/sparse_allreduce.h, the one place the math
+lives; NumPy mirror: hvd_compress/reference/compression.py).
+
+- ``Compression.none``: the plain dense reduction.
+- ``Compression.fp16`` / ``Compression.bf16``: Horovod's ``FP16Compressor`` semantics (compress before the
+  reduction, decompress after; the compressed value is what is reduced): 16-bit values on the wire, summed
+  in float32 by the server of each chunk and rounded to 16 bits once.
+- ``Compression.topk(ratio)``: the k = ratio * numel elements of largest |x + error| travel as (index, value)
+  pairs by allgather; the rest stays in the error buffer (error feedback, GRACE's "memory").
+- ``Compression.randomk(ratio, seed)``: k elements chosen by the core's counter-based RNG from (seed, step),
+  the same on every rank, so only the k values travel (one dense allreduce of k floats); error feedback too.
+
+All mutable state of one buffer (the error and the step) is one ``CompressionState`` that ``state_dict()``
+saves (the PowerSGDState idea), so a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hvd_compress import _core
+from hvd_compress.ops import runtime
+from hvd_compress.ops.backend import Backend, Tensor
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.tensors import as_core_buffer
+from hvd_compress.ops.traffic import Traffic, record
+
+#: The core's kind of each compressor (hvdc::SparseKind).
+KINDS = {"fp16": 1, "bf16": 2, "topk": 3, "randomk": 4}
+_U64 = (1 << 64) - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Compressor:
+    """What a reduction does to the values it sends: ``kind`` (none, fp16, bf16, topk, randomk), the fraction
+    ``ratio`` of elements sent (topk/randomk) and the RNG ``seed`` (randomk). Framework-neutral and picklable."""
+
+    kind: str
+    ratio: float = 1.0
+    seed: int = 0
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the compressor keeps an error buffer (and a step) per reduced buffer."""
+        return self.kind in ("topk", "randomk")
+
+    def describe(self) -> dict[str, Any]:
+        """The compressor as plain data (what a checkpoint records)."""
+        return {"kind": self.kind, "ratio": self.ratio, "seed": self.seed}
+
+    def __repr__(self) -> str:
+        if self.kind == "topk":
+            return f"Compression.topk({self.ratio!r})"
+        if self.kind == "randomk":
+            return f"Compression.randomk({self.ratio!r}, seed={self.seed})"
+        return f"Compression.{self.kind}"
+
+
+def _check_ratio(ratio: Any) -> float:
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < float(ratio) <= 1.0:
+        raise ValueError(f"compression ratio must be a number in (0, 1], got {ratio!r}")
+    return float(ratio)
+
+
+class Compression:
+    """The compressors of ``compression=`` (Horovod's ``hvd.Compression.none``/``fp16`` are accepted too)."""
+
+    none = Compressor("none")
+    fp16 = Compressor("fp16")
+    bf16 = Compressor("bf16")
+
+    @staticmethod
+    def topk(ratio: float) -> Compressor:
+        """Top-k with error feedback: ``ratio`` in (0, 1] of the elements, the largest |x + error|."""
+        return Compressor("topk", _check_ratio(ratio))
+
+    @staticmethod
+    def randomk(ratio: float, seed: int = 0) -> Compressor:
+        """Random-k with error feedback: ``ratio`` in (0, 1] of the elements, drawn from (``seed``, step)."""
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _U64:
+            raise ValueError(f"randomk seed must be an int in [0, 2**64), got {seed!r}")
+        return Compressor("randomk", _check_ratio(ratio), int(seed))
+
+
+# Horovod's own compressors (classes with static compress/decompress), by class name, in every face.
+_HOROVOD = {"NoneCompressor": Compression.none, "FP16Compressor": Compression.fp16}
+
+
+def resolve(compression: Any) -> Compressor:
+    """The ``Compressor`` for a ``compression=`` argument: ours, None (none), or Horovod's
+    ``hvd.Compression.none`` / ``hvd.Compression.fp16``."""
+    if compression is None:
+        return Compression.none
+    if isinstance(compression, Compressor):
+        return compression
+    cls = compression if isinstance(compression, type) else type(compression)
+    if cls.__module__.startswith("horovod.") and cls.__name__ in _HOROVOD:
+        return _HOROVOD[cls.__name__]
+    raise TypeError(
+        f"compression={compression!r} is not supported: use hc.Compression.none, fp16, bf16, topk(ratio) or "
+        "randomk(ratio, seed) (Horovod's hvd.Compression.none and fp16 are accepted too)"
+    )
+
+
+class CompressionState:
+    """Error feedback of one buffer of ``numel`` elements under ``compressor`` (top-k or random-k): the float32
+    ``error`` (input + error - what was sent, on ``like``'s device) and the ``step`` (calls completed; random-k
+    draws its indices from it). ``sizes`` cuts the buffer into the tensors it fuses (default: one), each of
+    which sends its own ratio of elements, as Horovod compresses each gradient on its own. Only a call that
+    every rank accepted changes the state."""
+
+    def __init__(
+        self, numel: int, compressor: Compressor, xp: Backend, like: Tensor, sizes: list[int] | None = None
+    ) -> None:
+        if int(numel) < 0:
+            raise ValueError(f"CompressionState: numel must be >= 0, got {numel}")
+        sizes = [int(numel)] if sizes is None else [int(m) for m in sizes]
+        if any(m < 0 for m in sizes) or sum(sizes) != int(numel):
+            raise ValueError(f"CompressionState: sizes {sizes} do not add up to numel {numel}")
+        self.sizes = sizes
+        if not isinstance(compressor, Compressor) or not compressor.stateful:
+            raise ValueError(f"CompressionState is for topk/randomk compression, got {compressor!r}")
+        self.numel = int(numel)
+        self.compressor = compressor
+        self.xp = xp
+        self.error = xp.float32_like(self.numel, like)
+        self.step = 0
+
+    def reset(self) -> None:
+        """Forget the accumulated error (the step stays)."""
+        self.xp.zero_(self.error)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "compression": self.compressor.describe(),
+            "numel": self.numel,
+            "sizes": list(self.sizes),
+            "step": self.step,
+            "error": self.xp.copy_(self.xp.float32_like(self.numel, self.error), self.error),
+        }
+
+    def check_state_dict(self, state: dict[str, Any]) -> None:
+        """Raise a clear ValueError if ``state`` is not a ``state_dict()`` of a state like this one."""
+        want = {"compression": self.compressor.describe(), "numel": self.numel, "sizes": self.sizes}
+        for key, value in want.items():
+            if state.get(key) != value:
+                raise ValueError(
+                    f"CompressionState.load_state_dict: {key} is {state.get(key)!r}, this state has {value!r}"
+                )
+        got = self.xp.describe(state.get("error"))
+        if got != ("float32", self.numel):
+            raise ValueError(f"CompressionState.load_state_dict: error is {got}, expected float32 x {self.numel}")
+        if not isinstance(state.get("step"), int) or state["step"] < 0:
+            raise ValueError(f"CompressionState.load_state_dict: step is {state.get('step')!r}")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict()``; it must be for the same compressor and numel."""
+        self.check_state_dict(state)
+        self.xp.copy_(self.error, state["error"].reshape(-1))
+        self.step = int(state["step"])
+
+
+def compressed_allreduce_(
+    tensor: Any,
+    compressor: Compressor,
+    state: CompressionState | None = None,
+    op: Any = ReduceOp.Average,
+    name: str | None = None,
+    traffic: Traffic | None = None,
+) -> Any:
+    """Replace ``tensor`` (contiguous CPU float) by its reduction under ``compressor``, in place; returns it.
+
+    ``state`` is required for top-k/random-k (one per buffer, kept across calls) and unused otherwise. A bad
+    call on any rank (ratio, op other than Average/Sum, NaN/Inf, a state of another size) raises ``UsageError``
+    on every rank with ``tensor`` and ``state`` unchanged; ranks whose kind, ratio, seed or step differ raise
+    ``MismatchError``.
+    """
+    if compressor.kind == "none":
+        raise ValueError("compressed_allreduce_: Compression.none is the plain allreduce_")
+    if compressor.stateful:
+        if not isinstance(state, CompressionState):
+            raise TypeError(
+                f"{compressor!r} keeps error feedback: pass state=CompressionState(numel, compression) (one per "
+                f"tensor, kept across calls), got {type(state).__name__}"
+            )
+        if state.compressor != compressor:
+            raise ValueError(f"state is for {state.compressor!r}, the call asks for {compressor!r}")
+    op_value = int(op) if isinstance(op, int) else -1
+    error = as_core_buffer(state.error) if compressor.stateful else None
+    step, sizes = (state.step, state.sizes) if compressor.stateful else (0, [])
+    counts = _core.sparse_allreduce(
+        runtime.get(), as_core_buffer(tensor), error, KINDS[compressor.kind], op_value,
+        compressor.ratio, compressor.seed, step, sizes, name or "",
+    )
+    record(counts, traffic)
+    if compressor.stateful:
+        state.step += 1
+    return tensor
+
+
+def sparse_k(numel: int, ratio: float) -> int:
+    """Elements top-k/random-k send of ``numel`` at ``ratio`` (the core's rule)."""
+    return int(_core.sparse_k(int(numel), float(ratio)))
+

@@ -1,0 +1,198 @@
+"""compression= on the dense path (hc.Compression: fp16, bf16, top-k and random-k with error feedback) on real
+MPI processes at n = 2, 3, 4, element by element against hvd_compress.reference.compression."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from mpi_harness import load_ranks, mpirun
+from workers.common import DTYPES, rank_input
+
+from hvd_compress.reference import compression as ref
+
+COMPRESSORS = {
+    "fp16": ("fp16", 1.0, 0),
+    "bf16": ("bf16", 1.0, 0),
+    "topk": ("topk", 0.05, 0),
+    "randomk": ("randomk", 0.1, 12345678901),
+}
+STEPS = 3
+SEGMENTS = [5, 0, 1000, 94]  # as the worker's fused buffer
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.double().numpy()
+
+
+def _assert_equal(got: np.ndarray, want: np.ndarray, what: str, rtol: float = 0.0) -> None:
+    """Bit for bit (rtol 0), or within rtol of the largest |want| (random-k at n >= 3: MPI orders its sum)."""
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    tol = rtol * float(np.max(np.abs(want), initial=0.0))
+    err = np.abs(got - want)
+    bad = np.flatnonzero(~(err <= tol))
+    assert bad.size == 0, (
+        f"{what}: {bad.size} element(s) differ from the reference, first at {bad[0]}: got {got[bad[0]]}, "
+        f"want {want[bad[0]]} (max error {np.nanmax(err):.3g}, tolerance {tol:.3g})"
+    )
+
+
+def _reference_calls(cname: str, dname: str, numel: int, op: str, n: int, seed_of) -> list:
+    """[(result, [error per rank])] of STEPS calls, inputs rank_input(rank, numel, dtype, seed_of(step))."""
+    kind, ratio, seed = COMPRESSORS[cname]
+    errors = [np.zeros(numel, np.float32) for _ in range(n)]
+    out = []
+    for step in range(STEPS):
+        xs = [_np(rank_input(r, numel, DTYPES[dname], seed=seed_of(step))) for r in range(n)]
+        if kind in ref.WIRE:
+            out.append((ref.half_wire_allreduce(xs, dname, kind, op), None))
+        else:
+            sizes = SEGMENTS if numel == sum(SEGMENTS) else None
+            result, errors = ref.sparse_allreduce(xs, errors, kind, op, ratio, seed, step, dname, sizes)
+            out.append((result, errors))
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_compression_matches_reference_with_error_feedback_over_steps(n: int, out_dir) -> None:
+    """One launch per n: the collective (every compressor, dtype, size, op; STEPS calls with one state), the
+    optimizer on a known gradient, and (n = 4) the bytes of one call against dense."""
+    modes = "collective,optimizer" + (",bytes" if n == 4 else "")
+    mpirun("compression.py", n, out_dir, modes, timeout=300)
+    ranks = load_ranks(out_dir, n)
+    _check_collective(ranks, n)
+    _check_optimizer(ranks, n)
+    if n == 4:
+        _check_bytes(ranks[0]["stats"])
+
+
+def _check_collective(ranks: list[dict], n: int) -> None:
+    for key in ranks[0]["results"]:
+        cname, dname, numel, op = key
+        rtol = 2.0**-21 if cname == "randomk" and n > 2 else 0.0
+        want = _reference_calls(cname, dname, numel, op, n, lambda step: 100 * step + 7)
+        for step, (result, errors) in enumerate(want):
+            for r in range(n):
+                y, err, done = ranks[r]["results"][key][step]
+                what = f"{cname} {dname} numel={numel} {op} n={n} rank {r} call {step}"
+                _assert_equal(_np(y), result, what + " result", rtol)
+                if errors is not None:
+                    _assert_equal(err.double().numpy(), errors[r].astype(np.float64), what + " error", rtol)
+                    assert done == step + 1, f"{what}: state step {done}, want {step + 1}"
+            if rtol == 0.0:  # identical bits on every rank
+                bits = {ranks[r]["results"][key][step][0].view(torch.uint8).numpy().tobytes() for r in range(n)}
+                assert len(bits) == 1, f"{what}: results differ across ranks"
+
+
+def _check_optimizer(ranks: list[dict], n: int) -> None:
+    """SGD(lr=1) on a parameter whose gradient is a known per-rank vector: w_t = w_{t-1} - reduced(g_t)."""
+    numel = 2000
+    for cname, (kind, ratio, seed) in COMPRESSORS.items():
+        w = np.zeros(numel, np.float32)
+        errors = [np.zeros(numel, np.float32) for _ in range(n)]
+        for step in range(4):
+            gs = [_np(rank_input(r, numel, torch.float32, seed=50 + step)) for r in range(n)]
+            if kind in ref.WIRE:
+                g = ref.half_wire_allreduce(gs, "float32", kind, "Average")
+            else:
+                g, errors = ref.sparse_allreduce(gs, errors, kind, "Average", ratio, seed, step, "float32")
+            w = (w - g.astype(np.float32)).astype(np.float32)
+            rtol = 2.0**-20 if kind == "randomk" and n > 2 else 0.0
+            for r in range(n):
+                _assert_equal(_np(ranks[r]["params"][cname][step]), w.astype(np.float64),
+                              f"optimizer {cname} n={n} rank {r} step {step}", rtol)
+
+
+def _check_bytes(stats: dict) -> None:
+    """One call of 2**16 float32 at 4 ranks: fp16/bf16 send half of the dense bytes, top-k 1% and random-k 1% a
+    small fraction (payload model: top-k k 8-byte pairs to each of 3 peers, random-k a ring allreduce of k
+    floats). Signature exchanges included."""
+    dense = stats["none"]["bytes_sent"]
+    ratio = {k: v["bytes_sent"] / dense for k, v in stats.items()}
+    print("bytes sent per call vs dense at n=4, 2**16 float32:", {k: round(v, 4) for k, v in ratio.items()})
+    assert ratio["fp16"] <= 0.55 and ratio["bf16"] <= 0.55, ratio
+    assert ratio["topk"] <= 0.05, ratio  # (n - 1) * k * 8 bytes: 0.04 at n = 4
+    assert ratio["randomk"] <= 0.02, ratio
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_stopped_and_resumed_run_is_bit_identical(n: int, out_dir) -> None:
+    mpirun("compression_resume.py", n, out_dir, timeout=240)
+    ranks = load_ranks(out_dir, n)
+    for name in ("topk", "randomk"):
+        for r, rk in enumerate(ranks):
+            (p1, s1), (p2, s2) = rk[name]["straight"], rk[name]["resumed"]
+            assert torch.equal(p1, p2), f"{name} n={n} rank {r}: resumed parameters differ by {(p1 - p2).abs().max()}"
+            for i, (a, b) in enumerate(zip(s1["buffers"], s2["buffers"], strict=True)):
+                assert a["step"] == b["step"] == 6, f"{name} rank {r} buffer {i}: steps {a['step']}, {b['step']}"
+                assert torch.equal(a["error"], b["error"]), f"{name} n={n} rank {r}: resumed error feedback differs"
+            saved = rk[name]["saved"]["buffers"][0]
+            assert saved["step"] == 3 and saved["error"].abs().sum() > 0, f"{name} rank {r}: checkpoint lacks the error"
+        p0 = ranks[0][name]["straight"][0]
+        for r in range(1, n):
+            assert torch.equal(ranks[r][name]["straight"][0], p0), f"{name} n={n}: rank {r}'s parameters differ"
+
+
+def test_bad_input_raises_on_every_rank_and_leaves_state_untouched(out_dir) -> None:
+    n = 3
+    mpirun("compression_bad.py", n, out_dir, timeout=180)
+    ranks = load_ranks(out_dir, n)
+    for r, rk in enumerate(ranks):
+        where = f"rank {r} of {n}"
+        assert rk["adasum"].startswith("UsageError") and "Average or Sum" in rk["adasum"], f"{where}: {rk['adasum']}"
+        assert rk["adasum_step"] == 0, where
+        for case in ("seed", "ratio", "kind", "fp16_vs_none"):
+            assert rk[case].startswith("MismatchError"), f"{where} {case}: {rk[case]}"
+        for bad in ("nan", "inf"):
+            for cname in ("topk", "randomk", "fp16"):
+                got = rk[f"{bad}.{cname}"]
+                ok = got.startswith("UsageError") and f"rank {n - 1} rejected" in got and bad in got
+                assert ok, f"{where}: {got}"
+                assert rk[f"{bad}.{cname}.untouched"], f"{where} {bad} {cname}: tensor or state changed"
+        assert rk["state_size"].startswith("UsageError") and "rank 1 rejected" in rk["state_size"], where
+        assert "301" in rk["state_size"] and "300" in rk["state_size"], f"{where}: {rk['state_size']}"
+        for case in ("optimizer_adasum", "optimizer_onebit"):
+            assert rk[case].startswith("ValueError") and "Average or Sum" in rk[case], f"{where}: {rk[case]}"
+        # top-k of ones(3) at 0.1 sends k = 1 element (index 0) from every rank: the average is [1, 0, 0].
+        assert rk["after"] == 1.0, f"{where}: the call after the errors gave {rk['after']}"
+
+
+@pytest.mark.parametrize("ratio", [0, -0.1, 1.5, float("nan"), "0.1", True])
+def test_ratio_outside_zero_one_is_refused(ratio) -> None:
+    from hvd_compress.ops.compression import Compression
+
+    with pytest.raises(ValueError, match=r"ratio must be a number in \(0, 1\]"):
+        Compression.topk(ratio)
+    with pytest.raises(ValueError, match=r"ratio must be a number in \(0, 1\]"):
+        Compression.randomk(ratio, seed=1)
+
+
+def test_horovod_compressors_map_to_ours() -> None:
+    hvd = pytest.importorskip("horovod.torch")
+    from hvd_compress.ops.compression import Compression, resolve
+
+    assert resolve(hvd.Compression.fp16) is Compression.fp16
+    assert resolve(hvd.Compression.none) is Compression.none
+    assert resolve(None) is Compression.none
+    with pytest.raises(TypeError, match="not supported"):
+        resolve("fp16")
+
+
+def test_selection_matches_reference_including_ties() -> None:
+    """The core's top-k (ties to the lower index, -0.0 == 0.0) and random-k selections against the reference."""
+    from hvd_compress import _core
+
+    rng = np.random.default_rng(0)
+    for numel in (1, 7, 100, 5000):
+        c = rng.standard_normal(numel).astype(np.float32)
+        c[::3] = np.round(c[::3])  # many ties
+        c[::7] = -0.0
+        for ratio in (0.001, 0.01, 0.3, 1.0):
+            k = ref.sparse_k(numel, ratio)
+            assert _core.sparse_k(numel, ratio) == k
+            idx = np.zeros(k, np.uint32)
+            _core.topk_select(c, idx)
+            np.testing.assert_array_equal(idx, ref.topk_select(c, k), err_msg=f"topk numel={numel} ratio={ratio}")
+            _core.randomk_select(numel, 2**40 + 3, 7, idx)
+            np.testing.assert_array_equal(idx, ref.randomk_select(numel, k, 2**40 + 3, 7),
+                                          err_msg=f"randomk numel={numel} ratio={ratio}")
