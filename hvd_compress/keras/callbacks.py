@@ -33,7 +33,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if optimizer is not None:
             if not optimizer.built:
                 optimizer.build(model.trainable_variables)
-            variables += list(optimizer.variables)
+            own = {id(v) for v in getattr(optimizer, "per_rank_variables", [])}  # per-rank error feedback stays
+            variables += [v for v in optimizer.variables if id(v) not in own]
         broadcast_variables(variables, root_rank=self.root_rank, name="BroadcastGlobalVariablesCallback")
         self.broadcast_done = True
 

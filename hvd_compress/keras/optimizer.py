@@ -178,6 +178,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             self._runner = AlgorithmStep(self._algorithm, self._layout)
         super().build(var_list)
 
+    @property
+    def per_rank_variables(self) -> list[Any]:
+        """Variables that differ between ranks by design (the 1-bit error feedback; the server error is this
+        rank's chunk): never broadcast, saved per rank."""
+        if self._algorithm is None or not self.built:
+            return []
+        return [self._state["worker_error"], self._state["server_error"]]
+
     def reset_compression_state(self) -> None:
         """Zero the 1-bit error feedback (worker and server error): what a rank does when it resumes from a
         checkpoint that another rank saved (the error buffers are per rank)."""

@@ -9,11 +9,13 @@ without another copy.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 from hvd_compress import ops
 from hvd_compress.ops import onebit as onebit_ops
@@ -48,6 +50,15 @@ def _check_dtype(t: tf.Tensor, what: str) -> None:
         )
 
 
+def _check_graph(what: str) -> None:
+    """XLA cannot run a ``tf.numpy_function``: say so at trace time (every rank traces alike), not as an XLA error."""
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise ValueError(
+            f"{what}: hvd_compress cannot run under XLA; use jit_compile=False (tf.function(jit_compile=False), "
+            "model.compile(..., jit_compile=False))"
+        )
+
+
 def _resolve_op(op: Any) -> ReduceOp:
     try:
         op = ReduceOp(Average if op is None else op)
@@ -65,11 +76,16 @@ def _reduce_group(arrays: list[np.ndarray], op: ReduceOp, name: str) -> list[np.
     """Reduce ``arrays`` (our own copies) in place: Sum/Average fused into one buffer per dtype (one core call
     each, in order of first appearance, so every rank makes the same calls), Adasum as one grouped exchange."""
     if op == ReduceOp.Adasum:
-        flat = [a.reshape(-1) for a in arrays]
-        if len({a.dtype for a in flat}) > 1:
-            raise ops.UsageError(f"{name}: Adasum groups need one dtype, got {sorted({str(a.dtype) for a in flat})}")
-        ops.grouped_allreduce_(flat, op=op, name=name)
+        if len({a.dtype for a in arrays}) > 1:
+            raise ops.UsageError(f"{name}: Adasum groups need one dtype, got {sorted({str(a.dtype) for a in arrays})}")
+        ops.grouped_allreduce_(arrays, op=op, name=name)  # with their shapes, into the signature
         return arrays
+    if len(arrays) == 1:  # with its shape: the core's signature then tells equal sizes of other shapes apart
+        ops.allreduce_(arrays[0], op=op, name=name)
+        return arrays
+    # A fused buffer loses the shapes: they go into the call's name, which every rank's signature must match.
+    shapes = ";".join("x".join(map(str, a.shape)) for a in arrays)
+    name = f"{name}#{zlib.crc32(shapes.encode()):08x}"
     by_dtype: dict[np.dtype, list[int]] = {}
     for i, a in enumerate(arrays):
         by_dtype.setdefault(a.dtype, []).append(i)
@@ -91,6 +107,7 @@ def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None =
     ``IndexedSlices`` are densified. Differentiable: the gradient is the same reduction of the upstream
     gradients."""
     ensure_init()
+    _check_graph(name or "grouped_allreduce")
     op = _resolve_op(op)
     name = name or "grouped_allreduce"
     inputs = [dense(t) for t in tensors]
@@ -133,6 +150,7 @@ def broadcast_values(tensors: Sequence[Any], root_rank: int = 0, name: str | Non
     """New tensors holding root_rank's values of ``tensors`` (any dtype, copied as bytes), in one stateful call."""
     ensure_init()
     name = name or "broadcast"
+    _check_graph(name)
     inputs = [tf.convert_to_tensor(t) for t in tensors]
     if not inputs:
         return []
@@ -186,6 +204,7 @@ def compressed_allreduce(tensor: Any, state: OneBitState, name: str | None = Non
         raise TypeError(f"compressed_allreduce expects an hc.OneBitState, got {type(state).__name__}")
     t = dense(tensor)
     name = name or "compressed_allreduce"
+    _check_graph(name)
 
     def run(x: np.ndarray) -> np.ndarray:
         out = aligned_copy(np.asarray(x)).reshape(-1)
