@@ -77,6 +77,7 @@ $(CPPTEST_DIR)/test_%: $(CPPTEST_DIR)/obj/test_%.o $(CPPTEST_DIR)/obj/thread_com
 
 demo: install
 	$(MPIRUN) -np $(NP) $(PY) examples/demo.py --out examples/out
+	$(MPIRUN) -np $(NP) $(PY) examples/keras_demo.py --out examples/out
 
 bench: install
 	NP=$(BENCH_NP) PY=$(PY) bash tools/bench.sh $(NET)

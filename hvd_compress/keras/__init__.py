@@ -1,0 +1,44 @@
+"""Keras 3 face of hvd_compress: ``import hvd_compress.keras as hck``.
+
+    opt = hck.DistributedOptimizer(keras.optimizers.Adam(1e-3), op=hck.OneBitAdam, freeze_step=100)
+    model.compile(optimizer=opt, loss=..., jit_compile=False)
+    model.fit(..., callbacks=[hck.callbacks.BroadcastGlobalVariablesCallback(0), hck.callbacks.MetricAverageCallback()])
+"""
+
+from hvd_compress.keras import callbacks
+from hvd_compress.keras.optimizer import DistributedOptimizer
+from hvd_compress.tensorflow import (
+    SLAMB,
+    Adasum,
+    Average,
+    Birder,
+    OneBitAdam,
+    OneBitLamb,
+    ReduceOp,
+    Sum,
+    UsageError,
+    allreduce,
+    broadcast_variables,
+    init,
+    rank,
+    size,
+)
+
+__all__ = [
+    "SLAMB",
+    "Adasum",
+    "Average",
+    "Birder",
+    "DistributedOptimizer",
+    "OneBitAdam",
+    "OneBitLamb",
+    "ReduceOp",
+    "Sum",
+    "UsageError",
+    "allreduce",
+    "broadcast_variables",
+    "callbacks",
+    "init",
+    "rank",
+    "size",
+]

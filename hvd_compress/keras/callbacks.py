@@ -1,0 +1,55 @@
+"""Keras 3 callbacks: ``BroadcastGlobalVariablesCallback`` and ``MetricAverageCallback``, as Horovod's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+
+from hvd_compress import ops
+from hvd_compress.tensorflow.context import ensure_init
+from hvd_compress.tensorflow.functions import broadcast_variables
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """At the start of training, every rank takes ``root_rank``'s model and optimizer variables.
+
+    The optimizer is built first (on the model's trainable variables), so its variables (iterations, moments,
+    compression state) are broadcast too: a model loaded on one rank continues alike on all of them."""
+
+    def __init__(self, root_rank: int = 0) -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.broadcast_done = False
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        if self.broadcast_done:
+            return
+        ensure_init()
+        model = self.model
+        variables = list(model.variables)
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None:
+            if not optimizer.built:
+                optimizer.build(model.trainable_variables)
+            own = {id(v) for v in getattr(optimizer, "per_rank_variables", [])}  # per-rank error feedback stays
+            variables += [v for v in optimizer.variables if id(v) not in own]
+        broadcast_variables(variables, root_rank=self.root_rank, name="BroadcastGlobalVariablesCallback")
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """At the end of each epoch, replaces each numeric metric in ``logs`` by its average over all ranks (in the
+    sorted order of the metric names, so every rank reduces the same values in the same order)."""
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if not logs:
+            return
+        ensure_init()
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and isinstance(float(v), float))
+        values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+        if values.size:
+            ops.allreduce_(values, op=ops.Average, name="MetricAverageCallback")
+            for k, v in zip(keys, values, strict=True):
+                logs[k] = float(v)

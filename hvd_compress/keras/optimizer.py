@@ -1,0 +1,326 @@
+"""``hck.DistributedOptimizer``: a Keras 3 optimizer wrapper in the style of ``keras.optimizers.LossScaleOptimizer``.
+
+It holds the inner optimizer, delegates ``learning_rate`` (schedules too) and ``iterations`` to it, and adds its
+own variables beside the inner ones. What each op does in ``apply``:
+
+- ``Average``/``Sum``: one fused reduction of the gradients per dtype, then the inner optimizer's ``apply``.
+- ``Adasum``: the inner optimizer steps on this rank's gradients, then the parameter deltas are Adasum-reduced
+  (paper 002, Section 4.1; buckets as ``algorithms.adasum_delta.plan_buckets``) and applied to the start values.
+- an algorithm of ``hvd_compress.algorithms.REGISTRY`` (1-bit Adam, 1-bit LAMB): the algorithm's own step over
+  the fused segment of all trainable variables, with its state in this optimizer's variables
+  (``hvd_compress.tensorflow.algorithm_step``). The inner optimizer supplies the hyper-parameters only.
+
+Each communicating step is one ``tf.numpy_function(stateful=True)``, so ranks issue their collectives in
+program order, and every step-dependent decision is taken at run time, not at trace time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
+
+from hvd_compress import algorithms, ops
+from hvd_compress.algorithms.adasum_delta import DEFAULT_BUCKET_MB, plan_buckets
+from hvd_compress.algorithms.onebit import OneBitAlgorithm, parse_options
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.traffic import CommMeter
+from hvd_compress.tensorflow.algorithm_step import AlgorithmStep, Layout
+from hvd_compress.tensorflow.backend import BACKEND, aligned_copy
+from hvd_compress.tensorflow.context import ensure_init
+from hvd_compress.tensorflow.functions import dense, grouped_allreduce, numpy_call
+
+_LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
+_BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_accumulation_steps",
+              "loss_scale_factor")
+
+
+def _in_xla() -> bool:
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def _check_inner(optimizer: Any) -> None:
+    module = type(optimizer).__module__
+    horovod_like = hasattr(optimizer, "_allreduce_grads") or hasattr(optimizer, "_aggregated_gradients")
+    if module.startswith("horovod") or horovod_like:
+        raise TypeError(
+            "hck.DistributedOptimizer got a Horovod DistributedOptimizer: pass the plain Keras optimizer "
+            "(hck.DistributedOptimizer(keras.optimizers.Adam(...), op=...)); Horovod's wrapper does not reduce "
+            "anything under Keras 3"
+        )
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"hck.DistributedOptimizer wraps a Keras 3 optimizer, got {type(optimizer).__module__}."
+            f"{type(optimizer).__name__} (tf_keras optimizers: TF_USE_LEGACY_KERAS=1 is not supported yet)"
+        )
+
+
+def _hyper_flags(op_name: str, inner: keras.optimizers.Optimizer, lamb_opts: dict[str, Any]) -> tuple[
+        list[Any], dict[str, Any]]:
+    """(lr, beta1, beta2, eps, weight_decay) as read from ``inner`` (lr at run time: schedules act), and the rule's
+    flags. Translation only: the update rule is the algorithm's (torch's Adam form: eps added to sqrt(v_hat))."""
+    for name in _BASE_ONLY:
+        if getattr(inner, name, None) not in (None, False):
+            raise ValueError(f"op={op_name}: the inner optimizer's {name} is not applied by the algorithm; unset it")
+    if isinstance(inner, keras.optimizers.Adam):
+        if inner.amsgrad:
+            raise ValueError(f"op={op_name} does not support amsgrad=True")
+        flags = {"decoupled_weight_decay": True}  # Keras applies weight_decay decoupled (as AdamW) on every optimizer
+    elif isinstance(inner, keras.optimizers.Lamb):
+        flags = dict(lamb_opts)
+    else:
+        raise TypeError(f"op={op_name} wraps keras.optimizers.Adam/AdamW or Lamb, got {type(inner).__name__}")
+    hyper = [inner.beta_1, inner.beta_2, inner.epsilon, inner.weight_decay or 0.0]
+    return hyper, flags
+
+
+@keras.saving.register_keras_serializable(package="hvd_compress")
+class DistributedOptimizer(keras.optimizers.Optimizer):
+    """Data-parallel training over all ranks around ``optimizer`` (a Keras 3 optimizer).
+
+    ``op``: ``Average`` (default), ``Sum``, ``Adasum``, ``OneBitAdam`` (wraps ``Adam``/``AdamW``), ``OneBitLamb``
+    (wraps ``Lamb``; options ``min_coeff``/``max_coeff`` clip its trust ratio, defaults 0.01/10 as ``hc.Lamb``)
+    and any segment-based algorithm of ``hvd_compress.algorithms.REGISTRY``, with its options (``freeze_step``,
+    ``variance_floor``, ...). ``backward_passes_per_step``: gradients are summed locally over that many calls of
+    ``apply`` and the step runs on the last. Not under XLA: compile with ``jit_compile=False``.
+    """
+
+    def __init__(self, optimizer: keras.optimizers.Optimizer, op: Any = ReduceOp.Average,
+                 backward_passes_per_step: int = 1, name: str | None = None, **algorithm_options: Any) -> None:
+        if isinstance(optimizer, DistributedOptimizer):
+            optimizer = optimizer.inner_optimizer  # re-wrapping wraps the optimizer inside (as the torch face)
+        _check_inner(optimizer)
+        try:
+            op = ReduceOp(op)
+        except ValueError:
+            raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
+        if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) or \
+                backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
+        super().__init__(learning_rate=0.0, name=name or f"Distributed{type(optimizer).__name__}")
+        self.inner_optimizer = optimizer
+        self.op = op
+        self.backward_passes_per_step = backward_passes_per_step
+        self.algorithm_options = dict(algorithm_options)
+        self._meter = CommMeter()
+        self._algorithm: OneBitAlgorithm | None = None
+        options = dict(algorithm_options)
+        if op in (ReduceOp.Average, ReduceOp.Sum):
+            if options:
+                raise TypeError(f"op={op.name} takes no algorithm options, got {sorted(options)}")
+        elif op == ReduceOp.Adasum:
+            self._bucket_mb = float(options.pop("bucket_mb", DEFAULT_BUCKET_MB))
+            self._hierarchical = options.pop("hierarchical", None)
+            if options:
+                raise TypeError(f"op=Adasum takes bucket_mb and hierarchical, got {sorted(options)}")
+        else:
+            algorithm = algorithms.REGISTRY.get(op)
+            if algorithm is None or not issubclass(algorithm, OneBitAlgorithm):
+                raise NotImplementedError(f"hck.DistributedOptimizer(op={op.name}) is not in the Keras face yet")
+            self._lamb_opts = {k: options.pop(k, v) for k, v in _LAMB_DEFAULTS.items()}
+            self._hyper, self._flags = _hyper_flags(op.name, optimizer, self._lamb_opts)
+            parsed = parse_options(algorithm.options_cls, algorithm.name, options)
+            self._algorithm = algorithm(parsed, BACKEND, [], self._meter)
+
+    # -- delegation, as LossScaleOptimizer --------------------------------------------------------------
+    @property
+    def variables(self) -> list[Any]:
+        return self._variables + self.inner_optimizer.variables
+
+    @property
+    def learning_rate(self) -> Any:
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate: Any) -> None:
+        self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def iterations(self) -> Any:
+        return self.inner_optimizer.iterations
+
+    def finalize_variable_values(self, var_list: Any) -> None:
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def comm_stats(self) -> dict[str, int]:
+        """Bytes this rank sent and received for this optimizer's algorithm steps since the last call."""
+        return self._meter.take()
+
+    @property
+    def compression_started(self) -> bool:
+        """True once an algorithm's steps use the compressed collective (after ``freeze_step`` steps)."""
+        if self._algorithm is None or not self.built:
+            return False
+        return int(self._state["step"].numpy()) >= self._algorithm.freeze_step
+
+    # -- state -------------------------------------------------------------------------------------------
+    def build(self, var_list: list[Any]) -> None:
+        ensure_init()
+        var_list = list(var_list)
+        if self.backward_passes_per_step > 1:
+            self._pass_count = self.add_variable(shape=(), dtype="int64", initializer="zeros", name="hvdc_passes")
+            self._accumulators = [self.add_variable_from_reference(v, name="hvdc_accumulated_grad") for v in var_list]
+        if self._algorithm is None:
+            self.inner_optimizer.build(var_list)
+        else:
+            bad = [v.path for v in var_list if v.dtype != "float32"]
+            if bad:
+                raise ValueError(f"op={self.op.name} supports float32 variables (mixed_float16 keeps them), not {bad}")
+            self._layout = Layout(tuple(int(np.prod(v.shape)) for v in var_list), ops.size(),
+                                  self._algorithm.has_fresh_variance)
+            self._state = {}
+            for key, (shape, dtype) in self._layout.state_shapes().items():
+                init = "ones" if key == "last_factor" else "zeros"
+                self._state[key] = self.add_variable(shape=shape, dtype=dtype, initializer=init, name=f"hvdc_{key}")
+            self._runner = AlgorithmStep(self._algorithm, self._layout)
+        super().build(var_list)
+
+    @property
+    def per_rank_variables(self) -> list[Any]:
+        """Variables that differ between ranks by design (the 1-bit error feedback; the server error is this
+        rank's chunk): never broadcast, saved per rank."""
+        if self._algorithm is None or not self.built:
+            return []
+        return [self._state["worker_error"], self._state["server_error"]]
+
+    def reset_compression_state(self) -> None:
+        """Zero the 1-bit error feedback (worker and server error): what a rank does when it resumes from a
+        checkpoint that another rank saved (the error buffers are per rank)."""
+        if self._algorithm is not None and self.built:
+            for key in ("worker_error", "server_error"):
+                self._state[key].assign(tf.zeros_like(self._state[key]))
+
+    # -- the step ----------------------------------------------------------------------------------------
+    def apply(self, grads: list[Any], trainable_variables: Any = None) -> None:
+        if _in_xla():
+            raise ValueError(
+                "hvd_compress cannot run under XLA: compile the model with jit_compile=False "
+                "(model.compile(..., jit_compile=False); Keras 3 turns XLA on by default where a GPU is visible) "
+                "or use tf.function(jit_compile=False)"
+            )
+        if trainable_variables is None:
+            trainable_variables = self._trainable_variables
+        trainable_variables = list(trainable_variables)
+        grads = list(grads)
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+        if self.backward_passes_per_step == 1:
+            self._step(grads, trainable_variables)
+            return
+        for acc, g, v in zip(self._accumulators_for(trainable_variables), grads, trainable_variables, strict=True):
+            if g is not None:
+                acc.assign_add(tf.cast(dense(g), v.dtype))
+        self._pass_count.assign_add(1)
+        accs = self._accumulators_for(trainable_variables)
+
+        def run() -> Any:
+            summed = [None if g is None else tf.convert_to_tensor(a) for a, g in zip(accs, grads, strict=True)]
+            self._step(summed, trainable_variables)
+            for a in accs:
+                a.assign(tf.zeros_like(a))
+            self._pass_count.assign(0)
+            return tf.constant(True)
+
+        if tf.executing_eagerly():
+            if int(self._pass_count.numpy()) >= self.backward_passes_per_step:
+                run()
+        else:
+            tf.cond(self._pass_count >= self.backward_passes_per_step, run, lambda: tf.constant(False))
+
+    def _accumulators_for(self, variables: list[Any]) -> list[Any]:
+        index = {id(v): i for i, v in enumerate(self._trainable_variables)}
+        return [self._accumulators[index[id(v)]] for v in variables]
+
+    def _step(self, grads: list[Any], variables: list[Any]) -> None:
+        if self._algorithm is not None:
+            self._algorithm_step(grads, variables)
+            return
+        pairs = [(dense(g), v) for g, v in zip(grads, variables, strict=True) if g is not None]
+        if not pairs:
+            raise ValueError("No gradients provided for any variable.")
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        if self.op in (ReduceOp.Average, ReduceOp.Sum):
+            reduced = grouped_allreduce(grads, op=self.op, name=f"{self.name}.grad")
+            self.inner_optimizer.apply(reduced, variables)
+            return
+        self._adasum_step(grads, variables)
+
+    def _adasum_step(self, grads: list[tf.Tensor], variables: list[Any]) -> None:
+        """Local step, then Adasum of the deltas per bucket (paper 002, Section 4.1), applied to the start."""
+        starts = [tf.identity(tf.convert_to_tensor(v)) for v in variables]
+        with tf.control_dependencies(starts):
+            self.inner_optimizer.apply(grads, variables)
+        deltas = [tf.convert_to_tensor(v) - s for v, s in zip(variables, starts, strict=True)]
+        items = [(v.dtype, int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size) for v in variables]
+        buckets = plan_buckets(items, int(self._bucket_mb * (1 << 20)))
+        name, hierarchical = f"{self.name}.adasum", self._hierarchical
+
+        def run(*arrays: np.ndarray) -> list[np.ndarray]:
+            outs = [aligned_copy(np.asarray(a)) for a in arrays]
+            for b, members in enumerate(buckets):
+                flat = np.concatenate([outs[i].reshape(-1) for i in members])
+                ops.adasum_fused_(flat, [outs[i].size for i in members], name=f"{name}.{b}",
+                                  hierarchical=hierarchical)
+                offsets = np.cumsum([0] + [outs[i].size for i in members])
+                for i, lo, hi in zip(members, offsets[:-1], offsets[1:], strict=True):
+                    outs[i].reshape(-1)[...] = flat[lo:hi]
+            return outs
+
+        reduced = numpy_call(self._metered(run), deltas, [d.dtype for d in deltas], name)
+        for v, s, d in zip(variables, starts, reduced, strict=True):
+            v.assign(s + tf.reshape(d, s.shape))
+
+    def _metered(self, fn: Any) -> Any:
+        def run(*args: Any) -> Any:
+            return self._meter.run(fn, *args)
+
+        return run
+
+    def _algorithm_step(self, grads: list[Any], variables: list[Any]) -> None:
+        index = {id(v): i for i, v in enumerate(self._trainable_variables)}
+        if sorted(index[id(v)] for v in variables) != list(range(len(self._trainable_variables))):
+            raise ValueError(f"op={self.op.name}: apply() must get every variable the optimizer was built with")
+        by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
+        ordered = self._trainable_variables
+        # A variable without a gradient gets a zero gradient (decided by the program's structure, so alike on
+        # every rank): the fused segment always covers every variable, as the torch face's zeroed buffer does.
+        gs = [tf.zeros(v.shape, "float32") if by_var[id(v)] is None else tf.cast(dense(by_var[id(v)]), "float32")
+              for v in ordered]
+        lr = tf.cast(self.inner_optimizer.learning_rate, tf.float64)
+        hyper = tf.stack([lr, *(tf.cast(h, tf.float64) for h in self._hyper)])
+        names = list(self._layout.state_shapes())
+        state_in = [tf.convert_to_tensor(self._state[k]) for k in names]
+        params_in = [tf.convert_to_tensor(v) for v in ordered]
+        n_vars, flags, runner = len(ordered), dict(self._flags), self._runner
+
+        def run(hyper_a: np.ndarray, *arrays: np.ndarray) -> list[np.ndarray]:
+            g_a, p_a, s_a = arrays[:n_vars], arrays[n_vars: 2 * n_vars], arrays[2 * n_vars:]
+            return runner(flags, hyper_a, g_a, p_a, s_a)  # the algorithm's own CommMeter counts its calls
+
+        touts = [tf.float32] * n_vars + [tf.as_dtype(self._state[k].dtype) for k in names]
+        outs = numpy_call(run, [hyper, *gs, *params_in, *state_in], touts, f"{self.name}.{self._algorithm.name}")
+        for v, x in zip(ordered, outs[:n_vars], strict=True):
+            v.assign(tf.reshape(x, v.shape))
+        for k, x in zip(names, outs[n_vars:], strict=True):
+            self._state[k].assign(tf.reshape(x, self._state[k].shape))
+        self.inner_optimizer.iterations.assign_add(1)
+
+    # -- serialization -----------------------------------------------------------------------------------
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "op": int(self.op),
+            "backward_passes_per_step": self.backward_passes_per_step,
+            **self.algorithm_options,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> DistributedOptimizer:
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
+        return cls(inner, **config)

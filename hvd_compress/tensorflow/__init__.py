@@ -1,0 +1,56 @@
+"""TensorFlow face of hvd_compress: ``import hvd_compress.tensorflow as hc``.
+
+Use after ``hvd.init()`` (``horovod.tensorflow``), or ``hc.init()`` in a job without Horovod started by
+``mpirun``. Every op works on TF tensors in eager mode and inside ``tf.function`` (not under XLA,
+``jit_compile=True``). Keras optimizers: ``hvd_compress.keras``.
+"""
+
+from hvd_compress.ops.constants import SLAMB, Adasum, Average, Birder, OneBitAdam, OneBitLamb, ReduceOp, Sum
+from hvd_compress.ops.errors import (
+    CommError,
+    CommTimeoutError,
+    LaunchError,
+    MismatchError,
+    NotInitializedError,
+    UsageError,
+)
+from hvd_compress.ops.runtime import comm_stats, set_timeout
+from hvd_compress.tensorflow.context import init, rank, size
+from hvd_compress.tensorflow.functions import (
+    OneBitState,
+    allreduce,
+    broadcast,
+    broadcast_variables,
+    compressed_allreduce,
+    grouped_allreduce,
+)
+from hvd_compress.tensorflow.gradient_tape import DistributedGradientTape
+
+__all__ = [
+    "SLAMB",
+    "Adasum",
+    "Average",
+    "Birder",
+    "CommError",
+    "CommTimeoutError",
+    "DistributedGradientTape",
+    "LaunchError",
+    "MismatchError",
+    "NotInitializedError",
+    "OneBitAdam",
+    "OneBitLamb",
+    "OneBitState",
+    "ReduceOp",
+    "Sum",
+    "UsageError",
+    "allreduce",
+    "broadcast",
+    "broadcast_variables",
+    "comm_stats",
+    "compressed_allreduce",
+    "grouped_allreduce",
+    "init",
+    "rank",
+    "set_timeout",
+    "size",
+]

@@ -1,0 +1,216 @@
+"""Collectives on TensorFlow tensors, in eager mode and inside ``tf.function``.
+
+Each call is one ``tf.numpy_function(stateful=True)``: TF keeps stateful ops in program order, so every rank
+issues its collectives in the order of its program (with ``stateful=False`` TF may reorder them, and ranks
+that reduce different tensors at the same time deadlock). TF's input arrays alias its tensors (a variable's
+buffer too), so they are copied into 64-byte aligned arrays of our own, reduced there, and handed back
+without another copy.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
+
+from hvd_compress import ops
+from hvd_compress.ops import onebit as onebit_ops
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
+from hvd_compress.tensorflow.context import ensure_init
+
+#: The dtypes the core reduces (bfloat16 has no NumPy DLPack export; cast it to float32 first).
+REDUCE_DTYPES = (tf.float16, tf.float32, tf.float64)
+
+
+def numpy_call(fn: Callable[..., Any], inputs: Sequence[Any], touts: Sequence[tf.DType], name: str) -> list[tf.Tensor]:
+    """``fn`` on NumPy copies of ``inputs`` at run time, as one stateful op (program order kept)."""
+    outs = tf.numpy_function(fn, list(inputs), list(touts), stateful=True, name=name.replace(".", "_") or None)
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
+def dense(value: Any) -> tf.Tensor:
+    """A dense tensor for ``value``; ``IndexedSlices`` (embedding gradients) are densified, as Horovod's
+    ``sparse_as_dense=True``: hvd_compress reduces dense buffers only."""
+    if isinstance(value, tf.IndexedSlices):
+        return tf.convert_to_tensor(tf.math.unsorted_segment_sum(value.values, value.indices,
+                                                                   value.dense_shape[0]))
+    return tf.convert_to_tensor(value)
+
+
+def _check_dtype(t: tf.Tensor, what: str) -> None:
+    if t.dtype not in REDUCE_DTYPES:
+        raise ops.UsageError(
+            f"{what}: dtype {t.dtype.name} is not supported; use one of {[d.name for d in REDUCE_DTYPES]} "
+            "(cast bfloat16 to float32 first)"
+        )
+
+
+def _check_graph(what: str) -> None:
+    """XLA cannot run a ``tf.numpy_function``: say so at trace time (every rank traces alike), not as an XLA error."""
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise ValueError(
+            f"{what}: hvd_compress cannot run under XLA; use jit_compile=False (tf.function(jit_compile=False), "
+            "model.compile(..., jit_compile=False))"
+        )
+
+
+def _resolve_op(op: Any) -> ReduceOp:
+    try:
+        op = ReduceOp(Average if op is None else op)
+    except ValueError:
+        raise ValueError(f"unknown reduction op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
+    if op not in (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum):
+        raise ValueError(f"op {op.name} is an optimizer algorithm: use hvd_compress.keras.DistributedOptimizer")
+    return op
+
+
+Average, Sum = ReduceOp.Average, ReduceOp.Sum
+
+
+def _reduce_group(arrays: list[np.ndarray], op: ReduceOp, name: str) -> list[np.ndarray]:
+    """Reduce ``arrays`` (our own copies) in place: Sum/Average fused into one buffer per dtype (one core call
+    each, in order of first appearance, so every rank makes the same calls), Adasum as one grouped exchange."""
+    if op == ReduceOp.Adasum:
+        if len({a.dtype for a in arrays}) > 1:
+            raise ops.UsageError(f"{name}: Adasum groups need one dtype, got {sorted({str(a.dtype) for a in arrays})}")
+        ops.grouped_allreduce_(arrays, op=op, name=name)  # with their shapes, into the signature
+        return arrays
+    if len(arrays) == 1:  # with its shape: the core's signature then tells equal sizes of other shapes apart
+        ops.allreduce_(arrays[0], op=op, name=name)
+        return arrays
+    # A fused buffer loses the shapes: they go into the call's name, which every rank's signature must match.
+    shapes = ";".join("x".join(map(str, a.shape)) for a in arrays)
+    name = f"{name}#{zlib.crc32(shapes.encode()):08x}"
+    by_dtype: dict[np.dtype, list[int]] = {}
+    for i, a in enumerate(arrays):
+        by_dtype.setdefault(a.dtype, []).append(i)
+    for k, (dtype, members) in enumerate(by_dtype.items()):
+        fused = aligned_empty(sum(arrays[i].size for i in members), dtype)
+        offsets = np.cumsum([0] + [arrays[i].size for i in members])
+        for i, lo, hi in zip(members, offsets[:-1], offsets[1:], strict=True):
+            fused[lo:hi] = arrays[i].reshape(-1)
+        ops.allreduce_(fused, op=op, name=f"{name}.{k}" if len(by_dtype) > 1 else name)
+        for i, lo, hi in zip(members, offsets[:-1], offsets[1:], strict=True):
+            arrays[i].reshape(-1)[...] = fused[lo:hi]
+    return arrays
+
+
+def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None = None) -> list[tf.Tensor]:
+    """New tensors: the reduction of each of ``tensors`` over all ranks, in one stateful call.
+
+    Sum/Average: one fused buffer per dtype. Adasum: one exchange with per-tensor coefficients (one dtype).
+    ``IndexedSlices`` are densified. Differentiable: the gradient is the same reduction of the upstream
+    gradients."""
+    ensure_init()
+    _check_graph(name or "grouped_allreduce")
+    op = _resolve_op(op)
+    name = name or "grouped_allreduce"
+    inputs = [dense(t) for t in tensors]
+    if not inputs:
+        return []
+    for t in inputs:
+        _check_dtype(t, name)
+
+    def run(*arrays: np.ndarray) -> list[np.ndarray]:
+        return _reduce_group([aligned_copy(np.asarray(a)) for a in arrays], op, name)
+
+    @tf.custom_gradient
+    def reduce(*xs: tf.Tensor) -> Any:
+        outs = numpy_call(run, xs, [x.dtype for x in xs], name)
+        for o, x in zip(outs, xs, strict=True):
+            o.set_shape(x.shape)
+
+        def grad(*upstream: tf.Tensor) -> list[tf.Tensor]:
+            return grouped_allreduce(upstream, op=op, name=f"{name}.grad")
+
+        return outs, grad
+
+    return list(reduce(*inputs))
+
+
+def allreduce(tensor: Any, op: Any = None, name: str | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0) -> tf.Tensor:
+    """A new tensor: ``tensor`` reduced over all ranks (Average by default; Sum; Adasum: the whole tensor is one
+    Adasum vector). Horovod's scale factors multiply the input before and the result after."""
+    t = dense(tensor)
+    if prescale_factor != 1.0:
+        t = t * tf.cast(prescale_factor, t.dtype)
+    out = grouped_allreduce([t], op=op, name=name or "allreduce")[0]
+    if postscale_factor != 1.0:
+        out = out * tf.cast(postscale_factor, out.dtype)
+    return out
+
+
+def broadcast_values(tensors: Sequence[Any], root_rank: int = 0, name: str | None = None) -> list[tf.Tensor]:
+    """New tensors holding root_rank's values of ``tensors`` (any dtype, copied as bytes), in one stateful call."""
+    ensure_init()
+    name = name or "broadcast"
+    _check_graph(name)
+    inputs = [tf.convert_to_tensor(t) for t in tensors]
+    if not inputs:
+        return []
+
+    def run(*arrays: np.ndarray) -> list[np.ndarray]:
+        outs = [aligned_copy(np.asarray(a)) for a in arrays]
+        for i, o in enumerate(outs):
+            if o.size:  # as bytes: every dtype (int64 step counters, bool, bfloat16) travels alike
+                ops.broadcast_(o.reshape(-1).view(np.uint8), root_rank=int(root_rank), name=f"{name}.{i}")
+        return outs
+
+    outs = numpy_call(run, inputs, [t.dtype for t in inputs], name)
+    for o, t in zip(outs, inputs, strict=True):
+        o.set_shape(t.shape)
+    return outs
+
+
+def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None) -> tf.Tensor:
+    """A new tensor holding root_rank's value of ``tensor``."""
+    return broadcast_values([tensor], root_rank, name)[0]
+
+
+def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, name: str | None = None) -> Any:
+    """Assign root_rank's values to ``variables`` (``tf.Variable`` or Keras variables) on every rank.
+
+    Eager: done when it returns. In a ``tf.function``: returns the grouped assign op."""
+    variables = list(variables)
+    values = broadcast_values([tf.convert_to_tensor(v) for v in variables], root_rank, name or "broadcast_variables")
+    assigns = [v.assign(x) for v, x in zip(variables, values, strict=True)]
+    return tf.group(*[a for a in assigns if a is not None]) if not tf.executing_eagerly() else None
+
+
+class OneBitState(onebit_ops.OneBitState):
+    """Error feedback of one buffer of ``numel`` elements for ``compressed_allreduce`` (NumPy buffers owned by
+    this object; ``state_dict()``/``load_state_dict()`` as the torch face's). ``world_size`` defaults to the
+    job's size."""
+
+    def __init__(self, numel: int, dtype: Any = tf.float32, world_size: int | None = None) -> None:
+        if world_size is None:
+            ensure_init()
+            world_size = ops.size()
+        super().__init__(numel, tf.as_dtype(dtype).name, int(world_size), BACKEND, None)
+
+
+def compressed_allreduce(tensor: Any, state: OneBitState, name: str | None = None) -> tf.Tensor:
+    """A new tensor: the error-compensated 1-bit average of ``tensor`` (float32/float16) over all ranks.
+
+    Each run (eager call, or each execution of the enclosing ``tf.function``) updates ``state``."""
+    ensure_init()
+    if not isinstance(state, OneBitState):
+        raise TypeError(f"compressed_allreduce expects an hc.OneBitState, got {type(state).__name__}")
+    t = dense(tensor)
+    name = name or "compressed_allreduce"
+    _check_graph(name)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        out = aligned_copy(np.asarray(x)).reshape(-1)
+        onebit_ops.compressed_allreduce_(out, state.worker_error, state.server_error, name=name)
+        return out.reshape(x.shape)
+
+    out = numpy_call(run, [t], [t.dtype], name)[0]
+    out.set_shape(t.shape)
+    return out

@@ -1,0 +1,85 @@
+"""The same parameters, gradients and hyper-parameters through the torch face and the Keras face, in one process
+per rank (sharing hvd_compress's one runtime): saves both parameter traces. argv: out_dir, steps, freeze_step."""
+
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+import torch
+from tf_common import save
+
+import hvd_compress.keras as hck
+import hvd_compress.torch as hct
+
+steps, freeze = int(sys.argv[2]), int(sys.argv[3])
+hct.init()
+r, n = hct.rank(), hct.size()
+SIZES = [(13,), (5, 6), (7,)]
+LR = float(np.float32(0.01))  # Keras keeps the learning rate in float32: torch gets the same value
+
+
+def x0() -> list[np.ndarray]:
+    rng = np.random.default_rng(777)
+    return [rng.standard_normal(s).astype(np.float32) for s in SIZES]
+
+
+def grads(t: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(1000 * t + r)
+    return [rng.standard_normal(s).astype(np.float32) for s in SIZES]
+
+
+def run_torch(make: str, op: object, options: dict) -> list[np.ndarray]:
+    params = [torch.nn.Parameter(torch.from_numpy(a.copy())) for a in x0()]
+    inner = {
+        "sgd": lambda: torch.optim.SGD(params, lr=LR),
+        "adamw": lambda: torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.999), eps=1e-7, weight_decay=0.004),
+        "lamb": lambda: hct.Lamb(params, lr=LR, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
+    }[make]()
+    opt = hct.DistributedOptimizer(inner, named_parameters=[(f"p{i}", p) for i, p in enumerate(params)], op=op,
+                                   **options)
+    trace = []
+    for t in range(steps):
+        opt.zero_grad()
+        for p, g in zip(params, grads(t), strict=True):
+            p.grad = torch.from_numpy(g) if p.grad is None else p.grad.copy_(torch.from_numpy(g))
+        opt.step()
+        trace.append(np.concatenate([p.detach().numpy().ravel() for p in params]))
+    return trace
+
+
+def run_keras(make: str, op: object, options: dict, compiled: bool) -> list[np.ndarray]:
+    variables = [keras.Variable(a.copy(), name=f"p{i}") for i, a in enumerate(x0())]
+    inner = {
+        "sgd": lambda: keras.optimizers.SGD(LR),
+        "adamw": lambda: keras.optimizers.AdamW(LR, beta_1=0.9, beta_2=0.999, epsilon=1e-7, weight_decay=0.004),
+        "lamb": lambda: keras.optimizers.Lamb(LR, beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay=0.01),
+    }[make]()
+    opt = hck.DistributedOptimizer(inner, op=op, **options)
+
+    def step(gs: list[tf.Tensor]) -> None:
+        opt.apply(gs, variables)
+
+    fn = tf.function(step) if compiled else step
+    trace = []
+    for t in range(steps):
+        fn([tf.constant(g) for g in grads(t)])
+        trace.append(np.concatenate([v.numpy().ravel() for v in variables]))
+    return trace
+
+
+CASES = {
+    "Average/sgd": ("sgd", hct.Average, {}),
+    "Sum/sgd": ("sgd", hct.Sum, {}),
+    "Adasum/sgd": ("sgd", hct.Adasum, {}),
+    "OneBitAdam/adamw": ("adamw", hct.OneBitAdam, {"freeze_step": freeze}),
+    "OneBitLamb/lamb": ("lamb", hct.OneBitLamb, {"freeze_step": freeze}),
+}
+out = {}
+for name, (make, op, options) in CASES.items():
+    out[name] = {
+        "torch": run_torch(make, op, options),
+        "keras": run_keras(make, op, options, compiled=True),
+        "keras_eager": run_keras(make, op, options, compiled=False),
+    }
+save(r, {"traces": out, "n": n})
