@@ -87,3 +87,8 @@ def load_ranks(out_dir: Path, n: int) -> list[dict[str, Any]]:
         assert path.exists(), f"rank {r} of {n} wrote no result"
         results.append(torch.load(path, weights_only=False))
     return results
+
+
+#: The type names of a usage error as a worker's ``"Type: message"`` shows it: ``UsageError`` for input this rank
+#: refused alone, ``RejectedInputError`` (a UsageError and a RuntimeError) for input refused on every rank.
+USAGE = ("UsageError", "RejectedInputError")

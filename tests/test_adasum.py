@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import USAGE, load_ranks, mpirun
 from workers.common import DTYPES, rank_input
 
 from hvd_compress import reference
@@ -151,9 +151,9 @@ def test_adasum_mismatched_or_bad_arguments_raise_on_every_rank(n: int, ranks) -
         "count": ("MismatchError", "tensor count:"),
         "layout": ("MismatchError", "tensor sizes (hash):"),
         "mode": ("MismatchError", "op:"),
-        "bad_sizes": ("UsageError", f"rank {n - 1} rejected its input: Adasum: tensor sizes"),
-        "mixed_dtypes": ("UsageError", "share one dtype"),
-        "int_dtype": ("UsageError", "rank 0 rejected its input"),
+        "bad_sizes": (USAGE, f"rank {n - 1} rejected its input: Adasum: tensor sizes"),
+        "mixed_dtypes": (USAGE, "share one dtype"),
+        "int_dtype": (USAGE, "rank 0 rejected its input"),
     }
     for r, rk in enumerate(saved):
         for label, (kind, text) in expect.items():

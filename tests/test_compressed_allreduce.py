@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import USAGE, load_ranks, mpirun
 from workers.common import DTYPES, rank_input
 
 from hvd_compress.reference import onebit as ref
@@ -127,13 +127,13 @@ def test_bad_input_raises_on_every_rank_with_state_unchanged(n: int, out_dir) ->
     mpirun("compressed_bad.py", n, out_dir, timeout=180)
     ranks = load_ranks(out_dir, n)
     expect = {
-        "nan": ("UsageError", [f"rank {n - 1} rejected", "element 5 is nan"]),
-        "inf_half": ("UsageError", ["rank 0 rejected", "element 999 is -inf"]),
-        "worker_size": ("UsageError", ["rank 1 rejected", "worker error has 999 elements, expected 1000"]),
-        "server_dtype": ("UsageError", ["rank 0 rejected", "server error must be float32, got float16"]),
-        "float64": ("UsageError", ["float64 is not supported"]),
+        "nan": (USAGE, [f"rank {n - 1} rejected", "element 5 is nan"]),
+        "inf_half": (USAGE, ["rank 0 rejected", "element 999 is -inf"]),
+        "worker_size": (USAGE, ["rank 1 rejected", "worker error has 999 elements, expected 1000"]),
+        "server_dtype": (USAGE, ["rank 0 rejected", "server error must be float32, got float16"]),
+        "float64": (USAGE, ["float64 is not supported"]),
         "numel_mismatch": ("MismatchError", ["numel"]),
-        "overflow": ("UsageError", ["= inf"]),
+        "overflow": (USAGE, ["= inf"]),
     }
     mean = (n + 1) / 2
     for r, rk in enumerate(ranks):

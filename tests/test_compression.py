@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import USAGE, load_ranks, mpirun
 from workers.common import DTYPES, rank_input
 
 from hvd_compress.reference import compression as ref
@@ -139,17 +139,17 @@ def test_bad_input_raises_on_every_rank_and_leaves_state_untouched(out_dir) -> N
     ranks = load_ranks(out_dir, n)
     for r, rk in enumerate(ranks):
         where = f"rank {r} of {n}"
-        assert rk["adasum"].startswith("UsageError") and "Average or Sum" in rk["adasum"], f"{where}: {rk['adasum']}"
+        assert rk["adasum"].startswith(USAGE) and "Average or Sum" in rk["adasum"], f"{where}: {rk['adasum']}"
         assert rk["adasum_step"] == 0, where
         for case in ("seed", "ratio", "kind", "fp16_vs_none"):
             assert rk[case].startswith("MismatchError"), f"{where} {case}: {rk[case]}"
         for bad in ("nan", "inf"):
             for cname in ("topk", "randomk", "fp16"):
                 got = rk[f"{bad}.{cname}"]
-                ok = got.startswith("UsageError") and f"rank {n - 1} rejected" in got and bad in got
+                ok = got.startswith(USAGE) and f"rank {n - 1} rejected" in got and bad in got
                 assert ok, f"{where}: {got}"
                 assert rk[f"{bad}.{cname}.untouched"], f"{where} {bad} {cname}: tensor or state changed"
-        assert rk["state_size"].startswith("UsageError") and "rank 1 rejected" in rk["state_size"], where
+        assert rk["state_size"].startswith(USAGE) and "rank 1 rejected" in rk["state_size"], where
         assert "301" in rk["state_size"] and "300" in rk["state_size"], f"{where}: {rk['state_size']}"
         for case in ("optimizer_adasum", "optimizer_onebit"):
             assert rk[case].startswith("ValueError") and "Average or Sum" in rk[case], f"{where}: {rk[case]}"

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import USAGE, load_ranks, mpirun
 from workers.common import rank_input
 
 from hvd_compress.reference import slamb as ref
@@ -84,7 +84,7 @@ def test_slamb_bad_input_raises_on_every_rank_with_state_untouched(out_dir) -> N
     for r, rk in enumerate(ranks):
         for key in ("compress_ratio=0.0", "compress_ratio=1.5", "sync_interval=0", "mask=x"):
             assert rk[key].startswith("ValueError"), f"rank {r} {key}: {rk[key]}"
-        assert rk["nan"].startswith("UsageError") and "non-finite" in rk["nan"], f"rank {r}: {rk['nan']}"
+        assert rk["nan"].startswith(USAGE) and "non-finite" in rk["nan"], f"rank {r}: {rk['nan']}"
         assert rk["seed"].startswith("MismatchError") and "seed=" in rk["seed"], f"rank {r}: {rk['seed']}"
         assert rk["other_algorithm"].startswith("ValueError") and "OneBitLamb" in rk["other_algorithm"]
         assert rk["other_world"].startswith("ValueError") and "world_size" in rk["other_world"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from mpi_harness import mpirun
+from mpi_harness import USAGE, mpirun
 
 from hvd_compress.reference import adasum as ref_adasum
 from hvd_compress.reference import onebit as ref_onebit
@@ -83,7 +83,7 @@ def test_tf_ops_match_reference_eager_and_in_tf_function(out_dir: Path) -> None:
         np.testing.assert_allclose(w_grad, np.array([2.0, 4.0]) * (n + 1) / 2, rtol=1e-6)
         assert got["bad_shape"].startswith("MismatchError"), (r, got["bad_shape"])
         assert got["bad_numel"].startswith("MismatchError"), (r, got["bad_numel"])
-        assert got["bad_dtype"].startswith("UsageError") and "bfloat16" in got["bad_dtype"], got["bad_dtype"]
+        assert got["bad_dtype"].startswith(USAGE) and "bfloat16" in got["bad_dtype"], got["bad_dtype"]
         assert got["bad_op"].startswith("ValueError"), got["bad_op"]
         assert "jit_compile=False" in got["xla"], got["xla"]
         np.testing.assert_array_equal(got["after_errors"], [n] * 3)
