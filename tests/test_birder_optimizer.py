@@ -43,7 +43,8 @@ def test_birder_optimizer_on_every_rank(world: int, local: int, out_dir) -> None
         for t, (got, want) in enumerate(zip(ranks[r]["resumed"], ranks[r]["params"][3:], strict=True)):
             assert torch.equal(got, want), f"{where}: rank {r} resumed run differs at step {t + 4}: " \
                 f"max {float((got - want).abs().max()):.3g}"
-        assert any(k in ranks[r]["nan"] for k in USAGE) and "non-finite" in ranks[r]["nan"], f"rank {r}: {ranks[r]['nan']}"
+        nan = ranks[r]["nan"]
+        assert any(k in nan for k in USAGE) and "non-finite" in nan, f"rank {r}: {nan}"
         assert ranks[r]["nan_state_unchanged"] and ranks[r]["nan_step_unchanged"], f"rank {r}: state changed on NaN"
         assert "ValueError" in ranks[r]["other_algorithm"] and "OneBitAdam" in ranks[r]["other_algorithm"]
         assert "ValueError" in ranks[r]["other_world"] and "world_size" in ranks[r]["other_world"]
