@@ -12,7 +12,13 @@
    check: a NaN/Inf gradient on any rank raises ``UsageError`` on every rank before any state changes.
 5. v = b2 v + (1 - b2) g^2 with the local g (line 11): v is never communicated.
 6. c = where(M_t, 1, b3 c), c_0 = 1 (freshness, "staleness" in the paper; lines 13-14).
-7. u = mh / (sqrt(vh) + eps) + wd x, bias correction with the global t (line 12; S2, S12).
+7. u = mh / (sqrt(vh) + eps) + wd x, bias correction with the global t (line 12; S2, S12). Deviation, option
+   ``variance_floor`` (default 0.01; 0 is the paper's rule): sqrt(vh) is at least sqrt(variance_floor * mean(vh))
+   over its layer. v is local (step 5) while m[M] is averaged over the ranks (step 4), so an element whose
+   local gradient has been 0 (a ReLU unit dead on this rank's batches, alive on others') has vh ~ 0 and an
+   averaged m != 0: its u is m / eps, which dominates the layer's ||u[M]||, shrinks phi_max for the whole
+   masked part, and at k = 1 made a ReLU MLP diverge (NaN at step 41) where dense LAMB trains. The same
+   floor as the 1-bit optimizers' (hvd_compress.algorithms.onebit), for the same reason.
 8. Per layer (lines 15-19, App. E; S3, S4, S5), r(a, b) = ||a|| / ||b||, or 1 if a norm is 0 or the slice empty:
    ndim <= 1: x -= lr r(x, u) u, unclipped; otherwise phi_max = r(x[M], u[M]), phi_min = r(x[~M], u[~M]),
    phi = clip(c phi_max + (1 - c) phi_min, clip_min, clip_max), eta = c lr + (1 - c) lr / sqrt(n) per element
@@ -58,6 +64,8 @@ class SlambOptions:
     clip_min: float | None = None
     clip_max: float | None = None
     sync_grad: bool = False  # Alg. 1 line 9: average g[M] before the moments (off: App. E, spec S6)
+    # sqrt(vh) of each layer at least sqrt(variance_floor * mean(vh)) (0: the paper's rule). See ``Slamb``.
+    variance_floor: float = 0.01
 
     def validate(self, op_name: str = "SLAMB") -> None:
         k = self.compress_ratio
@@ -78,6 +86,10 @@ class SlambOptions:
         hi = max(lo, 1000.0) if self.clip_max is None else self.clip_max
         if not 0.0 < lo <= hi:
             raise ValueError(f"op={op_name}: need 0 < clip_min <= clip_max, got {self.clip_min}, {self.clip_max}")
+        vf = self.variance_floor
+        if isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0.0 <= vf < math.inf:
+            raise ValueError(f"op={op_name}: variance_floor must be a finite number >= 0 (0: the paper's rule), "
+                             f"got {vf!r}")
         if not isinstance(self.sync_grad, bool):
             raise ValueError(f"op={op_name}: sync_grad must be True or False, got {self.sync_grad!r}")
 
@@ -126,6 +138,15 @@ class SlambBuffers:
     @property
     def numel(self) -> int:
         return sum(self.sizes)
+
+    @property
+    def offsets(self) -> list[int]:
+        """The first element of each parameter in the flat buffers."""
+        out, at = [], 0
+        for size in self.sizes:
+            out.append(at)
+            at += size
+        return out
 
     def groups(self) -> list[tuple[int, int, int]]:
         """(param group, first element, end element) of each run of parameters of one group."""
@@ -214,6 +235,14 @@ class Slamb:
         xp.sqrt(b.exp_avg_sq[lo:hi], out=u)
         if group.get("bias_correction", True):
             xp.div_(u, math.sqrt(1 - b2**t))
+        floor = self.options.variance_floor
+        if floor > 0.0:
+            bc2 = 1 - b2**t if group.get("bias_correction", True) else 1.0
+            layers = [i for i, start in enumerate(b.offsets) if lo <= start < hi]
+            v_views, u_views = b.views(b.exp_avg_sq), b.views(b.work)
+            means = xp.foreach_mean([v_views[i] for i in layers])
+            for i, mean in zip(layers, means, strict=True):
+                xp.clamp_min_(u_views[i], math.sqrt(floor * mean / bc2))
         xp.mul_(xp.reciprocal_(xp.add_(u, group["eps"])), b.exp_avg[lo:hi])
         if group.get("bias_correction", True):
             xp.div_(u, 1 - b1**t)

@@ -47,6 +47,7 @@ def slamb(
     clip_min: float = 0.01,
     clip_max: float = 1000.0,
     sync_grad: bool = False,
+    variance_floor: float = 0.01,
 ) -> dict[str, list]:
     """Every rank's parameters after every step (``params[t][r]``), with the masks and freshness of each step."""
     n = len(grads[0])
@@ -75,7 +76,14 @@ def slamb(
             v[r] = b2 * v[r] + (1 - b2) * g[r] ** 2  # step 5
         c = np.where(mk, 1.0, beta3 * c)  # step 6
         for r in range(n):
-            u = (m[r] / (1 - b1**t)) / (np.sqrt(v[r] / (1 - b2**t)) + eps) + weight_decay * x[r]  # step 7, S2
+            root = np.sqrt(v[r] / (1 - b2**t))
+            at = 0
+            for shape in shapes:  # the per-layer variance floor (hvd_compress.algorithms.slamb, step 7)
+                sl = slice(at, at + math.prod(shape))
+                at = sl.stop
+                if variance_floor > 0 and sl.stop > sl.start:
+                    root[sl] = np.maximum(root[sl], math.sqrt(variance_floor * np.mean(v[r][sl]) / (1 - b2**t)))
+            u = (m[r] / (1 - b1**t)) / (root + eps) + weight_decay * x[r]  # step 7, S2
             at = 0
             for shape in shapes:  # step 8
                 size = math.prod(shape)

@@ -72,7 +72,7 @@ if mode == "trace":
 elif mode == "identity":
     steps = int(sys.argv[3])
     a, b = model(), model()
-    opt_s = slamb(a, compress_ratio=1.0, sync_interval=1, sync_grad=True)
+    opt_s = slamb(a, compress_ratio=1.0, sync_interval=1, sync_grad=True, variance_floor=0.0)  # the paper rule
     opt_l = hc.Lamb(b, **LAMB)
     diffs = []
     for t in range(steps):
