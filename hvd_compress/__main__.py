@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata as md
+import os
 import sys
 
 
@@ -25,7 +26,8 @@ def check_build() -> list[str]:
 
         info = dict(_core.build_info())
         lines.append(f"    [X] _core (CUDA: {'yes' if info.get('cuda') else 'no'})")
-        lines.append(f"    1-bit kernels: {_core.onebit_kernel_isa()}")
+        forced = os.environ.get("HVDC_ONEBIT_KERNELS", "").strip() == "scalar"
+        lines.append(f"    1-bit kernels: {'scalar (HVDC_ONEBIT_KERNELS)' if forced else _core.onebit_kernel_isa()}")
     except ImportError as e:
         lines.append(f"    [ ] _core: {e} (run `make build`)")
     try:

@@ -154,22 +154,26 @@ NB_MODULE(_core, m) {
       .def(
           "__init__",
           [](Runtime* self, intptr_t comm_handle, double timeout_s, int local_size,
-             const std::string& invalid) {
+             const std::string& invalid, bool scalar_kernels) {
             RuntimeConfig config;
             config.timeout_s = timeout_s;
             config.local_size = local_size;
             config.invalid = invalid;
+            config.kernels = scalar_kernels ? KernelChoice::kScalar : KernelChoice::kAuto;
             nb::gil_scoped_release nogil;  // collective: waits for every rank
             new (self) Runtime(reinterpret_cast<MPI_Comm>(comm_handle), config);
           },
           nb::arg("comm_handle"), nb::arg("timeout_s"), nb::arg("local_size") = 0,
-          nb::arg("invalid") = "",
+          nb::arg("invalid") = "", nb::arg("scalar_kernels") = false,
           "Runtime over the MPI communicator whose handle mpi4py gives as comm.handle; collective. "
           "local_size: HVDC_LOCAL_SIZE (0: the shared-memory node). invalid: why this rank's "
-          "settings are invalid (raises UsageError on every rank), else empty.")
+          "settings are invalid (raises UsageError on every rank), else empty. scalar_kernels: "
+          "HVDC_ONEBIT_KERNELS=scalar (the element-wise kernels run the portable code).")
       .def_prop_ro("rank", &Runtime::rank)
       .def_prop_ro("size", &Runtime::size)
       .def_prop_rw("timeout", &Runtime::timeout, &Runtime::set_timeout)
+      .def_prop_ro("scalar_kernels",
+                   [](const Runtime& rt) { return rt.kernels() == KernelChoice::kScalar; })
       .def(
           "allreduce",
           [](Runtime& rt, nb::handle tensor, int op, const std::string& name) {

@@ -123,10 +123,11 @@ std::string onebit_prepare(const TensorView& buffer, const TensorView& worker_er
       uint8_t* out = call.send.get() + call.block * j;
       const double sumsq = onebit_compress_signs(x + j * call.chunk * esize, buffer.dtype,
                                                  werr + j * call.chunk, real, call.chunk,
-                                                 out + sizeof(float));
+                                                 out + sizeof(float), call.kernels);
       if (!std::isfinite(sumsq)) {  // where exactly: the first non-finite element overall
         call.send.reset();
-        const int64_t bad = onebit_first_nonfinite(buffer.data, buffer.dtype, werr, numel);
+        const int64_t bad =
+            onebit_first_nonfinite(buffer.data, buffer.dtype, werr, numel, call.kernels);
         return nonfinite_message(buffer, werr, bad >= 0 ? bad : j * call.chunk);
       }
       put_scale(out, onebit_scale(sumsq, real));
@@ -175,7 +176,7 @@ void compressed_allreduce_prepared(Communicator& comm, OneBitCall& call) {
   // `send` is free again: its first block carries this rank's server chunk.
   uint8_t* own = send;
   const float s = onebit_server_reduce_compress(bits.data(), scales.data(), n, serr, mine, chunk,
-                                                own + sizeof(float));
+                                                own + sizeof(float), call.kernels);
   put_scale(own, s);
   // Scatter (line 11): every rank receives every server chunk.
   comm.allgather(own, recv.get(), block);
@@ -187,14 +188,16 @@ void compressed_allreduce_prepared(Communicator& comm, OneBitCall& call) {
     const uint8_t* in = recv.get() + block * j;
     onebit_compress_error_decompress(x + j * chunk * esize, dtype, werr + j * chunk,
                                      real_in_chunk(numel, chunk, j), wscales[j],
-                                     in + sizeof(float), get_scale(in));
+                                     in + sizeof(float), get_scale(in), call.kernels);
   }
   call.send.reset();
 }
 
 void compressed_allreduce(Communicator& comm, const TensorView& buffer,
-                          const TensorView& worker_error, const TensorView& server_error) {
+                          const TensorView& worker_error, const TensorView& server_error,
+                          KernelChoice kernels) {
   OneBitCall call;
+  call.kernels = kernels;
   const std::string why = onebit_prepare(buffer, worker_error, server_error, comm.size(), call);
   if (!why.empty()) throw UsageError(why);
   compressed_allreduce_prepared(comm, call);

@@ -136,7 +136,8 @@ void hierarchical_compressed_allreduce(const HierarchicalGroups& g, const Hierar
   if (call.payload == HierarchicalPayload::kScaled) {
     // 2-4. The 1-bit compressed allreduce of paper 003 over the nodes, on the real part of C_l.
     const int64_t server = onebit_padded_numel(real1, s.n) / s.n;
-    compressed_allreduce(cross, f32_view(a, real1), f32_view(werr, real1), f32_view(serr, server));
+    compressed_allreduce(cross, f32_view(a, real1), f32_view(werr, real1), f32_view(serr, server),
+                         call.kernels);
     if (s.m > 1) {  // 5. intra-node allgather of the float32 chunks
       std::vector<float> all(static_cast<size_t>(s.dpad));
       g.node->allgather(a, all.data(), sizeof(float) * s.c1);
@@ -163,7 +164,8 @@ void hierarchical_compressed_allreduce(const HierarchicalGroups& g, const Hierar
   uw.offset = static_cast<uint64_t>(s.l * s.c1);
   if (injected)
     uw.injected = static_cast<const float*>(call.worker_uniforms.data) + s.j * s.dpad + s.l * s.c1;
-  stochastic_quantize(a, werr, call.has_moments ? &mo : nullptr, real1, s.c1, uw, wbits.data());
+  stochastic_quantize(a, werr, call.has_moments ? &mo : nullptr, real1, s.c1, uw, wbits.data(),
+                      call.kernels);
 
   // 3. Inter-node alltoall among the same-l ranks: piece j' of C_l goes to node j'.
   std::vector<uint8_t> recv(piece * s.n);
@@ -180,7 +182,7 @@ void hierarchical_compressed_allreduce(const HierarchicalGroups& g, const Hierar
   us.key.stream = kServerStream;
   us.offset = static_cast<uint64_t>(start);
   if (injected) us.injected = static_cast<const float*>(call.server_uniforms.data) + start;
-  stochastic_server_quantize(bits.data(), s.n, serr, real2, s.c2, us, sbits.data());
+  stochastic_server_quantize(bits.data(), s.n, serr, real2, s.c2, us, sbits.data(), call.kernels);
   std::vector<uint8_t> chunk(static_cast<size_t>(s.c1 / 8));
   cross.allgather(sbits.data(), chunk.data(), piece);
 
@@ -188,9 +190,9 @@ void hierarchical_compressed_allreduce(const HierarchicalGroups& g, const Hierar
   if (s.m > 1) {
     std::vector<uint8_t> all(static_cast<size_t>(s.dpad / 8));
     g.node->allgather(chunk.data(), all.data(), chunk.size());
-    sign_unpack(all.data(), x, s.d);
+    sign_unpack(all.data(), x, s.d, call.kernels);
   } else {
-    sign_unpack(chunk.data(), x, s.d);
+    sign_unpack(chunk.data(), x, s.d, call.kernels);
   }
 }
 

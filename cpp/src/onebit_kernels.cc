@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "hvdc/errors.h"
+#include "hvdc/kernel_isa.h"
 #if HVDC_ONEBIT_SELF_CHECK
 #include "hvdc/onebit_kernel_bench.h"
 #endif
@@ -35,21 +36,13 @@ namespace {
 
 enum class Isa { kScalar, kAvx2 };
 
-// Decided once per process: AVX2 where the CPU has it, unless HVDC_ONEBIT_KERNELS=scalar asks
-// for the portable code (so that tests can run the whole collective on it).
-Isa active_isa() {
+// AVX2 where the CPU has it, unless the caller's choice (the runtime's configuration,
+// hvdc/kernel_isa.h) asks for the portable code.
+Isa active_isa(KernelChoice choice) {
 #if HVDC_ONEBIT_AVX2
-  static const Isa isa = [] {
-    const char* want = std::getenv("HVDC_ONEBIT_KERNELS");
-    if (want != nullptr && std::strcmp(want, "scalar") == 0) return Isa::kScalar;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-                   __builtin_cpu_supports("fma")
-               ? Isa::kAvx2
-               : Isa::kScalar;
-  }();
-  return isa;
+  return use_avx2_kernels(choice) ? Isa::kAvx2 : Isa::kScalar;
 #else
+  (void)choice;
   return Isa::kScalar;
 #endif
 }
@@ -628,7 +621,7 @@ void compress_error_result(Isa isa, void* x, DType dtype, float* error, int64_t 
 }
 
 // ---------------------------------------------------------------------------------------------
-// The steps, with an explicit implementation (the public functions pass active_isa()).
+// The steps, with an explicit implementation (the public functions pass the ISA of the caller's choice).
 
 double compress_signs(Isa isa, const void* x, DType dtype, const float* error, int64_t n_real,
                       int64_t n_padded, uint8_t* bits) {
@@ -676,8 +669,9 @@ float server_reduce_compress(Isa isa, const uint8_t* const* bits, const float* s
 
 }  // namespace
 
-int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error, int64_t n) {
-  return first_nonfinite(active_isa(), x, dtype, error, n);
+int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error, int64_t n,
+                               KernelChoice choice) {
+  return first_nonfinite(active_isa(choice), x, dtype, error, n);
 }
 
 float onebit_scale(double sumsq, int64_t n_real) {
@@ -686,51 +680,56 @@ float onebit_scale(double sumsq, int64_t n_real) {
 }
 
 double onebit_compress_signs(const void* x, DType dtype, const float* error, int64_t n_real,
-                             int64_t n_padded, uint8_t* bits) {
-  return compress_signs(active_isa(), x, dtype, error, n_real, n_padded, bits);
+                             int64_t n_padded, uint8_t* bits, KernelChoice choice) {
+  return compress_signs(active_isa(choice), x, dtype, error, n_real, n_padded, bits);
 }
 
 void onebit_compress_error(const void* x, DType dtype, float* error, int64_t n_real,
-                           float scale) {
-  compress_error(active_isa(), x, dtype, error, n_real, scale);
+                           float scale, KernelChoice choice) {
+  compress_error(active_isa(choice), x, dtype, error, n_real, scale);
 }
 
 float onebit_compress(const void* x, DType dtype, float* error, int64_t n_real, int64_t n_padded,
-                      uint8_t* bits) {
-  const Isa isa = active_isa();
+                      uint8_t* bits, KernelChoice choice) {
+  const Isa isa = active_isa(choice);
   const float scale =
       onebit_scale(compress_signs(isa, x, dtype, error, n_real, n_padded, bits), n_real);
   compress_error(isa, x, dtype, error, n_real, scale);
   return scale;
 }
 
-void onebit_accumulate(const uint8_t* bits, float scale, float* acc, int64_t n_real) {
-  accumulate(active_isa(), bits, scale, acc, n_real);
+void onebit_accumulate(const uint8_t* bits, float scale, float* acc, int64_t n_real,
+                       KernelChoice choice) {
+  accumulate(active_isa(choice), bits, scale, acc, n_real);
 }
 
 float onebit_server_compress(const float* acc, int nranks, float* error, int64_t n_real,
-                             int64_t n_padded, uint8_t* bits) {
-  return server_compress(active_isa(), acc, nranks, error, n_real, n_padded, bits);
+                             int64_t n_padded, uint8_t* bits, KernelChoice choice) {
+  return server_compress(active_isa(choice), acc, nranks, error, n_real, n_padded, bits);
 }
 
 float onebit_server_reduce_compress(const uint8_t* const* bits, const float* scales, int nranks,
                                     float* error, int64_t n_real, int64_t n_padded,
-                                    uint8_t* out_bits) {
-  return server_reduce_compress(active_isa(), bits, scales, nranks, error, n_real, n_padded,
+                                    uint8_t* out_bits, KernelChoice choice) {
+  return server_reduce_compress(active_isa(choice), bits, scales, nranks, error, n_real, n_padded,
                                 out_bits);
 }
 
-void onebit_decompress(const uint8_t* bits, float scale, void* out, DType dtype, int64_t n_real) {
-  decompress(active_isa(), bits, scale, out, dtype, n_real);
+void onebit_decompress(const uint8_t* bits, float scale, void* out, DType dtype, int64_t n_real,
+                       KernelChoice choice) {
+  decompress(active_isa(choice), bits, scale, out, dtype, n_real);
 }
 
 void onebit_compress_error_decompress(void* x, DType dtype, float* error, int64_t n_real,
                                       float scale, const uint8_t* result_bits,
-                                      float result_scale) {
-  compress_error_result(active_isa(), x, dtype, error, n_real, scale, result_bits, result_scale);
+                                      float result_scale, KernelChoice choice) {
+  compress_error_result(active_isa(choice), x, dtype, error, n_real, scale, result_bits,
+                        result_scale);
 }
 
-const char* onebit_kernel_isa() { return active_isa() == Isa::kAvx2 ? "avx2" : "scalar"; }
+const char* onebit_kernel_isa() {
+  return active_isa(KernelChoice::kAuto) == Isa::kAvx2 ? "avx2" : "scalar";
+}
 
 // ---------------------------------------------------------------------------------------------
 // Self-check: scalar against AVX2 on the same data. Compiled only where HVDC_ONEBIT_SELF_CHECK is

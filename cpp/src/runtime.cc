@@ -26,14 +26,14 @@ int adasum_op(bool hierarchical) {
 }  // namespace
 
 Runtime::Runtime(MPI_Comm world, const RuntimeConfig& config)
-    : world_(new MpiCommunicator(world)), timeout_s_(config.timeout_s) {
+    : world_(new MpiCommunicator(world)), timeout_s_(config.timeout_s), kernels_(config.kernels) {
   // Every rank must split the same way: agree on the local size (and on every rank's settings
   // being valid) before any split.
   CallSignature settings;
   settings.collective = kInit;
   settings.numel = config.local_size;
   if (!config.invalid.empty()) set_rejected(settings, config.invalid);
-  agree(settings, "hvd_compress init (HVDC_LOCAL_SIZE)");
+  agree(settings, "hvd_compress init (HVDC_* settings)");
   adasum_plan_.reset(new AdasumPlan(*world_));
   const int k = config.local_size;
   std::unique_ptr<Communicator> node =
@@ -190,6 +190,7 @@ CommStats Runtime::compressed_allreduce(const TensorView& buffer, const TensorVi
   // fused into the first (read-only) pass of phase 1, which onebit_prepare runs here, outside
   // the lock (it touches no communicator).
   OneBitCall call;
+  call.kernels = kernels_;
   const std::string why = onebit_prepare(buffer, worker_error, server_error, size(), call);
   if (!why.empty()) set_rejected(sig, why);
   return run(sig, name.empty() ? "compressed_allreduce" : name,
@@ -237,8 +238,10 @@ CommStats Runtime::hierarchical_compressed_allreduce(const HierarchicalCall& cal
   std::string why = hierarchical ? hierarchical_onebit_plan_->invalid() : "";
   if (why.empty()) why = hierarchical_check(groups, call);
   if (!why.empty()) set_rejected(sig, why);
+  HierarchicalCall with_kernels = call;
+  with_kernels.kernels = kernels_;
   return run(sig, name.empty() ? "hierarchical_compressed_allreduce" : name,
-             [&] { hvdc::hierarchical_compressed_allreduce(groups, call); });
+             [&] { hvdc::hierarchical_compressed_allreduce(groups, with_kernels); });
 }
 
 CommStats Runtime::sparse_allreduce(const TensorView& buffer, const TensorView& error,

@@ -23,16 +23,13 @@ namespace {
 // Elements per tile: the uniforms of one tile live in a 4 KiB stack buffer, in L1 while used.
 constexpr int64_t kTile = 1024;
 
-bool use_avx2() {
+// AVX2 where the CPU has it, unless the caller's choice (the runtime's configuration,
+// hvdc/kernel_isa.h) asks for the portable code.
+bool use_avx2(KernelChoice choice) {
 #if HVDC_STOCHASTIC_AVX2
-  static const bool avx2 = [] {
-    const char* want = std::getenv("HVDC_ONEBIT_KERNELS");
-    if (want != nullptr && std::strcmp(want, "scalar") == 0) return false;
-    __builtin_cpu_init();
-    return static_cast<bool>(__builtin_cpu_supports("avx2"));
-  }();
-  return avx2;
+  return use_avx2_kernels(choice);
 #else
+  (void)choice;
   return false;
 #endif
 }
@@ -159,9 +156,10 @@ HVDC_AVX2_ONLY void unpack_avx2(const uint8_t* bits, float* out, int64_t n8) {
 // Runs `body(i0, len, uniforms)` over [0, n_real) in tiles; the AVX2 bodies need whole bytes, so
 // the last partial byte goes to `tail` (scalar).
 template <typename Vector, typename Scalar>
-void tiles(int64_t n_real, const UniformSource& u, Vector vector, Scalar scalar) {
+void tiles(int64_t n_real, const UniformSource& u, KernelChoice choice, Vector vector,
+           Scalar scalar) {
   alignas(32) float tile[kTile];
-  const bool avx2 = use_avx2();
+  const bool avx2 = use_avx2(choice);
   for (int64_t i0 = 0; i0 < n_real; i0 += kTile) {
     const int64_t len = std::min(kTile, n_real - i0);
     const float* uni = uniforms_of(u, i0, len, tile);
@@ -174,12 +172,13 @@ void tiles(int64_t n_real, const UniformSource& u, Vector vector, Scalar scalar)
 }  // namespace
 
 void stochastic_quantize(const float* x, float* error, const BirderMoments* moments,
-                         int64_t n_real, int64_t n_padded, const UniformSource& u, uint8_t* bits) {
+                         int64_t n_real, int64_t n_padded, const UniformSource& u, uint8_t* bits,
+                         KernelChoice choice) {
   // Bytes that the scalar path ORs into, and the padding, start at 0 (the AVX2 path writes whole
   // bytes, which it also clears).
   std::memset(bits, 0, static_cast<size_t>(n_padded / 8));
   tiles(
-      n_real, u,
+      n_real, u, choice,
       [&](int64_t i0, int64_t len, const float* uni) {
 #if HVDC_STOCHASTIC_AVX2
         worker_avx2(x, error, moments, i0, len, uni, bits);
@@ -194,10 +193,10 @@ void stochastic_quantize(const float* x, float* error, const BirderMoments* mome
 
 void stochastic_server_quantize(const uint8_t* const* bits, int nranks, float* error,
                                 int64_t n_real, int64_t n_padded, const UniformSource& u,
-                                uint8_t* out_bits) {
+                                uint8_t* out_bits, KernelChoice choice) {
   std::memset(out_bits, 0, static_cast<size_t>(n_padded / 8));
   tiles(
-      n_real, u,
+      n_real, u, choice,
       [&](int64_t i0, int64_t len, const float* uni) {
 #if HVDC_STOCHASTIC_AVX2
         server_avx2(bits, nranks, error, i0, len, uni, out_bits);
@@ -210,10 +209,10 @@ void stochastic_server_quantize(const uint8_t* const* bits, int nranks, float* e
       });
 }
 
-void sign_unpack(const uint8_t* bits, float* out, int64_t n) {
+void sign_unpack(const uint8_t* bits, float* out, int64_t n, KernelChoice choice) {
   int64_t i = 0;
 #if HVDC_STOCHASTIC_AVX2
-  if (use_avx2()) {
+  if (use_avx2(choice)) {
     i = n / 8 * 8;
     unpack_avx2(bits, out, i);
   }
@@ -231,6 +230,6 @@ int64_t first_nonfinite_f32(const float* x, int64_t n) {
   return -1;
 }
 
-const char* stochastic_kernel_isa() { return use_avx2() ? "avx2" : "scalar"; }
+const char* stochastic_kernel_isa() { return use_avx2(KernelChoice::kAuto) ? "avx2" : "scalar"; }
 
 }  // namespace hvdc

@@ -29,6 +29,9 @@ class Config:
     adasum_hierarchical: bool = False
     #: ``HVDC_LOCAL_SIZE``: blocks of this many consecutive ranks form a node; 0: the shared-memory node.
     local_size: int = 0
+    #: ``HVDC_ONEBIT_KERNELS=scalar``: the core's element-wise kernels (1-bit, stochastic) run the portable code
+    #: instead of AVX2 ("" or "auto": AVX2 where the CPU has it).
+    scalar_kernels: bool = False
     #: Why a setting is invalid on this rank ("" if none): ``init()`` then raises on every rank.
     invalid: str = ""
 
@@ -52,7 +55,10 @@ class Config:
                 problems.append(f"HVDC_LOCAL_SIZE={raw} is not a positive number of ranks")
                 local_size = 0
         hierarchical = env.get("HVDC_ADASUM_HIERARCHICAL", "0").strip() not in ("", "0")
-        return cls(timeout_s, hierarchical, local_size, "; ".join(problems))
+        kernels = env.get("HVDC_ONEBIT_KERNELS", "").strip()
+        if kernels not in ("", "auto", "scalar"):
+            problems.append(f"HVDC_ONEBIT_KERNELS={kernels} is not 'auto' or 'scalar'")
+        return cls(timeout_s, hierarchical, local_size, kernels == "scalar", "; ".join(problems))
 
 
 @dataclasses.dataclass
@@ -108,7 +114,8 @@ def init(comm: Any = None, expected_size: int | None = None, expected_rank: int 
     config = Config.from_env()
     # Collective: agrees on the settings (a bad one on any rank raises UsageError on every rank) and
     # builds the node topology once.
-    core = _core.Runtime(MPI._handleof(world), config.timeout_s, config.local_size, config.invalid)
+    core = _core.Runtime(MPI._handleof(world), config.timeout_s, config.local_size, config.invalid,
+                         config.scalar_kernels)
     _session = _Session(core, world, config)
 
 
@@ -175,3 +182,8 @@ def comm_stats(reset: bool = True) -> dict[str, int]:
     if reset:
         rt.reset_stats()
     return stats
+
+
+def kernel_isa() -> str:
+    """What the core's element-wise kernels run in this process: "avx2" or "scalar" (``HVDC_ONEBIT_KERNELS``)."""
+    return "scalar" if get().scalar_kernels else _core.onebit_kernel_isa()

@@ -11,8 +11,8 @@ import torch
 from common import DTYPES, rank_input, save
 
 import hvd_compress.torch as hc
-from hvd_compress import _core
 from hvd_compress.ops import comm_stats
+from hvd_compress.ops.runtime import kernel_isa
 from hvd_compress.torch.onebit import OneBitState, compressed_allreduce
 
 hc.init()
@@ -57,4 +57,4 @@ compressed_allreduce(x, state, name="bytes")
 stats = comm_stats(reset=True)
 
 save(r, {"results": results, "converge": converge, "final_errors": final_errors, "stats": stats,
-         "size": hc.size(), "isa": _core.onebit_kernel_isa()})
+         "size": hc.size(), "isa": kernel_isa()})

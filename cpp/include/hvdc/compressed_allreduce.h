@@ -26,6 +26,7 @@
 #include <string>
 
 #include "hvdc/communicator.h"
+#include "hvdc/kernel_isa.h"
 #include "hvdc/tensor.h"
 
 namespace hvdc {
@@ -52,6 +53,7 @@ struct OneBitCall {
   size_t block = 0;   // bytes of one wire block: float32 scale + C / 8 bytes of bits
   std::unique_ptr<uint8_t[]> send;  // block j: [worker scale of chunk j][bits of chunk j]
   bool prepared = false;
+  KernelChoice kernels = KernelChoice::kAuto;  // set before onebit_prepare (the runtime's setting)
 };
 
 // The checks of onebit_check_input and, if they pass, phase 1's first pass into `call`. Returns
@@ -70,6 +72,7 @@ void compressed_allreduce_prepared(Communicator& comm, OneBitCall& call);
 // call it with the same numel and dtype (the caller agrees on a signature first) and with input
 // that passes onebit_check_input (throws UsageError otherwise, before communicating).
 void compressed_allreduce(Communicator& comm, const TensorView& buffer,
-                          const TensorView& worker_error, const TensorView& server_error);
+                          const TensorView& worker_error, const TensorView& server_error,
+                          KernelChoice kernels = KernelChoice::kAuto);
 
 }  // namespace hvdc

@@ -32,6 +32,7 @@
 
 #include "hvdc/comm_stats.h"
 #include "hvdc/communicator.h"
+#include "hvdc/kernel_isa.h"
 #include "hvdc/stochastic_kernels.h"
 #include "hvdc/tensor.h"
 
@@ -68,6 +69,7 @@ struct HierarchicalCall {
   bool has_moments = false;                // Birder "grad" mode: m, b of c1 entries each
   TensorView m, b;
   float beta = 0.95f, one_minus_beta = 0.05f, eps = 1e-8f;
+  KernelChoice kernels = KernelChoice::kAuto;  // the runtime's setting (hvdc/kernel_isa.h)
 };
 
 // Why this rank cannot run `call` on `groups` ("" if it can): dtypes (float32), devices, the sizes

@@ -26,8 +26,9 @@
 // only in a tie 29 bits below its last place (the tests allow one float32 ulp there).
 //
 // Implementation: every kernel has a portable scalar version and an AVX2 (+F16C, FMA) version
-// chosen at run time (__builtin_cpu_supports; HVDC_ONEBIT_KERNELS=scalar in the environment
-// forces the portable one); both produce identical bytes (onebit_kernels_self_check, in
+// chosen at run time (__builtin_cpu_supports; the caller's KernelChoice, the runtime's
+// HVDC_ONEBIT_KERNELS read at init, can force the portable one); both produce identical bytes
+// (onebit_kernels_self_check, in
 // hvdc/onebit_kernel_bench.h).
 // The worker and server steps are two passes over a chunk, because the scale needs the whole sum
 // of squares before any error can be written: pass 1 (`*_signs`) reads only and writes the bits,
@@ -39,13 +40,15 @@
 #include <cstdint>
 
 #include "hvdc/dtype.h"
+#include "hvdc/kernel_isa.h"
 
 namespace hvdc {
 
 // Index of the first real element whose compensated value float(x[i]) + error[i] is NaN or
 // +/-Inf, or -1 if all are finite. Checked before any error buffer is touched, so that a bad
 // input is rejected with the state unchanged instead of spreading NaN into the error feedback.
-int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error, int64_t n);
+int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error, int64_t n,
+    KernelChoice choice = KernelChoice::kAuto);
 
 // Worker step (003 Alg. 1 line 7) on one chunk: c = x + error; bits = sign(c); returns
 // scale = ||c|| / sqrt(n_real); error = c - scale * sign(c). `x` has `n_real` elements of `dtype`
@@ -53,19 +56,22 @@ int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error, i
 // (n_padded >= n_real, a multiple of 8). n_real == 0 gives scale 0 and all-zero bits.
 // Equals onebit_compress_signs, onebit_scale, onebit_compress_error in sequence.
 float onebit_compress(const void* x, DType dtype, float* error, int64_t n_real, int64_t n_padded,
-                      uint8_t* bits);
+                      uint8_t* bits,
+    KernelChoice choice = KernelChoice::kAuto);
 
 // Pass 1 of onebit_compress, reading only: writes the n_padded / 8 bytes of bits and returns the
 // double sum of squares of c = x + error over the n_real real elements. The sum is +inf or NaN if
 // and only if some c is (then nothing else should be done with this chunk).
 double onebit_compress_signs(const void* x, DType dtype, const float* error, int64_t n_real,
-                             int64_t n_padded, uint8_t* bits);
+                             int64_t n_padded, uint8_t* bits,
+    KernelChoice choice = KernelChoice::kAuto);
 
 // float(sqrt(sumsq / n_real)), and 0 for n_real == 0.
 float onebit_scale(double sumsq, int64_t n_real);
 
 // Pass 2 of onebit_compress: error = c - (c >= 0 ? scale : -scale), c = float(x) + error.
-void onebit_compress_error(const void* x, DType dtype, float* error, int64_t n_real, float scale);
+void onebit_compress_error(const void* x, DType dtype, float* error, int64_t n_real, float scale,
+    KernelChoice choice = KernelChoice::kAuto);
 
 // onebit_compress_error(x, dtype, error, n_real, scale) followed by
 // onebit_decompress(result_bits, result_scale, x, dtype, n_real), in one pass over x: each x[i]
@@ -73,16 +79,19 @@ void onebit_compress_error(const void* x, DType dtype, float* error, int64_t n_r
 // the allgather, on each chunk of its buffer.
 void onebit_compress_error_decompress(void* x, DType dtype, float* error, int64_t n_real,
                                       float scale, const uint8_t* result_bits,
-                                      float result_scale);
+                                      float result_scale,
+    KernelChoice choice = KernelChoice::kAuto);
 
 // acc[i] += bit_i ? scale : -scale for i < n_real (one received chunk, float32 accumulation).
-void onebit_accumulate(const uint8_t* bits, float scale, float* acc, int64_t n_real);
+void onebit_accumulate(const uint8_t* bits, float scale, float* acc, int64_t n_real,
+    KernelChoice choice = KernelChoice::kAuto);
 
 // Server step (003 Alg. 1 line 10) on the chunk this rank serves: c = acc / nranks + error;
 // bits = sign(c); returns scale = ||c|| / sqrt(n_real); error = c - scale * sign(c).
 // `acc` holds the float32 sum over ranks of the decompressed chunks (onebit_accumulate).
 float onebit_server_compress(const float* acc, int nranks, float* error, int64_t n_real,
-                             int64_t n_padded, uint8_t* bits);
+                             int64_t n_padded, uint8_t* bits,
+    KernelChoice choice = KernelChoice::kAuto);
 
 // The server step fused with the accumulation, as the collective runs it (no float32 sum buffer):
 // c = (0.0f + (+/-scales[0]) + ... + (+/-scales[nranks-1])) / nranks + error, the signs of rank r
@@ -90,10 +99,12 @@ float onebit_server_compress(const float* acc, int nranks, float* error, int64_t
 // onebit_accumulate over r = 0..nranks-1 into a zeroed buffer followed by onebit_server_compress.
 float onebit_server_reduce_compress(const uint8_t* const* bits, const float* scales, int nranks,
                                     float* error, int64_t n_real, int64_t n_padded,
-                                    uint8_t* out_bits);
+                                    uint8_t* out_bits,
+    KernelChoice choice = KernelChoice::kAuto);
 
 // out[i] = round_to_dtype(bit_i ? scale : -scale) for i < n_real (the result, 003 Alg. 1 line 13).
-void onebit_decompress(const uint8_t* bits, float scale, void* out, DType dtype, int64_t n_real);
+void onebit_decompress(const uint8_t* bits, float scale, void* out, DType dtype, int64_t n_real,
+    KernelChoice choice = KernelChoice::kAuto);
 
 // Which implementation the kernels above run in this process: "avx2" or "scalar".
 const char* onebit_kernel_isa();

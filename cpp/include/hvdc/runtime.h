@@ -14,6 +14,7 @@
 
 #include "hvdc/adasum.h"
 #include "hvdc/comm_stats.h"
+#include "hvdc/kernel_isa.h"
 #include "hvdc/masks.h"
 #include "hvdc/hierarchical_allreduce.h"
 #include "hvdc/mpi_communicator.h"
@@ -31,6 +32,8 @@ struct RuntimeConfig {
   // HVDC_LOCAL_SIZE=k: consecutive blocks of k ranks form a node (emulates nodes on one machine);
   // 0 means the MPI shared-memory node.
   int local_size = 0;
+  // HVDC_ONEBIT_KERNELS=scalar: the element-wise kernels of every call run the portable code.
+  KernelChoice kernels = KernelChoice::kAuto;
   // Non-empty when this rank's settings are invalid (why): the constructor then raises on every
   // rank, instead of this rank alone leaving the others waiting in the start-up exchange.
   std::string invalid;
@@ -46,6 +49,7 @@ class Runtime {
   int rank() const { return world_->rank(); }
   int size() const { return world_->size(); }
   double timeout() const { return timeout_s_; }
+  KernelChoice kernels() const { return kernels_; }
   // Ranks in this rank's node (the topology built at start-up).
   int node_size() const { return hierarchical_plan_->node().size(); }
   void set_timeout(double s) { timeout_s_ = s; }
@@ -124,6 +128,7 @@ class Runtime {
   std::mutex mu_;
   std::unique_ptr<MpiCommunicator> world_;
   double timeout_s_;
+  KernelChoice kernels_;
   bool broken_ = false;  // set after a timeout: a pending request makes the communicator unusable
   // Built at start-up (collectively: every rank is in the constructor) and kept, so the per-level
   // group communicators and the node groups are split once. Declared after world_: destroyed

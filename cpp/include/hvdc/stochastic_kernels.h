@@ -23,13 +23,14 @@
 // Philox generator (hvdc/philox.h) as uniform (key, offset + i) for element i: `offset` is the
 // element's index in the whole (padded) buffer, so the draws do not depend on how it is sharded.
 //
-// Implementation: a portable scalar version and an AVX2 version chosen once at run time
-// (HVDC_ONEBIT_KERNELS=scalar forces the portable one, as for the 1-bit kernels); both give the same
+// Implementation: a portable scalar version and an AVX2 version chosen at run time (the caller's
+// KernelChoice, hvdc/kernel_isa.h, can force the portable one, as for the 1-bit kernels); both give the same
 // bits and errors. The uniforms are generated a tile at a time into a stack buffer (Philox's AVX2
 // fill) and consumed at once, so they never travel through memory.
 #pragma once
 #include <cstdint>
 
+#include "hvdc/kernel_isa.h"
 #include "hvdc/philox.h"
 
 namespace hvdc {
@@ -55,16 +56,18 @@ struct BirderMoments {
 // error, with x the gradient a); bits = Q(y); error = y - Q(y). `x` and `error` have n_real
 // float32s, `bits` n_padded / 8 bytes (n_padded >= n_real, a multiple of 8).
 void stochastic_quantize(const float* x, float* error, const BirderMoments* moments,
-                         int64_t n_real, int64_t n_padded, const UniformSource& u, uint8_t* bits);
+                         int64_t n_real, int64_t n_padded, const UniformSource& u, uint8_t* bits,
+                         KernelChoice choice = KernelChoice::kAuto);
 
 // Server pass on the piece this rank serves: s = (sum over r < nranks of +/-1 from bits[r]) /
 // nranks + error; out_bits = Q(s); error = s - Q(s). n_real real elements, n_padded / 8 bytes out.
 void stochastic_server_quantize(const uint8_t* const* bits, int nranks, float* error,
                                 int64_t n_real, int64_t n_padded, const UniformSource& u,
-                                uint8_t* out_bits);
+                                uint8_t* out_bits, KernelChoice choice = KernelChoice::kAuto);
 
 // out[i] = bit_i ? +1.0f : -1.0f for i < n.
-void sign_unpack(const uint8_t* bits, float* out, int64_t n);
+void sign_unpack(const uint8_t* bits, float* out, int64_t n,
+                 KernelChoice choice = KernelChoice::kAuto);
 
 // Index of the first NaN/Inf among x[0..n), or -1.
 int64_t first_nonfinite_f32(const float* x, int64_t n);

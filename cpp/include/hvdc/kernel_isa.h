@@ -1,0 +1,34 @@
+// Which implementation the element-wise kernels (1-bit, stochastic) run. The choice is part of the
+// runtime's configuration: Python reads HVDC_ONEBIT_KERNELS once, at init(), the Runtime keeps it
+// and hands it to every call it runs (OneBitCall, HierarchicalCall); nothing reads the environment
+// per call. Calls made outside a Runtime (C++ tests, the kernel benchmark) pass kAuto or choose.
+#pragma once
+#include <cstdint>
+
+namespace hvdc {
+
+enum class KernelChoice : int32_t {
+  kAuto = 0,    // AVX2 (+F16C, FMA) where the CPU has them, else the portable code
+  kScalar = 1,  // the portable code (HVDC_ONEBIT_KERNELS=scalar: tests run whole collectives on it)
+};
+
+// Whether this CPU runs the AVX2 kernels (avx2, f16c and fma); detected once per process.
+inline bool cpu_has_avx2_kernels() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+           __builtin_cpu_supports("fma");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+// Whether `choice` runs the AVX2 kernels on this CPU.
+inline bool use_avx2_kernels(KernelChoice choice) {
+  return choice == KernelChoice::kAuto && cpu_has_avx2_kernels();
+}
+
+}  // namespace hvdc
