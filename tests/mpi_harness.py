@@ -7,6 +7,7 @@ job fails the calling test with the job's output, it never hangs the test run.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -86,6 +87,17 @@ def load_ranks(out_dir: Path, n: int) -> list[dict[str, Any]]:
         path = out_dir / f"rank{r}.pt"
         assert path.exists(), f"rank {r} of {n} wrote no result"
         results.append(torch.load(path, weights_only=False))
+    return results
+
+
+def load_pickled_ranks(out_dir: Path, n: int) -> list[dict[str, Any]]:
+    """What each rank of a TensorFlow/Keras worker pickled (``rank{r}.pkl``: no torch in a TF process)."""
+    results = []
+    for r in range(n):
+        path = out_dir / f"rank{r}.pkl"
+        assert path.exists(), f"rank {r} of {n} wrote no result"
+        with open(path, "rb") as f:
+            results.append(pickle.load(f))
     return results
 
 

@@ -1,10 +1,12 @@
-"""Horovod's entry points accept hvd_compress's ops (and Horovod's own ops stay Horovod's); switchable off."""
+"""Horovod's entry points accept hvd_compress's ops (and Horovod's own ops stay Horovod's); switchable off. The torch
+entries, then the Keras one (horovod.tensorflow.keras / horovod.keras DistributedOptimizer; TF costs seconds per
+process to import, so one launch checks the routing and the call switch, one the environment switch)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import load_pickled_ranks, load_ranks, mpirun
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -27,3 +29,32 @@ def test_environment_switch_leaves_horovod_untouched(out_dir) -> None:
     mpirun("horovod_entry.py", 2, out_dir, "off", env={"HVDC_HOROVOD_ENTRY": "0"}, timeout=240)
     for r, rk in enumerate(load_ranks(out_dir, 2)):
         assert rk["off"].startswith("TypeError") and "freeze_step" in rk["off"], f"rank {r}: {rk['off']}"
+
+
+def test_keras_distributed_optimizer_routes_our_ops_to_hck(out_dir) -> None:
+    pytest.importorskip("tensorflow")
+    mpirun("horovod_entry_keras.py", 2, out_dir, "on", timeout=300)
+    ranks = load_pickled_ranks(out_dir, 2)
+    for r, rk in enumerate(ranks):
+        for op in ("adasum", "onebit"):
+            assert rk[f"{op}_type"] == "hck", f"rank {r}: op={op} did not return hck's wrapper: {rk[f'{op}_type']}"
+            hashes, moved = rk[op]
+            assert moved and len(hashes) == 3, f"rank {r}: op={op}: model.fit did not train 3 steps"
+            assert hashes == ranks[0][op][0], f"op={op}: rank {r} parameters differ from rank 0 during model.fit"
+        assert rk["onebit_compressed"], f"rank {r}: 1-bit Adam never reached its compressed stage"
+        assert rk["onebit"] == rk["onebit_hck"], f"rank {r}: hvd.DistributedOptimizer(op=OneBitAdam) != hck's"
+        assert rk["legacy"] == "hck", f"rank {r}: horovod.keras was not routed: {rk['legacy']}"
+        for key in ("hvd_plain", "hvd_average", "hc_average"):
+            assert rk[key].startswith("horovod."), f"rank {r}: {key} is not Horovod's own optimizer: {rk[key]}"
+        assert rk["hvd_adasum"].startswith("raised ValueError"), f"rank {r}: Horovod's Adasum changed: {rk}"
+        assert rk["refused"].startswith("TypeError") and "gradient_predivide_factor" in rk["refused"], rk["refused"]
+        for key in ("switched_off", "switched_off_legacy"):  # hck.horovod_entry(False): Horovod refuses Adasum
+            assert rk[key].startswith("raised ValueError"), f"rank {r}: {key}: {rk[key]}"
+
+
+def test_keras_environment_switch_leaves_horovod_untouched(out_dir) -> None:
+    pytest.importorskip("tensorflow")
+    mpirun("horovod_entry_keras.py", 2, out_dir, "off", env={"HVDC_HOROVOD_ENTRY": "0"}, timeout=300)
+    for r, rk in enumerate(load_pickled_ranks(out_dir, 2)):
+        assert rk["env_off"].startswith("raised ValueError"), f"rank {r}: routed despite HVDC_HOROVOD_ENTRY=0: {rk}"
+        assert rk["switched_on"] and rk["after_switch_on"] == "hck", f"rank {r}: hck.horovod_entry(True): {rk}"

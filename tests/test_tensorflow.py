@@ -4,29 +4,17 @@ checks many things; three launches in all."""
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from mpi_harness import USAGE, mpirun
+from mpi_harness import USAGE, load_pickled_ranks, mpirun
 
 from hvd_compress.reference import adasum as ref_adasum
 from hvd_compress.reference import onebit as ref_onebit
 from hvd_compress.reference.allreduce import allreduce as ref_allreduce
 
 pytest.importorskip("tensorflow")
-
-
-def _load(out_dir: Path, n: int) -> list[dict[str, Any]]:
-    results = []
-    for r in range(n):
-        path = out_dir / f"rank{r}.pkl"
-        assert path.exists(), f"rank {r} of {n} wrote no result"
-        with open(path, "rb") as f:
-            results.append(pickle.load(f))
-    return results
 
 
 def _inputs(n: int, numel: int, seed: int, dtype: str = "float32") -> list[np.ndarray]:
@@ -45,7 +33,7 @@ def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def test_tf_ops_match_reference_eager_and_in_tf_function(out_dir: Path) -> None:
     n = 3
     mpirun("tf_ops.py", n, out_dir, timeout=300)
-    ranks = _load(out_dir, n)
+    ranks = load_pickled_ranks(out_dir, n)
     for r, got in enumerate(ranks):
         for dtype in ("float16", "float32", "float64"):
             xs = _inputs(n, 37, 1, dtype)
@@ -99,7 +87,7 @@ PARITY_ULPS = {"Average/sgd": 1, "Sum/sgd": 64, "Adasum/sgd": 8, "OneBitAdam/ada
 def test_torch_and_keras_faces_give_the_same_parameters(out_dir: Path) -> None:
     n = 3
     mpirun("tf_parity.py", n, out_dir, "8", "3", timeout=420)
-    ranks = _load(out_dir, n)
+    ranks = load_pickled_ranks(out_dir, n)
     for name, bound in PARITY_ULPS.items():
         runs = ranks[0]["traces"][name]
         torch_t, keras_t = np.stack(runs["torch"]), np.stack(runs["keras"])
@@ -116,7 +104,7 @@ def test_torch_and_keras_faces_give_the_same_parameters(out_dir: Path) -> None:
 def test_keras_fit_every_op_identical_ranks_and_exact_resume(n: int, out_dir: Path) -> None:
     ops = ["Average", "Sum", "Adasum", "OneBitAdam", "OneBitLamb"]
     mpirun("keras_fit.py", n, out_dir, ",".join(ops), timeout=600)
-    ranks = _load(out_dir, n)
+    ranks = load_pickled_ranks(out_dir, n)
     for op in ops:
         runs = [rk[op] for rk in ranks]
         for epoch in range(len(runs[0]["hashes"])):

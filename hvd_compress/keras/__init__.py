@@ -6,6 +6,7 @@
 """
 
 from hvd_compress.keras import callbacks
+from hvd_compress.keras.horovod_entry import horovod_entry, install_from_environment
 from hvd_compress.keras.optimizer import DistributedOptimizer
 from hvd_compress.tensorflow import (
     SLAMB,
@@ -38,7 +39,10 @@ __all__ = [
     "allreduce",
     "broadcast_variables",
     "callbacks",
+    "horovod_entry",
     "init",
     "rank",
     "size",
 ]
+
+install_from_environment()

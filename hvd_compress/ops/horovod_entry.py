@@ -1,0 +1,99 @@
+"""Horovod's own entry points accept hvd_compress's ops: the routing that the faces share.
+
+A face (``hvd_compress.torch``, ``hvd_compress.keras``) registers, at its import, which functions of which Horovod
+module it takes over and what runs instead (``register``). A call is routed to hvd_compress when its ``op`` is one
+of hvd_compress's own constants (an ``ReduceOp`` member) other than the dense ones (``Average``, ``Sum``, ``Min``,
+``Max``, ``Product``): ``Adasum`` and the optimizer algorithms. Horovod's constants (plain ints, including
+``hvd.Adasum``), the dense ops and calls without ``op`` run Horovod's own function, unchanged.
+
+One switch for the process: ``HVDC_HOROVOD_ENTRY=0`` in the environment leaves Horovod untouched, and
+``horovod_entry(False)`` / ``horovod_entry(True)`` (``hc.horovod_entry``, ``hck.horovod_entry``) restores or
+re-installs every registered face's routing; a face imported after ``horovod_entry(False)`` stays off.
+No framework is imported here: the faces name their modules and functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import Any
+
+from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
+
+#: What a face takes over: (Horovod's module, {function name: our function}), and optionally how to turn the
+#: arguments Horovod's function was given (by its parameter names) into our function's keyword arguments.
+Target = tuple[ModuleType, dict[str, Callable[..., Any]]]
+Adapt = Callable[[inspect.Signature, dict[str, Any]], dict[str, Any]]
+
+_faces: dict[str, tuple[Callable[[], Iterable[Target]], Adapt | None]] = {}
+_installed: dict[tuple[str, str], tuple[ModuleType, Any]] = {}  # (module, function) -> (module, Horovod's own)
+_switched: bool | None = None  # set by horovod_entry(); None: follow HVDC_HOROVOD_ENTRY
+
+
+def ours(op: Any) -> bool:
+    """Whether ``op`` is routed to hvd_compress: an hvd_compress constant that is not a dense reduction."""
+    return isinstance(op, ReduceOp) and op not in DENSE_OPS
+
+
+def route(original: Any, our_fn: Callable[..., Any], adapt: Adapt | None = None) -> Any:
+    """``original`` (Horovod's function) with calls whose ``op`` is ours sent to ``our_fn`` instead."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        # Horovod's parameters by name (its positional order differs from ours); the rest are our options
+        # (freeze_step=...), which Horovod's own function would refuse.
+        known = {k: v for k, v in kwargs.items() if k in signature.parameters}
+        given = signature.bind_partial(*args, **known).arguments
+        if not ours(given.get("op")):
+            return original(*args, **kwargs)
+        if adapt is not None:
+            given = adapt(signature, dict(given))
+        return our_fn(**given, **{k: v for k, v in kwargs.items() if k not in known})
+
+    entry.__hvdc_original__ = original  # type: ignore[attr-defined]
+    return entry
+
+
+def _enabled() -> bool:
+    if _switched is not None:
+        return _switched
+    return os.environ.get("HVDC_HOROVOD_ENTRY", "1").strip() != "0"
+
+
+def _install(face: str) -> None:
+    targets, adapt = _faces[face]
+    for module, functions in targets():
+        for name, our_fn in functions.items():
+            key = (module.__name__, name)
+            if key not in _installed:
+                original = getattr(module, name)
+                _installed[key] = (module, original)
+                setattr(module, name, route(original, our_fn, adapt))
+
+
+def horovod_entry(enabled: bool = True) -> bool:
+    """Route Horovod's entry points for hvd_compress's ops (``enabled``), or restore Horovod's own, for every
+    face imported so far and the ones imported later. Returns whether a routing is now in place (False where
+    Horovod is not installed)."""
+    global _switched
+    _switched = bool(enabled)
+    if not enabled:
+        for (_, name), (module, original) in _installed.items():
+            setattr(module, name, original)
+        _installed.clear()
+        return False
+    for face in _faces:
+        _install(face)
+    return bool(_installed)
+
+
+def register(face: str, targets: Callable[[], Iterable[Target]], adapt: Adapt | None = None) -> None:
+    """At a face's import: remember what it routes (``targets()`` yields nothing where Horovod is absent), and
+    install it unless the routing is switched off (``HVDC_HOROVOD_ENTRY=0`` or ``horovod_entry(False)``)."""
+    _faces[face] = (targets, adapt)
+    if _enabled():
+        _install(face)
