@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "hvdc/binding_views.h"
 #include "hvdc/birder_bindings.h"
 #include "hvdc/errors.h"
 #include "hvdc/masked_bindings.h"
@@ -269,7 +270,7 @@ NB_MODULE(_core, m) {
       .def("reset_stats", &Runtime::reset_stats);
   hvdc::register_onebit(m);
   hvdc::register_random(m);
-  hvdc::register_masked(m, +[](nb::handle t, const std::string& what) { return view_of(t, what); });
+  hvdc::register_masked(m);
   hvdc::register_birder(m);
   hvdc::register_sparse(m);
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <string>
 
+#include "hvdc/binding_views.h"
 #include "hvdc/errors.h"
 #include "hvdc/hierarchical_allreduce.h"
 #include "hvdc/runtime.h"
@@ -23,27 +24,14 @@ namespace {
 using F32 = nb::ndarray<float, nb::c_contig, nb::device::cpu>;
 using U8 = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-// A float32 view of `obj` (None: an empty view); UsageError naming `what` otherwise.
+// A float32 view of `obj` (None: an empty view), through the one DLPack translator; UsageError naming
+// `what` otherwise.
 TensorView f32_view(nb::handle obj, const char* what) {
-  TensorView v;
-  if (obj.is_none()) return v;
-  F32 a;
-  if (!nb::try_cast(obj, a))
-    throw UsageError(std::string("hierarchical_compressed_allreduce: ") + what +
-                     " must be a contiguous float32 CPU tensor");
-  v.data = a.data();
-  v.numel = static_cast<int64_t>(a.size());
-  v.dtype = DType::kFloat32;
-  for (size_t d = 0; d < a.ndim(); ++d) v.shape.push_back(static_cast<int64_t>(a.shape(d)));
+  if (obj.is_none()) return TensorView{};
+  const std::string where = std::string("hierarchical_compressed_allreduce: ") + what;
+  TensorView v = binding_view_of(obj, where);
+  if (v.dtype != DType::kFloat32) throw UsageError(where + " must be a contiguous float32 CPU tensor");
   return v;
-}
-
-nb::dict as_dict(const CommStats& s) {
-  nb::dict d;
-  d["bytes_sent"] = s.bytes_sent;
-  d["bytes_received"] = s.bytes_received;
-  d["calls"] = s.calls;
-  return d;
 }
 
 }  // namespace
@@ -93,7 +81,7 @@ void register_birder(nb::module_& m) {
               nb::gil_scoped_release nogil;
               moved = rt.hierarchical_compressed_allreduce(call, hierarchical, name);
             }
-            return as_dict(moved);
+            return binding_stats(moved);
           },
           nb::scope(runtime), nb::name("hierarchical_compressed_allreduce"), nb::is_method(),
           nb::arg("tensor"), nb::arg("worker_error"), nb::arg("server_error"), nb::arg("payload") = 1,

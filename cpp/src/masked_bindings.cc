@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "hvdc/binding_views.h"
 #include "hvdc/errors.h"
 #include "hvdc/masks.h"
 #include "hvdc/runtime.h"
@@ -33,14 +34,9 @@ MaskSpec spec_of(int64_t numel, double ratio, uint64_t seed, int64_t step, int k
   return s;
 }
 
-// A flat CPU view of a contiguous array of 2-, 4- or 8-byte elements (the kernels move bytes).
-TensorView raw_view(ViewOf view_of, nb::handle obj, const char* what) {
-  return view_of(obj, what);
-}
-
 }  // namespace
 
-void register_masked(nb::module_& m, ViewOf view_of) {
+void register_masked(nb::module_& m) {
   m.def(
       "random_mask",
       [](BoolFlat out, double ratio, uint64_t seed, int64_t step, int kind,
@@ -67,9 +63,9 @@ void register_masked(nb::module_& m, ViewOf view_of) {
       "The permutation pi of the cyclic masks of (numel, seed), as a list (for tests).");
   m.def(
       "mask_gather",
-      [view_of](nb::handle src, BoolFlat mask, nb::handle dst) {
-        const TensorView s = raw_view(view_of, src, "mask_gather: src");
-        const TensorView d = raw_view(view_of, dst, "mask_gather: dst");
+      [](nb::handle src, BoolFlat mask, nb::handle dst) {
+        const TensorView s = binding_view_of(src, "mask_gather: src");
+        const TensorView d = binding_view_of(dst, "mask_gather: dst");
         const auto* mk = reinterpret_cast<const uint8_t*>(mask.data());
         if (static_cast<int64_t>(mask.shape(0)) != s.numel || s.dtype != d.dtype)
           throw UsageError("mask_gather: mask and src sizes or src and dst dtypes differ");
@@ -81,9 +77,9 @@ void register_masked(nb::module_& m, ViewOf view_of) {
       "dst[:count] = src[mask] (index order); returns count.");
   m.def(
       "mask_scatter",
-      [view_of](nb::handle compact, BoolFlat mask, nb::handle dst) {
-        const TensorView c = raw_view(view_of, compact, "mask_scatter: compact");
-        const TensorView d = raw_view(view_of, dst, "mask_scatter: dst");
+      [](nb::handle compact, BoolFlat mask, nb::handle dst) {
+        const TensorView c = binding_view_of(compact, "mask_scatter: compact");
+        const TensorView d = binding_view_of(dst, "mask_scatter: dst");
         const auto* mk = reinterpret_cast<const uint8_t*>(mask.data());
         if (static_cast<int64_t>(mask.shape(0)) != d.numel || c.dtype != d.dtype)
           throw UsageError("mask_scatter: mask and dst sizes or compact and dst dtypes differ");
@@ -96,12 +92,12 @@ void register_masked(nb::module_& m, ViewOf view_of) {
 
   nb::handle runtime = nb::type<Runtime>();
   nb::cpp_function_def(
-      [view_of](Runtime& rt, nb::handle tensor, double ratio, uint64_t seed, int64_t step,
+      [](Runtime& rt, nb::handle tensor, double ratio, uint64_t seed, int64_t step,
                 int kind, std::vector<int64_t> always, std::optional<BoolFlat> mask_out,
                 bool check_finite, const std::string& name) {
         TensorView v;
         try {
-          v = view_of(tensor, "masked_allreduce");
+          v = binding_view_of(tensor, "masked_allreduce");
           if (mask_out && static_cast<int64_t>(mask_out->shape(0)) != v.numel)
             throw UsageError("masked_allreduce: mask_out has " + std::to_string(mask_out->shape(0)) +
                              " elements, the tensor " + std::to_string(v.numel));

@@ -17,10 +17,11 @@ import torch
 from hvd_compress.algorithms import birder as alg
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.traffic import CommMeter
+from hvd_compress.torch.algorithm_mixin import AlgorithmMixin
 from hvd_compress.torch.backend import BACKEND
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients, views_into
-from hvd_compress.torch.wrapping import STATE_KEY, SynchronizeProtocol, check_named_parameters, hook_gradients
+from hvd_compress.torch.wrapping import STATE_KEY, check_named_parameters, hook_gradients
 
 
 class Birder(torch.optim.Optimizer):
@@ -95,7 +96,7 @@ def _segments(param_groups: list[dict[str, Any]], hierarchical: bool) -> tuple[l
     return segments, grads
 
 
-class BirderMixin(SynchronizeProtocol):
+class BirderMixin(AlgorithmMixin):
     """Methods added to a wrapped ``hc.Birder`` for ``op=hc.Birder`` (paper 004 Alg. 1, 1-bit both ways).
 
     ``synchronize()`` only gathers this rank's gradient into ``.grad`` (nothing is averaged densely): clipping
@@ -115,55 +116,15 @@ class BirderMixin(SynchronizeProtocol):
         self._hvdc_passes = PassCounter(trainable, backward_passes_per_step)
         hook_gradients(trainable, self._hvdc_count_pass)
 
-    def _hvdc_count_pass(self, p: torch.Tensor) -> None:
-        self._hvdc_passes.add(p)
-        self._hvdc_synchronized = False
-
-    @torch.no_grad()
-    def synchronize(self) -> None:
-        """End the gradient phase: gather the gradients into the fused buffers (nothing is averaged)."""
-        ensure_init()
-        for fused in self._hvdc_grads:
-            fused.gather()
-        self._hvdc_passes.reset()
-        self._hvdc_mark_synchronized()
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._hvdc_synchronize_for_step()
-        self._hvdc_alg.step(self.param_groups)
-        self._hvdc_step_done()
-        return loss
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the fused gradient buffers in place (gradients stay views, never None)."""
-        del set_to_none  # views must survive for the fused reduction
-        for fused in self._hvdc_grads:
-            fused.zero_()
-        self._hvdc_passes.reset()
-        self._hvdc_step_done()
-
-    def comm_stats(self) -> dict[str, int]:
-        """Bytes this rank sent and received for this optimizer since the last call."""
-        return self._hvdc_meter.take()
-
     @property
     def birder_step(self) -> int:
         """Steps taken (with the seed, the RNG position)."""
         return self._hvdc_alg.t
 
-    def state_dict(self) -> dict[str, Any]:
-        out = super(self.__class__, self).state_dict()
-        out[STATE_KEY] = self._hvdc_alg.state_dict()
-        return out
-
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a ``state_dict()`` of the same algorithm, world, node size and model; anything else raises
-        ``ValueError`` with the state untouched."""
+        """Restore a ``state_dict()`` of the same algorithm, world, node size and model; anything else (a plain
+        checkpoint included: Birder's errors and moments cannot start afresh mid-run) raises ``ValueError``
+        with the state untouched."""
         state_dict = dict(state_dict)
         ours = state_dict.pop(STATE_KEY, None)
         if not hasattr(self, "_hvdc_alg"):  # rewrap() loading the wrapped optimizer's state

@@ -6,7 +6,7 @@ from types import ModuleType
 from typing import Any
 
 from hvd_compress import ops
-from hvd_compress.ops.errors import LaunchError
+from hvd_compress.ops import launch
 
 
 def horovod() -> ModuleType | None:
@@ -27,26 +27,12 @@ def init(comm: Any = None) -> None:
     After ``hvd.init()`` this is implicit (the first collective calls it); where Horovod is absent
     call it yourself. ``comm`` is an mpi4py communicator (default: the world).
     """
-    hvd = horovod()
-    if hvd is None:
-        ops.init(comm)
-        return
-    if not hvd.mpi_enabled():
-        raise LaunchError(
-            "Horovod is running on Gloo, but hvd_compress needs MPI: launch with "
-            "`horovodrun --mpi ...` or `mpirun ...`"
-        )
-    ops.init(comm, expected_size=hvd.size(), expected_rank=hvd.rank())
+    launch.init_with(horovod(), comm)
 
 
 def ensure_init() -> None:
     """Initialize from Horovod on first use; fail clearly if neither hvd.init() nor hc.init() ran."""
-    if ops.is_initialized():
-        return
-    if horovod() is not None:
-        init()
-        return
-    ops.runtime.get()  # raises NotInitializedError with the fix in its message
+    launch.ensure_init_with(horovod)
 
 
 def rank() -> int:

@@ -20,13 +20,11 @@ from hvd_compress.algorithms import OneBitAlgorithm
 from hvd_compress.algorithms.onebit import Segment
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.traffic import CommMeter
-from hvd_compress.torch.context import ensure_init
+from hvd_compress.torch.algorithm_mixin import AlgorithmMixin
 from hvd_compress.torch.fused import FusedGradients, flat_with_views, views_into
 from hvd_compress.torch.lamb import Lamb
 from hvd_compress.torch.onebit import OneBitState
 from hvd_compress.torch.wrapping import (
-    STATE_KEY,
-    SynchronizeProtocol,
     check_named_parameters,
     hook_gradients,
 )
@@ -80,7 +78,7 @@ def _segments(param_groups: list[dict[str, Any]], fresh: bool) -> tuple[list[Seg
     return segments, grads
 
 
-class OneBitMixin(SynchronizeProtocol):
+class OneBitMixin(AlgorithmMixin):
     """Methods added to the wrapped optimizer's class for a 1-bit algorithm (``OneBitAdam``, ``OneBitLamb``).
 
     ``synchronize()`` ends the gradient phase of the coming step. In warm-up it averages the gradients
@@ -110,10 +108,6 @@ class OneBitMixin(SynchronizeProtocol):
         self._hvdc_passes = PassCounter(trainable, backward_passes_per_step)
         hook_gradients(trainable, self._hvdc_count_pass)
 
-    def _hvdc_count_pass(self, p: torch.Tensor) -> None:
-        self._hvdc_passes.add(p)
-        self._hvdc_synchronized = False
-
     def _hvdc_bind_state(self) -> None:
         """Make every parameter's state tensors views of the segment buffers, keeping their values."""
         for seg in self._hvdc_alg.segments:
@@ -138,69 +132,11 @@ class OneBitMixin(SynchronizeProtocol):
         """True once the steps use the 1-bit compressed allreduce (after ``freeze_step`` steps)."""
         return self._hvdc_alg.compression_started
 
-    @torch.no_grad()
-    def synchronize(self) -> None:
-        """End the gradient phase: warm-up averages the gradients densely, compression gathers them."""
-        ensure_init()
-        for fused in self._hvdc_grads:
-            fused.gather()
-        self._hvdc_alg.synchronize()
-        self._hvdc_passes.reset()
-        self._hvdc_mark_synchronized()
+    def _hvdc_end_gradient_phase(self) -> None:
+        self._hvdc_alg.synchronize()  # warm-up: the dense average of the gathered gradients
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._hvdc_synchronize_for_step()
-        t = self._hvdc_alg.step(self.param_groups)
-        for seg in self._hvdc_alg.segments:
-            for p in seg.params:
-                self.state[p]["step"].fill_(float(t))
-        self._hvdc_step_done()
-        return loss
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the fused gradient buffers in place (gradients stay views, never None); the count of
-        backward passes starts again (also after a step that raised)."""
-        del set_to_none  # views must survive for the fused reduction
-        for fused in self._hvdc_grads:
-            fused.zero_()
-        self._hvdc_passes.reset()
-        self._hvdc_step_done()
-
-    def comm_stats(self) -> dict[str, int]:
-        """Bytes this rank sent and received for this optimizer since the last call."""
-        return self._hvdc_meter.take()
-
-    def state_dict(self) -> dict[str, Any]:
-        out = super(self.__class__, self).state_dict()
-        out[STATE_KEY] = self._hvdc_alg.state_dict()
-        return out
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a ``state_dict()``. One without the compression section (a plain torch checkpoint) is
-        accepted with the error feedback starting from zero (for 1-bit LAMB only while in warm-up)."""
-        state_dict = dict(state_dict)
-        ours = state_dict.pop(STATE_KEY, None)
-        if not hasattr(self, "_hvdc_alg"):  # rewrap() loading the wrapped optimizer's state
-            return super(self.__class__, self).load_state_dict(state_dict)
-        t = 0
-        if ours is not None:
-            self._hvdc_alg.check_state_dict(ours)
-        else:
-            t = self._hvdc_plain_step(state_dict)
-        super(self.__class__, self).load_state_dict(state_dict)
-        self._hvdc_alg.load_state_dict(ours, t)
-        self._hvdc_bind_state()
-
-    def _hvdc_plain_step(self, state_dict: dict[str, Any]) -> int:
-        steps = [float(s["step"]) for s in state_dict.get("state", {}).values() if "step" in s]
-        t = int(max(steps)) if steps else 0
-        self._hvdc_alg.check_plain_step(t, STATE_KEY)
-        return t
+    def _hvdc_after_step(self, t: int) -> None:
+        self._hvdc_fill_step([p for seg in self._hvdc_alg.segments for p in seg.params], t)
 
 
 def check_adam(optimizer: torch.optim.Optimizer) -> None:

@@ -20,11 +20,12 @@ from hvd_compress import ops
 from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.traffic import CommMeter
+from hvd_compress.torch.algorithm_mixin import AlgorithmMixin
 from hvd_compress.torch.backend import BACKEND
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients, views_into
 from hvd_compress.torch.lamb import Lamb
-from hvd_compress.torch.wrapping import STATE_KEY, SynchronizeProtocol, check_named_parameters, hook_gradients
+from hvd_compress.torch.wrapping import check_named_parameters, hook_gradients
 
 
 def _buffers(param_groups: list[dict[str, Any]]) -> tuple[SlambBuffers, FusedGradients]:
@@ -58,7 +59,7 @@ def _buffers(param_groups: list[dict[str, Any]]) -> tuple[SlambBuffers, FusedGra
     return buffers, fused
 
 
-class SlambMixin(SynchronizeProtocol):
+class SlambMixin(AlgorithmMixin):
     """Methods added to the wrapped ``hc.Lamb``'s class for ``op=hc.SLAMB``.
 
     ``synchronize()`` ends the gradient phase: SLAMB never averages a gradient (the masked momentum travels in
@@ -73,17 +74,14 @@ class SlambMixin(SynchronizeProtocol):
         ensure_init()
         params = [p for g in self.param_groups for p in g["params"]]
         check_named_parameters(params, named_parameters)
-        buffers, self._hvdc_grads = _buffers(self.param_groups)
+        buffers, fused = _buffers(self.param_groups)
+        self._hvdc_grads = [fused]
         self._hvdc_meter = CommMeter()
         self._hvdc_alg = Slamb(options, BACKEND, buffers, ops.size(), self._hvdc_meter)
         self._hvdc_alg.t = self._hvdc_plain_step(super(self.__class__, self).state_dict())
         self._hvdc_bind_state()
         self._hvdc_passes = PassCounter(buffers.params, backward_passes_per_step)
         hook_gradients(buffers.params, self._hvdc_count_pass)
-
-    def _hvdc_count_pass(self, p: torch.Tensor) -> None:
-        self._hvdc_passes.add(p)
-        self._hvdc_synchronized = False
 
     def _hvdc_bind_state(self) -> None:
         """Make every parameter's m and v views of the flat buffers, keeping their values."""
@@ -98,69 +96,14 @@ class SlambMixin(SynchronizeProtocol):
             self.state[p]["step"] = torch.tensor(float(self._hvdc_alg.t), dtype=torch.float32)
 
     @torch.no_grad()
-    def synchronize(self) -> None:
-        """End the gradient phase: gather this rank's gradients (SLAMB sends none)."""
-        ensure_init()
-        self._hvdc_grads.gather()
-        self._hvdc_passes.reset()
-        self._hvdc_mark_synchronized()
-
-    @torch.no_grad()
     def synchronize_parameters(self) -> None:
         """Average the parameters over all ranks now (one dense allreduce): at the end of training and before
         evaluating or saving, where the last step was not a multiple of ``sync_interval``."""
         ensure_init()
         self._hvdc_alg.synchronize_parameters()
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._hvdc_synchronize_for_step()
-        t = self._hvdc_alg.step(self.param_groups)
-        for p in self._hvdc_alg.buf.params:
-            self.state[p]["step"].fill_(float(t))
-        self._hvdc_step_done()
-        return loss
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the fused gradient buffer in place (gradients stay views, never None)."""
-        del set_to_none  # views must survive
-        self._hvdc_grads.zero_()
-        self._hvdc_passes.reset()
-        self._hvdc_step_done()
-
-    def comm_stats(self) -> dict[str, int]:
-        """Bytes this rank sent and received for this optimizer since the last call."""
-        return self._hvdc_meter.take()
-
-    def state_dict(self) -> dict[str, Any]:
-        out = super(self.__class__, self).state_dict()
-        out[STATE_KEY] = self._hvdc_alg.state_dict()
-        return out
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a ``state_dict()``; one without the SLAMB section (a plain ``hc.Lamb`` checkpoint) starts the
-        freshness at 1. A checkpoint of another algorithm, world size, model size, seed or mask raises
-        ValueError with nothing changed."""
-        state_dict = dict(state_dict)
-        ours = state_dict.pop(STATE_KEY, None)
-        if not hasattr(self, "_hvdc_alg"):  # rewrap() loading the wrapped optimizer's state
-            return super(self.__class__, self).load_state_dict(state_dict)
-        t = 0
-        if ours is not None:
-            self._hvdc_alg.check_state_dict(ours)
-        else:
-            t = self._hvdc_plain_step(state_dict)
-        super(self.__class__, self).load_state_dict(state_dict)
-        self._hvdc_alg.load_state_dict(ours, t)
-        self._hvdc_bind_state()
-
-    def _hvdc_plain_step(self, state_dict: dict[str, Any]) -> int:
-        steps = [float(s["step"]) for s in state_dict.get("state", {}).values() if "step" in s]
-        return int(max(steps)) if steps else 0
+    def _hvdc_after_step(self, t: int) -> None:
+        self._hvdc_fill_step(self._hvdc_alg.buf.params, t)
 
 
 def check_lamb(optimizer: torch.optim.Optimizer) -> None:
