@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvd_compress import ops
+from hvd_compress.algorithms.agreement import nonfinite_everywhere
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
-from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.traffic import CommMeter
 
@@ -163,12 +163,7 @@ class BirderAlgorithm:
         return t
 
     def agree_finite(self) -> None:
-        # The core checks each call on every rank, but a later segment's rejection would come after an
-        # earlier one's state changed: one flag allreduce first keeps a rejected step free of side effects.
-        local = sum(int(self.xp.any_nonfinite(seg.update)) for seg in self.segments)
-        flag = self.xp.add_(self.xp.float32_like(1, self.segments[0].update), float(local))
-        self.meter.run(ops.allreduce_, flag, op=ReduceOp.Sum, name=f"{self.name}.finite")
-        bad = int(self.xp.max(flag))
+        bad = nonfinite_everywhere(self.xp, [seg.update for seg in self.segments], self.meter, self.name)
         if bad > 0:
             raise UsageError(
                 f"{self.name}: non-finite gradient at step {self.t + 1} on {bad} segment(s) over all ranks; "

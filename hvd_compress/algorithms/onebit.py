@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvd_compress import ops
+from hvd_compress.algorithms.agreement import nonfinite_everywhere
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.constants import ReduceOp
@@ -213,12 +214,7 @@ class OneBitAlgorithm:
                 )
 
     def agree_finite(self) -> None:
-        # With several segments the core's per-call check could reject a later one after an earlier one
-        # updated its error feedback; one tiny allreduce first keeps a rejected step free of side effects.
-        local = sum(int(self.xp.any_nonfinite(seg.work)) for seg in self.segments)
-        flag = self.xp.add_(self.xp.float32_like(1, self.segments[0].work), float(local))
-        self.meter.run(ops.allreduce_, flag, op=ReduceOp.Sum, name=f"{self.name}.finite")
-        bad = int(self.xp.max(flag))
+        bad = nonfinite_everywhere(self.xp, [seg.work for seg in self.segments], self.meter, self.name)
         if bad > 0:
             raise UsageError(
                 f"{self.name}: non-finite local momentum at step {self.t + 1} on {bad} segment(s) over all "

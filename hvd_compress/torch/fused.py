@@ -7,7 +7,7 @@ from outside, a user assignment), the next ``gather()`` copies it back in and re
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -18,6 +18,20 @@ def views_into(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Ten
     for p in params:
         views.append(flat[offset : offset + p.numel()].view_as(p))
         offset += p.numel()
+    return views
+
+
+def cached_views(params: list[torch.Tensor]) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+    """``views(flat)``: ``views_into(flat, params)``, made once per buffer (an algorithm's buffers live as long
+    as it does, and their views are needed several times every step)."""
+    cache: dict[int, list[torch.Tensor]] = {}
+
+    def views(flat: torch.Tensor) -> list[torch.Tensor]:
+        key = flat.data_ptr()
+        if key not in cache:
+            cache[key] = views_into(flat, params)
+        return cache[key]
+
     return views
 
 

@@ -21,7 +21,7 @@ from hvd_compress.algorithms.onebit import Segment
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.algorithm_mixin import AlgorithmMixin
-from hvd_compress.torch.fused import FusedGradients, flat_with_views, views_into
+from hvd_compress.torch.fused import FusedGradients, cached_views, flat_with_views
 from hvd_compress.torch.lamb import Lamb
 from hvd_compress.torch.onebit import OneBitState
 from hvd_compress.torch.wrapping import (
@@ -30,20 +30,6 @@ from hvd_compress.torch.wrapping import (
 )
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _segment_views(params: list[torch.nn.Parameter]) -> Any:
-    """``views(flat)`` for a segment: made once per buffer (the buffers live as long as the segment, and
-    the views are needed several times every step)."""
-    cache: dict[int, list[torch.Tensor]] = {}
-
-    def views(flat: torch.Tensor) -> list[torch.Tensor]:
-        key = flat.data_ptr()
-        if key not in cache:
-            cache[key] = views_into(flat, params)
-        return cache[key]
-
-    return views
 
 
 def _segments(param_groups: list[dict[str, Any]], fresh: bool) -> tuple[list[Segment], list[FusedGradients]]:
@@ -71,7 +57,7 @@ def _segments(param_groups: list[dict[str, Any]], fresh: bool) -> tuple[list[Seg
                     work=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
                     scratch=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
                     onebit=OneBitState(numel, torch.float32, device=exp_avg.device),
-                    views=_segment_views(params),
+                    views=cached_views(params),
                 )
             )
             grads.append(fused)

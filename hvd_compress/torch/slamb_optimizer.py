@@ -23,7 +23,7 @@ from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.algorithm_mixin import AlgorithmMixin
 from hvd_compress.torch.backend import BACKEND
 from hvd_compress.torch.context import ensure_init
-from hvd_compress.torch.fused import FusedGradients, views_into
+from hvd_compress.torch.fused import FusedGradients, cached_views
 from hvd_compress.torch.lamb import Lamb
 from hvd_compress.torch.wrapping import check_named_parameters, hook_gradients
 
@@ -39,13 +39,7 @@ def _buffers(param_groups: list[dict[str, Any]]) -> tuple[SlambBuffers, FusedGra
                 group_of.append(gi)
     fused = FusedGradients(params)
     numel = sum(p.numel() for p in params)
-    cache: dict[int, list[torch.Tensor]] = {}
-
-    def views(flat: torch.Tensor) -> list[torch.Tensor]:
-        key = flat.data_ptr()
-        if key not in cache:
-            cache[key] = views_into(flat, params)
-        return cache[key]
+    views = cached_views(params)
 
     def zeros(dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.zeros(numel, dtype=dtype)
