@@ -28,6 +28,7 @@ from typing import Any
 
 from hvd_compress import ops
 from hvd_compress.algorithms.agreement import nonfinite_everywhere
+from hvd_compress.algorithms.options import build_options
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.errors import UsageError
@@ -77,13 +78,7 @@ class BirderOptions:
 
 def parse_options(given: dict[str, Any]) -> BirderOptions:
     """``BirderOptions`` from ``DistributedOptimizer``'s keyword options, with clear errors."""
-    names = [f.name for f in dataclasses.fields(BirderOptions)]
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        raise TypeError(f"op=Birder got unknown options {unknown}; it takes {', '.join(names)}")
-    options = BirderOptions(**given)
-    options.validate("Birder")
-    return options
+    return build_options(BirderOptions, "Birder", given)
 
 
 @dataclasses.dataclass

@@ -48,6 +48,7 @@ from typing import Any
 
 from hvd_compress import ops
 from hvd_compress.algorithms.agreement import nonfinite_everywhere
+from hvd_compress.algorithms.options import build_options
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.constants import ReduceOp
@@ -84,13 +85,7 @@ def parse_options(options_cls: type, op_name: str, given: dict[str, Any]) -> Any
     """``options_cls`` built from ``DistributedOptimizer``'s keyword options, with clear errors."""
     if "freeze_step" not in given:
         raise TypeError(f"op={op_name} needs freeze_step=<number of dense warm-up steps>")
-    names = [f.name for f in dataclasses.fields(options_cls)]
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        raise TypeError(f"op={op_name} got unknown options {unknown}; it takes {', '.join(names)}")
-    options = options_cls(**given)
-    options.validate(op_name)
-    return options
+    return build_options(options_cls, op_name, given)
 
 
 @dataclasses.dataclass

@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvd_compress import ops
+from hvd_compress.algorithms.options import build_options
 from hvd_compress.ops import masks as mask_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.constants import ReduceOp
@@ -96,13 +97,7 @@ class SlambOptions:
 
 def parse_options(given: dict[str, Any]) -> SlambOptions:
     """``SlambOptions`` from ``DistributedOptimizer``'s keyword options, with clear errors."""
-    names = [f.name for f in dataclasses.fields(SlambOptions)]
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        raise TypeError(f"op=SLAMB got unknown options {unknown}; it takes {', '.join(names)}")
-    options = SlambOptions(**given)
-    options.validate()
-    return options
+    return build_options(SlambOptions, "SLAMB", given)
 
 
 def ratio(a: float, b: float) -> float:
