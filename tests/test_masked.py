@@ -68,3 +68,20 @@ def test_masked_allreduce_matches_reference_on_every_rank(n: int, numel: int, ra
         assert "seed=1235" in bad["seed"] and "t=2" in bad["step"], bad
         assert bad["ratio"].startswith("ValueError") and bad["kind"].startswith("ValueError"), bad
         assert torch.allclose(rk["after"], torch.full((10,), (n - 1) / 2))
+
+
+@pytest.mark.parametrize("numel", [0, 7, 1024, 1031, 70_001])
+def test_masked_norms_kernel_equals_numpy(numel: int) -> None:
+    """The core's one-pass masked norms (SLAMB's phi_max / phi_min) against NumPy's float64 norms of x[M], x[~M]."""
+    from hvd_compress.ops import masks as mask_ops
+
+    rng = np.random.default_rng(numel)
+    x = rng.standard_normal(numel).astype(np.float32) * rng.uniform(0.1, 10, numel).astype(np.float32)
+    mask = rng.random(numel) < 0.1
+    got_in, got_out, count = mask_ops.masked_norms(torch.from_numpy(x), torch.from_numpy(mask))
+    xd = x.astype(np.float64)
+    assert count == int(mask.sum())
+    np.testing.assert_allclose(got_in, np.linalg.norm(xd[mask]), rtol=1e-6)
+    np.testing.assert_allclose(got_out, np.linalg.norm(xd[~mask]), rtol=1e-6)
+    with pytest.raises(hc.UsageError, match="float32"):
+        mask_ops.masked_norms(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(mask))

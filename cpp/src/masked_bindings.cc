@@ -89,6 +89,23 @@ void register_masked(nb::module_& m) {
       },
       nb::arg("compact"), nb::arg("mask"), nb::arg("dst"),
       "dst[mask] = compact[:count] (index order), the rest of dst unchanged; returns count.");
+  m.def(
+      "mask_sum_squares",
+      [](nb::handle x, BoolFlat mask) {
+        const TensorView v = binding_view_of(x, "mask_sum_squares: x");
+        if (v.dtype != DType::kFloat32) throw UsageError("mask_sum_squares: x must be float32");
+        if (static_cast<int64_t>(mask.shape(0)) != v.numel)
+          throw UsageError("mask_sum_squares: mask and x sizes differ");
+        MaskedSumSquares r;
+        {
+          nb::gil_scoped_release nogil;
+          r = mask_sum_squares(static_cast<const float*>(v.data),
+                               reinterpret_cast<const uint8_t*>(mask.data()), v.numel);
+        }
+        return nb::make_tuple(r.selected, r.unselected, r.count);
+      },
+      nb::arg("x"), nb::arg("mask"),
+      "(sum of x[mask]**2, sum of x[~mask]**2, count of mask) for float32 x, in one pass.");
 
   nb::handle runtime = nb::type<Runtime>();
   nb::cpp_function_def(

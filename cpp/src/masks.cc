@@ -246,4 +246,39 @@ int64_t mask_scatter(const void* compact, const uint8_t* mask, int64_t n, size_t
   }
 }
 
+MaskedSumSquares mask_sum_squares(const float* x, const uint8_t* mask, int64_t n) {
+  // Blocks short enough that a float lane's rounding stays far below the double total's; fixed-width
+  // lanes so that the compiler vectorizes the select-and-add without reassociating (no fast-math).
+  constexpr int kLanes = 8;
+  constexpr int64_t kSpan = 1024;
+  MaskedSumSquares r;
+  int64_t i = 0;
+  for (; i + kSpan <= n; i += kSpan) {
+    float in[kLanes] = {}, out[kLanes] = {};
+    for (int64_t b = 0; b < kSpan; b += kLanes) {
+      for (int l = 0; l < kLanes; ++l) {
+        const float v = x[i + b + l] * x[i + b + l];
+        const float m = static_cast<float>(mask[i + b + l]);
+        in[l] += m * v;
+        out[l] += v - m * v;
+      }
+    }
+    for (int l = 0; l < kLanes; ++l) {
+      r.selected += in[l];
+      r.unselected += out[l];
+    }
+    r.count += mask_count(mask + i, kSpan);
+  }
+  for (; i < n; ++i) {
+    const double v = static_cast<double>(x[i]) * x[i];
+    if (mask[i]) {
+      r.selected += v;
+      ++r.count;
+    } else {
+      r.unselected += v;
+    }
+  }
+  return r;
+}
+
 }  // namespace hvdc

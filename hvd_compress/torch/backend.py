@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
+from hvd_compress.ops import masks as mask_ops
+
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -159,6 +161,8 @@ class TorchBackend:
 
     @staticmethod
     def masked_norms(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, int]:
+        if x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous():
+            return mask_ops.masked_norms(x, mask.reshape(-1))
         selected = int(mask.sum())
         if selected == mask.numel():
             return float(x.norm()), 0.0, selected

@@ -62,4 +62,14 @@ int64_t mask_gather(const void* src, const uint8_t* mask, int64_t n, size_t elem
 // others are left as they are. Returns count.
 int64_t mask_scatter(const void* compact, const uint8_t* mask, int64_t n, size_t elem, void* dst);
 
+// Sums of squares of the selected and of the unselected elements of x[0, n), and the selected count,
+// in one pass (SLAMB's per-layer phi_max / phi_min norms, spec step 8, without building x[M] and
+// x[~M]). Accumulated per block in float lanes, then in double.
+struct MaskedSumSquares {
+  double selected = 0.0;
+  double unselected = 0.0;
+  int64_t count = 0;
+};
+MaskedSumSquares mask_sum_squares(const float* x, const uint8_t* mask, int64_t n);
+
 }  // namespace hvdc
