@@ -1,4 +1,5 @@
-"""Keras 3 callbacks: ``BroadcastGlobalVariablesCallback`` and ``MetricAverageCallback``, as Horovod's."""
+"""Keras 3 callbacks: ``BroadcastGlobalVariablesCallback`` and ``MetricAverageCallback``, as Horovod's, and
+``SynchronizeParametersCallback`` for SLAMB (its parameters are averaged only every ``sync_interval`` steps)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ import numpy as np
 from hvd_compress import ops
 from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.functions import broadcast_variables
+
+
+def _distributed(optimizer: Any) -> Any:
+    """The optimizer inside wrappers such as ``LossScaleOptimizer`` that has hvd_compress's methods, or None."""
+    while optimizer is not None and not hasattr(optimizer, "per_rank_variables"):
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return optimizer
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -31,9 +39,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         variables = list(model.variables)
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None:
+            distributed = _distributed(optimizer)
             if not optimizer.built:
                 optimizer.build(model.trainable_variables)
-            own = {id(v) for v in getattr(optimizer, "per_rank_variables", [])}  # per-rank error feedback stays
+            own = {id(v) for v in getattr(distributed, "per_rank_variables", [])}  # per-rank error feedback stays
             variables += [v for v in optimizer.variables if id(v) not in own]
         broadcast_variables(variables, root_rank=self.root_rank, name="BroadcastGlobalVariablesCallback")
         self.broadcast_done = True
@@ -53,3 +62,27 @@ class MetricAverageCallback(keras.callbacks.Callback):
             ops.allreduce_(values, op=ops.Average, name="MetricAverageCallback")
             for k, v in zip(keys, values, strict=True):
                 logs[k] = float(v)
+
+
+class SynchronizeParametersCallback(keras.callbacks.Callback):
+    """Calls ``model.optimizer.synchronize_parameters()`` (SLAMB: one dense average of the parameters) at the end
+    of training, and at the end of every epoch with ``every_epoch=True`` (so evaluation, checkpoints and other
+    callbacks see the same parameters on every rank). Put it before callbacks that read the parameters. Other
+    ops: nothing to do."""
+
+    def __init__(self, every_epoch: bool = False) -> None:
+        super().__init__()
+        self.every_epoch = every_epoch
+
+    def _sync(self) -> None:
+        optimizer = _distributed(getattr(self.model, "optimizer", None))
+        if optimizer is not None:
+            optimizer.synchronize_parameters()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.every_epoch:
+            self._sync()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if not self.every_epoch:
+            self._sync()
