@@ -144,3 +144,22 @@ def test_keras_mixed_float16_overflow_on_one_rank_skips_the_step_on_every_rank(o
             assert run["scale"] == 2.0**14, f"{op}: rank {r} loss scale {run['scale']}, want one halving of 2**15"
     for r, rk in enumerate(ranks):
         assert rk["plain"].startswith("ValueError") and "hck.LossScaleOptimizer" in rk["plain"], (r, rk["plain"])
+
+
+def test_tf_keras_fit_average_and_onebit_adam_identical_ranks_and_checkpoint_resume(out_dir: Path) -> None:
+    n = 2
+    mpirun("keras_legacy.py", n, out_dir, timeout=300, env={"TF_USE_LEGACY_KERAS": "1"})
+    ranks = load_pickled_ranks(out_dir, n)
+    for op in ("Average", "OneBitAdam"):
+        runs = [rk[op] for rk in ranks]
+        for epoch in range(len(runs[0]["hashes"])):
+            assert len({run["hashes"][epoch] for run in runs}) == 1, f"{op}: ranks differ after epoch {epoch + 1}"
+        for r, run in enumerate(runs):
+            assert run["type"] == "hvd_compress.keras.legacy", run["type"]
+            assert run["restored"] == run["hashes"][2:], f"{op}: rank {r} did not resume exactly from a tf.Checkpoint"
+            assert run["iterations"] == 4 * 64 // 16
+            assert run["lr"] == pytest.approx(run["want_lr"]) and run["lr"] < 0.02, f"{op}: LR schedule not honoured"
+            assert np.isfinite(run["loss"]).all() and run["loss"][-1] < run["loss"][0], f"{op}: {run['loss']}"
+    assert ranks[0]["OneBitAdam"]["compression_started"]
+    for r, rk in enumerate(ranks):
+        assert rk["bad_op"].startswith("NotImplementedError") and "Keras 3" in rk["bad_op"], (r, rk["bad_op"])

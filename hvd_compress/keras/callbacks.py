@@ -32,20 +32,23 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = False
 
     def on_train_begin(self, logs: Any = None) -> None:
-        if self.broadcast_done:
-            return
-        ensure_init()
-        model = self.model
-        variables = list(model.variables)
-        optimizer = getattr(model, "optimizer", None)
-        if optimizer is not None:
-            distributed = _distributed(optimizer)
-            if not optimizer.built:
-                optimizer.build(model.trainable_variables)
-            own = {id(v) for v in getattr(distributed, "per_rank_variables", [])}  # per-rank error feedback stays
-            variables += [v for v in optimizer.variables if id(v) not in own]
-        broadcast_variables(variables, root_rank=self.root_rank, name="BroadcastGlobalVariablesCallback")
-        self.broadcast_done = True
+        if not self.broadcast_done:
+            broadcast_model(self.model, self.root_rank)
+            self.broadcast_done = True
+
+
+def broadcast_model(model: Any, root_rank: int) -> None:
+    """Every rank takes ``root_rank``'s variables of ``model`` and of its optimizer (built first on the model's
+    trainable variables), except the optimizer's ``per_rank_variables``. Keras 3 and tf_keras models alike."""
+    ensure_init()
+    variables = list(model.variables)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        if not (getattr(optimizer, "built", False) or getattr(optimizer, "_built", False)):
+            optimizer.build(model.trainable_variables)
+        own = {id(v) for v in getattr(_distributed(optimizer), "per_rank_variables", [])}  # per-rank error feedback
+        variables += [v for v in optimizer.variables if id(v) not in own]
+    broadcast_variables(variables, root_rank=root_rank, name="BroadcastGlobalVariablesCallback")
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

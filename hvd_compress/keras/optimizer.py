@@ -31,7 +31,7 @@ from hvd_compress.algorithms.options import build_options
 from hvd_compress.keras.birder import Birder
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
-from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep, make_step
+from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep, apply_algorithm_step, make_step
 from hvd_compress.tensorflow.backend import aligned_copy
 from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.functions import dense, grouped_allreduce, numpy_call
@@ -66,7 +66,7 @@ def _check_inner(optimizer: Any) -> None:
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             f"hck.DistributedOptimizer wraps a Keras 3 optimizer, got {type(optimizer).__module__}."
-            f"{type(optimizer).__name__} (tf_keras optimizers: TF_USE_LEGACY_KERAS=1 is not supported yet)"
+            f"{type(optimizer).__name__}"
         )
 
 
@@ -110,6 +110,16 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     on the last. Not under XLA: compile with ``jit_compile=False``. Under mixed_float16 wrap it in
     ``hck.LossScaleOptimizer``.
     """
+
+    def __new__(cls, optimizer: Any = None, op: Any = ReduceOp.Average, backward_passes_per_step: int = 1,
+                name: str | None = None, **algorithm_options: Any) -> Any:
+        """A tf_keras optimizer (``TF_USE_LEGACY_KERAS=1``) gets ``hvd_compress.keras.legacy``'s wrapper."""
+        if optimizer is not None and type(optimizer).__module__.startswith("tf_keras"):
+            from hvd_compress.keras import legacy  # imports tf_keras: only for its optimizers
+
+            # Not an instance of cls, so Python does not run __init__ on it.
+            return legacy.DistributedOptimizer(optimizer, op, backward_passes_per_step, name, **algorithm_options)
+        return super().__new__(cls)
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, op: Any = ReduceOp.Average,
                  backward_passes_per_step: int = 1, name: str | None = None, **algorithm_options: Any) -> None:
@@ -333,28 +343,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if sorted(index[id(v)] for v in variables) != list(range(len(self._trainable_variables))):
             raise ValueError(f"op={self.op.name}: apply() must get every variable the optimizer was built with")
         by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
-        ordered = self._trainable_variables
-        # A variable without a gradient gets a zero gradient (decided by the program's structure, so alike on
-        # every rank): the fused segment always covers every variable, as the torch face's zeroed buffer does.
-        gs = [tf.zeros(v.shape, "float32") if by_var[id(v)] is None else tf.cast(dense(by_var[id(v)]), "float32")
-              for v in ordered]
-        lr = tf.cast(self.inner_optimizer.learning_rate, tf.float64)
-        hyper = tf.stack([lr, *(tf.cast(h, tf.float64) for h in self._hyper)])
-        names = list(self._runner.state_shapes())
-        state_in = [tf.convert_to_tensor(self._state[k]) for k in names]
-        params_in = [tf.convert_to_tensor(v) for v in ordered]
-        n_vars, flags, runner = len(ordered), dict(self._flags), self._runner
-
-        def run(hyper_a: np.ndarray, *arrays: np.ndarray) -> list[np.ndarray]:
-            g_a, p_a, s_a = arrays[:n_vars], arrays[n_vars: 2 * n_vars], arrays[2 * n_vars:]
-            return runner(flags, hyper_a, g_a, p_a, s_a)  # the algorithm's own CommMeter counts its calls
-
-        touts = [tf.float32] * n_vars + [tf.as_dtype(self._state[k].dtype) for k in names]
-        outs = numpy_call(run, [hyper, *gs, *params_in, *state_in], touts, f"{self.name}.{self._algorithm.name}")
-        for v, x in zip(ordered, outs[:n_vars], strict=True):
-            v.assign(tf.reshape(x, v.shape))
-        for k, x in zip(names, outs[n_vars:], strict=True):
-            self._state[k].assign(tf.reshape(x, self._state[k].shape))
+        hyper = [self.inner_optimizer.learning_rate, *self._hyper]
+        apply_algorithm_step(self._runner, self._state, self._trainable_variables, by_var, hyper, self._flags,
+                             f"{self.name}.{self._algorithm.name}")
         self.inner_optimizer.iterations.assign_add(1)
 
     # -- serialization -----------------------------------------------------------------------------------

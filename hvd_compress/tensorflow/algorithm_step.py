@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
 from hvd_compress.algorithms.birder import BirderAlgorithm, BirderOptions, BirderSegment
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, Segment
@@ -25,6 +26,7 @@ from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions
 from hvd_compress.ops import onebit as onebit_ops
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.backend import BACKEND, aligned_empty
+from hvd_compress.tensorflow.functions import dense, numpy_call
 
 StateShapes = dict[str, tuple[tuple[int, ...], str, str]]  # name -> (shape, dtype, Keras initializer)
 
@@ -236,3 +238,30 @@ def make_step(op_algorithm: type, options: Any, shapes: Sequence[tuple[int, ...]
     if issubclass(op_algorithm, BirderAlgorithm):
         return BirderStep(options, shapes, meter)
     raise NotImplementedError(f"{op_algorithm.__name__} has no TF step")
+
+
+def apply_algorithm_step(runner: FusedStep, state: dict[str, Any], variables: Sequence[Any], grads: dict[int, Any],
+                         hyper: Sequence[Any], flags: dict[str, Any], name: str) -> None:
+    """One step of ``runner`` over ``variables`` (every one it was built for, in order) as one stateful
+    ``tf.numpy_function``; ``grads`` maps ``id(variable)`` to its gradient (None: a zero gradient, decided by the
+    program's structure, so alike on every rank: the fused segment always covers every variable, as the torch
+    face's zeroed buffer does). ``hyper``: lr then the rule's other hyper-parameters, read at run time (schedules
+    act). ``state``: the optimizer's variables named as ``runner.state_shapes()``; assigned with the results."""
+    gs = [tf.zeros(v.shape, "float32") if grads[id(v)] is None else tf.cast(dense(grads[id(v)]), "float32")
+          for v in variables]
+    hyper_t = tf.stack([tf.cast(h, tf.float64) for h in hyper])
+    names = list(runner.state_shapes())
+    state_in = [tf.convert_to_tensor(state[k]) for k in names]
+    params_in = [tf.convert_to_tensor(v) for v in variables]
+    n_vars, flags = len(variables), dict(flags)
+
+    def run(hyper_a: np.ndarray, *arrays: np.ndarray) -> list[np.ndarray]:
+        g_a, p_a, s_a = arrays[:n_vars], arrays[n_vars: 2 * n_vars], arrays[2 * n_vars:]
+        return runner(flags, hyper_a, g_a, p_a, s_a)  # the algorithm's own CommMeter counts its calls
+
+    touts = [tf.float32] * n_vars + [tf.as_dtype(state[k].dtype) for k in names]
+    outs = numpy_call(run, [hyper_t, *gs, *params_in, *state_in], touts, name)
+    for v, x in zip(variables, outs[:n_vars], strict=True):
+        v.assign(tf.reshape(x, v.shape))
+    for k, x in zip(names, outs[n_vars:], strict=True):
+        state[k].assign(tf.reshape(x, state[k].shape))

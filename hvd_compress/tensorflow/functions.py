@@ -50,7 +50,7 @@ def _check_dtype(t: tf.Tensor, what: str) -> None:
         )
 
 
-def _check_graph(what: str) -> None:
+def check_not_xla(what: str) -> None:
     """XLA cannot run a ``tf.numpy_function``: say so at trace time (every rank traces alike), not as an XLA error."""
     if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
         raise ValueError(
@@ -107,7 +107,7 @@ def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None =
     ``IndexedSlices`` are densified. Differentiable: the gradient is the same reduction of the upstream
     gradients."""
     ensure_init()
-    _check_graph(name or "grouped_allreduce")
+    check_not_xla(name or "grouped_allreduce")
     op = _resolve_op(op)
     name = name or "grouped_allreduce"
     inputs = [dense(t) for t in tensors]
@@ -150,7 +150,7 @@ def broadcast_values(tensors: Sequence[Any], root_rank: int = 0, name: str | Non
     """New tensors holding root_rank's values of ``tensors`` (any dtype, copied as bytes), in one stateful call."""
     ensure_init()
     name = name or "broadcast"
-    _check_graph(name)
+    check_not_xla(name)
     inputs = [tf.convert_to_tensor(t) for t in tensors]
     if not inputs:
         return []
@@ -204,7 +204,7 @@ def compressed_allreduce(tensor: Any, state: OneBitState, name: str | None = Non
         raise TypeError(f"compressed_allreduce expects an hc.OneBitState, got {type(state).__name__}")
     t = dense(tensor)
     name = name or "compressed_allreduce"
-    _check_graph(name)
+    check_not_xla(name)
 
     def run(x: np.ndarray) -> np.ndarray:
         out = aligned_copy(np.asarray(x)).reshape(-1)
