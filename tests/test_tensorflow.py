@@ -11,6 +11,7 @@ import pytest
 from mpi_harness import USAGE, load_pickled_ranks, mpirun
 
 from hvd_compress.reference import adasum as ref_adasum
+from hvd_compress.reference import compression as ref_compression
 from hvd_compress.reference import onebit as ref_onebit
 from hvd_compress.reference.allreduce import allreduce as ref_allreduce
 
@@ -69,6 +70,28 @@ def test_tf_ops_match_reference_eager_and_in_tf_function(out_dir: Path) -> None:
             want_emb[2] += (q + 1) / n
         np.testing.assert_allclose(emb_grad, want_emb, rtol=1e-6)
         np.testing.assert_allclose(w_grad, np.array([2.0, 4.0]) * (n + 1) / 2, rtol=1e-6)
+        mins = np.min(_inputs(n, 11, 5), axis=0)
+        np.testing.assert_array_equal(got["Min/float32"], mins, err_msg=f"Min rank {r}")
+        ints = [(np.arange(6) * (q + 1) - 3 * q).astype(np.int32) for q in range(n)]
+        np.testing.assert_array_equal(got["Max/int32/graph"], np.max(ints, axis=0), err_msg=f"Max rank {r}")
+        want_prod = np.prod([np.arange(1, 4, dtype=np.int64) + q for q in range(n)], axis=0)
+        np.testing.assert_array_equal(got["Product/int64"], want_prod, err_msg=f"Product rank {r}")
+        gathered = np.concatenate([np.full((q + 1, 2), q, np.float32) + np.arange(2) for q in range(n)])
+        np.testing.assert_array_equal(got["allgather"], gathered, err_msg=f"allgather rank {r}")
+        np.testing.assert_array_equal(got["allgather/graph"], gathered, err_msg=f"allgather in tf.function rank {r}")
+        start = r * (r + 1) // 2
+        weights = np.arange(gathered.size, dtype=np.float32).reshape(gathered.shape)[start: start + r + 1]
+        np.testing.assert_allclose(got["allgather/grad"], weights * (n + 1) / 2, rtol=1e-6,
+                                   err_msg=f"allgather gradient rank {r}")
+        assert got["max_grad"].startswith("NotImplementedError"), got["max_grad"]
+        np.testing.assert_array_equal(got["fp16"], ref_compression.half_wire_allreduce(
+            _inputs(n, 40, 6), "float32", "fp16", "Average").astype(np.float32), err_msg=f"fp16 rank {r}")
+        errors = [np.zeros(40, np.float32) for _ in range(n)]
+        for k in range(2):
+            want, errors = ref_compression.sparse_allreduce(_inputs(n, 40, 20 + k), errors, "topk", "Average", 0.25,
+                                                            0, k, "float32")
+            np.testing.assert_array_equal(got["topk"][k], want.astype(np.float32), err_msg=f"top-k call {k} rank {r}")
+        np.testing.assert_array_equal(got["topk_error"], errors[r], err_msg=f"top-k error feedback rank {r}")
         assert got["bad_shape"].startswith("MismatchError"), (r, got["bad_shape"])
         assert got["bad_numel"].startswith("MismatchError"), (r, got["bad_numel"])
         assert got["bad_dtype"].startswith(USAGE) and "bfloat16" in got["bad_dtype"], got["bad_dtype"]
