@@ -187,3 +187,33 @@ def test_tf_keras_fit_average_and_onebit_adam_identical_ranks_and_checkpoint_res
     assert ranks[0]["OneBitAdam"]["compression_started"]
     for r, rk in enumerate(ranks):
         assert rk["bad_op"].startswith("NotImplementedError") and "Keras 3" in rk["bad_op"], (r, rk["bad_op"])
+
+
+def test_numpy_backend_slamb_and_birder_primitives_match_the_torch_backend() -> None:
+    """The primitives the Keras face's SLAMB and Birder steps added to the NumPy backend, against the torch
+    backend (the reference order) on the same float32 data: bit for bit, norms within one float32 ulp."""
+    import torch
+
+    from hvd_compress.tensorflow.backend import BACKEND as NP
+    from hvd_compress.torch.backend import BACKEND as TB
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(1000).astype(np.float32)
+    mask = rng.random(1000) < 0.3
+    for selected in (mask, np.zeros(1000, bool), np.ones(1000, bool)):
+        got, want = NP.masked_norms(x, selected), TB.masked_norms(torch.from_numpy(x), torch.from_numpy(selected))
+        assert got[2] == want[2]
+        for g, w in zip(got[:2], want[:2], strict=True):
+            assert int(_ulps(np.float32(g), np.float32(w))) <= 1, (selected.sum(), g, w)
+    pairs = [
+        (lambda xp, a, m: xp.abs(a, out=a), "abs"),
+        (lambda xp, a, m: xp.masked_fill_(a, m, 1.0), "masked_fill_"),
+        (lambda xp, a, m: xp.clamp_(a, -0.5, 0.25), "clamp_"),
+    ]
+    for fn, what in pairs:
+        a, t = x.copy(), torch.from_numpy(x.copy())
+        fn(NP, a, mask)
+        fn(TB, t, torch.from_numpy(mask))
+        np.testing.assert_array_equal(a, t.numpy(), err_msg=what)
+    flags = NP.bool_like(17, None)
+    assert flags.dtype == np.bool_ and flags.shape == (17,) and not flags.any() and flags.ctypes.data % 64 == 0

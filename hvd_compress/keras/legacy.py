@@ -82,7 +82,7 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
 
     @iterations.setter
     def iterations(self, variable: Any) -> None:
-        self._iterations = variable  # the base class's own counter (unused: the inner optimizer's counts)
+        self.inner_optimizer.iterations = variable
 
     @property
     def learning_rate(self) -> Any:
@@ -94,7 +94,8 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
 
     @property
     def variables(self) -> list[Any]:
-        return list(self._variables) + list(self.inner_optimizer.variables)
+        own = super().variables  # tf_keras's callable list: some of its code calls optimizer.variables()
+        return type(own)([*own, *self.inner_optimizer.variables])
 
     @property
     def per_rank_variables(self) -> list[Any]:
