@@ -152,6 +152,12 @@ def test_keras_fit_every_op_identical_ranks_and_exact_resume_from_file_and_check
     for r, rk in enumerate(ranks):
         assert "jit_compile=False" in rk["jit"], f"rank {r}: {rk['jit']}"
         assert rk["bad_inner"].startswith("TypeError") and "Adam" in rk["bad_inner"], rk["bad_inner"]
+        assert rk["bad_slamb_inner"].startswith("TypeError") and "Lamb" in rk["bad_slamb_inner"], rk["bad_slamb_inner"]
+        assert rk["bad_birder_option"].startswith("TypeError") and "freeze_step" in rk["bad_birder_option"]
+        for op in ("SLAMB", "Birder"):
+            assert "non-finite" in rk[f"{op}/nan"].lower() or "nan" in rk[f"{op}/nan"].lower(), (op, r, rk[f"{op}/nan"])
+            assert rk[f"{op}/nan_unchanged"], f"{op}: rank {r} changed its state on a rejected step"
+            assert rk[f"{op}/after_nan"] == ranks[0][f"{op}/after_nan"], f"{op}: rank {r} differs after the retry"
 
 
 def test_keras_mixed_float16_overflow_on_one_rank_skips_the_step_on_every_rank(out_dir: Path) -> None:

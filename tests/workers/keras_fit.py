@@ -90,4 +90,17 @@ model.compile(optimizer=model.optimizer, loss="mse", jit_compile=True)
 out["jit"] = outcome(lambda: model.fit(X, Y, batch_size=16, epochs=1, verbose=0))
 out["bad_inner"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hck.OneBitAdam,
                                                             freeze_step=2))
+out["bad_slamb_inner"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.Adam(0.1), op=hck.SLAMB))
+out["bad_birder_option"] = outcome(lambda: hck.DistributedOptimizer(hck.Birder(), op=hck.Birder, freeze_step=2))
+# A NaN gradient on the last rank only: every rank raises, no state changes, no hang; the next step works.
+for op in ("SLAMB", "Birder"):
+    opt = make(op).optimizer
+    variables = [keras.Variable(np.ones((3, 4), "float32")), keras.Variable(np.ones(4, "float32"))]
+    grads = [tf.ones((3, 4)) * (np.nan if r == n - 1 else 1.0), tf.ones(4)]
+    opt.build(variables)
+    before = digest([v.numpy() for v in opt.variables])
+    out[f"{op}/nan"] = outcome(lambda opt=opt, variables=variables, grads=grads: opt.apply(grads, variables))
+    out[f"{op}/nan_unchanged"] = before == digest([v.numpy() for v in opt.variables])
+    opt.apply([tf.ones((3, 4)), tf.ones(4)], variables)
+    out[f"{op}/after_nan"] = digest([v.numpy() for v in variables])
 save(r, out)
