@@ -1,6 +1,6 @@
 """The TensorFlow and Keras faces on real MPI processes: ops against the NumPy reference, the same run through the
-torch and Keras faces, and model.fit with every op. TF costs seconds per process to import, so each worker run
-checks many things; three launches in all."""
+torch and Keras faces, model.fit with every op (Keras 3, with checkpoints), mixed_float16 overflow agreement and
+tf_keras. TF costs seconds per process to import, so each worker run checks many things; five launches in all."""
 
 from __future__ import annotations
 
