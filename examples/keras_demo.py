@@ -1,6 +1,7 @@
 """make demo, Keras part: the demo task of examples/demo.py (a fixed random teacher network plus noise of variance
 NOISE^2, the lowest loss any model can reach) trained with Keras 3 ``model.fit`` on N ranks through
-``hvd_compress.keras.DistributedOptimizer``: dense Adam, Adasum over each rank's own SGD step, and 1-bit Adam.
+``hvd_compress.keras.DistributedOptimizer``: dense Adam, Adasum over each rank's own SGD step, 1-bit Adam, SLAMB
+and Birder.
 Per reduction it prints the global training loss per epoch, the held-out loss, and whether every rank ends with
 the same parameters. Launch: ``mpirun -np 4 python examples/keras_demo.py``.
 """
@@ -38,6 +39,9 @@ REDUCTIONS = {
     # Adasum combines each rank's own SGD update; no learning-rate rescaling for the rank count.
     "Adasum": lambda: (keras.optimizers.SGD(0.05, momentum=0.9), {"op": hck.Adasum}),
     "OneBitAdam": lambda: (keras.optimizers.Adam(5e-3), {"op": hck.OneBitAdam}),
+    # 10% of the momentum per step, parameters averaged every 20 steps (and at the end of training).
+    "SLAMB": lambda: (keras.optimizers.Lamb(5e-3), {"op": hck.SLAMB, "compress_ratio": 0.1, "sync_interval": 20}),
+    "Birder": lambda: (hck.Birder(1e-3), {"op": hck.Birder}),
 }
 
 
@@ -53,7 +57,8 @@ def train(name: str, epochs: int, batch: int, shard: int) -> dict[str, object]:
         options["freeze_step"] = max(1, int(FREEZE_FRACTION * epochs * (shard // batch)))
     model.compile(optimizer=hck.DistributedOptimizer(inner, **options), loss="mse", jit_compile=False)
     start = time.perf_counter()
-    callbacks = [hck.callbacks.BroadcastGlobalVariablesCallback(0), hck.callbacks.MetricAverageCallback()]
+    callbacks = [hck.callbacks.BroadcastGlobalVariablesCallback(0), hck.callbacks.MetricAverageCallback(),
+                 hck.callbacks.SynchronizeParametersCallback()]
     hist = model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0, shuffle=False, callbacks=callbacks)
     seconds = time.perf_counter() - start
     test = float(hck.allreduce(np.float32(model.evaluate(x_test, y_test, verbose=0))).numpy())

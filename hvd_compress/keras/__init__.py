@@ -3,16 +3,20 @@
     opt = hck.DistributedOptimizer(keras.optimizers.Adam(1e-3), op=hck.OneBitAdam, freeze_step=100)
     model.compile(optimizer=opt, loss=..., jit_compile=False)
     model.fit(..., callbacks=[hck.callbacks.BroadcastGlobalVariablesCallback(0), hck.callbacks.MetricAverageCallback()])
+
+Under mixed_float16 compile with ``hck.LossScaleOptimizer(hck.DistributedOptimizer(...))`` (an overflow on one rank
+then skips the step on every rank). SLAMB: add ``hck.callbacks.SynchronizeParametersCallback()``.
 """
 
 from hvd_compress.keras import callbacks
+from hvd_compress.keras.birder import Birder
 from hvd_compress.keras.horovod_entry import horovod_entry, install_from_environment
+from hvd_compress.keras.loss_scale import LossScaleOptimizer
 from hvd_compress.keras.optimizer import DistributedOptimizer
 from hvd_compress.tensorflow import (
     SLAMB,
     Adasum,
     Average,
-    Birder,
     OneBitAdam,
     OneBitLamb,
     ReduceOp,
@@ -31,6 +35,7 @@ __all__ = [
     "Average",
     "Birder",
     "DistributedOptimizer",
+    "LossScaleOptimizer",
     "OneBitAdam",
     "OneBitLamb",
     "ReduceOp",

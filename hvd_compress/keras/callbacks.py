@@ -1,4 +1,5 @@
-"""Keras 3 callbacks: ``BroadcastGlobalVariablesCallback`` and ``MetricAverageCallback``, as Horovod's."""
+"""Keras 3 callbacks: ``BroadcastGlobalVariablesCallback`` and ``MetricAverageCallback``, as Horovod's, and
+``SynchronizeParametersCallback`` for SLAMB (its parameters are averaged only every ``sync_interval`` steps)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ import numpy as np
 from hvd_compress import ops
 from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.functions import broadcast_variables
+
+
+def _distributed(optimizer: Any) -> Any:
+    """The optimizer inside wrappers such as ``LossScaleOptimizer`` that has hvd_compress's methods, or None."""
+    while optimizer is not None and not hasattr(optimizer, "per_rank_variables"):
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return optimizer
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -24,19 +32,23 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = False
 
     def on_train_begin(self, logs: Any = None) -> None:
-        if self.broadcast_done:
-            return
-        ensure_init()
-        model = self.model
-        variables = list(model.variables)
-        optimizer = getattr(model, "optimizer", None)
-        if optimizer is not None:
-            if not optimizer.built:
-                optimizer.build(model.trainable_variables)
-            own = {id(v) for v in getattr(optimizer, "per_rank_variables", [])}  # per-rank error feedback stays
-            variables += [v for v in optimizer.variables if id(v) not in own]
-        broadcast_variables(variables, root_rank=self.root_rank, name="BroadcastGlobalVariablesCallback")
-        self.broadcast_done = True
+        if not self.broadcast_done:
+            broadcast_model(self.model, self.root_rank)
+            self.broadcast_done = True
+
+
+def broadcast_model(model: Any, root_rank: int) -> None:
+    """Every rank takes ``root_rank``'s variables of ``model`` and of its optimizer (built first on the model's
+    trainable variables), except the optimizer's ``per_rank_variables``. Keras 3 and tf_keras models alike."""
+    ensure_init()
+    variables = list(model.variables)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        if not (getattr(optimizer, "built", False) or getattr(optimizer, "_built", False)):
+            optimizer.build(model.trainable_variables)
+        own = {id(v) for v in getattr(_distributed(optimizer), "per_rank_variables", [])}  # per-rank error feedback
+        variables += [v for v in optimizer.variables if id(v) not in own]
+    broadcast_variables(variables, root_rank=root_rank, name="BroadcastGlobalVariablesCallback")
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
@@ -53,3 +65,27 @@ class MetricAverageCallback(keras.callbacks.Callback):
             ops.allreduce_(values, op=ops.Average, name="MetricAverageCallback")
             for k, v in zip(keys, values, strict=True):
                 logs[k] = float(v)
+
+
+class SynchronizeParametersCallback(keras.callbacks.Callback):
+    """Calls ``model.optimizer.synchronize_parameters()`` (SLAMB: one dense average of the parameters) at the end
+    of training, and at the end of every epoch with ``every_epoch=True`` (so evaluation, checkpoints and other
+    callbacks see the same parameters on every rank). Put it before callbacks that read the parameters. Other
+    ops: nothing to do."""
+
+    def __init__(self, every_epoch: bool = False) -> None:
+        super().__init__()
+        self.every_epoch = every_epoch
+
+    def _sync(self) -> None:
+        optimizer = _distributed(getattr(self.model, "optimizer", None))
+        if optimizer is not None:
+            optimizer.synchronize_parameters()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.every_epoch:
+            self._sync()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if not self.every_epoch:
+            self._sync()

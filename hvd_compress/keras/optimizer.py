@@ -6,8 +6,8 @@ own variables beside the inner ones. What each op does in ``apply``:
 - ``Average``/``Sum``: one fused reduction of the gradients per dtype, then the inner optimizer's ``apply``.
 - ``Adasum``: the inner optimizer steps on this rank's gradients, then the parameter deltas are Adasum-reduced
   (paper 002, Section 4.1; buckets as ``algorithms.adasum_delta.plan_buckets``) and applied to the start values.
-- an algorithm of ``hvd_compress.algorithms.REGISTRY`` (1-bit Adam, 1-bit LAMB): the algorithm's own step over
-  the fused segment of all trainable variables, with its state in this optimizer's variables
+- an algorithm of ``hvd_compress.algorithms.REGISTRY`` (1-bit Adam, 1-bit LAMB, SLAMB, Birder): the algorithm's
+  own step over the fused segment of all trainable variables, with its state in this optimizer's variables
   (``hvd_compress.tensorflow.algorithm_step``). The inner optimizer supplies the hyper-parameters only.
 
 Each communicating step is one ``tf.numpy_function(stateful=True)``, so ranks issue their collectives in
@@ -16,6 +16,7 @@ program order, and every step-dependent decision is taken at run time, not at tr
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import keras
@@ -26,10 +27,12 @@ from tensorflow.python.ops import control_flow_util
 from hvd_compress import algorithms, ops
 from hvd_compress.algorithms.adasum_delta import DEFAULT_BUCKET_MB, plan_buckets
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, parse_options
+from hvd_compress.algorithms.options import build_options
+from hvd_compress.keras.birder import Birder
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
-from hvd_compress.tensorflow.algorithm_step import AlgorithmStep, Layout
-from hvd_compress.tensorflow.backend import BACKEND, aligned_copy
+from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep, apply_algorithm_step, make_step
+from hvd_compress.tensorflow.backend import aligned_copy
 from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.functions import dense, grouped_allreduce, numpy_call
 
@@ -40,6 +43,15 @@ _BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_a
 
 def _in_xla() -> bool:
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def _under_plain_loss_scaler() -> bool:
+    """True if ``apply`` was called by Keras's own ``LossScaleOptimizer`` (which ``model.compile`` puts around the
+    optimizer under mixed_float16): its skip decision is this rank's alone, a deadlock when one rank overflows.
+    Read from the caller's frame (frames: this function, ``apply``, its caller)."""
+    caller = sys._getframe(2).f_locals.get("self")
+    plain = isinstance(caller, keras.optimizers.LossScaleOptimizer)
+    return plain and not getattr(caller.inner_optimizer, "_hvdc_loss_scale_agreed", False)
 
 
 def _check_inner(optimizer: Any) -> None:
@@ -54,17 +66,24 @@ def _check_inner(optimizer: Any) -> None:
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             f"hck.DistributedOptimizer wraps a Keras 3 optimizer, got {type(optimizer).__module__}."
-            f"{type(optimizer).__name__} (tf_keras optimizers: TF_USE_LEGACY_KERAS=1 is not supported yet)"
+            f"{type(optimizer).__name__}"
         )
 
 
 def _hyper_flags(op_name: str, inner: keras.optimizers.Optimizer, lamb_opts: dict[str, Any]) -> tuple[
         list[Any], dict[str, Any]]:
-    """(lr, beta1, beta2, eps, weight_decay) as read from ``inner`` (lr at run time: schedules act), and the rule's
-    flags. Translation only: the update rule is the algorithm's (torch's Adam form: eps added to sqrt(v_hat))."""
+    """The hyper-parameters after lr as read from ``inner`` (lr at run time: schedules act): (beta1, beta2, eps,
+    weight_decay), Birder's (beta, eps, weight_decay); and the rule's flags. Translation only: the update rule is
+    the algorithm's (torch's Adam form: eps added to sqrt(v_hat))."""
     for name in _BASE_ONLY:
         if getattr(inner, name, None) not in (None, False):
             raise ValueError(f"op={op_name}: the inner optimizer's {name} is not applied by the algorithm; unset it")
+    if op_name == "Birder":
+        if not isinstance(inner, Birder):
+            raise TypeError(f"op=Birder wraps hck.Birder, got {type(inner).__name__}")
+        return [inner.beta, inner.epsilon, inner.birder_weight_decay], {}
+    if op_name == "SLAMB" and not isinstance(inner, keras.optimizers.Lamb):
+        raise TypeError(f"op=SLAMB wraps keras.optimizers.Lamb, got {type(inner).__name__}")
     if isinstance(inner, keras.optimizers.Adam):
         if inner.amsgrad:
             raise ValueError(f"op={op_name} does not support amsgrad=True")
@@ -82,17 +101,33 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     """Data-parallel training over all ranks around ``optimizer`` (a Keras 3 optimizer).
 
     ``op``: ``Average`` (default), ``Sum``, ``Adasum``, ``OneBitAdam`` (wraps ``Adam``/``AdamW``), ``OneBitLamb``
-    (wraps ``Lamb``; options ``min_coeff``/``max_coeff`` clip its trust ratio, defaults 0.01/10 as ``hc.Lamb``)
-    and any segment-based algorithm of ``hvd_compress.algorithms.REGISTRY``, with its options (``freeze_step``,
-    ``variance_floor``, ...). ``backward_passes_per_step``: gradients are summed locally over that many calls of
-    ``apply`` and the step runs on the last. Not under XLA: compile with ``jit_compile=False``.
+    and ``SLAMB`` (wrap ``Lamb``; options ``min_coeff``/``max_coeff`` clip its trust ratio, defaults 0.01/10 as
+    ``hc.Lamb``), ``Birder`` (wraps ``hck.Birder``), with the algorithm's options (``freeze_step``,
+    ``variance_floor``, SLAMB's ``compress_ratio``, ``sync_interval``, ``beta3``, ``seed``, ...; Birder's
+    ``hierarchical``, ``seed``). SLAMB's parameters are alike on every rank only after a step t with
+    t % sync_interval == 0 and after ``synchronize_parameters()`` (``hck.callbacks.SynchronizeParametersCallback``).
+    ``backward_passes_per_step``: gradients are summed locally over that many calls of ``apply`` and the step runs
+    on the last. Not under XLA: compile with ``jit_compile=False``. Under mixed_float16 wrap it in
+    ``hck.LossScaleOptimizer``.
     """
+
+    def __new__(cls, optimizer: Any = None, op: Any = ReduceOp.Average, backward_passes_per_step: int = 1,
+                name: str | None = None, **algorithm_options: Any) -> Any:
+        """A tf_keras optimizer (``TF_USE_LEGACY_KERAS=1``) gets ``hvd_compress.keras.legacy``'s wrapper."""
+        if optimizer is not None and type(optimizer).__module__.startswith("tf_keras"):
+            from hvd_compress.keras import legacy  # imports tf_keras: only for its optimizers
+
+            # Not an instance of cls, so Python does not run __init__ on it.
+            return legacy.DistributedOptimizer(optimizer, op, backward_passes_per_step, name, **algorithm_options)
+        return super().__new__(cls)
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, op: Any = ReduceOp.Average,
                  backward_passes_per_step: int = 1, name: str | None = None, **algorithm_options: Any) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer.inner_optimizer  # re-wrapping wraps the optimizer inside (as the torch face)
         _check_inner(optimizer)
+        if op is Birder:  # hck.Birder is the optimizer class and, as op=, the algorithm (as in the torch face)
+            op = ReduceOp.Birder
         try:
             op = ReduceOp(op)
         except ValueError:
@@ -106,7 +141,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self.algorithm_options = dict(algorithm_options)
         self._meter = CommMeter()
-        self._algorithm: OneBitAlgorithm | None = None
+        self._algorithm: type | None = None
         options = dict(algorithm_options)
         if op in (ReduceOp.Average, ReduceOp.Sum):
             if options:
@@ -118,12 +153,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 raise TypeError(f"op=Adasum takes bucket_mb and hierarchical, got {sorted(options)}")
         else:
             algorithm = algorithms.REGISTRY.get(op)
-            if algorithm is None or not issubclass(algorithm, OneBitAlgorithm):
+            if algorithm is None:
                 raise NotImplementedError(f"hck.DistributedOptimizer(op={op.name}) is not in the Keras face yet")
-            self._lamb_opts = {k: options.pop(k, v) for k, v in _LAMB_DEFAULTS.items()}
-            self._hyper, self._flags = _hyper_flags(op.name, optimizer, self._lamb_opts)
-            parsed = parse_options(algorithm.options_cls, algorithm.name, options)
-            self._algorithm = algorithm(parsed, BACKEND, [], self._meter)
+            lamb_opts = {} if op == ReduceOp.Birder else {k: options.pop(k, v) for k, v in _LAMB_DEFAULTS.items()}
+            self._hyper, self._flags = _hyper_flags(op.name, optimizer, lamb_opts)
+            if issubclass(algorithm, OneBitAlgorithm):
+                self._options = parse_options(algorithm.options_cls, algorithm.name, options)
+            else:
+                self._options = build_options(algorithm.options_cls, algorithm.name, options)
+            self._algorithm = algorithm
 
     # -- delegation, as LossScaleOptimizer --------------------------------------------------------------
     @property
@@ -154,7 +192,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         """True once an algorithm's steps use the compressed collective (after ``freeze_step`` steps)."""
         if self._algorithm is None or not self.built:
             return False
-        return int(self._state["step"].numpy()) >= self._algorithm.freeze_step
+        freeze = getattr(self._options, "freeze_step", 0)  # SLAMB and Birder compress from the first step
+        return int(self._state["step"].numpy()) >= freeze
 
     # -- state -------------------------------------------------------------------------------------------
     def build(self, var_list: list[Any]) -> None:
@@ -169,29 +208,41 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             bad = [v.path for v in var_list if v.dtype != "float32"]
             if bad:
                 raise ValueError(f"op={self.op.name} supports float32 variables (mixed_float16 keeps them), not {bad}")
-            self._layout = Layout(tuple(int(np.prod(v.shape)) for v in var_list), ops.size(),
-                                  self._algorithm.has_fresh_variance)
+            self._runner: FusedStep = make_step(self._algorithm, self._options, [tuple(v.shape) for v in var_list],
+                                                ops.size(), self._meter)
             self._state = {}
-            for key, (shape, dtype) in self._layout.state_shapes().items():
-                init = "ones" if key == "last_factor" else "zeros"
+            for key, (shape, dtype, init) in self._runner.state_shapes().items():
                 self._state[key] = self.add_variable(shape=shape, dtype=dtype, initializer=init, name=f"hvdc_{key}")
-            self._runner = AlgorithmStep(self._algorithm, self._layout)
         super().build(var_list)
 
     @property
     def per_rank_variables(self) -> list[Any]:
-        """Variables that differ between ranks by design (the 1-bit error feedback; the server error is this
-        rank's chunk): never broadcast, saved per rank."""
+        """Variables that differ between ranks by design (the 1-bit error feedback, the server error being this
+        rank's chunk; SLAMB's local m and v; Birder's moment shards): never broadcast, saved per rank."""
         if self._algorithm is None or not self.built:
             return []
-        return [self._state["worker_error"], self._state["server_error"]]
+        return [self._state[k] for k in self._runner.per_rank]
 
     def reset_compression_state(self) -> None:
-        """Zero the 1-bit error feedback (worker and server error): what a rank does when it resumes from a
-        checkpoint that another rank saved (the error buffers are per rank)."""
+        """Zero the error feedback (worker and server error of 1-bit Adam/LAMB and Birder): what a rank does when
+        it resumes from a checkpoint that another rank saved (the error buffers are per rank). SLAMB keeps no
+        error buffer (its compensation is the local part of m)."""
         if self._algorithm is not None and self.built:
             for key in ("worker_error", "server_error"):
-                self._state[key].assign(tf.zeros_like(self._state[key]))
+                if key in self._state:
+                    self._state[key].assign(tf.zeros_like(self._state[key]))
+
+    def synchronize_parameters(self) -> None:
+        """SLAMB: average the trainable variables over all ranks now (one dense allreduce), where the last step
+        was not a multiple of ``sync_interval`` (end of training, before evaluating or saving). Other ops keep
+        the parameters alike on every rank after every step: nothing to do. Eager or inside a ``tf.function``."""
+        if not isinstance(getattr(self, "_runner", None), SlambStep):
+            return
+        variables = self._trainable_variables
+        outs = numpy_call(self._runner.synchronize_parameters, [tf.convert_to_tensor(v) for v in variables],
+                          [tf.float32] * len(variables), f"{self.name}.synchronize_parameters")
+        for v, x in zip(variables, outs, strict=True):
+            v.assign(tf.reshape(x, v.shape))
 
     # -- the step ----------------------------------------------------------------------------------------
     def apply(self, grads: list[Any], trainable_variables: Any = None) -> None:
@@ -200,6 +251,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 "hvd_compress cannot run under XLA: compile the model with jit_compile=False "
                 "(model.compile(..., jit_compile=False); Keras 3 turns XLA on by default where a GPU is visible) "
                 "or use tf.function(jit_compile=False)"
+            )
+        if _under_plain_loss_scaler():
+            raise ValueError(
+                "hck.DistributedOptimizer is wrapped in keras.optimizers.LossScaleOptimizer (model.compile does this "
+                "under mixed_float16): its overflow check is per rank, so one rank skipping a step would deadlock "
+                "the others. Compile with optimizer=hck.LossScaleOptimizer(hck.DistributedOptimizer(...)), whose "
+                "skip decision all ranks agree on"
             )
         if trainable_variables is None:
             trainable_variables = self._trainable_variables
@@ -285,28 +343,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if sorted(index[id(v)] for v in variables) != list(range(len(self._trainable_variables))):
             raise ValueError(f"op={self.op.name}: apply() must get every variable the optimizer was built with")
         by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
-        ordered = self._trainable_variables
-        # A variable without a gradient gets a zero gradient (decided by the program's structure, so alike on
-        # every rank): the fused segment always covers every variable, as the torch face's zeroed buffer does.
-        gs = [tf.zeros(v.shape, "float32") if by_var[id(v)] is None else tf.cast(dense(by_var[id(v)]), "float32")
-              for v in ordered]
-        lr = tf.cast(self.inner_optimizer.learning_rate, tf.float64)
-        hyper = tf.stack([lr, *(tf.cast(h, tf.float64) for h in self._hyper)])
-        names = list(self._layout.state_shapes())
-        state_in = [tf.convert_to_tensor(self._state[k]) for k in names]
-        params_in = [tf.convert_to_tensor(v) for v in ordered]
-        n_vars, flags, runner = len(ordered), dict(self._flags), self._runner
-
-        def run(hyper_a: np.ndarray, *arrays: np.ndarray) -> list[np.ndarray]:
-            g_a, p_a, s_a = arrays[:n_vars], arrays[n_vars: 2 * n_vars], arrays[2 * n_vars:]
-            return runner(flags, hyper_a, g_a, p_a, s_a)  # the algorithm's own CommMeter counts its calls
-
-        touts = [tf.float32] * n_vars + [tf.as_dtype(self._state[k].dtype) for k in names]
-        outs = numpy_call(run, [hyper, *gs, *params_in, *state_in], touts, f"{self.name}.{self._algorithm.name}")
-        for v, x in zip(ordered, outs[:n_vars], strict=True):
-            v.assign(tf.reshape(x, v.shape))
-        for k, x in zip(names, outs[n_vars:], strict=True):
-            self._state[k].assign(tf.reshape(x, self._state[k].shape))
+        hyper = [self.inner_optimizer.learning_rate, *self._hyper]
+        apply_algorithm_step(self._runner, self._state, self._trainable_variables, by_var, hyper, self._flags,
+                             f"{self.name}.{self._algorithm.name}")
         self.inner_optimizer.iterations.assign_add(1)
 
     # -- serialization -----------------------------------------------------------------------------------

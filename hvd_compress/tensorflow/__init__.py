@@ -5,7 +5,20 @@ Use after ``hvd.init()`` (``horovod.tensorflow``), or ``hc.init()`` in a job wit
 ``jit_compile=True``). Keras optimizers: ``hvd_compress.keras``.
 """
 
-from hvd_compress.ops.constants import SLAMB, Adasum, Average, Birder, OneBitAdam, OneBitLamb, ReduceOp, Sum
+from hvd_compress.ops.compression import Compression
+from hvd_compress.ops.constants import (
+    SLAMB,
+    Adasum,
+    Average,
+    Birder,
+    Max,
+    Min,
+    OneBitAdam,
+    OneBitLamb,
+    Product,
+    ReduceOp,
+    Sum,
+)
 from hvd_compress.ops.errors import (
     CommError,
     CommTimeoutError,
@@ -17,7 +30,9 @@ from hvd_compress.ops.errors import (
 from hvd_compress.ops.runtime import comm_stats, set_timeout
 from hvd_compress.tensorflow.context import init, rank, size
 from hvd_compress.tensorflow.functions import (
+    CompressionState,
     OneBitState,
+    allgather,
     allreduce,
     broadcast,
     broadcast_variables,
@@ -33,16 +48,22 @@ __all__ = [
     "Birder",
     "CommError",
     "CommTimeoutError",
+    "Compression",
+    "CompressionState",
     "DistributedGradientTape",
     "LaunchError",
+    "Max",
+    "Min",
     "MismatchError",
     "NotInitializedError",
     "OneBitAdam",
     "OneBitLamb",
     "OneBitState",
+    "Product",
     "ReduceOp",
     "Sum",
     "UsageError",
+    "allgather",
     "allreduce",
     "broadcast",
     "broadcast_variables",

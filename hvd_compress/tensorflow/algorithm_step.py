@@ -1,64 +1,140 @@
-"""One step of a segment-based algorithm of ``hvd_compress.algorithms`` (1-bit Adam, 1-bit LAMB) on NumPy copies
+"""One step of an algorithm of ``hvd_compress.algorithms`` (1-bit Adam, 1-bit LAMB, SLAMB, Birder) on NumPy copies
 of a TF face's variables: the run-time half of ``hvd_compress.keras.DistributedOptimizer``.
 
 The state lives in framework variables (so checkpoints keep it). Each step hands them, the parameters and the
-gradients to ``AlgorithmStep.__call__`` inside one ``tf.numpy_function(stateful=True)``; it copies them into
-fresh 64-byte aligned arrays (TF's inputs alias its buffers and are never written), builds the algorithm's
-``Segment`` over them, runs the algorithm's ``synchronize()`` and ``step()`` (the same code the torch face
-runs), and returns the arrays (TF adopts them without a copy; they are never touched again here). Every
-step-dependent decision (warm-up or compression, trust-ratio clipping) is made there, at run time.
+gradients to ``FusedStep.__call__`` inside one ``tf.numpy_function(stateful=True)``; it copies them into
+fresh 64-byte aligned arrays (TF's inputs alias its buffers and are never written), binds the algorithm's own
+buffers (``Segment``, ``SlambBuffers``, ``BirderSegment``) over them, runs the algorithm's step (the same code
+the torch face runs), and returns the arrays (TF adopts them without a copy; they are never touched again
+here). Every step-dependent decision (warm-up or compression, trust-ratio clipping, SLAMB's masks and sync
+interval) is made there, at run time. The subclasses below only say which buffers each algorithm keeps.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
+from hvd_compress.algorithms.birder import BirderAlgorithm, BirderOptions, BirderSegment
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, Segment
+from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions
 from hvd_compress.ops import onebit as onebit_ops
+from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.backend import BACKEND, aligned_empty
+from hvd_compress.tensorflow.functions import dense, numpy_call
 
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """The fused layout of one segment: the parameters' sizes in order, and which state buffers it keeps."""
-
-    sizes: tuple[int, ...]
-    world_size: int
-    fresh: bool  # a fresh-variance buffer (1-bit LAMB)
-
-    @property
-    def numel(self) -> int:
-        return sum(self.sizes)
-
-    @property
-    def server_numel(self) -> int:
-        return onebit_ops.server_error_numel(self.numel, self.world_size)
-
-    def state_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """Name -> (shape, dtype) of each state variable the face keeps for this segment, in call order."""
-        n, layers = self.numel, len(self.sizes)
-        shapes = {"exp_avg": ((n,), "float32"), "exp_avg_sq": ((n,), "float32")}
-        if self.fresh:
-            shapes["exp_avg_sq_fresh"] = ((n,), "float32")
-        shapes.update(
-            worker_error=((n,), "float32"),
-            server_error=((self.server_numel,), "float32"),
-            step=((), "int64"),
-            lamb_coeff_freeze=((layers,), "float64"),
-            last_factor=((layers,), "float64"),
-        )
-        return shapes
+StateShapes = dict[str, tuple[tuple[int, ...], str, str]]  # name -> (shape, dtype, Keras initializer)
 
 
 def _fresh_copy(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
     out = aligned_empty(x.size, dtype or x.dtype)
     np.copyto(out, np.asarray(x).reshape(-1), casting="unsafe")
     return out
+
+
+class FusedStep:
+    """One fused float32 segment over all trainable variables (``shapes``, in order), and the algorithm that
+    steps it. Subclasses name the state buffers (``state_shapes``), the ones that differ between ranks by
+    design (``per_rank``), the hyper-parameter group (``group``) and bind the algorithm's buffers (``run``)."""
+
+    #: State names that are scalars or small lists, not flat buffers copied as such.
+    scalars: tuple[str, ...] = ("step",)
+    per_rank: tuple[str, ...] = ()
+
+    def __init__(self, algorithm: Any, shapes: Sequence[tuple[int, ...]]) -> None:
+        self.algorithm = algorithm
+        self.shapes = [tuple(int(d) for d in s) for s in shapes]
+        self.sizes = [math.prod(s) for s in self.shapes]
+        self.numel = sum(self.sizes)
+        offsets = np.cumsum((0, *self.sizes))
+        self.cuts = list(itertools.pairwise(int(o) for o in offsets))
+
+    def views(self, flat: np.ndarray) -> list[np.ndarray]:
+        return [flat[lo:hi] for lo, hi in self.cuts]
+
+    def state_shapes(self) -> StateShapes:
+        raise NotImplementedError
+
+    def group(self, hyper: np.ndarray, flags: dict[str, Any]) -> dict[str, Any]:
+        """(lr, beta1, beta2, eps, weight_decay) as a param group of the torch face's Adam/LAMB."""
+        lr, b1, b2, eps, wd = (float(h) for h in np.asarray(hyper, dtype=np.float64))
+        return {"lr": lr, "betas": (b1, b2), "eps": eps, "weight_decay": wd, **flags}
+
+    def run(self, x: np.ndarray, g: np.ndarray, bufs: dict[str, np.ndarray], saved: dict[str, np.ndarray],
+            group: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Step the algorithm over x (parameters, flat) with gradient g and state ``bufs`` (fresh copies, updated
+        in place); returns the new values of the ``scalars`` state (``saved`` holds their old ones)."""
+        raise NotImplementedError
+
+    def flatten(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        out = aligned_empty(self.numel, np.float32)
+        for (lo, hi), a in zip(self.cuts, arrays, strict=True):
+            out[lo:hi] = np.asarray(a).reshape(-1)
+        return out
+
+    def __call__(self, flags: dict[str, Any], hyper: np.ndarray, grads: Sequence[np.ndarray],
+                 params: Sequence[np.ndarray], state: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Returns the new parameters (flat per parameter) then the new state, in ``state_shapes`` order."""
+        x, g = self.flatten(params), self.flatten(grads)
+        names = list(self.state_shapes())
+        saved = dict(zip(names, state, strict=True))
+        bufs = {k: _fresh_copy(saved[k]) for k in names if k not in self.scalars}
+        new = self.run(x, g, bufs, saved, self.group(hyper, flags))
+        new_state = {**bufs, **new}
+        return [*self.views(x), *(new_state[k] for k in names)]
+
+
+class OneBitStep(FusedStep):
+    """1-bit Adam / 1-bit LAMB (``hvd_compress.algorithms.onebit``): moments, error feedback, LAMB's per-layer
+    frozen coefficients."""
+
+    scalars = ("step", "lamb_coeff_freeze", "last_factor")
+    per_rank = ("worker_error", "server_error")
+
+    def __init__(self, algorithm: OneBitAlgorithm, shapes: Sequence[tuple[int, ...]], world_size: int) -> None:
+        super().__init__(algorithm, shapes)
+        self.world_size = world_size
+
+    def state_shapes(self) -> StateShapes:
+        n, layers = self.numel, len(self.sizes)
+        shapes = {"exp_avg": ((n,), "float32", "zeros"), "exp_avg_sq": ((n,), "float32", "zeros")}
+        if self.algorithm.has_fresh_variance:
+            shapes["exp_avg_sq_fresh"] = ((n,), "float32", "zeros")
+        shapes.update(
+            worker_error=((n,), "float32", "zeros"),
+            server_error=((onebit_ops.server_error_numel(n, self.world_size),), "float32", "zeros"),
+            step=((), "int64", "zeros"),
+            lamb_coeff_freeze=((layers,), "float64", "zeros"),
+            last_factor=((layers,), "float64", "ones"),
+        )
+        return shapes
+
+    def run(self, x: np.ndarray, g: np.ndarray, bufs: dict[str, np.ndarray], saved: dict[str, np.ndarray],
+            group: dict[str, Any]) -> dict[str, np.ndarray]:
+        seg = Segment(
+            group=0, params=self.views(x), sizes=list(self.sizes), grad=g,
+            exp_avg=bufs["exp_avg"], exp_avg_sq=bufs["exp_avg_sq"], fresh=bufs.get("exp_avg_sq_fresh"),
+            work=BACKEND.float32_like(self.numel, None), scratch=BACKEND.float32_like(self.numel, None),
+            onebit=_Errors(bufs["worker_error"], bufs["server_error"]), views=self.views,
+            lamb_coeff_freeze=[float(c) for c in np.asarray(saved["lamb_coeff_freeze"])],
+            last_factor=[float(c) for c in np.asarray(saved["last_factor"])],
+        )
+        alg = self.algorithm
+        alg.segments = [seg]
+        alg.t = int(saved["step"])
+        try:
+            alg.synchronize()
+            t = alg.step([group])
+        finally:
+            alg.segments = []  # the arrays now belong to TF
+        return {"step": np.asarray(t, dtype=np.int64),
+                "lamb_coeff_freeze": _fresh_copy(np.asarray(seg.lamb_coeff_freeze, dtype=np.float64)),
+                "last_factor": _fresh_copy(np.asarray(seg.last_factor, dtype=np.float64))}
 
 
 class _Errors:
@@ -69,57 +145,123 @@ class _Errors:
         self.server_error = server_error
 
 
-class AlgorithmStep:
-    """Runs ``algorithm`` (built with its options and the NumPy backend) for one fused segment per call."""
+class SlambStep(FusedStep):
+    """SLAMB (``hvd_compress.algorithms.slamb``): m, v and the freshness c over all variables. m[~M] and v are
+    this rank's own (never broadcast); c is alike on every rank (the masks are)."""
 
-    def __init__(self, algorithm: OneBitAlgorithm, layout: Layout) -> None:
-        self.algorithm = algorithm
-        self.layout = layout
+    per_rank = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, options: SlambOptions, shapes: Sequence[tuple[int, ...]], world_size: int,
+                 meter: CommMeter) -> None:
+        super().__init__(None, shapes)
+        self.algorithm = Slamb(options, BACKEND, self._buffers(BACKEND.float32_like(self.numel, None), None, {}),
+                               world_size, meter)
+
+    def state_shapes(self) -> StateShapes:
+        n = self.numel
+        return {"exp_avg": ((n,), "float32", "zeros"), "exp_avg_sq": ((n,), "float32", "zeros"),
+                "freshness": ((n,), "float32", "ones"), "step": ((), "int64", "zeros")}
+
+    def _buffers(self, x: np.ndarray, g: np.ndarray | None, bufs: dict[str, np.ndarray]) -> SlambBuffers:
+        def own(key: str) -> np.ndarray:
+            return bufs[key] if key in bufs else BACKEND.float32_like(self.numel, None)
+
+        return SlambBuffers(
+            params=self.views(x), shapes=list(self.shapes), group_of=[0] * len(self.shapes),
+            grad=own("grad") if g is None else g, exp_avg=own("exp_avg"), exp_avg_sq=own("exp_avg_sq"),
+            freshness=own("freshness"), mask=BACKEND.bool_like(self.numel, None),
+            work=BACKEND.float32_like(self.numel, None), scratch=BACKEND.float32_like(self.numel, None),
+            views=self.views,
+        )
+
+    def run(self, x: np.ndarray, g: np.ndarray, bufs: dict[str, np.ndarray], saved: dict[str, np.ndarray],
+            group: dict[str, Any]) -> dict[str, np.ndarray]:
+        alg = self.algorithm
+        alg.buf = self._buffers(x, g, bufs)
+        alg.t = int(saved["step"])
+        return {"step": np.asarray(alg.step([group]), dtype=np.int64)}
+
+    def synchronize_parameters(self, *params: np.ndarray) -> list[np.ndarray]:
+        """The parameters averaged over all ranks (the algorithm's dense sync), as new arrays."""
+        x = self.flatten(params)
+        self.algorithm.buf = self._buffers(x, None, {})
+        self.algorithm.synchronize_parameters()
+        return self.views(x)
+
+
+class BirderStep(FusedStep):
+    """Birder's 1-bit algorithm (``hvd_compress.algorithms.birder``): this rank's shards of m, b and the error
+    feedback, all per rank; the step count (with the seed, the RNG position) alike everywhere."""
+
+    per_rank = ("m", "b", "worker_error", "server_error")
+
+    def __init__(self, options: BirderOptions, shapes: Sequence[tuple[int, ...]], meter: CommMeter) -> None:
+        super().__init__(BirderAlgorithm(options, BACKEND, [], meter), shapes)
+        self.c1, self.c2 = BirderAlgorithm.state_numels(self.numel, options.hierarchical)
+
+    def state_shapes(self) -> StateShapes:
+        c1, c2 = self.c1, self.c2
+        return {"m": ((c1,), "float32", "zeros"), "b": ((c1,), "float32", "zeros"),
+                "worker_error": ((c1,), "float32", "zeros"), "server_error": ((c2,), "float32", "zeros"),
+                "step": ((), "int64", "zeros")}
 
     def group(self, hyper: np.ndarray, flags: dict[str, Any]) -> dict[str, Any]:
-        lr, b1, b2, eps, wd = (float(h) for h in np.asarray(hyper, dtype=np.float64))
-        return {"lr": lr, "betas": (b1, b2), "eps": eps, "weight_decay": wd, **flags}
+        """(lr, beta, eps, weight_decay) as a param group of ``hc.Birder``."""
+        lr, beta, eps, wd = (float(h) for h in np.asarray(hyper, dtype=np.float64))
+        return {"lr": lr, "beta": beta, "eps": eps, "weight_decay": wd, **flags}
 
-    def __call__(self, flags: dict[str, Any], hyper: np.ndarray, grads: Sequence[np.ndarray],
-                 params: Sequence[np.ndarray], state: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Returns the new parameters (flat per parameter) then the new state, in ``state_shapes`` order."""
-        lay = self.layout
-        offsets = np.cumsum((0, *lay.sizes))
-        cuts = list(itertools.pairwise(int(o) for o in offsets))
-        x = aligned_empty(lay.numel, np.float32)
-        g = aligned_empty(lay.numel, np.float32)
-        for (lo, hi), p, gr in zip(cuts, params, grads, strict=True):
-            x[lo:hi] = np.asarray(p).reshape(-1)
-            g[lo:hi] = np.asarray(gr).reshape(-1)
-        names = list(lay.state_shapes())
-        saved = dict(zip(names, state, strict=True))
-        bufs = {k: _fresh_copy(saved[k]) for k in names if k not in ("step", "lamb_coeff_freeze", "last_factor")}
-
-        def views(flat: np.ndarray) -> list[np.ndarray]:
-            return [flat[lo:hi] for lo, hi in cuts]
-
-        seg = Segment(
-            group=0,
-            params=views(x),
-            sizes=list(lay.sizes),
-            grad=g,
-            exp_avg=bufs["exp_avg"],
-            exp_avg_sq=bufs["exp_avg_sq"],
-            fresh=bufs.get("exp_avg_sq_fresh"),
-            work=BACKEND.float32_like(lay.numel, None),
-            scratch=BACKEND.float32_like(lay.numel, None),
-            onebit=_Errors(bufs["worker_error"], bufs["server_error"]),
-            views=views,
-            lamb_coeff_freeze=[float(c) for c in np.asarray(saved["lamb_coeff_freeze"])],
-            last_factor=[float(c) for c in np.asarray(saved["last_factor"])],
+    def run(self, x: np.ndarray, g: np.ndarray, bufs: dict[str, np.ndarray], saved: dict[str, np.ndarray],
+            group: dict[str, Any]) -> dict[str, np.ndarray]:
+        seg = BirderSegment(
+            group=0, params=self.views(x), sizes=list(self.sizes), grad=g,
+            update=BACKEND.float32_like(self.numel, None), m=bufs["m"], b=bufs["b"],
+            worker_error=bufs["worker_error"], server_error=bufs["server_error"], views=self.views,
         )
         alg = self.algorithm
         alg.segments = [seg]
         alg.t = int(saved["step"])
-        alg.synchronize()
-        t = alg.step([self.group(hyper, flags)])
-        new_state = {**bufs, "step": np.asarray(t, dtype=np.int64),
-                     "lamb_coeff_freeze": _fresh_copy(np.asarray(seg.lamb_coeff_freeze, dtype=np.float64)),
-                     "last_factor": _fresh_copy(np.asarray(seg.last_factor, dtype=np.float64))}
-        alg.segments = []  # the arrays now belong to TF
-        return [*views(x), *(new_state[k] for k in names)]
+        try:
+            alg.synchronize()
+            t = alg.step([group])
+        finally:
+            alg.segments = []  # the arrays now belong to TF
+        return {"step": np.asarray(t, dtype=np.int64)}
+
+
+def make_step(op_algorithm: type, options: Any, shapes: Sequence[tuple[int, ...]], world_size: int,
+              meter: CommMeter) -> FusedStep:
+    """The ``FusedStep`` for an algorithm class of ``hvd_compress.algorithms.REGISTRY`` with parsed ``options``."""
+    if issubclass(op_algorithm, OneBitAlgorithm):
+        return OneBitStep(op_algorithm(options, BACKEND, [], meter), shapes, world_size)
+    if issubclass(op_algorithm, Slamb):
+        return SlambStep(options, shapes, world_size, meter)
+    if issubclass(op_algorithm, BirderAlgorithm):
+        return BirderStep(options, shapes, meter)
+    raise NotImplementedError(f"{op_algorithm.__name__} has no TF step")
+
+
+def apply_algorithm_step(runner: FusedStep, state: dict[str, Any], variables: Sequence[Any], grads: dict[int, Any],
+                         hyper: Sequence[Any], flags: dict[str, Any], name: str) -> None:
+    """One step of ``runner`` over ``variables`` (every one it was built for, in order) as one stateful
+    ``tf.numpy_function``; ``grads`` maps ``id(variable)`` to its gradient (None: a zero gradient, decided by the
+    program's structure, so alike on every rank: the fused segment always covers every variable, as the torch
+    face's zeroed buffer does). ``hyper``: lr then the rule's other hyper-parameters, read at run time (schedules
+    act). ``state``: the optimizer's variables named as ``runner.state_shapes()``; assigned with the results."""
+    gs = [tf.zeros(v.shape, "float32") if grads[id(v)] is None else tf.cast(dense(grads[id(v)]), "float32")
+          for v in variables]
+    hyper_t = tf.stack([tf.cast(h, tf.float64) for h in hyper])
+    names = list(runner.state_shapes())
+    state_in = [tf.convert_to_tensor(state[k]) for k in names]
+    params_in = [tf.convert_to_tensor(v) for v in variables]
+    n_vars, flags = len(variables), dict(flags)
+
+    def run(hyper_a: np.ndarray, *arrays: np.ndarray) -> list[np.ndarray]:
+        g_a, p_a, s_a = arrays[:n_vars], arrays[n_vars: 2 * n_vars], arrays[2 * n_vars:]
+        return runner(flags, hyper_a, g_a, p_a, s_a)  # the algorithm's own CommMeter counts its calls
+
+    touts = [tf.float32] * n_vars + [tf.as_dtype(state[k].dtype) for k in names]
+    outs = numpy_call(run, [hyper_t, *gs, *params_in, *state_in], touts, name)
+    for v, x in zip(variables, outs[:n_vars], strict=True):
+        v.assign(tf.reshape(x, v.shape))
+    for k, x in zip(names, outs[n_vars:], strict=True):
+        state[k].assign(tf.reshape(x, state[k].shape))

@@ -139,6 +139,11 @@ class NumpyBackend:
         return NumpyBackend._store(x, np.reciprocal(x.astype(_wide(x))))
 
     @staticmethod
+    def abs(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        np.abs(x, out=out)
+        return out
+
+    @staticmethod
     def sqrt(x: np.ndarray, out: np.ndarray) -> np.ndarray:
         return NumpyBackend._store(out, np.sqrt(x.astype(_wide(x))))
 
@@ -210,6 +215,33 @@ class NumpyBackend:
     @staticmethod
     def any_nonfinite(x: np.ndarray) -> bool:
         return not bool(np.isfinite(x).all())
+
+
+    @staticmethod
+    def bool_like(numel: int, like: object) -> np.ndarray:
+        del like
+        out = aligned_empty(int(numel), np.bool_)
+        out.fill(False)
+        return out
+
+    @staticmethod
+    def masked_fill_(x: np.ndarray, mask: np.ndarray, value: float) -> np.ndarray:
+        x[mask] = value
+        return x
+
+    @staticmethod
+    def clamp_(x: np.ndarray, low: float, high: float) -> np.ndarray:
+        np.clip(x, x.dtype.type(low), x.dtype.type(high), out=x)
+        return x
+
+    @staticmethod
+    def masked_norms(x: np.ndarray, mask: np.ndarray) -> tuple[float, float, int]:
+        selected = int(np.count_nonzero(mask))
+        if selected == mask.size:
+            return NumpyBackend.norm(x), 0.0, selected
+        if selected == 0:
+            return 0.0, NumpyBackend.norm(x), 0
+        return NumpyBackend.norm(x[mask]), NumpyBackend.norm(x[~mask]), selected
 
 
 BACKEND = NumpyBackend()

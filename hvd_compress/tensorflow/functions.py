@@ -18,13 +18,15 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
 from hvd_compress import ops
+from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops import onebit as onebit_ops
-from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
 from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
 from hvd_compress.tensorflow.context import ensure_init
 
-#: The dtypes the core reduces (bfloat16 has no NumPy DLPack export; cast it to float32 first).
-REDUCE_DTYPES = (tf.float16, tf.float32, tf.float64)
+#: The dtypes the core reduces (bfloat16 has no NumPy DLPack export; cast it to float32 first). Integer tensors:
+#: Sum, Min, Max, Product, and Average as Horovod's (the sum times 1/size, truncated toward zero).
+REDUCE_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 
 
 def numpy_call(fn: Callable[..., Any], inputs: Sequence[Any], touts: Sequence[tf.DType], name: str) -> list[tf.Tensor]:
@@ -50,7 +52,7 @@ def _check_dtype(t: tf.Tensor, what: str) -> None:
         )
 
 
-def _check_graph(what: str) -> None:
+def check_not_xla(what: str) -> None:
     """XLA cannot run a ``tf.numpy_function``: say so at trace time (every rank traces alike), not as an XLA error."""
     if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
         raise ValueError(
@@ -64,9 +66,20 @@ def _resolve_op(op: Any) -> ReduceOp:
         op = ReduceOp(Average if op is None else op)
     except ValueError:
         raise ValueError(f"unknown reduction op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
-    if op not in (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum):
+    if op not in DENSE_OPS and op != ReduceOp.Adasum:
         raise ValueError(f"op {op.name} is an optimizer algorithm: use hvd_compress.keras.DistributedOptimizer")
     return op
+
+
+def _reduce_gradient(op: ReduceOp, name: str) -> Callable[..., list[tf.Tensor]]:
+    """The gradient of a reduction: the same reduction of the upstream gradients (Sum, Average, Adasum), as
+    Horovod's; Min, Max and Product have none (Horovod raises too)."""
+    def grad(*upstream: tf.Tensor) -> list[tf.Tensor]:
+        if op not in (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Adasum):
+            raise NotImplementedError(f"{name}: the gradient of op={op.name} is not implemented (as in Horovod)")
+        return grouped_allreduce(upstream, op=op, name=f"{name}.grad")
+
+    return grad
 
 
 Average, Sum = ReduceOp.Average, ReduceOp.Sum
@@ -107,7 +120,7 @@ def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None =
     ``IndexedSlices`` are densified. Differentiable: the gradient is the same reduction of the upstream
     gradients."""
     ensure_init()
-    _check_graph(name or "grouped_allreduce")
+    check_not_xla(name or "grouped_allreduce")
     op = _resolve_op(op)
     name = name or "grouped_allreduce"
     inputs = [dense(t) for t in tensors]
@@ -124,33 +137,109 @@ def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None =
         outs = numpy_call(run, xs, [x.dtype for x in xs], name)
         for o, x in zip(outs, xs, strict=True):
             o.set_shape(x.shape)
-
-        def grad(*upstream: tf.Tensor) -> list[tf.Tensor]:
-            return grouped_allreduce(upstream, op=op, name=f"{name}.grad")
-
-        return outs, grad
+        return outs, _reduce_gradient(op, name)
 
     return list(reduce(*inputs))
 
 
 def allreduce(tensor: Any, op: Any = None, name: str | None = None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0) -> tf.Tensor:
-    """A new tensor: ``tensor`` reduced over all ranks (Average by default; Sum; Adasum: the whole tensor is one
-    Adasum vector). Horovod's scale factors multiply the input before and the result after."""
+              postscale_factor: float = 1.0, compression: Any = None, state: Any = None) -> tf.Tensor:
+    """A new tensor: ``tensor`` reduced over all ranks (Average by default; Sum, Min, Max, Product; Adasum: the
+    whole tensor is one Adasum vector). Horovod's scale factors multiply the input before and the result after.
+    ``compression`` (``hc.Compression.fp16``, ``topk(ratio)``, ``randomk(ratio, seed)``; Average/Sum, floating
+    tensors) compresses what travels; top-k/random-k keep error feedback in ``state`` (``hc.CompressionState``,
+    one per tensor, kept across calls) and have no gradient (their error feedback is a state, not a function)."""
     t = dense(tensor)
     if prescale_factor != 1.0:
         t = t * tf.cast(prescale_factor, t.dtype)
-    out = grouped_allreduce([t], op=op, name=name or "allreduce")[0]
+    if compression is not None and compression_ops.resolve(compression).kind != "none":
+        out = _compressed_allreduce(t, op, name or "allreduce", compression_ops.resolve(compression), state)
+    else:
+        out = grouped_allreduce([t], op=op, name=name or "allreduce")[0]
     if postscale_factor != 1.0:
         out = out * tf.cast(postscale_factor, out.dtype)
     return out
+
+
+def _compressed_allreduce(t: tf.Tensor, op: Any, name: str, compressor: Any, state: Any) -> tf.Tensor:
+    ensure_init()
+    check_not_xla(name)
+    op = _resolve_op(op)
+    _check_dtype(t, name)
+    if compressor.stateful and not isinstance(state, CompressionState):
+        raise TypeError(f"{compressor!r} keeps error feedback: pass state=hc.CompressionState(numel, compression), "
+                        f"got {type(state).__name__}")
+
+    def run(x: np.ndarray) -> np.ndarray:
+        out = aligned_copy(np.asarray(x))
+        ops.allreduce_(out, op=op, name=name, compression=compressor, state=state)
+        return out
+
+    def forward(x: tf.Tensor) -> tf.Tensor:
+        out = numpy_call(run, [x], [x.dtype], name)[0]
+        out.set_shape(x.shape)
+        return out
+
+    if compressor.stateful:
+        return forward(t)
+
+    @tf.custom_gradient
+    def reduce(x: tf.Tensor) -> Any:
+        def grad(upstream: tf.Tensor) -> tf.Tensor:
+            return _compressed_allreduce(upstream, op, f"{name}.grad", compressor, None)
+
+        return forward(x), grad
+
+    return reduce(t)
+
+
+class CompressionState(compression_ops.CompressionState):
+    """Error feedback (float32, NumPy, owned by this object) and step of one tensor reduced with ``compression``
+    (``hc.Compression.topk(...)``/``randomk(...)``): keep one per tensor across calls, save its ``state_dict()``.
+    ``sizes``: the tensors a fused buffer holds (default one)."""
+
+    def __init__(self, numel: int, compression: Any, sizes: list[int] | None = None) -> None:
+        super().__init__(numel, compression_ops.resolve(compression), BACKEND, None, sizes)
+
+
+def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
+    """A new tensor: every rank's ``tensor`` concatenated on the first dim, in rank order (Horovod's allgather).
+    The first dim may differ per rank; the other dims and the dtype must agree (``hc.MismatchError`` on every
+    rank otherwise). Differentiable as Horovod's: the gradient is the average over ranks of the upstream
+    gradient, cut to this rank's rows."""
+    ensure_init()
+    name = name or "allgather"
+    check_not_xla(name)
+    t = dense(tensor)
+    if t.shape.rank == 0:
+        raise ValueError(f"{name}: allgather needs a tensor with at least one dimension")
+
+    def run(x: np.ndarray) -> list[np.ndarray]:
+        data, rows = ops.allgather(aligned_copy(np.asarray(x)), name=name)
+        out = aligned_empty(data.size, np.uint8)
+        np.copyto(out, data)  # our own 64-byte aligned array: TF adopts it without a copy
+        return [out.view(x.dtype).reshape(sum(rows), *x.shape[1:]), np.asarray(rows, np.int64)]
+
+    @tf.custom_gradient
+    def gather(x: tf.Tensor) -> Any:
+        out, rows = numpy_call(run, [x], [x.dtype, tf.int64], name)
+        out.set_shape([None, *x.shape[1:]])
+
+        def grad(upstream: tf.Tensor) -> tf.Tensor:
+            reduced = allreduce(upstream, op=ReduceOp.Average, name=f"{name}.grad")
+            start = tf.reduce_sum(rows[: ops.rank()])
+            return tf.reshape(reduced[start: start + rows[ops.rank()]], tf.shape(x))
+
+        return out, grad
+
+    return gather(t)
 
 
 def broadcast_values(tensors: Sequence[Any], root_rank: int = 0, name: str | None = None) -> list[tf.Tensor]:
     """New tensors holding root_rank's values of ``tensors`` (any dtype, copied as bytes), in one stateful call."""
     ensure_init()
     name = name or "broadcast"
-    _check_graph(name)
+    check_not_xla(name)
     inputs = [tf.convert_to_tensor(t) for t in tensors]
     if not inputs:
         return []
@@ -204,7 +293,7 @@ def compressed_allreduce(tensor: Any, state: OneBitState, name: str | None = Non
         raise TypeError(f"compressed_allreduce expects an hc.OneBitState, got {type(state).__name__}")
     t = dense(tensor)
     name = name or "compressed_allreduce"
-    _check_graph(name)
+    check_not_xla(name)
 
     def run(x: np.ndarray) -> np.ndarray:
         out = aligned_copy(np.asarray(x)).reshape(-1)

@@ -47,6 +47,32 @@ with tf.GradientTape() as tape:
     loss = tf.reduce_sum(tf.gather(emb, [r % 6, 2]) * (r + 1)) + tf.reduce_sum(w * w) * (r + 1)
 grads = hc.DistributedGradientTape(tape).gradient(loss, [emb, w, unused])
 out["tape"] = [None if g is None else tf.convert_to_tensor(g).numpy() for g in grads]
+# Min/Max/Product and integer tensors, eager and in a tf.function.
+out["Min/float32"] = hc.allreduce(tf.constant(rank_input(r, 11, 5)), op=hc.Min).numpy()
+xi = tf.constant((np.arange(6) * (r + 1) - 3 * r).astype(np.int32))
+out["Max/int32/graph"] = tf.function(lambda t: hc.allreduce(t, op=hc.Max))(xi).numpy()
+out["Product/int64"] = hc.allreduce(tf.constant(np.arange(1, 4, dtype=np.int64) + r), op=hc.Product).numpy()
+# allgather: r + 1 rows on rank r, eager and in a tf.function, and its gradient (Horovod's: averaged, cut).
+rows = np.full((r + 1, 2), r, np.float32) + np.arange(2, dtype=np.float32)
+out["allgather"] = hc.allgather(tf.constant(rows)).numpy()
+out["allgather/graph"] = tf.function(lambda t: hc.allgather(t, name="gather.graph"))(tf.constant(rows)).numpy()
+var = tf.Variable(rows)
+with tf.GradientTape() as tape:
+    gathered = hc.allgather(var, name="gather.grad")
+    weights = tf.reshape(tf.range(tf.size(gathered), dtype=tf.float32), tf.shape(gathered))
+    loss = tf.reduce_sum(gathered * weights) * float(r + 1)
+out["allgather/grad"] = tape.gradient(loss, var).numpy()
+with tf.GradientTape() as tape:
+    tape.watch(a)
+    m = hc.allreduce(a, op=hc.Max, name="max.grad")
+out["max_grad"] = outcome(lambda: tape.gradient(m, a))
+# compression=: fp16 on the wire; top-k with its error feedback over two calls (eager, then in a tf.function).
+out["fp16"] = hc.allreduce(tf.constant(rank_input(r, 40, 6)), compression=hc.Compression.fp16).numpy()
+topk_state = hc.CompressionState(40, hc.Compression.topk(0.25))
+topk_fn = tf.function(lambda t: hc.allreduce(t, compression=hc.Compression.topk(0.25), state=topk_state))
+out["topk"] = [hc.allreduce(tf.constant(rank_input(r, 40, 20)), compression=hc.Compression.topk(0.25),
+                            state=topk_state).numpy(), topk_fn(tf.constant(rank_input(r, 40, 21))).numpy()]
+out["topk_error"] = topk_state.error.copy()
 # Bad input: every rank raises, none hangs.
 out["bad_shape"] = outcome(lambda: hc.allreduce(tf.zeros((2, 3) if r == 0 else (3, 2))))
 out["bad_numel"] = outcome(lambda: hc.allreduce(tf.zeros(4 + r)))

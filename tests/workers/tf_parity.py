@@ -35,6 +35,7 @@ def run_torch(make: str, op: object, options: dict) -> list[np.ndarray]:
         "sgd": lambda: torch.optim.SGD(params, lr=LR),
         "adamw": lambda: torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.999), eps=1e-7, weight_decay=0.004),
         "lamb": lambda: hct.Lamb(params, lr=LR, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
+        "birder": lambda: hct.Birder(params, lr=LR, beta=0.9, eps=1e-8, weight_decay=0.01),
     }[make]()
     opt = hct.DistributedOptimizer(inner, named_parameters=[(f"p{i}", p) for i, p in enumerate(params)], op=op,
                                    **options)
@@ -54,8 +55,9 @@ def run_keras(make: str, op: object, options: dict, compiled: bool) -> list[np.n
         "sgd": lambda: keras.optimizers.SGD(LR),
         "adamw": lambda: keras.optimizers.AdamW(LR, beta_1=0.9, beta_2=0.999, epsilon=1e-7, weight_decay=0.004),
         "lamb": lambda: keras.optimizers.Lamb(LR, beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay=0.01),
+        "birder": lambda: hck.Birder(LR, beta=0.9, epsilon=1e-8, weight_decay=0.01),
     }[make]()
-    opt = hck.DistributedOptimizer(inner, op=op, **options)
+    opt = hck.DistributedOptimizer(inner, op=hck.Birder if op is hct.Birder else op, **options)
 
     def step(gs: list[tf.Tensor]) -> None:
         opt.apply(gs, variables)
@@ -74,6 +76,10 @@ CASES = {
     "Adasum/sgd": ("sgd", hct.Adasum, {}),
     "OneBitAdam/adamw": ("adamw", hct.OneBitAdam, {"freeze_step": freeze}),
     "OneBitLamb/lamb": ("lamb", hct.OneBitLamb, {"freeze_step": freeze}),
+    # grad_size_thr=0: the (5, 6) layer goes through the masks; parameters averaged every 3 steps.
+    "SLAMB/lamb": ("lamb", hct.SLAMB, {"compress_ratio": 0.5, "sync_interval": 3, "grad_size_thr": 0, "seed": 5}),
+    "Birder/birder": ("birder", hct.Birder, {"seed": 3}),
+    "Average/birder": ("birder", hct.Average, {}),
 }
 out = {}
 for name, (make, op, options) in CASES.items():

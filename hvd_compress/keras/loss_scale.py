@@ -1,0 +1,49 @@
+"""``hck.LossScaleOptimizer``: Keras's dynamic loss scaling (mixed_float16) whose skip decision is agreed by all
+ranks.
+
+Keras's own ``LossScaleOptimizer`` checks the gradients of this rank only and skips the inner ``apply`` where one
+is Inf/NaN. Around ``hck.DistributedOptimizer`` that is a cross-rank deadlock: the rank that overflowed skips
+the step's collectives while the others wait in them. Here ``check_finite`` counts the ranks with a non-finite
+gradient in one tiny allreduce (``hvd_compress.algorithms.agreement``), so an overflow on one rank skips the step
+and halves the loss scale on every rank, and all ranks keep identical parameters and loss scales.
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    opt = hck.LossScaleOptimizer(hck.DistributedOptimizer(keras.optimizers.Adam(1e-3)))
+    model.compile(optimizer=opt, loss=..., jit_compile=False)  # Keras does not wrap it a second time
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvd_compress.algorithms.agreement import nonfinite_everywhere
+from hvd_compress.ops.traffic import CommMeter
+from hvd_compress.tensorflow.backend import BACKEND
+from hvd_compress.tensorflow.context import ensure_init
+from hvd_compress.tensorflow.functions import dense, numpy_call
+
+
+@keras.saving.register_keras_serializable(package="hvd_compress")
+class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """``keras.optimizers.LossScaleOptimizer`` with the finite check agreed across ranks (see the module)."""
+
+    def __init__(self, inner_optimizer: keras.optimizers.Optimizer, **kwargs: Any) -> None:
+        super().__init__(inner_optimizer, **kwargs)
+        inner_optimizer._hvdc_loss_scale_agreed = True  # hck.DistributedOptimizer refuses a plain wrapper
+        self._hvdc_meter = CommMeter()
+
+    def check_finite(self, grads: list[Any]) -> Any:
+        ensure_init()
+        tensors = [dense(g) for g in grads if g is not None]
+        meter, name = self._hvdc_meter, f"{self.name}.check_finite"
+
+        def run(*arrays: np.ndarray) -> np.ndarray:
+            # Reads TF's buffers only (never writes them): nonfinite_everywhere only tests them.
+            return np.asarray(nonfinite_everywhere(BACKEND, [np.asarray(a) for a in arrays], meter, name), np.int64)
+
+        bad = numpy_call(run, tensors, [tf.int64], name)[0]
+        return tf.equal(bad, 0)
