@@ -25,7 +25,7 @@ Handle = concurrent.futures.Future
 
 def _submit(fn: Any, *args: Any, **kwargs: Any) -> Handle:
     ensure_init()
-    return runtime.executor().submit(fn, *args, **kwargs)
+    return runtime.submit(fn, *args, **kwargs)
 
 
 def allreduce_async(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Handle:
