@@ -13,24 +13,32 @@ from hvd_compress.ops.buckets import plan_buckets
 
 STEPS = 4
 BUCKETS = 5  # the worker's model cut into 64-byte buckets: [b3, w3], [b2], [w2], [b1], [w1]
-# name -> (op, passes, tolerance against the simulation); fp16 compression rounds each gradient to 16 bits
+# name -> (op, passes, tolerance against the simulation, an unused parameter registered first); fp16 compression
+# rounds each gradient to 16 bits
 CONFIGS = {
-    "average": ("Average", 1, 1e-5),
-    "sum_accum_set_to_none": ("Sum", 2, 1e-5),
-    "predivide_fp16": ("Average", 1, 2e-3),
+    "average": ("Average", 1, 1e-5, False),
+    "sum_accum_set_to_none": ("Sum", 2, 1e-5, False),
+    "predivide_fp16": ("Average", 1, 2e-3, False),
+    "unused_parameter": ("Average", 1, 1e-5, True),
 }
 
 
-def _model() -> torch.nn.Module:
+def _model(unused: bool) -> torch.nn.Module:
+    """The worker's model; with ``unused``, a Linear(3, 3) that forward never uses is registered first."""
     torch.manual_seed(1234)
-    return torch.nn.Sequential(
+    extra = [torch.nn.Linear(3, 3)] if unused else []
+    torch.manual_seed(1234)  # the worker seeds the net again
+    net = torch.nn.Sequential(
         torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
     )
+    return torch.nn.ModuleList([*extra, net]) if unused else net
 
 
-def _simulate(n: int, op: str, passes: int) -> list[list[torch.Tensor]]:
-    """The worker's training on one process: every virtual rank's gradient, combined by the reference."""
-    model = _model()
+def _simulate(n: int, op: str, passes: int, unused: bool) -> list[list[torch.Tensor]]:
+    """The worker's training on one process: every virtual rank's gradient, combined by the reference (a parameter
+    without a gradient reduces as zeros, as Horovod's)."""
+    model = _model(unused)
+    forward = model[-1] if unused else model
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     history = []
     for step in range(STEPS):
@@ -40,8 +48,9 @@ def _simulate(n: int, op: str, passes: int) -> list[list[torch.Tensor]]:
             for micro in range(passes):
                 g = torch.Generator().manual_seed(100_000 * step + 100 * r + micro)
                 x = torch.randn(5, 6, generator=g)
-                torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True).sin()).backward()
-            per_rank.append([p.grad.detach().double().numpy().copy() for p in model.parameters()])
+                torch.nn.functional.mse_loss(forward(x), x.sum(dim=1, keepdim=True).sin()).backward()
+            per_rank.append([torch.zeros_like(p).double().numpy() if p.grad is None else
+                             p.grad.detach().double().numpy().copy() for p in model.parameters()])
         for i, p in enumerate(model.parameters()):
             p.grad = torch.from_numpy(reference.allreduce([g[i] for g in per_rank], op=op, dtype="float32")[0]).float()
         opt.step()
@@ -69,18 +78,21 @@ def run(request, tmp_path_factory) -> tuple[int, list[dict]]:
 
 def test_overlapped_buckets_start_during_backward_and_match_the_step_path_bit_for_bit(run) -> None:
     n, ranks = run
-    for name, (op, passes, tol) in CONFIGS.items():
-        want = _simulate(n, op, passes)
+    for name, (op, passes, tol, unused) in CONFIGS.items():
+        want = _simulate(n, op, passes, unused)
+        # the unused parameter's bucket is the last one and can start only in step()
+        buckets, started = (BUCKETS + 1, BUCKETS) if unused else (BUCKETS, BUCKETS)
         for r, rk in enumerate(ranks):
             on, off = rk["results"][(name, True)], rk["results"][(name, False)]
             assert on["overlap"] and not off["overlap"]
-            assert on["buckets"] == off["buckets"] == BUCKETS, f"{name} rank {r}: {on['buckets']} buckets"
+            assert on["buckets"] == off["buckets"] == buckets, f"{name} rank {r}: {on['buckets']} buckets"
             # Every bucket was started from a gradient hook: at least one before backward() returned, all by then.
             assert all(d >= 1 for d in on["during"]), f"n={n} {name} rank {r}: started during backward {on['during']}"
-            assert on["after"] == [BUCKETS] * STEPS, f"n={n} {name} rank {r}: started by backward's end {on['after']}"
+            assert on["after"] == [started] * STEPS, f"n={n} {name} rank {r}: started by backward's end {on['after']}"
             assert off["during"] == off["after"] == [0] * STEPS, f"n={n} {name} rank {r}: overlap=False started early"
             # With gradient accumulation, nothing starts before the last pass of a step has made the gradients final.
-            assert on["per_pass"] == ([0] * (passes - 1) + [BUCKETS]) * STEPS, f"n={n} {name} rank {r}: {on['per_pass']}"
+            want_passes = ([0] * (passes - 1) + [started]) * STEPS
+            assert on["per_pass"] == want_passes, f"n={n} {name} rank {r}: started per pass {on['per_pass']}"
             assert on["loss_avg"] == ranks[0]["results"][(name, True)]["loss_avg"], f"{name}: rank {r} loss average"
             for step in range(STEPS):
                 for i, (a, b) in enumerate(zip(on["params"][step], off["params"][step], strict=True)):

@@ -22,16 +22,32 @@ r = hc.rank()
 torch.set_num_threads(1)
 BUCKET_MB = 64 / (1 << 20)  # 64-byte buckets: 5 buckets for this model (see tests/test_overlap.py)
 
-# (name, op, backward passes per step, gradient_predivide_factor, compression, zero the grads through the model)
+# (name, op, backward passes per step, gradient_predivide_factor, compression, zero the grads through the model,
+#  an unused parameter registered first)
 CONFIGS = [
-    ("average", hc.Average, 1, 1.0, None, False),
-    ("sum_accum_set_to_none", hc.Sum, 2, 1.0, None, True),
-    ("predivide_fp16", hc.Average, 1, 2.0, hc.Compression.fp16, False),
+    ("average", hc.Average, 1, 1.0, None, False, False),
+    ("sum_accum_set_to_none", hc.Sum, 2, 1.0, None, True, False),
+    ("predivide_fp16", hc.Average, 1, 2.0, hc.Compression.fp16, False, False),
+    ("unused_parameter", hc.Average, 1, 1.0, None, False, True),
 ]
 
 
-def make_model() -> torch.nn.Module:
+class WithUnused(torch.nn.Module):
+    """A parameter that gets no gradient, registered first: its bucket (the last) can start only in step()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unused = torch.nn.Linear(3, 3)
+        self.net = make_model(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def make_model(unused: bool = False) -> torch.nn.Module:
     torch.manual_seed(1234)
+    if unused:
+        return WithUnused()
     return torch.nn.Sequential(
         torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
     )
@@ -43,8 +59,8 @@ def batch(step: int, rank: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]
     return x, x.sum(dim=1, keepdim=True).sin()
 
 
-def train(op, passes, predivide, compression, model_zero, overlap) -> dict:
-    model = make_model()
+def train(op, passes, predivide, compression, model_zero, unused, overlap) -> dict:
+    model = make_model(unused)
     options = {"gradient_predivide_factor": predivide} if predivide != 1.0 else {}
     if compression is not None:
         options["compression"] = compression
@@ -74,9 +90,9 @@ def train(op, passes, predivide, compression, model_zero, overlap) -> dict:
 
 
 out = {"results": {}}
-for name, op, passes, predivide, compression, model_zero in CONFIGS:
+for name, *config in CONFIGS:
     for overlap in (True, False):
-        out["results"][(name, overlap)] = train(op, passes, predivide, compression, model_zero, overlap)
+        out["results"][(name, overlap)] = train(*config, overlap)
 
 # A Python error in rank 1's reduction of bucket 1, raised on its background thread before the core call.
 armed = True
