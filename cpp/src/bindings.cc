@@ -266,6 +266,16 @@ NB_MODULE(_core, m) {
           "error-compensated 1-bit average over all ranks (1-bit Adam, paper 003 Alg. 1 lines "
           "7-13); `worker_error` (numel float32) and `server_error` (onebit_padded_numel(numel, "
           "size) / size float32) are updated. Returns this call's bytes.")
+      .def(
+          "reject_allreduce",
+          [](Runtime& rt, const std::string& why, const std::string& name) {
+            nb::gil_scoped_release nogil;
+            rt.reject(kAllreduce, why, name);
+          },
+          nb::arg("why"), nb::arg("name") = "",
+          "Joins an allreduce that this rank could not even start (`why`, e.g. a Python error while "
+          "preparing a background reduction), so that every rank raises RejectedInputError instead "
+          "of the others waiting for it. Always raises.")
       .def("stats", [](const Runtime& rt) { return as_dict(rt.stats()); })
       .def("reset_stats", &Runtime::reset_stats);
   hvdc::register_onebit(m);

@@ -34,6 +34,30 @@ before any state changes (warm-up: checked on the averaged gradient, which every
 one tiny flag allreduce when there are several segments, then the core checks what enters each
 compressor on every rank). Nothing is skipped silently.
 
+Overlap with backward (issue 13): not done, because per-bucket calls cannot give today's results. ``op=Average``
+starts bucket allreduces from the gradient hooks (``hvd_compress.ops.buckets``); doing the same here, the local
+momentum of a bucket (line 6, element-wise) could be formed in its hook, but its compressed allreduce could not:
+
+- the compressor's scale is ||x||_2 / sqrt(C) over each of the n server chunks of the whole padded segment
+  (chunk j = elements [jC, (j+1)C) of P = onebit_padded_numel(numel, n), served by rank j). A bucket is a tail of
+  the segment (reverse registration order), so its own call would cut different chunks, with other scales: other
+  update values, not just another summation order;
+- the server error has P / n entries per segment and the worker error is written per chunk; per-bucket calls
+  change these shapes, so checkpoints of the two paths would not load into each other;
+- warm-up and the compression stage both decide per step and per segment (finite agreement before any error
+  buffer changes, ``agree_finite``); a bucket reduced before the last gradient exists would commit its error
+  feedback before a later NaN could reject the step;
+- in the compression stage ``.grad`` holds each rank's own gradient between ``synchronize()`` and ``step()`` so
+  that clipping it clips what enters the momentum; a momentum formed in the hook would skip that clipping.
+
+What would be needed for identical results: a core collective split into a per-chunk phase 1 (compress chunk j
+and send its block to rank j as soon as every gradient in [jC, (j+1)C) is final, non-blocking sends instead of the
+one alltoall) and a final phase (server average, allgather, decompress) started by ``step()``; error buffers
+written only in the final phase (so a rejection still leaves them unchanged) and the finite check moved there;
+and clipping documented as unavailable with overlap. Chunks are 1/n of the segment, so the overlap would be
+coarse at small n. The warm-up's dense gradient average could reuse the Average buckets, at the price of a
+summation order that differs from today's single call at 3 or more ranks.
+
 State: one ``Segment`` per (param group, dtype) of flat buffers that the face allocates (its framework's
 tensors, of which each parameter's state is a view), the step, and per segment the 1-bit error feedback
 and LAMB's per-layer coefficients. ``state_dict()`` is the one checkpoint schema every face writes.

@@ -103,6 +103,7 @@ def methods(freeze: int) -> list[Method]:
     """Every method, dense first (its final loss is the target of the others)."""
     out = [
         Method("hc Average (Adam)", "adam", _hc(hc.Average), True),
+        Method("hc Average no overlap (Adam)", "adam", _hc(hc.Average, overlap=False), True),
         Method("Horovod Adam", "adam", _hvd),
         Method("DDP Adam", "adam", _ddp(False)),
         Method("DDP+PowerSGD r4 Adam", "adam", _ddp(True)),

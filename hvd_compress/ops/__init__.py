@@ -1,6 +1,13 @@
 """Framework-neutral API of hvd_compress (layer 2 of DESIGN.md): ops, runtime, collectives."""
 
-from hvd_compress.ops.collectives import adasum_fused_, allgather, allreduce_, broadcast_, grouped_allreduce_
+from hvd_compress.ops.collectives import (
+    adasum_fused_,
+    allgather,
+    allreduce_,
+    broadcast_,
+    grouped_allreduce_,
+    reject_allreduce,
+)
 from hvd_compress.ops.compression import Compression, CompressionState, Compressor
 from hvd_compress.ops.constants import Adasum, Average, Max, Min, OneBitAdam, OneBitLamb, Product, ReduceOp, Sum
 from hvd_compress.ops.errors import (
@@ -49,6 +56,7 @@ __all__ = [
     "init",
     "is_initialized",
     "rank",
+    "reject_allreduce",
     "set_timeout",
     "shutdown",
     "size",

@@ -68,7 +68,7 @@ def hierarchical_compressed_allreduce_(
     """
     m, b = (as_core_buffer(t) for t in moments) if moments is not None else (None, None)
     uw, us = (as_core_buffer(t) for t in uniforms) if uniforms is not None else (None, None)
-    counts = runtime.get().hierarchical_compressed_allreduce(
+    counts = runtime.get_in_order().hierarchical_compressed_allreduce(
         as_core_buffer(buffer), as_core_buffer(worker_error), as_core_buffer(server_error),
         payload=int(payload), hierarchical=bool(hierarchical), seed=int(seed), step=int(step) & 0xFFFFFFFF,
         m=m, b=b, beta=float(beta), eps=float(eps), worker_uniforms=uw, server_uniforms=us, name=name or "",

@@ -52,7 +52,7 @@ def allreduce_(
     compressor = resolve_compression(compression)
     if compressor.kind != "none":
         return compressed_allreduce_(tensor, compressor, state, op=op, name=name, traffic=traffic)
-    rt = runtime.get()
+    rt = runtime.get_in_order()
     if op in DENSE_OPS:
         record(rt.allreduce(as_core_buffer(tensor), int(op), name or ""), traffic)
         return tensor
@@ -62,6 +62,12 @@ def allreduce_(
         f"op {op.name} is an optimizer algorithm, not a reduction of one tensor: use "
         f"DistributedOptimizer(opt, op={op.name}, ...) (or compressed_allreduce for the 1-bit collective)"
     )
+
+
+def reject_allreduce(why: str, name: str | None = None) -> None:
+    """Join the coming allreduce as a rank that could not start it (``why``): every rank raises
+    ``RejectedInputError`` (this one included), none waits for a peer that never arrives."""
+    runtime.get_in_order().reject_allreduce(str(why), name or "")
 
 
 def adasum_fused_(
@@ -77,7 +83,7 @@ def adasum_fused_(
     coefficients are per tensor, all tensors travel in one exchange. ``hierarchical`` (default:
     ``HVDC_ADASUM_HIERARCHICAL`` at ``init()``) averages within each node and runs Adasum across nodes.
     """
-    rt = runtime.get()
+    rt = runtime.get_in_order()
     sizes = [int(s) for s in sizes]
     record(rt.adasum(as_core_buffer(flat), sizes, _hierarchical(hierarchical), name or ""), traffic)
     return flat
@@ -99,7 +105,7 @@ def grouped_allreduce_(
     tensors = list(tensors)
     if op == ReduceOp.Adasum:
         buffers = [as_core_buffer(t) for t in tensors]
-        record(runtime.get().adasum_group(buffers, _hierarchical(hierarchical), name or ""), traffic)
+        record(runtime.get_in_order().adasum_group(buffers, _hierarchical(hierarchical), name or ""), traffic)
         return tensors
     for i, t in enumerate(tensors):
         allreduce_(t, op=op, name=f"{name}.{i}" if name else None, traffic=traffic)
@@ -110,12 +116,12 @@ def allgather(tensor: Any, name: str | None = None, traffic: Traffic | None = No
     """Horovod's allgather of ``tensor`` (contiguous, at least one dim): its first dim may differ per rank,
     its other dims and dtype must agree. Returns (a uint8 NumPy array holding every rank's rows in rank
     order, each rank's first dim); the face views the bytes as its dtype and shape."""
-    data, rows, moved = runtime.get().allgather(as_core_buffer(tensor), name or "")
+    data, rows, moved = runtime.get_in_order().allgather(as_core_buffer(tensor), name or "")
     record(moved, traffic)
     return data, [int(r) for r in rows]
 
 
 def broadcast_(tensor: Any, root_rank: int = 0, name: str | None = None, traffic: Traffic | None = None) -> Any:
     """Overwrite ``tensor`` on every rank with root_rank's, in place, and return it."""
-    record(runtime.get().broadcast(as_core_buffer(tensor), int(root_rank), name or ""), traffic)
+    record(runtime.get_in_order().broadcast(as_core_buffer(tensor), int(root_rank), name or ""), traffic)
     return tensor

@@ -192,7 +192,7 @@ def compressed_allreduce_(
     error = as_core_buffer(state.error) if compressor.stateful else None
     step, sizes = (state.step, state.sizes) if compressor.stateful else (0, [])
     counts = _core.sparse_allreduce(
-        runtime.get(), as_core_buffer(tensor), error, KINDS[compressor.kind], op_value,
+        runtime.get_in_order(), as_core_buffer(tensor), error, KINDS[compressor.kind], op_value,
         compressor.ratio, compressor.seed, step, sizes, name or "",
     )
     record(counts, traffic)

@@ -27,3 +27,6 @@ class ProcessSetError(NotImplementedError):
 
 class LaunchError(RuntimeError):
     """The processes were not started by an MPI launcher, or Horovod and MPI disagree on the world."""
+
+#: What the core raises on every rank of a collective alike (a rank that sees one of these needs no rejection).
+CORE_ERRORS = (UsageError, MismatchError, CommTimeoutError, CommError)

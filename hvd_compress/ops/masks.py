@@ -80,7 +80,7 @@ def masked_allreduce_(
     ``UsageError`` on every rank with every tensor unchanged.
     """
     check_mask_args(ratio, seed, step)
-    counts = runtime.get().masked_allreduce(
+    counts = runtime.get_in_order().masked_allreduce(
         as_core_buffer(tensor), float(ratio), int(seed), int(step), mask_kind(kind), [int(a) for a in always],
         mask_out, bool(check_finite), name or "",
     )

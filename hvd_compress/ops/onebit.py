@@ -98,7 +98,7 @@ def compressed_allreduce_(
     pass different sizes or shapes raise ``MismatchError``. The bytes of the call go to ``traffic`` (and to
     the accumulators of ``counting``, see ``hvd_compress.ops.traffic``). Returns ``buffer``.
     """
-    counts = runtime.get().compressed_allreduce(
+    counts = runtime.get_in_order().compressed_allreduce(
         as_core_buffer(buffer), as_core_buffer(worker_error), as_core_buffer(server_error), name or ""
     )
     record(counts, traffic)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,6 +69,9 @@ class _Session:
     config: Config
     # The one thread that runs asynchronous collectives, in submission order (made on first use).
     executor: concurrent.futures.ThreadPoolExecutor | None = None
+    worker: int | None = None  # that thread's ident
+    pending: int = 0  # collectives submitted to it and not finished
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 _session: _Session | None = None
@@ -157,8 +161,41 @@ def executor() -> concurrent.futures.ThreadPoolExecutor:
     if session is None:
         get()  # raises NotInitializedError
     if session.executor is None:
-        session.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvdc-async")
+
+        def remember_worker() -> None:
+            session.worker = threading.get_ident()
+
+        session.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="hvdc-async", initializer=remember_worker
+        )
     return session.executor
+
+
+def submit(fn: Any, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+    """Run ``fn(*args, **kwargs)`` (collectives) on the background thread, after what was submitted before."""
+    session = _current()
+    pool = executor()
+    with session.lock:
+        session.pending += 1
+
+    def done(_: concurrent.futures.Future) -> None:
+        with session.lock:
+            session.pending -= 1
+
+    future = pool.submit(fn, *args, **kwargs)
+    future.add_done_callback(done)
+    return future
+
+
+def get_in_order() -> _core.Runtime:
+    """The runtime, for a collective issued now from this thread: first waits until the background collectives
+    submitted so far have run. Every rank submits those in one order (bucket order, submission order), so a
+    collective of the main thread (a loss averaged between ``backward()`` and ``step()``, an autograd allreduce
+    inside backward) then meets the same collective on every rank instead of racing the background thread."""
+    session = _current()
+    if session.pending and threading.get_ident() != session.worker:
+        executor().submit(lambda: None).result()  # one worker, FIFO: everything before it has finished
+    return session.core
 
 
 def rank() -> int:

@@ -1,9 +1,11 @@
 """Horovod's asynchronous collectives: ``*_async`` return a handle at once, ``poll(handle)`` says whether it
 finished, ``synchronize(handle)`` waits and returns the result (or raises what the collective raised).
 
-The collectives run one at a time on the process's one async thread (``hvd_compress.ops.runtime.executor``),
-in submission order, so ranks that submit in the same order issue them in the same order. As with every
-hc collective, do not mix them with collectives issued from other threads at the same time.
+The collectives run one at a time on the process's one async thread (``hvd_compress.ops.runtime.submit``),
+in submission order, so ranks that submit in the same order issue them in the same order; the optimizers'
+overlapped bucket reductions run there too. A synchronous hc collective issued meanwhile first waits for what
+was submitted before it (``runtime.get_in_order``), so it keeps its place in that order on every rank. Do not
+issue hc collectives from further threads of your own at the same time.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ Handle = concurrent.futures.Future
 
 def _submit(fn: Any, *args: Any, **kwargs: Any) -> Handle:
     ensure_init()
-    return runtime.executor().submit(fn, *args, **kwargs)
+    return runtime.submit(fn, *args, **kwargs)
 
 
 def allreduce_async(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Handle:

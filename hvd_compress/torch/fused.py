@@ -51,9 +51,14 @@ class FusedGradients:
             groups.setdefault((p.dtype, p.device), []).append(p)
         self.buffers: list[torch.Tensor] = []
         self._views: dict[int, torch.Tensor] = {}
+        self._where: dict[int, tuple[int, int, int]] = {}  # id -> (buffer index, offset, numel)
         for members in groups.values():
             flat, views = flat_with_views(members)
             self._views.update((id(p), v) for p, v in zip(members, views, strict=True))
+            offset = 0
+            for p in members:
+                self._where[id(p)] = (len(self.buffers), offset, p.numel())
+                offset += p.numel()
             self.buffers.append(flat)
         for p in self.params:
             p.grad = self._views[id(p)]
@@ -81,17 +86,31 @@ class FusedGradients:
         ranks reduce the same buffers.
         """
         for p in self.params:
-            if id(p) in self.sparse:
-                continue
-            view = self._views[id(p)]
-            g = p.grad
-            if g is None:
-                view.zero_()
-            elif g.is_sparse:  # sparse_as_dense: a sparse gradient that replaced the view
-                view.copy_(g.to_dense())
-            elif g.data_ptr() != view.data_ptr():
-                view.copy_(g)
-            p.grad = view
+            self.gather_one(p)
+
+    def gather_one(self, p: torch.nn.Parameter) -> None:
+        """``gather()`` for one parameter (from its gradient hook, before its bucket is reduced)."""
+        if id(p) in self.sparse:
+            return
+        view = self._views[id(p)]
+        g = p.grad
+        if g is None:
+            view.zero_()
+        elif g.is_sparse:  # sparse_as_dense: a sparse gradient that replaced the view
+            view.copy_(g.to_dense())
+        elif g.data_ptr() != view.data_ptr():
+            view.copy_(g)
+        p.grad = view
+
+    def span(self, params: list[torch.nn.Parameter]) -> tuple[int, torch.Tensor]:
+        """(buffer index, the contiguous slice of that buffer) holding the gradients of ``params``: consecutive
+        parameters of one buffer, in any order (a bucket of ``hvd_compress.ops.buckets.plan_buckets``)."""
+        where = sorted(self._where[id(p)] for p in params)
+        index, start, _ = where[0]
+        end = where[-1][1] + where[-1][2]
+        if any(w[0] != index for w in where) or end - start != sum(w[2] for w in where):
+            raise ValueError("FusedGradients.span: the parameters are not consecutive in one buffer")
+        return index, self.buffers[index][start:end]
 
     def zero_(self) -> None:
         for flat in self.buffers:

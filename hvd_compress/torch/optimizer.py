@@ -11,9 +11,11 @@ from hvd_compress import algorithms, ops
 from hvd_compress.algorithms import slamb
 from hvd_compress.algorithms.birder import parse_options as parse_birder_options
 from hvd_compress.algorithms.onebit import parse_options
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, BucketReductions, plan_buckets
 from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.errors import CORE_ERRORS
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.ops.traffic import CommMeter
@@ -38,7 +40,16 @@ from hvd_compress.torch.wrapping import (
 
 
 class _DistributedMixin(SynchronizeProtocol):
-    """Methods added to the wrapped optimizer's class for op=Average/Sum."""
+    """Methods added to the wrapped optimizer's class for op=Average/Sum.
+
+    The gradients live in fused buffers (``FusedGradients``), cut into buckets: contiguous slices of a buffer
+    planned by ``hvd_compress.ops.buckets.plan_buckets`` from the parameters in reverse registration order (the
+    order backward makes them final), each closed at ``bucket_mb``. Every bucket is one allreduce call. With
+    overlap (the default) the gradient hook of the last member of a bucket starts its allreduce on the
+    background thread while backward continues; buckets start strictly in bucket order, so every rank issues
+    the same calls in the same order. ``synchronize()`` starts what is left (parameters without a gradient this
+    step count as zeros, as in Horovod) and waits for all. Without overlap it issues the same calls on the same
+    slices after backward: the two give bit-identical results."""
 
     def _hvdc_setup(
         self,
@@ -48,6 +59,8 @@ class _DistributedMixin(SynchronizeProtocol):
         gradient_predivide_factor: float = 1.0,
         sparse_as_dense: bool = False,
         compression: Compressor = Compression.none,
+        overlap: bool = True,
+        bucket_mb: float = DEFAULT_BUCKET_MB,
     ) -> None:
         params = [p for g in self.param_groups for p in g["params"]]
         names = check_named_parameters(params, named_parameters)
@@ -70,23 +83,64 @@ class _DistributedMixin(SynchronizeProtocol):
             CompressionState(flat.numel(), compression, device=flat.device) if compression.stateful else None
             for flat in self._hvdc_grads.buffers
         ]
+        # A stateful compressor's selection and error feedback are per whole buffer (and so is its checkpoint):
+        # each buffer is one bucket, reduced in step(). Every other reduction is element-wise, so buckets apply.
+        grads = self._hvdc_grads.params
+        if compression.stateful:
+            plan = [[i for i, p in enumerate(grads) if self._hvdc_grads.span([p])[0] == b]
+                    for b in range(len(self._hvdc_grads.buffers))]
+        else:
+            cap = int(bucket_mb * (1 << 20))
+            items = [((p.dtype, p.device), p.numel() * p.element_size()) for p in grads]
+            plan = plan_buckets(items, cap, min(cap, int(FIRST_BUCKET_MB * (1 << 20))))
+        self._hvdc_overlap = bool(overlap)
+        self._hvdc_buckets = [self._hvdc_grads.span([grads[i] for i in members]) for members in plan]
+        self._hvdc_bucket_of = {id(grads[i]): b for b, members in enumerate(plan) for i in members}
+        self._hvdc_reductions = BucketReductions([len(members) for members in plan])
 
     def _hvdc_count_pass(self, p: torch.Tensor) -> None:
-        self._hvdc_passes.add(p)
+        passes = self._hvdc_passes.add(p)
         self._hvdc_synchronized = False  # a new gradient after synchronize() needs reducing again
+        if self._hvdc_overlap and passes == self._hvdc_passes.limit:
+            ensure_init()
+            self._hvdc_grads.gather_one(p)  # a .grad set from outside (model.zero_grad()) into its view
+            self._hvdc_reductions.mark_ready(self._hvdc_bucket_of[id(p)])
+            self._hvdc_reductions.launch_ready(self._hvdc_reduce_bucket)
 
-    def synchronize(self) -> None:
-        """Reduce the accumulated gradients over all ranks into ``.grad`` (step() calls this unless it
-        runs inside ``skip_synchronize()``): clip or inspect the reduced gradients between the two."""
-        ensure_init()
-        self._hvdc_grads.gather()
+    def _hvdc_reduce_bucket(self, index: int) -> None:
+        """One bucket's allreduce (on the background thread). A failure before the core call is this rank's
+        alone: it joins the call as a rejection, so the other ranks raise too instead of waiting for it."""
+        buffer, flat = self._hvdc_buckets[index]
         f = self._hvdc_predivide
         # Horovod's split average with a predivide factor: 1/f before the sum, f/size after it.
         op, pre, post = (self._hvdc_op, 1.0, 1.0) if f == 1.0 else (ReduceOp.Sum, 1.0 / f, f / ops.size())
-        for i, flat in enumerate(self._hvdc_grads.buffers):
-            self._hvdc_meter.run(allreduce_, flat, op=op, name=f"DistributedOptimizer.grad.{i}",
-                                 prescale_factor=pre, postscale_factor=post,
-                                 compression=self._hvdc_compression, state=self._hvdc_cstates[i])
+        name = f"DistributedOptimizer.grad.{index}"
+        try:
+            self._hvdc_meter.run(allreduce_, flat, op=op, name=name, prescale_factor=pre, postscale_factor=post,
+                                 compression=self._hvdc_compression, state=self._hvdc_cstates[buffer])
+        except CORE_ERRORS:
+            raise  # raised by the core on every rank
+        except Exception as e:
+            self._hvdc_meter.run(ops.reject_allreduce, f"{type(e).__name__}: {e}", name)
+            raise
+
+    def synchronize(self) -> None:
+        """Reduce the accumulated gradients over all ranks into ``.grad`` (step() calls this unless it
+        runs inside ``skip_synchronize()``): clip or inspect the reduced gradients between the two.
+
+        With overlap, the buckets whose gradients were final during backward are already being reduced in
+        place: change ``.grad`` only after ``synchronize()`` (as with Horovod), or pass ``overlap=False``. An
+        error in any rank's reduction raises here on every rank, after every started bucket has finished."""
+        ensure_init()
+        self._hvdc_grads.gather()  # only touches gradients that are not their views yet (none already reducing)
+        self._hvdc_reductions.mark_all_ready()
+        self._hvdc_reductions.launch_ready(self._hvdc_reduce_bucket)
+        try:
+            self._hvdc_reductions.drain()
+        except Exception:
+            self._hvdc_passes.reset()
+            raise
+        self._hvdc_reductions.reset()
         sparse = self._hvdc_grads.sparse
         for p in self._hvdc_grads.params:  # in parameter order: the same order on every rank
             if id(p) in sparse:
@@ -94,6 +148,11 @@ class _DistributedMixin(SynchronizeProtocol):
                 p.grad = self._hvdc_meter.run(sparse_allreduce, p.grad, p, sparse[id(p)], self._hvdc_op, name)
         self._hvdc_passes.reset()
         self._hvdc_mark_synchronized()
+
+    @property
+    def overlap(self) -> bool:
+        """Whether gradient buckets are reduced during backward (``overlap=`` of ``DistributedOptimizer``)."""
+        return self._hvdc_overlap
 
     def step(self, closure: Any = None) -> Any:
         self._hvdc_synchronize_for_step()
@@ -104,6 +163,8 @@ class _DistributedMixin(SynchronizeProtocol):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the fused gradient buffers in place (gradients stay views, never None)."""
         del set_to_none  # views must survive for the fused reduction
+        self._hvdc_reductions.drain()  # never zero a bucket that is still being reduced
+        self._hvdc_reductions.reset()
         self._hvdc_grads.zero_()
         self._hvdc_step_done()
 
@@ -157,8 +218,15 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for data-parallel training over all ranks.
 
-    - ``op=hc.Average``/``hc.Sum``: ``step()`` reduces the gradients (one fused call per dtype), then
-      steps the wrapped optimizer, as ``hvd.DistributedOptimizer``.
+    - ``op=hc.Average``/``hc.Sum``: the gradients are reduced in buckets of ``bucket_mb`` MiB (default 25; the
+      first bucket 1 MiB), then ``step()`` steps the wrapped optimizer, as ``hvd.DistributedOptimizer``. With
+      ``overlap=True`` (the default) a bucket's allreduce starts on a background thread as soon as backward has
+      made its gradients final, so communication overlaps the rest of backward; ``step()`` (``synchronize()``)
+      waits for all. ``overlap=False`` issues the same calls after backward: results are bit-identical either
+      way. With overlap, change ``.grad`` only after ``synchronize()`` (Horovod's rule); top-k/random-k
+      ``compression=`` reduce whole buffers in ``step()`` (no overlap); sparse gradients are gathered in
+      ``step()``. Gradients of parameters registered in the reverse of the order backward reaches them
+      still reduce correctly, with less overlap.
     - ``op=hc.Adasum``: each rank steps on its own gradient and the parameter deltas are Adasum-reduced
       (see ``hvd_compress.torch.adasum_optimizer``); options ``hierarchical``, ``grad_scaler``, ``bucket_mb``.
     - ``op=hc.OneBitAdam`` (wraps ``torch.optim.Adam``/``AdamW``) and ``op=hc.OneBitLamb`` (wraps
@@ -214,17 +282,29 @@ def _dense(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp
     predivide = options.pop("gradient_predivide_factor", 1.0)
     sparse_as_dense = bool(options.pop("sparse_as_dense", False))
     compression = options.pop("compression", Compression.none)
+    overlap = options.pop("overlap", None)
+    bucket_mb = options.pop("bucket_mb", DEFAULT_BUCKET_MB)
     if options:
         raise TypeError(
-            f"op={op.name} takes no algorithm options (only gradient_predivide_factor and compression), "
-            f"got {sorted(options)}"
+            f"op={op.name} takes no algorithm options (only gradient_predivide_factor, compression, overlap and "
+            f"bucket_mb), got {sorted(options)}"
         )
     if not isinstance(predivide, (int, float)) or isinstance(predivide, bool) or not predivide > 0:
         raise ValueError(f"gradient_predivide_factor must be a number > 0, got {predivide!r}")
     if predivide != 1.0 and op != ReduceOp.Average:
         raise ValueError("gradient_predivide_factor is supported with op=Average only (as in Horovod)")
+    if overlap is not None and not isinstance(overlap, bool):
+        raise TypeError(f"overlap must be True or False, got {overlap!r}")
+    if overlap and compression.stateful:
+        raise ValueError(
+            f"overlap=True does not apply to compression={compression!r}: its selection and error feedback are "
+            "per whole buffer, reduced in step() (leave overlap unset)"
+        )
+    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
+        raise ValueError(f"bucket_mb must be a positive number of MiB, got {bucket_mb!r}")
+    overlap = not compression.stateful if overlap is None else overlap
     wrapped = rewrap(optimizer, _DistributedMixin)
-    wrapped._hvdc_setup(named_parameters, op, passes, predivide, sparse_as_dense, compression)
+    wrapped._hvdc_setup(named_parameters, op, passes, predivide, sparse_as_dense, compression, overlap, bucket_mb)
     return wrapped
 
 
