@@ -14,7 +14,7 @@ void masked_average(Communicator& comm, const TensorView& t, const uint8_t* mask
   const size_t elem = dtype_size(t.dtype);
   const int64_t count = mask_count(mask, t.numel);
   if (scratch.size() < static_cast<size_t>(count) * elem) scratch.resize(count * elem);
-  mask_gather(t.data, mask, t.numel, elem, scratch.data());
+  mask_gather(t.data, mask, t.numel, count, elem, scratch.data());
   TensorView dense;
   dense.data = scratch.data();
   dense.numel = count;
@@ -22,7 +22,7 @@ void masked_average(Communicator& comm, const TensorView& t, const uint8_t* mask
   // Even an empty selection joins the exchange shape-wise (dense_allreduce returns at once on 0
   // elements on every rank alike, since the mask, hence the count, is the same on every rank).
   dense_allreduce(comm, dense, ReduceOp::kAverage);
-  mask_scatter(scratch.data(), mask, t.numel, elem, t.data);
+  mask_scatter(scratch.data(), mask, t.numel, count, elem, t.data);
 }
 
 CallSignature masked_signature(const TensorView& t, const MaskSpec& spec, const std::string& name) {

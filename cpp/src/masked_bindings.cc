@@ -70,8 +70,9 @@ void register_masked(nb::module_& m) {
         if (static_cast<int64_t>(mask.shape(0)) != s.numel || s.dtype != d.dtype)
           throw UsageError("mask_gather: mask and src sizes or src and dst dtypes differ");
         nb::gil_scoped_release nogil;
-        if (mask_count(mk, s.numel) > d.numel) throw UsageError("mask_gather: dst is too small");
-        return mask_gather(s.data, mk, s.numel, dtype_size(s.dtype), d.data);
+        const int64_t count = mask_count(mk, s.numel);
+        if (count > d.numel) throw UsageError("mask_gather: dst is too small");
+        return mask_gather(s.data, mk, s.numel, count, dtype_size(s.dtype), d.data);
       },
       nb::arg("src"), nb::arg("mask"), nb::arg("dst"),
       "dst[:count] = src[mask] (index order); returns count.");
@@ -84,8 +85,9 @@ void register_masked(nb::module_& m) {
         if (static_cast<int64_t>(mask.shape(0)) != d.numel || c.dtype != d.dtype)
           throw UsageError("mask_scatter: mask and dst sizes or compact and dst dtypes differ");
         nb::gil_scoped_release nogil;
-        if (mask_count(mk, d.numel) > c.numel) throw UsageError("mask_scatter: compact is too small");
-        return mask_scatter(c.data, mk, d.numel, dtype_size(d.dtype), d.data);
+        const int64_t count = mask_count(mk, d.numel);
+        if (count > c.numel) throw UsageError("mask_scatter: compact is too small");
+        return mask_scatter(c.data, mk, d.numel, count, dtype_size(d.dtype), d.data);
       },
       nb::arg("compact"), nb::arg("mask"), nb::arg("dst"),
       "dst[mask] = compact[:count] (index order), the rest of dst unchanged; returns count.");

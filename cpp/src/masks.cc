@@ -2,12 +2,18 @@
 #include "hvdc/masks.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <mutex>
 
+#include "hvdc/kernel_isa.h"
 #include "hvdc/philox.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace hvdc {
 namespace {
@@ -73,6 +79,50 @@ std::shared_ptr<const std::vector<uint32_t>> cached_ranks(int64_t numel, uint64_
   return ranks;
 }
 
+// out[i] = (r[i] - base < width) as a byte: one streaming compare (unsigned wrap-around makes the
+// range test one comparison).
+void cyclic_compare_scalar(const uint32_t* r, uint32_t base, uint32_t width, int64_t n, uint8_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(r[i] - base < width);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// All ones in lane l where p[l] - base < width (unsigned), as a signed compare of sign-flipped values.
+__attribute__((target("avx2"), always_inline)) inline __m256i rank_below(const uint32_t* p, __m256i base,
+                                                                         __m256i width_flipped,
+                                                                         __m256i flip) {
+  const __m256i d = _mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), base);
+  return _mm256_cmpgt_epi32(width_flipped, _mm256_xor_si256(d, flip));
+}
+
+// 32 ranks per iteration; the unsigned compare as a signed one on sign-flipped values (AVX2 has no
+// unsigned 32-bit compare), packed to bytes with the lane order restored.
+__attribute__((target("avx2"))) void cyclic_compare_avx2(const uint32_t* r, uint32_t base, uint32_t width,
+                                                         int64_t n, uint8_t* out) {
+  const __m256i flip = _mm256_set1_epi32(INT32_MIN);
+  const __m256i vbase = _mm256_set1_epi32(static_cast<int>(base));
+  const __m256i vwidth = _mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(width)), flip);
+  const __m256i one = _mm256_set1_epi8(1);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i a = _mm256_packs_epi32(rank_below(r + i, vbase, vwidth, flip),
+                                         rank_below(r + i + 8, vbase, vwidth, flip));
+    const __m256i b = _mm256_packs_epi32(rank_below(r + i + 16, vbase, vwidth, flip),
+                                         rank_below(r + i + 24, vbase, vwidth, flip));
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_and_si256(bytes, one));
+  }
+  cyclic_compare_scalar(r + i, base, width, n - i, out + i);
+}
+#endif
+
+void cyclic_compare(const uint32_t* r, uint32_t base, uint32_t width, int64_t n, uint8_t* out) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (cpu_has_avx2_kernels()) return cyclic_compare_avx2(r, base, width, n, out);
+#endif
+  cyclic_compare_scalar(r, base, width, n, out);
+}
+
 void cyclic_mask(const MaskSpec& s, uint8_t* out) {
   const int64_t nc = cyclic_chunks(s.ratio);
   const int64_t cs = (s.numel + nc - 1) / nc;
@@ -85,8 +135,7 @@ void cyclic_mask(const MaskSpec& s, uint8_t* out) {
   const auto ranks = cached_ranks(s.numel, s.seed);
   const uint32_t* r = ranks->data();
   const uint32_t base = static_cast<uint32_t>(lo), width = static_cast<uint32_t>(len);
-  // One streaming compare (unsigned wrap-around makes it one test): vectorizes.
-  for (int64_t i = 0; i < s.numel; ++i) out[i] = static_cast<uint8_t>(r[i] - base < width);
+  cyclic_compare(r, base, width, s.numel, out);
 }
 
 void bernoulli_mask(const MaskSpec& s, uint8_t* out) {
@@ -171,6 +220,89 @@ int64_t scatter_impl(const T* compact, const uint8_t* mask, int64_t n, T* dst) {
   return j;
 }
 
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HVDC_MASKS_AVX2 1
+// Lane permutations of 8 x 32-bit lanes, by the 8-bit mask of a group: `compress` moves the selected
+// lanes to the front in order (gather); `expand` sends lane l to the l-th selected position
+// (scatter). Built once.
+struct LaneTables {
+  alignas(32) int32_t compress[256][8];
+  alignas(32) int32_t expand[256][8];
+  LaneTables() {
+    for (int bits = 0; bits < 256; ++bits) {
+      int k = 0;
+      for (int l = 0; l < 8; ++l) {
+        compress[bits][l] = 0;
+        expand[bits][l] = 0;
+      }
+      for (int l = 0; l < 8; ++l) {
+        if (bits & (1 << l)) {
+          compress[bits][k] = l;
+          expand[bits][l] = k;
+          ++k;
+        }
+      }
+    }
+  }
+};
+
+const LaneTables& lane_tables() {
+  static const LaneTables tables;
+  return tables;
+}
+
+// The 8 mask bytes at m (each 0 or 1) as bits 0..7.
+inline uint32_t mask_bits8(const uint8_t* m) {
+  uint64_t w;
+  std::memcpy(&w, m, sizeof w);
+  // Byte b's low bit lands in bit 56 + b of the product; no carries since every byte is 0 or 1.
+  return static_cast<uint32_t>((w * 0x0102040810204080ull) >> 56);
+}
+
+// Groups of 8 go through one permute; the groups whose 8 stores could pass dst's end (the last
+// selected elements) are left to the scalar tail.
+__attribute__((target("avx2"))) int64_t gather32_avx2(const uint32_t* src, const uint8_t* mask,
+                                                      int64_t n, int64_t total, uint32_t* dst) {
+  const LaneTables& t = lane_tables();
+  int64_t i = 0, j = 0;
+  for (; i + 8 <= n && j + 8 <= total; i += 8) {
+    // No branch on an empty group: at k = 0.1 about 43% of groups are, unpredictably; the store
+    // of an empty group is overwritten by the next one.
+    const uint32_t bits = mask_bits8(mask + i);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.compress[bits]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), _mm256_permutevar8x32_epi32(v, p));
+    j += __builtin_popcount(bits);
+  }
+  for (; i < n; ++i)
+    if (mask[i]) dst[j++] = src[i];
+  return j;
+}
+
+__attribute__((target("avx2"))) int64_t scatter32_avx2(const uint32_t* compact, const uint8_t* mask,
+                                                       int64_t n, int64_t total, uint32_t* dst) {
+  const LaneTables& t = lane_tables();
+  int64_t i = 0, j = 0;
+  for (; i + 8 <= n && j + 8 <= total; i += 8) {
+    const uint32_t bits = mask_bits8(mask + i);  // no branch on an empty group (see gather)
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(compact + j));
+    const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.expand[bits]));
+    // Lane l of `keep` is all ones where bit l is set: only those lanes of dst change.
+    const __m256i lanes = _mm256_set_epi32(128, 64, 32, 16, 8, 4, 2, 1);
+    const __m256i keep = _mm256_cmpeq_epi32(
+        _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits)), lanes), lanes);
+    // A blend and a full store rather than vpmaskmovd, whose store form is slow on AMD cores.
+    __m256i* at = reinterpret_cast<__m256i*>(dst + i);
+    _mm256_storeu_si256(at, _mm256_blendv_epi8(_mm256_loadu_si256(at), _mm256_permutevar8x32_epi32(v, p), keep));
+    j += __builtin_popcount(bits);
+  }
+  for (; i < n; ++i)
+    if (mask[i]) dst[i] = compact[j++];
+  return j;
+}
+#endif
+
 }  // namespace
 
 std::string check_mask_spec(const MaskSpec& s) {
@@ -217,11 +349,17 @@ int64_t mask_count(const uint8_t* mask, int64_t n) {
   return c;
 }
 
-int64_t mask_gather(const void* src, const uint8_t* mask, int64_t n, size_t elem, void* dst) {
+int64_t mask_gather(const void* src, const uint8_t* mask, int64_t n, int64_t count, size_t elem,
+                    void* dst) {
   switch (elem) {
     case 2:
       return gather_impl(static_cast<const uint16_t*>(src), mask, n, static_cast<uint16_t*>(dst));
     case 4:
+#ifdef HVDC_MASKS_AVX2
+      if (cpu_has_avx2_kernels())
+        return gather32_avx2(static_cast<const uint32_t*>(src), mask, n, count,
+                             static_cast<uint32_t*>(dst));
+#endif
       return gather_impl(static_cast<const uint32_t*>(src), mask, n, static_cast<uint32_t*>(dst));
     case 8:
       return gather_impl(static_cast<const uint64_t*>(src), mask, n, static_cast<uint64_t*>(dst));
@@ -230,12 +368,18 @@ int64_t mask_gather(const void* src, const uint8_t* mask, int64_t n, size_t elem
   }
 }
 
-int64_t mask_scatter(const void* compact, const uint8_t* mask, int64_t n, size_t elem, void* dst) {
+int64_t mask_scatter(const void* compact, const uint8_t* mask, int64_t n, int64_t count, size_t elem,
+                     void* dst) {
   switch (elem) {
     case 2:
       return scatter_impl(static_cast<const uint16_t*>(compact), mask, n,
                           static_cast<uint16_t*>(dst));
     case 4:
+#ifdef HVDC_MASKS_AVX2
+      if (cpu_has_avx2_kernels())
+        return scatter32_avx2(static_cast<const uint32_t*>(compact), mask, n, count,
+                              static_cast<uint32_t*>(dst));
+#endif
       return scatter_impl(static_cast<const uint32_t*>(compact), mask, n,
                           static_cast<uint32_t*>(dst));
     case 8:

@@ -99,7 +99,8 @@ void gather_scatter_case(Failures& f, int64_t n, double density, uint64_t seed) 
     src[i] = static_cast<T>(i * 3 + 1);
     back[i] = static_cast<T>(-1);
   }
-  const int64_t count = mask_gather(src.data(), mask.data(), n, sizeof(T), dst.data());
+  const int64_t set = mask_count(mask.data(), n);
+  const int64_t count = mask_gather(src.data(), mask.data(), n, set, sizeof(T), dst.data());
   std::vector<T> want;
   for (int64_t i = 0; i < n; ++i)
     if (mask[i]) want.push_back(src[i]);
@@ -108,7 +109,7 @@ void gather_scatter_case(Failures& f, int64_t n, double density, uint64_t seed) 
   f.check(count == static_cast<int64_t>(want.size()), what + ": count");
   f.check(std::equal(want.begin(), want.end(), dst.begin()), what + ": gathered values");
   f.check(dst[count] == T(0x5a) || count == n, what + ": wrote past the count");
-  mask_scatter(dst.data(), mask.data(), n, sizeof(T), back.data());
+  mask_scatter(dst.data(), mask.data(), n, set, sizeof(T), back.data());
   bool ok = true;
   for (int64_t i = 0; i < n; ++i) ok &= back[i] == (mask[i] ? src[i] : static_cast<T>(-1));
   f.check(ok, what + ": scatter");

@@ -55,12 +55,15 @@ std::vector<int64_t> cyclic_permutation(int64_t numel, uint64_t seed);
 int64_t mask_count(const uint8_t* mask, int64_t n);
 
 // dst[0, count) = the elements of src[0, n) whose mask byte is set, in index order; returns count.
-// `elem` is the element size in bytes (2, 4 or 8). `dst` must hold mask_count(mask, n) elements.
-int64_t mask_gather(const void* src, const uint8_t* mask, int64_t n, size_t elem, void* dst);
+// `count` must be mask_count(mask, n) (every caller has it already: it sizes dst); `elem` is the
+// element size in bytes (2, 4 or 8). `dst` must hold `count` elements.
+int64_t mask_gather(const void* src, const uint8_t* mask, int64_t n, int64_t count, size_t elem,
+                    void* dst);
 
 // The inverse: the selected elements of dst[0, n) become compact[0, count) in index order; the
-// others are left as they are. Returns count.
-int64_t mask_scatter(const void* compact, const uint8_t* mask, int64_t n, size_t elem, void* dst);
+// others are left as they are. `count` as for mask_gather. Returns count.
+int64_t mask_scatter(const void* compact, const uint8_t* mask, int64_t n, int64_t count, size_t elem,
+                     void* dst);
 
 // Sums of squares of the selected and of the unselected elements of x[0, n), and the selected count,
 // in one pass (SLAMB's per-layer phi_max / phi_min norms, spec step 8, without building x[M] and
