@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 import hvd_compress.torch as hc
-from hvd_compress.bench.cases import Case
+from hvd_compress.bench.cases import Case, horovod_average
 from hvd_compress.bench.optimizer_cases import _stepper
 
 
@@ -24,8 +24,12 @@ def birder_cases(hvd) -> list[Case]:
                                                  op=hc.OneBitAdam, freeze_step=1, hierarchical=hierarchical)
 
     return [
-        Case("Birder step", _stepper(birder(False), 0), {"hvd Adam step": _stepper(hvd_adam, 1)}),
-        Case("Birder hierarchical step", _stepper(birder(True), 0), {"Birder flat step": _stepper(birder(False), 0)}),
+        # Horovod Average twice: its optimizer step (the dense allreduce of the gradient, then Adam), and the
+        # allreduce alone.
+        Case("Birder step", _stepper(birder(False), 0),
+             {"hvd Adam step": _stepper(hvd_adam, 1), "hvd Average": horovod_average(hvd)}),
+        Case("Birder hierarchical step", _stepper(birder(True), 0),
+             {"Birder flat step": _stepper(birder(False), 0), "hvd Adam step": _stepper(hvd_adam, 1)}),
         Case("OneBitAdam flat vs hierarchical", _stepper(onebit_adam(True), 1),
              {"OneBitAdam flat step": _stepper(onebit_adam(False), 1)}),
     ]
