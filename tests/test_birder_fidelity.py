@@ -10,10 +10,11 @@ Measured (4 ranks on 2 loaded cores, same lr for Birder and its rule, cosine dec
 | relu cnn (digits), 150 steps, lr 1e-3                | 0.3527  | 0.6845 (+94%)     | 0.4734 (+34%)    |        |
 | relu cnn, 600 steps                                  | 0.0765  | 0.1059 (+38%)     |                  |        |
 
-OPEN on the ReLU networks: the 2% target is NOT met. No bug found: the optimizer at 4 ranks equals an
-independent NumPy transcription of Alg. 1 (per-worker m, b from the worker's gradient, r = m / (b + eps), worker
-and server error feedback, x -= lr u) exactly for 8 steps, flat and 2 nodes x 2 (with the core's Philox draws),
-and the collective equals hvd_compress.reference.birder bit for bit (tests/test_birder.py, cpp/tests). The gap is
+OPEN on the ReLU networks: the 2% target is NOT met. No bug found: the optimizer equals a NumPy transcription
+of Alg. 1 (per-worker m, b from the worker's gradient, r = m / (b + eps), worker and server error feedback,
+x -= lr u) exactly for 8 steps, flat and 2 nodes x 2, with the core's Philox draws
+(tests/test_birder_optimizer.py::test_optimizer_equals_algorithm_1_element_by_element), and the collective
+equals hvd_compress.reference.birder bit for bit (tests/test_birder.py, cpp/tests/test_hierarchical.cc). The gap is
 the rule's at these horizons: every element moves by exactly +/-lr every step, where the rule moves lr * |m / b|,
 which is small for noisy elements; error feedback bounds the accumulated difference by 4 lr per element, not the
 training noise it injects, and the relative gap shrinks with steps (cnn +94% at 150, +38% at 600). Kept as a
