@@ -9,7 +9,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export TF_CPP_MIN_LOG_LEVEL := 3
 MPIRUN := mpirun --oversubscribe --bind-to none -x PYTHONPATH -x OMP_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL
 
-.PHONY: install build test lint cpptest demo bench bench-e2e clean
+.PHONY: install build test lint cpptest demo bench bench-e2e bench-two-nodes clean
 
 install:
 	bash tools/install.sh
@@ -45,6 +45,8 @@ CPPTEST_BINS += reduce_ops
 CPPTEST_OBJS_reduce_ops := dense_allreduce cast allgather
 CPPTEST_BINS += masks
 CPPTEST_OBJS_masks := masks masked_allreduce philox signature dense_allreduce cast
+CPPTEST_BINS += hierarchical
+CPPTEST_OBJS_hierarchical := hierarchical_allreduce stochastic_kernels philox compressed_allreduce onebit_kernels signature
 CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
 # Every program runs, even after one failed, so that one run reports them all; then any failure
@@ -85,6 +87,14 @@ bench: install
 # End-to-end training steps of three models with every method (hvd_compress/bench/e2e.py); NP ranks.
 bench-e2e: install
 	BENCH_MODULE=hvd_compress.bench.e2e NP=$(NP) PY=$(PY) bash tools/bench.sh $(NET)
+
+# Two emulated nodes of 2 ranks (tools/two_nodes.sh: network namespaces, veth rate-limited by tc tbf to
+# TWO_NODES_RATE, shared memory inside a node, TCP between them), Birder's and 1-bit Adam's rows against
+# Horovod Average, REPEATS runs and their medians. Needs root (ip netns); cleans up on exit.
+TWO_NODES_RATE ?= 1gbit
+TWO_NODES_ARGS ?= --sizes 1,16,64 --only "Birder step,Birder hierarchical step,OneBitAdam flat vs hierarchical"
+bench-two-nodes: install
+	BENCH_ARGS='$(TWO_NODES_ARGS)' PY=$(PY) bash tools/two_nodes.sh $(TWO_NODES_RATE)
 
 clean:
 	rm -rf build hvd_compress/_core*.so hvd_compress/_kernel_bench*.so hvd_compress/.core_built bench_results examples/out

@@ -101,8 +101,10 @@ def core_extension() -> Extension:
 
 
 def kernel_bench_extension() -> Extension:
-    """The 1-bit kernels with their self-check compiled in, the benchmark, and their bindings; no MPI."""
-    sources = ["cpp/src/onebit_kernels.cc", *sorted(glob.glob("cpp/bench/*.cc")), NANOBIND_SOURCE]
+    """The 1-bit kernels with their self-check compiled in, Birder's stochastic kernels, the benchmarks, and
+    their bindings; no MPI."""
+    sources = ["cpp/src/onebit_kernels.cc", "cpp/src/stochastic_kernels.cc", "cpp/src/philox.cc",
+               *sorted(glob.glob("cpp/bench/*.cc")), NANOBIND_SOURCE]
     return Extension(
         "hvd_compress._kernel_bench",
         sources=sources,

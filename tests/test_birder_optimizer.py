@@ -10,6 +10,7 @@ import torch
 from mpi_harness import USAGE, load_ranks, mpirun
 
 import hvd_compress.torch as hc
+from hvd_compress.reference import birder as ref
 
 
 def test_uncompressed_rule_matches_numpy() -> None:
@@ -60,6 +61,48 @@ def test_birder_optimizer_on_every_rank(world: int, local: int, out_dir) -> None
     print(f"{where}: bytes sent per call on 2^18 floats: Birder {birder}, dense {dense} ({dense / birder:.1f}x); "
           f"optimizer step on {ranks[0]['numel']} params: Birder {ranks[0]['bytes_per_step']:.0f}, "
           f"dense {ranks[0]['dense_bytes_per_step']:.0f}")
+
+
+def _alg1_grads(t: int, world: int, numel: int) -> np.ndarray:
+    """tests/workers/birder_alg1.py's gradients of step t, one row per rank."""
+    return np.stack([torch.randn(numel, generator=torch.Generator().manual_seed(1000 * t + r)).numpy()
+                     for r in range(world)])
+
+
+@pytest.mark.parametrize(("world", "local"), [(3, 0), (4, 2)], ids=["n3", "2x2"])
+def test_optimizer_equals_algorithm_1_element_by_element(world: int, local: int, out_dir) -> None:
+    """8 steps of op=hc.Birder against Alg. 1 written out here in NumPy, unsharded (spec 3, lines 4-13): each
+    worker's m, b from its (node-mean, when hierarchical) gradient, r = m / (b + eps), the element-wise worker and
+    server quantization of hvd_compress.reference.birder with the core's Philox draws, x -= lr u. Exact."""
+    env = {"HVDC_LOCAL_SIZE": str(local)} if local else None
+    mpirun("birder_alg1.py", world, out_dir, "1" if local else "0", env=env, timeout=240)
+    ranks = load_ranks(out_dir, world)
+    m_loc = local or 1
+    workers = world // m_loc
+    x = ranks[0]["params"][0].numpy().copy()
+    d = x.size
+    dpad = ref.padded_numel(d, world)
+    f32 = np.float32
+    m, b = np.zeros((workers, d), f32), np.zeros((workers, d), f32)
+    werr, serr = np.zeros((workers, d), f32), np.zeros(d, f32)
+    for t in range(1, len(ranks[0]["params"])):
+        g = _alg1_grads(t, world, d).astype(f32)
+        node = g[::m_loc].copy()  # node means: float32 sum in local-rank order, one division (spec 4.1)
+        for lp in range(1, m_loc):
+            node = (node + g[lp::m_loc]).astype(f32)
+        node = (node / f32(m_loc)).astype(f32)
+        m = (f32(0.95) * m + f32(0.05) * node).astype(f32)
+        b = (f32(0.95) * b + f32(0.05) * np.abs(node)).astype(f32)
+        u = ref.parameter_server_step((m / (b + f32(1e-8))).astype(f32), werr, serr,
+                                      ref.draw_uniforms(5, t, workers, dpad))
+        x = (x - f32(0.01) * u).astype(f32)
+        for r in range(world):
+            got = ranks[r]["params"][t].numpy()
+            off = np.flatnonzero(got != x)
+            assert off.size == 0, (
+                f"world {world}, local size {local}: rank {r} step {t}: {off.size} of {d} parameters differ "
+                f"from Alg. 1, first {off[0]}: got {got[off[0]]}, want {x[off[0]]}"
+            )
 
 
 def test_unequal_nodes_raise_on_every_rank(out_dir) -> None:

@@ -1,5 +1,6 @@
 // hvd_compress._kernel_bench: the 1-bit kernels' self-check and micro-benchmark
-// (hvdc/onebit_kernel_bench.h), a small extension of their own so that the shipped
+// (hvdc/onebit_kernel_bench.h) and that of Birder's stochastic quantizer
+// (hvdc/stochastic_kernel_bench.h), a small extension of their own so that the shipped
 // hvd_compress._core carries no test or benchmark hook. It holds its own copy of the kernels
 // (cpp/src/onebit_kernels.cc, compiled with HVDC_ONEBIT_SELF_CHECK), which choose their
 // implementation exactly as _core's do (CPU features, HVDC_ONEBIT_KERNELS).
@@ -13,6 +14,8 @@
 #include "hvdc/errors.h"
 #include "hvdc/onebit_kernel_bench.h"
 #include "hvdc/onebit_kernels.h"
+#include "hvdc/stochastic_kernel_bench.h"
+#include "hvdc/stochastic_kernels.h"
 
 namespace nb = nanobind;
 using namespace hvdc;
@@ -52,6 +55,19 @@ NB_MODULE(_kernel_bench, m) {
       nb::arg("numel"), nb::arg("dtype"), nb::arg("seed") = 0,
       "\"\" if the scalar and AVX2 kernels give identical bytes on `numel` pseudo-random "
       "elements (or this machine has no AVX2), else what differed.");
+  m.def(
+      "stochastic_kernel_bench",
+      [](int64_t numel, int reps) {
+        nb::gil_scoped_release nogil;
+        return stochastic_kernel_bench(numel, reps);
+      },
+      nb::arg("numel"), nb::arg("reps") = 7,
+      "Median seconds (one thread) of Birder's stochastic quantizer kernels on `numel` float32 "
+      "elements (Philox draws) and of memcpy of the bytes each streams: keys stochastic_quantize, "
+      "stochastic_quantize_moments, stochastic_server, sign_unpack, philox_fill and "
+      "memcpy_<kernel> (see hvdc/stochastic_kernel_bench.h), plus numel.");
+  m.def("stochastic_kernel_isa", &stochastic_kernel_isa,
+        "The implementation this module's stochastic kernels run: \"avx2\" or \"scalar\".");
   m.def("onebit_kernel_isa", &onebit_kernel_isa,
         "The implementation this module's kernels run: \"avx2\" or \"scalar\".");
 }

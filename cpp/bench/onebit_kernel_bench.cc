@@ -1,35 +1,14 @@
 #include "hvdc/onebit_kernel_bench.h"
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <vector>
 
 #include "hvdc/errors.h"
+#include "hvdc/kernel_timing.h"
 #include "hvdc/onebit_kernels.h"
 
 namespace hvdc {
-namespace {
-
-double median(std::vector<double> t) {
-  std::sort(t.begin(), t.end());
-  const size_t m = t.size() / 2;
-  return t.size() % 2 ? t[m] : 0.5 * (t[m - 1] + t[m]);
-}
-
-template <typename F>
-double seconds(F&& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// Keeps the compiler from dropping a memcpy whose destination is never read.
-void touch(const void* p) { asm volatile("" : : "r"(p) : "memory"); }
-
-}  // namespace
 
 std::map<std::string, double> onebit_kernel_bench(int64_t numel, DType dtype, int reps) {
   if (numel < 8 || reps < 1)
@@ -57,16 +36,8 @@ std::map<std::string, double> onebit_kernel_bench(int64_t numel, DType dtype, in
   const uint8_t* ranks[2] = {bits.data(), bits2.data()};
   const float scales[2] = {scale, 0.5f * scale};
 
-  // Each kernel with the memcpy of its bytes right after it, repetition by repetition, so that
-  // drift on a busy machine hits both alike.
-  struct Case {
-    const char* name;
-    std::function<void()> run;
-    size_t copy_bytes;
-    bool fresh_out = false;  // refill `out` with x first (untimed)
-  };
   const size_t dense_x = nb * esize;
-  const std::vector<Case> cases = {
+  const std::vector<KernelTiming> cases = {
       {"compress",
        [&] { onebit_compress(x.data(), dtype, werr.data(), n, n, bits.data()); },
        nb * (esize + 4)},
@@ -89,25 +60,9 @@ std::map<std::string, double> onebit_kernel_bench(int64_t numel, DType dtype, in
          onebit_compress_error_decompress(out.data(), dtype, werr.data(), n, scale, bits.data(),
                                           scale);
        },
-       nb * (esize + 4), true},
+       nb * (esize + 4), [&] { std::memcpy(out.data(), x.data(), dense_x); }},
   };
-  std::vector<uint8_t> copy_src(nb * 8, 1), copy_dst(nb * 8, 2);
-  std::map<std::string, std::vector<double>> times;
-  for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up (page faults, caches)
-    for (const Case& c : cases) {
-      if (c.fresh_out) std::memcpy(out.data(), x.data(), dense_x);
-      const double tk = seconds(c.run);
-      const double tc = seconds([&] {
-        std::memcpy(copy_dst.data(), copy_src.data(), c.copy_bytes);
-        touch(copy_dst.data());
-      });
-      if (rep < 0) continue;
-      times[c.name].push_back(tk);
-      times[std::string("memcpy_") + c.name].push_back(tc);
-    }
-  }
-  std::map<std::string, double> res;
-  for (auto& [name, t] : times) res[name] = median(t);
+  std::map<std::string, double> res = time_against_memcpy(cases, reps);
   res["numel"] = static_cast<double>(n);
   return res;
 }

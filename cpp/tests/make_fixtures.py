@@ -18,6 +18,15 @@ Cases (the C++ tests find them through each case's ``meta`` array, so the list l
   and bfloat16 buffers of 1, 13, 1000, 2400 and 4099 elements, three calls in a row with the errors carried
   over. meta = [n, dtype code, numel, calls]; ``<call>/in/<r>``, ``<call>/out``, ``<call>/werr/<r>`` and
   ``<call>/serr/<r>`` (worker and server error after the call).
+- ``hierarchical/<case>``: ``hvd_compress.reference.birder`` (``hierarchical_1bit_allreduce`` for Birder's +/-1
+  payload, ``hierarchical_scaled_allreduce`` for the scaled 1-bit one) at 2 nodes x 2 ranks, 1 node x 3 and
+  3 x 1 (nodes of one rank, and flat mode without a node group), buffers of 1, 13, 96 (no padding) and 1029
+  elements, three calls in a row with the errors (and moments) carried over; the +/-1 payload with injected
+  uniforms, with injected uniforms and Birder's moments, and with the core's Philox draws and moments. meta =
+  [world, ranks per node, flat (0/1), numel, calls, payload (1: +/-1, 2: scaled), moments (0/1), injected
+  (0/1), seed]; per call (the Philox step is the call index) ``<call>/in/<r>``, ``<call>/uw`` (nodes x padded
+  numel) and ``<call>/us`` (padded numel) when injected, ``<call>/out``, ``<call>/werr/<r>`` (c1 entries),
+  ``<call>/serr/<r>`` (c2) and, with moments, ``<call>/m/<r>`` and ``<call>/b/<r>`` (c1).
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from hvd_compress import reference
-from hvd_compress.reference import onebit
+from hvd_compress.reference import birder, onebit
 from hvd_compress.reference.adasum import combine_steps, core_tolerance
 
 # hvdc::DType (cpp/include/hvdc/dtype.h)
@@ -43,6 +52,13 @@ GROUP = [5, 0, 4097, 1, 300]  # tests/test_adasum.py's grouped layout
 LOCAL_SIZE = 2  # nodes {0, 1}, {2, 3}, {4} in hierarchical mode, as tests/test_adasum.py
 ONEBIT_SIZES = [1, 13, 1000, 2400, 4099]  # 2400 is a multiple of 8 * n for n = 1..5 (no padding); others pad
 ONEBIT_CALLS = 3
+# (world, ranks per node, flat): 2 nodes x 2 ranks, 1 node x 3, 3 nodes x 1 (a node group of one rank, and flat)
+HIERARCHICAL_TOPOLOGIES = [(4, 2, 0), (3, 3, 0), (3, 1, 0), (3, 1, 1)]
+HIERARCHICAL_SIZES = [1, 13, 96, 1029]  # 96: a multiple of 8 * world (no padding) at world 3 and 4
+# (name, payload, moments, injected uniforms)
+HIERARCHICAL_MODES = [("sign", 1, 0, 1), ("sign-moments", 1, 1, 1), ("philox-moments", 1, 1, 0), ("scaled", 2, 0, 0)]
+HIERARCHICAL_CALLS = 3
+HIERARCHICAL_SEED = 1234
 
 
 class Writer:
@@ -111,6 +127,49 @@ def write_onebit(w: Writer) -> None:
                     w.array(f"{base}/{call}/out", outs[0])
 
 
+def write_hierarchical(w: Writer) -> None:
+    for world, m_loc, flat in HIERARCHICAL_TOPOLOGIES:
+        n_nodes = world // m_loc
+        topo = "flat" if flat else f"{n_nodes}x{m_loc}"
+        for mode, payload, with_moments, injected in HIERARCHICAL_MODES:
+            for numel in HIERARCHICAL_SIZES:
+                base = f"hierarchical/n{world}-{topo}-{mode}-{numel}"
+                w.array(f"{base}/meta", [world, m_loc, flat, numel, HIERARCHICAL_CALLS, payload, with_moments,
+                                         injected, HIERARCHICAL_SEED])
+                dpad = birder.padded_numel(numel, world)
+                c1, c2 = dpad // m_loc, dpad // world
+                # float32 state for the +/-1 payload (the reference rounds as the core); float64 values of
+                # float32 for the scaled one (reference.onebit's convention)
+                state = np.float32 if payload == 1 else np.float64
+                werr = [np.zeros(c1, state) for _ in range(world)]
+                serr = [np.zeros(c2, state) for _ in range(world)]
+                moments = None
+                if with_moments:
+                    moments = [birder.Moments(np.zeros(c1, np.float32), np.zeros(c1, np.float32)) for _ in range(world)]
+                rng = np.random.default_rng([world, m_loc, numel, payload])
+                for call in range(HIERARCHICAL_CALLS):
+                    xs = np.stack(rank_inputs(world, numel, "float32", seed=100 * call + numel)).astype(np.float32)
+                    if payload == 2:
+                        out = birder.hierarchical_scaled_allreduce(xs, werr, serr, m_loc)
+                    else:
+                        if injected:
+                            uniforms = (rng.random((n_nodes, dpad), dtype=np.float32),
+                                        rng.random(dpad, dtype=np.float32))
+                            w.array(f"{base}/{call}/uw", uniforms[0])
+                            w.array(f"{base}/{call}/us", uniforms[1])
+                        else:
+                            uniforms = birder.draw_uniforms(HIERARCHICAL_SEED, call, n_nodes, dpad)
+                        out = birder.hierarchical_1bit_allreduce(xs, werr, serr, m_loc, uniforms, moments)
+                    w.array(f"{base}/{call}/out", out)
+                    for r in range(world):
+                        w.array(f"{base}/{call}/in/{r}", xs[r])
+                        w.array(f"{base}/{call}/werr/{r}", werr[r])
+                        w.array(f"{base}/{call}/serr/{r}", serr[r])
+                        if moments is not None:
+                            w.array(f"{base}/{call}/m/{r}", moments[r].m)
+                            w.array(f"{base}/{call}/b/{r}", moments[r].b)
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         raise SystemExit("usage: make_fixtures.py OUT")
@@ -119,6 +178,7 @@ def main() -> None:
         w = Writer(out)
         write_adasum(w)
         write_onebit(w)
+        write_hierarchical(w)
     os.replace(tmp, sys.argv[1])  # a half-written file never passes for a finished one
 
 

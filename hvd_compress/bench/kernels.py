@@ -1,4 +1,5 @@
-"""Single-thread throughput of the 1-bit kernels (cpp/src/onebit_kernels.cc) against a plain memory copy.
+"""Single-thread throughput of the 1-bit kernels (cpp/src/onebit_kernels.cc) and of Birder's stochastic quantizer
+(cpp/src/stochastic_kernels.cc) against a plain memory copy.
 
 For each kernel K, ``_kernel_bench.onebit_kernel_bench`` (an extension of its own, not the shipped ``_core``)
 times K on one chunk and, right after it in every repetition,
@@ -18,7 +19,22 @@ decompress        out = +/-scale in the buffer dtype                            
 error_decompress  the collective's last step: worker error pass 2 fused with decompress  x + worker error
 ================  =====================================================================  =====================
 
-``ratio = memcpy time / kernel time``: the kernel's throughput over those bytes as a fraction of memcpy's
+Birder's kernels (``_kernel_bench.stochastic_kernel_bench``, float32, uniforms drawn from Philox as in the
+collective; cpp/include/hvdc/stochastic_kernel_bench.h):
+
+===========================  ==========================================================  =================
+kernel                       what it does                                                memcpy of
+===========================  ==========================================================  =================
+stochastic_quantize          worker: y = x + e, bits = Q(y), e = y - Q(y) (issue target:  x + worker error
+                             at least 0.5)
+stochastic_quantize_moments  the same on Birder's updated ratio m / (b + eps)            x, m, b, error
+stochastic_server            2 ranks' bits counted, averaged, + e, Q                     server error
+sign_unpack                  bits to +/-1.0f                                             the result
+philox_fill                  the uniforms alone (what bounds the three above)            the uniforms
+===========================  ==========================================================  =================
+
+Times are the thread's CPU time (cpp/include/hvdc/kernel_timing.h), so that other jobs on a shared machine
+do not count. ``ratio = memcpy time / kernel time``: the kernel's throughput over those bytes as a fraction of memcpy's
 (1.0 = as fast as copying them once). Sizes are the buffer's bytes in its dtype (numel = MB / dtype size).
 """
 
@@ -38,29 +54,41 @@ KERNELS = (
     "decompress",
     "error_decompress",
 )
+STOCHASTIC_KERNELS = (
+    "stochastic_quantize",
+    "stochastic_quantize_moments",
+    "stochastic_server",
+    "sign_unpack",
+    "philox_fill",
+)
 _DTYPE_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
+def _rows(t: dict, kernels: tuple[str, ...], dtype: str, mb: float) -> list[dict]:
+    return [
+        {
+            "kernel": kernel,
+            "dtype": dtype,
+            "size_mb": mb,
+            "numel": int(t["numel"]),
+            "kernel_ms": t[kernel] * 1e3,
+            "memcpy_ms": t["memcpy_" + kernel] * 1e3,
+            "ratio": t["memcpy_" + kernel] / t[kernel],
+        }
+        for kernel in kernels
+    ]
+
+
 def kernel_rows(sizes_mb: list[float], dtypes: list[str], reps: int = 9) -> list[dict]:
-    """One row per (dtype, size, kernel), measured in this process on one thread."""
+    """One row per (dtype, size, kernel), measured in this process on one thread; Birder's kernels (float32)
+    after the 1-bit ones."""
     rows = []
     for dtype in dtypes:
         for mb in sizes_mb:
             numel = int(mb * MB) // _DTYPE_SIZE[dtype]
-            t = _kernel_bench.onebit_kernel_bench(numel, dtype, reps)
-            for kernel in KERNELS:
-                copy = "memcpy_" + kernel
-                rows.append(
-                    {
-                        "kernel": kernel,
-                        "dtype": dtype,
-                        "size_mb": mb,
-                        "numel": int(t["numel"]),
-                        "kernel_ms": t[kernel] * 1e3,
-                        "memcpy_ms": t[copy] * 1e3,
-                        "ratio": t[copy] / t[kernel],
-                    }
-                )
+            rows += _rows(_kernel_bench.onebit_kernel_bench(numel, dtype, reps), KERNELS, dtype, mb)
+    for mb in sizes_mb:
+        rows += _rows(_kernel_bench.stochastic_kernel_bench(int(mb * MB) // 4, reps), STOCHASTIC_KERNELS, "float32", mb)
     return rows
 
 
@@ -75,7 +103,8 @@ def run_kernels(comm, sizes_mb: list[float], dtypes: list[str], reps: int = 9) -
 
 def kernel_markdown(rows: list[dict]) -> str:
     lines = [
-        f"1-bit kernels on one thread ({_kernel_bench.onebit_kernel_isa()}), median ms, and ratio memcpy / kernel "
+        f"1-bit kernels ({_kernel_bench.onebit_kernel_isa()}) and Birder's stochastic kernels "
+        f"({_kernel_bench.stochastic_kernel_isa()}) on one thread, median CPU ms, and ratio memcpy / kernel "
         "(memcpy of the bytes each kernel streams: see hvd_compress/bench/kernels.py)",
         "",
         "| kernel | dtype | MB | numel | kernel ms | memcpy ms | kernel / memcpy throughput |",

@@ -5,6 +5,9 @@ names for the same steps and the same float32 rounding points (all listed in sto
 - ``quantize``: Q(y) = +1 if u < (y + 1) / 2 else -1 (spec 2, B1), and the new error y - Q(y).
 - ``hierarchical_1bit_allreduce``: the five stages of spec 4 over explicit shards of N = n x m_loc
   virtual ranks, optionally with Birder's moments in "grad" mode (spec B5).
+- ``hierarchical_scaled_allreduce``: the same stages carrying 1-bit Adam/LAMB's scaled payload (the
+  ``kScaled`` branch of the core): node mean of C_l, then ``reference.onebit.compressed_allreduce`` among
+  the ranks with the same local index.
 - ``parameter_server_step``: Alg. 1's element-wise parameter-server form (workers = nodes), which the
   sharded simulation equals exactly given the same uniforms (spec 4, last paragraph).
 - ``draw_uniforms``: the uniforms the core draws from Philox when none are injected.
@@ -16,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from hvd_compress.reference import philox
+from hvd_compress.reference import onebit, philox
 
 SERVER_STREAM = 0xFFFFFFFF  # hvdc::kServerStream; worker j draws from stream j
 F32 = np.float32
@@ -64,6 +67,15 @@ class Moments:
         return (self.m[:k] / (self.b[:k] + eps)).astype(F32)
 
 
+def node_mean(padded: np.ndarray, j: int, loc: int, m_loc: int, c1: int) -> np.ndarray:
+    """Stage 1, the intra-node reduce-scatter with MEAN (spec 4.1, B6): chunk C_loc of node j's mean of the
+    zero-padded rows ``padded`` (N, dpad), float32 sum in local-rank order and one division."""
+    acc = padded[j * m_loc, loc * c1 : (loc + 1) * c1].copy()
+    for lp in range(1, m_loc):
+        acc = (acc + padded[j * m_loc + lp, loc * c1 : (loc + 1) * c1]).astype(F32)
+    return (acc / F32(m_loc)).astype(F32)
+
+
 def hierarchical_1bit_allreduce(
     xs: np.ndarray,
     worker_errors: list[np.ndarray],
@@ -90,11 +102,7 @@ def hierarchical_1bit_allreduce(
     for r in range(big_n):
         j, loc = divmod(r, m_loc)
         real1 = int(np.clip(d - loc * c1, 0, c1))
-        # 1. intra-node reduce-scatter, MEAN: float32 sum in local-rank order, one division
-        acc = padded[j * m_loc, loc * c1 : (loc + 1) * c1].copy()
-        for lp in range(1, m_loc):
-            acc = (acc + padded[j * m_loc + lp, loc * c1 : (loc + 1) * c1]).astype(F32)
-        a = (acc / F32(m_loc)).astype(F32)[:real1]
+        a = node_mean(padded, j, loc, m_loc, c1)[:real1]
         # 2. worker: y = a + e_w (or the ratio of the updated moments + e_w); q = Q(y)
         base = moments[r].ratio(a) if moments is not None else a
         y = (base + worker_errors[r][:real1]).astype(F32)
@@ -112,6 +120,43 @@ def hierarchical_1bit_allreduce(
         u_bar[start : start + real2] = q
     # 4'. inter-node allgather and 5. intra-node allgather: every rank gets u; drop the padding
     return u_bar[:d].copy()
+
+
+def hierarchical_scaled_allreduce(
+    xs: np.ndarray, worker_errors: list[np.ndarray], server_errors: list[np.ndarray], m_loc: int
+) -> np.ndarray:
+    """The scaled 1-bit payload (paper 003 Alg. 1 lines 7-13) through spec 4's stages, over N = len(xs) ranks.
+
+    Rank r = j m_loc + l: node mean of C_l (``node_mean``), then ``onebit.compressed_allreduce`` among the n
+    ranks with local index l on the real part of C_l (real1 elements), then the intra-node allgather. Errors
+    are updated in place: ``worker_errors[r]`` (c1 entries, the first real1 used) and ``server_errors[r]`` (c2
+    entries, the first onebit.padded_numel(real1, n) / n used); the rest is padding and stays as it was.
+    Returns the result (d,) as float64 values of float32, the same on every rank.
+    """
+    xs = np.asarray(xs, dtype=F32)
+    big_n, d = xs.shape
+    n = big_n // m_loc
+    dpad = padded_numel(d, big_n)
+    c1 = dpad // m_loc
+    padded = np.zeros((big_n, dpad), F32)
+    padded[:, :d] = xs
+    out = np.zeros(d)
+    for loc in range(m_loc):
+        real1 = int(np.clip(d - loc * c1, 0, c1))
+        if real1 == 0:
+            continue
+        ranks = [j * m_loc + loc for j in range(n)]
+        served = onebit.padded_numel(real1, n) // n
+        outs, werr, serr = onebit.compressed_allreduce(
+            [node_mean(padded, j, loc, m_loc, c1)[:real1] for j in range(n)],
+            [worker_errors[r][:real1] for r in ranks],
+            [server_errors[r][:served] for r in ranks],
+        )
+        for k, r in enumerate(ranks):
+            worker_errors[r][:real1] = werr[k]
+            server_errors[r][:served] = serr[k]
+        out[loc * c1 : loc * c1 + real1] = outs[0]
+    return out
 
 
 def parameter_server_step(

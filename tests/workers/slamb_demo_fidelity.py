@@ -1,7 +1,8 @@
 """examples/demo.py's task (a ReLU MLP on a noisy teacher regression) trained with hc.Lamb (dense average) and
-with SLAMB (k = 0.1, H = 100) through the demo's own ``train``; saves each run's final held-out loss and bytes.
+with SLAMB (k = 0.1, H = 100) through the demo's own ``train`` (or with the demo's reductions named in argv, e.g.
+BirderDense,Birder,Adam for tests/test_birder_fidelity.py); saves each run's final held-out loss and bytes.
 
-argv: out_dir epochs shard
+argv: out_dir epochs shard [comma-separated reductions of examples/demo.py, default Lamb,SLAMB]
 """
 
 import sys
@@ -18,4 +19,5 @@ import hvd_compress.torch as hc
 epochs, shard = int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(1)
 hc.init()
-save(hc.rank(), {name: demo.train(name, epochs, 32, shard) for name in ("Lamb", "SLAMB")})
+names = sys.argv[4].split(",") if len(sys.argv) > 4 else ["Lamb", "SLAMB"]
+save(hc.rank(), {name: demo.train(name, epochs, 32, shard) for name in names})
