@@ -86,3 +86,17 @@ def test_masked_norms_kernel_equals_numpy(numel: int) -> None:
     if numel:
         with pytest.raises(hc.UsageError, match="float32"):
             mask_ops.masked_norms(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(mask))
+
+
+@pytest.mark.parametrize("numel", [0, 5, 4099])
+def test_freshness_kernel_equals_numpy(numel: int) -> None:
+    """SLAMB step 6 in the core: c = 1 where the mask is set, else beta3 * c, exactly as NumPy's float32."""
+    from hvd_compress.ops import masks as mask_ops
+
+    rng = np.random.default_rng(numel)
+    c = rng.random(numel, dtype=np.float32)
+    mask = rng.random(numel) < 0.3
+    want = np.where(mask, np.float32(1), np.float32(0.95) * c)
+    got = torch.from_numpy(c.copy())
+    mask_ops.freshness_(got, torch.from_numpy(mask), 0.95)
+    assert np.array_equal(got.numpy(), want)

@@ -108,6 +108,19 @@ void register_masked(nb::module_& m) {
       },
       nb::arg("x"), nb::arg("mask"),
       "(sum of x[mask]**2, sum of x[~mask]**2, count of mask) for float32 x, in one pass.");
+  m.def(
+      "mask_freshness",
+      [](nb::handle c, BoolFlat mask, float beta3) {
+        const TensorView v = binding_view_of(c, "mask_freshness: c");
+        if (v.dtype != DType::kFloat32) throw UsageError("mask_freshness: c must be float32");
+        if (static_cast<int64_t>(mask.shape(0)) != v.numel)
+          throw UsageError("mask_freshness: mask and c sizes differ");
+        nb::gil_scoped_release nogil;
+        mask_freshness(static_cast<float*>(v.data), reinterpret_cast<const uint8_t*>(mask.data()), v.numel,
+                       beta3);
+      },
+      nb::arg("c"), nb::arg("mask"), nb::arg("beta3"),
+      "In place: c = 1 where mask, else beta3 * c (float32, SLAMB's freshness).");
 
   nb::handle runtime = nb::type<Runtime>();
   nb::cpp_function_def(

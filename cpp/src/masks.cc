@@ -425,4 +425,13 @@ MaskedSumSquares mask_sum_squares(const float* x, const uint8_t* mask, int64_t n
   return r;
 }
 
+void mask_freshness(float* c, const uint8_t* mask, int64_t n, float beta3) {
+  // m + (1 - m) * (beta3 * c) is exactly 1 or beta3 * c for m in {0, 1}, and vectorizes (a select on
+  // the byte mask does not).
+  for (int64_t i = 0; i < n; ++i) {
+    const float m = static_cast<float>(mask[i]);
+    c[i] = m + (1.0f - m) * (beta3 * c[i]);
+  }
+}
+
 }  // namespace hvdc

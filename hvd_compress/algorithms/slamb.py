@@ -213,7 +213,7 @@ class Slamb:
             b2 = groups[gi]["betas"][1]
             g = b.grad[lo:hi]
             xp.addcmul_(xp.mul_(b.exp_avg_sq[lo:hi], b2), g, g, value=1 - b2)
-        xp.masked_fill_(xp.mul_(b.freshness, o.beta3), b.mask, 1.0)  # step 6
+        mask_ops.freshness_(b.freshness, b.mask, o.beta3)  # step 6
         for gi, lo, hi in runs:
             self._direction(b, groups[gi], t, lo, hi)  # step 7 into ``work``
         self._update(groups, t)  # step 8

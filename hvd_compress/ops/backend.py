@@ -87,9 +87,6 @@ class Backend(Protocol):
     def bool_like(self, numel: int, like: Tensor) -> Tensor:
         """A new all-False bool flat buffer of ``numel`` elements on ``like``'s device."""
 
-    def masked_fill_(self, x: Tensor, mask: Tensor, value: Scalar) -> Tensor:
-        """x[mask] = value."""
-
     def clamp_(self, x: Tensor, low: Scalar, high: Scalar) -> Tensor:
         """x = min(max(x, low), high)."""
 

@@ -59,6 +59,14 @@ def masked_norms(x: Any, mask: Any) -> tuple[float, float, int]:
     return math.sqrt(selected), math.sqrt(unselected), int(count)
 
 
+def freshness_(c: Any, mask: Any, beta3: float) -> Any:
+    """In place on a flat float32 CPU buffer: c = 1 where ``mask`` is set, else beta3 * c (SLAMB step 6), in
+    one core pass; returns ``c``."""
+    if mask.shape[0]:  # an empty tensor's strides may not read as contiguous
+        _core.mask_freshness(c, mask, float(beta3))
+    return c
+
+
 def masked_allreduce_(
     tensor: Any,
     ratio: float,

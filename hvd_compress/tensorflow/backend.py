@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hvd_compress.ops import masks as mask_ops
+
 ALIGN = 64  # TF adopts a returned array without a copy only at this alignment (and DLPack aborts below it)
 
 
@@ -225,17 +227,14 @@ class NumpyBackend:
         return out
 
     @staticmethod
-    def masked_fill_(x: np.ndarray, mask: np.ndarray, value: float) -> np.ndarray:
-        x[mask] = value
-        return x
-
-    @staticmethod
     def clamp_(x: np.ndarray, low: float, high: float) -> np.ndarray:
         np.clip(x, x.dtype.type(low), x.dtype.type(high), out=x)
         return x
 
     @staticmethod
     def masked_norms(x: np.ndarray, mask: np.ndarray) -> tuple[float, float, int]:
+        if x.dtype == np.float32 and x.flags.c_contiguous:  # the core's one pass, as the torch face's
+            return mask_ops.masked_norms(x, mask.reshape(-1))
         selected = int(np.count_nonzero(mask))
         if selected == mask.size:
             return NumpyBackend.norm(x), 0.0, selected

@@ -152,10 +152,6 @@ class TorchBackend:
         return torch.zeros(numel, dtype=torch.bool, device=like.device)
 
     @staticmethod
-    def masked_fill_(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tensor:
-        return x.masked_fill_(mask, value)
-
-    @staticmethod
     def clamp_(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
         return x.clamp_(low, high)
 

@@ -75,4 +75,7 @@ struct MaskedSumSquares {
 };
 MaskedSumSquares mask_sum_squares(const float* x, const uint8_t* mask, int64_t n);
 
+// SLAMB's freshness (spec step 6): c[i] = 1 where mask[i] is set, else beta3 * c[i]; one pass.
+void mask_freshness(float* c, const uint8_t* mask, int64_t n, float beta3);
+
 }  // namespace hvdc
