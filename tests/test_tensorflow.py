@@ -176,10 +176,12 @@ def test_keras_mixed_float16_overflow_on_one_rank_skips_the_step_on_every_rank(o
 
 
 # tf_keras against the Keras 3 wrapper on the same start, data and hyper-parameters, after two epochs: the
-# algorithm ops run the same step code on the same gradients (bound in float32 ulps of the parameters); Average,
-# Sum and Adasum go through each Keras's own Adam, whose arithmetic differs (tf_keras folds the bias corrections
-# into the step size), so only closeness is asserted there.
-TF_KERAS_VS_KERAS3_ULPS = {"OneBitAdam": 0, "OneBitLamb": 0, "SLAMB": 0, "Birder": 0}
+# algorithm ops run the same step code (bound in float32 ulps of the parameters). SLAMB's 32: the two Kerases'
+# compiled train steps give gradients a few ulps apart (identical with run_eagerly=True; measured 11 ulps after 8
+# steps), which SLAMB's un-normalized local momentum carries into the parameters. Average, Sum and Adasum go
+# through each Keras's own Adam, whose arithmetic differs (tf_keras folds the bias corrections into the step
+# size; measured <= 16 ulps, 6e-8), so only closeness is asserted there.
+TF_KERAS_VS_KERAS3_ULPS = {"OneBitAdam": 0, "OneBitLamb": 0, "SLAMB": 32, "Birder": 0}
 
 
 def test_tf_keras_fit_every_op_identical_ranks_checkpoint_resume_and_keras3_parity(out_dir: Path) -> None:
