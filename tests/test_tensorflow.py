@@ -217,6 +217,16 @@ def test_tf_keras_fit_every_op_identical_ranks_checkpoint_resume_and_keras3_pari
         assert rk["bad_lamb_inner"].startswith("TypeError") and "Adam" in rk["bad_lamb_inner"], r
         assert rk["bad_birder_inner"].startswith("TypeError") and "legacy.Birder" in rk["bad_birder_inner"], r
         assert rk["bad_passes"].startswith("ValueError") and "backward_passes_per_step" in rk["bad_passes"], r
+    # mixed_float16: batch 2 overflows on the last rank only; every rank skips it and halves the loss scale.
+    for op in ("Average", "OneBitAdam"):
+        runs = [rk[f"mixed/{op}"] for rk in ranks]
+        assert len({run["hash"] for run in runs}) == 1, f"mixed {op}: parameters differ between ranks at n={n}"
+        for r, run in enumerate(runs):
+            assert run["type"] == "LossScaleOptimizer" and run["finite"], (op, r, run)
+            assert run["scale"] == 2.0**14, f"mixed {op}: rank {r} loss scale {run['scale']}, want one halving"
+            assert run["steps"] in (None, 64 // 16 - 1), f"mixed {op}: rank {r} took {run['steps']} steps, not 3"
+    for r, rk in enumerate(ranks):
+        assert rk["mixed/plain"].startswith("ValueError") and "legacy.LossScaleOptimizer" in rk["mixed/plain"], r
 
 
 def test_numpy_backend_slamb_and_birder_primitives_match_the_torch_backend() -> None:

@@ -16,6 +16,10 @@ A wrapper as tf_keras's own ``LossScaleOptimizer`` is one: it holds the inner op
   the algorithm's step over the fused segment, state in this optimizer's variables (so ``tf.train.Checkpoint``
   keeps it).
 - ``backward_passes_per_step``: gradients summed locally over that many calls, the step on the last.
+
+Under mixed_float16 compile with ``legacy.LossScaleOptimizer(hck.DistributedOptimizer(...))``: tf_keras's dynamic
+loss scaling whose skip decision all ranks agree on (as ``hck.LossScaleOptimizer``); the plain tf_keras one, which
+``model.compile`` puts around any optimizer under mixed_float16, is refused (a one-rank skip would deadlock).
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ from typing import Any
 
 import tensorflow as tf
 import tf_keras
+from tf_keras.src.mixed_precision import loss_scale_optimizer as tf_keras_lso
 
 from hvd_compress import ops
 from hvd_compress.algorithms import birder as birder_alg
 from hvd_compress.keras import birder as keras_birder
 from hvd_compress.keras.callbacks import _distributed, broadcast_model
+from hvd_compress.keras.loss_scale import agreed_all_finite
 from hvd_compress.keras.wrapped_step import (
     OpConfig,
     accumulate_then_step,
@@ -212,6 +218,14 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
     def apply_gradients(self, grads_and_vars: Any, name: str | None = None, skip_gradients_aggregation: bool = False,
                         **kwargs: Any) -> Any:
         check_not_xla(self.name)
+        if getattr(self, "_is_wrapped_by_loss_scale_optimizer", False) and not getattr(
+                self, "_hvdc_loss_scale_agreed", False):
+            raise ValueError(
+                "hck.DistributedOptimizer is wrapped in tf_keras's LossScaleOptimizer (model.compile does this under "
+                "mixed_float16): its overflow check is per rank, so one rank skipping a step would deadlock the "
+                "others. Compile with optimizer=hvd_compress.keras.legacy.LossScaleOptimizer("
+                "hck.DistributedOptimizer(...)), whose skip decision all ranks agree on"
+            )
         pairs = list(grads_and_vars)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         with tf.init_scope():
@@ -273,6 +287,34 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
         custom_objects = {"Birder": Birder, **(custom_objects or {})}
         inner = tf_keras.optimizers.deserialize(config.pop("optimizer"), custom_objects=custom_objects)
         return cls(inner, **config)
+
+
+class _AgreedDynamicLossScaleState(tf_keras_lso._DynamicLossScaleState):
+    """tf_keras's dynamic loss scale whose finite check counts the ranks with an Inf/NaN gradient."""
+
+    def update(self, grads: Any) -> Any:
+        finite = agreed_all_finite(tf.nest.flatten(grads), self._hvdc_meter, "LossScaleOptimizer.check_finite")
+        # tf_keras's own update then decides on this one value: non-finite exactly where some rank overflowed.
+        return super().update([tf.where(finite, tf.constant(0.0), tf.constant(float("nan")))])
+
+
+class LossScaleOptimizer(tf_keras_lso.LossScaleOptimizerV3):
+    """tf_keras's ``LossScaleOptimizer`` with the skip decision agreed across ranks (the tf_keras twin of
+    ``hck.LossScaleOptimizer``): an overflow on one rank skips the step (tf_keras still counts it in
+    ``iterations``) and halves the loss scale on every rank."""
+
+    def __init__(self, inner_optimizer: Any, dynamic: bool = True, initial_scale: float | None = None,
+                 dynamic_growth_steps: int | None = None) -> None:
+        if not dynamic:
+            raise ValueError("hvd_compress.keras.legacy.LossScaleOptimizer is dynamic; a fixed loss scale never "
+                             "skips a step, so use tf_keras's own")
+        super().__init__(inner_optimizer, dynamic=True, initial_scale=initial_scale,
+                         dynamic_growth_steps=dynamic_growth_steps)
+        inner_optimizer._hvdc_loss_scale_agreed = True
+        # The state is made and tracked inside tf_keras's __init__; a subclass of it that changes only update()
+        # keeps its checkpoint format.
+        self._loss_scale.__class__ = _AgreedDynamicLossScaleState
+        self._loss_scale._hvdc_meter = CommMeter()
 
 
 class SynchronizeParametersCallback(tf_keras.callbacks.Callback):

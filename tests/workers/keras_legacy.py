@@ -1,7 +1,9 @@
 """tf_keras (TF_USE_LEGACY_KERAS=1): model.fit with hck.DistributedOptimizer around a tf_keras optimizer for every op:
 identical parameters on every rank after every epoch, an LR schedule honoured, a tf.train.Checkpoint restored into
 a fresh model resuming exactly; the same first epochs through the Keras 3 wrapper in this process (same start,
-data and hyper-parameters) for the parameters to compare; backward_passes_per_step=2; bad inner optimizers refused.
+data and hyper-parameters) for the parameters to compare; backward_passes_per_step=2; bad inner optimizers refused;
+mixed_float16 with legacy.LossScaleOptimizer: an overflow on the last rank only skips that step on every rank, and
+tf_keras's own LossScaleOptimizer around hck.DistributedOptimizer is refused on every rank.
 argv: out_dir, ops (comma separated)."""
 
 import os
@@ -104,4 +106,32 @@ for op in ("Average", "Adasum"):  # gradients summed over two calls before each 
 out["bad_lamb_inner"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hck.SLAMB))
 out["bad_birder_inner"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.Adam(0.1), op=hck.Birder))
 out["bad_passes"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.Adam(0.1), backward_passes_per_step=0))
+
+keras.mixed_precision.set_global_policy("mixed_float16")
+XM = X.copy()
+if r == n - 1:
+    XM[2 * 16] = 1e6  # beyond float16's 65504: Inf in this rank's forward pass of batch 2 only
+
+
+def make_mixed(op: str, agreed: bool = True) -> object:
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    opt = hck.DistributedOptimizer(keras.optimizers.Adam(0.01), op=getattr(hck, op), **OPTIONS.get(op, {}))
+    model.compile(optimizer=legacy.LossScaleOptimizer(opt) if agreed else opt, loss="mse", jit_compile=False)
+    return model
+
+
+for op in ("Average", "OneBitAdam"):
+    model = make_mixed(op)
+    model.fit(XM, Y, batch_size=16, epochs=1, shuffle=False, verbose=0,
+              callbacks=[legacy.BroadcastGlobalVariablesCallback(0)])
+    lso = model.optimizer
+    steps = lso.inner_optimizer._state["step"] if op == "OneBitAdam" else None
+    out[f"mixed/{op}"] = {
+        "hash": digest([v.numpy() for v in model.trainable_variables]), "type": type(lso).__name__,
+        "steps": None if steps is None else int(steps.numpy()), "scale": float(lso.loss_scale.numpy()),
+        "finite": bool(all(np.isfinite(v.numpy()).all() for v in model.trainable_variables))}
+model = make_mixed("Average", agreed=False)
+out["mixed/plain"] = outcome(lambda: model.fit(XM, Y, batch_size=16, epochs=1, verbose=0))
+keras.mixed_precision.set_global_policy("float32")
 save(r, out)
