@@ -43,24 +43,30 @@ class Birder(keras.optimizers.Optimizer):
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         i = self._get_variable_index(variable)
-        m, b = self._m[i], self._b[i]
-        hyper = tf.stack([tf.cast(learning_rate, tf.float64), *(tf.constant(h, tf.float64) for h in (
-            self.beta, self.epsilon, self.birder_weight_decay))])
-
-        def run(h: np.ndarray, g: np.ndarray, x: np.ndarray, m_a: np.ndarray, b_a: np.ndarray) -> list[np.ndarray]:
-            lr, beta, eps, wd = (float(v) for v in h)
-            group = {"lr": lr, "beta": beta, "eps": eps, "weight_decay": wd}
-            x, m_a, b_a = (aligned_copy(np.asarray(a)) for a in (x, m_a, b_a))
-            alg.uncompressed_step(BACKEND, [x], [np.asarray(g, np.float32)], [m_a], [b_a], [BACKEND.zeros_like(x)],
-                                  group)
-            return [x, m_a, b_a]
-
-        g = tf.cast(tf.convert_to_tensor(gradient), variable.dtype)
-        outs = numpy_call(run, [hyper, g, variable, m, b], [tf.float32] * 3, f"{self.name}.update")
-        for target, value in zip((variable, m, b), outs, strict=True):
-            target.assign(tf.reshape(value, variable.shape))
+        update_variable(f"{self.name}.update", gradient, variable, self._m[i], self._b[i], learning_rate, self.beta,
+                        self.epsilon, self.birder_weight_decay)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(beta=self.beta, epsilon=self.epsilon, weight_decay=self.birder_weight_decay)
         return config
+
+
+def update_variable(name: str, gradient: Any, variable: Any, m: Any, b: Any, learning_rate: Any, beta: float,
+                    epsilon: float, weight_decay: float) -> None:
+    """One uncompressed Birder step of ``variable`` and its moments ``m``, ``b`` (``algorithms.birder``), as one
+    ``tf.numpy_function``: the update of ``hck.Birder`` and of tf_keras's ``legacy.Birder``."""
+    hyper = tf.stack([tf.cast(learning_rate, tf.float64), *(tf.constant(h, tf.float64) for h in (
+        beta, epsilon, weight_decay))])
+
+    def run(h: np.ndarray, g: np.ndarray, x: np.ndarray, m_a: np.ndarray, b_a: np.ndarray) -> list[np.ndarray]:
+        lr, beta_, eps, wd = (float(v) for v in h)
+        group = {"lr": lr, "beta": beta_, "eps": eps, "weight_decay": wd}
+        x, m_a, b_a = (aligned_copy(np.asarray(a)) for a in (x, m_a, b_a))
+        alg.uncompressed_step(BACKEND, [x], [np.asarray(g, np.float32)], [m_a], [b_a], [BACKEND.zeros_like(x)], group)
+        return [x, m_a, b_a]
+
+    g = tf.cast(tf.convert_to_tensor(gradient), variable.dtype)
+    outs = numpy_call(run, [hyper, g, variable, m, b], [tf.float32] * 3, name)
+    for target, value in zip((variable, m, b), outs, strict=True):
+        target.assign(tf.reshape(value, variable.shape))

@@ -1,18 +1,25 @@
 """tf_keras (``TF_USE_LEGACY_KERAS=1``, ``tf.keras`` of TF >= 2.16 then): ``hck.DistributedOptimizer`` given a
-tf_keras optimizer returns this wrapper, and ``BroadcastGlobalVariablesCallback`` is the tf_keras callback.
+tf_keras optimizer returns this wrapper; ``BroadcastGlobalVariablesCallback`` and ``SynchronizeParametersCallback``
+are the tf_keras callbacks, ``Birder`` the tf_keras twin of ``hck.Birder``.
 
 A wrapper as tf_keras's own ``LossScaleOptimizer`` is one: it holds the inner optimizer, delegates ``learning_rate``
 (schedules too) and ``iterations``, and adds its variables beside the inner ones. ``model.fit`` calls
-``apply_gradients`` (via ``minimize``), which is where the step runs:
+``apply_gradients`` (via ``minimize``), which is where the step runs, the same step as the Keras 3 wrapper's
+(``hvd_compress.keras.wrapped_step``, ``hvd_compress.tensorflow.algorithm_step``):
 
-- ``Average``/``Sum``: one fused reduction of the gradients (``hvd_compress.tensorflow.grouped_allreduce``), then
-  the inner optimizer's ``apply_gradients``.
-- ``OneBitAdam`` (wraps ``tf_keras.optimizers.Adam``/``AdamW``): the algorithm layer's step over the fused segment
-  (``hvd_compress.tensorflow.algorithm_step``, the same code as the Keras 3 face), state in this optimizer's
-  variables (so ``tf.train.Checkpoint`` keeps it).
+- ``Average``/``Sum``: one fused reduction of the gradients, then the inner optimizer's ``apply_gradients``.
+- ``Adasum``: the inner optimizer steps on this rank's gradients, then the parameter deltas are Adasum-reduced.
+- ``OneBitAdam`` (wraps ``tf_keras.optimizers.Adam``/``AdamW``), ``OneBitLamb`` and ``SLAMB`` (tf_keras has no
+  LAMB: they wrap a tf_keras ``Adam``/``AdamW`` too, which only supplies LAMB's hyper-parameters lr, beta_1, beta_2,
+  epsilon and weight_decay; the update is the algorithm's LAMB, with ``min_coeff``/``max_coeff`` as options, as
+  the Keras 3 face's ``keras.optimizers.Lamb``, whose defaults are Adam's), ``Birder`` (wraps ``legacy.Birder``):
+  the algorithm's step over the fused segment, state in this optimizer's variables (so ``tf.train.Checkpoint``
+  keeps it).
+- ``backward_passes_per_step``: gradients summed locally over that many calls, the step on the last.
 
-Not here (they raise ``NotImplementedError``): Adasum, OneBitLamb and SLAMB (tf_keras has no LAMB), Birder,
-``backward_passes_per_step`` > 1. Use Keras 3 for those.
+Under mixed_float16 compile with ``legacy.LossScaleOptimizer(hck.DistributedOptimizer(...))``: tf_keras's dynamic
+loss scaling whose skip decision all ranks agree on (as ``hck.LossScaleOptimizer``); the plain tf_keras one, which
+``model.compile`` puts around any optimizer under mixed_float16, is refused (a one-rank skip would deadlock).
 """
 
 from __future__ import annotations
@@ -21,11 +28,23 @@ from typing import Any
 
 import tensorflow as tf
 import tf_keras
+from tf_keras.src.mixed_precision import loss_scale_optimizer as tf_keras_lso
 
 from hvd_compress import ops
-from hvd_compress.algorithms.onebit import parse_options
-from hvd_compress.algorithms.onebit_adam import OneBitAdam
-from hvd_compress.keras.callbacks import broadcast_model
+from hvd_compress.algorithms import birder as birder_alg
+from hvd_compress.keras import birder as keras_birder
+from hvd_compress.keras.callbacks import _distributed, broadcast_model
+from hvd_compress.keras.loss_scale import agreed_all_finite
+from hvd_compress.keras.wrapped_step import (
+    OpConfig,
+    accumulate_then_step,
+    adasum_delta_step,
+    check_base_options,
+    check_passes,
+    parse_op,
+    reset_error_feedback,
+    synchronize_parameters,
+)
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, apply_algorithm_step, make_step
@@ -37,9 +56,71 @@ def is_tf_keras_optimizer(optimizer: Any) -> bool:
     return isinstance(optimizer, tf_keras.optimizers.Optimizer)
 
 
+class Birder(tf_keras.optimizers.Optimizer):
+    """Birder's rule without compression (SoftSignSGD of paper 004) as a tf_keras optimizer: the twin of
+    ``hck.Birder`` (same update, ``hvd_compress.keras.birder.update_variable``). Wrapped by
+    ``hck.DistributedOptimizer(legacy.Birder(...), op=hck.Birder)`` it supplies the 1-bit algorithm's
+    hyper-parameters. float32 variables."""
+
+    def __init__(self, learning_rate: Any = 1e-3, beta: float = 0.95, epsilon: float = 1e-8,
+                 weight_decay: float = 0.0, name: str = "birder", **kwargs: Any) -> None:
+        lr = learning_rate if isinstance(learning_rate, (int, float)) else birder_alg.DEFAULTS["lr"]
+        birder_alg.check_hyperparameters(float(lr), float(beta), float(epsilon), float(weight_decay))
+        kwargs.pop("weight_decay", None)
+        super().__init__(name=name, **kwargs)
+        self._learning_rate = self._build_learning_rate(learning_rate)
+        self.beta = float(beta)
+        self.epsilon = float(epsilon)
+        self.birder_weight_decay = float(weight_decay)  # not tf_keras's weight_decay: the rule applies its own
+
+    def build(self, var_list: list[Any]) -> None:
+        super().build(var_list)
+        if getattr(self, "_built", False):
+            return
+        bad = [v.name for v in var_list if v.dtype != tf.float32]
+        if bad:
+            raise ValueError(f"Birder supports float32 variables (mixed_float16 keeps them), not {bad}")
+        self._built = True
+        self._m = [self.add_variable_from_reference(model_variable=v, variable_name="exp_avg") for v in var_list]
+        self._b = [self.add_variable_from_reference(model_variable=v, variable_name="exp_avg_abs") for v in var_list]
+
+    def update_step(self, gradient: Any, variable: Any) -> None:
+        i = self._index_dict[self._var_key(variable)]
+        keras_birder.update_variable(f"{self.name}.update", gradient, variable, self._m[i], self._b[i],
+                                     self.learning_rate, self.beta, self.epsilon, self.birder_weight_decay)
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(learning_rate=self._serialize_hyperparameter(self._learning_rate), beta=self.beta,
+                      epsilon=self.epsilon, weight_decay=self.birder_weight_decay)
+        return config
+
+
+def _hyper_flags(op_name: str, inner: Any, lamb_opts: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """The hyper-parameters after lr as read from ``inner`` and the rule's flags (translation only, as the Keras 3
+    face's ``_hyper_flags``)."""
+    check_base_options(op_name, inner)
+    if op_name == "Birder":
+        if not isinstance(inner, Birder):
+            raise TypeError(f"op=Birder under tf_keras wraps hvd_compress.keras.legacy.Birder, got "
+                            f"{type(inner).__name__}")
+        return [inner.beta, inner.epsilon, inner.birder_weight_decay], {}
+    if not isinstance(inner, (tf_keras.optimizers.Adam, tf_keras.optimizers.AdamW)):
+        lamb = "" if op_name == "OneBitAdam" else " (tf_keras has no LAMB: Adam supplies LAMB's hyper-parameters)"
+        raise TypeError(f"op={op_name} wraps tf_keras.optimizers.Adam/AdamW{lamb}, got {type(inner).__name__}")
+    if inner.amsgrad:
+        raise ValueError(f"op={op_name} does not support amsgrad=True")
+    hyper = [inner.beta_1, inner.beta_2, inner.epsilon, inner.weight_decay or 0.0]
+    # tf_keras applies Adam's weight_decay decoupled (as AdamW); LAMB's sits in its update (the algorithm's).
+    flags = {"decoupled_weight_decay": True} if op_name == "OneBitAdam" else dict(lamb_opts)
+    return hyper, flags
+
+
 class DistributedOptimizer(tf_keras.optimizers.Optimizer):
     """Data-parallel training over all ranks around a tf_keras ``optimizer``: ``op`` = ``Average`` (default),
-    ``Sum`` or ``OneBitAdam`` (with its options, ``freeze_step`` required). Not under XLA (``jit_compile=False``)."""
+    ``Sum``, ``Adasum``, ``OneBitAdam``, ``OneBitLamb``, ``SLAMB`` (wrap ``Adam``/``AdamW``) or ``Birder`` (wraps
+    ``legacy.Birder``), with the algorithm's options, and ``backward_passes_per_step``; see the module. Not under
+    XLA (``jit_compile=False``)."""
 
     def __init__(self, optimizer: tf_keras.optimizers.Optimizer, op: Any = ReduceOp.Average,
                  backward_passes_per_step: int = 1, name: str | None = None, **algorithm_options: Any) -> None:
@@ -47,33 +128,20 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
             optimizer = optimizer.inner_optimizer
         if not is_tf_keras_optimizer(optimizer):
             raise TypeError(f"expected a tf_keras optimizer, got {type(optimizer).__name__}")
-        try:
-            op = ReduceOp(op)
-        except ValueError:
-            raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
-        if backward_passes_per_step != 1:
-            raise NotImplementedError("backward_passes_per_step > 1 is in the Keras 3 face only")
+        if op is Birder or op is keras_birder.Birder:  # the optimizer class as op=, as the Keras 3 face
+            op = ReduceOp.Birder
+        config = parse_op(op, algorithm_options, face="the tf_keras face")
+        check_passes(backward_passes_per_step)
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}", jit_compile=False)
         self.inner_optimizer = optimizer
-        self.op = op
+        self.op = config.op
+        self.backward_passes_per_step = backward_passes_per_step
         self.algorithm_options = dict(algorithm_options)
+        self._config: OpConfig = config
         self._meter = CommMeter()
         self._runner: FusedStep | None = None
-        if op in (ReduceOp.Average, ReduceOp.Sum):
-            if algorithm_options:
-                raise TypeError(f"op={op.name} takes no algorithm options, got {sorted(algorithm_options)}")
-        elif op == ReduceOp.OneBitAdam:
-            if not isinstance(optimizer, tf_keras.optimizers.Adam) or optimizer.amsgrad:
-                raise TypeError(f"op=OneBitAdam wraps tf_keras.optimizers.Adam/AdamW (amsgrad=False), got "
-                                f"{type(optimizer).__name__}")
-            for attr in ("clipnorm", "clipvalue", "global_clipnorm", "use_ema"):
-                if getattr(optimizer, attr, None) not in (None, False):
-                    raise ValueError(f"op=OneBitAdam: the inner optimizer's {attr} is not applied; unset it")
-            self._options = parse_options(OneBitAdam.options_cls, OneBitAdam.name, dict(algorithm_options))
-            self._hyper = [optimizer.beta_1, optimizer.beta_2, optimizer.epsilon, optimizer.weight_decay or 0.0]
-            self._flags = {"decoupled_weight_decay": True}  # tf_keras applies weight_decay decoupled, as AdamW
-        else:
-            raise NotImplementedError(f"op={op.name} under tf_keras: use Average, Sum or OneBitAdam, or Keras 3")
+        if config.algorithm is not None:
+            self._hyper, self._flags = _hyper_flags(config.op.name, optimizer, config.lamb_opts)
 
     # -- delegation, as LossScaleOptimizer --------------------------------------------------------------
     @property
@@ -97,15 +165,27 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
         own = super().variables  # tf_keras's callable list: some of its code calls optimizer.variables()
         return type(own)([*own, *self.inner_optimizer.variables])
 
+    def comm_stats(self) -> dict[str, int]:
+        """Bytes this rank sent and received for this optimizer's algorithm steps since the last call."""
+        return self._meter.take()
+
     @property
     def per_rank_variables(self) -> list[Any]:
-        """The 1-bit error feedback: differs between ranks by design, never broadcast."""
+        """Variables that differ between ranks by design (as the Keras 3 face's): never broadcast."""
         if self._runner is None:
             return []
         return [self._state[k] for k in self._runner.per_rank]
 
+    def reset_compression_state(self) -> None:
+        """Zero the error feedback, as the Keras 3 face's ``reset_compression_state``."""
+        if self._runner is not None:
+            reset_error_feedback(self._state)
+
     def synchronize_parameters(self) -> None:
-        """Nothing to do: every op here keeps the parameters alike on every rank after every step."""
+        """SLAMB: average the trainable variables over all ranks now (as the Keras 3 face). Other ops keep the
+        parameters alike on every rank after every step: nothing to do."""
+        if self._runner is not None:
+            synchronize_parameters(self._runner, self._trainable, f"{self.name}.synchronize_parameters")
 
     def build(self, var_list: list[Any]) -> None:
         if getattr(self, "_built", False):
@@ -114,14 +194,20 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
         var_list = list(var_list)
         super().build(var_list)
         self._trainable = var_list
-        if self.op != ReduceOp.OneBitAdam:
+        if self.backward_passes_per_step > 1:
+            self._pass_count = self.add_variable(shape=[], dtype=tf.int64, name="hvdc_passes")
+            self._accumulators = [self.add_variable_from_reference(model_variable=v,
+                                                                   variable_name="hvdc_accumulated_grad")
+                                  for v in var_list]
+        algorithm = self._config.algorithm
+        if algorithm is None:
             self.inner_optimizer.build(var_list)
         else:
             bad = [v.name for v in var_list if v.dtype != tf.float32]
             if bad:
-                raise ValueError(f"op=OneBitAdam supports float32 variables, not {bad}")
-            self._runner = make_step(OneBitAdam, self._options, [tuple(v.shape) for v in var_list], ops.size(),
-                                     self._meter)
+                raise ValueError(f"op={self.op.name} supports float32 variables, not {bad}")
+            self._runner = make_step(algorithm, self._config.options, [tuple(v.shape) for v in var_list],
+                                     ops.size(), self._meter)
             self._state = {}
             for key, (shape, dtype, init) in self._runner.state_shapes().items():
                 initializer = tf_keras.initializers.get(init)
@@ -132,38 +218,125 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
     def apply_gradients(self, grads_and_vars: Any, name: str | None = None, skip_gradients_aggregation: bool = False,
                         **kwargs: Any) -> Any:
         check_not_xla(self.name)
+        if getattr(self, "_is_wrapped_by_loss_scale_optimizer", False) and not getattr(
+                self, "_hvdc_loss_scale_agreed", False):
+            raise ValueError(
+                "hck.DistributedOptimizer is wrapped in tf_keras's LossScaleOptimizer (model.compile does this under "
+                "mixed_float16): its overflow check is per rank, so one rank skipping a step would deadlock the "
+                "others. Compile with optimizer=hvd_compress.keras.legacy.LossScaleOptimizer("
+                "hck.DistributedOptimizer(...)), whose skip decision all ranks agree on"
+            )
         pairs = list(grads_and_vars)
-        variables = [v for _, v in pairs]
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         with tf.init_scope():
             self.build(variables)
-        if self._runner is None:
-            pairs = [(dense(g), v) for g, v in pairs if g is not None]
-            reduced = grouped_allreduce([g for g, _ in pairs], op=self.op, name=f"{self.name}.grad")
-            return self.inner_optimizer.apply_gradients(zip(reduced, [v for _, v in pairs], strict=True), name=name,
-                                                        skip_gradients_aggregation=True, **kwargs)
+        if self.backward_passes_per_step == 1:
+            self._step(grads, variables)
+        else:
+            index = {id(v): i for i, v in enumerate(self._trainable)}
+            accumulators = [self._accumulators[index[id(v)]] for v in variables]
+            accumulate_then_step(grads, variables, accumulators, self._pass_count, self.backward_passes_per_step,
+                                 self._step)
+        return self.iterations
+
+    def _step(self, grads: list[Any], variables: list[Any]) -> None:
+        if self._runner is not None:
+            self._algorithm_step(grads, variables)
+            return
+        pairs = [(dense(g), v) for g, v in zip(grads, variables, strict=True) if g is not None]
+        if not pairs:
+            raise ValueError("No gradients provided for any variable.")
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        if self.op in (ReduceOp.Average, ReduceOp.Sum):
+            reduced = grouped_allreduce(grads, op=self.op, name=f"{self.name}.grad")
+            self._apply_inner(reduced, variables)
+            return
+        adasum_delta_step(grads, variables, self._apply_inner, self._config, self._meter, f"{self.name}.adasum")
+
+    def _apply_inner(self, grads: list[Any], variables: list[Any]) -> Any:
+        return self.inner_optimizer.apply_gradients(zip(grads, variables, strict=True),
+                                                    skip_gradients_aggregation=True)
+
+    def _algorithm_step(self, grads: list[Any], variables: list[Any]) -> None:
         if sorted(id(v) for v in variables) != sorted(id(v) for v in self._trainable):
-            raise ValueError("op=OneBitAdam: apply_gradients() must get every variable the optimizer was built with")
-        by_var = {id(v): g for g, v in pairs}
+            raise ValueError(f"op={self.op.name}: apply_gradients() must get every variable the optimizer was built "
+                             "with")
+        by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
         # What the inner optimizer's apply_gradients does first: a schedule's value for this step.
         self.inner_optimizer._compute_current_learning_rate()
         apply_algorithm_step(self._runner, self._state, self._trainable, by_var,
                              [self.inner_optimizer.learning_rate, *self._hyper], self._flags,
-                             f"{self.name}.{OneBitAdam.name}")
-        return self.inner_optimizer.iterations.assign_add(1)
+                             f"{self.name}.{self._config.algorithm.name}")
+        self.inner_optimizer.iterations.assign_add(1)
 
     @property
     def compression_started(self) -> bool:
-        return self._runner is not None and int(self._state["step"].numpy()) >= self._options.freeze_step
+        """True once an algorithm's steps use the compressed collective (after ``freeze_step`` steps)."""
+        if self._runner is None:
+            return False
+        return int(self._state["step"].numpy()) >= getattr(self._config.options, "freeze_step", 0)
 
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "optimizer": tf_keras.optimizers.serialize(self.inner_optimizer),
-                "op": int(self.op), **self.algorithm_options}
+                "op": int(self.op), "backward_passes_per_step": self.backward_passes_per_step,
+                **self.algorithm_options}
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> DistributedOptimizer:
         config = dict(config)
+        custom_objects = {"Birder": Birder, **(custom_objects or {})}
         inner = tf_keras.optimizers.deserialize(config.pop("optimizer"), custom_objects=custom_objects)
         return cls(inner, **config)
+
+
+class _AgreedDynamicLossScaleState(tf_keras_lso._DynamicLossScaleState):
+    """tf_keras's dynamic loss scale whose finite check counts the ranks with an Inf/NaN gradient."""
+
+    def update(self, grads: Any) -> Any:
+        finite = agreed_all_finite(tf.nest.flatten(grads), self._hvdc_meter, "LossScaleOptimizer.check_finite")
+        # tf_keras's own update then decides on this one value: non-finite exactly where some rank overflowed.
+        return super().update([tf.where(finite, tf.constant(0.0), tf.constant(float("nan")))])
+
+
+class LossScaleOptimizer(tf_keras_lso.LossScaleOptimizerV3):
+    """tf_keras's ``LossScaleOptimizer`` with the skip decision agreed across ranks (the tf_keras twin of
+    ``hck.LossScaleOptimizer``): an overflow on one rank skips the step (tf_keras still counts it in
+    ``iterations``) and halves the loss scale on every rank."""
+
+    def __init__(self, inner_optimizer: Any, dynamic: bool = True, initial_scale: float | None = None,
+                 dynamic_growth_steps: int | None = None) -> None:
+        if not dynamic:
+            raise ValueError("hvd_compress.keras.legacy.LossScaleOptimizer is dynamic; a fixed loss scale never "
+                             "skips a step, so use tf_keras's own")
+        super().__init__(inner_optimizer, dynamic=True, initial_scale=initial_scale,
+                         dynamic_growth_steps=dynamic_growth_steps)
+        inner_optimizer._hvdc_loss_scale_agreed = True
+        # The state is made and tracked inside tf_keras's __init__; a subclass of it that changes only update()
+        # keeps its checkpoint format.
+        self._loss_scale.__class__ = _AgreedDynamicLossScaleState
+        self._loss_scale._hvdc_meter = CommMeter()
+
+
+class SynchronizeParametersCallback(tf_keras.callbacks.Callback):
+    """tf_keras twin of ``hck.callbacks.SynchronizeParametersCallback`` (SLAMB): ``synchronize_parameters()`` at
+    the end of training, and of every epoch with ``every_epoch=True``."""
+
+    def __init__(self, every_epoch: bool = False) -> None:
+        super().__init__()
+        self.every_epoch = every_epoch
+
+    def _sync(self) -> None:
+        optimizer = _distributed(getattr(self.model, "optimizer", None))
+        if optimizer is not None:
+            optimizer.synchronize_parameters()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.every_epoch:
+            self._sync()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if not self.every_epoch:
+            self._sync()
 
 
 class BroadcastGlobalVariablesCallback(tf_keras.callbacks.Callback):

@@ -37,13 +37,18 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._hvdc_meter = CommMeter()
 
     def check_finite(self, grads: list[Any]) -> Any:
-        ensure_init()
-        tensors = [dense(g) for g in grads if g is not None]
-        meter, name = self._hvdc_meter, f"{self.name}.check_finite"
+        return agreed_all_finite(grads, self._hvdc_meter, f"{self.name}.check_finite")
 
-        def run(*arrays: np.ndarray) -> np.ndarray:
-            # Reads TF's buffers only (never writes them): nonfinite_everywhere only tests them.
-            return np.asarray(nonfinite_everywhere(BACKEND, [np.asarray(a) for a in arrays], meter, name), np.int64)
 
-        bad = numpy_call(run, tensors, [tf.int64], name)[0]
-        return tf.equal(bad, 0)
+def agreed_all_finite(grads: list[Any], meter: CommMeter, name: str) -> Any:
+    """A scalar bool tensor, True where every gradient on every rank is finite (one tiny allreduce of the count
+    of ranks with an Inf/NaN, ``algorithms.agreement``): the skip decision of both Kerases' loss scalers."""
+    ensure_init()
+    tensors = [dense(g) for g in grads if g is not None]
+
+    def run(*arrays: np.ndarray) -> np.ndarray:
+        # Reads TF's buffers only (never writes them): nonfinite_everywhere only tests them.
+        return np.asarray(nonfinite_everywhere(BACKEND, [np.asarray(a) for a in arrays], meter, name), np.int64)
+
+    bad = numpy_call(run, tensors, [tf.int64], name)[0]
+    return tf.equal(bad, 0)

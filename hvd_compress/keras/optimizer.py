@@ -20,25 +20,26 @@ import sys
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
-from hvd_compress import algorithms, ops
-from hvd_compress.algorithms.adasum_delta import DEFAULT_BUCKET_MB, plan_buckets
-from hvd_compress.algorithms.onebit import OneBitAlgorithm, parse_options
-from hvd_compress.algorithms.options import build_options
+from hvd_compress import ops
 from hvd_compress.keras.birder import Birder
+from hvd_compress.keras.wrapped_step import (
+    OpConfig,
+    accumulate_then_step,
+    adasum_delta_step,
+    check_base_options,
+    check_passes,
+    parse_op,
+    reset_error_feedback,
+    synchronize_parameters,
+)
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
-from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep, apply_algorithm_step, make_step
-from hvd_compress.tensorflow.backend import aligned_copy
+from hvd_compress.tensorflow.algorithm_step import FusedStep, apply_algorithm_step, make_step
 from hvd_compress.tensorflow.context import ensure_init
-from hvd_compress.tensorflow.functions import dense, grouped_allreduce, numpy_call
-
-_LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
-_BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_accumulation_steps",
-              "loss_scale_factor")
+from hvd_compress.tensorflow.functions import dense, grouped_allreduce
 
 
 def _in_xla() -> bool:
@@ -75,9 +76,7 @@ def _hyper_flags(op_name: str, inner: keras.optimizers.Optimizer, lamb_opts: dic
     """The hyper-parameters after lr as read from ``inner`` (lr at run time: schedules act): (beta1, beta2, eps,
     weight_decay), Birder's (beta, eps, weight_decay); and the rule's flags. Translation only: the update rule is
     the algorithm's (torch's Adam form: eps added to sqrt(v_hat))."""
-    for name in _BASE_ONLY:
-        if getattr(inner, name, None) not in (None, False):
-            raise ValueError(f"op={op_name}: the inner optimizer's {name} is not applied by the algorithm; unset it")
+    check_base_options(op_name, inner)
     if op_name == "Birder":
         if not isinstance(inner, Birder):
             raise TypeError(f"op=Birder wraps hck.Birder, got {type(inner).__name__}")
@@ -114,7 +113,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def __new__(cls, optimizer: Any = None, op: Any = ReduceOp.Average, backward_passes_per_step: int = 1,
                 name: str | None = None, **algorithm_options: Any) -> Any:
         """A tf_keras optimizer (``TF_USE_LEGACY_KERAS=1``) gets ``hvd_compress.keras.legacy``'s wrapper."""
-        if optimizer is not None and type(optimizer).__module__.startswith("tf_keras"):
+        if optimizer is not None and any(c.__module__.startswith("tf_keras")
+                                         for c in type(optimizer).__mro__):
             from hvd_compress.keras import legacy  # imports tf_keras: only for its optimizers
 
             # Not an instance of cls, so Python does not run __init__ on it.
@@ -128,40 +128,19 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         _check_inner(optimizer)
         if op is Birder:  # hck.Birder is the optimizer class and, as op=, the algorithm (as in the torch face)
             op = ReduceOp.Birder
-        try:
-            op = ReduceOp(op)
-        except ValueError:
-            raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
-        if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) or \
-                backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
+        config = parse_op(op, algorithm_options)
+        check_passes(backward_passes_per_step)
         super().__init__(learning_rate=0.0, name=name or f"Distributed{type(optimizer).__name__}")
         self.inner_optimizer = optimizer
-        self.op = op
+        self.op = config.op
         self.backward_passes_per_step = backward_passes_per_step
         self.algorithm_options = dict(algorithm_options)
         self._meter = CommMeter()
-        self._algorithm: type | None = None
-        options = dict(algorithm_options)
-        if op in (ReduceOp.Average, ReduceOp.Sum):
-            if options:
-                raise TypeError(f"op={op.name} takes no algorithm options, got {sorted(options)}")
-        elif op == ReduceOp.Adasum:
-            self._bucket_mb = float(options.pop("bucket_mb", DEFAULT_BUCKET_MB))
-            self._hierarchical = options.pop("hierarchical", None)
-            if options:
-                raise TypeError(f"op=Adasum takes bucket_mb and hierarchical, got {sorted(options)}")
-        else:
-            algorithm = algorithms.REGISTRY.get(op)
-            if algorithm is None:
-                raise NotImplementedError(f"hck.DistributedOptimizer(op={op.name}) is not in the Keras face yet")
-            lamb_opts = {} if op == ReduceOp.Birder else {k: options.pop(k, v) for k, v in _LAMB_DEFAULTS.items()}
-            self._hyper, self._flags = _hyper_flags(op.name, optimizer, lamb_opts)
-            if issubclass(algorithm, OneBitAlgorithm):
-                self._options = parse_options(algorithm.options_cls, algorithm.name, options)
-            else:
-                self._options = build_options(algorithm.options_cls, algorithm.name, options)
-            self._algorithm = algorithm
+        self._config: OpConfig = config
+        self._algorithm: type | None = config.algorithm
+        if config.algorithm is not None:
+            self._hyper, self._flags = _hyper_flags(config.op.name, optimizer, config.lamb_opts)
+            self._options = config.options
 
     # -- delegation, as LossScaleOptimizer --------------------------------------------------------------
     @property
@@ -228,21 +207,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         it resumes from a checkpoint that another rank saved (the error buffers are per rank). SLAMB keeps no
         error buffer (its compensation is the local part of m)."""
         if self._algorithm is not None and self.built:
-            for key in ("worker_error", "server_error"):
-                if key in self._state:
-                    self._state[key].assign(tf.zeros_like(self._state[key]))
+            reset_error_feedback(self._state)
 
     def synchronize_parameters(self) -> None:
         """SLAMB: average the trainable variables over all ranks now (one dense allreduce), where the last step
         was not a multiple of ``sync_interval`` (end of training, before evaluating or saving). Other ops keep
         the parameters alike on every rank after every step: nothing to do. Eager or inside a ``tf.function``."""
-        if not isinstance(getattr(self, "_runner", None), SlambStep):
-            return
-        variables = self._trainable_variables
-        outs = numpy_call(self._runner.synchronize_parameters, [tf.convert_to_tensor(v) for v in variables],
-                          [tf.float32] * len(variables), f"{self.name}.synchronize_parameters")
-        for v, x in zip(variables, outs, strict=True):
-            v.assign(tf.reshape(x, v.shape))
+        synchronize_parameters(getattr(self, "_runner", None), self._trainable_variables,
+                               f"{self.name}.synchronize_parameters")
 
     # -- the step ----------------------------------------------------------------------------------------
     def apply(self, grads: list[Any], trainable_variables: Any = None) -> None:
@@ -269,25 +241,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if self.backward_passes_per_step == 1:
             self._step(grads, trainable_variables)
             return
-        for acc, g, v in zip(self._accumulators_for(trainable_variables), grads, trainable_variables, strict=True):
-            if g is not None:
-                acc.assign_add(tf.cast(dense(g), v.dtype))
-        self._pass_count.assign_add(1)
         accs = self._accumulators_for(trainable_variables)
-
-        def run() -> Any:
-            summed = [None if g is None else tf.convert_to_tensor(a) for a, g in zip(accs, grads, strict=True)]
-            self._step(summed, trainable_variables)
-            for a in accs:
-                a.assign(tf.zeros_like(a))
-            self._pass_count.assign(0)
-            return tf.constant(True)
-
-        if tf.executing_eagerly():
-            if int(self._pass_count.numpy()) >= self.backward_passes_per_step:
-                run()
-        else:
-            tf.cond(self._pass_count >= self.backward_passes_per_step, run, lambda: tf.constant(False))
+        accumulate_then_step(grads, trainable_variables, accs, self._pass_count, self.backward_passes_per_step,
+                             self._step)
 
     def _accumulators_for(self, variables: list[Any]) -> list[Any]:
         index = {id(v): i for i, v in enumerate(self._trainable_variables)}
@@ -305,38 +261,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             reduced = grouped_allreduce(grads, op=self.op, name=f"{self.name}.grad")
             self.inner_optimizer.apply(reduced, variables)
             return
-        self._adasum_step(grads, variables)
-
-    def _adasum_step(self, grads: list[tf.Tensor], variables: list[Any]) -> None:
-        """Local step, then Adasum of the deltas per bucket (paper 002, Section 4.1), applied to the start."""
-        starts = [tf.identity(tf.convert_to_tensor(v)) for v in variables]
-        with tf.control_dependencies(starts):
-            self.inner_optimizer.apply(grads, variables)
-        deltas = [tf.convert_to_tensor(v) - s for v, s in zip(variables, starts, strict=True)]
-        items = [(v.dtype, int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size) for v in variables]
-        buckets = plan_buckets(items, int(self._bucket_mb * (1 << 20)))
-        name, hierarchical = f"{self.name}.adasum", self._hierarchical
-
-        def run(*arrays: np.ndarray) -> list[np.ndarray]:
-            outs = [aligned_copy(np.asarray(a)) for a in arrays]
-            for b, members in enumerate(buckets):
-                flat = np.concatenate([outs[i].reshape(-1) for i in members])
-                ops.adasum_fused_(flat, [outs[i].size for i in members], name=f"{name}.{b}",
-                                  hierarchical=hierarchical)
-                offsets = np.cumsum([0] + [outs[i].size for i in members])
-                for i, lo, hi in zip(members, offsets[:-1], offsets[1:], strict=True):
-                    outs[i].reshape(-1)[...] = flat[lo:hi]
-            return outs
-
-        reduced = numpy_call(self._metered(run), deltas, [d.dtype for d in deltas], name)
-        for v, s, d in zip(variables, starts, reduced, strict=True):
-            v.assign(s + tf.reshape(d, s.shape))
-
-    def _metered(self, fn: Any) -> Any:
-        def run(*args: Any) -> Any:
-            return self._meter.run(fn, *args)
-
-        return run
+        adasum_delta_step(grads, variables, self.inner_optimizer.apply, self._config, self._meter,
+                          f"{self.name}.adasum")
 
     def _algorithm_step(self, grads: list[Any], variables: list[Any]) -> None:
         index = {id(v): i for i, v in enumerate(self._trainable_variables)}

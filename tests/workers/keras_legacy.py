@@ -1,10 +1,15 @@
-"""tf_keras (TF_USE_LEGACY_KERAS=1): model.fit with hck.DistributedOptimizer around a tf_keras Adam for Average and
-OneBitAdam: identical parameters on every rank after every epoch, an LR schedule honoured, a tf.train.Checkpoint
-restored into a fresh model resuming exactly. argv: out_dir."""
+"""tf_keras (TF_USE_LEGACY_KERAS=1): model.fit with hck.DistributedOptimizer around a tf_keras optimizer for every op:
+identical parameters on every rank after every epoch, an LR schedule honoured, a tf.train.Checkpoint restored into
+a fresh model resuming exactly; the same first epochs through the Keras 3 wrapper in this process (same start,
+data and hyper-parameters) for the parameters to compare; backward_passes_per_step=2; bad inner optimizers refused;
+mixed_float16 with legacy.LossScaleOptimizer: an overflow on the last rank only skips that step on every rank, and
+tf_keras's own LossScaleOptimizer around hck.DistributedOptimizer is refused on every rank.
+argv: out_dir, ops (comma separated)."""
 
 import os
 import sys
 
+import keras as keras3
 import numpy as np
 import tensorflow as tf
 from tf_common import digest, outcome, save
@@ -17,41 +22,71 @@ keras = tf.keras
 assert keras.__name__.startswith("tf_keras"), keras.__name__
 hck.init()
 r, n = hck.rank(), hck.size()
+OPS = sys.argv[2].split(",")
 rng = np.random.default_rng(r)
 X = rng.standard_normal((64, 6)).astype("float32")
 Y = np.sin(X.sum(1, keepdims=True)).astype("float32")
+LAMB_OPS = ("OneBitLamb", "SLAMB")
+OPTIONS = {"OneBitAdam": {"freeze_step": 3}, "OneBitLamb": {"freeze_step": 3},
+           "SLAMB": {"compress_ratio": 0.25, "sync_interval": 3, "grad_size_thr": 0}}
 
 
-class Hashes(keras.callbacks.Callback):
+class Record(keras.callbacks.Callback):
+    """Hashes after each epoch and the starting weights (after the broadcast callback, which runs first)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.hashes: list[str] = []
+        self.start: list[np.ndarray] = []
+
+    def on_train_begin(self, logs: object = None) -> None:
+        self.start = [v.numpy() for v in self.model.trainable_variables]
 
     def on_epoch_end(self, epoch: int, logs: object = None) -> None:
         self.hashes.append(digest([v.numpy() for v in self.model.trainable_variables]))
 
 
-def make(op: str) -> keras.Model:
-    keras.utils.set_random_seed(100 + r)  # different on purpose: the broadcast callback must fix it
-    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
-    schedule = keras.optimizers.schedules.ExponentialDecay(0.02, decay_steps=4, decay_rate=0.8)
-    options = {"freeze_step": 3} if op == "OneBitAdam" else {}
-    opt = hck.DistributedOptimizer(keras.optimizers.Adam(schedule), op=getattr(hck, op), **options)
+def inner(op: str, k: object) -> object:
+    """The inner optimizer under tf_keras (k = tf.keras) or Keras 3 (k = keras3) with the same hyper-parameters."""
+    schedule = k.optimizers.schedules.ExponentialDecay(0.02, decay_steps=4, decay_rate=0.8)
+    if op == "Birder":
+        return legacy.Birder(schedule) if k is keras else hck.Birder(schedule)
+    if op in LAMB_OPS:  # tf_keras has no LAMB: Adam supplies its hyper-parameters
+        return keras.optimizers.Adam(schedule) if k is keras else keras3.optimizers.Lamb(schedule)
+    return k.optimizers.Adam(schedule)
+
+
+def make(op: str, k: object = keras, passes: int = 1) -> object:
+    k.utils.set_random_seed(100 + r)  # different on purpose: the broadcast callback must fix it
+    model = k.Sequential([k.Input((6,)), k.layers.Dense(16, activation="tanh"), k.layers.Dense(1)])
+    opt = hck.DistributedOptimizer(inner(op, k), op=getattr(hck, op), backward_passes_per_step=passes,
+                                   **OPTIONS.get(op, {}))
     model.compile(optimizer=opt, loss="mse", jit_compile=False)
     return model
 
 
-def fit(model: keras.Model, epochs: int) -> tuple[list[str], list[float]]:
-    h = Hashes()
+def fit(model: object, epochs: int) -> tuple[Record, list[float]]:
+    rec = Record()
     hist = model.fit(X, Y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
-                     callbacks=[legacy.BroadcastGlobalVariablesCallback(0), h])
-    return h.hashes, [float(v) for v in hist.history["loss"]]
+                     callbacks=[legacy.BroadcastGlobalVariablesCallback(0),
+                                legacy.SynchronizeParametersCallback(every_epoch=True), rec])
+    return rec, [float(v) for v in hist.history["loss"]]
+
+
+def fit_keras3(op: str, start: list[np.ndarray], epochs: int) -> list[np.ndarray]:
+    """The Keras 3 wrapper from the same start (alike on every rank already) on the same data."""
+    model = make(op, keras3)
+    model.set_weights(start)
+    model.fit(X, Y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[hck.callbacks.SynchronizeParametersCallback(every_epoch=True)])
+    return [np.asarray(v) for v in model.get_weights()]
 
 
 out: dict = {}
-for op in ("Average", "OneBitAdam"):
+for op in OPS:
     model = make(op)
     first, loss1 = fit(model, 2)
+    after2 = [v.numpy() for v in model.trainable_variables]
     ckpt_path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(sys.argv[1] + f"/{op}_rank{r}")
     cont, loss2 = fit(model, 2)
     opt = model.optimizer
@@ -59,9 +94,44 @@ for op in ("Average", "OneBitAdam"):
     fresh.optimizer.build(fresh.trainable_variables)
     tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer).read(ckpt_path).assert_consumed()
     restored, _ = fit(fresh, 2)
-    out[op] = {"hashes": first + cont, "restored": restored, "loss": loss1 + loss2, "type": type(opt).__module__,
-               "iterations": int(opt.iterations), "lr": float(opt.learning_rate),
+    out[op] = {"hashes": first.hashes + cont.hashes, "restored": restored.hashes, "loss": loss1 + loss2,
+               "type": type(opt).__module__, "iterations": int(opt.iterations), "lr": float(opt.learning_rate),
                "want_lr": float(opt.inner_optimizer._learning_rate(opt.iterations - 1)),  # the last step's
-               "compression_started": getattr(opt, "compression_started", None)}
-out["bad_op"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.Adam(0.1), op=hck.Adasum))
+               "compression_started": opt.compression_started,
+               "tf_keras": after2, "keras3": fit_keras3(op, first.start, 2)}
+for op in ("Average", "Adasum"):  # gradients summed over two calls before each step
+    model = make(op, passes=2)
+    rec, _ = fit(model, 2)
+    out[f"{op}/passes2"] = {"hashes": rec.hashes, "iterations": int(model.optimizer.iterations)}
+out["bad_lamb_inner"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hck.SLAMB))
+out["bad_birder_inner"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.Adam(0.1), op=hck.Birder))
+out["bad_passes"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.Adam(0.1), backward_passes_per_step=0))
+
+keras.mixed_precision.set_global_policy("mixed_float16")
+XM = X.copy()
+if r == n - 1:
+    XM[2 * 16] = 1e6  # beyond float16's 65504: Inf in this rank's forward pass of batch 2 only
+
+
+def make_mixed(op: str, agreed: bool = True) -> object:
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    opt = hck.DistributedOptimizer(keras.optimizers.Adam(0.01), op=getattr(hck, op), **OPTIONS.get(op, {}))
+    model.compile(optimizer=legacy.LossScaleOptimizer(opt) if agreed else opt, loss="mse", jit_compile=False)
+    return model
+
+
+for op in ("Average", "OneBitAdam"):
+    model = make_mixed(op)
+    model.fit(XM, Y, batch_size=16, epochs=1, shuffle=False, verbose=0,
+              callbacks=[legacy.BroadcastGlobalVariablesCallback(0)])
+    lso = model.optimizer
+    steps = lso.inner_optimizer._state["step"] if op == "OneBitAdam" else None
+    out[f"mixed/{op}"] = {
+        "hash": digest([v.numpy() for v in model.trainable_variables]), "type": type(lso).__name__,
+        "steps": None if steps is None else int(steps.numpy()), "scale": float(lso.loss_scale.numpy()),
+        "finite": bool(all(np.isfinite(v.numpy()).all() for v in model.trainable_variables))}
+model = make_mixed("Average", agreed=False)
+out["mixed/plain"] = outcome(lambda: model.fit(XM, Y, batch_size=16, epochs=1, verbose=0))
+keras.mixed_precision.set_global_policy("float32")
 save(r, out)

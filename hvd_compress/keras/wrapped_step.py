@@ -1,0 +1,159 @@
+"""What one step of ``hck.DistributedOptimizer`` does, written once for both Keras wrappers: the Keras 3 one
+(``hvd_compress.keras.optimizer``) and the tf_keras one (``hvd_compress.keras.legacy``). Each wrapper only says
+how its inner optimizer applies gradients and how it makes variables; the op parsing, Adasum of the parameter
+deltas and the local accumulation over ``backward_passes_per_step`` are here. The algorithms' math stays in
+``hvd_compress.algorithms`` (run by ``hvd_compress.tensorflow.algorithm_step``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_compress import algorithms, ops
+from hvd_compress.algorithms.adasum_delta import DEFAULT_BUCKET_MB, plan_buckets
+from hvd_compress.algorithms.onebit import OneBitAlgorithm, parse_options
+from hvd_compress.algorithms.options import build_options
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.traffic import CommMeter
+from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep
+from hvd_compress.tensorflow.backend import aligned_copy
+from hvd_compress.tensorflow.functions import dense, numpy_call
+
+LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
+#: Options of the base optimizer that an algorithm's own step would silently ignore: refused instead.
+BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_accumulation_steps",
+             "loss_scale_factor")
+
+
+@dataclass
+class OpConfig:
+    """``op`` and its options, validated: ``algorithm`` (a class of ``algorithms.REGISTRY``) with its parsed
+    ``options`` and the LAMB flags, or Adasum's bucket size and hierarchy, or nothing (Average, Sum)."""
+
+    op: ReduceOp
+    algorithm: type | None = None
+    options: Any = None
+    lamb_opts: dict[str, Any] = field(default_factory=dict)
+    bucket_mb: float = DEFAULT_BUCKET_MB
+    hierarchical: Any = None
+
+
+def check_passes(backward_passes_per_step: Any) -> int:
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) or \
+            backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
+    return backward_passes_per_step
+
+
+def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras face") -> OpConfig:
+    """Validate ``op`` (a ``ReduceOp`` or its value) and its options; raises TypeError/ValueError on bad ones."""
+    try:
+        op = ReduceOp(op)
+    except ValueError:
+        raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
+    options = dict(algorithm_options)
+    if op in (ReduceOp.Average, ReduceOp.Sum):
+        if options:
+            raise TypeError(f"op={op.name} takes no algorithm options, got {sorted(options)}")
+        return OpConfig(op)
+    if op == ReduceOp.Adasum:
+        bucket_mb = float(options.pop("bucket_mb", DEFAULT_BUCKET_MB))
+        hierarchical = options.pop("hierarchical", None)
+        if options:
+            raise TypeError(f"op=Adasum takes bucket_mb and hierarchical, got {sorted(options)}")
+        return OpConfig(op, bucket_mb=bucket_mb, hierarchical=hierarchical)
+    algorithm = algorithms.REGISTRY.get(op)
+    if algorithm is None:
+        raise NotImplementedError(f"hck.DistributedOptimizer(op={op.name}) is not in {face} yet")
+    lamb_opts = {} if op == ReduceOp.Birder else {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()}
+    if issubclass(algorithm, OneBitAlgorithm):
+        parsed = parse_options(algorithm.options_cls, algorithm.name, options)
+    else:
+        parsed = build_options(algorithm.options_cls, algorithm.name, options)
+    return OpConfig(op, algorithm=algorithm, options=parsed, lamb_opts=lamb_opts)
+
+
+def check_base_options(op_name: str, inner: Any) -> None:
+    for name in BASE_ONLY:
+        if getattr(inner, name, None) not in (None, False):
+            raise ValueError(f"op={op_name}: the inner optimizer's {name} is not applied by the algorithm; unset it")
+
+
+def adasum_delta_step(grads: list[tf.Tensor], variables: list[Any], apply_local: Callable[[list[Any], list[Any]], Any],
+                      config: OpConfig, meter: CommMeter, name: str) -> None:
+    """Local step (``apply_local(grads, variables)``: the inner optimizer's), then Adasum of the parameter deltas
+    per bucket (paper 002, Section 4.1; buckets as ``algorithms.adasum_delta.plan_buckets``), applied to the
+    start values."""
+    starts = [tf.identity(tf.convert_to_tensor(v)) for v in variables]
+    with tf.control_dependencies(starts):
+        apply_local(grads, variables)
+    deltas = [tf.convert_to_tensor(v) - s for v, s in zip(variables, starts, strict=True)]
+    items = [(v.dtype, int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size) for v in variables]
+    buckets = plan_buckets(items, int(config.bucket_mb * (1 << 20)))
+    hierarchical = config.hierarchical
+
+    def run(*arrays: np.ndarray) -> list[np.ndarray]:
+        outs = [aligned_copy(np.asarray(a)) for a in arrays]
+        for b, members in enumerate(buckets):
+            flat = np.concatenate([outs[i].reshape(-1) for i in members])
+            ops.adasum_fused_(flat, [outs[i].size for i in members], name=f"{name}.{b}", hierarchical=hierarchical)
+            offsets = np.cumsum([0] + [outs[i].size for i in members])
+            for i, lo, hi in zip(members, offsets[:-1], offsets[1:], strict=True):
+                outs[i].reshape(-1)[...] = flat[lo:hi]
+        return outs
+
+    def metered(*arrays: np.ndarray) -> list[np.ndarray]:
+        return meter.run(run, *arrays)
+
+    reduced = numpy_call(metered, deltas, [d.dtype for d in deltas], name)
+    for v, s, d in zip(variables, starts, reduced, strict=True):
+        v.assign(s + tf.reshape(d, s.shape))
+
+
+def accumulate_then_step(grads: Sequence[Any], variables: Sequence[Any], accumulators: Sequence[Any], pass_count: Any,
+                         passes: int, step: Callable[[list[Any], list[Any]], Any]) -> None:
+    """``backward_passes_per_step``: add ``grads`` to this rank's ``accumulators`` (None stays None: decided by the
+    program's structure, alike on every rank) and run ``step(summed, variables)`` on every ``passes``-th call,
+    then zero them. The count is a variable, so the choice is made at run time inside a ``tf.function``."""
+    for acc, g, v in zip(accumulators, grads, variables, strict=True):
+        if g is not None:
+            acc.assign_add(tf.cast(dense(g), v.dtype))
+    pass_count.assign_add(1)
+
+    def run() -> Any:
+        summed = [None if g is None else tf.convert_to_tensor(a) for a, g in zip(accumulators, grads, strict=True)]
+        step(summed, list(variables))
+        for a in accumulators:
+            a.assign(tf.zeros_like(a))
+        pass_count.assign(0)
+        return tf.constant(True)
+
+    if tf.executing_eagerly():
+        if int(pass_count.numpy()) >= passes:
+            run()
+    else:
+        tf.cond(pass_count >= passes, run, lambda: tf.constant(False))
+
+
+def synchronize_parameters(runner: FusedStep | None, variables: Sequence[Any], name: str) -> None:
+    """SLAMB (``runner`` a ``SlambStep``): average ``variables`` over all ranks now (one dense allreduce), eager or
+    inside a ``tf.function``. Other runners keep the parameters alike after every step: nothing to do."""
+    if not isinstance(runner, SlambStep):
+        return
+    variables = list(variables)
+    outs = numpy_call(runner.synchronize_parameters, [tf.convert_to_tensor(v) for v in variables],
+                      [tf.float32] * len(variables), name)
+    for v, x in zip(variables, outs, strict=True):
+        v.assign(tf.reshape(x, v.shape))
+
+
+def reset_error_feedback(state: dict[str, Any]) -> None:
+    """Zero the per-rank error feedback (worker and server error of 1-bit Adam/LAMB and Birder) in ``state``."""
+    for key in ("worker_error", "server_error"):
+        if key in state:
+            state[key].assign(tf.zeros_like(state[key]))
