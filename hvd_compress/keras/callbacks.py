@@ -20,11 +20,9 @@ def _distributed(optimizer: Any) -> Any:
     return optimizer
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """At the start of training, every rank takes ``root_rank``'s model and optimizer variables.
-
-    The optimizer is built first (on the model's trainable variables), so its variables (iterations, moments,
-    compression state) are broadcast too: a model loaded on one rank continues alike on all of them."""
+class BroadcastMixin:
+    """The body of both Keras flavours' ``BroadcastGlobalVariablesCallback`` (Keras 3 here, tf_keras in
+    ``hvd_compress.keras.legacy``): only their ``Callback`` base differs."""
 
     def __init__(self, root_rank: int = 0) -> None:
         super().__init__()
@@ -35,6 +33,34 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if not self.broadcast_done:
             broadcast_model(self.model, self.root_rank)
             self.broadcast_done = True
+
+
+class SynchronizeParametersMixin:
+    """The body of both Keras flavours' ``SynchronizeParametersCallback``."""
+
+    def __init__(self, every_epoch: bool = False) -> None:
+        super().__init__()
+        self.every_epoch = every_epoch
+
+    def _sync(self) -> None:
+        optimizer = _distributed(getattr(self.model, "optimizer", None))
+        if optimizer is not None:
+            optimizer.synchronize_parameters()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.every_epoch:
+            self._sync()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if not self.every_epoch:
+            self._sync()
+
+
+class BroadcastGlobalVariablesCallback(BroadcastMixin, keras.callbacks.Callback):
+    """At the start of training, every rank takes ``root_rank``'s model and optimizer variables.
+
+    The optimizer is built first (on the model's trainable variables), so its variables (iterations, moments,
+    compression state) are broadcast too: a model loaded on one rank continues alike on all of them."""
 
 
 def broadcast_model(model: Any, root_rank: int) -> None:
@@ -67,25 +93,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
                 logs[k] = float(v)
 
 
-class SynchronizeParametersCallback(keras.callbacks.Callback):
+class SynchronizeParametersCallback(SynchronizeParametersMixin, keras.callbacks.Callback):
     """Calls ``model.optimizer.synchronize_parameters()`` (SLAMB: one dense average of the parameters) at the end
     of training, and at the end of every epoch with ``every_epoch=True`` (so evaluation, checkpoints and other
     callbacks see the same parameters on every rank). Put it before callbacks that read the parameters. Other
     ops: nothing to do."""
-
-    def __init__(self, every_epoch: bool = False) -> None:
-        super().__init__()
-        self.every_epoch = every_epoch
-
-    def _sync(self) -> None:
-        optimizer = _distributed(getattr(self.model, "optimizer", None))
-        if optimizer is not None:
-            optimizer.synchronize_parameters()
-
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        if self.every_epoch:
-            self._sync()
-
-    def on_train_end(self, logs: Any = None) -> None:
-        if not self.every_epoch:
-            self._sync()

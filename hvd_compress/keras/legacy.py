@@ -33,7 +33,7 @@ from tf_keras.src.mixed_precision import loss_scale_optimizer as tf_keras_lso
 from hvd_compress import ops
 from hvd_compress.algorithms import birder as birder_alg
 from hvd_compress.keras import birder as keras_birder
-from hvd_compress.keras.callbacks import _distributed, broadcast_model
+from hvd_compress.keras.callbacks import BroadcastMixin, SynchronizeParametersMixin
 from hvd_compress.keras.loss_scale import agreed_all_finite
 from hvd_compress.keras.wrapped_step import (
     OpConfig,
@@ -317,39 +317,12 @@ class LossScaleOptimizer(tf_keras_lso.LossScaleOptimizerV3):
         self._loss_scale._hvdc_meter = CommMeter()
 
 
-class SynchronizeParametersCallback(tf_keras.callbacks.Callback):
+class SynchronizeParametersCallback(SynchronizeParametersMixin, tf_keras.callbacks.Callback):
     """tf_keras twin of ``hck.callbacks.SynchronizeParametersCallback`` (SLAMB): ``synchronize_parameters()`` at
     the end of training, and of every epoch with ``every_epoch=True``."""
 
-    def __init__(self, every_epoch: bool = False) -> None:
-        super().__init__()
-        self.every_epoch = every_epoch
 
-    def _sync(self) -> None:
-        optimizer = _distributed(getattr(self.model, "optimizer", None))
-        if optimizer is not None:
-            optimizer.synchronize_parameters()
-
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        if self.every_epoch:
-            self._sync()
-
-    def on_train_end(self, logs: Any = None) -> None:
-        if not self.every_epoch:
-            self._sync()
-
-
-class BroadcastGlobalVariablesCallback(tf_keras.callbacks.Callback):
+class BroadcastGlobalVariablesCallback(BroadcastMixin, tf_keras.callbacks.Callback):
     """tf_keras twin of ``hck.callbacks.BroadcastGlobalVariablesCallback``: at the start of training every rank
     takes ``root_rank``'s model and optimizer variables (the optimizer built first; per-rank error feedback
     stays)."""
-
-    def __init__(self, root_rank: int = 0) -> None:
-        super().__init__()
-        self.root_rank = root_rank
-        self.broadcast_done = False
-
-    def on_train_begin(self, logs: Any = None) -> None:
-        if not self.broadcast_done:
-            broadcast_model(self.model, self.root_rank)
-            self.broadcast_done = True
