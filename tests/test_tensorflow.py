@@ -92,6 +92,15 @@ def test_tf_ops_match_reference_eager_and_in_tf_function(out_dir: Path) -> None:
                                                             0, k, "float32")
             np.testing.assert_array_equal(got["topk"][k], want.astype(np.float32), err_msg=f"top-k call {k} rank {r}")
         np.testing.assert_array_equal(got["topk_error"], errors[r], err_msg=f"top-k error feedback rank {r}")
+        for kind, op in (("fp16", "Average"), ("bf16", "Sum")):
+            xs = _inputs(n, 27, 30)
+            want = ref_compression.half_wire_allreduce(xs, "float32", kind, op).astype(np.float32)
+            np.testing.assert_array_equal(got[f"keras/{kind}"], want, err_msg=f"hck {kind} {op} rank {r}")
+            plain = np.sum(xs, 0, dtype=np.float32) / (n if op == "Average" else 1)
+            assert not np.array_equal(got[f"keras/{kind}"], plain), f"{kind}: nothing was compressed"
+            assert got[f"keras/{kind}/config"] == kind
+        assert got["keras/topk"].startswith("ValueError") and "fp16" in got["keras/topk"], got["keras/topk"]
+        assert got["keras/adasum_fp16"].startswith("ValueError") and "Average" in got["keras/adasum_fp16"]
         assert got["bad_shape"].startswith("MismatchError"), (r, got["bad_shape"])
         assert got["bad_numel"].startswith("MismatchError"), (r, got["bad_numel"])
         assert got["bad_dtype"].startswith(USAGE) and "bfloat16" in got["bad_dtype"], got["bad_dtype"]
