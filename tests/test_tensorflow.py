@@ -236,6 +236,10 @@ def test_tf_keras_fit_every_op_identical_ranks_checkpoint_resume_and_keras3_pari
         passes = [rk[f"{op}/passes2"] for rk in ranks]
         assert len({tuple(p["hashes"]) for p in passes}) == 1, f"{op}/passes2: ranks differ"
         assert passes[0]["iterations"] == 2 * 64 // 16 // 2, passes[0]["iterations"]
+    want = ref_compression.half_wire_allreduce(_inputs(n, 27, 30), "float32", "fp16", "Average").astype(np.float32)
+    for r, rk in enumerate(ranks):
+        assert rk["fp16"]["kind"] == "fp16", rk["fp16"]
+        np.testing.assert_array_equal(rk["fp16"]["got"], want, err_msg=f"tf_keras compression=fp16 rank {r}")
     for r, rk in enumerate(ranks):
         assert rk["bad_lamb_inner"].startswith("TypeError") and "Adam" in rk["bad_lamb_inner"], r
         assert rk["bad_birder_inner"].startswith("TypeError") and "legacy.Birder" in rk["bad_birder_inner"], r

@@ -36,7 +36,6 @@ from hvd_compress.keras.wrapped_step import (
     synchronize_parameters,
 )
 from hvd_compress.ops.compression import Compression
-from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, apply_algorithm_step, make_step
@@ -120,11 +119,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                                          for c in type(optimizer).__mro__):
             from hvd_compress.keras import legacy  # imports tf_keras: only for its optimizers
 
-            if resolve_compression(compression).kind != "none":
-                raise NotImplementedError("compression= is not in the tf_keras face yet (Keras 3 only)")
-
             # Not an instance of cls, so Python does not run __init__ on it.
-            return legacy.DistributedOptimizer(optimizer, op, backward_passes_per_step, name, **algorithm_options)
+            return legacy.DistributedOptimizer(optimizer, op, backward_passes_per_step, name, compression,
+                                               **algorithm_options)
         return super().__new__(cls)
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, op: Any = ReduceOp.Average,

@@ -129,6 +129,13 @@ for op in ("Average", "Adasum"):  # gradients summed over two calls before each 
     model = make(op, passes=2)
     rec, _, _ = fit(model, 2)
     out[f"{op}/passes2"] = {"hashes": rec.hashes, "iterations": int(model.optimizer.iterations)}
+# compression=fp16 (Average) on the fused gradient reduction: SGD(1) from zeros leaves -(the reduced gradient).
+opt = hck.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hck.Average, compression=hck.Compression.fp16)
+opt = legacy.DistributedOptimizer.from_config(opt.get_config())
+g = np.random.default_rng(30 * 1000 + r).standard_normal(27).astype("float32")  # the test's _inputs(n, 27, 30)
+variables = [tf.Variable(np.zeros((4, 5), "float32")), tf.Variable(np.zeros(7, "float32"))]
+opt.apply_gradients(zip([tf.constant(g[:20].reshape(4, 5)), tf.constant(g[20:])], variables, strict=True))
+out["fp16"] = {"got": -np.concatenate([v.numpy().reshape(-1) for v in variables]), "kind": opt.compression.kind}
 out["bad_lamb_inner"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hck.SLAMB))
 out["bad_birder_inner"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.Adam(0.1), op=hck.Birder))
 out["bad_passes"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.Adam(0.1), backward_passes_per_step=0))
