@@ -92,6 +92,15 @@ def test_tf_ops_match_reference_eager_and_in_tf_function(out_dir: Path) -> None:
                                                             0, k, "float32")
             np.testing.assert_array_equal(got["topk"][k], want.astype(np.float32), err_msg=f"top-k call {k} rank {r}")
         np.testing.assert_array_equal(got["topk_error"], errors[r], err_msg=f"top-k error feedback rank {r}")
+        for kind, op in (("fp16", "Average"), ("bf16", "Sum")):
+            xs = _inputs(n, 27, 30)
+            want = ref_compression.half_wire_allreduce(xs, "float32", kind, op).astype(np.float32)
+            np.testing.assert_array_equal(got[f"keras/{kind}"], want, err_msg=f"hck {kind} {op} rank {r}")
+            plain = np.sum(xs, 0, dtype=np.float32) / (n if op == "Average" else 1)
+            assert not np.array_equal(got[f"keras/{kind}"], plain), f"{kind}: nothing was compressed"
+            assert got[f"keras/{kind}/config"] == kind
+        assert got["keras/topk"].startswith("ValueError") and "fp16" in got["keras/topk"], got["keras/topk"]
+        assert got["keras/adasum_fp16"].startswith("ValueError") and "Average" in got["keras/adasum_fp16"]
         assert got["bad_shape"].startswith("MismatchError"), (r, got["bad_shape"])
         assert got["bad_numel"].startswith("MismatchError"), (r, got["bad_numel"])
         assert got["bad_dtype"].startswith(USAGE) and "bfloat16" in got["bad_dtype"], got["bad_dtype"]
@@ -197,6 +206,9 @@ def test_tf_keras_fit_every_op_identical_ranks_checkpoint_resume_and_keras3_pari
         for r, run in enumerate(runs):
             assert run["type"] == "hvd_compress.keras.legacy", run["type"]
             assert run["restored"] == run["hashes"][2:], f"{op}: rank {r} did not resume exactly from a tf.Checkpoint"
+            assert run["resumed"] == run["hashes"][2:], f"{op}: rank {r} did not resume exactly from model.save(.keras)"
+            assert (run["reloaded_type"], run["reloaded_op"]) == ("hvd_compress.keras.legacy", op), run["reloaded_type"]
+            assert run["loaded_state"] == run["saved_state"], f"{op}: rank {r} optimizer state not restored exactly"
             assert run["iterations"] == 4 * 64 // 16
             assert run["lr"] == pytest.approx(run["want_lr"]) and run["lr"] < 0.02, f"{op}: LR schedule not honoured"
             assert np.isfinite(run["loss"]).all() and run["loss"][-1] < run["loss"][0], f"{op}: {run['loss']}"
@@ -209,10 +221,22 @@ def test_tf_keras_fit_every_op_identical_ranks_checkpoint_resume_and_keras3_pari
                     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"{op} variable {i} rank {r}")
         if op.startswith("OneBit"):
             assert runs[0]["compression_started"]
+        if op in ("OneBitAdam", "OneBitLamb", "Birder"):  # error feedback: per rank, so each file holds its own
+            assert runs[0]["n_per_rank"] > 0
+            assert len({run["saved_state"][0] for run in runs}) == n, f"{op}: per-rank state alike, untested"
+        # legacy.MetricAverageCallback: the History holds the average over ranks of each rank's own epoch loss.
+        raw = np.array([run["raw_loss"] for run in runs])
+        assert len(set(raw[:, 0].tolist())) == n, f"{op}: ranks' own losses alike, the average is untested"
+        for r, run in enumerate(runs):
+            np.testing.assert_allclose(run["loss"], raw.mean(0), rtol=1e-12, err_msg=f"{op}: rank {r} metric average")
     for op in ("Average", "Adasum"):
         passes = [rk[f"{op}/passes2"] for rk in ranks]
         assert len({tuple(p["hashes"]) for p in passes}) == 1, f"{op}/passes2: ranks differ"
         assert passes[0]["iterations"] == 2 * 64 // 16 // 2, passes[0]["iterations"]
+    want = ref_compression.half_wire_allreduce(_inputs(n, 27, 30), "float32", "fp16", "Average").astype(np.float32)
+    for r, rk in enumerate(ranks):
+        assert rk["fp16"]["kind"] == "fp16", rk["fp16"]
+        np.testing.assert_array_equal(rk["fp16"]["got"], want, err_msg=f"tf_keras compression=fp16 rank {r}")
     for r, rk in enumerate(ranks):
         assert rk["bad_lamb_inner"].startswith("TypeError") and "Adam" in rk["bad_lamb_inner"], r
         assert rk["bad_birder_inner"].startswith("TypeError") and "legacy.Birder" in rk["bad_birder_inner"], r

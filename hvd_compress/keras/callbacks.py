@@ -77,9 +77,10 @@ def broadcast_model(model: Any, root_rank: int) -> None:
     broadcast_variables(variables, root_rank=root_rank, name="BroadcastGlobalVariablesCallback")
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
-    """At the end of each epoch, replaces each numeric metric in ``logs`` by its average over all ranks (in the
-    sorted order of the metric names, so every rank reduces the same values in the same order)."""
+class MetricAverageMixin:
+    """The body of both Keras flavours' ``MetricAverageCallback``: at the end of each epoch, replaces each numeric
+    metric in ``logs`` by its average over all ranks (in the sorted order of the metric names, so every rank
+    reduces the same values in the same order)."""
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not logs:
@@ -91,6 +92,11 @@ class MetricAverageCallback(keras.callbacks.Callback):
             ops.allreduce_(values, op=ops.Average, name="MetricAverageCallback")
             for k, v in zip(keys, values, strict=True):
                 logs[k] = float(v)
+
+
+class MetricAverageCallback(MetricAverageMixin, keras.callbacks.Callback):
+    """At the end of each epoch, every numeric metric in ``logs`` becomes its average over all ranks (as
+    Horovod's); put it before callbacks that read the metrics."""
 
 
 class SynchronizeParametersCallback(SynchronizeParametersMixin, keras.callbacks.Callback):

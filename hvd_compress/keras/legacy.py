@@ -1,6 +1,6 @@
 """tf_keras (``TF_USE_LEGACY_KERAS=1``, ``tf.keras`` of TF >= 2.16 then): ``hck.DistributedOptimizer`` given a
-tf_keras optimizer returns this wrapper; ``BroadcastGlobalVariablesCallback`` and ``SynchronizeParametersCallback``
-are the tf_keras callbacks, ``Birder`` the tf_keras twin of ``hck.Birder``.
+tf_keras optimizer returns this wrapper; ``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback`` and
+``SynchronizeParametersCallback`` are the tf_keras callbacks, ``Birder`` the tf_keras twin of ``hck.Birder``.
 
 A wrapper as tf_keras's own ``LossScaleOptimizer`` is one: it holds the inner optimizer, delegates ``learning_rate``
 (schedules too) and ``iterations``, and adds its variables beside the inner ones. ``model.fit`` calls
@@ -16,6 +16,8 @@ A wrapper as tf_keras's own ``LossScaleOptimizer`` is one: it holds the inner op
   the algorithm's step over the fused segment, state in this optimizer's variables (so ``tf.train.Checkpoint``
   keeps it).
 - ``backward_passes_per_step``: gradients summed locally over that many calls, the step on the last.
+- ``compression=`` ``hc.Compression.fp16``/``bf16`` (Average/Sum): the fused reduction sends 16-bit values, as
+  the Keras 3 wrapper's.
 
 Under mixed_float16 compile with ``legacy.LossScaleOptimizer(hck.DistributedOptimizer(...))``: tf_keras's dynamic
 loss scaling whose skip decision all ranks agree on (as ``hck.LossScaleOptimizer``); the plain tf_keras one, which
@@ -33,7 +35,7 @@ from tf_keras.src.mixed_precision import loss_scale_optimizer as tf_keras_lso
 from hvd_compress import ops
 from hvd_compress.algorithms import birder as birder_alg
 from hvd_compress.keras import birder as keras_birder
-from hvd_compress.keras.callbacks import BroadcastMixin, SynchronizeParametersMixin
+from hvd_compress.keras.callbacks import BroadcastMixin, MetricAverageMixin, SynchronizeParametersMixin
 from hvd_compress.keras.loss_scale import agreed_all_finite
 from hvd_compress.keras.wrapped_step import (
     OpConfig,
@@ -45,11 +47,12 @@ from hvd_compress.keras.wrapped_step import (
     reset_error_feedback,
     synchronize_parameters,
 )
+from hvd_compress.ops.compression import Compression
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, apply_algorithm_step, make_step
 from hvd_compress.tensorflow.context import ensure_init
-from hvd_compress.tensorflow.functions import check_not_xla, dense, grouped_allreduce
+from hvd_compress.tensorflow.functions import check_group_compression, check_not_xla, dense, grouped_allreduce
 
 
 def is_tf_keras_optimizer(optimizer: Any) -> bool:
@@ -123,7 +126,8 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
     XLA (``jit_compile=False``)."""
 
     def __init__(self, optimizer: tf_keras.optimizers.Optimizer, op: Any = ReduceOp.Average,
-                 backward_passes_per_step: int = 1, name: str | None = None, **algorithm_options: Any) -> None:
+                 backward_passes_per_step: int = 1, name: str | None = None, compression: Any = None,
+                 **algorithm_options: Any) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer.inner_optimizer
         if not is_tf_keras_optimizer(optimizer):
@@ -132,7 +136,10 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
             op = ReduceOp.Birder
         config = parse_op(op, algorithm_options, face="the tf_keras face")
         check_passes(backward_passes_per_step)
+        compressor = check_group_compression(compression, config.op, "hck.DistributedOptimizer")
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}", jit_compile=False)
+        self._compressor = compressor
+        self.compression = compressor or Compression.none
         self.inner_optimizer = optimizer
         self.op = config.op
         self.backward_passes_per_step = backward_passes_per_step
@@ -248,7 +255,7 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
             raise ValueError("No gradients provided for any variable.")
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         if self.op in (ReduceOp.Average, ReduceOp.Sum):
-            reduced = grouped_allreduce(grads, op=self.op, name=f"{self.name}.grad")
+            reduced = grouped_allreduce(grads, op=self.op, name=f"{self.name}.grad", compression=self._compressor)
             self._apply_inner(reduced, variables)
             return
         adasum_delta_step(grads, variables, self._apply_inner, self._config, self._meter, f"{self.name}.adasum")
@@ -279,13 +286,14 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "optimizer": tf_keras.optimizers.serialize(self.inner_optimizer),
                 "op": int(self.op), "backward_passes_per_step": self.backward_passes_per_step,
-                **self.algorithm_options}
+                "compression": self.compression.kind, **self.algorithm_options}
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> DistributedOptimizer:
         config = dict(config)
         custom_objects = {"Birder": Birder, **(custom_objects or {})}
         inner = tf_keras.optimizers.deserialize(config.pop("optimizer"), custom_objects=custom_objects)
+        config["compression"] = getattr(Compression, config.pop("compression", "none"))  # none, fp16 or bf16
         return cls(inner, **config)
 
 
@@ -326,3 +334,8 @@ class BroadcastGlobalVariablesCallback(BroadcastMixin, tf_keras.callbacks.Callba
     """tf_keras twin of ``hck.callbacks.BroadcastGlobalVariablesCallback``: at the start of training every rank
     takes ``root_rank``'s model and optimizer variables (the optimizer built first; per-rank error feedback
     stays)."""
+
+
+class MetricAverageCallback(MetricAverageMixin, tf_keras.callbacks.Callback):
+    """tf_keras twin of ``hck.callbacks.MetricAverageCallback``: at the end of each epoch every numeric metric in
+    ``logs`` becomes its average over all ranks."""

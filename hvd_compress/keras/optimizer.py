@@ -35,11 +35,12 @@ from hvd_compress.keras.wrapped_step import (
     reset_error_feedback,
     synchronize_parameters,
 )
+from hvd_compress.ops.compression import Compression
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, apply_algorithm_step, make_step
 from hvd_compress.tensorflow.context import ensure_init
-from hvd_compress.tensorflow.functions import dense, grouped_allreduce
+from hvd_compress.tensorflow.functions import check_group_compression, dense, grouped_allreduce
 
 
 def _in_xla() -> bool:
@@ -106,23 +107,26 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     ``hierarchical``, ``seed``). SLAMB's parameters are alike on every rank only after a step t with
     t % sync_interval == 0 and after ``synchronize_parameters()`` (``hck.callbacks.SynchronizeParametersCallback``).
     ``backward_passes_per_step``: gradients are summed locally over that many calls of ``apply`` and the step runs
-    on the last. Not under XLA: compile with ``jit_compile=False``. Under mixed_float16 wrap it in
-    ``hck.LossScaleOptimizer``.
+    on the last. ``compression`` (``Average``/``Sum``): ``hc.Compression.none``, ``fp16`` or ``bf16`` on the wire
+    for the fused gradient reduction (Horovod's ``hvd.Compression.fp16`` too). Not under XLA: compile with
+    ``jit_compile=False``. Under mixed_float16 wrap it in ``hck.LossScaleOptimizer``.
     """
 
     def __new__(cls, optimizer: Any = None, op: Any = ReduceOp.Average, backward_passes_per_step: int = 1,
-                name: str | None = None, **algorithm_options: Any) -> Any:
+                name: str | None = None, compression: Any = None, **algorithm_options: Any) -> Any:
         """A tf_keras optimizer (``TF_USE_LEGACY_KERAS=1``) gets ``hvd_compress.keras.legacy``'s wrapper."""
         if optimizer is not None and any(c.__module__.startswith("tf_keras")
                                          for c in type(optimizer).__mro__):
             from hvd_compress.keras import legacy  # imports tf_keras: only for its optimizers
 
             # Not an instance of cls, so Python does not run __init__ on it.
-            return legacy.DistributedOptimizer(optimizer, op, backward_passes_per_step, name, **algorithm_options)
+            return legacy.DistributedOptimizer(optimizer, op, backward_passes_per_step, name, compression,
+                                               **algorithm_options)
         return super().__new__(cls)
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, op: Any = ReduceOp.Average,
-                 backward_passes_per_step: int = 1, name: str | None = None, **algorithm_options: Any) -> None:
+                 backward_passes_per_step: int = 1, name: str | None = None, compression: Any = None,
+                 **algorithm_options: Any) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer.inner_optimizer  # re-wrapping wraps the optimizer inside (as the torch face)
         _check_inner(optimizer)
@@ -130,7 +134,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             op = ReduceOp.Birder
         config = parse_op(op, algorithm_options)
         check_passes(backward_passes_per_step)
+        compressor = check_group_compression(compression, config.op, "hck.DistributedOptimizer")
         super().__init__(learning_rate=0.0, name=name or f"Distributed{type(optimizer).__name__}")
+        self._compressor = compressor
+        self.compression = compressor or Compression.none
         self.inner_optimizer = optimizer
         self.op = config.op
         self.backward_passes_per_step = backward_passes_per_step
@@ -258,7 +265,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             raise ValueError("No gradients provided for any variable.")
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         if self.op in (ReduceOp.Average, ReduceOp.Sum):
-            reduced = grouped_allreduce(grads, op=self.op, name=f"{self.name}.grad")
+            reduced = grouped_allreduce(grads, op=self.op, name=f"{self.name}.grad", compression=self._compressor)
             self.inner_optimizer.apply(reduced, variables)
             return
         adasum_delta_step(grads, variables, self.inner_optimizer.apply, self._config, self._meter,
@@ -281,6 +288,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
             "op": int(self.op),
             "backward_passes_per_step": self.backward_passes_per_step,
+            "compression": self.compression.kind,
             **self.algorithm_options,
         }
 
@@ -288,4 +296,5 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> DistributedOptimizer:
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
+        config["compression"] = getattr(Compression, config.pop("compression", "none"))  # none, fp16 or bf16
         return cls(inner, **config)

@@ -71,13 +71,27 @@ def _resolve_op(op: Any) -> ReduceOp:
     return op
 
 
-def _reduce_gradient(op: ReduceOp, name: str) -> Callable[..., list[tf.Tensor]]:
+def check_group_compression(compression: Any, op: ReduceOp, name: str) -> Any:
+    """The stateless compressor (none, fp16, bf16) of a fused reduction, or None for none; raises ValueError on
+    bad ones (on every rank alike: decided before any communication)."""
+    compressor = compression_ops.resolve(compression)
+    if compressor.kind == "none":
+        return None
+    if compressor.stateful:
+        raise ValueError(f"{name}: compression={compressor!r} keeps error feedback per buffer; fused reductions take "
+                         "hc.Compression.none, fp16 or bf16 (hc.allreduce with a state takes top-k/random-k)")
+    if op not in (ReduceOp.Average, ReduceOp.Sum):
+        raise ValueError(f"{name}: compression={compressor!r} needs op=Average or Sum, got {op.name}")
+    return compressor
+
+
+def _reduce_gradient(op: ReduceOp, name: str, compression: Any = None) -> Callable[..., list[tf.Tensor]]:
     """The gradient of a reduction: the same reduction of the upstream gradients (Sum, Average, Adasum), as
     Horovod's; Min, Max and Product have none (Horovod raises too)."""
     def grad(*upstream: tf.Tensor) -> list[tf.Tensor]:
         if op not in (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Adasum):
             raise NotImplementedError(f"{name}: the gradient of op={op.name} is not implemented (as in Horovod)")
-        return grouped_allreduce(upstream, op=op, name=f"{name}.grad")
+        return grouped_allreduce(upstream, op=op, name=f"{name}.grad", compression=compression)
 
     return grad
 
@@ -85,16 +99,17 @@ def _reduce_gradient(op: ReduceOp, name: str) -> Callable[..., list[tf.Tensor]]:
 Average, Sum = ReduceOp.Average, ReduceOp.Sum
 
 
-def _reduce_group(arrays: list[np.ndarray], op: ReduceOp, name: str) -> list[np.ndarray]:
+def _reduce_group(arrays: list[np.ndarray], op: ReduceOp, name: str, compression: Any = None) -> list[np.ndarray]:
     """Reduce ``arrays`` (our own copies) in place: Sum/Average fused into one buffer per dtype (one core call
-    each, in order of first appearance, so every rank makes the same calls), Adasum as one grouped exchange."""
+    each, in order of first appearance, so every rank makes the same calls; ``compression``, a stateless
+    compressor, applies to each), Adasum as one grouped exchange."""
     if op == ReduceOp.Adasum:
         if len({a.dtype for a in arrays}) > 1:
             raise ops.UsageError(f"{name}: Adasum groups need one dtype, got {sorted({str(a.dtype) for a in arrays})}")
         ops.grouped_allreduce_(arrays, op=op, name=name)  # with their shapes, into the signature
         return arrays
     if len(arrays) == 1:  # with its shape: the core's signature then tells equal sizes of other shapes apart
-        ops.allreduce_(arrays[0], op=op, name=name)
+        ops.allreduce_(arrays[0], op=op, name=name, compression=compression)
         return arrays
     # A fused buffer loses the shapes: they go into the call's name, which every rank's signature must match.
     shapes = ";".join("x".join(map(str, a.shape)) for a in arrays)
@@ -107,22 +122,25 @@ def _reduce_group(arrays: list[np.ndarray], op: ReduceOp, name: str) -> list[np.
         offsets = np.cumsum([0] + [arrays[i].size for i in members])
         for i, lo, hi in zip(members, offsets[:-1], offsets[1:], strict=True):
             fused[lo:hi] = arrays[i].reshape(-1)
-        ops.allreduce_(fused, op=op, name=f"{name}.{k}" if len(by_dtype) > 1 else name)
+        ops.allreduce_(fused, op=op, name=f"{name}.{k}" if len(by_dtype) > 1 else name, compression=compression)
         for i, lo, hi in zip(members, offsets[:-1], offsets[1:], strict=True):
             arrays[i].reshape(-1)[...] = fused[lo:hi]
     return arrays
 
 
-def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None = None) -> list[tf.Tensor]:
+def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None = None,
+                      compression: Any = None) -> list[tf.Tensor]:
     """New tensors: the reduction of each of ``tensors`` over all ranks, in one stateful call.
 
-    Sum/Average: one fused buffer per dtype. Adasum: one exchange with per-tensor coefficients (one dtype).
-    ``IndexedSlices`` are densified. Differentiable: the gradient is the same reduction of the upstream
-    gradients."""
+    Sum/Average: one fused buffer per dtype, with ``compression`` ``hc.Compression.none``/``fp16``/``bf16``
+    (top-k/random-k keep error feedback per buffer: ``allreduce`` with a ``state``). Adasum: one exchange with
+    per-tensor coefficients (one dtype). ``IndexedSlices`` are densified. Differentiable: the gradient is the
+    same reduction of the upstream gradients."""
     ensure_init()
     check_not_xla(name or "grouped_allreduce")
     op = _resolve_op(op)
     name = name or "grouped_allreduce"
+    compressor = check_group_compression(compression, op, name)
     inputs = [dense(t) for t in tensors]
     if not inputs:
         return []
@@ -130,14 +148,14 @@ def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None =
         _check_dtype(t, name)
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        return _reduce_group([aligned_copy(np.asarray(a)) for a in arrays], op, name)
+        return _reduce_group([aligned_copy(np.asarray(a)) for a in arrays], op, name, compressor)
 
     @tf.custom_gradient
     def reduce(*xs: tf.Tensor) -> Any:
         outs = numpy_call(run, xs, [x.dtype for x in xs], name)
         for o, x in zip(outs, xs, strict=True):
             o.set_shape(x.shape)
-        return outs, _reduce_gradient(op, name)
+        return outs, _reduce_gradient(op, name, compressor)
 
     return list(reduce(*inputs))
 

@@ -1,10 +1,15 @@
 """hvd_compress.tensorflow ops on real ranks, eager and inside tf.function; the test compares with the reference.
-Also bad input (every rank must raise, never hang) and DistributedGradientTape."""
+Also bad input (every rank must raise, never hang), DistributedGradientTape, and hck.DistributedOptimizer's
+compression= (fp16/bf16 on the fused gradient reduction)."""
 
+import functools
+
+import keras
 import numpy as np
 import tensorflow as tf
 from tf_common import outcome, save
 
+import hvd_compress.keras as hck
 import hvd_compress.tensorflow as hc
 
 hc.init()
@@ -73,6 +78,25 @@ topk_fn = tf.function(lambda t: hc.allreduce(t, compression=hc.Compression.topk(
 out["topk"] = [hc.allreduce(tf.constant(rank_input(r, 40, 20)), compression=hc.Compression.topk(0.25),
                             state=topk_state).numpy(), topk_fn(tf.constant(rank_input(r, 40, 21))).numpy()]
 out["topk_error"] = topk_state.error.copy()
+# hck.DistributedOptimizer(compression=): SGD(1) from zeros leaves -(the reduced gradient) in the variables; two
+# variables fused into one buffer; the second kind's step runs inside a tf.function; config round trip.
+for kind, op in (("fp16", "Average"), ("bf16", "Sum")):
+    opt = hck.DistributedOptimizer(keras.optimizers.SGD(1.0), op=getattr(hck, op),
+                                   compression=getattr(hck.Compression, kind))
+    opt = hck.DistributedOptimizer.from_config(opt.get_config())
+    variables = [keras.Variable(np.zeros((4, 5), "float32")), keras.Variable(np.zeros(7, "float32"))]
+    grads = [tf.constant(rank_input(r, 27, 30)[:20].reshape(4, 5)), tf.constant(rank_input(r, 27, 30)[20:])]
+    opt.build(variables)
+    if kind == "bf16":
+        tf.function(functools.partial(opt.apply, grads, variables))()  # bound, not inputs: variables stay
+    else:
+        opt.apply(grads, variables)
+    out[f"keras/{kind}"] = -np.concatenate([v.numpy().reshape(-1) for v in variables])
+    out[f"keras/{kind}/config"] = opt.get_config()["compression"]
+out["keras/topk"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(1.0),
+                                                             compression=hc.Compression.topk(0.5)))
+out["keras/adasum_fp16"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hck.Adasum,
+                                                                    compression=hc.Compression.fp16))
 # Bad input: every rank raises, none hangs.
 out["bad_shape"] = outcome(lambda: hc.allreduce(tf.zeros((2, 3) if r == 0 else (3, 2))))
 out["bad_numel"] = outcome(lambda: hc.allreduce(tf.zeros(4 + r)))
