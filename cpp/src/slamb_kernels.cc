@@ -1,5 +1,11 @@
-// SLAMB's fused element-wise passes (see hvdc/slamb_kernels.h).
+// SLAMB's fused element-wise passes (see hvdc/slamb_kernels.h). No contraction into FMAs: the backend's
+// float32 rounding, step by step.
+#pragma GCC optimize("fp-contract=off")
 #include "hvdc/slamb_kernels.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -10,11 +16,22 @@ namespace {
 // Blocks small enough to stay in L1 between the element pass and the norm pass over them.
 constexpr int64_t kBlock = 1024;
 
+// out = sqrt(v). std::sqrt may set errno, so the compiler keeps a libm call per element and does not
+// vectorize the loop around it; sqrtps is as correctly rounded as sqrtss.
+void sqrt_block(const float* v, int64_t n, float* out) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(out + i, _mm_sqrt_ps(_mm_loadu_ps(v + i)));
+#endif
+  for (; i < n; ++i) out[i] = std::sqrt(v[i]);
+}
+
 template <bool kFloor, bool kDecay>
 void direction_block(const float* m, const float* v, const float* x, int64_t n, float sqrt_bc2, float floor,
                      float eps, float bc1, float wd, float* u) {
+  sqrt_block(v, n, u);
   for (int64_t i = 0; i < n; ++i) {
-    float s = std::sqrt(v[i]) / sqrt_bc2;
+    float s = u[i] / sqrt_bc2;
     if (kFloor) s = std::max(s, floor);
     float r = (1.0f / (s + eps)) * m[i] / bc1;
     if (kDecay) r = r + wd * x[i];
