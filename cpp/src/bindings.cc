@@ -281,6 +281,7 @@ NB_MODULE(_core, m) {
   hvdc::register_onebit(m);
   hvdc::register_random(m);
   hvdc::register_masked(m);
+  hvdc::register_slamb(m);
   hvdc::register_birder(m);
   hvdc::register_sparse(m);
 }

@@ -44,6 +44,7 @@ from typing import Any
 from hvd_compress import ops
 from hvd_compress.algorithms.options import build_options
 from hvd_compress.ops import masks as mask_ops
+from hvd_compress.ops import slamb_kernels as fused_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
@@ -203,20 +204,31 @@ class Slamb:
         runs = b.groups()
         if o.sync_grad:  # Alg. 1 line 9: g[M] averaged (the spec's default skips it)
             self._masked_allreduce(b.grad, t, "grad")
+        # The core's fused passes on float32 CPU buffers (both faces' case); the backend's ops otherwise.
+        fused = fused_ops.accepts(b.grad, b.exp_avg, b.exp_avg_sq, b.work, b.freshness, *b.params)
         for gi, lo, hi in runs:  # step 3 into ``work``: m itself changes only once step 4 succeeded
             b1 = groups[gi]["betas"][0]
+            if fused:
+                fused_ops.momentum_(b.work[lo:hi], b.exp_avg[lo:hi], b.grad[lo:hi], b1)
+                continue
             w = b.work[lo:hi]
             xp.add_(xp.mul_(xp.copy_(w, b.exp_avg[lo:hi]), b1), b.grad[lo:hi], alpha=1 - b1)
         self._masked_allreduce(b.work, t, "m")  # step 4, and M_t into b.mask
-        xp.copy_(b.exp_avg, b.work)
-        for gi, lo, hi in runs:  # step 5
-            b2 = groups[gi]["betas"][1]
-            g = b.grad[lo:hi]
-            xp.addcmul_(xp.mul_(b.exp_avg_sq[lo:hi], b2), g, g, value=1 - b2)
-        mask_ops.freshness_(b.freshness, b.mask, o.beta3)  # step 6
-        for gi, lo, hi in runs:
-            self._direction(b, groups[gi], t, lo, hi)  # step 7 into ``work``
-        self._update(groups, t)  # step 8
+        if fused:  # m = work and step 5 in one pass per layer, with the layer's mean(v) for step 7
+            means = [fused_ops.moments_(b.exp_avg[lo:hi], b.exp_avg_sq[lo:hi], b.work[lo:hi], b.grad[lo:hi],
+                                        groups[b.group_of[i]]["betas"][1]) for i, (lo, hi) in enumerate(self._spans())]
+            mask_ops.freshness_(b.freshness, b.mask, o.beta3)  # step 6
+            self._fused_update(groups, t, means)  # steps 7 and 8
+        else:
+            xp.copy_(b.exp_avg, b.work)
+            for gi, lo, hi in runs:  # step 5
+                b2 = groups[gi]["betas"][1]
+                g = b.grad[lo:hi]
+                xp.addcmul_(xp.mul_(b.exp_avg_sq[lo:hi], b2), g, g, value=1 - b2)
+            mask_ops.freshness_(b.freshness, b.mask, o.beta3)  # step 6
+            for gi, lo, hi in runs:
+                self._direction(b, groups[gi], t, lo, hi)  # step 7 into ``work``
+            self._update(groups, t)  # step 8
         self.t = t
         if t % o.sync_interval == 0:  # step 9
             self.synchronize_parameters()
@@ -242,15 +254,25 @@ class Slamb:
         if group.get("bias_correction", True):
             xp.div_(u, 1 - b1**t)
 
+    def _spans(self) -> list[tuple[int, int]]:
+        """(first, end) of each parameter in the flat buffers."""
+        return [(at, at + size) for at, size in zip(self.buf.offsets, self.buf.sizes, strict=True)]
+
+    def _clip(self, group: dict[str, Any]) -> tuple[float, float]:
+        """phi's bounds: the options', else the wrapped LAMB's (see ``SlambOptions``)."""
+        o = self.options
+        clip_min = group.get("min_coeff", 0.01) if o.clip_min is None else o.clip_min
+        clip_max = group.get("max_coeff", 1000.0) if o.clip_max is None else o.clip_max
+        return clip_min, clip_max
+
     def _update(self, groups: Sequence[dict[str, Any]], t: int) -> None:
-        xp, b, o = self.xp, self.buf, self.options
+        xp, b = self.xp, self.buf
         u_views, c_views, m_views, s_views = (b.views(f) for f in (b.work, b.freshness, b.mask, b.scratch))
         root_n = math.sqrt(self.world_size)
         for i, x in enumerate(b.params):
             group = groups[b.group_of[i]]
             lr, wd, u = group["lr"], group["weight_decay"], u_views[i]
-            clip_min = group.get("min_coeff", 0.01) if o.clip_min is None else o.clip_min
-            clip_max = group.get("max_coeff", 1000.0) if o.clip_max is None else o.clip_max
+            clip_min, clip_max = self._clip(group)
             if wd != 0.0:
                 xp.add_(u, x, alpha=wd)
             if len(b.shapes[i]) <= 1:  # plain LAMB, unclipped (spec step 8)
@@ -267,6 +289,30 @@ class Slamb:
             xp.mul_(u, phi)
             eta = xp.add_(xp.mul_(xp.copy_(s, c), lr - lr / root_n), lr / root_n)
             xp.addcmul_(x, u, eta, value=-1.0)
+
+    def _fused_update(self, groups: Sequence[dict[str, Any]], t: int, means: Sequence[float]) -> None:
+        """Steps 7 and 8 per layer with the core's fused passes (``_direction`` then ``_update``, same math):
+        u, its weight decay and the masked norms of x and u in one pass, the blended update in a second."""
+        xp, b, floor = self.xp, self.buf, self.options.variance_floor
+        root_n, u_views = math.sqrt(self.world_size), b.views(b.work)
+        for i, (x, (lo, hi)) in enumerate(zip(b.params, self._spans(), strict=True)):
+            group = groups[b.group_of[i]]
+            b1, b2 = group["betas"]
+            lr, u = group["lr"], b.work[lo:hi]
+            bias = group.get("bias_correction", True)
+            bc1, bc2 = (1 - b1**t, 1 - b2**t) if bias else (1.0, 1.0)
+            x_in, x_out, u_in, u_out, selected = fused_ops.direction_(
+                u, b.exp_avg[lo:hi], b.exp_avg_sq[lo:hi], x, b.mask[lo:hi], bc1, bc2,
+                math.sqrt(floor * means[i] / bc2) if floor > 0.0 else 0.0, group["eps"], group["weight_decay"])
+            if len(b.shapes[i]) <= 1:  # plain LAMB, unclipped (spec step 8)
+                xp.add_(x, u_views[i], alpha=-lr * ratio(math.hypot(x_in, x_out), math.hypot(u_in, u_out)))
+                continue
+            clip_min, clip_max = self._clip(group)
+            phi_max, phi_min = ratio(x_in, u_in), ratio(x_out, u_out)
+            if selected == hi - lo:  # c = 1 on the whole layer: phi = clip(phi_max), eta = lr
+                xp.add_(x, u_views[i], alpha=-lr * min(max(phi_max, clip_min), clip_max))
+                continue
+            fused_ops.apply_(x, u, b.freshness[lo:hi], phi_max, phi_min, clip_min, clip_max, lr, lr / root_n)
 
     def synchronize_parameters(self) -> None:
         """x = mean over ranks of x for every trainable parameter: one dense allreduce (spec step 9)."""

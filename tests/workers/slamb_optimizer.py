@@ -1,7 +1,8 @@
 """hc.DistributedOptimizer(hc.Lamb(...), op=hc.SLAMB) on every rank with given gradients (common.rank_input,
 seed t + 1, the test re-creates them).
 
-argv: out_dir, mode, then per mode:
+argv: out_dir, mode, then per mode (env SLAMB_WORKER_BACKEND_OPS=1: the backend's tensor ops instead of the
+core's fused float32 passes, hvd_compress.ops.slamb_kernels):
 - trace ratio interval kind steps: parameters, masks, freshness and momentum after every step, bytes per step;
 - identity steps: k = 1, H = 1, sync_grad=True next to hc.Lamb on the averaged gradients;
 - resume steps stop_at: a run stopped after ``stop_at`` steps, saved, loaded into a fresh optimizer and
@@ -10,12 +11,17 @@ argv: out_dir, mode, then per mode:
 """
 
 import io
+import os
 import sys
 
 import torch
 from common import outcome, rank_input, save
 
 import hvd_compress.torch as hc
+from hvd_compress.ops import slamb_kernels
+
+if os.environ.get("SLAMB_WORKER_BACKEND_OPS") == "1":  # Slamb.step's other path, for the same checks
+    slamb_kernels.accepts = lambda *tensors: False
 
 SHAPES = [(12, 25), (25,), (8, 30), (5, 6), (7,)]
 OPTIONS = {"grad_size_thr": 100, "seed": 99}

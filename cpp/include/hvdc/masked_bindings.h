@@ -9,4 +9,8 @@ namespace hvdc {
 // method Runtime.masked_allreduce (the class must be registered already).
 void register_masked(nanobind::module_& m);
 
+// Adds _core.slamb_momentum, slamb_moments, slamb_direction, slamb_apply and slamb_float32_cpu
+// (hvdc/slamb_kernels.h; defined in slamb_bindings.cc).
+void register_slamb(nanobind::module_& m);
+
 }  // namespace hvdc

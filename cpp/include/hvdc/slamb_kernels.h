@@ -1,0 +1,34 @@
+// SLAMB's element-wise passes fused (hvd_compress/algorithms/slamb.py, spec shared/specs/slamb.md section 2
+// steps 3, 5, 7 and 8) over float32 buffers: each reads and writes memory once where the backend's
+// separate tensor ops take five to eight passes. The float32 operations are the backend's, in its order,
+// with the same scalars (cast to float as torch casts them), so results match within an ulp or two.
+#pragma once
+#include <cstdint>
+
+#include "hvdc/masks.h"
+
+namespace hvdc {
+
+// Step 3: work = b1 * m + (1 - b1) * g.
+void slamb_momentum(const float* m, const float* g, int64_t n, float b1, float* work);
+
+// After step 4: m = work (the averaged momentum), and step 5: v = b2 * v + (1 - b2) * g * g. Returns the
+// sum of the new v (double) for the variance floor's layer mean.
+double slamb_moments(const float* work, const float* g, int64_t n, float b2, float* m, float* v);
+
+// Step 7 on one layer: u = m / (max(sqrt(v) / sqrt_bc2, floor) + eps) / bc1 + wd * x (the max only when
+// floor > 0, the weight decay only when wd != 0), with the masked sums of squares of x and of u
+// (step 8's phi_max / phi_min norms) taken in the same pass.
+struct SlambNorms {
+  MaskedSumSquares x;
+  MaskedSumSquares u;
+};
+SlambNorms slamb_direction(const float* m, const float* v, const float* x, const uint8_t* mask, int64_t n,
+                           float sqrt_bc2, float floor, float eps, float bc1, float wd, float* u);
+
+// Step 8 on one layer, per element: phi = clamp(c * dphi + phi_min, clip_min, clip_max),
+// eta = c * deta + eta_min, x -= (u * phi) * eta (dphi = phi_max - phi_min, deta = lr - lr / sqrt(n)).
+void slamb_apply(const float* u, const float* c, int64_t n, float dphi, float phi_min, float clip_min,
+                 float clip_max, float deta, float eta_min, float* x);
+
+}  // namespace hvdc

@@ -1,0 +1,107 @@
+// _core.slamb_* (see hvdc/slamb_kernels.h): SLAMB's fused passes on float32 CPU buffers.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <string>
+
+#include "hvdc/binding_views.h"
+#include "hvdc/errors.h"
+#include "hvdc/masked_bindings.h"
+#include "hvdc/slamb_kernels.h"
+
+namespace nb = nanobind;
+
+namespace hvdc {
+namespace {
+
+using BoolFlat = nb::ndarray<bool, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// The float32 data of `obj`, which must hold `numel` elements (numel < 0: take its own).
+float* f32(nb::handle obj, const char* fn, const char* arg, int64_t* numel) {
+  const std::string what = std::string(fn) + ": " + arg;
+  const TensorView v = binding_view_of(obj, what);
+  if (v.dtype != DType::kFloat32) throw UsageError(what + " must be float32");
+  if (*numel < 0) *numel = v.numel;
+  if (v.numel != *numel)
+    throw UsageError(what + " has " + std::to_string(v.numel) + " elements, expected " + std::to_string(*numel));
+  return static_cast<float*>(v.data);
+}
+
+}  // namespace
+
+void register_slamb(nb::module_& m) {
+  m.def(
+      "slamb_float32_cpu",
+      [](nb::handle obj) {
+        try {
+          const TensorView v = binding_view_of(obj, "slamb_float32_cpu");
+          return v.dtype == DType::kFloat32;
+        } catch (const UsageError&) {
+          return false;
+        }
+      },
+      nb::arg("x"), "Whether x is a contiguous float32 CPU tensor that the slamb_* kernels accept.");
+  m.def(
+      "slamb_momentum",
+      [](nb::handle m_, nb::handle g_, float b1, nb::handle work_) {
+        int64_t n = -1;
+        const float* mp = f32(m_, "slamb_momentum", "m", &n);
+        const float* gp = f32(g_, "slamb_momentum", "g", &n);
+        float* wp = f32(work_, "slamb_momentum", "work", &n);
+        nb::gil_scoped_release nogil;
+        slamb_momentum(mp, gp, n, b1, wp);
+      },
+      nb::arg("m"), nb::arg("g"), nb::arg("beta1"), nb::arg("work"), "work = b1 m + (1 - b1) g (float32).");
+  m.def(
+      "slamb_moments",
+      [](nb::handle work_, nb::handle g_, float b2, nb::handle m_, nb::handle v_) {
+        int64_t n = -1;
+        const float* wp = f32(work_, "slamb_moments", "work", &n);
+        const float* gp = f32(g_, "slamb_moments", "g", &n);
+        float* mp = f32(m_, "slamb_moments", "m", &n);
+        float* vp = f32(v_, "slamb_moments", "v", &n);
+        nb::gil_scoped_release nogil;
+        return slamb_moments(wp, gp, n, b2, mp, vp);
+      },
+      nb::arg("work"), nb::arg("g"), nb::arg("beta2"), nb::arg("m"), nb::arg("v"),
+      "m = work; v = b2 v + (1 - b2) g^2 (float32); returns the sum of the new v.");
+  m.def(
+      "slamb_direction",
+      [](nb::handle m_, nb::handle v_, nb::handle x_, BoolFlat mask, float sqrt_bc2, float floor, float eps,
+         float bc1, float wd, nb::handle u_) {
+        int64_t n = -1;
+        const float* mp = f32(m_, "slamb_direction", "m", &n);
+        const float* vp = f32(v_, "slamb_direction", "v", &n);
+        const float* xp = f32(x_, "slamb_direction", "x", &n);
+        float* up = f32(u_, "slamb_direction", "u", &n);
+        if (static_cast<int64_t>(mask.shape(0)) != n) throw UsageError("slamb_direction: mask and x sizes differ");
+        SlambNorms r;
+        {
+          nb::gil_scoped_release nogil;
+          r = slamb_direction(mp, vp, xp, reinterpret_cast<const uint8_t*>(mask.data()), n, sqrt_bc2, floor, eps,
+                              bc1, wd, up);
+        }
+        return nb::make_tuple(r.x.selected, r.x.unselected, r.u.selected, r.u.unselected, r.x.count);
+      },
+      nb::arg("m"), nb::arg("v"), nb::arg("x"), nb::arg("mask"), nb::arg("sqrt_bc2"), nb::arg("floor"),
+      nb::arg("eps"), nb::arg("bc1"), nb::arg("weight_decay"), nb::arg("u"),
+      "u = m / (max(sqrt(v) / sqrt_bc2, floor) + eps) / bc1 + wd x (float32); returns the sums of squares "
+      "(x[mask], x[~mask], u[mask], u[~mask]) and the count of mask.");
+  m.def(
+      "slamb_apply",
+      [](nb::handle u_, nb::handle c_, float dphi, float phi_min, float clip_min, float clip_max, float deta,
+         float eta_min, nb::handle x_) {
+        int64_t n = -1;
+        const float* up = f32(u_, "slamb_apply", "u", &n);
+        const float* cp = f32(c_, "slamb_apply", "c", &n);
+        float* xp = f32(x_, "slamb_apply", "x", &n);
+        nb::gil_scoped_release nogil;
+        slamb_apply(up, cp, n, dphi, phi_min, clip_min, clip_max, deta, eta_min, xp);
+      },
+      nb::arg("u"), nb::arg("c"), nb::arg("dphi"), nb::arg("phi_min"), nb::arg("clip_min"), nb::arg("clip_max"),
+      nb::arg("deta"), nb::arg("eta_min"), nb::arg("x"),
+      "x -= (u clamp(c dphi + phi_min, clip_min, clip_max)) (c deta + eta_min) (float32).");
+}
+
+}  // namespace hvdc
