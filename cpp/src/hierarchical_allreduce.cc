@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "hvdc/compressed_allreduce.h"
@@ -51,6 +52,81 @@ std::string expect_f32(const char* what, const TensorView& t, int64_t numel, con
     return pre + " has " + std::to_string(t.numel) + " elements, expected " + std::to_string(numel) +
            " (" + why + ")";
   return "";
+}
+
+// Real elements of C_r (the padding of the last chunks is never stored in x, never sent).
+int64_t chunk_real(const Shape& s, int r) { return clamp_len(s.d - r * s.c1, s.c1); }
+
+// Stage 1 without staging copies: x[C_l] becomes the mean over the node of the C_l chunks,
+// float32, summed in local-rank order and divided once (bit-identical to an alltoall followed by
+// that sum). The peers' pieces arrive in slices of at most kSlice elements over sendrecv rounds
+// (k = 1 .. m-1: to l + k, from l - k), so only (m - 1) slices of scratch are used, the received
+// data is summed while it is still in cache, and x[C_l] can take the mean in place (stage 1 never
+// sends a rank's own chunk).
+constexpr int64_t kSlice = int64_t{1} << 20;  // 4 MiB of float32 per peer (64 MB: 8 rounds)
+
+void node_mean(Communicator& node, const Shape& s, float* x) {
+  const int64_t real = chunk_real(s, s.l);
+  std::unique_ptr<float[]> scratch(new float[static_cast<size_t>(std::min(kSlice, s.c1)) * (s.m - 1)]);
+  std::vector<const float*> in(static_cast<size_t>(s.m));
+  float* own = x + s.l * s.c1;
+  const float fm = static_cast<float>(s.m);
+  for (int64_t at = 0; at < s.c1; at += kSlice) {
+    const int64_t len = clamp_len(real - at, kSlice);  // of our chunk in this slice
+    for (int k = 1; k < s.m; ++k) {
+      const int dst = (s.l + k) % s.m, src = (s.l - k + s.m) % s.m;
+      const int64_t sn = clamp_len(chunk_real(s, dst) - at, kSlice);
+      float* recv = scratch.get() + static_cast<int64_t>(k - 1) * std::min(kSlice, s.c1);
+      node.sendrecv(x + dst * s.c1 + at, sizeof(float) * sn, dst, recv, sizeof(float) * len, src);
+      in[src] = recv;
+    }
+    if (len == 0) continue;
+    in[s.l] = own + at;
+    float* out = own + at;
+    for (int64_t i = 0; i < len; ++i) {
+      float acc = in[0][i];
+      for (int r = 1; r < s.m; ++r) acc += in[r][i];
+      out[i] = acc / fm;
+    }
+  }
+}
+
+// The staged forms of stages 1 and 5, for nodes of more than 2 ranks with a padded buffer: there a
+// sendrecv round can pair an empty send with a non-empty receive on one side only, which the
+// slicing rounds above cannot express. One alltoall of whole (zero-padded) chunks, then the sum.
+void node_mean_staged(Communicator& node, const Shape& s, float* x) {
+  std::vector<float> staged(static_cast<size_t>(s.dpad), 0.0f);
+  std::memcpy(staged.data(), x, sizeof(float) * s.d);
+  std::unique_ptr<float[]> recv(new float[static_cast<size_t>(s.dpad)]);
+  node.alltoall(staged.data(), recv.get(), sizeof(float) * s.c1);
+  const int64_t real = chunk_real(s, s.l);
+  const float fm = static_cast<float>(s.m);
+  float* out = x + s.l * s.c1;
+  for (int64_t i = 0; i < real; ++i) {
+    float acc = recv[i];
+    for (int r = 1; r < s.m; ++r) acc += recv[r * s.c1 + i];
+    out[i] = acc / fm;
+  }
+}
+
+void node_allgather_staged(Communicator& node, const Shape& s, float* x) {
+  std::vector<float> own(static_cast<size_t>(s.c1), 0.0f);
+  std::memcpy(own.data(), x + s.l * s.c1, sizeof(float) * chunk_real(s, s.l));
+  std::unique_ptr<float[]> all(new float[static_cast<size_t>(s.dpad)]);
+  node.allgather(own.data(), all.get(), sizeof(float) * s.c1);
+  std::memcpy(x, all.get(), sizeof(float) * s.d);
+}
+
+// Whether the sendrecv rounds pair up: every chunk is whole, or a node is a pair.
+bool rounds_pair_up(const Shape& s) { return s.d == s.dpad || s.m == 2; }
+
+// Stage 5 of the scaled payload in place: every rank's x[C_r] from rank r, real elements only.
+void node_allgather(Communicator& node, const Shape& s, float* x) {
+  for (int k = 1; k < s.m; ++k) {
+    const int dst = (s.l + k) % s.m, src = (s.l - k + s.m) % s.m;
+    node.sendrecv(x + s.l * s.c1, sizeof(float) * chunk_real(s, s.l), dst, x + src * s.c1,
+                  sizeof(float) * chunk_real(s, src), src);
+  }
 }
 
 }  // namespace
@@ -109,28 +185,13 @@ void hierarchical_compressed_allreduce(const HierarchicalGroups& g, const Hierar
   auto* serr = static_cast<float*>(call.server_error.data);
   const int64_t real1 = clamp_len(s.d - s.l * s.c1, s.c1);  // real elements of C_l
 
-  // 1. Intra-node reduce-scatter, MEAN, float32 (spec 4.1, B6): alltoall of the c1 chunks, then
-  // the sum in local-rank order and one division.
-  std::vector<float> mean;
-  float* a = x;  // flat: this rank's own buffer is its worker's vector
+  // 1. Intra-node reduce-scatter, MEAN, float32 (spec 4.1, B6), into this rank's own chunk of x.
+  float* a = x + s.l * s.c1;  // flat (m == 1): the rank's own buffer is its worker's vector
   if (s.m > 1) {
-    std::vector<float> staged;
-    const float* send = x;
-    if (s.d < s.dpad) {  // the alltoall sends whole chunks: the last one padded with zeros
-      staged.assign(static_cast<size_t>(s.dpad), 0.0f);
-      std::memcpy(staged.data(), x, sizeof(float) * s.d);
-      send = staged.data();
-    }
-    std::vector<float> recv(static_cast<size_t>(s.dpad));
-    g.node->alltoall(send, recv.data(), sizeof(float) * s.c1);
-    mean.assign(recv.begin(), recv.begin() + s.c1);
-    for (int r = 1; r < s.m; ++r) {
-      const float* in = recv.data() + r * s.c1;
-      for (int64_t i = 0; i < real1; ++i) mean[i] += in[i];
-    }
-    const float fm = static_cast<float>(s.m);
-    for (int64_t i = 0; i < real1; ++i) mean[i] /= fm;
-    a = mean.data();
+    if (rounds_pair_up(s))
+      node_mean(*g.node, s, x);
+    else
+      node_mean_staged(*g.node, s, x);
   }
 
   if (call.payload == HierarchicalPayload::kScaled) {
@@ -139,9 +200,10 @@ void hierarchical_compressed_allreduce(const HierarchicalGroups& g, const Hierar
     compressed_allreduce(cross, f32_view(a, real1), f32_view(werr, real1), f32_view(serr, server),
                          call.kernels);
     if (s.m > 1) {  // 5. intra-node allgather of the float32 chunks
-      std::vector<float> all(static_cast<size_t>(s.dpad));
-      g.node->allgather(a, all.data(), sizeof(float) * s.c1);
-      std::memcpy(x, all.data(), sizeof(float) * s.d);
+      if (rounds_pair_up(s))
+        node_allgather(*g.node, s, x);
+      else
+        node_allgather_staged(*g.node, s, x);
     }
     return;
   }

@@ -23,7 +23,9 @@
 // 7-13): stages 2-4 are then compressed_allreduce (hvdc/compressed_allreduce.h, one float32 scale
 // per piece) over the cross group on this rank's c1 chunk, with its real elements only, and stage
 // 5 gathers the float32 chunk (the intra-node stages move float32 both ways; the inter-node ones
-// move 1 bit per element plus the scales).
+// move 1 bit per element plus the scales). Stages 1 and 5 work in place in `buffer` (the mean of C_l
+// lands in x[C_l]) over sendrecv rounds that carry real elements only, so no padded staging copy is
+// made; nodes of more than 2 ranks with a padded buffer fall back to an alltoall of padded chunks.
 // Flat mode (node == nullptr): every rank is its own node (m_loc = 1): the plain Birder allreduce.
 #pragma once
 #include <cstdint>
