@@ -88,6 +88,18 @@ class FusedStep:
         new_state = {**bufs, **new}
         return [*self.views(x), *(new_state[k] for k in names)]
 
+    def _run_segment(self, seg: Any, saved: dict[str, Any], group: dict[str, Any]) -> int:
+        """One step of a segment-based algorithm (1-bit, Birder) on ``seg``, whose arrays are TF's: bound for
+        this call only, the step count taken from ``saved``; returns the new step count."""
+        alg = self.algorithm
+        alg.segments = [seg]
+        alg.t = int(saved["step"])
+        try:
+            alg.synchronize()
+            return alg.step([group])
+        finally:
+            alg.segments = []  # the arrays now belong to TF
+
 
 class OneBitStep(FusedStep):
     """1-bit Adam / 1-bit LAMB (``hvd_compress.algorithms.onebit``): moments, error feedback, LAMB's per-layer
@@ -124,14 +136,7 @@ class OneBitStep(FusedStep):
             lamb_coeff_freeze=[float(c) for c in np.asarray(saved["lamb_coeff_freeze"])],
             last_factor=[float(c) for c in np.asarray(saved["last_factor"])],
         )
-        alg = self.algorithm
-        alg.segments = [seg]
-        alg.t = int(saved["step"])
-        try:
-            alg.synchronize()
-            t = alg.step([group])
-        finally:
-            alg.segments = []  # the arrays now belong to TF
+        t = self._run_segment(seg, saved, group)
         return {"step": np.asarray(t, dtype=np.int64),
                 "lamb_coeff_freeze": _fresh_copy(np.asarray(seg.lamb_coeff_freeze, dtype=np.float64)),
                 "last_factor": _fresh_copy(np.asarray(seg.last_factor, dtype=np.float64))}
@@ -217,14 +222,7 @@ class BirderStep(FusedStep):
             update=BACKEND.float32_like(self.numel, None), m=bufs["m"], b=bufs["b"],
             worker_error=bufs["worker_error"], server_error=bufs["server_error"], views=self.views,
         )
-        alg = self.algorithm
-        alg.segments = [seg]
-        alg.t = int(saved["step"])
-        try:
-            alg.synchronize()
-            t = alg.step([group])
-        finally:
-            alg.segments = []  # the arrays now belong to TF
+        t = self._run_segment(seg, saved, group)
         return {"step": np.asarray(t, dtype=np.int64)}
 
 
