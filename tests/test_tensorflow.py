@@ -12,6 +12,7 @@ from mpi_harness import USAGE, load_pickled_ranks, mpirun
 
 from hvd_compress.reference import adasum as ref_adasum
 from hvd_compress.reference import compression as ref_compression
+from hvd_compress.reference import masks as ref_masks
 from hvd_compress.reference import onebit as ref_onebit
 from hvd_compress.reference.allreduce import allreduce as ref_allreduce
 
@@ -62,6 +63,13 @@ def test_tf_ops_match_reference_eager_and_in_tf_function(out_dir: Path) -> None:
             np.testing.assert_array_equal(got["compressed"][k], want.astype(np.float32),
                                           err_msg=f"compressed call {k} rank {r}")
         np.testing.assert_array_equal(got["compressed_state"][0], state.worker[r].astype(np.float32))
+        masked_xs = [x.reshape(2, 2).repeat(50, axis=0) for x in _inputs(n, 4, 20)]
+        for key, step in (("masked/eager", 3), ("masked/graph", 1), ("masked/graph", 2)):
+            mask = ref_masks.random_mask(200, 0.25, 7, step)
+            want = ref_masks.masked_allreduce([x.reshape(-1) for x in masked_xs], mask)[r].reshape(100, 2)
+            value = got[key] if key == "masked/eager" else got[key][step - 1]
+            np.testing.assert_allclose(value, want, rtol=1e-6, atol=0, err_msg=f"{key} step {step} rank {r}")
+        np.testing.assert_array_equal(got["random_mask"], ref_masks.random_mask(200, 0.25, 7, 2))
         emb_grad, w_grad, none_grad = got["tape"]
         assert none_grad is None, "a None gradient must stay None on every rank"
         want_emb = np.zeros((6, 2), np.float32)

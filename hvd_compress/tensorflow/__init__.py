@@ -38,6 +38,8 @@ from hvd_compress.tensorflow.functions import (
     broadcast_variables,
     compressed_allreduce,
     grouped_allreduce,
+    masked_allreduce,
+    random_mask,
 )
 from hvd_compress.tensorflow.gradient_tape import DistributedGradientTape
 
@@ -71,6 +73,8 @@ __all__ = [
     "compressed_allreduce",
     "grouped_allreduce",
     "init",
+    "masked_allreduce",
+    "random_mask",
     "rank",
     "set_timeout",
     "size",

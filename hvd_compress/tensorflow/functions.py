@@ -19,6 +19,7 @@ from tensorflow.python.ops import control_flow_util
 
 from hvd_compress import ops
 from hvd_compress.ops import compression as compression_ops
+from hvd_compress.ops import masks as mask_ops
 from hvd_compress.ops import onebit as onebit_ops
 from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
 from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
@@ -319,5 +320,48 @@ def compressed_allreduce(tensor: Any, state: OneBitState, name: str | None = Non
         return out.reshape(x.shape)
 
     out = numpy_call(run, [t], [t.dtype], name)[0]
+    out.set_shape(t.shape)
+    return out
+
+
+def random_mask(numel: int, ratio: float, seed: int, step: Any, kind: str = "cyclic") -> tf.Tensor:
+    """The bool mask of (numel, ratio, seed, step, kind) (``hvd_compress.ops.masks``): the same on every rank,
+    nothing sent. ``step`` may be a tensor (e.g. an optimizer's ``iterations``), so that inside ``tf.function``
+    the mask follows the step instead of freezing at trace time."""
+    mask_ops.check_mask_args(ratio, seed, 0)
+    mask_ops.mask_kind(kind)
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        raise ValueError(f"random_mask: numel must be an int >= 0, got {numel!r}")
+
+    def run(s: np.ndarray) -> np.ndarray:
+        out = np.zeros(numel, dtype=bool)
+        return mask_ops.random_mask_(out, ratio, seed, int(s), kind)
+
+    out = numpy_call(run, [tf.convert_to_tensor(step, dtype=tf.int64)], [tf.bool], "random_mask")[0]
+    out.set_shape([numel])
+    return out
+
+
+def masked_allreduce(tensor: Any, ratio: float, seed: int, step: Any, kind: str = "cyclic",
+                     name: str | None = None) -> tf.Tensor:
+    """A new tensor: the elements of ``tensor`` (float16/32/64) that ``random_mask(numel, ratio, seed, step,
+    kind)`` selects, averaged over all ranks; the others keep this rank's values (SLAMB's reduction: one dense
+    buffer of the selected values, no index sent). ``step`` may be a tensor, as for ``random_mask``; ranks whose
+    mask arguments differ raise ``MismatchError`` on every rank."""
+    ensure_init()
+    mask_ops.check_mask_args(ratio, seed, 0)
+    mask_ops.mask_kind(kind)
+    t = dense(tensor)
+    if t.dtype not in (tf.float16, tf.float32, tf.float64):
+        raise TypeError(f"masked_allreduce: float16/32/64 tensors only, got {t.dtype.name}")
+    name = name or "masked_allreduce"
+    check_not_xla(name)
+
+    def run(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+        out = aligned_copy(np.asarray(x)).reshape(-1)
+        mask_ops.masked_allreduce_(out, ratio, seed, int(s), kind, name=name)
+        return out.reshape(x.shape)
+
+    out = numpy_call(run, [t, tf.convert_to_tensor(step, dtype=tf.int64)], [t.dtype], name)[0]
     out.set_shape(t.shape)
     return out

@@ -104,4 +104,10 @@ out["bad_dtype"] = outcome(lambda: hc.allreduce(tf.zeros(4, tf.bfloat16)))
 out["bad_op"] = outcome(lambda: hc.allreduce(tf.zeros(4), op=hc.OneBitAdam))
 out["xla"] = outcome(lambda: tf.function(hc.allreduce, jit_compile=True)(tf.zeros(3)))
 out["after_errors"] = hc.allreduce(tf.ones(3), op=hc.Sum).numpy()  # the world still works
+# The masked (SLAMB) reduction, eager and inside tf.function with the step a tensor (not frozen at trace time).
+masked_in = tf.constant(rank_input(r, 4, 20).reshape(2, 2).repeat(50, axis=0))
+out["masked/eager"] = hc.masked_allreduce(masked_in, 0.25, 7, 3).numpy()
+masked_fn = tf.function(lambda t, s: hc.masked_allreduce(t, 0.25, 7, s))
+out["masked/graph"] = [masked_fn(masked_in, tf.constant(s, tf.int64)).numpy() for s in (1, 2)]
+out["random_mask"] = tf.function(lambda s: hc.random_mask(200, 0.25, 7, s))(tf.constant(2, tf.int64)).numpy()
 save(r, out)
