@@ -21,7 +21,7 @@ lint: install
 	$(PY) -m ruff check .
 
 test: install lint cpptest
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
+	$(PY) -m pytest -q -p no:cacheprovider -rxX --durations=25 tests
 
 # C++ tests of the collectives over the in-process thread communicator (cpp/tests), without MPI,
 # nanobind or Python headers, under AddressSanitizer + UndefinedBehaviorSanitizer; any finding or
