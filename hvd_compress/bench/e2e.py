@@ -45,7 +45,7 @@ class Method:
     """How to wrap a model's optimizer for one method; ``rule`` names the uncompressed rule it follows."""
 
     name: str
-    rule: str  # "adam" or "lamb": the local optimizer it is built on
+    rule: str  # "adam", "lamb" or "birder": the local optimizer it is built on
     wrap: Callable[[nn.Module, torch.optim.Optimizer], tuple[nn.Module, torch.optim.Optimizer]]
     hc_bytes: bool = False  # hvd_compress counts its bytes
 
@@ -63,6 +63,8 @@ class Run:
 
 
 def _local_optimizer(rule: str, params, lr: float) -> torch.optim.Optimizer:
+    if rule == "birder":
+        return hc.Birder(params, lr=lr)
     return torch.optim.Adam(params, lr=lr) if rule == "adam" else hc.Lamb(params, lr=10 * lr)
 
 
@@ -115,6 +117,8 @@ def methods(freeze: int) -> list[Method]:
     # Algorithms that exist in this build (SLAMB, Birder) join without a change here.
     if getattr(hc, "SLAMB", None) is not None:
         out.append(Method("hc SLAMB", "lamb", _hc(hc.SLAMB, compress_ratio=0.1, sync_interval=100), True))
+    if getattr(hc, "Birder", None) is not None:
+        out.append(Method("hc Birder", "birder", _hc(hc.Birder), True))
     out.append(Method("floor Adam (no comm)", "adam", _floor))
     return out
 
@@ -183,7 +187,19 @@ def _smooth(xs: list[float], k: int = 10) -> list[float]:
     return out
 
 
-def summarize(runs: list[Run], warmup: int) -> list[dict]:
+def link_bits_per_s(net: str) -> float | None:
+    """The rate of a tc rate string (``1gbit``, ``100mbit``, ``500kbit``), or None for shared memory."""
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0}
+    for unit, scale in units.items():
+        if net.endswith(unit) and net[: -len(unit)].replace(".", "", 1).isdigit():
+            return float(net[: -len(unit)]) * scale
+    return None
+
+
+def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "") -> list[dict]:
+    """One row per run. Under ``net`` the physical limit of a step is max(floor, wire time): every rank's bytes
+    cross the namespace's one rate-limited loopback, so the wire time is all ranks' bytes over the link rate."""
+    rate = link_bits_per_s(net)
     rows = []
     by_model: dict[str, list[Run]] = {}
     for r in runs:
@@ -204,8 +220,13 @@ def summarize(runs: list[Run], warmup: int) -> list[dict]:
                     if loss <= target:
                         reached = t
                         break
+            wire_ms = None
+            if rate is not None and r.wire_bytes_per_step is not None:
+                wire_ms = r.wire_bytes_per_step * size * 8 / rate * 1e3
+            limit_ms = max(floor_ms, wire_ms) if wire_ms is not None else floor_ms
             rows.append({
                 "model": model, "method": r.method, "median_step_ms": med, "ratio_to_floor": med / floor_ms,
+                "wire_ms": wire_ms, "ratio_to_limit": med / limit_ms,
                 "hc_bytes_per_step": r.hc_bytes_per_step, "wire_bytes_per_step": r.wire_bytes_per_step,
                 "final_train_loss": _smooth(r.losses)[-1], "test_loss": r.test_loss, "time_to_dense_loss_s": reached,
             })
@@ -220,14 +241,15 @@ def markdown(rows: list[dict], label: str, size: int, args) -> str:
         f"End-to-end training steps, `{label}`, {size} ranks, batch {args.batch} per rank, {args.steps} steps "
         f"(median over the {args.steps - args.warmup} after step {args.warmup}), digits data",
         "",
-        "| model | method | median step ms | / floor | MB/step/rank (hc) | MB/step/rank (wire) | final train loss "
-        "| held-out loss | s to dense loss |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | method | median step ms | / floor | wire ms | / limit | MB/step/rank (hc) | MB/step/rank (wire) "
+        "| final train loss | held-out loss | s to dense loss |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         reached = "not reached" if r["time_to_dense_loss_s"] is None else f"{r['time_to_dense_loss_s']:.1f}"
         lines.append(
             f"| {r['model']} | {r['method']} | {r['median_step_ms']:.1f} | {r['ratio_to_floor']:.2f} | "
+            f"{'' if r['wire_ms'] is None else format(r['wire_ms'], '.1f')} | {r['ratio_to_limit']:.2f} | "
             f"{mb(r['hc_bytes_per_step'])} | {mb(r['wire_bytes_per_step'])} | {r['final_train_loss']:.4f} | "
             f"{r['test_loss']:.4f} | {reached} |"
         )
@@ -295,7 +317,7 @@ def main() -> None:
                 print(f"[e2e] {model} / {method.name}: median {statistics.median(run.step_ms[args.warmup:]):.1f} "
                       f"ms, final loss {_smooth(run.losses)[-1]:.4f}", flush=True)
     if comm.Get_rank() == 0:
-        rows = summarize(runs, args.warmup)
+        rows = summarize(runs, args.warmup, comm.Get_size(), os.environ.get("HVDC_BENCH_NET", ""))
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         stem = out / f"e2e_{args.label}_np{comm.Get_size()}"

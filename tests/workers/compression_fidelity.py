@@ -1,9 +1,10 @@
 """Top-k 1% with error feedback against dense SGD on a ReLU MLP with real data (scikit-learn's digits: 8x8
 images, 10 classes; 1297 training images sharded over the ranks, 500 held out), 4 ranks.
 
-argv: out_dir steps runs lr momentum; runs: comma list of dense, topk:<ratio>, randomk:<ratio>
-Saves per rank, for each run: the final held-out cross-entropy, the SHA-256 of the final parameters and the
-bytes this rank sent per step.
+argv: out_dir steps runs lr momentum [seeds]; runs: comma list of dense, topk:<ratio>, randomk:<ratio>; seeds: comma
+list (default 1), each a model initialization and per-rank batch order. Saves per rank, for each run and seed (key
+``<run>@<seed>``): the final held-out cross-entropy, the SHA-256 of the final parameters and the bytes this rank sent
+per step.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import hvd_compress.torch as hc
 
 steps, runs = int(sys.argv[2]), sys.argv[3].split(",")
 LR, MOMENTUM = float(sys.argv[4]), float(sys.argv[5])
+SEEDS = [int(s) for s in sys.argv[6].split(",")] if len(sys.argv) > 6 else [1]
 BATCH = 16
 
 hc.init()
@@ -33,8 +35,8 @@ mine = train[rank::size]
 x, y, x_test, y_test = x_all[mine], y_all[mine], x_all[test], y_all[test]
 
 
-def train_run(run: str) -> dict[str, object]:
-    torch.manual_seed(1)
+def train_run(run: str, seed: int) -> dict[str, object]:
+    torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128), torch.nn.ReLU(),
                                 torch.nn.Linear(128, 10))
     hc.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -47,7 +49,7 @@ def train_run(run: str) -> dict[str, object]:
     opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
                                   named_parameters=model.named_parameters(), op=hc.Average, compression=comp)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
-    order = torch.Generator().manual_seed(100 + rank)
+    order = torch.Generator().manual_seed(100 * seed + rank)
     opt.comm_stats()
     for _ in range(steps):
         idx = torch.randint(len(y), (BATCH,), generator=order)
@@ -60,8 +62,8 @@ def train_run(run: str) -> dict[str, object]:
         loss = torch.nn.functional.cross_entropy(model(x_test), y_test).item()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     if rank == 0:
-        print(f"{run:>12}: held-out loss {loss:.4f}, {sent:,.0f} bytes sent per step", flush=True)
+        print(f"{run:>12} seed {seed}: held-out loss {loss:.4f}, {sent:,.0f} bytes sent per step", flush=True)
     return {"test_loss": loss, "hash": hashlib.sha256(flat.numpy().tobytes()).hexdigest(), "bytes_per_step": sent}
 
 
-save(rank, {run: train_run(run) for run in runs})
+save(rank, {f"{run}@{seed}": train_run(run, seed) for run in runs for seed in SEEDS})
