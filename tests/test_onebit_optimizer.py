@@ -3,6 +3,8 @@ simulations of hvd_compress.reference.onebit (paper 003 Algorithm 1, paper 001 A
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
@@ -22,8 +24,9 @@ RULES = {"floor": (0.01, [2, 20, 45]), "paper": (0.0, [])}
 
 
 def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int], freeze: int = FREEZE,
-               rule: str = "paper") -> np.ndarray:
-    """Parameters after every step (steps x numel), each param group simulated on its own."""
+               rule: str = "paper", segments: list[list[int]] | None = None) -> np.ndarray:
+    """Parameters after every step (steps x numel) over the real code's segments (default: one per param group,
+    what a model this small gets; ``segments``: the layer sizes of each bucket, in parameter order)."""
     total = sum(sizes)
     floor, dead = RULES[rule]
     x0 = rank_input(0, total, DTYPES[dtype], seed=777).double().numpy()
@@ -31,19 +34,13 @@ def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int]
     for step in grads[:freeze]:
         for gr in step:
             gr[dead] = 0.0
-    cuts = [(0, total - sizes[-1], sizes[:-1]), (total - sizes[-1], total, sizes[-1:])]
-    out = np.zeros((STEPS, total))
-    for lo, hi, layer_sizes in cuts:
-        g = [[gr[lo:hi] for gr in step] for step in grads]
-        if algo.startswith("lamb"):
-            trace = ref.onebit_lamb(x0[lo:hi], g, layer_sizes, lr=lrs, eps=1e-6, freeze_step=freeze,
-                                    bias_correction=True, dtype=dtype, variance_floor=floor, **OPTIONS)
-        else:
-            trace = ref.onebit_adam(x0[lo:hi], g, layer_sizes, lr=lrs, eps=1e-8, freeze_step=freeze,
-                                    bias_correction=True, decoupled=algo == "adamw", dtype=dtype,
-                                    variance_floor=floor, **OPTIONS)
-        out[:, lo:hi] = np.stack(trace.params)
-    return out
+    segments = segments if segments is not None else [sizes[:-1], sizes[-1:]]
+    if algo.startswith("lamb"):
+        run = partial(ref.onebit_lamb, eps=1e-6, dtype=dtype)
+    else:
+        run = partial(ref.onebit_adam, eps=1e-8, decoupled=algo == "adamw", dtype=dtype)
+    return ref.over_segments(run, x0, grads, segments, lr=lrs, freeze_step=freeze, bias_correction=True,
+                             variance_floor=floor, **OPTIONS)
 
 
 @pytest.mark.parametrize("rule", ["floor", "paper"])
@@ -96,6 +93,26 @@ def _check_bytes(stats: list[dict[str, int]]) -> None:
     """Every step of a stage moves the same bytes (the ratio to dense is checked at a real size below)."""
     assert all(s["bytes_sent"] == stats[0]["bytes_sent"] > 0 for s in stats[:FREEZE])
     assert all(s["bytes_sent"] == stats[FREEZE]["bytes_sent"] > 0 for s in stats[FREEZE:])
+
+
+@pytest.mark.parametrize(("algo", "n", "overlap"), [("adamw", 3, "1"), ("lamb", 2, "1"), ("lamb", 3, "0")])
+def test_optimizer_cut_into_buckets_matches_reference_over_the_same_segments(algo: str, n: int, overlap: str,
+                                                                             out_dir) -> None:
+    """bucket_mb of 64 bytes cuts the 13 + 30 | 7 elements into a bucket per parameter, each with its own error
+    feedback (and 1-bit scales): the reference run over those three segments, with overlap on and off."""
+    floor, dead = RULES["floor"]
+    mpirun("onebit_optimizer.py", n, out_dir, algo, "float32", str(STEPS), str(FREEZE), ",".join(map(str, SIZES)),
+           str(floor), ",".join(map(str, dead)), str(64 / (1 << 20)), overlap, timeout=240)
+    ranks = load_ranks(out_dir, n)
+    assert ranks[0]["buckets"] == [[13], [30], [7]], f"buckets {ranks[0]['buckets']}"
+    for step in range(STEPS):
+        assert len({rk["hashes"][step] for rk in ranks}) == 1, f"ranks differ after step {step + 1}"
+    want = _reference(algo, "float32", n, ranks[0]["lrs"], SIZES, rule="floor", segments=[[13], [30], [7]])
+    got = torch.stack(ranks[0]["trace"]).double().numpy()
+    _assert_matches(got, want, "float32", f"{algo} in buckets n={n} overlap={overlap}")
+    # the one-segment-per-group run differs (other 1-bit scales): the buckets are what the reference followed
+    whole = _reference(algo, "float32", n, ranks[0]["lrs"], SIZES, rule="floor")
+    assert np.abs(whole[-1] - want[-1]).max() > 1e-5
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -29,38 +29,52 @@ mean within each node, then the 1-bit compressed allreduce among the ranks with 
 per node), then a gather within the node. The worker error then covers this rank's chunk of its node's
 mean (dpad / ranks per node entries), the server error dpad / world size; both are in ``state_dict()``.
 
-Non-finite values: a NaN/Inf gradient on any rank makes ``step()`` raise ``UsageError`` on every rank
-before any state changes (warm-up: checked on the averaged gradient, which every rank holds; compression:
-one tiny flag allreduce when there are several segments, then the core checks what enters each
-compressor on every rank). Nothing is skipped silently.
+Segments are buckets (issue 13). Each (param group, dtype) is cut further into buckets by bytes with the plan of
+``op=Average`` (``hvd_compress.ops.buckets.plan_buckets``: reverse registration order, ``bucket_mb`` MiB, the
+first bucket of each (group, dtype) 1 MiB), and every bucket is one ``Segment`` with its own 1-bit error feedback
+(``OneBitState``: the worker error of its elements, the server error of its padded chunk) and its own LAMB
+per-layer coefficients. The 1-bit scale is therefore ||x||_2 / sqrt(C) per server chunk of each bucket, not of
+the whole (group, dtype): a bucket is a compressed allreduce of its own, as DeepSpeed's 1-bit Adam compresses
+each parameter's momentum with its own worker/server error (``runtime/fp16/onebit/adam.py``); buckets keep the
+messages fused up to ``bucket_mb``. A model smaller than the first bucket has one segment per (group, dtype), as
+before buckets existed. ``overlap=False`` uses the very same segments, so overlap on and off give bit-identical
+parameters and state, and their checkpoints load into each other; a checkpoint of another layout (other
+``bucket_mb``, model or groups) is refused with ValueError before anything changes.
 
-Overlap with backward (issue 13): not done, because per-bucket calls cannot give today's results. ``op=Average``
-starts bucket allreduces from the gradient hooks (``hvd_compress.ops.buckets``); doing the same here, the local
-momentum of a bucket (line 6, element-wise) could be formed in its hook, but its compressed allreduce could not:
+Overlap with backward (``overlap=True``, the torch face's default). The face reports each parameter whose gradient
+is final for the step (its last backward pass of ``backward_passes_per_step``) to ``gradient_final``; a bucket
+whose members are all final is reduced on the process's one background thread (``ops.runtime.submit``), buckets
+strictly in bucket order (``ops.buckets.BucketReductions``), so every rank issues the same collectives in the same
+order. What a bucket's reduction is depends on the stage of the coming step:
 
-- the compressor's scale is ||x||_2 / sqrt(C) over each of the n server chunks of the whole padded segment
-  (chunk j = elements [jC, (j+1)C) of P = onebit_padded_numel(numel, n), served by rank j). A bucket is a tail of
-  the segment (reverse registration order), so its own call would cut different chunks, with other scales: other
-  update values, not just another summation order;
-- the server error has P / n entries per segment and the worker error is written per chunk; per-bucket calls
-  change these shapes, so checkpoints of the two paths would not load into each other;
-- warm-up and the compression stage both decide per step and per segment (finite agreement before any error
-  buffer changes, ``agree_finite``); a bucket reduced before the last gradient exists would commit its error
-  feedback before a later NaN could reject the step;
-- in the compression stage ``.grad`` holds each rank's own gradient between ``synchronize()`` and ``step()`` so
-  that clipping it clips what enters the momentum; a momentum formed in the hook would skip that clipping.
+- warm-up: the dense average of its gradients (line 2). At 3 or more ranks this sums in the order of
+  ``op=Average``'s bucketed path (one call per bucket); overlap on and off make the same calls, so they agree
+  bit for bit;
+- compression: m_r = b1 m + (1 - b1) g_r formed from ``.grad`` (003 Alg. 1 line 6) into the bucket's ``work``
+  buffer, then its error-compensated 1-bit allreduce (lines 7-13, the core). The momentum and the parameters
+  are written only by ``step()`` (line 12-13), which waits for every bucket first.
 
-What would be needed for identical results: a core collective split into a per-chunk phase 1 (compress chunk j
-and send its block to rank j as soon as every gradient in [jC, (j+1)C) is final, non-blocking sends instead of the
-one alltoall) and a final phase (server average, allgather, decompress) started by ``step()``; error buffers
-written only in the final phase (so a rejection still leaves them unchanged) and the finite check moved there;
-and clipping documented as unavailable with overlap. Chunks are 1/n of the segment, so the overlap would be
-coarse at small n. The warm-up's dense gradient average could reuse the Average buckets, at the price of a
-summation order that differs from today's single call at 3 or more ranks.
+State untouched on rejection: each bucket's error feedback is copied aside before its collective (when there
+are several segments or overlap is on). If any bucket fails on any rank (the core checks what enters each
+compressor on every rank: a NaN/Inf gradient is rejected everywhere; a Python error on one rank joins its call
+as a rejection), every bucket's error feedback is restored from those copies once all have finished, and
+``step()`` (or ``synchronize()``) raises on every rank: every error buffer, momentum and parameter is as before
+the step. A step abandoned before ``step()`` (``zero_grad()``, or a new gradient after ``synchronize()``)
+restores them the same way. Warm-up: the averaged gradients are checked in ``step()`` before any state changes
+(every rank holds the same average, so every rank reaches the same verdict).
 
-State: one ``Segment`` per (param group, dtype) of flat buffers that the face allocates (its framework's
-tensors, of which each parameter's state is a view), the step, and per segment the 1-bit error feedback
-and LAMB's per-layer coefficients. ``state_dict()`` is the one checkpoint schema every face writes.
+Limits: with overlap the compression stage's momentum is formed from ``.grad`` in the hook, so editing ``.grad``
+after backward (clipping between ``synchronize()`` and ``step()``) cannot change it: change ``.grad`` only with
+``overlap=False`` (Horovod's rule for its own overlap), under which ``synchronize()`` + clip + ``step()`` work as
+before (warm-up: ``synchronize()`` averages, the clip acts on the average; compression: ``step()`` forms the
+momentum from the clipped ``.grad``). The hyper-parameters of line 6 (beta1, Adam's L2 weight decay) are read
+when the bucket is reduced, lr and the rest in ``step()``. Buckets are cut once, so overlap is coarse for a model
+of few large tensors; a parameter with no gradient holds back its bucket (and the later ones) until
+``synchronize()``. The TF/Keras faces have no hooks: they hand one segment over all variables to ``step``.
+
+State: one ``Segment`` per bucket of flat buffers that the face allocates (its framework's tensors, of
+which each parameter's state is a view), the step, and per segment the 1-bit error feedback and LAMB's
+per-layer coefficients. ``state_dict()`` is the one checkpoint schema every face writes.
 """
 
 from __future__ import annotations
@@ -71,12 +85,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvd_compress import ops
-from hvd_compress.algorithms.agreement import nonfinite_everywhere
 from hvd_compress.algorithms.options import build_options
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
+from hvd_compress.ops.buckets import BucketReductions
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.ops.errors import UsageError
+from hvd_compress.ops.errors import CORE_ERRORS, UsageError
 from hvd_compress.ops.onebit import compressed_allreduce_
 from hvd_compress.ops.traffic import CommMeter
 
@@ -114,7 +128,7 @@ def parse_options(options_cls: type, op_name: str, given: dict[str, Any]) -> Any
 
 @dataclasses.dataclass
 class Segment:
-    """The parameters of one (param group, dtype) with the face's flat buffers for them.
+    """The parameters of one bucket (of one param group and dtype) with the face's flat buffers for them.
 
     ``grad``, ``exp_avg``, ``exp_avg_sq`` (and LAMB's ``fresh``) have the parameters' dtype; ``work`` and
     ``scratch`` are float32 whatever that dtype is, so that m_r is formed and compressed without losing
@@ -142,6 +156,10 @@ class Segment:
     last_factor: list[float] = dataclasses.field(default_factory=list)
     # (worker, server) error of the hierarchical mode, made on first use (sizes depend on the node size).
     hierarchical_errors: tuple[Tensor, Tensor] | None = None
+    # Copies of the error feedback taken before this step's collective (restored if any bucket fails), and
+    # whether they hold this step's values.
+    backup: list[Tensor] | None = None
+    backed_up: bool = False
 
     @property
     def numel(self) -> int:
@@ -169,6 +187,14 @@ class OneBitAlgorithm:
         self.segments = list(segments)
         self.meter = meter if meter is not None else CommMeter()
         self.t = 0  # steps taken
+        #: Reduce buckets from the face's gradient hooks (``gradient_final``) while backward runs.
+        self.overlap = False
+        #: Segment indices in bucket order (the order their reductions start); None: segment order.
+        self.order: list[int] | None = None
+        self._reductions: BucketReductions | None = None
+        self._position: dict[int, int] = {}  # segment index -> place in ``order``
+        self._pipeline_key: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+        self._done = False  # every bucket of the coming step is reduced (not yet used by ``step``)
 
     @property
     def freeze_step(self) -> int:
@@ -178,38 +204,144 @@ class OneBitAlgorithm:
     def compression_started(self) -> bool:
         return self.t >= self.freeze_step
 
+    @property
+    def launched(self) -> int:
+        """Buckets of the coming step whose reduction has started (those started from hooks overlap backward)."""
+        return 0 if self._reductions is None else self._reductions.launched
+
+    # -- the buckets of a step ---------------------------------------------------------------------------
+    def _order(self) -> list[int]:
+        return self.order if self.order is not None else list(range(len(self.segments)))
+
+    def _pipeline(self) -> BucketReductions:
+        """The in-order launcher of this step's buckets (remade when the face binds other segments)."""
+        order = self._order()
+        key = (tuple(order), tuple(len(self.segments[i].params) for i in order))
+        if self._reductions is None or self._pipeline_key != key:
+            if sorted(order) != list(range(len(self.segments))):
+                raise ValueError(f"{self.name}: bucket order {order} is not a permutation of the segments")
+            self._reductions = BucketReductions(list(key[1]))
+            self._position = {i: b for b, i in enumerate(order)}
+            self._pipeline_key = key
+        return self._reductions
+
+    def _launch(self, groups: Sequence[dict[str, Any]] | None) -> None:
+        order, t = self._order(), self.t + 1
+        self._pipeline().launch_ready(lambda b: self.reduce_segment(order[b], groups, t))
+
+    def gradient_final(self, i: int, groups: Sequence[dict[str, Any]], count: int = 1) -> None:
+        """From a face's gradient hook: ``count`` more parameters of segment ``i`` have their final gradient for
+        the coming step; each next bucket that is complete starts reducing on the background thread."""
+        if self._done:  # a gradient after the step's buckets were reduced: that reduction no longer holds
+            self.abandon()
+        self._pipeline().mark_ready(self._position[i], count)
+        self._launch(groups)
+
+    def reduce_all(self, groups: Sequence[dict[str, Any]] | None) -> None:
+        """End of the gradient phase: reduce every bucket not started yet (members without a gradient count as
+        final), wait for all; on any rank's failure restore the error feedback and raise on every rank."""
+        red = self._pipeline()
+        red.mark_all_ready()
+        self._launch(groups)
+        try:
+            red.drain()
+        except Exception as e:
+            self._restore()
+            if isinstance(e, UsageError) and self.t + 1 > self.freeze_step:
+                raise UsageError(
+                    f"{self.name}: step {self.t + 1} rejected on every rank ({e}); step not taken, state unchanged"
+                ) from e
+            raise
+        red.reset()
+        self._done = True
+
+    def abandon(self) -> None:
+        """Drop the coming step's reductions (``zero_grad()`` before ``step()``): wait for those started, then
+        restore every bucket's error feedback. Their errors are dropped with them (every rank drops alike)."""
+        if self._reductions is not None:
+            try:
+                self._reductions.drain()
+            except Exception:  # the step is discarded, and with it what went wrong in it
+                pass
+            self._reductions.reset()
+        self._restore()
+        self._done = False
+
+    def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """Segment ``i``'s collective for step ``t`` (on the background thread): warm-up, the dense average of its
+        gradients (line 2); compression, its local momentum (line 6) through the compressed allreduce (lines
+        7-13), its error feedback copied aside first. A failure before the core call is this rank's alone: it
+        joins the call as a rejection, so the other ranks raise too instead of waiting for it."""
+        seg = self.segments[i]
+        warm = t <= self.freeze_step
+        name = f"{self.name}.grad.{i}" if warm else f"{self.name}.m.{i}"
+        try:
+            if warm:
+                self.meter.run(ops.allreduce_, seg.grad, op=ReduceOp.Average, name=name)
+                return
+            if groups is None:
+                raise ValueError(f"{self.name}: the compression stage needs the param groups")
+            self.local_momentum(seg, groups[seg.group])
+            errors = self._errors(seg)
+            if len(self.segments) > 1 or self.overlap:  # a later bucket may still fail: keep a way back
+                self._backup(seg, errors)
+        except CORE_ERRORS:
+            raise
+        except Exception as e:
+            self.meter.run(ops.reject_allreduce, f"{type(e).__name__}: {e}", name)
+            raise
+        if self.options.hierarchical:
+            self.meter.run(
+                birder_ops.hierarchical_compressed_allreduce_, seg.work, *errors,
+                payload=birder_ops.PAYLOAD_SCALED, hierarchical=True, name=name,
+            )
+        else:
+            self.meter.run(compressed_allreduce_, seg.work, *errors, name=name)
+
+    def _errors(self, seg: Segment) -> tuple[Tensor, Tensor]:
+        """The (worker, server) error feedback the segment's compressed allreduce updates."""
+        if self.options.hierarchical:
+            return self.hierarchical_errors(seg)
+        return seg.onebit.worker_error, seg.onebit.server_error
+
+    def _backup(self, seg: Segment, errors: tuple[Tensor, Tensor]) -> None:
+        if seg.backup is None:
+            seg.backup = [self.xp.zeros_like(e) for e in errors]
+        for copy, e in zip(seg.backup, errors, strict=True):
+            self.xp.copy_(copy, e)
+        seg.backed_up = True
+
+    def _restore(self) -> None:
+        """Every segment's error feedback back to its copy of this step (those reduced this step have one)."""
+        for seg in self.segments:
+            if seg.backed_up and seg.backup is not None:
+                for e, copy in zip(self._errors(seg), seg.backup, strict=True):
+                    self.xp.copy_(e, copy)
+            seg.backed_up = False
+
     # -- the step ------------------------------------------------------------------------------------
-    def synchronize(self) -> None:
-        """The gradient phase of the coming step: warm-up averages ``grad`` over all ranks; the
-        compression stage never averages a gradient (the momentum travels in ``step``)."""
-        if self.t + 1 <= self.freeze_step:
-            for i, seg in enumerate(self.segments):
-                self.meter.run(ops.allreduce_, seg.grad, op=ReduceOp.Average, name=f"{self.name}.grad.{i}")
+    def synchronize(self, groups: Sequence[dict[str, Any]] | None = None) -> None:
+        """The gradient phase of the coming step. Warm-up averages ``grad`` over all ranks (every bucket);
+        the compression stage never averages a gradient: with overlap it finishes the buckets' compressed
+        allreduce started from the hooks, without it leaves all to ``step`` (after any clipping of ``.grad``)."""
+        if self.t + 1 <= self.freeze_step or self.overlap:
+            if not self._done:
+                self.reduce_all(groups)
 
     def step(self, groups: Sequence[dict[str, Any]]) -> int:
-        """One optimizer step on the segments' (synchronized) gradients; returns the new step count."""
+        """One optimizer step on the segments' reduced buckets (reducing those not reduced yet); returns the new
+        step count. Nothing changes if any bucket fails on any rank."""
         t = self.t + 1
+        if not self._done:
+            self.reduce_all(groups)
+        self._done = False
+        for seg in self.segments:
+            seg.backed_up = False  # every bucket succeeded: this step's error feedback stands
         if t <= self.freeze_step:
             self.check_finite()
             for seg in self.segments:
                 self.warmup(seg, groups[seg.group], t)
         else:
-            for seg in self.segments:
-                self.local_momentum(seg, groups[seg.group])
-            if len(self.segments) > 1:
-                self.agree_finite()
-            for i, seg in enumerate(self.segments):
-                if self.options.hierarchical:
-                    werr, serr = self.hierarchical_errors(seg)
-                    self.meter.run(
-                        birder_ops.hierarchical_compressed_allreduce_, seg.work, werr, serr,
-                        payload=birder_ops.PAYLOAD_SCALED, hierarchical=True, name=f"{self.name}.m.{i}",
-                    )
-                    continue
-                self.meter.run(
-                    compressed_allreduce_, seg.work, seg.onebit.worker_error, seg.onebit.server_error,
-                    name=f"{self.name}.m.{i}",
-                )
             for seg in self.segments:
                 self.compressed(seg, groups[seg.group], t)
         self.t = t
@@ -231,14 +363,6 @@ class OneBitAlgorithm:
                     f"{self.name}: non-finite averaged gradient at step {self.t + 1} (element {bad[0]} of param "
                     f"group {seg.group}: value {bad[1]}); step not taken, state unchanged"
                 )
-
-    def agree_finite(self) -> None:
-        bad = nonfinite_everywhere(self.xp, [seg.work for seg in self.segments], self.meter, self.name)
-        if bad > 0:
-            raise UsageError(
-                f"{self.name}: non-finite local momentum at step {self.t + 1} on {bad} segment(s) over all "
-                "ranks (NaN/Inf gradient); step not taken, state unchanged"
-            )
 
     # -- the math both boxes share -------------------------------------------------------------------
     def local_momentum(self, seg: Segment, group: dict[str, Any]) -> None:
@@ -300,6 +424,9 @@ class OneBitAlgorithm:
             "segments": [
                 {
                     "numel": seg.numel,
+                    # the bucket's layout: its param group and the elements of each of its parameters
+                    "group": seg.group,
+                    "sizes": list(seg.sizes),
                     "onebit": seg.onebit.state_dict(),
                     "lamb_coeff_freeze": list(seg.lamb_coeff_freeze),
                     "last_factor": list(seg.last_factor),
@@ -330,7 +457,20 @@ class OneBitAlgorithm:
         saved = ours.get("segments", [])
         want = [seg.numel for seg in self.segments]
         if [s.get("numel") for s in saved] != want:
-            raise ValueError(f"{what}: fused buffer sizes {[s.get('numel') for s in saved]} != this model's {want}")
+            raise ValueError(
+                f"{what}: fused buffer sizes {[s.get('numel') for s in saved]} != this model's {want} (the segments "
+                "are the buckets of each param group and dtype: another model, param groups or bucket_mb; the error "
+                "feedback cannot be carried over to another layout)"
+            )
+        # Checkpoints written before segments were buckets lack the layout; their one segment per (group, dtype)
+        # loads where that is also one bucket here (equal sizes above, per-layer lists below).
+        layout = [(s.get("group", seg.group), list(s.get("sizes", seg.sizes))) for s, seg in zip(saved, self.segments,
+                                                                                             strict=True)]
+        if layout != [(seg.group, list(seg.sizes)) for seg in self.segments]:
+            raise ValueError(
+                f"{what}: the checkpoint's buckets (param group, parameter sizes) {layout} differ from this "
+                f"optimizer's {[(seg.group, list(seg.sizes)) for seg in self.segments]} (another bucket_mb or model?)"
+            )
         for seg, s in zip(self.segments, saved, strict=True):
             if len(s["lamb_coeff_freeze"]) != len(seg.params) or len(s["last_factor"]) != len(seg.params):
                 raise ValueError(f"{what}: per-layer coefficients do not match the parameters")

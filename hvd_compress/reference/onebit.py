@@ -397,3 +397,26 @@ def onebit_lamb(
         "server_error": comp.server,
     }
     return trace
+
+
+def over_segments(
+    run: Callable[..., OptimizerTrace],
+    x0: np.ndarray,
+    grads: Sequence[Sequence[np.ndarray]],
+    segments: Sequence[Sequence[int]],
+    **options: object,
+) -> np.ndarray:
+    """Parameters after every step (steps x numel) of ``run`` (``onebit_adam``/``onebit_lamb`` with its options)
+    over the optimizer's segments, as the real code cuts them (``hvd_compress.algorithms.onebit``: one segment per
+    bucket of each param group and dtype, each with its own error feedback and 1-bit scales). ``segments``: the
+    layer sizes of each segment, consecutive in parameter order; ``grads[t][r]``: rank r's flat gradient at step t.
+    """
+    total = sum(sum(s) for s in segments)
+    out = np.zeros((len(grads), total))
+    lo = 0
+    for layer_sizes in segments:
+        hi = lo + sum(layer_sizes)
+        g = [[gr[lo:hi] for gr in step] for step in grads]
+        out[:, lo:hi] = np.stack(run(x0[lo:hi], g, list(layer_sizes), **options).params)
+        lo = hi
+    return out

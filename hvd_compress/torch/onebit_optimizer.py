@@ -1,12 +1,13 @@
 """``hc.DistributedOptimizer(op=hc.OneBitAdam | hc.OneBitLamb)``: the PyTorch face of
 ``hvd_compress.algorithms.onebit_adam`` / ``onebit_lamb`` (papers 003 and 001, Algorithm 1 each).
 
-The algorithms (both stages, the ``compress`` rule, finite agreement, the checkpoint schema) live in
-``hvd_compress/algorithms``. This face does what needs torch: for each (param group, dtype) one segment of
-flat gradient, momentum and variance buffers of which every parameter's ``.grad`` and
+The algorithms (both stages, the ``compress`` rule, the buckets' reductions, the checkpoint schema) live in
+``hvd_compress/algorithms``. This face does what needs torch: for each bucket of each (param group, dtype) one
+segment of flat gradient, momentum and variance buffers of which every parameter's ``.grad`` and
 ``state['exp_avg']``/``['exp_avg_sq']`` are views (so one collective call per segment and step moves all
 of them, and ``state_dict()`` holds them as usual), the error feedback in ``OneBitState``, the gradient
-hooks, and the ``hvd_compress`` section of ``state_dict()``.
+hooks that start a bucket's reduction during backward (``overlap``), and the ``hvd_compress`` section of
+``state_dict()``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import torch
 
 from hvd_compress.algorithms import OneBitAlgorithm
 from hvd_compress.algorithms.onebit import Segment
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, plan_buckets
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.algorithm_mixin import AlgorithmMixin
+from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients, cached_views, flat_with_views
 from hvd_compress.torch.lamb import Lamb
 from hvd_compress.torch.onebit import OneBitState
@@ -32,47 +35,69 @@ from hvd_compress.torch.wrapping import (
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _segments(param_groups: list[dict[str, Any]], fresh: bool) -> tuple[list[Segment], list[FusedGradients]]:
+def _segments(
+    param_groups: list[dict[str, Any]], fresh: bool, bucket_mb: float
+) -> tuple[list[Segment], list[FusedGradients], list[int]]:
+    """One segment per bucket of each (param group, dtype): ``plan_buckets`` over the trainable parameters in
+    reverse registration order, as ``op=Average`` cuts its buckets. Returns the segments in registration order
+    (the order of the checkpoint's list: a model with one bucket per (group, dtype) keeps the layout it had
+    before buckets), their gradient buffers, and the segment indices in bucket order (the reductions' order)."""
+    trainable = [(gi, p) for gi, group in enumerate(param_groups) for p in group["params"] if p.requires_grad]
+    for _, p in trainable:
+        if p.dtype not in _DTYPES:
+            raise ValueError(f"1-bit optimizers support float32, float16 and bfloat16 parameters, not {p.dtype}")
+    cap = int(bucket_mb * (1 << 20))
+    items = [((gi, p.dtype, p.device), p.numel() * p.element_size()) for gi, p in trainable]
+    plan = plan_buckets(items, cap, min(cap, int(FIRST_BUCKET_MB * (1 << 20))))
+    buckets = sorted(sorted(members) for members in plan)  # registration order, members consecutive per key
+    index = {tuple(members): s for s, members in enumerate(buckets)}
+    order = [index[tuple(sorted(members))] for members in plan]
     segments, grads = [], []
-    for gi, group in enumerate(param_groups):
-        by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
-        for p in group["params"]:
-            if p.requires_grad:
-                by_dtype.setdefault((p.dtype, p.device), []).append(p)
-        for (dtype, _), params in by_dtype.items():
-            if dtype not in _DTYPES:
-                raise ValueError(f"1-bit optimizers support float32, float16 and bfloat16 parameters, not {dtype}")
-            fused = FusedGradients(params)
-            numel = sum(p.numel() for p in params)
-            exp_avg, _ = flat_with_views(params)
-            segments.append(
-                Segment(
-                    group=gi,
-                    params=params,
-                    sizes=[p.numel() for p in params],
-                    grad=fused.buffers[0],
-                    exp_avg=exp_avg,
-                    exp_avg_sq=flat_with_views(params)[0],
-                    fresh=flat_with_views(params)[0] if fresh else None,
-                    work=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
-                    scratch=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
-                    onebit=OneBitState(numel, torch.float32, device=exp_avg.device),
-                    views=cached_views(params),
-                )
+    for members in buckets:
+        gi, params = trainable[members[0]][0], [trainable[i][1] for i in members]
+        fused = FusedGradients(params)
+        numel = sum(p.numel() for p in params)
+        exp_avg, _ = flat_with_views(params)
+        segments.append(
+            Segment(
+                group=gi,
+                params=params,
+                sizes=[p.numel() for p in params],
+                grad=fused.buffers[0],
+                exp_avg=exp_avg,
+                exp_avg_sq=flat_with_views(params)[0],
+                fresh=flat_with_views(params)[0] if fresh else None,
+                work=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
+                scratch=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
+                onebit=OneBitState(numel, torch.float32, device=exp_avg.device),
+                views=cached_views(params),
             )
-            grads.append(fused)
-    return segments, grads
+        )
+        grads.append(fused)
+    return segments, grads, order
 
 
 class OneBitMixin(AlgorithmMixin):
     """Methods added to the wrapped optimizer's class for a 1-bit algorithm (``OneBitAdam``, ``OneBitLamb``).
 
-    ``synchronize()`` ends the gradient phase of the coming step. In warm-up it averages the gradients
-    densely into ``.grad``, as ``op=hc.Average`` does; in the compression stage no gradient is ever
-    averaged (the momentum is what travels, in ``step()``), so it only gathers this rank's gradient into
-    ``.grad``. Either way ``.grad`` then holds what ``step()`` will use, and clipping it between
-    ``synchronize()`` and ``step()`` (inside ``skip_synchronize()``) clips that: the averaged gradient in
-    warm-up, each rank's own gradient before its momentum is formed after.
+    The parameters are cut into buckets (``bucket_mb``, as ``op=Average``), each one segment of the algorithm
+    with its own error feedback (``hvd_compress.algorithms.onebit``: segments are buckets).
+
+    With ``overlap=True`` (the default) the gradient hook that makes a bucket's last gradient final starts that
+    bucket's reduction on the background thread while backward continues: in warm-up the dense average of its
+    gradients, in the compression stage its local momentum m_r = b1 m + (1 - b1) g_r, formed from ``.grad``
+    there, through the 1-bit compressed allreduce. ``synchronize()`` starts what is left and waits for all;
+    ``step()`` applies the update. So with overlap, editing ``.grad`` after backward (clipping it between
+    ``synchronize()`` and ``step()``) cannot change the compression stage's momentum: change ``.grad`` only with
+    ``overlap=False`` (Horovod's rule for its own overlap).
+
+    With ``overlap=False`` the same buckets are reduced after backward, with bit-identical results.
+    ``synchronize()`` ends the gradient phase of the coming step. In warm-up it averages the gradients densely into
+    ``.grad``, as ``op=hc.Average`` does; in the compression stage no gradient is ever averaged (the momentum is
+    what travels, in ``step()``), so it only gathers this rank's gradient into ``.grad``. Either way ``.grad``
+    then holds what ``step()`` will use, and clipping it between ``synchronize()`` and ``step()`` (inside
+    ``skip_synchronize()``) clips that: the averaged gradient in warm-up, each rank's own gradient before its
+    momentum is formed after.
     """
 
     def _hvdc_setup(
@@ -80,19 +105,50 @@ class OneBitMixin(AlgorithmMixin):
         named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
         backward_passes_per_step: int,
         algorithm: OneBitAlgorithm,
+        overlap: bool = True,
+        bucket_mb: float = DEFAULT_BUCKET_MB,
     ) -> None:
         """Run ``algorithm`` (built with its options, no segments yet) on this optimizer's parameters."""
         params = [p for g in self.param_groups for p in g["params"]]
         check_named_parameters(params, named_parameters)
-        segments, self._hvdc_grads = _segments(self.param_groups, fresh=algorithm.has_fresh_variance)
+        segments, self._hvdc_grads, order = _segments(
+            self.param_groups, fresh=algorithm.has_fresh_variance, bucket_mb=bucket_mb
+        )
         self._hvdc_meter = CommMeter()
         algorithm.segments, algorithm.meter = segments, self._hvdc_meter
+        algorithm.order, algorithm.overlap = order, bool(overlap)
         self._hvdc_alg = algorithm
         self._hvdc_alg.t = self._hvdc_plain_step(super(self.__class__, self).state_dict())
         self._hvdc_bind_state()
         trainable = [p for s in segments for p in s.params]
+        self._hvdc_segment_of = {id(p): i for i, s in enumerate(segments) for p in s.params}
         self._hvdc_passes = PassCounter(trainable, backward_passes_per_step)
         hook_gradients(trainable, self._hvdc_count_pass)
+
+    def _hvdc_count_pass(self, p: torch.Tensor) -> None:
+        passes = self._hvdc_passes.add(p)
+        self._hvdc_synchronized = False  # a new gradient after synchronize() starts another gradient phase
+        if self._hvdc_alg.overlap and passes == self._hvdc_passes.limit:
+            ensure_init()
+            i = self._hvdc_segment_of[id(p)]
+            self._hvdc_grads[i].gather_one(p)  # a .grad set from outside (model.zero_grad()) into its view
+            self._hvdc_alg.gradient_final(i, self.param_groups)
+
+    @property
+    def overlap(self) -> bool:
+        """Whether buckets are reduced during backward (``overlap=`` of ``DistributedOptimizer``)."""
+        return self._hvdc_alg.overlap
+
+    @property
+    def bucket_count(self) -> int:
+        """Buckets (segments, each with its own error feedback) the parameters are cut into."""
+        return len(self._hvdc_alg.segments)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As ``AlgorithmMixin.zero_grad``; a step whose buckets were started but not taken is dropped first
+        (its error feedback restored), never zeroing a bucket that is still being reduced."""
+        self._hvdc_alg.abandon()
+        AlgorithmMixin.zero_grad(self, set_to_none)
 
     def _hvdc_bind_state(self) -> None:
         """Make every parameter's state tensors views of the segment buffers, keeping their values."""
@@ -119,7 +175,8 @@ class OneBitMixin(AlgorithmMixin):
         return self._hvdc_alg.compression_started
 
     def _hvdc_end_gradient_phase(self) -> None:
-        self._hvdc_alg.synchronize()  # warm-up: the dense average of the gathered gradients
+        # warm-up: the dense average of the gathered gradients; with overlap, every bucket's reduction finished
+        self._hvdc_alg.synchronize(self.param_groups)
 
     def _hvdc_after_step(self, t: int) -> None:
         self._hvdc_fill_step([p for seg in self._hvdc_alg.segments for p in seg.params], t)

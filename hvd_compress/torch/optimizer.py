@@ -231,7 +231,10 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       (see ``hvd_compress.torch.adasum_optimizer``); options ``hierarchical``, ``grad_scaler``, ``bucket_mb``.
     - ``op=hc.OneBitAdam`` (wraps ``torch.optim.Adam``/``AdamW``) and ``op=hc.OneBitLamb`` (wraps
       ``hc.Lamb``): dense warm-up for ``freeze_step`` steps, then 1-bit compressed momentum (see
-      ``hvd_compress.torch.onebit_optimizer``); ``variance_floor`` (default 0.01: each layer's frozen
+      ``hvd_compress.torch.onebit_optimizer``), in buckets of ``bucket_mb`` MiB (as Average's; each bucket keeps
+      its own error feedback) reduced during backward with ``overlap=True`` (the default; ``overlap=False``: after
+      it, bit-identical results; with overlap change ``.grad`` only with ``overlap=False``: the compression
+      stage's momentum is formed in the gradient hook); ``variance_floor`` (default 0.01: each layer's frozen
       variance at least that fraction of its mean, which trains ReLU networks; 0: the papers' exact rule);
       LAMB options ``coeff_beta``, ``factor_min``, ``factor_max``, ``factor_threshold``; ``hierarchical=True``:
       the compressed momentum goes through the Hierarchical-1-bit-All-Reduce (paper 004 Section 4).
@@ -293,19 +296,23 @@ def _dense(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp
         raise ValueError(f"gradient_predivide_factor must be a number > 0, got {predivide!r}")
     if predivide != 1.0 and op != ReduceOp.Average:
         raise ValueError("gradient_predivide_factor is supported with op=Average only (as in Horovod)")
-    if overlap is not None and not isinstance(overlap, bool):
-        raise TypeError(f"overlap must be True or False, got {overlap!r}")
+    _check_overlap_options(False if overlap is None else overlap, bucket_mb)
     if overlap and compression.stateful:
         raise ValueError(
             f"overlap=True does not apply to compression={compression!r}: its selection and error feedback are "
             "per whole buffer, reduced in step() (leave overlap unset)"
         )
-    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
-        raise ValueError(f"bucket_mb must be a positive number of MiB, got {bucket_mb!r}")
     overlap = not compression.stateful if overlap is None else overlap
     wrapped = rewrap(optimizer, _DistributedMixin)
     wrapped._hvdc_setup(named_parameters, op, passes, predivide, sparse_as_dense, compression, overlap, bucket_mb)
     return wrapped
+
+
+def _check_overlap_options(overlap: Any, bucket_mb: Any) -> None:
+    if not isinstance(overlap, bool):
+        raise TypeError(f"overlap must be True or False, got {overlap!r}")
+    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
+        raise ValueError(f"bucket_mb must be a positive number of MiB, got {bucket_mb!r}")
 
 
 def _adasum(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
@@ -322,9 +329,12 @@ def _onebit(check: Any) -> Any:
              options: dict[str, Any]) -> torch.optim.Optimizer:
         check(optimizer)
         algorithm = algorithms.lookup(op)
+        options = dict(options)
+        overlap, bucket_mb = options.pop("overlap", True), options.pop("bucket_mb", DEFAULT_BUCKET_MB)
+        _check_overlap_options(overlap, bucket_mb)
         parsed = parse_options(algorithm.options_cls, algorithm.name, options)
         wrapped = rewrap(optimizer, OneBitMixin)
-        wrapped._hvdc_setup(named_parameters, passes, algorithm(parsed, BACKEND, [], None))
+        wrapped._hvdc_setup(named_parameters, passes, algorithm(parsed, BACKEND, [], None), overlap, bucket_mb)
         return wrapped
 
     return wrap

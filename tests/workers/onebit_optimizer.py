@@ -7,7 +7,7 @@ learning rates used, the final optimizer state and the bytes of each step.
 
 argv: out_dir algo(adam|adamw|lamb|lamb-dense) dtype steps freeze_step sizes(comma list; the last one is group 2)
       variance_floor dead(comma list of elements whose gradient is 0 on every rank through warm-up, as a
-      ReLU unit dead in warm-up; may be empty)
+      ReLU unit dead in warm-up; may be empty) [bucket_mb (default: the optimizer's) overlap(1|0, default 1)]
 """
 
 import hashlib
@@ -21,6 +21,8 @@ import hvd_compress.torch as hc
 algo, dtype_name, steps, freeze = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 sizes = [int(s) for s in sys.argv[6].split(",")]
 floor, dead = float(sys.argv[7]), [int(i) for i in sys.argv[8].split(",") if i]
+bucket_mb = float(sys.argv[9]) if len(sys.argv) > 9 else None
+overlap = sys.argv[10] != "0" if len(sys.argv) > 10 else True
 dtype = DTYPES[dtype_name]
 hc.init()
 r = hc.rank()
@@ -35,7 +37,9 @@ elif algo == "adamw":
 else:  # lamb, or lamb-dense: plain hc.Lamb behind a dense average (the uncompressed rule)
     base = hc.Lamb(groups, lr=0.01, weight_decay=0.05, min_coeff=0.01, max_coeff=10.0)
     op = hc.Average if algo == "lamb-dense" else hc.OneBitLamb
-options = {} if op == hc.Average else {"freeze_step": freeze, "variance_floor": floor}
+options = {} if op == hc.Average else {"freeze_step": freeze, "variance_floor": floor, "overlap": overlap}
+if bucket_mb is not None:
+    options["bucket_mb"] = bucket_mb
 opt = hc.DistributedOptimizer(base, named_parameters=[(f"p{i}", p) for i, p in enumerate(params)], op=op,
                               **options)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
@@ -56,5 +60,6 @@ for step in range(steps):
     hashes.append(hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest())
     stats.append(opt.comm_stats())
 sd = opt.state_dict()
-save(r, {"trace": trace, "hashes": hashes, "lrs": lrs, "stats": stats, "state": sd,
+save(r, {"buckets": [seg.sizes for seg in opt._hvdc_alg.segments] if op != hc.Average else [],
+         "trace": trace, "hashes": hashes, "lrs": lrs, "stats": stats, "state": sd,
          "exp_avg": torch.cat([sd["state"][i]["exp_avg"].reshape(-1) for i in range(len(params))])})

@@ -52,9 +52,15 @@ def good_step(seed: int) -> None:
 def poisoned_step(seed: int) -> None:
     g = torch.Generator().manual_seed(seed * 10 + r)
     opt.zero_grad()
-    model(torch.randn(4, 5, generator=g)).pow(2).mean().backward()
-    if r == n - 1:
-        params[-1].grad[0] = float("nan")
+    # The NaN enters through a gradient hook, before the bucket's reduction starts (with overlap, the default, it
+    # starts from the hook: a .grad edited after backward would not reach it).
+    poison = (lambda grad: grad.index_fill(0, torch.tensor([0]), float("nan"))) if r == n - 1 else None
+    handle = params[-1].register_hook(poison) if poison is not None else None
+    try:
+        model(torch.randn(4, 5, generator=g)).pow(2).mean().backward()
+    finally:
+        if handle is not None:
+            handle.remove()
     opt.step()
 
 

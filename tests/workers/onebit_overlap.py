@@ -1,0 +1,196 @@
+"""hc.DistributedOptimizer(op=OneBitAdam/OneBitLamb) with buckets reduced during backward (overlap=True) and after
+it (overlap=False), on a model cut into several 64-byte buckets, through warm-up and compression steps.
+
+Saves, per configuration and mode: the parameters after every step, the final ``state_dict()``, the buckets
+started while backward was still running (counted from a hook on the input's gradient) and after it returned,
+and the bucket count. Then: a NaN injected on the last rank into the last bucket (in bucket order) of a
+compression step, per algorithm and mode (the error on every rank, every state tensor before and after); the
+checkpoint layout checks; and synchronize() + halving ``.grad`` + step() with overlap=False against halving the
+loss (the two must be bit-identical: halving is exact).
+
+argv: out_dir steps freeze_step
+"""
+
+import sys
+
+import torch
+from common import outcome, save
+
+import hvd_compress.torch as hc
+
+steps, freeze = int(sys.argv[2]), int(sys.argv[3])
+hc.init()
+r, n = hc.rank(), hc.size()
+torch.set_num_threads(1)
+BUCKET_MB = 64 / (1 << 20)  # 64-byte buckets: 5 buckets for one group (see tests/test_onebit_overlap.py)
+
+# name -> (algorithm, backward passes per step, two param groups, a discarded backward + zero_grad() at step 4)
+CONFIGS = {
+    "adam": ("adam", 1, False, False),
+    "lamb": ("lamb", 1, False, False),
+    "adam_accum_groups": ("adam", 2, True, False),
+    "lamb_accum": ("lamb", 2, False, False),
+    "lamb_abandoned": ("lamb", 1, True, True),
+}
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+    )
+
+
+def make_opt(model: torch.nn.Module, algo: str, passes: int = 1, groups: bool = False, **options):
+    params = list(model.parameters())
+    given = [{"params": params[:-2]}, {"params": params[-2:], "lr": 0.005}] if groups else params
+    if algo == "adam":
+        base, op = torch.optim.Adam(given, lr=0.01, weight_decay=0.01), hc.OneBitAdam
+    else:
+        base, op = hc.Lamb(given, lr=0.01, weight_decay=0.01), hc.OneBitLamb
+    options.setdefault("bucket_mb", BUCKET_MB)
+    return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), op=op,
+                                   backward_passes_per_step=passes, freeze_step=freeze, **options)
+
+
+def batch(step: int, rank: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100_000 * step + 100 * rank + micro)
+    x = torch.randn(5, 6, generator=g)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def state_tensors(opt) -> list[torch.Tensor]:
+    """Every tensor of ``state_dict()`` (moments, error feedback, LAMB's coefficients), in a fixed order."""
+    sd = opt.state_dict()
+    out = []
+    for st in sd["state"].values():
+        out += [v.clone() for _, v in sorted(st.items()) if isinstance(v, torch.Tensor)]
+    for seg in sd["hvd_compress"]["segments"]:
+        out += [seg["onebit"]["worker_error"], seg["onebit"]["server_error"],
+                torch.tensor(seg["lamb_coeff_freeze"] + seg["last_factor"], dtype=torch.float64)]
+    return out
+
+
+def backward(model, opt, step, micro, seen=None) -> None:
+    x, y = batch(step, r, micro)
+    x.requires_grad_(True)
+    if seen is not None:
+        x.register_hook(lambda g: seen.append(opt._hvdc_alg.launched))
+    torch.nn.functional.mse_loss(model(x), y).backward()
+
+
+def train(algo, passes, groups, abandon, overlap) -> dict:
+    model = make_model()
+    opt = make_opt(model, algo, passes, groups, overlap=overlap)
+    params, during, after = [], [], []
+    for step in range(steps):
+        if abandon and step == freeze + 1:  # a step given up before step(): its started buckets are undone
+            opt.zero_grad()
+            backward(model, opt, step + 77, 0)
+        opt.zero_grad()
+        seen = []
+        for micro in range(passes):
+            backward(model, opt, step, micro, seen)
+        during.append(seen[-1])
+        after.append(opt._hvdc_alg.launched)
+        opt.step()
+        params.append([p.detach().clone() for p in model.parameters()])
+    return {"params": params, "during": during, "after": after, "buckets": opt.bucket_count,
+            "overlap": opt.overlap, "state": state_tensors(opt)}
+
+
+def nan_late_bucket(algo: str, overlap: bool) -> dict:
+    """Compression step with a NaN on the last rank in the first layer's weight: the last bucket in bucket order."""
+    model = make_model()
+    opt = make_opt(model, algo, overlap=overlap)
+    for step in range(freeze + 1):
+        opt.zero_grad()
+        backward(model, opt, step, 0)
+        opt.step()
+    before = [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
+    opt.zero_grad()
+    weight = model[0].weight
+    handle = weight.register_hook(lambda g: g.index_fill(0, torch.tensor([0]), float("nan"))) if r == n - 1 else None
+    launched = []
+    backward(model, opt, freeze + 1, 0, launched)
+    if handle is not None:
+        handle.remove()
+    error = outcome(opt.step)
+    after = [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
+    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if not torch.equal(a, b)]
+    opt.zero_grad()  # the next step works again on every rank
+    backward(model, opt, freeze + 2, 0)
+    opt.step()
+    return {"error": error, "changed": changed, "tensors": len(before), "launched": launched,
+            "buckets": opt.bucket_count, "after_recovery": [p.detach().clone() for p in model.parameters()]}
+
+
+def checkpoints() -> dict[str, str]:
+    """Another bucket layout is refused with nothing changed; a checkpoint of the pre-bucket schema (one segment
+    per group and dtype, no layout keys) loads where that segment is one bucket."""
+    out = {}
+    model = make_model()
+    small = make_opt(model, "lamb")
+    for step in range(freeze + 1):
+        small.zero_grad()
+        backward(model, small, step, 0)
+        small.step()
+    sd_small = small.state_dict()
+    model_b = make_model()
+    whole = make_opt(model_b, "lamb", bucket_mb=25.0)  # the default: one bucket for this model
+    for step in range(freeze + 1):
+        whole.zero_grad()
+        backward(model_b, whole, step, 0)
+        whole.step()
+    before = [p.detach().clone() for p in model_b.parameters()] + state_tensors(whole)
+    out["other_layout"] = outcome(lambda: whole.load_state_dict(sd_small))
+    out["other_layout_back"] = outcome(lambda: small.load_state_dict(whole.state_dict()))
+    tampered = whole.state_dict()
+    tampered["hvd_compress"]["segments"][0]["sizes"] = list(reversed(tampered["hvd_compress"]["segments"][0]["sizes"]))
+    out["other_sizes"] = outcome(lambda: whole.load_state_dict(tampered))
+    after = [p.detach().clone() for p in model_b.parameters()] + state_tensors(whole)
+    out["unchanged"] = str(all(torch.equal(a, b) for a, b in zip(before, after, strict=True)))
+    old = whole.state_dict()
+    for seg in old["hvd_compress"]["segments"]:
+        del seg["group"], seg["sizes"]
+    fresh = make_opt(make_model(), "lamb", bucket_mb=25.0)
+    out["old_schema"] = outcome(lambda: fresh.load_state_dict(old))
+    out["old_schema_equal"] = str(all(torch.equal(a, b) for a, b in
+                                      zip(state_tensors(fresh), state_tensors(whole), strict=True)))
+    # overlap on and off share the layout: their checkpoints load into each other
+    off = make_opt(make_model(), "lamb", overlap=False)
+    out["on_into_off"] = outcome(lambda: off.load_state_dict(sd_small))
+    return out
+
+
+def clip_without_overlap(algo: str, halve_loss: bool) -> list[torch.Tensor]:
+    """overlap=False: synchronize(), halve .grad, step() inside skip_synchronize(); or the loss halved."""
+    model = make_model()
+    opt = make_opt(model, algo, overlap=False)
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = batch(step, r, 0)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        (loss * 0.5 if halve_loss else loss).backward()
+        if halve_loss:
+            opt.step()
+            continue
+        opt.synchronize()
+        for p in model.parameters():
+            p.grad.mul_(0.5)
+        with opt.skip_synchronize():
+            opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+out = {"results": {}, "nan": {}, "clip": {}}
+for name, config in CONFIGS.items():
+    for overlap in (True, False):
+        out["results"][(name, overlap)] = train(*config, overlap)
+for algo in ("adam", "lamb"):
+    for overlap in (True, False):
+        out["nan"][(algo, overlap)] = nan_late_bucket(algo, overlap)
+out["checkpoints"] = checkpoints()
+for algo in ("adam", "lamb"):
+    out["clip"][algo] = (clip_without_overlap(algo, False), clip_without_overlap(algo, True))
+save(r, out)
