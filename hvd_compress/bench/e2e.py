@@ -6,7 +6,10 @@ For each model of ``hvd_compress.bench.models`` and each method (every ``hc`` op
 local optimizer and no communication at all), from the same initial weights and the same per-rank batches:
 
 - median step time over the steps after ``--warmup`` (a 1-bit optimizer's compression stage), the slowest rank;
-- its ratio to the floor;
+- its ratio to the floor of its rule (Adam, LAMB or Birder's uncompressed rule, stepped locally with no
+  communication) and, under ``NET=...``, to the physical limit max(floor, wire time), the wire time being every
+  rank's bytes over the one rate-limited link that all ranks share;
+- Horovod's ``DistributedOptimizer`` step of the same rule divided by it (the speed-up over Horovod);
 - bytes per step and rank: hvd_compress's own counts for ``hc`` ops; under ``NET=...`` also what crossed the
   namespace's loopback (every method, all traffic: MPI and gloo run over TCP there), divided by the ranks;
 - held-out loss at the end, and the wall-clock time at which the method's training loss (smoothed) first
@@ -54,6 +57,7 @@ class Method:
 class Run:
     method: str
     model: str
+    rule: str = "adam"
     step_ms: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     wall_s: list[float] = field(default_factory=list)
@@ -112,14 +116,20 @@ def methods(freeze: int) -> list[Method]:
         Method("hc Adasum (Adam)", "adam", _hc(hc.Adasum), True),
         Method("hc OneBitAdam", "adam", _hc(hc.OneBitAdam, freeze_step=freeze), True),
         Method("hc Average (Lamb)", "lamb", _hc(hc.Average), True),
+        Method("Horovod Lamb", "lamb", _hvd),
         Method("hc OneBitLamb", "lamb", _hc(hc.OneBitLamb, freeze_step=freeze), True),
     ]
     # Algorithms that exist in this build (SLAMB, Birder) join without a change here.
     if getattr(hc, "SLAMB", None) is not None:
         out.append(Method("hc SLAMB", "lamb", _hc(hc.SLAMB, compress_ratio=0.1, sync_interval=100), True))
     if getattr(hc, "Birder", None) is not None:
-        out.append(Method("hc Birder", "birder", _hc(hc.Birder), True))
-    out.append(Method("floor Adam (no comm)", "adam", _floor))
+        out += [
+            Method("hc Average (Birder)", "birder", _hc(hc.Average), True),
+            Method("Horovod Birder", "birder", _hvd),
+            Method("hc Birder", "birder", _hc(hc.Birder), True),
+        ]
+    # The floor of each rule: its local optimizer alone, no communication.
+    out += [Method(f"floor {name} (no comm)", name.lower(), _floor) for name in ("Adam", "Lamb", "Birder")]
     return out
 
 
@@ -133,7 +143,7 @@ def train(method: Method, model_name: str, data: Data, comm, args) -> Run:
     opt = _local_optimizer(method.rule, model.parameters(), args.lr)
     model, opt = method.wrap(model, opt)
     loss_fn = nn.CrossEntropyLoss()
-    run = Run(method.name, model_name)
+    run = Run(method.name, model_name, method.rule)
     gen = torch.Generator().manual_seed(1000 + rank)  # each rank's own batches, the same for every method
     n_train = data.x_train.shape[0]
     wire0 = 0
@@ -205,15 +215,18 @@ def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "") -> lis
     for r in runs:
         by_model.setdefault(r.model, []).append(r)
     for model, group in by_model.items():
-        floor = next((r for r in group if r.method.startswith("floor")), None)
-        floor_ms = statistics.median(floor.step_ms[warmup:]) if floor else float("nan")
-        targets = {}
+        floors, horovod, targets = {}, {}, {}
         for r in group:
-            if r.method.startswith("hc Average"):
-                targets["lamb" if "Lamb" in r.method else "adam"] = _smooth(r.losses)[-1]
+            if r.method.startswith("floor"):
+                floors[r.rule] = statistics.median(r.step_ms[warmup:])
+            elif r.method.startswith("Horovod"):
+                horovod[r.rule] = statistics.median(r.step_ms[warmup:])
+            elif r.method.startswith("hc Average") and r.rule not in targets:  # the dense run of the rule
+                targets[r.rule] = _smooth(r.losses)[-1]
         for r in group:
             med = statistics.median(r.step_ms[warmup:])
-            target = targets.get("lamb" if "Lamb" in r.method or "SLAMB" in r.method else "adam")
+            floor_ms = floors.get(r.rule, float("nan"))
+            target = targets.get(r.rule)
             reached = None
             if target is not None:
                 for t, loss in zip(r.wall_s, _smooth(r.losses), strict=True):
@@ -227,6 +240,7 @@ def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "") -> lis
             rows.append({
                 "model": model, "method": r.method, "median_step_ms": med, "ratio_to_floor": med / floor_ms,
                 "wire_ms": wire_ms, "ratio_to_limit": med / limit_ms,
+                "speedup_vs_horovod": horovod.get(r.rule, float("nan")) / med,
                 "hc_bytes_per_step": r.hc_bytes_per_step, "wire_bytes_per_step": r.wire_bytes_per_step,
                 "final_train_loss": _smooth(r.losses)[-1], "test_loss": r.test_loss, "time_to_dense_loss_s": reached,
             })
@@ -241,15 +255,16 @@ def markdown(rows: list[dict], label: str, size: int, args) -> str:
         f"End-to-end training steps, `{label}`, {size} ranks, batch {args.batch} per rank, {args.steps} steps "
         f"(median over the {args.steps - args.warmup} after step {args.warmup}), digits data",
         "",
-        "| model | method | median step ms | / floor | wire ms | / limit | MB/step/rank (hc) | MB/step/rank (wire) "
-        "| final train loss | held-out loss | s to dense loss |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | method | median step ms | / floor | wire ms | / limit | Horovod / this | MB/step/rank (hc) "
+        "| MB/step/rank (wire) | final train loss | held-out loss | s to dense loss |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         reached = "not reached" if r["time_to_dense_loss_s"] is None else f"{r['time_to_dense_loss_s']:.1f}"
         lines.append(
             f"| {r['model']} | {r['method']} | {r['median_step_ms']:.1f} | {r['ratio_to_floor']:.2f} | "
             f"{'' if r['wire_ms'] is None else format(r['wire_ms'], '.1f')} | {r['ratio_to_limit']:.2f} | "
+            f"{r['speedup_vs_horovod']:.2f} | "
             f"{mb(r['hc_bytes_per_step'])} | {mb(r['wire_bytes_per_step'])} | {r['final_train_loss']:.4f} | "
             f"{r['test_loss']:.4f} | {reached} |"
         )
