@@ -73,7 +73,8 @@ std::string onebit_check_input(const TensorView& buffer, const TensorView& worke
 // When and in what pieces compressed_allreduce_prepared pipelines (see above).
 struct OneBitPipeline {
   int64_t piece = int64_t{1} << 17;      // elements per piece, rounded down to a multiple of 32;
-                                         // 0: never pipeline (raised if S would exceed the tags)
+                                         // 0: never pipeline; enlarged where S would exceed
+                                         // the tags (Communicator::kMaxTag / 2 pieces)
   int64_t min_numel = int64_t{1} << 18;  // smaller buffers run unpipelined
 };
 
