@@ -7,7 +7,10 @@
 // a float32 scale by one ulp in a rare tie; everything else is the same float32 arithmetic).
 // Also: identical result bits on every rank, the bytes the communicator counts, and a non-finite
 // input on one rank rejected on every rank through the signature exchange with every state
-// unchanged (the protocol of onebit_bindings.cc).
+// unchanged (the protocol of onebit_bindings.cc). And the pipelined run (Communicator::isend/irecv,
+// pieces of 32 to 1024 elements) against the unpipelined one at 2, 3 and 4 ranks: the same bytes
+// of result, worker error and server error, and the same bytes counted, for the three dtypes with
+// the AVX2 and the portable kernels.
 //
 // Usage: test_compressed_allreduce FIXTURES (written by cpp/tests/make_fixtures.py).
 #include <algorithm>
