@@ -16,6 +16,8 @@ def test_settings_parse_and_bad_values_are_named():
                          "HVDC_ONEBIT_KERNELS": "scalar"})
     assert (c.timeout_s, c.adasum_hierarchical, c.local_size, c.scalar_kernels, c.invalid) == (12.0, True, 2, True, "")
     assert not Config.from_env({"HVDC_ONEBIT_KERNELS": "auto"}).scalar_kernels
+    assert (c.onebit_piece, Config.from_env({"HVDC_ONEBIT_PIPELINE": "0"}).onebit_piece) == (-1, 0)
+    assert "HVDC_ONEBIT_PIPELINE" in Config.from_env({"HVDC_ONEBIT_PIPELINE": "-5"}).invalid
     bad = Config.from_env({"HVDC_TIMEOUT": "soon", "HVDC_LOCAL_SIZE": "0", "HVDC_ONEBIT_KERNELS": "avx512"})
     for name in ("HVDC_TIMEOUT", "HVDC_LOCAL_SIZE", "HVDC_ONEBIT_KERNELS"):
         assert name in bad.invalid, bad.invalid

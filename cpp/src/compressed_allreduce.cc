@@ -4,7 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "hvdc/errors.h"
@@ -137,6 +140,172 @@ std::string onebit_prepare(const TensorView& buffer, const TensorView& worker_er
   return "";
 }
 
+namespace {
+
+// Work that fills the waits of the pipeline, run in the order it was queued (a later item may
+// depend on an earlier one: the decompression of a range after its worker error update).
+class Filler {
+ public:
+  void add(std::function<void()> work) { queue_.push_back(std::move(work)); }
+  bool run_one() {
+    if (queue_.empty()) return false;
+    std::function<void()> work = std::move(queue_.front());
+    queue_.pop_front();
+    work();
+    return true;
+  }
+  void drain() {
+    while (run_one()) {
+    }
+  }
+  // Until `req` completes: a piece of work between tests (each test also moves the transport on),
+  // then, with nothing left to do, a plain wait.
+  void await(CommRequest& req) {
+    while (!req.test())
+      if (!run_one()) return req.wait();
+  }
+
+ private:
+  std::deque<std::function<void()>> queue_;
+};
+
+// The pipelined run of a prepared call (the header describes the schedule). Same kernels on the
+// same ranges as the unpipelined run, hence the same bits; only their order against the
+// transfers differs.
+void pipelined(Communicator& comm, OneBitCall& call, int64_t piece) {
+  const int n = comm.size();
+  const int me = comm.rank();
+  const int64_t numel = call.buffer.numel;
+  const int64_t chunk = call.chunk;
+  const size_t block = call.block;
+  const DType dtype = call.buffer.dtype;
+  const size_t esize = dtype_size(dtype);
+  const KernelChoice kernels = call.kernels;
+  auto* x = static_cast<uint8_t*>(call.buffer.data);
+  auto* werr = static_cast<float*>(call.worker_error.data);
+  auto* serr = static_cast<float*>(call.server_error.data);
+  const uint8_t* send = call.send.get();
+  // At most kMaxPieces pieces per chunk, so that the 2 * S + 1 tags of a call fit.
+  constexpr int64_t kMaxPieces = (Communicator::kMaxTag - 1) / 2;
+  const int64_t min_piece = (chunk + kMaxPieces - 1) / kMaxPieces;
+  piece = std::max(piece, (min_piece + 31) / 32 * 32);
+  const int S = static_cast<int>((chunk + piece - 1) / piece);
+  const auto lo_of = [&](int s) { return s * piece; };
+  const auto hi_of = [&](int s) { return std::min(chunk, (s + 1) * piece); };
+  // Bytes of gather piece s in a block: piece 0 carries the scale in front of its bits.
+  const auto gather_lo = [&](int s) { return s == 0 ? 0 : sizeof(float) + lo_of(s) / 8; };
+  const auto gather_hi = [&](int s) { return sizeof(float) + hi_of(s) / 8; };
+  const int scale_tag = 2 * S;  // tags: gather piece s = s, scatter piece s = S + s
+
+  std::vector<float> wscales(static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) wscales[j] = get_scale(send + block * j);
+  // gathered: block r = rank r's [scale][bits] of this rank's chunk (this rank's own block is
+  // read in place from `send`); result: block j = server j's [scale][bits], this rank's written
+  // by its server step. Every byte read is written first, by a transfer or a kernel.
+  std::unique_ptr<uint8_t[]> gathered(new uint8_t[block * n]);
+  std::unique_ptr<uint8_t[]> result(new uint8_t[block * n]);
+  uint8_t* own = result.get() + block * me;
+
+  // Requests after the buffers: destroyed first. Receives are posted before any send, for the
+  // whole call, so that every message finds its receive waiting (no unexpected-message copies).
+  const auto at = [&](int s, int r) { return static_cast<size_t>(s) * n + r; };
+  std::vector<Request> gather_in(at(S, 0)), scatter_in(at(S, 0)), scale_in(n), out;
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < n; ++r)
+      if (r != me) {
+        scatter_in[at(s, r)] = comm.irecv(result.get() + block * r + sizeof(float) + lo_of(s) / 8,
+                                          (hi_of(s) - lo_of(s)) / 8, r, S + s);
+        gather_in[at(s, r)] = comm.irecv(gathered.get() + block * r + gather_lo(s),
+                                         gather_hi(s) - gather_lo(s), r, s);
+      }
+  for (int r = 0; r < n; ++r)
+    if (r != me) scale_in[r] = comm.irecv(result.get() + block * r, sizeof(float), r, scale_tag);
+  // Gather (line 8), piece-major: every server receives its first pieces first.
+  for (int s = 0; s < S; ++s)
+    for (int j = 0; j < n; ++j)
+      if (j != me)
+        out.push_back(comm.isend(send + block * j + gather_lo(s), gather_hi(s) - gather_lo(s), j, s));
+
+  // Phase 1's second pass (line 7, the worker error) needs nothing from the peers: it fills the
+  // waits for the gathered pieces.
+  Filler filler;
+  for (int j = 0; j < n; ++j) {
+    const int64_t real = real_in_chunk(numel, chunk, j);
+    for (int64_t lo = 0; lo < real; lo += piece) {
+      const int64_t len = std::min(piece, real - lo);
+      const int64_t off = j * chunk + lo;
+      const float wscale = wscales[j];
+      filler.add([=] {
+        onebit_compress_error(x + off * esize, dtype, werr + off, len, wscale, kernels);
+      });
+    }
+  }
+
+  // Average (line 10) piece by piece as the pieces arrive: pass 1 of the server step (signs and
+  // the sum of squares carried across pieces), each piece's bits sent on at once (line 11).
+  const int64_t mine = real_in_chunk(numel, chunk, me);
+  std::vector<const uint8_t*> bits(static_cast<size_t>(n)), piece_bits(static_cast<size_t>(n));
+  std::vector<float> scales(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    bits[r] = (r == me ? send + block * me : gathered.get() + block * r) + sizeof(float);
+  OneBitSumSq acc;
+  for (int s = 0; s < S; ++s) {
+    for (int r = 0; r < n; ++r)
+      if (r != me) filler.await(*gather_in[at(s, r)]);
+    if (s == 0)
+      for (int r = 0; r < n; ++r)
+        scales[r] = get_scale(r == me ? send + block * me : gathered.get() + block * r);
+    const int64_t lo = lo_of(s), hi = hi_of(s);
+    for (int r = 0; r < n; ++r) piece_bits[r] = bits[r] + lo / 8;
+    uint8_t* piece_out = own + sizeof(float) + lo / 8;
+    onebit_server_reduce_signs(piece_bits.data(), scales.data(), n, serr + lo,
+                               std::clamp<int64_t>(mine - lo, 0, hi - lo), hi - lo, piece_out,
+                               acc, kernels);
+    for (int j = 0; j < n; ++j)
+      if (j != me) out.push_back(comm.isend(piece_out, (hi - lo) / 8, j, S + s));
+  }
+  const float sscale = onebit_scale(onebit_sumsq(acc, kernels), mine);
+  put_scale(own, sscale);
+  for (int j = 0; j < n; ++j)
+    if (j != me) out.push_back(comm.isend(own, sizeof(float), j, scale_tag));
+
+  // While the server chunks travel: the server error (pass 2), the rest of the worker error, and
+  // this rank's own chunk of the result (line 13), queued after the worker error of its range.
+  for (int64_t lo = 0; lo < mine; lo += piece) {
+    const int64_t len = std::min(piece, mine - lo);
+    filler.add([=] { onebit_server_error(serr + lo, len, sscale, kernels); });
+  }
+  for (int64_t lo = 0; lo < mine; lo += piece) {
+    const int64_t len = std::min(piece, mine - lo);
+    const int64_t off = me * chunk + lo;
+    filler.add([=] {
+      onebit_decompress(own + sizeof(float) + lo / 8, sscale, x + off * esize, dtype, len,
+                        kernels);
+    });
+  }
+  // The other chunks, each once its scale is in (it is sent after the last of its bits), piece
+  // by piece as they are in; the queued work (worker error of every range first) is done by then.
+  for (int k = 1; k < n; ++k) {
+    const int j = (me + k) % n;
+    filler.await(*scale_in[j]);
+    filler.drain();
+    const float rscale = get_scale(result.get() + block * j);
+    const int64_t real = real_in_chunk(numel, chunk, j);
+    for (int s = 0; s < S; ++s) {
+      scatter_in[at(s, j)]->wait();
+      const int64_t lo = lo_of(s);
+      const int64_t len = std::clamp<int64_t>(real - lo, 0, hi_of(s) - lo);
+      if (len > 0)
+        onebit_decompress(result.get() + block * j + sizeof(float) + lo / 8, rscale,
+                          x + (j * chunk + lo) * esize, dtype, len, kernels);
+    }
+  }
+  filler.drain();
+  for (Request& r : out) r->wait();
+}
+
+}  // namespace
+
 void compressed_allreduce_prepared(Communicator& comm, OneBitCall& call) {
   const int n = comm.size();
   const int me = comm.rank();
@@ -146,6 +315,12 @@ void compressed_allreduce_prepared(Communicator& comm, OneBitCall& call) {
   call.prepared = false;  // one run per preparation
   const int64_t numel = call.buffer.numel;
   if (numel == 0) return;  // every rank agreed on numel: nobody communicates
+  const int64_t piece = call.pipeline.piece / 32 * 32;
+  if (n > 1 && piece > 0 && numel >= call.pipeline.min_numel) {
+    pipelined(comm, call, piece);
+    call.send.reset();
+    return;
+  }
   const int64_t chunk = call.chunk;
   const size_t block = call.block;
   const DType dtype = call.buffer.dtype;
@@ -195,9 +370,10 @@ void compressed_allreduce_prepared(Communicator& comm, OneBitCall& call) {
 
 void compressed_allreduce(Communicator& comm, const TensorView& buffer,
                           const TensorView& worker_error, const TensorView& server_error,
-                          KernelChoice kernels) {
+                          KernelChoice kernels, OneBitPipeline pipeline) {
   OneBitCall call;
   call.kernels = kernels;
+  call.pipeline = pipeline;
   const std::string why = onebit_prepare(buffer, worker_error, server_error, comm.size(), call);
   if (!why.empty()) throw UsageError(why);
   compressed_allreduce_prepared(comm, call);

@@ -238,6 +238,65 @@ void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) {
     stats_.add(0, bytes);
 }
 
+namespace {
+
+// isend/irecv tags sit above the point-to-point tag of sendrecv (7), so that the two never match.
+constexpr int kRequestTagBase = 64;
+
+class MpiRequest final : public CommRequest {
+ public:
+  MpiRequest(MPI_Request req, bool receive) : req_(req), receive_(receive) {}
+  ~MpiRequest() override {
+    if (req_ == MPI_REQUEST_NULL || !MpiCommunicator::mpi_initialized()) return;
+    // Only on an error path (the collective completes its requests): a receive is cancelled, a
+    // send (Open MPI cannot cancel one) is waited for, so that MPI never touches a freed buffer.
+    if (receive_) MPI_Cancel(&req_);
+    MPI_Wait(&req_, MPI_STATUS_IGNORE);
+  }
+  bool test() override {
+    if (req_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), receive_ ? "MPI_Test (irecv)" : "MPI_Test (isend)");
+    return done != 0;  // MPI_Test set req_ to MPI_REQUEST_NULL when done
+  }
+  void wait() override {
+    if (req_ != MPI_REQUEST_NULL) wait_yielding(1, &req_);
+  }
+
+ private:
+  MPI_Request req_;
+  bool receive_;
+};
+
+void check_request(size_t bytes, int peer, int size, int tag, const char* what) {
+  if (bytes >= kMaxChunkBytes) throw UsageError(std::string(what) + ": message too large");
+  if (peer < 0 || peer >= size)
+    throw CommError(std::string(what) + ": rank " + std::to_string(peer) + " is not in a group of " +
+                    std::to_string(size));
+  if (tag < 0 || tag >= Communicator::kMaxTag)
+    throw UsageError(std::string(what) + ": tag " + std::to_string(tag) + " out of range");
+}
+
+}  // namespace
+
+Request MpiCommunicator::isend(const void* buf, size_t bytes, int dst, int tag) {
+  check_request(bytes, dst, size_, tag, "isend");
+  MPI_Request req;
+  check(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, dst, kRequestTagBase + tag, comm_, &req),
+        "MPI_Isend");
+  stats_.add(bytes, 0);
+  return Request(new MpiRequest(req, false));
+}
+
+Request MpiCommunicator::irecv(void* buf, size_t bytes, int src, int tag) {
+  check_request(bytes, src, size_, tag, "irecv");
+  MPI_Request req;
+  check(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, src, kRequestTagBase + tag, comm_, &req),
+        "MPI_Irecv");
+  stats_.add(0, bytes);
+  return Request(new MpiRequest(req, true));
+}
+
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) const {
   MPI_Comm out;
   check(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split");

@@ -213,10 +213,12 @@ struct SrcBitsSum {
 // the double sum of squares of c over [lo, n_real). With kStoreC, c is also written to c_out[i]
 // (the server step passes its error buffer, and pass 2 reads c there instead of recomputing it);
 // without, c_out is unused and the pass only reads.
+// The sum of squares goes to the four scalar accumulators of `acc` (OneBitSumSq), so that a chunk
+// split into pieces accumulates the very same double operations as the whole chunk in one call.
 template <bool kStoreC, typename Src>
-double signs_scalar(const Src& src, const float* error, float* c_out, int64_t lo,
-                    int64_t n_real, uint8_t* bits) {
-  double s[4] = {0, 0, 0, 0};
+void signs_scalar(const Src& src, const float* error, float* c_out, int64_t lo, int64_t n_real,
+                  uint8_t* bits, OneBitSumSq& acc) {
+  double* s = acc.tail;
   for (int64_t b = lo >> 3; 8 * b < n_real; ++b) {
     const int64_t base = 8 * b;
     const int m = n_real - base < 8 ? static_cast<int>(n_real - base) : 8;
@@ -229,7 +231,6 @@ double signs_scalar(const Src& src, const float* error, float* c_out, int64_t lo
     }
     bits[b] = static_cast<uint8_t>(byte);
   }
-  return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 // Pass 2: error = c - (+/-scale) over [lo, n_real); c = error[i] if pass 1 stored it.
@@ -242,12 +243,15 @@ void error_scalar(const Src& src, float* error, int64_t lo, int64_t n_real, floa
 }
 
 #if HVDC_ONEBIT_AVX2
+// The vector accumulators start from and return to acc.lanes, the scalar tail goes to acc.tail
+// (see signs_scalar).
 template <bool kStoreC, typename Src>
-HVDC_AVX2 double signs_avx2(const Src& source, const float* error, float* c_out, int64_t n_real,
-                            uint8_t* bits) {
+HVDC_AVX2 void signs_avx2(const Src& source, const float* error, float* c_out, int64_t n_real,
+                          uint8_t* bits, OneBitSumSq& acc) {
   const Src src = source;  // a local copy: stores through `error` cannot alias it
   const __m256 zero = _mm256_setzero_ps();
-  __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+  __m256d s0 = _mm256_loadu_pd(acc.lanes), s1 = _mm256_loadu_pd(acc.lanes + 4),
+          s2 = _mm256_loadu_pd(acc.lanes + 8), s3 = _mm256_loadu_pd(acc.lanes + 12);
   int64_t i = 0;
   for (; i + 32 <= n_real; i += 32) {
     src.prefetch(i + kPrefetch);
@@ -278,11 +282,24 @@ HVDC_AVX2 double signs_avx2(const Src& source, const float* error, float* c_out,
     s2 = _mm256_fmadd_pd(hi2, hi2, _mm256_fmadd_pd(lo2, lo2, s2));
     s3 = _mm256_fmadd_pd(hi3, hi3, _mm256_fmadd_pd(lo3, lo3, s3));
   }
-  const __m256d s = _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3));
+  _mm256_storeu_pd(acc.lanes, s0);
+  _mm256_storeu_pd(acc.lanes + 4, s1);
+  _mm256_storeu_pd(acc.lanes + 8, s2);
+  _mm256_storeu_pd(acc.lanes + 12, s3);
+  signs_scalar<kStoreC>(src, error, c_out, i, n_real, bits, acc);
+}
+
+// The one sum of the accumulators, in the order the single-call kernels always summed them:
+// the four vectors lane-wise ((s0 + s1) + (s2 + s3)), their lanes ((l0 + l1) + (l2 + l3)),
+// then the scalar tail ((t0 + t1) + (t2 + t3)).
+HVDC_AVX2 double finish_avx2(const OneBitSumSq& acc) {
+  const __m256d s = _mm256_add_pd(
+      _mm256_add_pd(_mm256_loadu_pd(acc.lanes), _mm256_loadu_pd(acc.lanes + 4)),
+      _mm256_add_pd(_mm256_loadu_pd(acc.lanes + 8), _mm256_loadu_pd(acc.lanes + 12)));
   alignas(32) double lanes[4];
   _mm256_store_pd(lanes, s);
-  const double tail = signs_scalar<kStoreC>(src, error, c_out, i, n_real, bits);
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + tail;
+  const double* t = acc.tail;
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((t[0] + t[1]) + (t[2] + t[3]));
 }
 
 template <bool kStoredC, typename Src>
@@ -310,21 +327,43 @@ HVDC_AVX2 void error_avx2(const Src& source, float* error, int64_t n_real, float
 }
 #endif
 
-// Pass 1 over a whole chunk with `isa`, padding bytes zeroed. kStoreC, c_out: see signs_scalar.
+// The scalar implementation's sum: only the tail accumulators were used.
+double finish_scalar(const OneBitSumSq& acc) {
+  const double* t = acc.tail;
+  return (t[0] + t[1]) + (t[2] + t[3]);
+}
+
+double finish(Isa isa, const OneBitSumSq& acc) {
+#if HVDC_ONEBIT_AVX2
+  if (isa == Isa::kAvx2) return finish_avx2(acc);
+#endif
+  (void)isa;
+  return finish_scalar(acc);
+}
+
+// Pass 1 over one piece of a chunk (or the whole chunk) with `isa`, padding bytes zeroed, the sum
+// of squares added to `acc`. kStoreC, c_out: see signs_scalar.
 template <bool kStoreC = false, typename Src>
-double signs(Isa isa, const Src& src, const float* error, float* c_out, int64_t n_real,
-             int64_t n_padded, uint8_t* bits) {
-  double sumsq;
+void signs_into(Isa isa, const Src& src, const float* error, float* c_out, int64_t n_real,
+                int64_t n_padded, uint8_t* bits, OneBitSumSq& acc) {
 #if HVDC_ONEBIT_AVX2
   if (isa == Isa::kAvx2)
-    sumsq = signs_avx2<kStoreC>(src, error, c_out, n_real, bits);
+    signs_avx2<kStoreC>(src, error, c_out, n_real, bits, acc);
   else
 #endif
-    sumsq = signs_scalar<kStoreC>(src, error, c_out, 0, n_real, bits);
+    signs_scalar<kStoreC>(src, error, c_out, 0, n_real, bits, acc);
   const int64_t written = (n_real + 7) / 8;
   if (written < n_padded / 8)
     std::memset(bits + written, 0, static_cast<size_t>(n_padded / 8 - written));
-  return sumsq;
+}
+
+// Pass 1 over a whole chunk: its double sum of squares.
+template <bool kStoreC = false, typename Src>
+double signs(Isa isa, const Src& src, const float* error, float* c_out, int64_t n_real,
+             int64_t n_padded, uint8_t* bits) {
+  OneBitSumSq acc;
+  signs_into<kStoreC>(isa, src, error, c_out, n_real, n_padded, bits, acc);
+  return finish(isa, acc);
 }
 
 template <bool kStoredC = false, typename Src>
@@ -648,15 +687,14 @@ float server_compress(Isa isa, const float* acc, int nranks, float* error, int64
   return scale;
 }
 
-float server_reduce_compress(Isa isa, const uint8_t* const* bits, const float* scales, int nranks,
-                             float* error, int64_t n_real, int64_t n_padded, uint8_t* out_bits) {
+// Pass 1 of the fused server step over one piece (or all) of a chunk. The sum over ranks costs
+// more to recompute than c costs to store: it stores c in `error` for pass 2.
+void server_reduce_signs(Isa isa, const uint8_t* const* bits, const float* scales, int nranks,
+                         float* error, int64_t n_real, int64_t n_padded, uint8_t* out_bits,
+                         OneBitSumSq& acc) {
   check_padding(n_real, n_padded);
-  // The sum over ranks costs more to recompute than c costs to store: pass 1 stores it.
   const auto run = [&](const auto& src) {
-    const float scale =
-        onebit_scale(signs<true>(isa, src, error, error, n_real, n_padded, out_bits), n_real);
-    update_error<true>(isa, src, error, n_real, scale);
-    return scale;
+    signs_into<true>(isa, src, error, error, n_real, n_padded, out_bits, acc);
   };
   switch (nranks) {
     case 1: return run(SrcBitsSum<1>(bits, scales, nranks));
@@ -665,6 +703,21 @@ float server_reduce_compress(Isa isa, const uint8_t* const* bits, const float* s
     case 4: return run(SrcBitsSum<4>(bits, scales, nranks));
     default: return run(SrcBitsSum<0>(bits, scales, nranks));
   }
+}
+
+// Pass 2 of the fused server step: c was stored in `error` by pass 1, so no source is read
+// (SrcF32 only names a type for the template; kStoredC never reads it).
+void server_stored_error(Isa isa, float* error, int64_t n_real, float scale) {
+  update_error<true>(isa, SrcF32{error}, error, n_real, scale);
+}
+
+float server_reduce_compress(Isa isa, const uint8_t* const* bits, const float* scales, int nranks,
+                             float* error, int64_t n_real, int64_t n_padded, uint8_t* out_bits) {
+  OneBitSumSq acc;
+  server_reduce_signs(isa, bits, scales, nranks, error, n_real, n_padded, out_bits, acc);
+  const float scale = onebit_scale(finish(isa, acc), n_real);
+  server_stored_error(isa, error, n_real, scale);
+  return scale;
 }
 
 }  // namespace
@@ -713,6 +766,27 @@ float onebit_server_reduce_compress(const uint8_t* const* bits, const float* sca
                                     uint8_t* out_bits, KernelChoice choice) {
   return server_reduce_compress(active_isa(choice), bits, scales, nranks, error, n_real, n_padded,
                                 out_bits);
+}
+
+void onebit_server_reduce_signs(const uint8_t* const* bits, const float* scales, int nranks,
+                                float* error, int64_t n_real, int64_t n_padded,
+                                uint8_t* out_bits, OneBitSumSq& acc, KernelChoice choice) {
+  // A piece after a partial one would meet the AVX2 loop's 32-element blocks out of step (other
+  // accumulators, another sum): every piece but the chunk's last real one must be whole.
+  if (acc.ended && n_real > 0)
+    throw UsageError("onebit_server_reduce_signs: a piece with real elements after a piece that "
+                     "was not 32-aligned and whole");
+  server_reduce_signs(active_isa(choice), bits, scales, nranks, error, n_real, n_padded, out_bits,
+                      acc);
+  if (n_real != n_padded || n_padded % 32 != 0) acc.ended = true;
+}
+
+double onebit_sumsq(const OneBitSumSq& acc, KernelChoice choice) {
+  return finish(active_isa(choice), acc);
+}
+
+void onebit_server_error(float* error, int64_t n_real, float scale, KernelChoice choice) {
+  server_stored_error(active_isa(choice), error, n_real, scale);
 }
 
 void onebit_decompress(const uint8_t* bits, float scale, void* out, DType dtype, int64_t n_real,

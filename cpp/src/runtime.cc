@@ -26,12 +26,18 @@ int adasum_op(bool hierarchical) {
 }  // namespace
 
 Runtime::Runtime(MPI_Comm world, const RuntimeConfig& config)
-    : world_(new MpiCommunicator(world)), timeout_s_(config.timeout_s), kernels_(config.kernels) {
+    : world_(new MpiCommunicator(world)),
+      timeout_s_(config.timeout_s),
+      kernels_(config.kernels),
+      onebit_pipeline_(config.onebit_pipeline) {
   // Every rank must split the same way: agree on the local size (and on every rank's settings
   // being valid) before any split.
   CallSignature settings;
   settings.collective = kInit;
   settings.numel = config.local_size;
+  // Ranks that pipeline the 1-bit collective differently would post different messages.
+  const int64_t pipeline[2] = {config.onebit_pipeline.piece, config.onebit_pipeline.min_numel};
+  settings.layout_hash = fnv1a(pipeline, sizeof pipeline);
   if (!config.invalid.empty()) set_rejected(settings, config.invalid);
   agree(settings, "hvd_compress init (HVDC_* settings)");
   adasum_plan_.reset(new AdasumPlan(*world_));
@@ -191,6 +197,7 @@ CommStats Runtime::compressed_allreduce(const TensorView& buffer, const TensorVi
   // the lock (it touches no communicator).
   OneBitCall call;
   call.kernels = kernels_;
+  call.pipeline = onebit_pipeline_;
   const std::string why = onebit_prepare(buffer, worker_error, server_error, size(), call);
   if (!why.empty()) set_rejected(sig, why);
   return run(sig, name.empty() ? "compressed_allreduce" : name,

@@ -7,7 +7,10 @@
 // a float32 scale by one ulp in a rare tie; everything else is the same float32 arithmetic).
 // Also: identical result bits on every rank, the bytes the communicator counts, and a non-finite
 // input on one rank rejected on every rank through the signature exchange with every state
-// unchanged (the protocol of onebit_bindings.cc).
+// unchanged (the protocol of onebit_bindings.cc). And the pipelined run (Communicator::isend/irecv,
+// pieces of 32 to 1024 elements) against the unpipelined one at 2, 3 and 4 ranks: the same bytes
+// of result, worker error and server error, and the same bytes counted, for the three dtypes with
+// the AVX2 and the portable kernels.
 //
 // Usage: test_compressed_allreduce FIXTURES (written by cpp/tests/make_fixtures.py).
 #include <algorithm>
@@ -142,6 +145,101 @@ void nonfinite_rejected_everywhere(Failures& f, int n) {
     f.check(failed[r].empty(), str("non-finite input at n=", n, ": rank ", r, " threw ", failed[r]));
 }
 
+// Deterministic test values: mostly moderate, with zeros of both signs and a few large ones
+// (finite in float16), so that signs, ties at 0 and scales all get exercised.
+struct Lcg {
+  uint64_t s;
+  uint32_t next() {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(s >> 33);
+  }
+  float value() {
+    const uint32_t kind = next() % 32;
+    const float u = static_cast<float>(next() >> 8) * (1.0f / 16777216.0f) - 0.5f;
+    if (kind == 0) return 0.0f;
+    if (kind == 1) return -0.0f;
+    if (kind == 2) return u * 3e4f;
+    return u * 4.0f;
+  }
+};
+
+// One rank's state after `calls` calls in a row: the buffer's bytes, worker and server error.
+struct RankRun {
+  std::vector<unsigned char> buf;
+  std::vector<float> werr, serr;
+  CommStats stats;
+};
+
+std::vector<RankRun> run_calls(Failures& f, const std::string& what, int n, int64_t numel,
+                               DType dtype, KernelChoice kernels, OneBitPipeline pipeline,
+                               int calls) {
+  const int64_t server_numel = onebit_padded_numel(numel, n) / n;
+  std::vector<RankRun> runs(static_cast<size_t>(n));
+  ThreadWorld world(n, kHangS);
+  const std::vector<std::string> failed = world.run([&](Communicator& comm) {
+    const int r = comm.rank();
+    RankRun& run = runs[r];
+    Lcg rng{static_cast<uint64_t>(r) * 7919 + static_cast<uint64_t>(numel) * 31 + 5};
+    run.werr.assign(static_cast<size_t>(numel), 0.0f);
+    run.serr.assign(static_cast<size_t>(server_numel), 0.0f);
+    for (float& e : run.werr) e = 0.1f * rng.value();
+    for (float& e : run.serr) e = 0.1f * rng.value();
+    for (int call = 0; call < calls; ++call) {
+      std::vector<double> in(static_cast<size_t>(numel));
+      for (double& v : in) v = rng.value();
+      run.buf = to_dtype(in, dtype);
+      compressed_allreduce(comm, view_of(run.buf.data(), numel, dtype),
+                           view_of(run.werr.data(), numel, DType::kFloat32),
+                           view_of(run.serr.data(), server_numel, DType::kFloat32), kernels,
+                           pipeline);
+    }
+    run.stats = comm.stats();
+  });
+  for (int r = 0; r < n; ++r)
+    f.check(failed[r].empty(), str(what, ": rank ", r, " threw: ", failed[r]));
+  return runs;
+}
+
+// The pipelined run (pieces of `piece` elements, also ones that do not divide the chunk) against
+// the unpipelined one: the same result, worker error and server error bytes on every rank after
+// three calls in a row, and the same bytes counted.
+void pipelined_matches_unpipelined(Failures& f) {
+  const DType dtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+  const KernelChoice choices[] = {KernelChoice::kAuto, KernelChoice::kScalar};
+  for (int n : {2, 3, 4})
+    for (DType dtype : dtypes)
+      for (KernelChoice kernels : choices)
+        for (int64_t numel : {int64_t{1}, int64_t{37}, int64_t{1000}, int64_t{4099},
+                              int64_t{20000}, int64_t{33333}})
+          for (int64_t piece : {int64_t{32}, int64_t{96}, int64_t{1024}}) {
+            if (piece == 32 && numel > 5000) continue;  // thousands of messages: slow, no news
+            const std::string what =
+                str("pipelined n=", n, " ", dtype_name(dtype), " numel=", numel,
+                    " piece=", piece, kernels == KernelChoice::kScalar ? " scalar" : " auto");
+            f.ran();
+            const std::vector<RankRun> want =
+                run_calls(f, what + " (unpipelined)", n, numel, dtype, kernels,
+                          OneBitPipeline{0, 0}, 3);
+            const std::vector<RankRun> got =
+                run_calls(f, what, n, numel, dtype, kernels, OneBitPipeline{piece, 0}, 3);
+            for (int r = 0; r < n; ++r) {
+              const std::string at = str(what, ": rank ", r);
+              f.check(got[r].buf == want[r].buf, at + ": result bytes differ");
+              f.check(std::memcmp(got[r].werr.data(), want[r].werr.data(),
+                                  sizeof(float) * want[r].werr.size()) == 0,
+                      at + ": worker error bits differ");
+              f.check(std::memcmp(got[r].serr.data(), want[r].serr.data(),
+                                  sizeof(float) * want[r].serr.size()) == 0,
+                      at + ": server error bits differ");
+              f.check(got[r].stats.bytes_sent == want[r].stats.bytes_sent &&
+                          got[r].stats.bytes_received == want[r].stats.bytes_received,
+                      str(at, ": counted ", got[r].stats.bytes_sent, "/",
+                          got[r].stats.bytes_received, " bytes sent/received, unpipelined ",
+                          want[r].stats.bytes_sent, "/", want[r].stats.bytes_received));
+            }
+          }
+}
+
 }  // namespace
 }  // namespace hvdc
 
@@ -150,5 +248,6 @@ int main(int argc, char** argv) {
                                  hvdc::run_case, [](hvdc::Failures& f) {
                                    for (int n = 1; n <= 5; ++n)
                                      hvdc::nonfinite_rejected_everywhere(f, n);
+                                   hvdc::pipelined_matches_unpipelined(f);
                                  });
 }

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -22,7 +23,8 @@ using Clock = std::chrono::steady_clock;
 
 // Point-to-point and collective messages never match each other (MPI keeps them apart too), so a
 // sendrecv left over by one rank cannot be taken for a block of the next collective.
-enum Channel : int { kPointToPoint = 0, kCollective = 1, kChannels = 2 };
+// isend/irecv with tag t travel on channel kTagged + t.
+enum Channel : int { kPointToPoint = 0, kCollective = 1, kTagged = 2 };
 
 // A waiter re-checks the abort flag at least this often: abort() does not know which mailboxes
 // (world or split groups) have waiters, so it does not notify them.
@@ -89,15 +91,14 @@ struct ThreadAbort {
 class ThreadMailbox {
  public:
   ThreadMailbox(int size, double hang_s, std::shared_ptr<ThreadAbort> abort)
-      : size_(size), hang_s_(hang_s), abort_(std::move(abort)),
-        queues_(static_cast<size_t>(kChannels) * size * size) {}
+      : size_(size), hang_s_(hang_s), abort_(std::move(abort)) {}
 
   int size() const { return size_; }
   double hang_s() const { return hang_s_; }
   const std::shared_ptr<ThreadAbort>& abort_state() const { return abort_; }
 
   // Copies `bytes` from `data` into the queue src -> dst: the sender never waits.
-  void post(Channel ch, int src, int dst, const void* data, size_t bytes) {
+  void post(int ch, int src, int dst, const void* data, size_t bytes) {
     const auto* p = static_cast<const unsigned char*>(data);
     std::vector<unsigned char> msg(p, p + bytes);
     {
@@ -111,12 +112,14 @@ class ThreadMailbox {
   // is an error, as MPI_ERR_TRUNCATE). Waits until `deadline` when `timed`, else at most hang_s
   // (forever when 0). Returns false when the deadline passed, throws CommTimeoutError when the
   // hang limit did and CommError when the world was aborted.
-  bool take(Channel ch, int src, int dst, void* out, size_t capacity, bool timed,
-            Clock::time_point deadline, const char* what) {
+  // With `poll`, returns false at once when no message is there (an irecv's test()).
+  bool take(int ch, int src, int dst, void* out, size_t capacity, bool timed,
+            Clock::time_point deadline, const char* what, bool poll = false) {
     const Clock::time_point start = Clock::now();
     std::unique_lock<std::mutex> lock(mu_);
     std::deque<std::vector<unsigned char>>& q = queue(ch, src, dst);
     while (q.empty()) {
+      if (poll) return false;
       if (abort_->aborted.load()) {
         std::lock_guard<std::mutex> why_lock(abort_->mu);
         throw CommError(std::string(what) + " on rank " + std::to_string(dst) +
@@ -153,8 +156,8 @@ class ThreadMailbox {
   }
 
  private:
-  std::deque<std::vector<unsigned char>>& queue(Channel ch, int src, int dst) {
-    return queues_[(static_cast<size_t>(ch) * size_ + src) * size_ + dst];
+  std::deque<std::vector<unsigned char>>& queue(int ch, int src, int dst) {
+    return queues_[std::make_tuple(ch, src, dst)];
   }
 
   struct Pending {
@@ -167,7 +170,8 @@ class ThreadMailbox {
   const std::shared_ptr<ThreadAbort> abort_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::deque<std::vector<unsigned char>>> queues_;  // under mu_
+  // Per (channel, source, destination); a map, since tags make many channels (under mu_).
+  std::map<std::tuple<int, int, int>, std::deque<std::vector<unsigned char>>> queues_;
   std::map<std::pair<uint64_t, int>, Pending> children_;        // under mu_
 };
 
@@ -290,6 +294,60 @@ void ThreadCommunicator::broadcast(void* buf, size_t bytes, int root) {
     box_->take(kCollective, root, rank_, buf, bytes, false, Clock::time_point{}, "broadcast");
     stats_.add(0, bytes);
   }
+}
+
+namespace {
+
+// A send is complete when posted (the mailbox copies it). A receive takes its message on test()
+// or wait(); one destroyed before that is cancelled: nothing was copied into its buffer.
+class ThreadRequest final : public CommRequest {
+ public:
+  ThreadRequest(std::shared_ptr<ThreadMailbox> box, int ch, int src, int dst, void* buf,
+                size_t bytes)
+      : box_(std::move(box)), ch_(ch), src_(src), dst_(dst), buf_(buf), bytes_(bytes),
+        done_(buf == nullptr) {}
+  bool test() override {
+    if (!done_)
+      done_ = box_->take(ch_, src_, dst_, buf_, bytes_, false, Clock::time_point{}, "irecv", true);
+    return done_;
+  }
+  void wait() override {
+    if (!done_) box_->take(ch_, src_, dst_, buf_, bytes_, false, Clock::time_point{}, "irecv");
+    done_ = true;
+  }
+
+ private:
+  std::shared_ptr<ThreadMailbox> box_;
+  int ch_, src_, dst_;
+  void* buf_;
+  size_t bytes_;
+  bool done_;
+};
+
+void check_request(int peer, int rank, int size, int tag, const char* what) {
+  if (peer < 0 || peer >= size || peer == rank)
+    throw CommError(std::string(what) + ": rank " + std::to_string(peer) +
+                    " is not another rank of a group of " + std::to_string(size));
+  if (tag < 0 || tag >= Communicator::kMaxTag)
+    throw UsageError(std::string(what) + ": tag " + std::to_string(tag) + " out of range");
+}
+
+}  // namespace
+
+Request ThreadCommunicator::isend(const void* buf, size_t bytes, int dst, int tag) {
+  check_request(dst, rank_, size_, tag, "isend");
+  box_->post(kTagged + tag, rank_, dst, buf, bytes);
+  stats_.add(bytes, 0);
+  return Request(new ThreadRequest(box_, kTagged + tag, rank_, dst, nullptr, 0));
+}
+
+Request ThreadCommunicator::irecv(void* buf, size_t bytes, int src, int tag) {
+  check_request(src, rank_, size_, tag, "irecv");
+  stats_.add(0, bytes);
+  // A non-null buffer marks the request pending, also for an empty message.
+  static unsigned char empty;
+  return Request(
+      new ThreadRequest(box_, kTagged + tag, src, rank_, bytes ? buf : &empty, bytes));
 }
 
 std::unique_ptr<Communicator> ThreadCommunicator::split(int color, int key) const {

@@ -13,7 +13,10 @@
 //   - split(color, key) is collective and orders each new group by (key, rank);
 //   - stats() counts the same bytes as MpiCommunicator for every call (hvdc/comm_stats.h model
 //     for allreduce_sum); the exchange inside split() is not counted, as MPI_Comm_split's is not.
-// Sends are buffered (copied into the mailbox), so a sendrecv never waits for its peer's receive.
+// Sends are buffered (copied into the mailbox), so a sendrecv never waits for its peer's receive,
+// and an isend is complete when posted. isend/irecv travel on one channel per tag; an irecv takes
+// its message in test()/wait(), so receives with the same (source, tag) must complete in posting
+// order (as the pipelined collective's, which use each tag once per call, do).
 //
 // Not part of the Python extension: it exists for cpp/tests (Makefile target `cpptest`).
 #pragma once
@@ -48,6 +51,8 @@ class ThreadCommunicator final : public Communicator {
                 int src) override;
   void alltoall(const void* send, void* recv, size_t bytes) override;
   void broadcast(void* buf, size_t bytes, int root) override;
+  Request isend(const void* buf, size_t bytes, int dst, int tag) override;
+  Request irecv(void* buf, size_t bytes, int src, int tag) override;
   std::unique_ptr<Communicator> split(int color, int key) const override;
 
  private:

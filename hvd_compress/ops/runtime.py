@@ -33,6 +33,9 @@ class Config:
     #: ``HVDC_ONEBIT_KERNELS=scalar``: the core's element-wise kernels (1-bit, stochastic) run the portable code
     #: instead of AVX2 ("" or "auto": AVX2 where the CPU has it).
     scalar_kernels: bool = False
+    #: ``HVDC_ONEBIT_PIPELINE``: elements per piece of the pipelined 1-bit compressed allreduce (a multiple of
+    #: 32; 0: never pipeline; -1, unset: the core's default). Must be the same on every rank.
+    onebit_piece: int = -1
     #: Why a setting is invalid on this rank ("" if none): ``init()`` then raises on every rank.
     invalid: str = ""
 
@@ -59,7 +62,17 @@ class Config:
         kernels = env.get("HVDC_ONEBIT_KERNELS", "").strip()
         if kernels not in ("", "auto", "scalar"):
             problems.append(f"HVDC_ONEBIT_KERNELS={kernels} is not 'auto' or 'scalar'")
-        return cls(timeout_s, hierarchical, local_size, kernels == "scalar", "; ".join(problems))
+        onebit_piece = -1
+        raw = env.get("HVDC_ONEBIT_PIPELINE", "").strip()
+        if raw:
+            try:
+                onebit_piece = int(raw)
+            except ValueError:
+                onebit_piece = -2
+            if not 0 <= onebit_piece <= 1 << 40:
+                problems.append(f"HVDC_ONEBIT_PIPELINE={raw} is not a number of elements (0: off)")
+                onebit_piece = -1
+        return cls(timeout_s, hierarchical, local_size, kernels == "scalar", onebit_piece, "; ".join(problems))
 
 
 @dataclasses.dataclass
@@ -119,7 +132,7 @@ def init(comm: Any = None, expected_size: int | None = None, expected_rank: int 
     # Collective: agrees on the settings (a bad one on any rank raises UsageError on every rank) and
     # builds the node topology once.
     core = _core.Runtime(MPI._handleof(world), config.timeout_s, config.local_size, config.invalid,
-                         config.scalar_kernels)
+                         config.scalar_kernels, config.onebit_piece)
     _session = _Session(core, world, config)
 
 

@@ -12,6 +12,22 @@
 
 namespace hvdc {
 
+// One non-blocking point-to-point transfer (Communicator::isend / irecv). The buffer it was given
+// must stay alive and untouched until it completes; the destructor makes sure it does not outlive
+// it: a pending send is waited for, a pending receive is cancelled (or, where the transport cannot
+// cancel, waited for). Declare requests after the buffers they use, so they are destroyed first.
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  // true once complete (then the buffer is free again). Also advances the transport: with MPI's
+  // TCP transport a transfer moves only inside MPI calls, so a rank that computes between
+  // transfers calls test() between pieces of its work.
+  virtual bool test() = 0;
+  // Until complete. Waits as the blocking calls of the implementation do (yielding the core).
+  virtual void wait() = 0;
+};
+using Request = std::unique_ptr<CommRequest>;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -35,6 +51,13 @@ class Communicator {
   // Block j of `send` (bytes each) goes to rank j; block i of `recv` comes from rank i.
   virtual void alltoall(const void* send, void* recv, size_t bytes) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
+  // Non-blocking send of `bytes` to `dst` / receive of exactly `bytes` from `src` (not this rank),
+  // matched by `tag` (0 <= tag < kMaxTag) in posting order per (source, tag), apart from every
+  // other call's traffic. Every rank must post matching sends and receives; bytes count in stats()
+  // when posted. The collective that uses them completes all its requests before it returns.
+  static constexpr int kMaxTag = 1 << 14;
+  virtual Request isend(const void* buf, size_t bytes, int dst, int tag) = 0;
+  virtual Request irecv(void* buf, size_t bytes, int src, int tag) = 0;
   // Ranks with the same color form a new communicator, ordered by (key, rank).
   virtual std::unique_ptr<Communicator> split(int color, int key) const = 0;
 

@@ -20,6 +20,31 @@
 // instead of two each). Padding is never data: its bits are 0, it decompresses to nothing, and it
 // is not counted in any scale; errors of padding positions are neither read nor written.
 // Wire format, bit order and rounding points: hvdc/onebit_kernels.h.
+//
+// Pipelined run (numel >= OneBitPipeline::min_numel, more than one rank): the same steps on the
+// same data, with non-blocking transfers (Communicator::isend/irecv) so that the compute of one
+// piece overlaps the transfer of another. Each chunk is cut into S pieces of `piece` elements
+// (a multiple of 32; the last may be shorter); scales are still one per whole chunk.
+//   gather (line 8): piece s of block j goes to rank j as its own message (piece 0 carries the
+//     chunk's worker scale in front of its bits); all receives are posted first, then the sends,
+//     piece-major;
+//   while the pieces travel, phase 1's second pass (line 7: the worker error, which needs only
+//     this rank's own scales) runs in sub-pieces between tests of the transfers (with MPI's TCP
+//     transport, data moves only inside MPI calls);
+//   average (line 10): as piece s has arrived from every rank, the server runs pass 1 of its step
+//     on it (signs, c stored, the double sum of squares carried across pieces with the same
+//     accumulators in the same order as one call over the chunk: onebit_server_reduce_signs) and
+//     sends the piece's bits to every rank at once (line 11); after the last piece, its scale;
+//   while the server chunks travel: pass 2 of the server step (server error), the rest of the
+//     worker error, and the decompression of this rank's own chunk; then each other chunk is
+//     decompressed (line 13) once its scale has arrived.
+// The worker error and the decompression run as two kernels (onebit_compress_error,
+// onebit_decompress) instead of the fused one, which the kernels define as the same bytes; so
+// results, worker and server errors are bit for bit those of the unpipelined run, and the bytes
+// counted are the same (block * (n - 1) each way per phase). Below min_numel (default 2^20
+// elements: 4 MB of float32) the unpipelined run's two collective calls cost less than the
+// 3 * S * (n - 1) messages and there is little compute to hide (at 1 MB, 2 ranks, NET=1gbit the
+// pipelined run measured 0.93 ms against 0.71 ms).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -46,6 +71,14 @@ std::string onebit_check_input(const TensorView& buffer, const TensorView& worke
 // the NaN/Inf check is fused into it), then, once every rank has agreed to go on,
 // compressed_allreduce_prepared does the rest. The call keeps the phase-1 blocks in between, so
 // the buffer and the worker error are read once less than with a separate check.
+// When and in what pieces compressed_allreduce_prepared pipelines (see above).
+struct OneBitPipeline {
+  int64_t piece = int64_t{1} << 17;      // elements per piece, rounded down to a multiple of 32;
+                                         // 0: never pipeline; enlarged where S would exceed
+                                         // the tags (Communicator::kMaxTag / 2 pieces)
+  int64_t min_numel = int64_t{1} << 20;  // smaller buffers run unpipelined
+};
+
 struct OneBitCall {
   TensorView buffer, worker_error, server_error;
   int world_size = 0;
@@ -54,6 +87,7 @@ struct OneBitCall {
   std::unique_ptr<uint8_t[]> send;  // block j: [worker scale of chunk j][bits of chunk j]
   bool prepared = false;
   KernelChoice kernels = KernelChoice::kAuto;  // set before onebit_prepare (the runtime's setting)
+  OneBitPipeline pipeline;
 };
 
 // The checks of onebit_check_input and, if they pass, phase 1's first pass into `call`. Returns
@@ -63,8 +97,9 @@ std::string onebit_prepare(const TensorView& buffer, const TensorView& worker_er
                            const TensorView& server_error, int world_size, OneBitCall& call);
 
 // The rest of a call that onebit_prepare accepted on this rank (and every rank agreed to run):
-// alltoall, server step, allgather, result with the worker error update. comm.size() must be the
-// world_size given to onebit_prepare.
+// alltoall, server step, allgather, result with the worker error update (pipelined or not, as
+// call.pipeline says: the same results either way). comm.size() must be the world_size given to
+// onebit_prepare.
 void compressed_allreduce_prepared(Communicator& comm, OneBitCall& call);
 
 // In place: `buffer` becomes the error-compensated 1-bit average over all ranks; `worker_error`
@@ -73,6 +108,7 @@ void compressed_allreduce_prepared(Communicator& comm, OneBitCall& call);
 // that passes onebit_check_input (throws UsageError otherwise, before communicating).
 void compressed_allreduce(Communicator& comm, const TensorView& buffer,
                           const TensorView& worker_error, const TensorView& server_error,
-                          KernelChoice kernels = KernelChoice::kAuto);
+                          KernelChoice kernels = KernelChoice::kAuto,
+                          OneBitPipeline pipeline = OneBitPipeline{});
 
 }  // namespace hvdc

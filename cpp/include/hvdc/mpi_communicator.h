@@ -4,7 +4,7 @@
 // Waiting: sendrecv, the small allreduces (up to 64 KiB: Adasum's dot products, signatures) and
 // allgather_timed post non-blocking requests and poll them, yielding the core between polls and
 // sleeping between polls once a wait passes 5 ms, instead of Open MPI's blocking calls, which spin
-// without yielding. On a node with more busy threads than cores (several ranks per node, Horovod's
+// without yielding. The requests of isend/irecv wait the same way. On a node with more busy threads than cores (several ranks per node, Horovod's
 // background thread) a spinning waiter otherwise takes the core from the very peer it waits for.
 #pragma once
 #include <mpi.h>
@@ -32,6 +32,8 @@ class MpiCommunicator final : public Communicator {
                 int src) override;
   void alltoall(const void* send, void* recv, size_t bytes) override;
   void broadcast(void* buf, size_t bytes, int root) override;
+  Request isend(const void* buf, size_t bytes, int dst, int tag) override;
+  Request irecv(void* buf, size_t bytes, int src, int tag) override;
   std::unique_ptr<Communicator> split(int color, int key) const override;
 
   // Ranks that share memory with this one (MPI_Comm_split_type SHARED).

@@ -102,6 +102,35 @@ float onebit_server_reduce_compress(const uint8_t* const* bits, const float* sca
                                     uint8_t* out_bits,
     KernelChoice choice = KernelChoice::kAuto);
 
+// onebit_server_reduce_compress in pieces, for the pipelined collective (compressed_allreduce.h),
+// which runs pass 1 on each piece of its chunk as the ranks' bits of that piece arrive. The double
+// sum of squares is carried across pieces in OneBitSumSq (the AVX2 kernel's four vector
+// accumulators and the scalar tail's four), so that the pieces run the very same operations in the
+// same order as one call over the whole chunk: the same bits, scale and error, bit for bit.
+// Every piece but the last one holding real elements must be whole (n_real == n_padded) and a
+// multiple of 32 elements (the AVX2 loop's block), or the next piece's call throws UsageError.
+struct OneBitSumSq {
+  double lanes[16] = {};  // AVX2: accumulators s0..s3, four lanes each
+  double tail[4] = {};    // the scalar loop's accumulators (all of the scalar kernel's sum)
+  bool ended = false;     // a partial piece was seen: no more real elements may follow
+};
+
+// Pass 1 of onebit_server_reduce_compress on one piece: `bits` (nranks pointers) and `error`,
+// `out_bits` point at the piece; writes the piece's bits, stores c in `error` and adds the
+// squares to `acc`.
+void onebit_server_reduce_signs(const uint8_t* const* bits, const float* scales, int nranks,
+                                float* error, int64_t n_real, int64_t n_padded,
+                                uint8_t* out_bits, OneBitSumSq& acc,
+    KernelChoice choice = KernelChoice::kAuto);
+
+// The sum of squares of the pieces added so far (for onebit_scale with the chunk's n_real).
+double onebit_sumsq(const OneBitSumSq& acc, KernelChoice choice = KernelChoice::kAuto);
+
+// Pass 2 of onebit_server_reduce_compress on any range of the chunk: error = c - (+/-scale),
+// c as stored by onebit_server_reduce_signs.
+void onebit_server_error(float* error, int64_t n_real, float scale,
+    KernelChoice choice = KernelChoice::kAuto);
+
 // out[i] = round_to_dtype(bit_i ? scale : -scale) for i < n_real (the result, 003 Alg. 1 line 13).
 void onebit_decompress(const uint8_t* bits, float scale, void* out, DType dtype, int64_t n_real,
     KernelChoice choice = KernelChoice::kAuto);

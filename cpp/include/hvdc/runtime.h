@@ -14,6 +14,7 @@
 
 #include "hvdc/adasum.h"
 #include "hvdc/comm_stats.h"
+#include "hvdc/compressed_allreduce.h"
 #include "hvdc/kernel_isa.h"
 #include "hvdc/masks.h"
 #include "hvdc/hierarchical_allreduce.h"
@@ -34,6 +35,9 @@ struct RuntimeConfig {
   int local_size = 0;
   // HVDC_ONEBIT_KERNELS=scalar: the element-wise kernels of every call run the portable code.
   KernelChoice kernels = KernelChoice::kAuto;
+  // HVDC_ONEBIT_PIPELINE=piece: the flat 1-bit collective's pipeline pieces (elements; 0: never
+  // pipeline). Must match on every rank (agreed at start-up).
+  OneBitPipeline onebit_pipeline;
   // Non-empty when this rank's settings are invalid (why): the constructor then raises on every
   // rank, instead of this rank alone leaving the others waiting in the start-up exchange.
   std::string invalid;
@@ -129,6 +133,7 @@ class Runtime {
   std::unique_ptr<MpiCommunicator> world_;
   double timeout_s_;
   KernelChoice kernels_;
+  OneBitPipeline onebit_pipeline_;
   bool broken_ = false;  // set after a timeout: a pending request makes the communicator unusable
   // Built at start-up (collectively: every rank is in the constructor) and kept, so the per-level
   // group communicators and the node groups are split once. Declared after world_: destroyed
