@@ -115,6 +115,7 @@ def methods(freeze: int) -> list[Method]:
         Method("DDP+PowerSGD r4 Adam", "adam", _ddp(True)),
         Method("hc Adasum (Adam)", "adam", _hc(hc.Adasum), True),
         Method("hc OneBitAdam", "adam", _hc(hc.OneBitAdam, freeze_step=freeze), True),
+        Method("hc OneBitAdam no overlap", "adam", _hc(hc.OneBitAdam, freeze_step=freeze, overlap=False), True),
         Method("hc Average (Lamb)", "lamb", _hc(hc.Average), True),
         Method("Horovod Lamb", "lamb", _hvd),
         Method("hc OneBitLamb", "lamb", _hc(hc.OneBitLamb, freeze_step=freeze), True),
