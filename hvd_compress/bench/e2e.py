@@ -280,15 +280,18 @@ def plot(runs: list[Run], stem: Path) -> list[Path]:
 
     paths = []
     for model in dict.fromkeys(r.model for r in runs):
-        fig, ax = plt.subplots(figsize=(8, 5))
-        for r in runs:
-            if r.model == model:
-                ax.plot(r.wall_s, _smooth(r.losses), label=r.method)
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        mine = [r for r in runs if r.model == model]
+        colors = plt.get_cmap("tab20")
+        for i, r in enumerate(mine):
+            # ours solid, the alternatives dotted, the no-communication floors dashed
+            style = "--" if r.method.startswith("floor") else "-" if r.method.startswith("hc") else ":"
+            ax.plot(r.wall_s, _smooth(r.losses), label=r.method, color=colors(i % 20), linestyle=style)
         ax.set_xlabel("wall-clock s (rank 0)")
         ax.set_ylabel("training loss (mean over ranks, smoothed over 10 steps)")
         ax.set_yscale("log")
         ax.set_title(f"{model}: {stem.name}")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=2)
         path = stem.parent / f"{stem.name}_{model}.png"
         fig.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(fig)
