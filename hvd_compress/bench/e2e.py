@@ -312,6 +312,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated method names (default: all)")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=15, help="steps before timing; the 1-bit freeze_step")
+    parser.add_argument("--burnin", type=int, default=10, help="untimed steps of the first method per model")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
@@ -327,6 +328,9 @@ def main() -> None:
     wanted = {s.strip() for s in args.only.split(",") if s.strip()}
     runs = []
     for model in args.models.split(","):
+        if args.burnin > 0:  # untimed: the first method measured must not pay for page faults and cold caches
+            burnin = argparse.Namespace(**{**vars(args), "steps": args.burnin})
+            train(methods(args.warmup)[0], model, data, comm, burnin)
         for method in methods(args.warmup):
             if wanted and method.name not in wanted:
                 continue
