@@ -41,7 +41,8 @@ before buckets existed. ``overlap=False`` uses the very same segments, so overla
 parameters and state, and their checkpoints load into each other; a checkpoint of another layout (other
 ``bucket_mb``, model or groups) is refused with ValueError before anything changes.
 
-Overlap with backward (``overlap=True``, the torch face's default). The face reports each parameter whose gradient
+Overlap with backward (``overlap=True``, the torch face's default; the bucket pipeline, the backups and the layout
+check are ``hvd_compress.algorithms.bucketed``'s, shared with Birder). The face reports each parameter whose gradient
 is final for the step (its last backward pass of ``backward_passes_per_step``) to ``gradient_final``; a bucket
 whose members are all final is reduced on the process's one background thread (``ops.runtime.submit``), buckets
 strictly in bucket order (``ops.buckets.BucketReductions``), so every rank issues the same collectives in the same
