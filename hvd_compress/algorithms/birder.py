@@ -17,7 +17,8 @@ first bucket 1 MiB); each bucket is one ``BirderSegment`` with its own shards of
 call per step. Everything is element-wise (spec 4, B7), so the cut changes only who draws which random number:
 each segment keys its draws with its own seed, ``ops.birder.segment_seed(seed, i)`` = seed XOR (i << 32) for
 segment i in registration order, since the core counts elements from 0 in every call and two buckets with one seed
-would otherwise reuse the same uniforms (segment 0 keeps ``seed``: a model of one bucket draws as before).
+would otherwise reuse the same uniforms (segment 0 keeps ``seed``: a model of one bucket draws as before; a model
+of several param groups, one segment each before buckets, drew the same uniforms in every group and now does not).
 ``overlap=False`` makes the very same calls, so overlap on and off give bit-identical parameters and state.
 
 Overlap with backward (``overlap=True``, the torch face's default; ``hvd_compress.algorithms.bucketed``): the
@@ -100,7 +101,7 @@ def parse_options(given: dict[str, Any]) -> BirderOptions:
 
 @dataclasses.dataclass
 class BirderSegment:
-    """The float32 parameters of one param group, with the face's flat buffers.
+    """The float32 parameters of one bucket (of one param group), with the face's flat buffers.
 
     ``grad``: the fused gradient (each parameter's ``.grad`` is a view); ``update``: float32 numel, the input
     of the collective and its result u; ``m``, ``b``, ``worker_error`` (c1) and ``server_error`` (c2): state.
