@@ -237,7 +237,8 @@ class BirderAlgorithm(BucketedAlgorithm):
                                      f"{self.xp.describe(target)}")
 
     def load_state_dict(self, ours: dict[str, Any]) -> None:
-        """Restore ``state_dict()`` (call ``check_state_dict`` first)."""
+        """Restore ``state_dict()`` (call ``check_state_dict`` first); a step started but not taken is dropped."""
+        self.abandon()  # no bucket of it may still be writing m, b or the errors
         self.t = int(ours["step"])
         self.seed = int(ours["seed"])
         for seg, saved in zip(self.segments, ours["segments"], strict=True):

@@ -378,7 +378,9 @@ class OneBitAlgorithm(BucketedAlgorithm):
 
     def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int) -> None:
         """Restore ``state_dict()``; ``None`` (a plain optimizer's checkpoint at step ``plain_step``) starts the
-        error feedback from zero. Call ``check_state_dict``/``check_plain_step`` first."""
+        error feedback from zero. Call ``check_state_dict``/``check_plain_step`` first. A step started but not taken
+        is dropped first (no bucket of it may still be writing the error feedback)."""
+        self.abandon()
         if ours is None:
             for seg in self.segments:
                 seg.onebit.reset()
