@@ -4,6 +4,8 @@ bad input raising on every rank with the state untouched, bytes per step; 1-bit 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -69,22 +71,29 @@ def _alg1_grads(t: int, world: int, numel: int) -> np.ndarray:
                      for r in range(world)])
 
 
-@pytest.mark.parametrize(("world", "local"), [(3, 0), (4, 2)], ids=["n3", "2x2"])
-def test_optimizer_equals_algorithm_1_element_by_element(world: int, local: int, out_dir) -> None:
+@pytest.mark.parametrize(("world", "local", "bucket_mb"), [(3, 0, None), (4, 2, None), (3, 0, 2048), (4, 2, 2048)],
+                         ids=["n3", "2x2", "n3-buckets", "2x2-buckets"])
+def test_optimizer_equals_algorithm_1_element_by_element(world: int, local: int, bucket_mb: int | None,
+                                                         out_dir) -> None:
     """8 steps of op=hc.Birder against Alg. 1 written out here in NumPy, unsharded (spec 3, lines 4-13): each
     worker's m, b from its (node-mean, when hierarchical) gradient, r = m / (b + eps), the element-wise worker and
-    server quantization of hvd_compress.reference.birder with the core's Philox draws, x -= lr u. Exact."""
+    server quantization of hvd_compress.reference.birder with the core's Philox draws, x -= lr u. Exact. With
+    ``bucket_mb`` (bytes here) the optimizer's segments are [p0, p1] and [p2]: Alg. 1 runs on each segment alone,
+    its own padding, and its own key ``ref.segment_seed(seed, i)``."""
     env = {"HVDC_LOCAL_SIZE": str(local)} if local else None
-    mpirun("birder_alg1.py", world, out_dir, "1" if local else "0", env=env, timeout=240)
+    extra = [str(bucket_mb / (1 << 20))] if bucket_mb else []
+    mpirun("birder_alg1.py", world, out_dir, "1" if local else "0", *extra, env=env, timeout=240)
     ranks = load_ranks(out_dir, world)
     m_loc = local or 1
     workers = world // m_loc
+    segments = ranks[0]["segments"]
+    assert segments == ([[300, 7], [1000]] if bucket_mb else [[300, 7, 1000]]), segments
     x = ranks[0]["params"][0].numpy().copy()
     d = x.size
-    dpad = ref.padded_numel(d, world)
     f32 = np.float32
     m, b = np.zeros((workers, d), f32), np.zeros((workers, d), f32)
     werr, serr = np.zeros((workers, d), f32), np.zeros(d, f32)
+    cuts = np.cumsum([0, *(sum(s) for s in segments)])
     for t in range(1, len(ranks[0]["params"])):
         g = _alg1_grads(t, world, d).astype(f32)
         node = g[::m_loc].copy()  # node means: float32 sum in local-rank order, one division (spec 4.1)
@@ -93,15 +102,17 @@ def test_optimizer_equals_algorithm_1_element_by_element(world: int, local: int,
         node = (node / f32(m_loc)).astype(f32)
         m = (f32(0.95) * m + f32(0.05) * node).astype(f32)
         b = (f32(0.95) * b + f32(0.05) * np.abs(node)).astype(f32)
-        u = ref.parameter_server_step((m / (b + f32(1e-8))).astype(f32), werr, serr,
-                                      ref.draw_uniforms(5, t, workers, dpad))
-        x = (x - f32(0.01) * u).astype(f32)
+        for i, (lo, hi) in enumerate(itertools.pairwise(cuts)):
+            dpad = ref.padded_numel(int(hi - lo), world)
+            u = ref.parameter_server_step((m[:, lo:hi] / (b[:, lo:hi] + f32(1e-8))).astype(f32), werr[:, lo:hi],
+                                          serr[lo:hi], ref.draw_uniforms(ref.segment_seed(5, i), t, workers, dpad))
+            x[lo:hi] = (x[lo:hi] - f32(0.01) * u).astype(f32)
         for r in range(world):
             got = ranks[r]["params"][t].numpy()
             off = np.flatnonzero(got != x)
             assert off.size == 0, (
-                f"world {world}, local size {local}: rank {r} step {t}: {off.size} of {d} parameters differ "
-                f"from Alg. 1, first {off[0]}: got {got[off[0]]}, want {x[off[0]]}"
+                f"world {world}, local size {local}, segments {segments}: rank {r} step {t}: {off.size} of {d} "
+                f"parameters differ from Alg. 1, first {off[0]}: got {got[off[0]]}, want {x[off[0]]}"
             )
 
 

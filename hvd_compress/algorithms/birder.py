@@ -11,13 +11,32 @@
   11-12, spec 3.6); every rank receives the same u in {+/-1}^d and applies x = x - lr u - lr wd x (line 13,
   spec 3.7), identically everywhere. No warm-up (spec 1). ``hierarchical=False``: every rank is a worker.
 
-State per (param group) segment: the shards of m, b and the worker error (c1 = dpad / m_loc entries), the
-server error (c2 = dpad / N), and the step t, which with ``seed`` is the RNG position: the draws of step t
-are Philox (seed, t, stream, element). ``state_dict()`` holds all of it (exact resume); a checkpoint of
-another algorithm, world size, node size or mode is refused with a clear ``ValueError``.
+Segments are buckets (issue 13), as 1-bit Adam/LAMB's (``hvd_compress.algorithms.onebit``): the face cuts each
+param group into buckets by bytes with the plan of ``op=Average`` (``ops.buckets.plan_buckets``, ``bucket_mb``, the
+first bucket 1 MiB); each bucket is one ``BirderSegment`` with its own shards of m, b and both errors, and one core
+call per step. Everything is element-wise (spec 4, B7), so the cut changes only who draws which random number:
+each segment keys its draws with its own seed, ``ops.birder.segment_seed(seed, i)`` = seed XOR (i << 32) for
+segment i in registration order, since the core counts elements from 0 in every call and two buckets with one seed
+would otherwise reuse the same uniforms (segment 0 keeps ``seed``: a model of one bucket draws as before; a model
+of several param groups, one segment each before buckets, drew the same uniforms in every group and now does not).
+``overlap=False`` makes the very same calls, so overlap on and off give bit-identical parameters and state.
 
-Non-finite gradients: ``step()`` raises ``UsageError`` on every rank before any state changes (one tiny flag
-allreduce when there are several segments; the core checks each call's input on every rank).
+Overlap with backward (``overlap=True``, the torch face's default; ``hvd_compress.algorithms.bucketed``): the
+core call takes the gradient itself (line 4 onwards), so a bucket's call starts on the background thread as soon
+as the face reports its gradients final (``gradient_final``), buckets in bucket order on every rank; ``step()``
+waits for all and applies line 13. State untouched on rejection: before its call each bucket copies aside what the
+call mutates (m, b, worker and server error); if any bucket fails on any rank (the core rejects a NaN/Inf gradient
+on every rank), every bucket's state is restored, ``step()`` raises ``UsageError`` on every rank, and the step t
+(the RNG position) does not advance; parameters change only after every bucket succeeded. With overlap the
+gradient enters the core from the hook: change ``.grad`` after backward (clipping) only with ``overlap=False``.
+The TF/Keras faces have no hooks: one segment over all variables, run in ``step``.
+
+State per segment: the shards of m, b and the worker error (c1 = dpad / m_loc entries), the server error
+(c2 = dpad / N), and the step t, which with ``seed`` is the RNG position: the draws of step t are Philox
+(segment_seed(seed, i), t, stream, element). ``state_dict()`` holds all of it with each bucket's layout (param
+group, parameter sizes; exact resume); a checkpoint of another algorithm, world size, node size, mode or bucket
+layout is refused with a clear ``ValueError``; one written before buckets (one segment per param group) loads
+where the layout is the same.
 """
 
 from __future__ import annotations
@@ -27,11 +46,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvd_compress import ops
-from hvd_compress.algorithms.agreement import nonfinite_everywhere
+from hvd_compress.algorithms.bucketed import BucketedAlgorithm
 from hvd_compress.algorithms.options import build_options
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
-from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.traffic import CommMeter
 
 DEFAULTS = {"lr": 1e-3, "beta": 0.95, "eps": 1e-8, "weight_decay": 0.0}  # spec 5
@@ -83,7 +101,7 @@ def parse_options(given: dict[str, Any]) -> BirderOptions:
 
 @dataclasses.dataclass
 class BirderSegment:
-    """The float32 parameters of one param group, with the face's flat buffers.
+    """The float32 parameters of one bucket (of one param group), with the face's flat buffers.
 
     ``grad``: the fused gradient (each parameter's ``.grad`` is a view); ``update``: float32 numel, the input
     of the collective and its result u; ``m``, ``b``, ``worker_error`` (c1) and ``server_error`` (c2): state.
@@ -108,8 +126,10 @@ class BirderSegment:
         return {"m": self.m, "b": self.b, "worker_error": self.worker_error, "server_error": self.server_error}
 
 
-class BirderAlgorithm:
-    """Alg. 1 of paper 004 over the face's segments; the group's lr, beta, eps, weight_decay read every step."""
+class BirderAlgorithm(BucketedAlgorithm):
+    """Alg. 1 of paper 004 over the face's segments (buckets); the group's lr, beta, eps, weight_decay read every
+    step (beta and eps when the bucket is reduced, lr and weight_decay in ``step``). The buckets' pipeline, backups
+    and layout check are ``BucketedAlgorithm``'s."""
 
     name = "Birder"
     options_cls = BirderOptions
@@ -122,32 +142,51 @@ class BirderAlgorithm:
         self.meter = meter if meter is not None else CommMeter()
         self.t = 0
         self.seed = options.seed
+        self._init_buckets()
 
     @staticmethod
     def state_numels(numel: int, hierarchical: bool) -> tuple[int, int]:
         """(c1, c2) of a segment of ``numel`` elements on this world."""
         return birder_ops.state_numels(numel, hierarchical)
 
-    def synchronize(self) -> None:
-        """No gradient is ever averaged densely: the quantized ratio travels in ``step``."""
+    def mutable_state(self, seg: BirderSegment) -> list[Tensor]:
+        """What the core call updates: the shards of m and b (lines 5-6), the worker and server error (9, 12)."""
+        return list(seg.buffers().values())
 
-    def step(self, groups: Sequence[dict[str, Any]]) -> int:
-        """One step (Alg. 1 lines 4-13) on every segment; returns the new step count."""
-        xp = self.xp
-        t = self.t + 1
-        for seg in self.segments:
+    def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """Segment ``i``'s one core call for step ``t`` (Alg. 1 lines 4-12, "grad" mode, spec B5), on the
+        background thread with overlap: this rank's gradient in, u in {+/-1} out in ``update``; m, b and both
+        errors, copied aside first, are updated inside the core. Its draws are keyed by ``segment_seed`` (each
+        segment a stream of its own, see the top)."""
+        seg = self.segments[i]
+        name = f"{self.name}.u.{i}"
+        with self.rank_failure_joins(name):
+            if groups is None:
+                raise ValueError(f"{self.name}: reducing a bucket needs the param groups")
             group = groups[seg.group]
             check_hyperparameters(group["lr"], group["beta"], group["eps"], group["weight_decay"])
-            xp.copy_(seg.update, seg.grad)
-        if len(self.segments) > 1:
-            self.agree_finite()
-        for i, seg in enumerate(self.segments):
-            group = groups[seg.group]
-            self.meter.run(
-                birder_ops.hierarchical_compressed_allreduce_, seg.update, seg.worker_error, seg.server_error,
-                payload=birder_ops.PAYLOAD_SIGN, hierarchical=self.options.hierarchical, seed=self.seed, step=t,
-                moments=(seg.m, seg.b), beta=group["beta"], eps=group["eps"], name=f"{self.name}.u.{i}",
-            )
+            self.xp.copy_(seg.update, seg.grad)
+            self.backup(i)  # a later bucket may still fail: keep a way back
+        self.meter.run(
+            birder_ops.hierarchical_compressed_allreduce_, seg.update, seg.worker_error, seg.server_error,
+            payload=birder_ops.PAYLOAD_SIGN, hierarchical=self.options.hierarchical,
+            seed=birder_ops.segment_seed(self.seed, i), step=t, moments=(seg.m, seg.b), beta=group["beta"],
+            eps=group["eps"], name=name,
+        )
+
+    def step(self, groups: Sequence[dict[str, Any]]) -> int:
+        """One step (Alg. 1 lines 4-13) on every segment, reducing the buckets not reduced yet; returns the new
+        step count (with the seed, the RNG position: it advances only here, so a rejected step draws again the
+        same). Nothing changes if any bucket fails on any rank."""
+        xp = self.xp
+        t = self.t + 1
+        for group in groups:  # lr and weight_decay are first used below: refuse them before any state changes
+            try:
+                check_hyperparameters(group["lr"], group["beta"], group["eps"], group["weight_decay"])
+            except ValueError:
+                self.abandon()
+                raise
+        self.reduce_pending(groups)
         for seg in self.segments:  # line 13: x = x - lr u - lr wd x, the same on every rank
             group = groups[seg.group]
             lr, wd = group["lr"], group["weight_decay"]
@@ -156,14 +195,6 @@ class BirderAlgorithm:
             xp.foreach_add_(seg.params, seg.views(seg.update), alpha=-lr)
         self.t = t
         return t
-
-    def agree_finite(self) -> None:
-        bad = nonfinite_everywhere(self.xp, [seg.update for seg in self.segments], self.meter, self.name)
-        if bad > 0:
-            raise UsageError(
-                f"{self.name}: non-finite gradient at step {self.t + 1} on {bad} segment(s) over all ranks; "
-                "step not taken, state unchanged"
-            )
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def layout(self) -> dict[str, Any]:
@@ -182,7 +213,7 @@ class BirderAlgorithm:
             "seed": self.seed,
             **self.layout(),
             "segments": [
-                {"numel": seg.numel, **{k: xp.copy_(xp.zeros_like(v), v) for k, v in seg.buffers().items()}}
+                {**self.layout_state(seg), **{k: xp.copy_(xp.zeros_like(v), v) for k, v in seg.buffers().items()}}
                 for seg in self.segments
             ],
         }
@@ -198,9 +229,7 @@ class BirderAlgorithm:
             if ours.get(key) != value:
                 raise ValueError(f"{what}: checkpoint {key} {ours.get(key)!r} != this run's {value!r}")
         saved = ours.get("segments", [])
-        if [s.get("numel") for s in saved] != [seg.numel for seg in self.segments]:
-            raise ValueError(f"{what}: fused buffer sizes {[s.get('numel') for s in saved]} != this model's "
-                             f"{[seg.numel for seg in self.segments]}")
+        self.check_layout(saved)
         for seg, s in zip(self.segments, saved, strict=True):
             for key, target in seg.buffers().items():
                 if self.xp.describe(s.get(key)) != self.xp.describe(target):
@@ -208,7 +237,8 @@ class BirderAlgorithm:
                                      f"{self.xp.describe(target)}")
 
     def load_state_dict(self, ours: dict[str, Any]) -> None:
-        """Restore ``state_dict()`` (call ``check_state_dict`` first)."""
+        """Restore ``state_dict()`` (call ``check_state_dict`` first); a step started but not taken is dropped."""
+        self.abandon()  # no bucket of it may still be writing m, b or the errors
         self.t = int(ours["step"])
         self.seed = int(ours["seed"])
         for seg, saved in zip(self.segments, ours["segments"], strict=True):

@@ -41,7 +41,8 @@ before buckets existed. ``overlap=False`` uses the very same segments, so overla
 parameters and state, and their checkpoints load into each other; a checkpoint of another layout (other
 ``bucket_mb``, model or groups) is refused with ValueError before anything changes.
 
-Overlap with backward (``overlap=True``, the torch face's default). The face reports each parameter whose gradient
+Overlap with backward (``overlap=True``, the torch face's default; the bucket pipeline, the backups and the layout
+check are ``hvd_compress.algorithms.bucketed``'s, shared with Birder). The face reports each parameter whose gradient
 is final for the step (its last backward pass of ``backward_passes_per_step``) to ``gradient_final``; a bucket
 whose members are all final is reduced on the process's one background thread (``ops.runtime.submit``), buckets
 strictly in bucket order (``ops.buckets.BucketReductions``), so every rank issues the same collectives in the same
@@ -85,12 +86,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvd_compress import ops
+from hvd_compress.algorithms.bucketed import BucketedAlgorithm
 from hvd_compress.algorithms.options import build_options
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
-from hvd_compress.ops.buckets import BucketReductions
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.ops.errors import CORE_ERRORS, UsageError
+from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.onebit import compressed_allreduce_
 from hvd_compress.ops.traffic import CommMeter
 
@@ -156,10 +157,6 @@ class Segment:
     last_factor: list[float] = dataclasses.field(default_factory=list)
     # (worker, server) error of the hierarchical mode, made on first use (sizes depend on the node size).
     hierarchical_errors: tuple[Tensor, Tensor] | None = None
-    # Copies of the error feedback taken before this step's collective (restored if any bucket fails), and
-    # whether they hold this step's values.
-    backup: list[Tensor] | None = None
-    backed_up: bool = False
 
     @property
     def numel(self) -> int:
@@ -170,8 +167,9 @@ class Segment:
         self.last_factor = self.last_factor or [1.0] * len(self.params)
 
 
-class OneBitAlgorithm:
-    """The shared sequencing; subclasses supply ``warmup``, ``compressed`` and ``denom_buffer``."""
+class OneBitAlgorithm(BucketedAlgorithm):
+    """The shared sequencing; subclasses supply ``warmup``, ``compressed`` and ``denom_buffer``. The buckets'
+    pipeline, backups and layout check are ``BucketedAlgorithm``'s."""
 
     name = "OneBit"
     options_cls: type = OneBitOptions
@@ -187,14 +185,7 @@ class OneBitAlgorithm:
         self.segments = list(segments)
         self.meter = meter if meter is not None else CommMeter()
         self.t = 0  # steps taken
-        #: Reduce buckets from the face's gradient hooks (``gradient_final``) while backward runs.
-        self.overlap = False
-        #: Segment indices in bucket order (the order their reductions start); None: segment order.
-        self.order: list[int] | None = None
-        self._reductions: BucketReductions | None = None
-        self._position: dict[int, int] = {}  # segment index -> place in ``order``
-        self._pipeline_key: tuple[tuple[int, ...], tuple[int, ...]] | None = None
-        self._done = False  # every bucket of the coming step is reduced (not yet used by ``step``)
+        self._init_buckets()
 
     @property
     def freeze_step(self) -> int:
@@ -204,78 +195,23 @@ class OneBitAlgorithm:
     def compression_started(self) -> bool:
         return self.t >= self.freeze_step
 
-    @property
-    def launched(self) -> int:
-        """Buckets of the coming step whose reduction has started (those started from hooks overlap backward)."""
-        return 0 if self._reductions is None else self._reductions.launched
-
     # -- the buckets of a step ---------------------------------------------------------------------------
-    def _order(self) -> list[int]:
-        return self.order if self.order is not None else list(range(len(self.segments)))
+    def rejection_is_the_step(self, t: int) -> bool:
+        # warm-up: the dense average of a NaN is refused in ``step`` (check_finite) with its own message
+        return t > self.freeze_step
 
-    def _pipeline(self) -> BucketReductions:
-        """The in-order launcher of this step's buckets (remade when the face binds other segments)."""
-        order = self._order()
-        key = (tuple(order), tuple(len(self.segments[i].params) for i in order))
-        if self._reductions is None or self._pipeline_key != key:
-            if sorted(order) != list(range(len(self.segments))):
-                raise ValueError(f"{self.name}: bucket order {order} is not a permutation of the segments")
-            self._reductions = BucketReductions(list(key[1]))
-            self._position = {i: b for b, i in enumerate(order)}
-            self._pipeline_key = key
-        return self._reductions
-
-    def _launch(self, groups: Sequence[dict[str, Any]] | None) -> None:
-        order, t = self._order(), self.t + 1
-        self._pipeline().launch_ready(lambda b: self.reduce_segment(order[b], groups, t))
-
-    def gradient_final(self, i: int, groups: Sequence[dict[str, Any]], count: int = 1) -> None:
-        """From a face's gradient hook: ``count`` more parameters of segment ``i`` have their final gradient for
-        the coming step; each next bucket that is complete starts reducing on the background thread."""
-        if self._done:  # a gradient after the step's buckets were reduced: that reduction no longer holds
-            self.abandon()
-        self._pipeline().mark_ready(self._position[i], count)
-        self._launch(groups)
-
-    def reduce_all(self, groups: Sequence[dict[str, Any]] | None) -> None:
-        """End of the gradient phase: reduce every bucket not started yet (members without a gradient count as
-        final), wait for all; on any rank's failure restore the error feedback and raise on every rank."""
-        red = self._pipeline()
-        red.mark_all_ready()
-        self._launch(groups)
-        try:
-            red.drain()
-        except Exception as e:
-            self._restore()
-            if isinstance(e, UsageError) and self.t + 1 > self.freeze_step:
-                raise UsageError(
-                    f"{self.name}: step {self.t + 1} rejected on every rank ({e}); step not taken, state unchanged"
-                ) from e
-            raise
-        red.reset()
-        self._done = True
-
-    def abandon(self) -> None:
-        """Drop the coming step's reductions (``zero_grad()`` before ``step()``): wait for those started, then
-        restore every bucket's error feedback. Their errors are dropped with them (every rank drops alike)."""
-        if self._reductions is not None:
-            try:
-                self._reductions.drain()
-            except Exception:  # the step is discarded, and with it what went wrong in it
-                pass
-            self._reductions.reset()
-        self._restore()
-        self._done = False
+    def mutable_state(self, seg: Segment) -> tuple[Tensor, Tensor]:
+        """The error feedback the segment's compressed allreduce updates (lines 9 and 11 of 003 Alg. 1)."""
+        return self._errors(seg)
 
     def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
         """Segment ``i``'s collective for step ``t`` (on the background thread): warm-up, the dense average of its
         gradients (line 2); compression, its local momentum (line 6) through the compressed allreduce (lines
-        7-13), its error feedback copied aside first. A failure before the core call is this rank's alone: it
-        joins the call as a rejection, so the other ranks raise too instead of waiting for it."""
+        7-13), its error feedback copied aside first."""
         seg = self.segments[i]
         warm = t <= self.freeze_step
         name = f"{self.name}.grad.{i}" if warm else f"{self.name}.m.{i}"
-        try:
+        with self.rank_failure_joins(name):
             if warm:
                 self.meter.run(ops.allreduce_, seg.grad, op=ReduceOp.Average, name=name)
                 return
@@ -283,13 +219,7 @@ class OneBitAlgorithm:
                 raise ValueError(f"{self.name}: the compression stage needs the param groups")
             self.local_momentum(seg, groups[seg.group])
             errors = self._errors(seg)
-            if len(self.segments) > 1 or self.overlap:  # a later bucket may still fail: keep a way back
-                self._backup(seg, errors)
-        except CORE_ERRORS:
-            raise
-        except Exception as e:
-            self.meter.run(ops.reject_allreduce, f"{type(e).__name__}: {e}", name)
-            raise
+            self.backup(i)  # a later bucket may still fail: keep a way back
         if self.options.hierarchical:
             self.meter.run(
                 birder_ops.hierarchical_compressed_allreduce_, seg.work, *errors,
@@ -304,39 +234,22 @@ class OneBitAlgorithm:
             return self.hierarchical_errors(seg)
         return seg.onebit.worker_error, seg.onebit.server_error
 
-    def _backup(self, seg: Segment, errors: tuple[Tensor, Tensor]) -> None:
-        if seg.backup is None:
-            seg.backup = [self.xp.zeros_like(e) for e in errors]
-        for copy, e in zip(seg.backup, errors, strict=True):
-            self.xp.copy_(copy, e)
-        seg.backed_up = True
-
-    def _restore(self) -> None:
-        """Every segment's error feedback back to its copy of this step (those reduced this step have one)."""
-        for seg in self.segments:
-            if seg.backed_up and seg.backup is not None:
-                for e, copy in zip(self._errors(seg), seg.backup, strict=True):
-                    self.xp.copy_(e, copy)
-            seg.backed_up = False
-
     # -- the step ------------------------------------------------------------------------------------
     def synchronize(self, groups: Sequence[dict[str, Any]] | None = None) -> None:
         """The gradient phase of the coming step. Warm-up averages ``grad`` over all ranks (every bucket);
         the compression stage never averages a gradient: with overlap it finishes the buckets' compressed
         allreduce started from the hooks, without it leaves all to ``step`` (after any clipping of ``.grad``)."""
-        if self.t + 1 <= self.freeze_step or self.overlap:
+        if self.t + 1 <= self.freeze_step:
             if not self._done:
                 self.reduce_all(groups)
+        else:
+            BucketedAlgorithm.synchronize(self, groups)
 
     def step(self, groups: Sequence[dict[str, Any]]) -> int:
         """One optimizer step on the segments' reduced buckets (reducing those not reduced yet); returns the new
         step count. Nothing changes if any bucket fails on any rank."""
         t = self.t + 1
-        if not self._done:
-            self.reduce_all(groups)
-        self._done = False
-        for seg in self.segments:
-            seg.backed_up = False  # every bucket succeeded: this step's error feedback stands
+        self.reduce_pending(groups)  # every bucket succeeded: this step's error feedback stands
         if t <= self.freeze_step:
             self.check_finite()
             for seg in self.segments:
@@ -423,10 +336,7 @@ class OneBitAlgorithm:
             "freeze_step": self.freeze_step,
             "segments": [
                 {
-                    "numel": seg.numel,
-                    # the bucket's layout: its param group and the elements of each of its parameters
-                    "group": seg.group,
-                    "sizes": list(seg.sizes),
+                    **self.layout_state(seg),
                     "onebit": seg.onebit.state_dict(),
                     "lamb_coeff_freeze": list(seg.lamb_coeff_freeze),
                     "last_factor": list(seg.last_factor),
@@ -455,22 +365,7 @@ class OneBitAlgorithm:
         if ours.get("freeze_step") != self.freeze_step:
             raise ValueError(f"{what}: checkpoint freeze_step {ours.get('freeze_step')} != {self.freeze_step}")
         saved = ours.get("segments", [])
-        want = [seg.numel for seg in self.segments]
-        if [s.get("numel") for s in saved] != want:
-            raise ValueError(
-                f"{what}: fused buffer sizes {[s.get('numel') for s in saved]} != this model's {want} (the segments "
-                "are the buckets of each param group and dtype: another model, param groups or bucket_mb; the error "
-                "feedback cannot be carried over to another layout)"
-            )
-        # Checkpoints written before segments were buckets lack the layout; their one segment per (group, dtype)
-        # loads where that is also one bucket here (equal sizes above, per-layer lists below).
-        layout = [(s.get("group", seg.group), list(s.get("sizes", seg.sizes))) for s, seg in zip(saved, self.segments,
-                                                                                             strict=True)]
-        if layout != [(seg.group, list(seg.sizes)) for seg in self.segments]:
-            raise ValueError(
-                f"{what}: the checkpoint's buckets (param group, parameter sizes) {layout} differ from this "
-                f"optimizer's {[(seg.group, list(seg.sizes)) for seg in self.segments]} (another bucket_mb or model?)"
-            )
+        self.check_layout(saved)
         for seg, s in zip(self.segments, saved, strict=True):
             if len(s["lamb_coeff_freeze"]) != len(seg.params) or len(s["last_factor"]) != len(seg.params):
                 raise ValueError(f"{what}: per-layer coefficients do not match the parameters")
@@ -483,7 +378,9 @@ class OneBitAlgorithm:
 
     def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int) -> None:
         """Restore ``state_dict()``; ``None`` (a plain optimizer's checkpoint at step ``plain_step``) starts the
-        error feedback from zero. Call ``check_state_dict``/``check_plain_step`` first."""
+        error feedback from zero. Call ``check_state_dict``/``check_plain_step`` first. A step started but not taken
+        is dropped first (no bucket of it may still be writing the error feedback)."""
+        self.abandon()
         if ours is None:
             for seg in self.segments:
                 seg.onebit.reset()

@@ -10,7 +10,8 @@ names for the same steps and the same float32 rounding points (all listed in sto
   the ranks with the same local index.
 - ``parameter_server_step``: Alg. 1's element-wise parameter-server form (workers = nodes), which the
   sharded simulation equals exactly given the same uniforms (spec 4, last paragraph).
-- ``draw_uniforms``: the uniforms the core draws from Philox when none are injected.
+- ``draw_uniforms``: the uniforms the core draws from Philox when none are injected (``segment_seed``: the key
+  of each of the optimizer's buckets).
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def quantize(y: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     p = (y + F32(1)) * F32(0.5)
     q = np.where(np.asarray(u, dtype=F32) < p, F32(1), F32(-1)).astype(F32)
     return q, (y - q).astype(F32)
+
+
+def segment_seed(seed: int, segment: int) -> int:
+    """The Philox key of the optimizer's segment (bucket) ``segment`` under ``seed``: seed XOR (segment << 32)
+    (``hvd_compress.ops.birder.segment_seed``: every call counts elements from 0, so each bucket needs a key)."""
+    return seed ^ (segment << 32)
 
 
 def draw_uniforms(seed: int, step: int, n_nodes: int, dpad: int) -> tuple[np.ndarray, np.ndarray]:

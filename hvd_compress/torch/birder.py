@@ -2,8 +2,9 @@
 methods of ``hc.DistributedOptimizer(hc.Birder(...), op=hc.Birder)`` (the 1-bit algorithm).
 
 The math and the sequencing are ``hvd_compress.algorithms.birder``'s; this face keeps the tensors: per
-param group one segment of flat float32 buffers (the fused gradient of which every ``.grad`` is a view, the
-update, and the sharded m, b and error feedback), the gradient hooks, and the ``hvd_compress`` section of
+bucket of each param group one segment of flat float32 buffers (the fused gradient of which every ``.grad`` is a
+view, the update, and the sharded m, b and error feedback), the gradient hooks that start a bucket's core call
+during backward (``overlap``, ``hvd_compress.torch.bucketed``), and the ``hvd_compress`` section of
 ``state_dict()``.
 """
 
@@ -15,13 +16,13 @@ from typing import Any
 import torch
 
 from hvd_compress.algorithms import birder as alg
-from hvd_compress.ops.passes import PassCounter
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
 from hvd_compress.ops.traffic import CommMeter
-from hvd_compress.torch.algorithm_mixin import AlgorithmMixin
 from hvd_compress.torch.backend import BACKEND
+from hvd_compress.torch.bucketed import BucketedMixin, plan_segments
 from hvd_compress.torch.context import ensure_init
-from hvd_compress.torch.fused import FusedGradients, views_into
-from hvd_compress.torch.wrapping import STATE_KEY, check_named_parameters, hook_gradients
+from hvd_compress.torch.fused import FusedGradients, cached_views
+from hvd_compress.torch.wrapping import STATE_KEY, check_named_parameters
 
 
 class Birder(torch.optim.Optimizer):
@@ -63,58 +64,55 @@ def _zeros(numel: int, device: torch.device) -> torch.Tensor:
     return torch.zeros(numel, dtype=torch.float32, device=device)
 
 
-def _segments(param_groups: list[dict[str, Any]], hierarchical: bool) -> tuple[list[alg.BirderSegment],
-                                                                                list[FusedGradients]]:
-    segments, grads = [], []
-    for gi, group in enumerate(param_groups):
-        params = [p for p in group["params"] if p.requires_grad]
-        if not params:
-            continue
-        if any(p.dtype != torch.float32 for p in params):
+def _segments(param_groups: list[dict[str, Any]], hierarchical: bool,
+              bucket_mb: float) -> tuple[list[alg.BirderSegment], list[FusedGradients], list[int]]:
+    """One segment per bucket of each param group (``plan_segments``, as ``op=Average`` cuts its buckets), in
+    registration order; their gradient buffers, and the segment indices in bucket order."""
+    for group in param_groups:
+        if any(p.requires_grad and p.dtype != torch.float32 for p in group["params"]):
             raise ValueError("op=Birder supports float32 parameters only")
+    buckets, order = plan_segments(param_groups, bucket_mb)
+    segments, grads = [], []
+    for gi, params in buckets:
         fused = FusedGradients(params)
-        if len(fused.buffers) != 1:
-            raise ValueError("op=Birder needs every parameter of a group on one device")
         numel = sum(p.numel() for p in params)
         c1, c2 = alg.BirderAlgorithm.state_numels(numel, hierarchical)
         device = fused.buffers[0].device
-        cache: dict[int, list[torch.Tensor]] = {}
-
-        def views(flat: torch.Tensor, params: list[torch.Tensor] = params,
-                  cache: dict[int, list[torch.Tensor]] = cache) -> list[torch.Tensor]:
-            if flat.data_ptr() not in cache:
-                cache[flat.data_ptr()] = views_into(flat, params)
-            return cache[flat.data_ptr()]
-
         segments.append(alg.BirderSegment(
             group=gi, params=params, sizes=[p.numel() for p in params], grad=fused.buffers[0],
             update=_zeros(numel, device), m=_zeros(c1, device), b=_zeros(c1, device),
-            worker_error=_zeros(c1, device), server_error=_zeros(c2, device),
-            views=views,
+            worker_error=_zeros(c1, device), server_error=_zeros(c2, device), views=cached_views(params),
         ))
         grads.append(fused)
-    return segments, grads
+    return segments, grads, order
 
 
-class BirderMixin(AlgorithmMixin):
+class BirderMixin(BucketedMixin):
     """Methods added to a wrapped ``hc.Birder`` for ``op=hc.Birder`` (paper 004 Alg. 1, 1-bit both ways).
 
-    ``synchronize()`` only gathers this rank's gradient into ``.grad`` (nothing is averaged densely): clipping
-    between ``synchronize()`` and ``step()`` clips each rank's own gradient before it enters the moments.
+    The parameters are cut into buckets (``bucket_mb``, as ``op=Average``), each one segment with its own m, b
+    and error feedback (``hvd_compress.algorithms.birder``: segments are buckets). With ``overlap=True`` (the
+    default) the gradient hook that makes a bucket's last gradient final starts that bucket's core call (this
+    rank's gradient in, the update u out; m, b and the errors updated inside) on the background thread while
+    backward continues; ``synchronize()`` starts what is left and waits for all; ``step()`` applies
+    x -= lr u + lr wd x. So with overlap, editing ``.grad`` after backward cannot change the step: clip only with
+    ``overlap=False``, under which ``synchronize()`` only gathers this rank's gradient into ``.grad`` (nothing is
+    averaged densely) and clipping between ``synchronize()`` and ``step()`` clips each rank's own gradient before it
+    enters the moments. Both modes make the same calls: bit-identical results.
     """
 
     def _hvdc_setup(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
-                    backward_passes_per_step: int, algorithm: alg.BirderAlgorithm) -> None:
+                    backward_passes_per_step: int, algorithm: alg.BirderAlgorithm, overlap: bool = True,
+                    bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
         ensure_init()
         params = [p for g in self.param_groups for p in g["params"]]
         check_named_parameters(params, named_parameters)
-        segments, self._hvdc_grads = _segments(self.param_groups, algorithm.options.hierarchical)
+        segments, self._hvdc_grads, order = _segments(self.param_groups, algorithm.options.hierarchical, bucket_mb)
         self._hvdc_meter = CommMeter()
         algorithm.segments, algorithm.meter = segments, self._hvdc_meter
+        algorithm.order, algorithm.overlap = order, bool(overlap)
         self._hvdc_alg = algorithm
-        trainable = [p for s in segments for p in s.params]
-        self._hvdc_passes = PassCounter(trainable, backward_passes_per_step)
-        hook_gradients(trainable, self._hvdc_count_pass)
+        self._hvdc_hook_buckets(backward_passes_per_step)
 
     @property
     def birder_step(self) -> int:

@@ -19,18 +19,13 @@ import torch
 
 from hvd_compress.algorithms import OneBitAlgorithm
 from hvd_compress.algorithms.onebit import Segment
-from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, plan_buckets
-from hvd_compress.ops.passes import PassCounter
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
 from hvd_compress.ops.traffic import CommMeter
-from hvd_compress.torch.algorithm_mixin import AlgorithmMixin
-from hvd_compress.torch.context import ensure_init
+from hvd_compress.torch.bucketed import BucketedMixin, plan_segments
 from hvd_compress.torch.fused import FusedGradients, cached_views, flat_with_views
 from hvd_compress.torch.lamb import Lamb
 from hvd_compress.torch.onebit import OneBitState
-from hvd_compress.torch.wrapping import (
-    check_named_parameters,
-    hook_gradients,
-)
+from hvd_compress.torch.wrapping import check_named_parameters
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -38,23 +33,15 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def _segments(
     param_groups: list[dict[str, Any]], fresh: bool, bucket_mb: float
 ) -> tuple[list[Segment], list[FusedGradients], list[int]]:
-    """One segment per bucket of each (param group, dtype): ``plan_buckets`` over the trainable parameters in
-    reverse registration order, as ``op=Average`` cuts its buckets. Returns the segments in registration order
-    (the order of the checkpoint's list: a model with one bucket per (group, dtype) keeps the layout it had
-    before buckets), their gradient buffers, and the segment indices in bucket order (the reductions' order)."""
-    trainable = [(gi, p) for gi, group in enumerate(param_groups) for p in group["params"] if p.requires_grad]
-    for _, p in trainable:
-        if p.dtype not in _DTYPES:
-            raise ValueError(f"1-bit optimizers support float32, float16 and bfloat16 parameters, not {p.dtype}")
-    cap = int(bucket_mb * (1 << 20))
-    items = [((gi, p.dtype, p.device), p.numel() * p.element_size()) for gi, p in trainable]
-    plan = plan_buckets(items, cap, min(cap, int(FIRST_BUCKET_MB * (1 << 20))))
-    buckets = sorted(sorted(members) for members in plan)  # registration order, members consecutive per key
-    index = {tuple(members): s for s, members in enumerate(buckets)}
-    order = [index[tuple(sorted(members))] for members in plan]
+    """One segment per bucket of each (param group, dtype) (``plan_segments``, as ``op=Average`` cuts its
+    buckets), in registration order; their gradient buffers, and the segment indices in bucket order."""
+    for group in param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.dtype not in _DTYPES:
+                raise ValueError(f"1-bit optimizers support float32, float16 and bfloat16 parameters, not {p.dtype}")
+    buckets, order = plan_segments(param_groups, bucket_mb)
     segments, grads = [], []
-    for members in buckets:
-        gi, params = trainable[members[0]][0], [trainable[i][1] for i in members]
+    for gi, params in buckets:
         fused = FusedGradients(params)
         numel = sum(p.numel() for p in params)
         exp_avg, _ = flat_with_views(params)
@@ -77,7 +64,7 @@ def _segments(
     return segments, grads, order
 
 
-class OneBitMixin(AlgorithmMixin):
+class OneBitMixin(BucketedMixin):
     """Methods added to the wrapped optimizer's class for a 1-bit algorithm (``OneBitAdam``, ``OneBitLamb``).
 
     The parameters are cut into buckets (``bucket_mb``, as ``op=Average``), each one segment of the algorithm
@@ -120,35 +107,7 @@ class OneBitMixin(AlgorithmMixin):
         self._hvdc_alg = algorithm
         self._hvdc_alg.t = self._hvdc_plain_step(super(self.__class__, self).state_dict())
         self._hvdc_bind_state()
-        trainable = [p for s in segments for p in s.params]
-        self._hvdc_segment_of = {id(p): i for i, s in enumerate(segments) for p in s.params}
-        self._hvdc_passes = PassCounter(trainable, backward_passes_per_step)
-        hook_gradients(trainable, self._hvdc_count_pass)
-
-    def _hvdc_count_pass(self, p: torch.Tensor) -> None:
-        passes = self._hvdc_passes.add(p)
-        self._hvdc_synchronized = False  # a new gradient after synchronize() starts another gradient phase
-        if self._hvdc_alg.overlap and passes == self._hvdc_passes.limit:
-            ensure_init()
-            i = self._hvdc_segment_of[id(p)]
-            self._hvdc_grads[i].gather_one(p)  # a .grad set from outside (model.zero_grad()) into its view
-            self._hvdc_alg.gradient_final(i, self.param_groups)
-
-    @property
-    def overlap(self) -> bool:
-        """Whether buckets are reduced during backward (``overlap=`` of ``DistributedOptimizer``)."""
-        return self._hvdc_alg.overlap
-
-    @property
-    def bucket_count(self) -> int:
-        """Buckets (segments, each with its own error feedback) the parameters are cut into."""
-        return len(self._hvdc_alg.segments)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """As ``AlgorithmMixin.zero_grad``; a step whose buckets were started but not taken is dropped first
-        (its error feedback restored), never zeroing a bucket that is still being reduced."""
-        self._hvdc_alg.abandon()
-        AlgorithmMixin.zero_grad(self, set_to_none)
+        self._hvdc_hook_buckets(backward_passes_per_step)
 
     def _hvdc_bind_state(self) -> None:
         """Make every parameter's state tensors views of the segment buffers, keeping their values."""
@@ -173,10 +132,6 @@ class OneBitMixin(AlgorithmMixin):
     def compression_started(self) -> bool:
         """True once the steps use the 1-bit compressed allreduce (after ``freeze_step`` steps)."""
         return self._hvdc_alg.compression_started
-
-    def _hvdc_end_gradient_phase(self) -> None:
-        # warm-up: the dense average of the gathered gradients; with overlap, every bucket's reduction finished
-        self._hvdc_alg.synchronize(self.param_groups)
 
     def _hvdc_after_step(self, t: int) -> None:
         self._hvdc_fill_step([p for seg in self._hvdc_alg.segments for p in seg.params], t)

@@ -243,7 +243,10 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       options ``compress_ratio``, ``sync_interval``, ``beta3``, ``seed``, ``mask``, ``grad_size_thr``,
       ``clip_min``, ``clip_max``, ``sync_grad``; ``synchronize_parameters()`` before evaluating or saving.
     - ``op=hc.Birder`` (wraps ``hc.Birder``): paper 004's 1-bit algorithm (see ``hvd_compress.torch.birder``);
-      options ``hierarchical`` (Section 4 over the nodes), ``seed``.
+      options ``hierarchical`` (Section 4 over the nodes), ``seed``; in buckets of ``bucket_mb`` MiB (as Average's;
+      each bucket keeps its own m, b and error feedback and draws from its own Philox key) whose core call starts
+      during backward with ``overlap=True`` (the default; ``overlap=False``: after it, bit-identical results; with
+      overlap change ``.grad`` only with ``overlap=False``: the gradient enters the core in the hook).
 
     Sparse gradients (``nn.Embedding(sparse=True)``), with ``op=Average``/``Sum``: reduced as Horovod does (an
     allgather of indices and values, coalesced; Average divides by the world size), so ``torch.optim.SparseAdam``
@@ -315,6 +318,14 @@ def _check_overlap_options(overlap: Any, bucket_mb: Any) -> None:
         raise ValueError(f"bucket_mb must be a positive number of MiB, got {bucket_mb!r}")
 
 
+def _bucket_options(options: dict[str, Any]) -> tuple[dict[str, Any], bool, float]:
+    """(the other options, ``overlap`` (default True), ``bucket_mb``) of an algorithm whose segments are buckets."""
+    options = dict(options)
+    overlap, bucket_mb = options.pop("overlap", True), options.pop("bucket_mb", DEFAULT_BUCKET_MB)
+    _check_overlap_options(overlap, bucket_mb)
+    return options, overlap, bucket_mb
+
+
 def _adasum(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
             options: dict[str, Any]) -> torch.optim.Optimizer:
     wrapped = rewrap(optimizer, AdasumMixin)
@@ -329,9 +340,7 @@ def _onebit(check: Any) -> Any:
              options: dict[str, Any]) -> torch.optim.Optimizer:
         check(optimizer)
         algorithm = algorithms.lookup(op)
-        options = dict(options)
-        overlap, bucket_mb = options.pop("overlap", True), options.pop("bucket_mb", DEFAULT_BUCKET_MB)
-        _check_overlap_options(overlap, bucket_mb)
+        options, overlap, bucket_mb = _bucket_options(options)
         parsed = parse_options(algorithm.options_cls, algorithm.name, options)
         wrapped = rewrap(optimizer, OneBitMixin)
         wrapped._hvdc_setup(named_parameters, passes, algorithm(parsed, BACKEND, [], None), overlap, bucket_mb)
@@ -353,8 +362,10 @@ def _birder(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceO
             options: dict[str, Any]) -> torch.optim.Optimizer:
     check_birder(optimizer)
     algorithm = algorithms.lookup(op)
+    options, overlap, bucket_mb = _bucket_options(options)
     wrapped = rewrap(optimizer, BirderMixin)
-    wrapped._hvdc_setup(named_parameters, passes, algorithm(parse_birder_options(options), BACKEND, [], None))
+    wrapped._hvdc_setup(named_parameters, passes, algorithm(parse_birder_options(options), BACKEND, [], None),
+                        overlap, bucket_mb)
     return wrapped
 
 

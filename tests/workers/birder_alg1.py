@@ -2,7 +2,7 @@
 elements, lr 0.01, seed 5), every rank's gradients drawn from seeds the test re-creates
 (tests/test_birder_optimizer.py::_alg1_grads); saves the flat parameters before and after every step.
 
-argv: out_dir hierarchical (0/1)
+argv: out_dir hierarchical (0/1) [bucket_mb (default: one bucket)]; saves the bucket sizes too.
 """
 
 import sys
@@ -19,7 +19,8 @@ rank, size = hc.rank(), hc.size()
 torch.manual_seed(0)
 params = [torch.nn.Parameter(torch.randn(s)) for s in SIZES]
 opt = hc.DistributedOptimizer(hc.Birder(params, lr=LR), named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
-                              op=hc.Birder, seed=SEED, hierarchical=sys.argv[2] == "1")
+                              op=hc.Birder, seed=SEED, hierarchical=sys.argv[2] == "1",
+                              **({"bucket_mb": float(sys.argv[3])} if len(sys.argv) > 3 else {}))
 flat = [torch.cat([p.detach().reshape(-1) for p in params]).clone()]
 for t in range(1, STEPS + 1):
     g = torch.randn(sum(SIZES), generator=torch.Generator().manual_seed(1000 * t + rank))
@@ -27,4 +28,4 @@ for t in range(1, STEPS + 1):
         p.grad = part.reshape(p.shape).clone()
     opt.step()
     flat.append(torch.cat([p.detach().reshape(-1) for p in params]).clone())
-save(rank, {"params": flat})
+save(rank, {"params": flat, "segments": [seg["sizes"] for seg in opt.state_dict()["hvd_compress"]["segments"]]})

@@ -11,10 +11,12 @@ loss (the two must be bit-identical: halving is exact).
 argv: out_dir steps freeze_step
 """
 
+import functools
 import sys
 
 import torch
 from common import outcome, save
+from overlap_training import BUCKET_MB, backward, batch, checkpoint_layouts, make_model, train
 
 import hvd_compress.torch as hc
 
@@ -22,7 +24,6 @@ steps, freeze = int(sys.argv[2]), int(sys.argv[3])
 hc.init()
 r, n = hc.rank(), hc.size()
 torch.set_num_threads(1)
-BUCKET_MB = 64 / (1 << 20)  # 64-byte buckets: 5 buckets for one group (see tests/test_onebit_overlap.py)
 
 # name -> (algorithm, backward passes per step, two param groups, a discarded backward + zero_grad() at step 4)
 CONFIGS = {
@@ -32,13 +33,6 @@ CONFIGS = {
     "lamb_accum": ("lamb", 2, False, False),
     "lamb_abandoned": ("lamb", 1, True, True),
 }
-
-
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(1234)
-    return torch.nn.Sequential(
-        torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
-    )
 
 
 def make_opt(model: torch.nn.Module, algo: str, passes: int = 1, groups: bool = False, **options):
@@ -53,12 +47,6 @@ def make_opt(model: torch.nn.Module, algo: str, passes: int = 1, groups: bool = 
                                    backward_passes_per_step=passes, freeze_step=freeze, **options)
 
 
-def batch(step: int, rank: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(100_000 * step + 100 * rank + micro)
-    x = torch.randn(5, 6, generator=g)
-    return x, x.sum(dim=1, keepdim=True).sin()
-
-
 def state_tensors(opt) -> list[torch.Tensor]:
     """Every tensor of ``state_dict()`` (moments, error feedback, LAMB's coefficients), in a fixed order."""
     sd = opt.state_dict()
@@ -71,96 +59,32 @@ def state_tensors(opt) -> list[torch.Tensor]:
     return out
 
 
-def backward(model, opt, step, micro, seen=None) -> None:
-    x, y = batch(step, r, micro)
-    x.requires_grad_(True)
-    if seen is not None:
-        x.register_hook(lambda g: seen.append(opt._hvdc_alg.launched))
-    torch.nn.functional.mse_loss(model(x), y).backward()
-
-
-def train(algo, passes, groups, abandon, overlap) -> dict:
-    model = make_model()
-    opt = make_opt(model, algo, passes, groups, overlap=overlap)
-    params, during, after = [], [], []
-    for step in range(steps):
-        if abandon and step == freeze + 1:  # a step given up before step(): its started buckets are undone
-            opt.zero_grad()
-            backward(model, opt, step + 77, 0)
-        opt.zero_grad()
-        seen = []
-        for micro in range(passes):
-            backward(model, opt, step, micro, seen)
-        during.append(seen[-1])
-        after.append(opt._hvdc_alg.launched)
-        opt.step()
-        params.append([p.detach().clone() for p in model.parameters()])
-    return {"params": params, "during": during, "after": after, "buckets": opt.bucket_count,
-            "overlap": opt.overlap, "state": state_tensors(opt)}
-
-
 def nan_late_bucket(algo: str, overlap: bool) -> dict:
     """Compression step with a NaN on the last rank in the first layer's weight: the last bucket in bucket order."""
     model = make_model()
     opt = make_opt(model, algo, overlap=overlap)
     for step in range(freeze + 1):
         opt.zero_grad()
-        backward(model, opt, step, 0)
+        backward(model, opt, step, 0, r)
         opt.step()
     before = [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
     opt.zero_grad()
     weight = model[0].weight
     handle = weight.register_hook(lambda g: g.index_fill(0, torch.tensor([0]), float("nan"))) if r == n - 1 else None
     launched = []
-    backward(model, opt, freeze + 1, 0, launched)
+    backward(model, opt, freeze + 1, 0, r, launched)
     if handle is not None:
         handle.remove()
     error = outcome(opt.step)
     after = [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
     changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if not torch.equal(a, b)]
     opt.zero_grad()  # the next step works again on every rank
-    backward(model, opt, freeze + 2, 0)
+    backward(model, opt, freeze + 2, 0, r)
     opt.step()
     return {"error": error, "changed": changed, "tensors": len(before), "launched": launched,
             "buckets": opt.bucket_count, "after_recovery": [p.detach().clone() for p in model.parameters()]}
 
 
-def checkpoints() -> dict[str, str]:
-    """Another bucket layout is refused with nothing changed; a checkpoint of the pre-bucket schema (one segment
-    per group and dtype, no layout keys) loads where that segment is one bucket."""
-    out = {}
-    model = make_model()
-    small = make_opt(model, "lamb")
-    for step in range(freeze + 1):
-        small.zero_grad()
-        backward(model, small, step, 0)
-        small.step()
-    sd_small = small.state_dict()
-    model_b = make_model()
-    whole = make_opt(model_b, "lamb", bucket_mb=25.0)  # the default: one bucket for this model
-    for step in range(freeze + 1):
-        whole.zero_grad()
-        backward(model_b, whole, step, 0)
-        whole.step()
-    before = [p.detach().clone() for p in model_b.parameters()] + state_tensors(whole)
-    out["other_layout"] = outcome(lambda: whole.load_state_dict(sd_small))
-    out["other_layout_back"] = outcome(lambda: small.load_state_dict(whole.state_dict()))
-    tampered = whole.state_dict()
-    tampered["hvd_compress"]["segments"][0]["sizes"] = list(reversed(tampered["hvd_compress"]["segments"][0]["sizes"]))
-    out["other_sizes"] = outcome(lambda: whole.load_state_dict(tampered))
-    after = [p.detach().clone() for p in model_b.parameters()] + state_tensors(whole)
-    out["unchanged"] = str(all(torch.equal(a, b) for a, b in zip(before, after, strict=True)))
-    old = whole.state_dict()
-    for seg in old["hvd_compress"]["segments"]:
-        del seg["group"], seg["sizes"]
-    fresh = make_opt(make_model(), "lamb", bucket_mb=25.0)
-    out["old_schema"] = outcome(lambda: fresh.load_state_dict(old))
-    out["old_schema_equal"] = str(all(torch.equal(a, b) for a, b in
-                                      zip(state_tensors(fresh), state_tensors(whole), strict=True)))
-    # overlap on and off share the layout: their checkpoints load into each other
-    off = make_opt(make_model(), "lamb", overlap=False)
-    out["on_into_off"] = outcome(lambda: off.load_state_dict(sd_small))
-    return out
 
 
 def clip_without_overlap(algo: str, halve_loss: bool) -> list[torch.Tensor]:
@@ -184,13 +108,16 @@ def clip_without_overlap(algo: str, halve_loss: bool) -> list[torch.Tensor]:
 
 
 out = {"results": {}, "nan": {}, "clip": {}}
-for name, config in CONFIGS.items():
+for name, (algo, passes, groups, abandon) in CONFIGS.items():
     for overlap in (True, False):
-        out["results"][(name, overlap)] = train(*config, overlap)
+        out["results"][(name, overlap)] = train(
+            functools.partial(make_opt, algo=algo, passes=passes, groups=groups, overlap=overlap), state_tensors,
+            steps, passes, r, abandon_at=freeze + 1 if abandon else None,
+        )
 for algo in ("adam", "lamb"):
     for overlap in (True, False):
         out["nan"][(algo, overlap)] = nan_late_bucket(algo, overlap)
-out["checkpoints"] = checkpoints()
+out["checkpoints"] = checkpoint_layouts(functools.partial(make_opt, algo="lamb"), state_tensors, freeze + 1, r)
 for algo in ("adam", "lamb"):
     out["clip"][algo] = (clip_without_overlap(algo, False), clip_without_overlap(algo, True))
 save(r, out)

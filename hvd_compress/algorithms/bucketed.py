@@ -1,0 +1,211 @@
+"""Segments that are buckets, reduced in bucket order while backward runs (issue 13, item 1): the mechanics that
+1-bit Adam/LAMB (``onebit``) and Birder (``birder``) share, written once.
+
+An algorithm's segments are the buckets of its parameters (the face cuts them with
+``hvd_compress.ops.buckets.plan_buckets``) and each holds its own per-bucket state. Per step every segment makes
+one collective call (``reduce_segment``, the subclass's). This class sequences those calls:
+
+- ``gradient_final`` (from a face's gradient hook, ``overlap=True``): a bucket whose members are all final is
+  reduced on the process's one background thread, buckets strictly in bucket order (``order``;
+  ``ops.buckets.BucketReductions``), so every rank issues the same collectives in the same order;
+- ``reduce_all``: the end of the gradient phase: every bucket not started yet starts (members without a gradient
+  count as final), then all are awaited. ``overlap=False`` makes the very same calls here, after backward, so
+  overlap on and off agree bit for bit;
+- state untouched on rejection: each segment copies aside what its call mutates (``mutable_state``) before its
+  collective (``backup``; needed only when a later bucket may still fail: several segments, or overlap). If any
+  bucket fails on any rank (the core rejects bad input on every rank; a Python error on one rank joins the call
+  as a rejection: ``rank_failure_joins``), every segment's state is restored from those copies once all have
+  finished, and the error is raised on every rank; ``abandon`` (a step given up before ``step()``) restores the
+  same way. The subclass's ``step()`` calls ``reduce_all`` if needed and then ``commit``.
+
+Checkpoints record the layout (``layout_state``: each bucket's param group and parameter sizes) and
+``check_layout`` refuses another with ValueError before anything changes; a checkpoint written before segments
+were buckets (no layout keys) loads where its segments have the same sizes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from hvd_compress import ops
+from hvd_compress.ops.backend import Backend, Tensor
+from hvd_compress.ops.buckets import BucketReductions
+from hvd_compress.ops.errors import CORE_ERRORS, UsageError
+from hvd_compress.ops.traffic import CommMeter
+
+
+class BucketedAlgorithm:
+    """The bucket pipeline of one optimizer. A subclass sets ``name``, ``xp``, ``meter``, ``segments`` (each with
+    ``group``, ``sizes``, ``numel``), ``t`` and calls ``_init_buckets()``; it supplies ``reduce_segment`` and
+    ``mutable_state``."""
+
+    name = "Bucketed"
+    xp: Backend
+    meter: CommMeter
+    segments: list[Any]
+    t: int
+
+    def _init_buckets(self) -> None:
+        #: Reduce buckets from the face's gradient hooks (``gradient_final``) while backward runs.
+        self.overlap = False
+        #: Segment indices in bucket order (the order their reductions start); None: segment order.
+        self.order: list[int] | None = None
+        self._reductions: BucketReductions | None = None
+        self._position: dict[int, int] = {}  # segment index -> place in ``order``
+        self._pipeline_key: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+        self._done = False  # every bucket of the coming step is reduced (not yet used by ``step``)
+        # segment index -> (the segment the copies were made for, the copies of its ``mutable_state``)
+        self._backups: dict[int, tuple[Any, list[Tensor]]] = {}
+        self._backed_up: set[int] = set()  # segments whose copies hold this step's values
+
+    # -- what a subclass supplies ------------------------------------------------------------------------
+    def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """Segment ``i``'s collective for step ``t`` (on the background thread with overlap)."""
+        raise NotImplementedError
+
+    def mutable_state(self, seg: Any) -> Sequence[Tensor]:
+        """The state buffers of ``seg`` that its collective updates (copied aside before it, restored on failure)."""
+        raise NotImplementedError
+
+    def rejection_is_the_step(self, t: int) -> bool:
+        """Whether a ``UsageError`` of step ``t``'s buckets rejects the step itself (reported as such)."""
+        return True
+
+    # -- the buckets of a step ---------------------------------------------------------------------------
+    @property
+    def launched(self) -> int:
+        """Buckets of the coming step whose reduction has started (those started from hooks overlap backward)."""
+        return 0 if self._reductions is None else self._reductions.launched
+
+    def _order(self) -> list[int]:
+        return self.order if self.order is not None else list(range(len(self.segments)))
+
+    def _pipeline(self) -> BucketReductions:
+        """The in-order launcher of this step's buckets (remade when the face binds other segments)."""
+        order = self._order()
+        key = (tuple(order), tuple(len(self.segments[i].params) for i in order))
+        if self._reductions is None or self._pipeline_key != key:
+            if sorted(order) != list(range(len(self.segments))):
+                raise ValueError(f"{self.name}: bucket order {order} is not a permutation of the segments")
+            self._reductions = BucketReductions(list(key[1]))
+            self._position = {i: b for b, i in enumerate(order)}
+            self._pipeline_key = key
+        return self._reductions
+
+    def _launch(self, groups: Sequence[dict[str, Any]] | None) -> None:
+        order, t = self._order(), self.t + 1
+        self._pipeline().launch_ready(lambda b: self.reduce_segment(order[b], groups, t))
+
+    def gradient_final(self, i: int, groups: Sequence[dict[str, Any]], count: int = 1) -> None:
+        """From a face's gradient hook: ``count`` more parameters of segment ``i`` have their final gradient for
+        the coming step; each next bucket that is complete starts reducing on the background thread."""
+        if self._done:  # a gradient after the step's buckets were reduced: that reduction no longer holds
+            self.abandon()
+        self._pipeline().mark_ready(self._position[i], count)
+        self._launch(groups)
+
+    def reduce_all(self, groups: Sequence[dict[str, Any]] | None) -> None:
+        """End of the gradient phase: reduce every bucket not started yet (members without a gradient count as
+        final), wait for all; on any rank's failure restore every segment's state and raise on every rank."""
+        red = self._pipeline()
+        red.mark_all_ready()
+        self._launch(groups)
+        try:
+            red.drain()
+        except Exception as e:
+            self._restore()
+            if isinstance(e, UsageError) and self.rejection_is_the_step(self.t + 1):
+                raise UsageError(
+                    f"{self.name}: step {self.t + 1} rejected on every rank ({e}); step not taken, state unchanged"
+                ) from e
+            raise
+        red.reset()
+        self._done = True
+
+    def synchronize(self, groups: Sequence[dict[str, Any]] | None = None) -> None:
+        """The gradient phase of the coming step: with overlap, finish the buckets started from the hooks; without
+        it leave all to ``step`` (after any edit of ``.grad``)."""
+        if self.overlap and not self._done:
+            self.reduce_all(groups)
+
+    def reduce_pending(self, groups: Sequence[dict[str, Any]] | None) -> None:
+        """For ``step()``: reduce what is not reduced yet, then keep this step's state (every bucket succeeded)."""
+        if not self._done:
+            self.reduce_all(groups)
+        self._done = False
+        self._backed_up.clear()
+
+    def abandon(self) -> None:
+        """Drop the coming step's reductions (``zero_grad()`` before ``step()``): wait for those started, then
+        restore every segment's state. Their errors are dropped with them (every rank drops alike)."""
+        if self._reductions is not None:
+            try:
+                self._reductions.drain()
+            except Exception:  # the step is discarded, and with it what went wrong in it
+                pass
+            self._reductions.reset()
+        self._restore()
+        self._done = False
+
+    @contextlib.contextmanager
+    def rank_failure_joins(self, name: str) -> Iterator[None]:
+        """Around what a segment does before its collective ``name``: a failure there is this rank's alone, so it
+        joins the call as a rejection, and the other ranks raise too instead of waiting for it."""
+        try:
+            yield
+        except CORE_ERRORS:
+            raise
+        except Exception as e:
+            self.meter.run(ops.reject_allreduce, f"{type(e).__name__}: {e}", name)
+            raise
+
+    def backup(self, i: int) -> None:
+        """Copy segment ``i``'s ``mutable_state`` aside before its collective, when a later bucket may still fail
+        (several segments, or overlap: the step may also be abandoned)."""
+        if len(self.segments) == 1 and not self.overlap:  # the core leaves the state as it was on rejection
+            return
+        seg = self.segments[i]
+        state = list(self.mutable_state(seg))
+        kept = self._backups.get(i)
+        if kept is None or kept[0] is not seg:
+            kept = (seg, [self.xp.zeros_like(s) for s in state])
+            self._backups[i] = kept
+        for copy, s in zip(kept[1], state, strict=True):
+            self.xp.copy_(copy, s)
+        self._backed_up.add(i)
+
+    def _restore(self) -> None:
+        """Every segment's state back to its copy of this step (those reduced this step have one)."""
+        for i in sorted(self._backed_up):
+            seg, copies = self._backups[i]
+            for s, copy in zip(self.mutable_state(seg), copies, strict=True):
+                self.xp.copy_(s, copy)
+        self._backed_up.clear()
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    @staticmethod
+    def layout_state(seg: Any) -> dict[str, Any]:
+        """The bucket's layout in a checkpoint: its elements, param group and the elements of each parameter."""
+        return {"numel": seg.numel, "group": seg.group, "sizes": list(seg.sizes)}
+
+    def check_layout(self, saved: Sequence[dict[str, Any]]) -> None:
+        """ValueError, before anything changes, if the checkpoint's segments ``saved`` are cut otherwise."""
+        what = f"{self.name}.load_state_dict"
+        want = [seg.numel for seg in self.segments]
+        if [s.get("numel") for s in saved] != want:
+            raise ValueError(
+                f"{what}: fused buffer sizes {[s.get('numel') for s in saved]} != this model's {want} (the segments "
+                "are the buckets of each param group and dtype: another model, param groups or bucket_mb; the "
+                "per-bucket state cannot be carried over to another layout)"
+            )
+        # Checkpoints written before segments were buckets lack the layout; their one segment per param group (and
+        # dtype) loads where that is also one bucket here (equal sizes above).
+        layout = [(s.get("group", seg.group), list(s.get("sizes", seg.sizes)))
+                  for s, seg in zip(saved, self.segments, strict=True)]
+        if layout != [(seg.group, list(seg.sizes)) for seg in self.segments]:
+            raise ValueError(
+                f"{what}: the checkpoint's buckets (param group, parameter sizes) {layout} differ from this "
+                f"optimizer's {[(seg.group, list(seg.sizes)) for seg in self.segments]} (another bucket_mb or model?)"
+            )

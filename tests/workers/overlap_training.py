@@ -1,0 +1,98 @@
+"""What the overlap workers of the bucketed algorithms (tests/workers/onebit_overlap.py, birder_overlap.py) share:
+the model (5 buckets of 64 bytes), the batches every rank re-creates, one backward pass that records how many
+buckets had started when it reached the input, the training loop with overlap on or off, and the checkpoint layout
+checks."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from common import outcome
+
+BUCKET_MB = 64 / (1 << 20)  # 64-byte buckets: [b3, w3], [b2], [w2], [b1], [w1] for one group
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+    )
+
+
+def batch(step: int, rank: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100_000 * step + 100 * rank + micro)
+    x = torch.randn(5, 6, generator=g)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def backward(model, opt, step: int, micro: int, rank: int, seen: list[int] | None = None) -> None:
+    """One backward pass; ``seen`` gets the buckets started when the gradient reached the input (end of backward)."""
+    x, y = batch(step, rank, micro)
+    x.requires_grad_(True)
+    if seen is not None:
+        x.register_hook(lambda g: seen.append(opt._hvdc_alg.launched))
+    torch.nn.functional.mse_loss(model(x), y).backward()
+
+
+def train(make_opt: Callable[[torch.nn.Module], torch.optim.Optimizer], state: Callable[[object], list],
+          steps: int, passes: int, rank: int, abandon_at: int | None = None) -> dict:
+    """``steps`` steps of ``passes`` backward passes each; at step ``abandon_at`` one backward pass is given up
+    (``zero_grad()`` before ``step()``: its started buckets are undone). Returns the parameters after every step,
+    the buckets started during backward and by its end, the bucket count, the mode and ``state(opt)``."""
+    model = make_model()
+    opt = make_opt(model)
+    params, during, after = [], [], []
+    for step in range(steps):
+        if step == abandon_at:
+            opt.zero_grad()
+            backward(model, opt, step + 77, 0, rank)
+        opt.zero_grad()
+        seen: list[int] = []
+        for micro in range(passes):
+            backward(model, opt, step, micro, rank, seen)
+        during.append(seen[-1])
+        after.append(opt._hvdc_alg.launched)
+        opt.step()
+        params.append([p.detach().clone() for p in model.parameters()])
+    return {"params": params, "during": during, "after": after, "buckets": opt.bucket_count,
+            "overlap": opt.overlap, "state": state(opt)}
+
+
+def checkpoint_layouts(make_opt: Callable[..., torch.optim.Optimizer], state: Callable[[object], list], steps: int,
+                       rank: int) -> dict[str, str]:
+    """After ``steps`` steps: a checkpoint of another bucket layout (64-byte buckets vs one bucket, or its parameter
+    sizes reordered) is refused with nothing changed; one of the pre-bucket schema (one segment per param group and
+    dtype, no layout keys) loads where that segment is one bucket; overlap on and off load each other's.
+    ``make_opt(model, **options)``; the outcomes as ``common.outcome`` strings."""
+    def trained(**options: object) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model = make_model()
+        opt = make_opt(model, **options)
+        for step in range(steps):
+            opt.zero_grad()
+            backward(model, opt, step, 0, rank)
+            opt.step()
+        return model, opt
+
+    out = {}
+    _, small = trained()
+    sd_small = small.state_dict()
+    model_b, whole = trained(bucket_mb=25.0)  # the default: one bucket for this model
+    before = [p.detach().clone() for p in model_b.parameters()] + state(whole)
+    out["other_layout"] = outcome(lambda: whole.load_state_dict(sd_small))
+    out["other_layout_back"] = outcome(lambda: small.load_state_dict(whole.state_dict()))
+    tampered = whole.state_dict()
+    tampered["hvd_compress"]["segments"][0]["sizes"] = list(reversed(tampered["hvd_compress"]["segments"][0]["sizes"]))
+    out["other_sizes"] = outcome(lambda: whole.load_state_dict(tampered))
+    after = [p.detach().clone() for p in model_b.parameters()] + state(whole)
+    out["unchanged"] = str(all(torch.equal(a, b) for a, b in zip(before, after, strict=True)))
+    old = copy.deepcopy(whole.state_dict())
+    for seg in old["hvd_compress"]["segments"]:
+        del seg["group"], seg["sizes"]
+    fresh = make_opt(make_model(), bucket_mb=25.0)
+    out["old_schema"] = outcome(lambda: fresh.load_state_dict(old))
+    out["old_schema_equal"] = str(all(torch.equal(a, b) for a, b in zip(state(fresh), state(whole), strict=True)))
+    off = make_opt(make_model(), overlap=False)
+    out["on_into_off"] = outcome(lambda: off.load_state_dict(sd_small))
+    return out
