@@ -124,9 +124,9 @@ class OneBitLamb(OneBitAlgorithm):
         factor_max] (kept as the new last); returns the layers' step scales -lr r c_avg (lines 20-21)."""
         opt = self.options
         scales = []
-        for i, r in enumerate(ratios):
+        for i, ratio in enumerate(ratios):
             prev = seg.last_factor[i]
-            r = min(max(r, (1 - opt.factor_threshold) * prev), (1 + opt.factor_threshold) * prev)
+            r = min(max(ratio, (1 - opt.factor_threshold) * prev), (1 + opt.factor_threshold) * prev)
             r = min(max(r, opt.factor_min), opt.factor_max)
             seg.last_factor[i] = r
             scales.append(-group["lr"] * r * seg.lamb_coeff_freeze[i])

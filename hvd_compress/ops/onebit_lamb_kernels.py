@@ -14,13 +14,18 @@ from typing import Any
 
 from hvd_compress import _core
 from hvd_compress.ops import runtime
+from hvd_compress.ops.errors import NotInitializedError
 from hvd_compress.ops.slamb_kernels import accepts  # the same float32-CPU test  # noqa: F401
 from hvd_compress.ops.tensors import as_core_buffer
 
 
 def _scalar() -> bool:
-    """The portable code where ``HVDC_ONEBIT_KERNELS=scalar`` (the runtime's one configuration) asks for it."""
-    return bool(runtime.get().scalar_kernels)
+    """The portable code where ``HVDC_ONEBIT_KERNELS=scalar`` (the runtime's one configuration, read at ``init()``)
+    asks for it; before ``init()`` (a kernel called on its own) the CPU's best. Both give the same bits."""
+    try:
+        return bool(runtime.get().scalar_kernels)
+    except NotInitializedError:
+        return False
 
 
 def moments_(work: Any, m: Any, fresh: Any, denom: Any, sizes: Sequence[int], floors: Sequence[float],
