@@ -3,6 +3,9 @@ parameters): median ms of ``step()`` and of its arithmetic (``OneBitLamb.compres
 core's fused passes and, where they exist, with the backend's ops (``--backend`` forces those).
 
     OMP_NUM_THREADS=1 mpirun -np 1 python3 tools/bench_onebit_lamb_step.py [--backend]
+
+Measured (2-core shared machine, bench lock held, two runs each): compressed() 21.4-25.9 ms before (main),
+21.8-22.0 ms with ``--backend``, 5.5-5.6 ms fused; step() 86.7-88.8 ms before, 39.3-44.1 ms fused.
 """
 
 from __future__ import annotations
