@@ -16,6 +16,7 @@
 #include "hvdc/birder_bindings.h"
 #include "hvdc/errors.h"
 #include "hvdc/masked_bindings.h"
+#include "hvdc/onebit_lamb_bindings.h"
 #include "hvdc/onebit_bindings.h"
 #include "hvdc/random_bindings.h"
 #include "hvdc/runtime.h"
@@ -286,6 +287,7 @@ NB_MODULE(_core, m) {
   hvdc::register_random(m);
   hvdc::register_masked(m);
   hvdc::register_slamb(m);
+  hvdc::register_onebit_lamb(m);
   hvdc::register_birder(m);
   hvdc::register_sparse(m);
 }

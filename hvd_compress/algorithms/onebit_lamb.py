@@ -23,6 +23,7 @@ from typing import Any
 
 from hvd_compress.algorithms.lamb import trust_ratio
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitOptions, Segment
+from hvd_compress.ops import onebit_lamb_kernels as fused_ops
 from hvd_compress.ops.backend import Tensor
 
 
@@ -76,27 +77,27 @@ class OneBitLamb(OneBitAlgorithm):
         xp.foreach_add_(seg.params, u, alpha=1.0)
 
     def compressed(self, seg: Segment, group: dict[str, Any], t: int) -> None:
-        """Lines 14-21: reconstructed gradient, fresh variance, clipped ratio, update with frozen v."""
+        """Lines 14-21: reconstructed gradient, fresh variance, clipped ratio, update with frozen v.
+
+        On float32 CPU buffers (both faces' usual case) the element-wise part runs in the core's two fused passes
+        (``_compressed_fused``, same float32 operations); other dtypes and devices take the backend's ops here."""
+        frozen = self.frozen_denom(seg, group, self.freeze_step)
+        if fused_ops.accepts(seg.work, seg.exp_avg, seg.fresh, frozen, *(p for p, n in zip(seg.params, seg.sizes,
+                                                                                             strict=True) if n)):
+            self._compressed_fused(seg, group, t, frozen)
+            return
         xp = self.xp
         b1, b2 = group["betas"]
-        opt = self.options
         g_rec = xp.div_(xp.sub(seg.work, seg.exp_avg, alpha=b1, out=seg.scratch), 1 - b1)
         xp.addcmul_(xp.mul_(seg.fresh, b2), g_rec, g_rec, value=1 - b2)
         xp.copy_(seg.exp_avg, seg.work)
-        frozen = self.frozen_denom(seg, group, self.freeze_step)
         fresh = xp.sqrt(seg.fresh, out=seg.scratch)
         if group.get("bias_correction", True):
             xp.div_(fresh, math.sqrt(1 - b2**t))
         self.floor(seg, fresh)  # the frozen variance's floor: line 17 compares like with like
         ratio = xp.div(frozen, xp.add_(fresh, group["eps"]), out=seg.scratch)
-        scales = []
-        for i, view in enumerate(seg.views(ratio)):
-            r = xp.max(view) if seg.sizes[i] else 1.0
-            prev = seg.last_factor[i]
-            r = min(max(r, (1 - opt.factor_threshold) * prev), (1 + opt.factor_threshold) * prev)
-            r = min(max(r, opt.factor_min), opt.factor_max)
-            seg.last_factor[i] = r
-            scales.append(-group["lr"] * r * seg.lamb_coeff_freeze[i])
+        scales = self._clipped_scales(seg, group, [xp.max(view) if seg.sizes[i] else 1.0
+                                                   for i, view in enumerate(seg.views(ratio))])
         u = xp.div(seg.exp_avg, frozen, out=seg.work)
         if group.get("bias_correction", True):
             xp.div_(u, 1 - b1**t)
@@ -105,6 +106,31 @@ class OneBitLamb(OneBitAlgorithm):
             xp.foreach_add_(views, seg.params, alpha=group["weight_decay"])
         xp.foreach_mul_(views, scales)
         xp.foreach_add_(seg.params, views, alpha=1.0)
+
+    def _compressed_fused(self, seg: Segment, group: dict[str, Any], t: int, frozen: Tensor) -> None:
+        """``compressed`` in the core's two passes: lines 14-17 (g_rec, fresh v, m = the averaged momentum and each
+        layer's max ratio) in one, the clipping of lines 18-19 here, lines 20-21 in the other."""
+        b1, b2 = group["betas"]
+        bias = group.get("bias_correction", True)
+        floors = seg.floor_roots if self.options.variance_floor > 0 else [0.0] * len(seg.sizes)
+        ratios = fused_ops.moments_(seg.work, seg.exp_avg, seg.fresh, frozen, seg.sizes, floors, b1, b2,
+                                    1 - b2**t if bias else 1.0, group["eps"])
+        scales = self._clipped_scales(seg, group, ratios)
+        fused_ops.apply_(seg.params, seg.exp_avg, frozen, seg.sizes, 1 - b1**t if bias else 1.0,
+                         group["weight_decay"], scales)
+
+    def _clipped_scales(self, seg: Segment, group: dict[str, Any], ratios: list[float]) -> list[float]:
+        """Lines 18-19: each layer's ratio clipped to (1 -/+ factor_threshold) of the last, then to [factor_min,
+        factor_max] (kept as the new last); returns the layers' step scales -lr r c_avg (lines 20-21)."""
+        opt = self.options
+        scales = []
+        for i, ratio in enumerate(ratios):
+            prev = seg.last_factor[i]
+            r = min(max(ratio, (1 - opt.factor_threshold) * prev), (1 + opt.factor_threshold) * prev)
+            r = min(max(r, opt.factor_min), opt.factor_max)
+            seg.last_factor[i] = r
+            scales.append(-group["lr"] * r * seg.lamb_coeff_freeze[i])
+        return scales
 
     def denom_buffer(self, seg: Segment) -> Tensor:
         # Its own buffer (``scratch`` holds the reconstructed gradient and the ratio), made when first needed.
