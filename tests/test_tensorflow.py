@@ -197,8 +197,11 @@ def test_keras_mixed_float16_overflow_on_one_rank_skips_the_step_on_every_rank(o
 # compiled train steps give gradients a few ulps apart (identical with run_eagerly=True; measured 11 ulps after 8
 # steps), which SLAMB's un-normalized local momentum carries into the parameters. Average, Sum and Adasum go
 # through each Keras's own Adam, whose arithmetic differs (tf_keras folds the bias corrections into the step
-# size; measured <= 16 ulps, 6e-8), so only closeness is asserted there.
-TF_KERAS_VS_KERAS3_ULPS = {"OneBitAdam": 0, "OneBitLamb": 0, "SLAMB": 32, "Birder": 0}
+# size; measured <= 16 ulps, 6e-8), so only closeness is asserted there. The 1-bit optimizers' dense warm-up
+# carries the same few-ulp gradient differences into the parameters on some CPUs: 0 ulps where this bound was
+# first set, 8 (OneBitAdam) and 6 (OneBitLamb) on the AMD EPYC machine of 2026-11-25, also at the commit that
+# had passed with 0, so they get SLAMB's bound.
+TF_KERAS_VS_KERAS3_ULPS = {"OneBitAdam": 32, "OneBitLamb": 32, "SLAMB": 32, "Birder": 0}
 
 
 def test_tf_keras_fit_every_op_identical_ranks_checkpoint_resume_and_keras3_parity(out_dir: Path) -> None:
