@@ -50,6 +50,7 @@ from hvd_compress.algorithms.bucketed import BucketedAlgorithm
 from hvd_compress.algorithms.options import build_options
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
+from hvd_compress.ops.buckets import failure_joins_as_rejection
 from hvd_compress.ops.traffic import CommMeter
 
 DEFAULTS = {"lr": 1e-3, "beta": 0.95, "eps": 1e-8, "weight_decay": 0.0}  # spec 5
@@ -160,7 +161,7 @@ class BirderAlgorithm(BucketedAlgorithm):
         segment a stream of its own, see the top)."""
         seg = self.segments[i]
         name = f"{self.name}.u.{i}"
-        with self.rank_failure_joins(name):
+        with failure_joins_as_rejection(self.meter, name):
             if groups is None:
                 raise ValueError(f"{self.name}: reducing a bucket needs the param groups")
             group = groups[seg.group]

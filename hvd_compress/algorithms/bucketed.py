@@ -14,9 +14,10 @@ one collective call (``reduce_segment``, the subclass's). This class sequences t
 - state untouched on rejection: each segment copies aside what its call mutates (``mutable_state``) before its
   collective (``backup``; needed only when a later bucket may still fail: several segments, or overlap). If any
   bucket fails on any rank (the core rejects bad input on every rank; a Python error on one rank joins the call
-  as a rejection: ``rank_failure_joins``), every segment's state is restored from those copies once all have
-  finished, and the error is raised on every rank; ``abandon`` (a step given up before ``step()``) restores the
-  same way. The subclass's ``step()`` calls ``reduce_all`` if needed and then ``commit``.
+  as a rejection: ``ops.buckets.failure_joins_as_rejection``), every segment's state is restored from those
+  copies once all have finished, and the error is raised on every rank; ``abandon`` (a step given up before
+  ``step()``) restores the same way. The subclass's ``step()`` calls ``reduce_pending`` (``reduce_all`` if
+  needed, then this step's state stands).
 
 Checkpoints record the layout (``layout_state``: each bucket's param group and parameter sizes) and
 ``check_layout`` refuses another with ValueError before anything changes; a checkpoint written before segments
@@ -25,14 +26,12 @@ were buckets (no layout keys) loads where its segments have the same sizes.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from hvd_compress import ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import BucketReductions
-from hvd_compress.ops.errors import CORE_ERRORS, UsageError
+from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.traffic import CommMeter
 
 
@@ -148,18 +147,6 @@ class BucketedAlgorithm:
             self._reductions.reset()
         self._restore()
         self._done = False
-
-    @contextlib.contextmanager
-    def rank_failure_joins(self, name: str) -> Iterator[None]:
-        """Around what a segment does before its collective ``name``: a failure there is this rank's alone, so it
-        joins the call as a rejection, and the other ranks raise too instead of waiting for it."""
-        try:
-            yield
-        except CORE_ERRORS:
-            raise
-        except Exception as e:
-            self.meter.run(ops.reject_allreduce, f"{type(e).__name__}: {e}", name)
-            raise
 
     def backup(self, i: int) -> None:
         """Copy segment ``i``'s ``mutable_state`` aside before its collective, when a later bucket may still fail

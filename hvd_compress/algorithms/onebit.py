@@ -90,6 +90,7 @@ from hvd_compress.algorithms.bucketed import BucketedAlgorithm
 from hvd_compress.algorithms.options import build_options
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
+from hvd_compress.ops.buckets import failure_joins_as_rejection
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.onebit import compressed_allreduce_
@@ -211,7 +212,7 @@ class OneBitAlgorithm(BucketedAlgorithm):
         seg = self.segments[i]
         warm = t <= self.freeze_step
         name = f"{self.name}.grad.{i}" if warm else f"{self.name}.m.{i}"
-        with self.rank_failure_joins(name):
+        with failure_joins_as_rejection(self.meter, name):
             if warm:
                 self.meter.run(ops.allreduce_, seg.grad, op=ReduceOp.Average, name=name)
                 return

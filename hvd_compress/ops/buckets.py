@@ -12,10 +12,14 @@ collective half-issued).
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable, Hashable, Sequence
+import contextlib
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 from hvd_compress.ops import runtime
+from hvd_compress.ops.collectives import reject_allreduce
+from hvd_compress.ops.errors import CORE_ERRORS
+from hvd_compress.ops.traffic import CommMeter
 
 #: ``op=Average``/``Sum``: a gradient bucket closes at this many MiB (DDP's default bucket_cap_mb), the first one
 #: at ``FIRST_BUCKET_MB``, so that the first reduction starts early in backward (DDP's first bucket).
@@ -102,3 +106,17 @@ class BucketReductions:
         self._ready = [0] * len(self._sizes)
         self._futures = [None] * len(self._sizes)
         self._next = 0
+
+
+@contextlib.contextmanager
+def failure_joins_as_rejection(meter: CommMeter, name: str) -> Iterator[None]:
+    """Around a bucket's work on the background thread up to and including its collective ``name``: a Python
+    error there is this rank's alone, so it joins the call as a rejection and the other ranks raise too instead of
+    waiting for it; errors the core raised (already on every rank) pass through."""
+    try:
+        yield
+    except CORE_ERRORS:
+        raise
+    except Exception as e:
+        meter.run(reject_allreduce, f"{type(e).__name__}: {e}", name)
+        raise

@@ -20,6 +20,15 @@ from hvd_compress.ops.errors import LaunchError, NotInitializedError
 DEFAULT_TIMEOUT_S = 300.0
 
 
+def _bounded_int(raw: str, lo: int, hi: int, invalid: int) -> int:
+    """The integer a setting's text names if it lies in [lo, hi], else ``invalid``."""
+    try:
+        value = int(raw)
+    except ValueError:
+        return invalid
+    return value if lo <= value <= hi else invalid
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """The settings read once, at ``init()``, from the environment (nothing reads them per call)."""
@@ -33,8 +42,9 @@ class Config:
     #: ``HVDC_ONEBIT_KERNELS=scalar``: the core's element-wise kernels (1-bit, stochastic) run the portable code
     #: instead of AVX2 ("" or "auto": AVX2 where the CPU has it).
     scalar_kernels: bool = False
-    #: ``HVDC_ONEBIT_PIPELINE``: elements per piece of the pipelined 1-bit compressed allreduce (a multiple of
-    #: 32; 0: never pipeline; -1, unset: the core's default). Must be the same on every rank.
+    #: ``HVDC_ONEBIT_PIPELINE``: elements per piece of the pipelined 1-bit compressed allreduce (the core rounds it
+    #: down to a multiple of 32; under 32, 0 included: never pipeline; -1, unset: the core's default). Must be the
+    #: same on every rank.
     onebit_piece: int = -1
     #: Why a setting is invalid on this rank ("" if none): ``init()`` then raises on every rank.
     invalid: str = ""
@@ -51,13 +61,9 @@ class Config:
         local_size = 0
         raw = env.get("HVDC_LOCAL_SIZE", "")
         if raw:
-            try:
-                local_size = int(raw)
-            except ValueError:
-                local_size = -1
-            if not 1 <= local_size <= 1 << 30:
+            local_size = _bounded_int(raw, 1, 1 << 30, 0)
+            if not local_size:
                 problems.append(f"HVDC_LOCAL_SIZE={raw} is not a positive number of ranks")
-                local_size = 0
         hierarchical = env.get("HVDC_ADASUM_HIERARCHICAL", "0").strip() not in ("", "0")
         kernels = env.get("HVDC_ONEBIT_KERNELS", "").strip()
         if kernels not in ("", "auto", "scalar"):
@@ -65,13 +71,9 @@ class Config:
         onebit_piece = -1
         raw = env.get("HVDC_ONEBIT_PIPELINE", "").strip()
         if raw:
-            try:
-                onebit_piece = int(raw)
-            except ValueError:
-                onebit_piece = -2
-            if not 0 <= onebit_piece <= 1 << 40:
+            onebit_piece = _bounded_int(raw, 0, 1 << 40, -1)
+            if onebit_piece < 0:
                 problems.append(f"HVDC_ONEBIT_PIPELINE={raw} is not a number of elements (0: off)")
-                onebit_piece = -1
         return cls(timeout_s, hierarchical, local_size, kernels == "scalar", onebit_piece, "; ".join(problems))
 
 

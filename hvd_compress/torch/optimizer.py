@@ -11,11 +11,16 @@ from hvd_compress import algorithms, ops
 from hvd_compress.algorithms import slamb
 from hvd_compress.algorithms.birder import parse_options as parse_birder_options
 from hvd_compress.algorithms.onebit import parse_options
-from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, BucketReductions, plan_buckets
+from hvd_compress.ops.buckets import (
+    DEFAULT_BUCKET_MB,
+    FIRST_BUCKET_MB,
+    BucketReductions,
+    failure_joins_as_rejection,
+    plan_buckets,
+)
 from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.ops.errors import CORE_ERRORS
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.ops.traffic import CommMeter
@@ -115,14 +120,9 @@ class _DistributedMixin(SynchronizeProtocol):
         # Horovod's split average with a predivide factor: 1/f before the sum, f/size after it.
         op, pre, post = (self._hvdc_op, 1.0, 1.0) if f == 1.0 else (ReduceOp.Sum, 1.0 / f, f / ops.size())
         name = f"DistributedOptimizer.grad.{index}"
-        try:
+        with failure_joins_as_rejection(self._hvdc_meter, name):
             self._hvdc_meter.run(allreduce_, flat, op=op, name=name, prescale_factor=pre, postscale_factor=post,
                                  compression=self._hvdc_compression, state=self._hvdc_cstates[buffer])
-        except CORE_ERRORS:
-            raise  # raised by the core on every rank
-        except Exception as e:
-            self._hvdc_meter.run(ops.reject_allreduce, f"{type(e).__name__}: {e}", name)
-            raise
 
     def synchronize(self) -> None:
         """Reduce the accumulated gradients over all ranks into ``.grad`` (step() calls this unless it
