@@ -221,3 +221,14 @@ def test_reference_onebit_lamb_freezes_variance_and_clips_ratio() -> None:
     warm = ref.onebit_lamb(x0, grads[:5], sizes, lr=0.01, freeze_step=5).state
     np.testing.assert_array_equal(st["exp_avg_sq"], warm["exp_avg_sq"])
     np.testing.assert_array_equal(st["lamb_coeff_freeze"], warm["lamb_coeff_freeze"])
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_pipelined_compressed_allreduce_over_mpi_matches_reference(n: int, out_dir) -> None:
+    """From 2^20 elements the core pipelines the call over non-blocking MPI sends and receives
+    (HVDC_ONEBIT_PIPELINE: pieces of 4096 elements here, so that every chunk is cut in many); the result, worker and
+    server error of every call must still equal the reference's."""
+    sizes = [(1 << 20) + 37]
+    mpirun("compressed.py", n, out_dir, ",".join(map(str, sizes)), "float32", str(STEPS),
+           env={"HVDC_ONEBIT_PIPELINE": "4096"}, timeout=300)
+    _compare(load_ranks(out_dir, n), n, "float32", sizes)
