@@ -198,7 +198,7 @@ void hierarchical_compressed_allreduce(const HierarchicalGroups& g, const Hierar
     // 2-4. The 1-bit compressed allreduce of paper 003 over the nodes, on the real part of C_l.
     const int64_t server = onebit_padded_numel(real1, s.n) / s.n;
     compressed_allreduce(cross, f32_view(a, real1), f32_view(werr, real1), f32_view(serr, server),
-                         call.kernels);
+                         call.kernels, call.pipeline);
     if (s.m > 1) {  // 5. intra-node allgather of the float32 chunks
       if (rounds_pair_up(s))
         node_allgather(*g.node, s, x);

@@ -247,6 +247,7 @@ CommStats Runtime::hierarchical_compressed_allreduce(const HierarchicalCall& cal
   if (!why.empty()) set_rejected(sig, why);
   HierarchicalCall with_kernels = call;
   with_kernels.kernels = kernels_;
+  with_kernels.pipeline = onebit_pipeline_;
   return run(sig, name.empty() ? "hierarchical_compressed_allreduce" : name,
              [&] { hvdc::hierarchical_compressed_allreduce(groups, with_kernels); });
 }

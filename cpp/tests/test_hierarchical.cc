@@ -146,10 +146,12 @@ std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.en
 
 const char* kernel_name(KernelChoice k) { return k == KernelChoice::kScalar ? "scalar" : "auto"; }
 
-void run_case_with(Failures& f, const Fixtures& fx, const std::string& name, KernelChoice kernels) {
+void run_case_with(Failures& f, const Fixtures& fx, const std::string& name, KernelChoice kernels,
+                   OneBitPipeline pipeline) {
   const std::string base = "hierarchical/" + name;
   const Meta mt(fx.at(base + "/meta"));
-  const std::string label = str(name, " (", kernel_name(kernels), " kernels)");
+  const std::string label =
+      str(name, " (", kernel_name(kernels), " kernels", pipeline.piece == 0 ? "" : ", pipelined", ")");
   // got[call][rank] = {result, worker error, server error, m, b}
   std::vector<std::vector<std::vector<std::vector<double>>>> got(
       mt.calls, std::vector<std::vector<std::vector<double>>>(mt.world));
@@ -187,6 +189,7 @@ void run_case_with(Failures& f, const Fixtures& fx, const std::string& name, Ker
       hc.key.seed = mt.seed;
       hc.key.step = static_cast<uint32_t>(call);
       hc.kernels = kernels;
+      hc.pipeline = pipeline;
       if (mt.injected) {
         uw = to_f32(fx.at(str(base, "/", call, "/uw")));
         us = to_f32(fx.at(str(base, "/", call, "/us")));
@@ -257,7 +260,12 @@ void run_case_with(Failures& f, const Fixtures& fx, const std::string& name, Ker
 }
 
 void run_case(Failures& f, const Fixtures& fx, const std::string& name) {
-  for (KernelChoice k : {KernelChoice::kAuto, KernelChoice::kScalar}) run_case_with(f, fx, name, k);
+  const OneBitPipeline off{0, 0};
+  for (KernelChoice k : {KernelChoice::kAuto, KernelChoice::kScalar}) run_case_with(f, fx, name, k, off);
+  // The scaled payload's inter-node stage takes the runtime's pipeline setting (HVDC_ONEBIT_PIPELINE):
+  // pieces of 32 from the first element, so that even these small buffers take the pipelined path.
+  if (Meta(fx.at("hierarchical/" + name + "/meta")).payload == HierarchicalPayload::kScaled)
+    run_case_with(f, fx, name, KernelChoice::kAuto, OneBitPipeline{32, 0});
 }
 
 // One call through the runtime's protocol (Runtime::hierarchical_compressed_allreduce): the plan's

@@ -34,6 +34,7 @@
 
 #include "hvdc/comm_stats.h"
 #include "hvdc/communicator.h"
+#include "hvdc/compressed_allreduce.h"
 #include "hvdc/kernel_isa.h"
 #include "hvdc/stochastic_kernels.h"
 #include "hvdc/tensor.h"
@@ -72,6 +73,8 @@ struct HierarchicalCall {
   TensorView m, b;
   float beta = 0.95f, one_minus_beta = 0.05f, eps = 1e-8f;
   KernelChoice kernels = KernelChoice::kAuto;  // the runtime's setting (hvdc/kernel_isa.h)
+  // kScaled only: how the inter-node 1-bit stage pipelines (the runtime's HVDC_ONEBIT_PIPELINE).
+  OneBitPipeline pipeline;
 };
 
 // Why this rank cannot run `call` on `groups` ("" if it can): dtypes (float32), devices, the sizes
