@@ -6,6 +6,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "hvdc/errors.h"
 
@@ -56,8 +57,22 @@ MPI_Op mpi_op(ReduceOp op) {
 }
 
 // Allreduces up to this size go through MPI_Iallreduce and wait_yielding(); larger ones (a dense
-// allreduce of a whole buffer) keep the blocking MPI_Allreduce and its tuned algorithms.
+// allreduce of a whole buffer) keep the blocking MPI_Allreduce and its tuned algorithms, except the
+// float sums whose ring chunks reach kRingChunkBytes (below).
 constexpr size_t kSmallAllreduceBytes = size_t{64} << 10;
+
+// A float sum whose chunk per rank (bytes / size) is at least this large runs as a ring
+// (reduce-scatter, then allgather) over non-blocking point-to-point messages with the yielding
+// wait. Why not MPI: its blocking allreduce spins, and on a node with more busy threads than cores
+// (a background reduction overlapping backward) the spin takes the core from backward and from
+// the peer it waits for; Open MPI's non-blocking MPI_Iallreduce does not spin in our wait, but
+// in place it always runs a binomial tree, which sends the whole buffer log2(n) times. The ring
+// is bandwidth-optimal (2 (n - 1) / n of the buffer each way per rank, the ring_allreduce_bytes
+// the stats count anyway), which is what MPI's tuned algorithms also pick for buffers this large;
+// below it the ring's 2 (n - 1) latencies would cost more than they save.
+constexpr size_t kRingChunkBytes = size_t{64} << 10;
+// Tag of the ring's messages, apart from sendrecv (7) and isend/irecv (kRequestTagBase and up).
+constexpr int kRingTag = 9;
 
 // How a rank waits for its peers. Open MPI's blocking calls spin in the progress engine without
 // ever giving up the core; on a machine with fewer cores than busy threads (Horovod's background
@@ -126,12 +141,66 @@ MpiCommunicator::~MpiCommunicator() {
   if (comm_ != MPI_COMM_NULL && mpi_initialized()) MPI_Comm_free(&comm_);
 }
 
+namespace {
+
+template <typename T>
+void add_into(T* dst, const T* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+}  // namespace
+
+// The ring of kRingChunkBytes: chunk c (c = 0..n-1, the first count % n chunks one element longer)
+// is summed along the ring ending at rank c, whose sum every rank then receives unchanged, so all
+// ranks hold the same bits. Each step sends one chunk to the next rank and receives one from the
+// previous; a received partial sum is added into the rank's own copy of that chunk.
+void MpiCommunicator::ring_allreduce_sum(void* buf, int64_t count, DType dtype) {
+  const size_t esize = dtype_size(dtype);
+  const MPI_Datatype type = mpi_type(dtype);
+  const int n = size_;
+  const int next = (rank_ + 1) % n, prev = (rank_ + n - 1) % n;
+  const int64_t base = count / n, extra = count % n;
+  const auto start = [&](int c) { return c * base + std::min<int64_t>(c, extra); };
+  const auto length = [&](int c) { return base + (c < extra ? 1 : 0); };
+  auto* p = static_cast<char*>(buf);
+  std::vector<char> incoming(static_cast<size_t>(base + 1) * esize);
+  const auto exchange = [&](int send_c, void* recv_to, int recv_c) {
+    MPI_Request reqs[2];
+    check(MPI_Irecv(recv_to, static_cast<int>(length(recv_c)), type, prev, kRingTag, comm_, &reqs[0]),
+          "MPI_Irecv");
+    check(MPI_Isend(p + start(send_c) * esize, static_cast<int>(length(send_c)), type, next, kRingTag, comm_,
+                    &reqs[1]),
+          "MPI_Isend");
+    wait_yielding(2, reqs);
+  };
+  // Reduce-scatter: at step s this rank sends its partial sum of chunk (rank - s) and adds the
+  // previous rank's partial sum of chunk (rank - s - 1) into its own; after n - 1 steps it holds
+  // the whole sum of chunk (rank + 1).
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_c = (rank_ - s + 2 * n) % n, recv_c = (rank_ - s - 1 + 2 * n) % n;
+    exchange(send_c, incoming.data(), recv_c);
+    char* own = p + start(recv_c) * esize;
+    if (dtype == DType::kFloat32)
+      add_into(reinterpret_cast<float*>(own), reinterpret_cast<const float*>(incoming.data()), length(recv_c));
+    else
+      add_into(reinterpret_cast<double*>(own), reinterpret_cast<const double*>(incoming.data()), length(recv_c));
+  }
+  // Allgather: the finished chunks travel on around the ring, each received straight into place.
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_c = (rank_ + 1 - s + 2 * n) % n, recv_c = (rank_ - s + 2 * n) % n;
+    exchange(send_c, p + start(recv_c) * esize, recv_c);
+  }
+}
+
 void MpiCommunicator::allreduce_sum(void* buf, int64_t count, DType dtype) {
   const size_t esize = dtype_size(dtype);
   const MPI_Datatype type = mpi_type(dtype);
   const int64_t chunk = static_cast<int64_t>(kMaxChunkBytes / esize);
   auto* p = static_cast<char*>(buf);
-  if (static_cast<size_t>(count) * esize <= kSmallAllreduceBytes) {
+  if (size_ > 1 && static_cast<size_t>(count) * esize / size_ >= kRingChunkBytes &&
+      static_cast<size_t>(count / size_ + 1) * esize < kMaxChunkBytes) {
+    ring_allreduce_sum(buf, count, dtype);
+  } else if (static_cast<size_t>(count) * esize <= kSmallAllreduceBytes) {
     MPI_Request req;
     check(MPI_Iallreduce(MPI_IN_PLACE, p, static_cast<int>(count), type, MPI_SUM, comm_, &req),
           "MPI_Iallreduce");

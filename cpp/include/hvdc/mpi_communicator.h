@@ -1,7 +1,8 @@
 // Communicator over MPI. Owns a duplicate of the communicator it is given, so that its traffic
 // never matches Horovod's messages on the same world, and frees it on destruction.
 //
-// Waiting: sendrecv, the small allreduces (up to 64 KiB: Adasum's dot products, signatures) and
+// Waiting: sendrecv, the small allreduces (up to 64 KiB: Adasum's dot products, signatures), the
+// large float sums (a ring of non-blocking sends and receives, from 64 KiB per rank) and
 // allgather_timed post non-blocking requests and poll them, yielding the core between polls and
 // sleeping between polls once a wait passes 5 ms, instead of Open MPI's blocking calls, which spin
 // without yielding. The requests of isend/irecv wait the same way. On a node with more busy threads than cores (several ranks per node, Horovod's
@@ -44,6 +45,8 @@ class MpiCommunicator final : public Communicator {
  private:
   struct Adopt {};
   MpiCommunicator(MPI_Comm owned, Adopt);
+  // allreduce_sum of float buffers large enough for a ring (mpi_communicator.cc).
+  void ring_allreduce_sum(void* buf, int64_t count, DType dtype);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
