@@ -26,8 +26,11 @@ def birder_cases(hvd) -> list[Case]:
     return [
         # Horovod Average twice: its optimizer step (the dense allreduce of the gradient, then Adam), and the
         # allreduce alone.
+        # The floor: hc.Birder's own rule stepped locally, no communication (the 1-bit step does at least its
+        # arithmetic on every element, so it bounds the speed-up over Horovod).
         Case("Birder step", _stepper(birder(False), 0),
-             {"hvd Adam step": _stepper(hvd_adam, 1), "hvd Average": horovod_average(hvd)}),
+             {"hvd Adam step": _stepper(hvd_adam, 1), "hvd Average": horovod_average(hvd),
+              "floor: local Birder rule": _stepper(lambda p: hc.Birder([p]), 0)}),
         Case("Birder hierarchical step", _stepper(birder(True), 0),
              {"Birder flat step": _stepper(birder(False), 0), "hvd Adam step": _stepper(hvd_adam, 1)}),
         Case("OneBitAdam flat vs hierarchical", _stepper(onebit_adam(True), 1),
