@@ -96,7 +96,7 @@ bench-e2e: install
 # TWO_NODES_RATE, shared memory inside a node, TCP between them), Birder's and 1-bit Adam's rows against
 # Horovod Average, REPEATS runs and their medians. Needs root (ip netns); cleans up on exit.
 TWO_NODES_RATE ?= 1gbit
-TWO_NODES_ARGS ?= --sizes 1,16,64 --only "Birder step,Birder hierarchical step,OneBitAdam flat vs hierarchical"
+TWO_NODES_ARGS ?= --sizes 1,16,64 --only "Birder step,Birder hierarchical step,OneBitAdam flat vs hierarchical,Birder collective,Birder collective hierarchical,1-bit collective hierarchical"
 bench-two-nodes: install
 	BENCH_ARGS='$(TWO_NODES_ARGS)' PY=$(PY) bash tools/two_nodes.sh $(TWO_NODES_RATE)
 

@@ -1,6 +1,8 @@
 """Birder's benchmark rows (paper 004): a Birder step against Horovod's Adam step, 1-bit Adam through the
-hierarchical all-reduce against the flat one. The stochastic quantizer against a memcpy of the bytes it
-streams is a kernel row (hvd_compress/bench/kernels.py, ``python -m hvd_compress.bench.kernels``)."""
+hierarchical all-reduce against the flat one, and the collectives alone (Birder's +/-1 payload, the scaled 1-bit
+payload; flat and hierarchical) against Horovod's Average allreduce of the same buffer. The stochastic quantizer
+against a memcpy of the bytes it streams is a kernel row
+(hvd_compress/bench/kernels.py, ``python -m hvd_compress.bench.kernels``)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,24 @@ import torch
 import hvd_compress.torch as hc
 from hvd_compress.bench.cases import Case, horovod_average
 from hvd_compress.bench.optimizer_cases import _stepper
+from hvd_compress.ops import birder as birder_ops
+
+
+def _collective(payload: int, hierarchical: bool):
+    """hierarchical_compressed_allreduce_ in place on the benchmark's buffer, its error state kept per size (the
+    step advances, so every call draws new uniforms)."""
+    states: dict[int, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}
+
+    def run(t: torch.Tensor) -> torch.Tensor:
+        if t.numel() not in states:
+            c1, c2 = birder_ops.state_numels(t.numel(), hierarchical)
+            states[t.numel()] = (torch.zeros(c1), torch.zeros(c2), [0])
+        werr, serr, step = states[t.numel()]
+        step[0] += 1
+        return birder_ops.hierarchical_compressed_allreduce_(
+            t, werr, serr, payload=payload, hierarchical=hierarchical, seed=1, step=step[0], name="bench.birder")
+
+    return run
 
 
 def birder_cases(hvd) -> list[Case]:
@@ -35,4 +55,12 @@ def birder_cases(hvd) -> list[Case]:
              {"Birder flat step": _stepper(birder(False), 0), "hvd Adam step": _stepper(hvd_adam, 1)}),
         Case("OneBitAdam flat vs hierarchical", _stepper(onebit_adam(True), 1),
              {"OneBitAdam flat step": _stepper(onebit_adam(False), 1)}),
+        Case("Birder collective", _collective(birder_ops.PAYLOAD_SIGN, False),
+             {"hvd Average": horovod_average(hvd)}),
+        Case("Birder collective hierarchical", _collective(birder_ops.PAYLOAD_SIGN, True),
+             {"Birder collective flat": _collective(birder_ops.PAYLOAD_SIGN, False),
+              "hvd Average": horovod_average(hvd)}),
+        Case("1-bit collective hierarchical", _collective(birder_ops.PAYLOAD_SCALED, True),
+             {"1-bit collective flat": _collective(birder_ops.PAYLOAD_SCALED, False),
+              "hvd Average": horovod_average(hvd)}),
     ]
