@@ -41,14 +41,14 @@ restricted to that range (spec section 2 step 4: the same elements averaged, the
 masked mean of the whole of m. The mask is never redefined per bucket: the core draws M_t's bits for [first, end)
 only (``ops.masks.masked_allreduce_`` with ``offset``/``total``: Philox element indices and the cyclic
 permutation of all D, computed once per (D, seed)), on the background thread inside the bucket's collective, into
-mask[first:end]; after the last bucket ``mask`` is M_t. Only what may differ: at 3+ ranks MPI may sum the
+mask[first:end]; after the last bucket ``mask`` is M_t. What may differ: at 3+ ranks MPI may sum the
 elements of a shorter message in another order, so the last bit of m[M_t] may differ from one whole-buffer call
 (overlap on and off cut alike and agree bit for bit). Steps 5-9 (v, freshness, the per-layer trust ratios, the
 update, the H-step average) stay in ``step()``, after every bucket. A bucket writes only the scratch ``work``
 (m's new value) and ``mask`` (and, with ``sync_grad``, averages its gradient): m, v, c, x and t change only in
 ``step()`` once every bucket succeeded, so a bucket that fails on any rank (the core's finite check) leaves every
 state tensor as it was with no copies (``mutable_state`` is empty) and ``step()`` raises ``UsageError`` on every
-rank. The TF/Keras faces have no hooks: one segment per param group, run in ``step()``.
+rank. The TF/Keras faces have no hooks: one segment (per param group), run in ``step()``.
 
 State: m, v (the face binds them as the optimizer's per-parameter state), the freshness c, the step and the
 options that fix the masks (seed, k, kind); ``state_dict()`` is the checkpoint schema every face writes, with the
