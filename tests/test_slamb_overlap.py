@@ -3,7 +3,9 @@ the flat index space D, whose steps 3 and 4 (the momentum and its masked average
 paper 000 Alg. 1 lines 7, 8 and 10) start while backward runs (overlap=True, the default). Results are bit-identical
 to the same calls after backward (overlap=False), through parameter-average steps; the cut does not change the rule
 (equal to one bucket per param group); a NaN in any bucket on one rank raises on every rank with every state tensor
-unchanged; a checkpoint of another bucket layout is refused, one written before buckets loads (issue 13, item 1)."""
+unchanged; a checkpoint of another bucket layout is refused, one written before buckets loads, a resumed run
+continues bit for bit; without overlap, clipping between synchronize() and step() clips what enters the momentum
+(issue 13, item 1)."""
 
 from __future__ import annotations
 
@@ -98,3 +100,19 @@ def test_checkpoint_of_another_bucket_layout_is_refused_and_one_before_buckets_l
     for r, rk in enumerate(ranks):  # written before buckets (no layout at all): SLAMB's state is over D, any cut
         error, equal = rk["old_checkpoint"]
         assert error == "no error" and equal, f"n={n} rank {r}: a pre-bucket checkpoint: {error}, state equal {equal}"
+
+
+def test_resumed_run_with_buckets_is_bit_identical(run) -> None:
+    n, ranks = run
+    for r, rk in enumerate(ranks):
+        assert rk["resumed"], f"n={n} rank {r}: the run resumed from a checkpoint differs from the one never stopped"
+
+
+def test_clipping_between_synchronize_and_step_without_overlap_clips_what_enters_the_momentum(run) -> None:
+    """overlap=False: halving ``.grad`` between synchronize() and step() equals halving the loss, bit for bit (each
+    rank's own gradient, before its momentum is formed and averaged)."""
+    n, ranks = run
+    for r, rk in enumerate(ranks):
+        clipped, halved = rk["clip"]
+        for i, (a, b) in enumerate(zip(clipped, halved, strict=True)):
+            assert torch.equal(a, b), f"n={n} rank {r} param {i}: off by {(a - b).abs().max().item():.3g}"

@@ -6,19 +6,21 @@ final state tensors, the buckets started while backward was still running and af
 Then: the same training with the whole model in one bucket per param group (the cut must not change the rule); the
 mask after a bucketed step against the whole mask of D; a NaN injected on the last rank into the first or the last
 bucket (in bucket order) of a sync step, per mode (the error on every rank, every state tensor before and after, a
-recovery step); the checkpoint layout checks, and a checkpoint written before buckets (no layout) loading into this
-cut.
+recovery step); the checkpoint layout checks, a checkpoint written before buckets (no layout) loading into this cut,
+a run resumed from a checkpoint against the run never stopped, and synchronize() + halving ``.grad`` + step() with
+overlap=False against halving the loss.
 
 argv: out_dir steps
 """
 
 import copy
 import functools
+import io
 import sys
 
 import torch
 from common import outcome, save
-from overlap_training import BUCKET_MB, backward, checkpoint_layouts, make_model, train
+from overlap_training import BUCKET_MB, backward, checkpoint_layouts, clip_without_overlap, make_model, train
 
 import hvd_compress.torch as hc
 from hvd_compress.ops import masks as mask_ops
@@ -102,6 +104,33 @@ def nan_in_bucket(overlap: bool, layer: int) -> dict:
             "step": opt._hvdc_alg.t}
 
 
+def resumed_equals_straight() -> bool:
+    """64-byte buckets with overlap: a run stopped after 2 steps, saved, loaded into a fresh model and optimizer and
+    continued to ``steps`` (through parameter averages) ends bit for bit as the run never stopped."""
+    def run(model: torch.nn.Module, opt, first: int, end: int) -> None:
+        for step in range(first, end):
+            opt.zero_grad()
+            backward(model, opt, step, 0, r)
+            opt.step()
+
+    model = make_model()
+    run(model, make_opt(model), 0, steps)
+    straight = [p.detach().clone() for p in model.parameters()]
+    model = make_model()
+    opt = make_opt(model)
+    run(model, opt, 0, 2)
+    blob = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, blob)
+    blob.seek(0)
+    ckpt = torch.load(blob, weights_only=False)
+    model = make_model()
+    model.load_state_dict(ckpt["model"])
+    opt = make_opt(model)
+    opt.load_state_dict(ckpt["opt"])
+    run(model, opt, 2, steps)
+    return all(torch.equal(a, b.detach()) for a, b in zip(straight, model.parameters(), strict=True))
+
+
 def old_checkpoint_loads() -> tuple[str, bool]:
     """A checkpoint written before buckets (no ``segments``) loads into 64-byte buckets, state as saved."""
     model = make_model()
@@ -134,4 +163,7 @@ for overlap in (True, False):
         out["nan"][(overlap, layer)] = nan_in_bucket(overlap, layer)
 out["checkpoints"] = checkpoint_layouts(make_opt, state_tensors, 2, r)
 out["old_checkpoint"] = old_checkpoint_loads()
+out["resumed"] = resumed_equals_straight()
+no_overlap = functools.partial(make_opt, overlap=False)
+out["clip"] = tuple(clip_without_overlap(no_overlap, steps, r, halve) for halve in (False, True))
 save(r, out)
