@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mpi_harness import load_ranks, mpirun
+from overlap_checks import check_buckets_started, check_checkpoint_layouts
 
 STEPS = 4
 BUCKETS = 5  # the worker's model cut into 64-byte buckets: [b3, w3], [b2], [w2], [b1], [w1]
@@ -28,16 +29,7 @@ def run(request, tmp_path_factory) -> tuple[str, list[dict]]:
 
 def test_buckets_start_during_backward(run) -> None:
     where, ranks = run
-    for name in CONFIGS:
-        for r, rk in enumerate(ranks):
-            on, off = rk["results"][(name, True)], rk["results"][(name, False)]
-            assert on["overlap"] and not off["overlap"]
-            assert on["buckets"] == off["buckets"] == BUCKETS, f"{where} {name} rank {r}: {on['buckets']} buckets"
-            # A bucket's core call started from a gradient hook before backward() returned, every step, and all
-            # had started when it returned.
-            assert all(d >= 1 for d in on["during"]), f"{where} {name} rank {r}: started during backward {on['during']}"
-            assert on["after"] == [BUCKETS] * STEPS, f"{where} {name} rank {r}: started by backward's end {on['after']}"
-            assert off["during"] == off["after"] == [0] * STEPS, f"{where} {name} rank {r}: overlap=False started early"
+    check_buckets_started(where, ranks, CONFIGS, BUCKETS, STEPS)
 
 
 def test_overlap_on_and_off_give_bit_identical_parameters_and_state(run) -> None:
@@ -83,17 +75,7 @@ def test_nan_in_a_late_bucket_on_one_rank_raises_everywhere_with_state_unchanged
 
 def test_checkpoint_of_another_bucket_layout_is_refused_and_the_old_schema_loads(run) -> None:
     where, ranks = run
-    for r, rk in enumerate(ranks):
-        got = rk["checkpoints"]
-        for key in ("other_layout", "other_layout_back"):
-            assert got[key].startswith("ValueError: Birder.load_state_dict: fused buffer sizes"), got[key]
-            assert "bucket_mb" in got[key], f"rank {r}: {got[key]}"
-        assert got["other_sizes"].startswith("ValueError: Birder.load_state_dict: the checkpoint's buckets"), \
-            got["other_sizes"]
-        assert got["unchanged"] == "True", f"{where} rank {r}: a refused checkpoint changed the optimizer"
-        assert got["old_schema"] == "no error", f"rank {r}: {got['old_schema']}"
-        assert got["old_schema_equal"] == "True"
-        assert got["on_into_off"] == "no error", f"rank {r}: {got['on_into_off']}"
+    check_checkpoint_layouts(where, ranks, "Birder")
 
 
 def test_two_buckets_draw_from_their_own_streams(run) -> None:

@@ -10,6 +10,7 @@ from mpi_harness import load_ranks, mpirun
 from workers.common import rank_input
 
 import hvd_compress.torch as hc
+from hvd_compress.ops import masks as mask_ops
 from hvd_compress.reference import masks as ref
 
 SEED = 1234
@@ -22,6 +23,21 @@ def test_random_mask_equals_reference(numel: int, ratio: float, kind: str) -> No
         got = hc.random_mask(numel, ratio, SEED, step, kind).numpy()
         want = ref.random_mask(numel, ratio, SEED, step, kind)
         assert np.array_equal(got, want), f"{kind} numel={numel} k={ratio} step={step}: {np.sum(got != want)} differ"
+
+
+@pytest.mark.parametrize("kind", ["cyclic", "bernoulli"])
+def test_a_range_of_a_mask_is_that_slice_of_the_whole_mask(kind: str) -> None:
+    """SLAMB's buckets draw M_t for their range of D only (``ops.masks`` ``offset``/``total``): each bit is the one
+    it has in the whole mask, always-selected ranges that cross the cut included; a range past the end raises."""
+    numel, always = 5003, [0, 7, 1990, 30, 4000, 1003]
+    for step in (1, 2, 9):
+        want = ref.random_mask(numel, 0.25, SEED, step, kind, always)
+        for lo, hi in ((0, 1), (0, 2000), (2000, 2001), (1995, 4100), (4100, numel)):
+            got = mask_ops.random_mask_(torch.zeros(hi - lo, dtype=torch.bool), 0.25, SEED, step, kind, always,
+                                        offset=lo, total=numel).numpy()
+            assert np.array_equal(got, want[lo:hi]), f"{kind} step {step} [{lo}, {hi}): {np.sum(got != want[lo:hi])}"
+    with pytest.raises(ValueError, match="outside"):
+        mask_ops.random_mask_(torch.zeros(10, dtype=torch.bool), 0.25, SEED, 1, kind, offset=numel - 5, total=numel)
 
 
 def test_cyclic_mask_selects_every_element_once_per_cycle() -> None:

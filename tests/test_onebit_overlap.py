@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mpi_harness import load_ranks, mpirun
+from overlap_checks import check_buckets_started, check_checkpoint_layouts
 
 STEPS, FREEZE = 7, 3  # 3 dense warm-up steps, then 4 compressed ones
 BUCKETS = 5  # the worker's model cut into 64-byte buckets: [b3, w3], [b2], [w2], [b1], [w1]
@@ -25,17 +26,9 @@ def run(request, tmp_path_factory) -> tuple[int, list[dict]]:
 
 
 def test_buckets_start_during_backward_in_warmup_and_compression(run) -> None:
+    # steps > FREEZE: the compressed allreduce of the momentum; before, the dense gradient average
     n, ranks = run
-    for name in CONFIGS:
-        for r, rk in enumerate(ranks):
-            on, off = rk["results"][(name, True)], rk["results"][(name, False)]
-            assert on["overlap"] and not off["overlap"]
-            assert on["buckets"] == off["buckets"] == BUCKETS, f"n={n} {name} rank {r}: {on['buckets']} buckets"
-            # A bucket started from a gradient hook before backward() returned, every step (steps > FREEZE are the
-            # compressed allreduce of the momentum), and all had started when it returned.
-            assert all(d >= 1 for d in on["during"]), f"n={n} {name} rank {r}: started during backward {on['during']}"
-            assert on["after"] == [BUCKETS] * STEPS, f"n={n} {name} rank {r}: started by backward's end {on['after']}"
-            assert off["during"] == off["after"] == [0] * STEPS, f"n={n} {name} rank {r}: overlap=False started early"
+    check_buckets_started(f"n={n}", ranks, CONFIGS, BUCKETS, STEPS)
 
 
 def test_overlap_on_and_off_give_bit_identical_parameters_and_state(run) -> None:
@@ -83,17 +76,7 @@ def test_nan_in_a_late_bucket_on_one_rank_raises_everywhere_with_state_unchanged
 
 def test_checkpoint_of_another_bucket_layout_is_refused_and_the_old_schema_loads(run) -> None:
     n, ranks = run
-    for r, rk in enumerate(ranks):
-        got = rk["checkpoints"]
-        for key in ("other_layout", "other_layout_back"):
-            assert got[key].startswith("ValueError: OneBitLamb.load_state_dict: fused buffer sizes"), got[key]
-            assert "bucket_mb" in got[key], f"rank {r}: {got[key]}"
-        assert got["other_sizes"].startswith("ValueError: OneBitLamb.load_state_dict: the checkpoint's buckets"), \
-            got["other_sizes"]
-        assert got["unchanged"] == "True", f"n={n} rank {r}: a refused checkpoint changed the optimizer"
-        assert got["old_schema"] == "no error", f"rank {r}: {got['old_schema']}"
-        assert got["old_schema_equal"] == "True"
-        assert got["on_into_off"] == "no error", f"rank {r}: {got['on_into_off']}"
+    check_checkpoint_layouts(f"n={n}", ranks, "OneBitLamb")
 
 
 @pytest.mark.parametrize("algo", ["adam", "lamb"])

@@ -31,12 +31,20 @@ CallSignature masked_signature(const TensorView& t, const MaskSpec& spec, const 
   // rank with another ratio, seed or step is named in the MismatchError.
   char ratio[32];
   std::snprintf(ratio, sizeof(ratio), "%g", spec.ratio);
+  // A range of a larger mask (a bucket) also shows and hashes where it lies in the index space.
+  const bool range = spec.first != 0 || spec.numel != t.numel;
   const std::string text = std::string(sig.shape) + " k=" + ratio + " seed=" +
-                           std::to_string(spec.seed) + " t=" + std::to_string(spec.step);
+                           std::to_string(spec.seed) + " t=" + std::to_string(spec.step) +
+                           (range ? " at=" + std::to_string(spec.first) + "/" + std::to_string(spec.numel)
+                                  : std::string());
   std::snprintf(sig.shape, sizeof(sig.shape), "%s", text.c_str());
   sig.shape_hash = fnv1a(&spec.ratio, sizeof(spec.ratio), sig.shape_hash);
   sig.shape_hash = fnv1a(&spec.seed, sizeof(spec.seed), sig.shape_hash);
   sig.shape_hash = fnv1a(&spec.step, sizeof(spec.step), sig.shape_hash);
+  if (range) {
+    sig.shape_hash = fnv1a(&spec.first, sizeof(spec.first), sig.shape_hash);
+    sig.shape_hash = fnv1a(&spec.numel, sizeof(spec.numel), sig.shape_hash);
+  }
   sig.layout_hash = fnv1a(spec.always.data(), spec.always.size() * sizeof(int64_t));
   return sig;
 }

@@ -22,10 +22,13 @@ namespace {
 
 using BoolFlat = nb::ndarray<bool, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
+// The mask of (numel, ...) restricted to [first, first + length) (hvdc/masks.h).
 MaskSpec spec_of(int64_t numel, double ratio, uint64_t seed, int64_t step, int kind,
-                 std::vector<int64_t> always) {
+                 std::vector<int64_t> always, int64_t first = 0, int64_t length = -1) {
   MaskSpec s;
   s.numel = numel;
+  s.first = first;
+  s.length = length;
   s.ratio = ratio;
   s.seed = seed;
   s.step = step;
@@ -40,18 +43,20 @@ void register_masked(nb::module_& m) {
   m.def(
       "random_mask",
       [](BoolFlat out, double ratio, uint64_t seed, int64_t step, int kind,
-         std::vector<int64_t> always) {
-        const MaskSpec s = spec_of(static_cast<int64_t>(out.shape(0)), ratio, seed, step, kind,
-                                   std::move(always));
+         std::vector<int64_t> always, int64_t offset, int64_t total) {
+        const int64_t n = static_cast<int64_t>(out.shape(0));
+        const MaskSpec s = spec_of(total < 0 ? n : total, ratio, seed, step, kind, std::move(always),
+                                   offset, n);
         const std::string why = check_mask_spec(s);
         if (!why.empty()) throw UsageError("random_mask: " + why);
         nb::gil_scoped_release nogil;
         random_mask(s, reinterpret_cast<uint8_t*>(out.data()));
       },
       nb::arg("out"), nb::arg("ratio"), nb::arg("seed"), nb::arg("step"), nb::arg("kind") = 0,
-      nb::arg("always") = std::vector<int64_t>{},
-      "Fills the bool array `out` with the random-k mask of (len(out), ratio, seed, step, kind: "
-      "0 cyclic, 1 bernoulli), plus the (offset, length) pairs in `always` (hvdc/masks.h).");
+      nb::arg("always") = std::vector<int64_t>{}, nb::arg("offset") = 0, nb::arg("total") = -1,
+      "Fills the bool array `out` with the random-k mask of (total, ratio, seed, step, kind: "
+      "0 cyclic, 1 bernoulli), plus the (offset, length) pairs in `always` (hvdc/masks.h), "
+      "elements [offset, offset + len(out)) of it; total < 0: len(out) (the whole mask).");
   m.def(
       "cyclic_permutation",
       [](int64_t numel, uint64_t seed) {
@@ -126,7 +131,7 @@ void register_masked(nb::module_& m) {
   nb::cpp_function_def(
       [](Runtime& rt, nb::handle tensor, double ratio, uint64_t seed, int64_t step,
                 int kind, std::vector<int64_t> always, std::optional<BoolFlat> mask_out,
-                bool check_finite, const std::string& name) {
+                bool check_finite, const std::string& name, int64_t offset, int64_t total) {
         TensorView v;
         try {
           v = binding_view_of(tensor, "masked_allreduce");
@@ -138,7 +143,8 @@ void register_masked(nb::module_& m) {
           nb::gil_scoped_release nogil;
           rt.reject(kMaskedAllreduce, e.what(), name);
         }
-        const MaskSpec s = spec_of(v.numel, ratio, seed, step, kind, std::move(always));
+        const MaskSpec s = spec_of(total < 0 ? v.numel : total, ratio, seed, step, kind,
+                                   std::move(always), offset, v.numel);
         uint8_t* out = mask_out ? reinterpret_cast<uint8_t*>(mask_out->data()) : nullptr;
         CommStats moved;
         {
@@ -154,12 +160,14 @@ void register_masked(nb::module_& m) {
       nb::scope(runtime), nb::name("masked_allreduce"), nb::is_method(), nb::arg("tensor"),
       nb::arg("ratio"), nb::arg("seed"), nb::arg("step"), nb::arg("kind") = 0,
       nb::arg("always") = std::vector<int64_t>{}, nb::arg("mask_out").none() = nb::none(),
-      nb::arg("check_finite") = false, nb::arg("name") = "",
-      "In place: the elements of `tensor` that the random-k mask of (numel, ratio, seed, step, "
-      "kind) plus `always` selects become their average over all ranks; the others stay. The "
-      "mask's arguments are agreed (MismatchError on every rank if they differ). `mask_out` (bool, "
-      "numel) receives the mask. `check_finite`: NaN/Inf on any rank raises UsageError on every "
-      "rank, tensor unchanged. Returns this call's bytes.");
+      nb::arg("check_finite") = false, nb::arg("name") = "", nb::arg("offset") = 0,
+      nb::arg("total") = -1,
+      "In place: the elements of `tensor` that the random-k mask of (total, ratio, seed, step, "
+      "kind) plus `always` selects become their average over all ranks; the others stay. `tensor` "
+      "holds elements [offset, offset + numel) of the mask's index space (total < 0: numel, the "
+      "whole). The mask's arguments are agreed (MismatchError on every rank if they differ). "
+      "`mask_out` (bool, numel) receives the mask. `check_finite`: NaN/Inf on any rank raises "
+      "UsageError on every rank, tensor unchanged. Returns this call's bytes.");
 }
 
 }  // namespace hvdc

@@ -123,22 +123,25 @@ void cyclic_compare(const uint32_t* r, uint32_t base, uint32_t width, int64_t n,
   cyclic_compare_scalar(r, base, width, n, out);
 }
 
-void cyclic_mask(const MaskSpec& s, uint8_t* out) {
+// Elements [s.first, s.first + n) of the cyclic mask into out[0, n).
+void cyclic_mask(const MaskSpec& s, int64_t n, uint8_t* out) {
   const int64_t nc = cyclic_chunks(s.ratio);
   const int64_t cs = (s.numel + nc - 1) / nc;
   const int64_t lo = (s.step % nc) * cs;
   const int64_t len = std::max<int64_t>(0, std::min(cs, s.numel - lo));
   if (len == 0) {
-    std::memset(out, 0, static_cast<size_t>(s.numel));
+    std::memset(out, 0, static_cast<size_t>(n));
     return;
   }
   const auto ranks = cached_ranks(s.numel, s.seed);
-  const uint32_t* r = ranks->data();
+  const uint32_t* r = ranks->data() + s.first;
   const uint32_t base = static_cast<uint32_t>(lo), width = static_cast<uint32_t>(len);
-  cyclic_compare(r, base, width, s.numel, out);
+  cyclic_compare(r, base, width, n, out);
 }
 
-void bernoulli_mask(const MaskSpec& s, uint8_t* out) {
+// Elements [s.first, s.first + n) of the Bernoulli mask into out[0, n): uniform i of the key is
+// element i's, wherever the range starts.
+void bernoulli_mask(const MaskSpec& s, int64_t n, uint8_t* out) {
   PhiloxKey key;
   key.seed = s.seed;
   key.step = static_cast<uint32_t>(s.step);
@@ -146,9 +149,9 @@ void bernoulli_mask(const MaskSpec& s, uint8_t* out) {
   const float k = static_cast<float>(s.ratio);
   constexpr int64_t kBlock = 4096;
   float u[kBlock];
-  for (int64_t at = 0; at < s.numel; at += kBlock) {
-    const int64_t len = std::min(kBlock, s.numel - at);
-    philox_fill_uniform(key, static_cast<uint64_t>(at), len, u);
+  for (int64_t at = 0; at < n; at += kBlock) {
+    const int64_t len = std::min(kBlock, n - at);
+    philox_fill_uniform(key, static_cast<uint64_t>(s.first + at), len, u);
     for (int64_t i = 0; i < len; ++i) out[at + i] = static_cast<uint8_t>(u[i] < k);
   }
 }
@@ -322,17 +325,30 @@ std::string check_mask_spec(const MaskSpec& s) {
       return "always-selected range (" + std::to_string(off) + ", " + std::to_string(len) +
              ") is outside [0, " + std::to_string(s.numel) + ")";
   }
+  if (s.first < 0 || s.first > s.numel || mask_range_length(s) > s.numel - s.first)
+    return "mask range [" + std::to_string(s.first) + ", " +
+           std::to_string(s.first + mask_range_length(s)) + ") is outside [0, " +
+           std::to_string(s.numel) + ")";
   return "";
 }
 
+int64_t mask_range_length(const MaskSpec& spec) {
+  return spec.length >= 0 ? spec.length : spec.numel - spec.first;
+}
+
 void random_mask(const MaskSpec& spec, uint8_t* out) {
-  if (spec.numel <= 0) return;
+  const int64_t n = mask_range_length(spec);
+  if (n <= 0) return;
   if (spec.kind == MaskKind::kBernoulli)
-    bernoulli_mask(spec, out);
+    bernoulli_mask(spec, n, out);
   else
-    cyclic_mask(spec, out);
-  for (size_t i = 0; i < spec.always.size(); i += 2)
-    std::memset(out + spec.always[i], 1, static_cast<size_t>(spec.always[i + 1]));
+    cyclic_mask(spec, n, out);
+  const int64_t first = spec.first, end = spec.first + n;
+  for (size_t i = 0; i < spec.always.size(); i += 2) {  // each always range clipped to the drawn one
+    const int64_t lo = std::max(first, spec.always[i]);
+    const int64_t hi = std::min(end, spec.always[i] + spec.always[i + 1]);
+    if (lo < hi) std::memset(out + (lo - first), 1, static_cast<size_t>(hi - lo));
+  }
 }
 
 std::vector<int64_t> cyclic_permutation(int64_t numel, uint64_t seed) {

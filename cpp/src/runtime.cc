@@ -208,7 +208,7 @@ CommStats Runtime::masked_allreduce(const TensorView& t, const MaskSpec& spec_in
                                     uint8_t* mask_out, bool check_finite,
                                     const std::string& name) {
   MaskSpec spec = spec_in;
-  spec.numel = t.numel;
+  spec.length = t.numel;  // `t` is elements [first, first + t.numel) of the mask's index space
   CallSignature sig = masked_signature(t, spec, name);
   std::string why = check_mask_spec(spec);
   if (why.empty() && check_finite) {

@@ -2,8 +2,8 @@
 // (hvdc/masked_allreduce.h) on n = 1..4 thread ranks: the cyclic masks select every element exactly
 // once per int(1/k) steps with a fixed count, Bernoulli masks select about k, the always-selected
 // ranges are set, gather/scatter equal a plain loop at every alignment and element size, the masked
-// average changes exactly the selected elements, and ranks whose mask seed or step differs raise
-// MismatchError on every rank.
+// average changes exactly the selected elements, a range of a mask is the slice of the whole one,
+// and ranks whose mask seed, step, ratio or range differs raise MismatchError on every rank.
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -84,6 +84,44 @@ void bernoulli_rate_and_always(Failures& f) {
   MaskSpec bad = spec(10, 0.5, 0, 0, MaskKind::kCyclic);
   bad.always = {8, 3};
   f.check(!check_mask_spec(bad).empty(), "range past the end accepted");
+}
+
+// A range [first, first + length) of a mask (SLAMB's buckets) holds exactly those elements of the
+// whole mask, for both kinds, ranges at any alignment, and always-selected ranges that start
+// before, end inside, or cover the drawn range; a range past the end is refused.
+void ranges_are_slices_of_the_whole_mask(Failures& f) {
+  const int64_t numel = 10007;
+  for (MaskKind kind : {MaskKind::kCyclic, MaskKind::kBernoulli}) {
+    for (int64_t t : {1, 2, 13}) {
+      f.ran();
+      MaskSpec whole = spec(numel, 0.25, 31, t, kind);
+      whole.always = {0, 5, 990, 40, 4000, 3000};
+      std::vector<uint8_t> all(numel);
+      random_mask(whole, all.data());
+      const int64_t cuts[] = {0, 3, 1000, 1001, 4096, 5000, 7001, 10000, numel};
+      for (size_t c = 0; c + 1 < sizeof(cuts) / sizeof(cuts[0]); ++c) {
+        MaskSpec part = whole;
+        part.first = cuts[c];
+        part.length = cuts[c + 1] - cuts[c];
+        f.check(check_mask_spec(part).empty(), "valid range refused: " + check_mask_spec(part));
+        std::vector<uint8_t> got(static_cast<size_t>(part.length) + 1, 7);
+        random_mask(part, got.data());
+        f.check(std::memcmp(got.data(), all.data() + part.first, part.length) == 0 &&
+                    got[part.length] == 7,
+                "kind " + std::to_string(static_cast<int>(kind)) + " t=" + std::to_string(t) +
+                    ": range [" + std::to_string(cuts[c]) + ", " + std::to_string(cuts[c + 1]) +
+                    ") differs from the whole mask's slice (or wrote past it)");
+      }
+    }
+  }
+  f.ran();
+  MaskSpec past = spec(100, 0.5, 0, 0, MaskKind::kCyclic);
+  past.first = 90;
+  past.length = 11;
+  f.check(!check_mask_spec(past).empty(), "mask range past the end accepted");
+  past.first = 101;
+  past.length = -1;
+  f.check(!check_mask_spec(past).empty(), "mask range starting past the end accepted");
 }
 
 template <typename T>
@@ -167,7 +205,7 @@ void masked_average_on_ranks(Failures& f) {
 }
 
 void mismatched_masks_raise_everywhere(Failures& f) {
-  for (int field = 0; field < 3; ++field) {
+  for (int field = 0; field < 4; ++field) {
     f.ran();
     const int n = 3;
     ThreadWorld world(n, kHangS);
@@ -178,6 +216,10 @@ void mismatched_masks_raise_everywhere(Failures& f) {
       if (r == 2 && field == 0) s.seed = 8;
       if (r == 2 && field == 1) s.step = 4;
       if (r == 2 && field == 2) s.ratio = 0.2;
+      if (r == 2 && field == 3) {  // the same 100 elements, but another range of a larger mask
+        s.numel = 110;
+        s.first = 10;
+      }
       std::vector<float> x(100, 1.0f);
       TensorView t;
       t.data = x.data();
@@ -189,7 +231,7 @@ void mismatched_masks_raise_everywhere(Failures& f) {
         errors[r] = e.what();
       }
     });
-    const char* names[] = {"seed=8", "t=4", "k=0.2"};
+    const char* names[] = {"seed=8", "t=4", "k=0.2", "at=10/110"};
     for (int r = 0; r < n; ++r)
       f.check(errors[r].find(names[field]) != std::string::npos,
               std::string("mismatched ") + names[field] + ": rank " + std::to_string(r) +
@@ -221,6 +263,7 @@ int main() {
   hvdc::Failures f;
   hvdc::cyclic_covers_each_element_once(f);
   hvdc::bernoulli_rate_and_always(f);
+  hvdc::ranges_are_slices_of_the_whole_mask(f);
   hvdc::gather_scatter(f);
   hvdc::masked_average_on_ranks(f);
   hvdc::mismatched_masks_raise_everywhere(f);

@@ -68,6 +68,9 @@ class BucketedAlgorithm:
         """The state buffers of ``seg`` that its collective updates (copied aside before it, restored on failure)."""
         raise NotImplementedError
 
+    #: Why a checkpoint of another bucket layout cannot be loaded (``check_layout``'s message).
+    layout_reason = "the per-bucket state cannot be carried over to another layout"
+
     def rejection_is_the_step(self, t: int) -> bool:
         """Whether a ``UsageError`` of step ``t``'s buckets rejects the step itself (reported as such)."""
         return True
@@ -184,8 +187,8 @@ class BucketedAlgorithm:
         if [s.get("numel") for s in saved] != want:
             raise ValueError(
                 f"{what}: fused buffer sizes {[s.get('numel') for s in saved]} != this model's {want} (the segments "
-                "are the buckets of each param group and dtype: another model, param groups or bucket_mb; the "
-                "per-bucket state cannot be carried over to another layout)"
+                f"are the buckets of each param group and dtype: another model, param groups or bucket_mb; "
+                f"{self.layout_reason})"
             )
         # Checkpoints written before segments were buckets lack the layout; their one segment per param group (and
         # dtype) loads where that is also one bucket here (equal sizes above).

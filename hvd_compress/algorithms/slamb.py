@@ -30,8 +30,31 @@
 Hyper-parameters lr, betas, eps and weight_decay are read from each param group on every step (schedulers
 work); the spec's defaults (section 5): k = 0.1, H = 100, b3 = 0.95 (S11), clip 0.01 / 1000, threshold 9000.
 
+Buckets, overlapped with backward (issue 13, item 1; ``hvd_compress.algorithms.bucketed``, as 1-bit Adam/LAMB and
+Birder): the face cuts the parameters into buckets (``SlambSegment``: consecutive parameters of one param group,
+so a contiguous range [first, end) of D) and each bucket runs steps 3 and 4 (Alg. 1 lines 7, 8 and 10) for its
+range alone, from the gradient hooks on the background thread (``overlap=True``), buckets in the same order on
+every rank; ``overlap=False`` makes the very same calls in ``step()``, so both give bit-identical results. This is
+the same rule, not a per-bucket variant: step 3 is element-wise, and step 4 is an element-wise mean under the one
+global mask M_t = random_mask(D, k, seed, t) OR always, so the masked mean of each range of m under M_t
+restricted to that range (spec section 2 step 4: the same elements averaged, the same values) together is the
+masked mean of the whole of m. The mask is never redefined per bucket: the core draws M_t's bits for [first, end)
+only (``ops.masks.masked_allreduce_`` with ``offset``/``total``: Philox element indices and the cyclic
+permutation of all D, computed once per (D, seed)), on the background thread inside the bucket's collective, into
+mask[first:end]; after the last bucket ``mask`` is M_t. What may differ: at 3+ ranks MPI may sum the
+elements of a shorter message in another order, so the last bit of m[M_t] may differ from one whole-buffer call
+(overlap on and off cut alike and agree bit for bit). Steps 5-9 (v, freshness, the per-layer trust ratios, the
+update, the H-step average) stay in ``step()``, after every bucket. A bucket writes only the scratch ``work``
+(m's new value) and ``mask`` (and, with ``sync_grad``, averages its gradient): m, v, c, x and t change only in
+``step()`` once every bucket succeeded, so a bucket that fails on any rank (the core's finite check) leaves every
+state tensor as it was with no copies (``mutable_state`` is empty) and ``step()`` raises ``UsageError`` on every
+rank. The TF/Keras faces have no hooks: one segment (per param group), run in ``step()``.
+
 State: m, v (the face binds them as the optimizer's per-parameter state), the freshness c, the step and the
-options that fix the masks (seed, k, kind); ``state_dict()`` is the checkpoint schema every face writes.
+options that fix the masks (seed, k, kind); ``state_dict()`` is the checkpoint schema every face writes, with the
+bucket layout (each bucket's param group and parameter sizes). A checkpoint of another layout is refused (another
+model, or another ``bucket_mb``: the state itself is over D, but a resumed run must cut, hence sum at 3+ ranks,
+as the run it continues); one written before buckets (no layout) loads into any layout of the same D.
 """
 
 from __future__ import annotations
@@ -42,10 +65,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvd_compress import ops
+from hvd_compress.algorithms.bucketed import BucketedAlgorithm
 from hvd_compress.algorithms.options import build_options
 from hvd_compress.ops import masks as mask_ops
 from hvd_compress.ops import slamb_kernels as fused_ops
 from hvd_compress.ops.backend import Backend, Tensor
+from hvd_compress.ops.buckets import failure_joins_as_rejection
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 
@@ -157,6 +182,37 @@ class SlambBuffers:
         return out
 
 
+@dataclasses.dataclass
+class SlambSegment:
+    """One bucket: consecutive parameters of param group ``group``, elements [first, first + numel) of the flat
+    buffers (D's index space). ``params`` are the parameters themselves (the face hooks them; the algorithm reads
+    the flat buffers only)."""
+
+    group: int
+    first: int
+    sizes: list[int]
+    params: list[Tensor]
+
+    @property
+    def numel(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def end(self) -> int:
+        return self.first + self.numel
+
+
+def group_segments(buffers: SlambBuffers) -> list[SlambSegment]:
+    """One segment per run of parameters of one param group (the faces without buckets: TF/Keras)."""
+    out: list[SlambSegment] = []
+    for g, first, size, p in zip(buffers.group_of, buffers.offsets, buffers.sizes, buffers.params, strict=True):
+        if not out or out[-1].group != g:
+            out.append(SlambSegment(group=g, first=first, sizes=[], params=[]))
+        out[-1].sizes.append(size)
+        out[-1].params.append(p)
+    return out
+
+
 def always_ranges(shapes: Sequence[tuple[int, ...]], threshold: int) -> list[int]:
     """(offset, length) pairs of the tensors synchronized every step: ndim <= 1 or numel < threshold."""
     out, at = [], 0
@@ -171,14 +227,17 @@ def always_ranges(shapes: Sequence[tuple[int, ...]], threshold: int) -> list[int
     return out
 
 
-class Slamb:
-    """SLAMB's sequencing over a face's ``SlambBuffers`` (see the module docstring)."""
+class Slamb(BucketedAlgorithm):
+    """SLAMB's sequencing over a face's ``SlambBuffers`` cut into ``segments`` (buckets; default: one per param
+    group). See the module docstring; the buckets' pipeline and layout check are ``BucketedAlgorithm``'s."""
 
     name = "SLAMB"
     options_cls = SlambOptions
+    layout_reason = ("the state is over all D, but a resumed run must cut its buckets, hence sum its masked "
+                     "averages at 3+ ranks, as the run it continues: load it with the bucket_mb it was saved with")
 
     def __init__(self, options: SlambOptions, backend: Backend, buffers: SlambBuffers, world_size: int,
-                 meter: CommMeter | None = None) -> None:
+                 meter: CommMeter | None = None, segments: Sequence[SlambSegment] | None = None) -> None:
         self.options = options
         self.xp = backend
         self.buf = buffers
@@ -186,34 +245,61 @@ class Slamb:
         self.meter = meter if meter is not None else CommMeter()
         self.t = 0
         self.always = always_ranges(buffers.shapes, options.grad_size_thr)
+        self.segments = list(segments) if segments is not None else group_segments(buffers)
+        self._init_buckets()
         self.xp.add_(self.xp.zero_(buffers.freshness), 1.0)  # c_0 = 1
 
-    # -- the step ------------------------------------------------------------------------------------
-    def _masked_allreduce(self, flat: Tensor, t: int, what: str) -> None:
-        o = self.options
+    # -- the buckets: steps 3 and 4 of one range of D ------------------------------------------------------
+    def mutable_state(self, seg: SlambSegment) -> list[Tensor]:
+        """None: a bucket writes only the scratch ``work`` and ``mask`` (m, v, c, x change in ``step()``)."""
+        return []
+
+    def _masked_allreduce(self, flat: Tensor, seg: SlambSegment, t: int, name: str) -> None:
+        """Step 4 on flat[first:end] with M_t restricted to that range (drawn in the core, into mask[first:end])."""
+        o, b = self.options, self.buf
         self.meter.run(
-            mask_ops.masked_allreduce_, flat, o.compress_ratio, o.seed, t, o.mask, self.always,
-            mask_out=self.buf.mask, check_finite=True, name=f"{self.name}.{what}",
+            mask_ops.masked_allreduce_, flat[seg.first:seg.end], o.compress_ratio, o.seed, t, o.mask, self.always,
+            mask_out=b.mask[seg.first:seg.end], check_finite=True, name=name, offset=seg.first, total=b.numel,
         )
 
+    def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """Segment ``i``'s steps 3 and 4 for step ``t`` (Alg. 1 lines 7, 8, 10; with ``sync_grad`` line 9 first),
+        on the background thread with overlap: work[first:end] = b1 m + (1 - b1) g, then its masked average under
+        the global mask. m itself changes only in ``step()``, once every bucket succeeded."""
+        seg, b, xp = self.segments[i], self.buf, self.xp
+        if seg.numel == 0:  # nothing to average (the same on every rank: the layout is)
+            return
+        lo, hi = seg.first, seg.end
+        if self.options.sync_grad:  # Alg. 1 line 9: g[M] averaged (the spec's default skips it)
+            with failure_joins_as_rejection(self.meter, f"{self.name}.grad.{i}"):
+                self._group(seg, groups)
+            self._masked_allreduce(b.grad, seg, t, f"{self.name}.grad.{i}")
+        name = f"{self.name}.m.{i}"
+        with failure_joins_as_rejection(self.meter, name):  # step 3 into ``work``
+            b1 = self._group(seg, groups)["betas"][0]
+            if fused_ops.accepts(b.work[lo:hi], b.exp_avg[lo:hi], b.grad[lo:hi]):  # the core's fused pass
+                fused_ops.momentum_(b.work[lo:hi], b.exp_avg[lo:hi], b.grad[lo:hi], b1)
+            else:
+                w = b.work[lo:hi]
+                xp.add_(xp.mul_(xp.copy_(w, b.exp_avg[lo:hi]), b1), b.grad[lo:hi], alpha=1 - b1)
+        self._masked_allreduce(b.work, seg, t, name)  # step 4, and M_t[first:end] into mask[first:end]
+
+    def _group(self, seg: SlambSegment, groups: Sequence[dict[str, Any]] | None) -> dict[str, Any]:
+        if groups is None:
+            raise ValueError(f"{self.name}: reducing a bucket needs the param groups")
+        return groups[seg.group]
+
+    # -- the step ------------------------------------------------------------------------------------
     def step(self, groups: Sequence[dict[str, Any]]) -> int:
-        """One SLAMB step on ``buf.grad`` (this rank's gradient); returns the new step count. Nothing changes
-        when it raises (bad input on any rank raises on every rank)."""
+        """One SLAMB step on ``buf.grad`` (this rank's gradient); returns the new step count. Steps 3 and 4 of
+        the buckets not reduced during backward run first (``reduce_pending``). Nothing changes when it raises
+        (bad input on any rank raises on every rank)."""
         xp, b, o = self.xp, self.buf, self.options
         t = self.t + 1
+        self.reduce_pending(groups)  # steps 3 and 4: ``work`` is m's new value, ``mask`` is M_t
         runs = b.groups()
-        if o.sync_grad:  # Alg. 1 line 9: g[M] averaged (the spec's default skips it)
-            self._masked_allreduce(b.grad, t, "grad")
         # The core's fused passes on float32 CPU buffers (both faces' case); the backend's ops otherwise.
         fused = fused_ops.accepts(b.grad, b.exp_avg, b.exp_avg_sq, b.work, b.freshness, *b.params)
-        for gi, lo, hi in runs:  # step 3 into ``work``: m itself changes only once step 4 succeeded
-            b1 = groups[gi]["betas"][0]
-            if fused:
-                fused_ops.momentum_(b.work[lo:hi], b.exp_avg[lo:hi], b.grad[lo:hi], b1)
-                continue
-            w = b.work[lo:hi]
-            xp.add_(xp.mul_(xp.copy_(w, b.exp_avg[lo:hi]), b1), b.grad[lo:hi], alpha=1 - b1)
-        self._masked_allreduce(b.work, t, "m")  # step 4, and M_t into b.mask
         if fused:  # m = work and step 5 in one pass per layer, with the layer's mean(v) for step 7
             means = [fused_ops.moments_(b.exp_avg[lo:hi], b.exp_avg_sq[lo:hi], b.work[lo:hi], b.grad[lo:hi],
                                         groups[b.group_of[i]]["betas"][1]) for i, (lo, hi) in enumerate(self._spans())]
@@ -326,7 +412,8 @@ class Slamb:
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Our section of a face's checkpoint (m and v are the optimizer's per-parameter state)."""
+        """Our section of a face's checkpoint (m and v are the optimizer's per-parameter state), with the
+        bucket layout (``segments``: each bucket's elements, param group and parameter sizes)."""
         o = self.options
         return {
             "algorithm": self.name,
@@ -337,6 +424,7 @@ class Slamb:
             "compress_ratio": o.compress_ratio,
             "mask": o.mask,
             "freshness": self.xp.copy_(self.xp.float32_like(self.buf.numel, self.buf.freshness), self.buf.freshness),
+            "segments": [self.layout_state(seg) for seg in self.segments],
         }
 
     def check_state_dict(self, ours: dict[str, Any]) -> None:
@@ -357,10 +445,13 @@ class Slamb:
         step = ours.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"{what}: step {step!r} is not an int >= 0")
+        if "segments" in ours:  # written with buckets: the same cut (a checkpoint before buckets has none)
+            self.check_layout(ours["segments"])
 
     def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int) -> None:
         """Restore ``state_dict()`` (call ``check_state_dict`` first); ``None`` (a plain LAMB checkpoint at step
-        ``plain_step``) starts the freshness at 1."""
+        ``plain_step``) starts the freshness at 1. A step started but not taken is dropped."""
+        self.abandon()  # no bucket of it may still be reading m or writing ``work``
         if ours is None:
             self.xp.add_(self.xp.zero_(self.buf.freshness), 1.0)
             self.t = int(plain_step)

@@ -42,11 +42,13 @@ def check_mask_args(ratio: float, seed: int, step: int) -> None:
 
 
 def random_mask_(out: Any, ratio: float, seed: int, step: int, kind: str = "cyclic",
-                 always: Sequence[int] = ()) -> Any:
-    """Fill ``out`` (a contiguous 1-D bool tensor on the CPU) with the mask of (len(out), ratio, seed, step,
-    kind), plus the (offset, length) pairs of ``always``; returns ``out``."""
+                 always: Sequence[int] = (), offset: int = 0, total: int | None = None) -> Any:
+    """Fill ``out`` (a contiguous 1-D bool tensor on the CPU) with the mask of (total, ratio, seed, step,
+    kind), plus the (offset, length) pairs of ``always``: its elements [offset, offset + len(out)), each the bit
+    it has in the whole mask (``total`` None: len(out), the whole mask). Returns ``out``."""
     check_mask_args(ratio, seed, step)
-    _core.random_mask(out, float(ratio), int(seed), int(step), mask_kind(kind), [int(a) for a in always])
+    _core.random_mask(out, float(ratio), int(seed), int(step), mask_kind(kind), [int(a) for a in always],
+                      int(offset), -1 if total is None else int(total))
     return out
 
 
@@ -78,19 +80,24 @@ def masked_allreduce_(
     check_finite: bool = False,
     name: str | None = None,
     traffic: Traffic | None = None,
+    offset: int = 0,
+    total: int | None = None,
 ) -> Any:
     """In place: the elements of ``tensor`` (contiguous, CPU, float) that the mask selects become their
     average over all ranks; the others keep this rank's values. Returns ``tensor``.
 
-    The mask is ``random_mask_`` of (numel, ratio, seed, step, kind, always), drawn in the core; its
-    arguments are agreed between the ranks first (``MismatchError`` on every rank if any differs, before
-    any data moves). ``mask_out`` (bool, numel) receives it. ``check_finite``: NaN/Inf on any rank raises
-    ``UsageError`` on every rank with every tensor unchanged.
+    The mask is ``random_mask_`` of (total, ratio, seed, step, kind, always, offset), drawn in the core:
+    ``tensor`` holds elements [offset, offset + numel) of the mask's index space of ``total`` elements (None:
+    numel, the whole mask). The average is element-wise, so a buffer reduced in ranges (SLAMB's buckets) ends
+    exactly as if reduced whole under the same mask. The mask's arguments are agreed between the ranks first
+    (``MismatchError`` on every rank if any differs, before any data moves). ``mask_out`` (bool, numel)
+    receives it. ``check_finite``: NaN/Inf on any rank raises ``UsageError`` on every rank with every tensor
+    unchanged.
     """
     check_mask_args(ratio, seed, step)
     counts = runtime.get_in_order().masked_allreduce(
         as_core_buffer(tensor), float(ratio), int(seed), int(step), mask_kind(kind), [int(a) for a in always],
-        mask_out, bool(check_finite), name or "",
+        mask_out, bool(check_finite), name or "", int(offset), -1 if total is None else int(total),
     )
     record(counts, traffic)
     return tensor

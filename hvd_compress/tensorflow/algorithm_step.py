@@ -152,7 +152,8 @@ class _Errors:
 
 class SlambStep(FusedStep):
     """SLAMB (``hvd_compress.algorithms.slamb``): m, v and the freshness c over all variables. m[~M] and v are
-    this rank's own (never broadcast); c is alike on every rank (the masks are)."""
+    this rank's own (never broadcast); c is alike on every rank (the masks are). No hooks here: the algorithm's
+    one segment (one param group) runs its masked average in ``step()``, not overlapped."""
 
     per_rank = ("exp_avg", "exp_avg_sq")
 

@@ -1,5 +1,5 @@
 """The torch half of the algorithms whose segments are buckets (``hvd_compress.algorithms.bucketed``: 1-bit
-Adam/LAMB, Birder), written once: cutting the parameters into buckets, and the gradient hooks that report each
+Adam/LAMB, Birder, SLAMB), written once: cutting the parameters into buckets, and the gradient hooks that report each
 parameter whose gradient is final so that its bucket's reduction starts while backward runs (``overlap``).
 """
 
@@ -43,10 +43,11 @@ class BucketedMixin(AlgorithmMixin):
 
     def _hvdc_hook_buckets(self, backward_passes_per_step: int) -> None:
         """Count passes and hook every parameter of the algorithm's segments (``_hvdc_alg`` and ``_hvdc_grads``,
-        one ``FusedGradients`` per segment, are set)."""
+        the ``FusedGradients`` that hold the segments' gradients, are set: one per segment, or one for all)."""
         segments = self._hvdc_alg.segments
         trainable = [p for s in segments for p in s.params]
         self._hvdc_segment_of = {id(p): i for i, s in enumerate(segments) for p in s.params}
+        self._hvdc_fused_of = {id(p): fused for fused in self._hvdc_grads for p in fused.params}
         self._hvdc_passes = PassCounter(trainable, backward_passes_per_step)
         hook_gradients(trainable, self._hvdc_count_pass)
 
@@ -56,7 +57,7 @@ class BucketedMixin(AlgorithmMixin):
         if self._hvdc_alg.overlap and passes == self._hvdc_passes.limit:
             ensure_init()
             i = self._hvdc_segment_of[id(p)]
-            self._hvdc_grads[i].gather_one(p)  # a .grad set from outside (model.zero_grad()) into its view
+            self._hvdc_fused_of[id(p)].gather_one(p)  # a .grad set from outside (model.zero_grad()) into its view
             self._hvdc_alg.gradient_final(i, self.param_groups)
 
     @property

@@ -1,12 +1,14 @@
 """``hc.DistributedOptimizer(hc.Lamb(...), op=hc.SLAMB, ...)``: the PyTorch face of
 ``hvd_compress.algorithms.slamb`` (paper 000 Algorithm 1 + Appendix E, spec shared/specs/slamb.md).
 
-The algorithm (masks, freshness, phi/eta blending, the sync schedule, finite agreement, the checkpoint
-schema) lives in ``hvd_compress/algorithms/slamb.py``. This face does what needs torch: one float32 flat
-buffer each for the gradients, m, v, the freshness, the mask and two temporaries over all trainable
+The algorithm (masks, freshness, phi/eta blending, the sync schedule, finite agreement, the buckets, the
+checkpoint schema) lives in ``hvd_compress/algorithms/slamb.py``. This face does what needs torch: one float32
+flat buffer each for the gradients, m, v, the freshness, the mask and two temporaries over all trainable
 parameters in param-group order (every parameter's ``.grad`` and ``state['exp_avg']``/``['exp_avg_sq']`` are
-views, so ``state_dict()`` holds them as usual), the gradient hooks, and the ``hvd_compress`` section of
-``state_dict()``.
+views, so ``state_dict()`` holds them as usual), the cut of those parameters into buckets (``plan_segments``, as
+``op=Average`` cuts its buckets; each bucket a contiguous range of the flat buffers), the gradient hooks that
+start a bucket's masked momentum average while backward runs (``hvd_compress.torch.bucketed``), and the
+``hvd_compress`` section of ``state_dict()``.
 """
 
 from __future__ import annotations
@@ -17,15 +19,15 @@ from typing import Any
 import torch
 
 from hvd_compress import ops
-from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions
-from hvd_compress.ops.passes import PassCounter
+from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions, SlambSegment
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
 from hvd_compress.ops.traffic import CommMeter
-from hvd_compress.torch.algorithm_mixin import AlgorithmMixin
 from hvd_compress.torch.backend import BACKEND
+from hvd_compress.torch.bucketed import BucketedMixin, plan_segments
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients, cached_views
 from hvd_compress.torch.lamb import Lamb
-from hvd_compress.torch.wrapping import check_named_parameters, hook_gradients
+from hvd_compress.torch.wrapping import check_named_parameters
 
 
 def _buffers(param_groups: list[dict[str, Any]]) -> tuple[SlambBuffers, FusedGradients]:
@@ -53,29 +55,53 @@ def _buffers(param_groups: list[dict[str, Any]]) -> tuple[SlambBuffers, FusedGra
     return buffers, fused
 
 
-class SlambMixin(AlgorithmMixin):
+def _segments(param_groups: list[dict[str, Any]], buffers: SlambBuffers,
+              bucket_mb: float) -> tuple[list[SlambSegment], list[int]]:
+    """One segment per bucket (``plan_segments``: consecutive parameters of one param group, so a contiguous
+    range of the flat buffers), in registration order, and the segment indices in bucket order."""
+    first = {id(p): at for p, at in zip(buffers.params, buffers.offsets, strict=True)}
+    buckets, order = plan_segments(param_groups, bucket_mb)
+    segments = [SlambSegment(group=gi, first=first[id(params[0])], sizes=[p.numel() for p in params],
+                             params=params) for gi, params in buckets]
+    at = 0
+    for seg in segments:  # the buckets tile D in order (registration order is param-group order)
+        if seg.first != at:
+            raise AssertionError(f"SLAMB: bucket at {seg.first} does not follow the previous one (ends at {at})")
+        at = seg.end
+    return segments, order
+
+
+class SlambMixin(BucketedMixin):
     """Methods added to the wrapped ``hc.Lamb``'s class for ``op=hc.SLAMB``.
 
-    ``synchronize()`` ends the gradient phase: SLAMB never averages a gradient (the masked momentum travels in
-    ``step()``), so it only gathers this rank's gradient into ``.grad``; clipping ``.grad`` between it and
+    The parameters are cut into buckets (``bucket_mb``, as ``op=Average``); with ``overlap=True`` (the default)
+    the gradient hook that makes a bucket's last gradient final starts that bucket's steps 3 and 4 (m's new value
+    and its masked average under the step's global mask, ``hvd_compress.algorithms.slamb``) on the background
+    thread while backward continues; ``synchronize()`` starts what is left and waits for all; ``step()`` does the
+    rest. So with overlap, editing ``.grad`` after backward cannot change the step: clip only with
+    ``overlap=False``, under which ``synchronize()`` only gathers this rank's gradient into ``.grad`` (SLAMB never
+    averages a gradient: the masked momentum travels in ``step()``) and clipping ``.grad`` between it and
     ``step()`` (inside ``skip_synchronize()``) clips this rank's own gradient, as the reference's Swin runs do.
+    Both modes make the same calls: bit-identical results.
     Parameters are identical on every rank only after a step t with t mod sync_interval == 0 and after
     ``synchronize_parameters()``: call that before evaluating or saving.
     """
 
     def _hvdc_setup(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
-                    backward_passes_per_step: int, options: SlambOptions) -> None:
+                    backward_passes_per_step: int, options: SlambOptions, overlap: bool = True,
+                    bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
         ensure_init()
         params = [p for g in self.param_groups for p in g["params"]]
         check_named_parameters(params, named_parameters)
         buffers, fused = _buffers(self.param_groups)
+        segments, order = _segments(self.param_groups, buffers, bucket_mb)
         self._hvdc_grads = [fused]
         self._hvdc_meter = CommMeter()
-        self._hvdc_alg = Slamb(options, BACKEND, buffers, ops.size(), self._hvdc_meter)
+        self._hvdc_alg = Slamb(options, BACKEND, buffers, ops.size(), self._hvdc_meter, segments)
+        self._hvdc_alg.order, self._hvdc_alg.overlap = order, bool(overlap)
         self._hvdc_alg.t = self._hvdc_plain_step(super(self.__class__, self).state_dict())
         self._hvdc_bind_state()
-        self._hvdc_passes = PassCounter(buffers.params, backward_passes_per_step)
-        hook_gradients(buffers.params, self._hvdc_count_pass)
+        self._hvdc_hook_buckets(backward_passes_per_step)
 
     def _hvdc_bind_state(self) -> None:
         """Make every parameter's m and v views of the flat buffers, keeping their values."""
@@ -92,8 +118,10 @@ class SlambMixin(AlgorithmMixin):
     @torch.no_grad()
     def synchronize_parameters(self) -> None:
         """Average the parameters over all ranks now (one dense allreduce): at the end of training and before
-        evaluating or saving, where the last step was not a multiple of ``sync_interval``."""
+        evaluating or saving, where the last step was not a multiple of ``sync_interval``. A step whose buckets
+        were started but not taken is dropped first (as by ``zero_grad()``)."""
         ensure_init()
+        self._hvdc_alg.abandon()
         self._hvdc_alg.synchronize_parameters()
 
     def _hvdc_after_step(self, t: int) -> None:

@@ -16,7 +16,7 @@ import sys
 
 import torch
 from common import outcome, save
-from overlap_training import BUCKET_MB, backward, batch, checkpoint_layouts, make_model, train
+from overlap_training import BUCKET_MB, backward, checkpoint_layouts, clip_without_overlap, make_model, train
 
 import hvd_compress.torch as hc
 
@@ -85,28 +85,6 @@ def nan_late_bucket(algo: str, overlap: bool) -> dict:
             "buckets": opt.bucket_count, "after_recovery": [p.detach().clone() for p in model.parameters()]}
 
 
-
-
-def clip_without_overlap(algo: str, halve_loss: bool) -> list[torch.Tensor]:
-    """overlap=False: synchronize(), halve .grad, step() inside skip_synchronize(); or the loss halved."""
-    model = make_model()
-    opt = make_opt(model, algo, overlap=False)
-    for step in range(steps):
-        opt.zero_grad()
-        x, y = batch(step, r, 0)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        (loss * 0.5 if halve_loss else loss).backward()
-        if halve_loss:
-            opt.step()
-            continue
-        opt.synchronize()
-        for p in model.parameters():
-            p.grad.mul_(0.5)
-        with opt.skip_synchronize():
-            opt.step()
-    return [p.detach().clone() for p in model.parameters()]
-
-
 out = {"results": {}, "nan": {}, "clip": {}}
 for name, (algo, passes, groups, abandon) in CONFIGS.items():
     for overlap in (True, False):
@@ -119,5 +97,6 @@ for algo in ("adam", "lamb"):
         out["nan"][(algo, overlap)] = nan_late_bucket(algo, overlap)
 out["checkpoints"] = checkpoint_layouts(functools.partial(make_opt, algo="lamb"), state_tensors, freeze + 1, r)
 for algo in ("adam", "lamb"):
-    out["clip"][algo] = (clip_without_overlap(algo, False), clip_without_overlap(algo, True))
+    no_overlap = functools.partial(make_opt, algo=algo, overlap=False)
+    out["clip"][algo] = tuple(clip_without_overlap(no_overlap, steps, r, halve) for halve in (False, True))
 save(r, out)

@@ -1,7 +1,7 @@
-"""What the overlap workers of the bucketed algorithms (tests/workers/onebit_overlap.py, birder_overlap.py) share:
-the model (5 buckets of 64 bytes), the batches every rank re-creates, one backward pass that records how many
-buckets had started when it reached the input, the training loop with overlap on or off, and the checkpoint layout
-checks."""
+"""What the overlap workers of the bucketed algorithms (tests/workers/onebit_overlap.py, birder_overlap.py,
+slamb_overlap.py) share: the model (5 buckets of 64 bytes), the batches every rank re-creates, one backward pass
+that records how many buckets had started when it reached the input, the training loop with overlap on or off, the
+checkpoint layout checks, and clipping ``.grad`` between synchronize() and step() without overlap."""
 
 from __future__ import annotations
 
@@ -96,3 +96,26 @@ def checkpoint_layouts(make_opt: Callable[..., torch.optim.Optimizer], state: Ca
     off = make_opt(make_model(), overlap=False)
     out["on_into_off"] = outcome(lambda: off.load_state_dict(sd_small))
     return out
+
+
+def clip_without_overlap(make_opt: Callable[[torch.nn.Module], torch.optim.Optimizer], steps: int, rank: int,
+                         halve_loss: bool) -> list[torch.Tensor]:
+    """``make_opt(model)`` with overlap=False: ``steps`` steps of synchronize(), ``.grad`` halved, step() inside
+    skip_synchronize(); or the loss halved. Returns the parameters (the two must be bit-identical: halving is
+    exact)."""
+    model = make_model()
+    opt = make_opt(model)
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = batch(step, rank, 0)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        (loss * 0.5 if halve_loss else loss).backward()
+        if halve_loss:
+            opt.step()
+            continue
+        opt.synchronize()
+        for p in model.parameters():
+            p.grad.mul_(0.5)
+        with opt.skip_synchronize():
+            opt.step()
+    return [p.detach().clone() for p in model.parameters()]

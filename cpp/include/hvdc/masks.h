@@ -30,21 +30,30 @@ constexpr uint32_t kMaskPermutationStream = 0x4d41534bu;  // "MASK"
 constexpr uint32_t kMaskBernoulliStream = 0x4d41534cu;
 
 struct MaskSpec {
-  int64_t numel = 0;
+  int64_t numel = 0;  // the mask's index space [0, numel) (SLAMB: D, all parameters)
   double ratio = 1.0;  // k in (0, 1]
   uint64_t seed = 0;
   int64_t step = 0;  // t >= 0; Bernoulli keys Philox with t mod 2^32
   MaskKind kind = MaskKind::kCyclic;
-  std::vector<int64_t> always;  // (offset, length) pairs selected on every step
+  std::vector<int64_t> always;  // (offset, length) pairs selected on every step, in [0, numel)
+  // The part of the mask a call draws or uses: elements [first, first + length) (length < 0: up to
+  // numel). Every element's bit is the one it has in the whole mask, so a buffer cut into ranges
+  // (SLAMB's buckets) is masked exactly as the whole buffer is.
+  int64_t first = 0;
+  int64_t length = -1;
 };
 
+// The number of elements `spec` draws: its length, or numel - first when that is negative.
+int64_t mask_range_length(const MaskSpec& spec);
+
 // Why `spec` is invalid (ratio outside (0, 1], negative numel or step, an unknown kind, an `always`
-// range outside [0, numel)), or empty when it is valid.
+// range or the drawn range outside [0, numel)), or empty when it is valid.
 std::string check_mask_spec(const MaskSpec& spec);
 
-// The mask of `spec` into out[0, numel) (validate with check_mask_spec first). The cyclic
-// permutation of (numel, seed) is computed once and kept (one per process, the last one used),
-// as a chunk number per element, so that later steps are one streaming compare.
+// The mask of `spec`, elements [first, first + length) of it, into out[0, length) (validate with
+// check_mask_spec first). The cyclic permutation of (numel, seed) is computed once and kept (one
+// per process, the last one used), as a chunk number per element, so that later steps, and any
+// range of them, are one streaming compare over the range only.
 void random_mask(const MaskSpec& spec, uint8_t* out);
 
 // The permutation pi of a cyclic mask (for tests and the NumPy mirror): pi[j] = the element at

@@ -84,11 +84,12 @@ class Runtime {
   // rows in rank order and `rows_per_rank` each rank's first dim.
   CommStats allgather(const TensorView& t, const std::string& name, std::vector<unsigned char>& out,
                       std::vector<int64_t>& rows_per_rank);
-  // In place (hvdc/masked_allreduce.h): the elements of `t` that the mask of `spec` (numel taken
-  // from `t`) selects become their average over all ranks, the others stay local. The mask's
-  // arguments (ratio, seed, step, kind, always-selected ranges) are part of the signature, so ranks
-  // whose masks would differ raise MismatchError. `mask_out` (t.numel bytes, may be null) receives
-  // the mask used. `check_finite`: a NaN/Inf anywhere in `t` on any rank raises UsageError on every
+  // In place (hvdc/masked_allreduce.h): the elements of `t` that the mask of `spec` selects become
+  // their average over all ranks, the others stay local. `t` holds elements [spec.first,
+  // spec.first + t.numel) of the mask's index space [0, spec.numel) (the whole of it when first is 0
+  // and numel is t.numel; SLAMB's buckets are ranges of it). The mask's arguments (ratio, seed, step,
+  // kind, always-selected ranges, the range) are part of the signature, so ranks whose masks would
+  // differ raise MismatchError. `mask_out` (t.numel bytes, may be null) receives the mask used. `check_finite`: a NaN/Inf anywhere in `t` on any rank raises UsageError on every
   // rank with `t` unchanged.
   CommStats masked_allreduce(const TensorView& t, const MaskSpec& spec, uint8_t* mask_out,
                              bool check_finite, const std::string& name);

@@ -1,0 +1,118 @@
+"""hc.DistributedOptimizer(hc.Lamb(...), op=hc.SLAMB) cuts its parameters into buckets, each a contiguous range of
+the flat index space D, whose steps 3 and 4 (the momentum and its masked average under the one global mask M_t,
+paper 000 Alg. 1 lines 7, 8 and 10) start while backward runs (overlap=True, the default). Results are bit-identical
+to the same calls after backward (overlap=False), through parameter-average steps; the cut does not change the rule
+(equal to one bucket per param group); a NaN in any bucket on one rank raises on every rank with every state tensor
+unchanged; a checkpoint of another bucket layout is refused, one written before buckets loads, a resumed run
+continues bit for bit; without overlap, clipping between synchronize() and step() clips what enters the momentum
+(issue 13, item 1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mpi_harness import load_ranks, mpirun
+from overlap_checks import check_buckets_started, check_checkpoint_layouts
+
+STEPS, SYNC = 7, 3  # parameter averages after steps 3 and 6
+BUCKETS = 5  # the worker's model cut into 64-byte buckets: [b3, w3], [b2], [w2], [b1], [w1]
+CONFIGS = ["plain", "accum_groups", "abandoned", "bernoulli_sync_grad"]
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"n{n}")
+def run(request, tmp_path_factory) -> tuple[int, list[dict]]:
+    """One worker run per rank count serves every test below (each mpirun costs seconds)."""
+    n = request.param
+    out = tmp_path_factory.mktemp(f"slamb_overlap_{n}")
+    mpirun("slamb_overlap.py", n, out, str(STEPS), env={"HVDC_TIMEOUT": "60"}, timeout=300)
+    return n, load_ranks(out, n)
+
+
+def test_buckets_start_during_backward(run) -> None:
+    """A bucket's momentum and masked average started from a gradient hook before backward() returned."""
+    n, ranks = run
+    check_buckets_started(f"n={n}", ranks, CONFIGS, BUCKETS, STEPS)
+
+
+def test_overlap_on_and_off_give_bit_identical_parameters_and_state(run) -> None:
+    n, ranks = run
+    for name in CONFIGS:
+        for r, rk in enumerate(ranks):
+            on, off = rk["results"][(name, True)], rk["results"][(name, False)]
+            for step in range(STEPS):
+                for i, (a, b) in enumerate(zip(on["params"][step], off["params"][step], strict=True)):
+                    diff = (a - b).abs().max().item()
+                    assert torch.equal(a, b), f"n={n} {name} rank {r} step {step + 1} param {i}: off by {diff:.3g}"
+                if (step + 1) % SYNC == 0:  # the parameter average: every rank alike
+                    for i, (a, b) in enumerate(zip(on["params"][step],
+                                                   ranks[0]["results"][(name, True)]["params"][step], strict=True)):
+                        assert torch.equal(a, b), f"n={n} {name} step {step + 1} param {i}: rank {r} differs from 0"
+            assert len(on["state"]) == len(off["state"])
+            for i, (a, b) in enumerate(zip(on["state"], off["state"], strict=True)):
+                assert torch.equal(a, b), f"n={n} {name} rank {r}: state tensor {i} differs between overlap on and off"
+            assert int(on["state"][-1]) == STEPS, f"n={n} {name} rank {r}: step {int(on['state'][-1])}"
+
+
+def test_the_cut_into_buckets_does_not_change_the_rule(run) -> None:
+    """Five buckets against one bucket per param group: the same masked elements averaged, the same mask. At 2 ranks
+    bit for bit (a sum of two is exact in any order); at 3 MPI may sum the elements of a shorter message in another
+    order, so the bound is the last bits of float32 (this machine's Open MPI: 0)."""
+    n, ranks = run
+    for name in CONFIGS:
+        for r, rk in enumerate(ranks):
+            on, whole = rk["results"][(name, True)], rk["whole"][name]
+            assert whole["buckets"] == (2 if "groups" in name or name == "abandoned" else 1)
+            for step in range(STEPS):
+                for i, (a, b) in enumerate(zip(on["params"][step], whole["params"][step], strict=True)):
+                    diff = (a - b).abs().max().item()
+                    ok = torch.equal(a, b) if n == 2 else diff <= 1e-6 * max(1.0, b.abs().max().item())
+                    assert ok, f"n={n} {name} rank {r} step {step + 1} param {i}: buckets vs whole off by {diff:.3g}"
+        assert all(rk["mask_whole"] for rk in ranks), f"n={n}: a bucketed step's mask is not M_t of all D"
+
+
+@pytest.mark.parametrize("layer", [0, 4], ids=["last_bucket", "first_bucket"])
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no_overlap"])
+def test_nan_in_any_bucket_on_one_rank_raises_everywhere_with_state_unchanged(run, overlap: bool, layer: int) -> None:
+    n, ranks = run
+    for r, rk in enumerate(ranks):
+        got = rk["nan"][(overlap, layer)]
+        assert got["buckets"] == BUCKETS
+        assert got["error"].startswith("UsageError:"), f"n={n} overlap={overlap} rank {r}: {got['error']}"
+        assert "non-finite" in got["error"] and "state unchanged" in got["error"], f"rank {r}: {got['error']}"
+        if overlap:
+            assert got["launched"][-1] >= 1, f"n={n} rank {r}: nothing started during backward"
+        assert got["changed"] == [], (
+            f"n={n} overlap={overlap} layer {layer} rank {r}: tensors {got['changed']} of {got['tensors']} "
+            "(parameters, then each parameter's m, step and v, the freshness and the step) changed in the refused step"
+        )
+        assert got["step"] == SYNC, f"n={n} rank {r}: step {got['step']} after the refused step and one more"
+        for i, (a, b) in enumerate(zip(got["after_recovery"], ranks[0]["nan"][(overlap, layer)]["after_recovery"],
+                                       strict=True)):  # the recovery step is the parameter average
+            assert torch.equal(a, b), f"n={n}: after the error, rank {r} param {i} differs from rank 0"
+        for i, (a, b) in enumerate(zip(got["after_recovery"], rk["nan"][(not overlap, layer)]["after_recovery"],
+                                       strict=True)):
+            assert torch.equal(a, b), f"n={n} rank {r} param {i}: recovery differs between overlap on and off"
+
+
+def test_checkpoint_of_another_bucket_layout_is_refused_and_one_before_buckets_loads(run) -> None:
+    n, ranks = run
+    check_checkpoint_layouts(f"n={n}", ranks, "SLAMB")
+    for r, rk in enumerate(ranks):  # written before buckets (no layout at all): SLAMB's state is over D, any cut
+        error, equal = rk["old_checkpoint"]
+        assert error == "no error" and equal, f"n={n} rank {r}: a pre-bucket checkpoint: {error}, state equal {equal}"
+
+
+def test_resumed_run_with_buckets_is_bit_identical(run) -> None:
+    n, ranks = run
+    for r, rk in enumerate(ranks):
+        assert rk["resumed"], f"n={n} rank {r}: the run resumed from a checkpoint differs from the one never stopped"
+
+
+def test_clipping_between_synchronize_and_step_without_overlap_clips_what_enters_the_momentum(run) -> None:
+    """overlap=False: halving ``.grad`` between synchronize() and step() equals halving the loss, bit for bit (each
+    rank's own gradient, before its momentum is formed and averaged)."""
+    n, ranks = run
+    for r, rk in enumerate(ranks):
+        clipped, halved = rk["clip"]
+        for i, (a, b) in enumerate(zip(clipped, halved, strict=True)):
+            assert torch.equal(a, b), f"n={n} rank {r} param {i}: off by {(a - b).abs().max().item():.3g}"

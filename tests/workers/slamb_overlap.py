@@ -1,0 +1,169 @@
+"""hc.DistributedOptimizer(hc.Lamb(...), op=hc.SLAMB) with buckets whose momentum and masked average (steps 3 and 4)
+start during backward (overlap=True) and after it (overlap=False), on a model cut into several 64-byte buckets.
+
+Saves, per configuration and mode: the parameters after every step (a parameter average every SYNC steps), the
+final state tensors, the buckets started while backward was still running and after it returned, the bucket count.
+Then: the same training with the whole model in one bucket per param group (the cut must not change the rule); the
+mask after a bucketed step against the whole mask of D; a NaN injected on the last rank into the first or the last
+bucket (in bucket order) of a sync step, per mode (the error on every rank, every state tensor before and after, a
+recovery step); the checkpoint layout checks, a checkpoint written before buckets (no layout) loading into this cut,
+a run resumed from a checkpoint against the run never stopped, and synchronize() + halving ``.grad`` + step() with
+overlap=False against halving the loss.
+
+argv: out_dir steps
+"""
+
+import copy
+import functools
+import io
+import sys
+
+import torch
+from common import outcome, save
+from overlap_training import BUCKET_MB, backward, checkpoint_layouts, clip_without_overlap, make_model, train
+
+import hvd_compress.torch as hc
+from hvd_compress.ops import masks as mask_ops
+
+steps = int(sys.argv[2])
+hc.init()
+r, n = hc.rank(), hc.size()
+torch.set_num_threads(1)
+
+SYNC = 3  # sync_interval: steps 3 and 6 end with the dense parameter average
+# 20: both weight matrices of 96 and 256 elements are masked (k = 0.25), the rest (biases, the 16-element w3)
+# synchronized every step.
+OPTIONS = {"compress_ratio": 0.25, "sync_interval": SYNC, "grad_size_thr": 20, "seed": 5}
+# name -> (backward passes per step, two param groups, a discarded backward + zero_grad() at step 3, options)
+CONFIGS = {
+    "plain": (1, False, False, {}),
+    "accum_groups": (2, True, False, {}),
+    "abandoned": (1, True, True, {}),
+    "bernoulli_sync_grad": (1, False, False, {"mask": "bernoulli", "sync_grad": True}),
+}
+
+
+def make_opt(model: torch.nn.Module, passes: int = 1, groups: bool = False, **options):
+    params = list(model.parameters())
+    given = [{"params": params[:-2]}, {"params": params[-2:], "lr": 0.005}] if groups else params
+    options.setdefault("bucket_mb", BUCKET_MB)
+    return hc.DistributedOptimizer(hc.Lamb(given, lr=0.01, weight_decay=0.01),
+                                   named_parameters=model.named_parameters(), op=hc.SLAMB,
+                                   backward_passes_per_step=passes, **{**OPTIONS, **options})
+
+
+def state_tensors(opt) -> list[torch.Tensor]:
+    """m, v and the step of every parameter, the freshness and the step of the ``hvd_compress`` section."""
+    sd = opt.state_dict()
+    out = []
+    for st in sd["state"].values():
+        out += [v.clone() for _, v in sorted(st.items()) if isinstance(v, torch.Tensor)]
+    return [*out, sd["hvd_compress"]["freshness"].clone(), torch.tensor([sd["hvd_compress"]["step"]])]
+
+
+def mask_is_the_whole_one() -> bool:
+    """After a bucketed step the mask is M_t of all D (the always-synced tensors included), drawn whole."""
+    model = make_model()
+    opt = make_opt(model)
+    ok = True
+    for step in range(2):
+        opt.zero_grad()
+        backward(model, opt, step, 0, r)
+        opt.step()
+        b = opt._hvdc_alg.buf
+        whole = mask_ops.random_mask_(torch.zeros(b.numel, dtype=torch.bool), OPTIONS["compress_ratio"],
+                                      OPTIONS["seed"], step + 1, "cyclic", opt._hvdc_alg.always)
+        ok = ok and torch.equal(b.mask, whole) and 0 < int(whole.sum()) < b.numel
+    return ok
+
+
+def nan_in_bucket(overlap: bool, layer: int) -> dict:
+    """A NaN on the last rank in ``model[layer].weight`` at step SYNC (a parameter-average step)."""
+    model = make_model()
+    opt = make_opt(model, overlap=overlap)
+    for step in range(SYNC - 1):
+        opt.zero_grad()
+        backward(model, opt, step, 0, r)
+        opt.step()
+    before = [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
+    opt.zero_grad()
+    weight = model[layer].weight
+    handle = weight.register_hook(lambda g: g.index_fill(0, torch.tensor([0]), float("nan"))) if r == n - 1 else None
+    launched = []
+    backward(model, opt, SYNC - 1, 0, r, launched)
+    if handle is not None:
+        handle.remove()
+    error = outcome(opt.step)
+    after = [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
+    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if not torch.equal(a, b)]
+    opt.zero_grad()  # the next step works again on every rank, as step SYNC (the parameter average)
+    backward(model, opt, SYNC, 0, r)
+    opt.step()
+    return {"error": error, "changed": changed, "tensors": len(before), "launched": launched,
+            "buckets": opt.bucket_count, "after_recovery": [p.detach().clone() for p in model.parameters()],
+            "step": opt._hvdc_alg.t}
+
+
+def resumed_equals_straight() -> bool:
+    """64-byte buckets with overlap: a run stopped after 2 steps, saved, loaded into a fresh model and optimizer and
+    continued to ``steps`` (through parameter averages) ends bit for bit as the run never stopped."""
+    def run(model: torch.nn.Module, opt, first: int, end: int) -> None:
+        for step in range(first, end):
+            opt.zero_grad()
+            backward(model, opt, step, 0, r)
+            opt.step()
+
+    model = make_model()
+    run(model, make_opt(model), 0, steps)
+    straight = [p.detach().clone() for p in model.parameters()]
+    model = make_model()
+    opt = make_opt(model)
+    run(model, opt, 0, 2)
+    blob = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, blob)
+    blob.seek(0)
+    ckpt = torch.load(blob, weights_only=False)
+    model = make_model()
+    model.load_state_dict(ckpt["model"])
+    opt = make_opt(model)
+    opt.load_state_dict(ckpt["opt"])
+    run(model, opt, 2, steps)
+    return all(torch.equal(a, b.detach()) for a, b in zip(straight, model.parameters(), strict=True))
+
+
+def old_checkpoint_loads() -> tuple[str, bool]:
+    """A checkpoint written before buckets (no ``segments``) loads into 64-byte buckets, state as saved."""
+    model = make_model()
+    opt = make_opt(model, bucket_mb=25.0)
+    for step in range(2):
+        opt.zero_grad()
+        backward(model, opt, step, 0, r)
+        opt.step()
+    old = copy.deepcopy(opt.state_dict())
+    del old["hvd_compress"]["segments"]
+    fresh = make_opt(make_model())
+    got = outcome(lambda: fresh.load_state_dict(old))
+    return got, all(torch.equal(a, b) for a, b in zip(state_tensors(fresh), state_tensors(opt), strict=True))
+
+
+out = {"results": {}, "whole": {}, "nan": {}}
+for name, (passes, groups, abandon, options) in CONFIGS.items():
+    for overlap in (True, False):
+        out["results"][(name, overlap)] = train(
+            functools.partial(make_opt, passes=passes, groups=groups, overlap=overlap, **options), state_tensors,
+            steps, passes, r, abandon_at=2 if abandon else None,
+        )
+    out["whole"][name] = train(
+        functools.partial(make_opt, passes=passes, groups=groups, overlap=False, bucket_mb=25.0, **options),
+        state_tensors, steps, passes, r, abandon_at=2 if abandon else None,
+    )
+out["mask_whole"] = mask_is_the_whole_one()
+for overlap in (True, False):
+    for layer in (0, 4):  # model[0].weight: the last bucket in bucket order; model[4].weight: the first
+        out["nan"][(overlap, layer)] = nan_in_bucket(overlap, layer)
+out["checkpoints"] = checkpoint_layouts(make_opt, state_tensors, 2, r)
+out["old_checkpoint"] = old_checkpoint_loads()
+out["resumed"] = resumed_equals_straight()
+no_overlap = functools.partial(make_opt, overlap=False)
+out["clip"] = tuple(clip_without_overlap(no_overlap, steps, r, halve) for halve in (False, True))
+save(r, out)
