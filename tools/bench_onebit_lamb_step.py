@@ -1,49 +1,80 @@
-"""One-rank timing of 1-bit LAMB's compression-stage step on the end-to-end benchmark's MLP (4.8M float32
-parameters): median ms of ``step()`` and of its arithmetic (``OneBitLamb.compressed``) over 20 steps, with the
-core's fused passes and, where they exist, with the backend's ops (``--backend`` forces those).
+"""One-rank timing of a 1-bit optimizer's compression-stage step (1-bit LAMB by default, ``--op OneBitAdam``)
+on the end-to-end benchmark's MLP (4.8M float32 parameters): median ms of ``step()`` and of its arithmetic
+(``compressed``, the algorithm's update of lines 12-21 of 001 / 12-13 of 003; ``local_momentum``, line 6 of
+both) over 20 steps, with the core's fused passes or with the backend's ops (``--backend`` forces those, the
+local momentum of line 6 included).
 
-    OMP_NUM_THREADS=1 mpirun -np 1 python3 tools/bench_onebit_lamb_step.py [--backend]
+    OMP_NUM_THREADS=1 mpirun -np 1 python3 tools/bench_onebit_lamb_step.py [--op OneBitAdam] [--adamw] [--backend]
 
-Measured (2-core shared machine, bench lock held, two runs each): compressed() 21.4-25.9 ms before (main),
-21.8-22.0 ms with ``--backend``, 5.5-5.6 ms fused; step() 86.7-88.8 ms before, 39.3-44.1 ms fused.
+Measured (2-core shared machine, bench lock held, two runs each): OneBitLamb compressed() 21.4-25.9 ms before
+(main), 21.8-22.0 ms with ``--backend``, 5.5-5.6 ms fused; step() 86.7-88.8 ms before, 39.3-44.1 ms fused.
+OneBitAdam (Adam, weight_decay=0.01, so line 6 has the L2 term), ``--backend`` (= main's path) / fused, runs
+interleaved, machine loaded by other work (load ~7): compressed() 4.1-5.0 / 3.2-3.5 ms, local_momentum()
+5.9-10.8 / 3.0-3.6 ms, step() 44.1-74.4 / 34.6-42.3 ms. AdamW: compressed() 5.3-5.9 / 2.9-3.3 ms,
+local_momentum() 4.3-4.9 / 2.2-2.4 ms, step() 43.2-49.2 / 33.5-40.9 ms (step() is mostly the compressed
+allreduce and noisy here).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
 
 import torch
 
 import hvd_compress.torch as hc
-from hvd_compress.algorithms import onebit_lamb
+from hvd_compress.algorithms import onebit
 from hvd_compress.bench.models import Mlp
+from hvd_compress.ops import onebit_adam_kernels, onebit_lamb_kernels
+
+ALGORITHMS = {"OneBitLamb": ("onebit_lamb", "OneBitLamb"), "OneBitAdam": ("onebit_adam", "OneBitAdam")}
+
+
+def _optimizer(op: str, adamw: bool, params) -> torch.optim.Optimizer:
+    if op == "OneBitLamb":
+        return hc.Lamb(params, lr=1e-3, weight_decay=0.01)
+    if adamw:
+        return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    return torch.optim.Adam(params, lr=1e-3, weight_decay=0.01)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--op", choices=sorted(ALGORITHMS), default="OneBitLamb")
+    parser.add_argument("--adamw", action="store_true", help="OneBitAdam over AdamW (decoupled weight decay)")
     parser.add_argument("--backend", action="store_true", help="the backend's ops, not the fused passes")
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     hc.init()
     torch.manual_seed(0)
-    if args.backend and hasattr(onebit_lamb, "fused_ops"):
-        onebit_lamb.fused_ops.accepts = lambda *tensors: False
-    spent: list[float] = []
-    compressed = onebit_lamb.OneBitLamb.compressed
+    module_name, class_name = ALGORITHMS[args.op]
+    module = importlib.import_module(f"hvd_compress.algorithms.{module_name}")
+    cls = getattr(module, class_name)
+    if args.backend:  # every fused pass of the 1-bit optimizers, the local momentum of line 6 included
+        for ops_module in (onebit_lamb_kernels, onebit_adam_kernels):
+            ops_module.accepts = lambda *tensors: False
+    spent: dict[str, list[float]] = {"compressed": [], "local_momentum": []}
 
-    def timed(self, *a, **k):
-        t0 = time.perf_counter()
-        compressed(self, *a, **k)
-        spent.append(time.perf_counter() - t0)
+    def timing(owner: type, name: str) -> None:
+        method = getattr(owner, name)
 
-    onebit_lamb.OneBitLamb.compressed = timed
+        def timed(self, *a, **k):
+            t0 = time.perf_counter()
+            method(self, *a, **k)
+            spent[name].append(time.perf_counter() - t0)
+
+        setattr(owner, name, timed)
+
+    timing(cls, "compressed")
+    timing(onebit.OneBitAlgorithm, "local_momentum")  # line 6, on the step's thread without overlap
     model = Mlp()
     numel = sum(p.numel() for p in model.parameters())
     freeze = 2
-    opt = hc.DistributedOptimizer(hc.Lamb(model.parameters(), lr=1e-3, weight_decay=0.01),
-                                  named_parameters=model.named_parameters(), op=hc.OneBitLamb, freeze_step=freeze)
+    opt = hc.DistributedOptimizer(_optimizer(args.op, args.adamw, model.parameters()),
+                                  named_parameters=model.named_parameters(), op=getattr(hc, args.op),
+                                  freeze_step=freeze)
     steps: list[float] = []
     for t in range(freeze + 2 + args.steps):
         for p in model.parameters():
@@ -53,10 +84,12 @@ def main() -> None:
         if t >= freeze + 2:  # two compressed steps to warm the caches
             steps.append(time.perf_counter() - t0)
     ms = 1e3 * statistics.median(steps)
-    arith = 1e3 * statistics.median(spent[-args.steps:])
-    path = "backend ops" if args.backend or not hasattr(onebit_lamb, "fused_ops") else "fused passes"
-    print(f"OneBitLamb compression stage, {numel} float32 params, 1 rank, {path}: step() median {ms:.1f} ms, "
-          f"compressed() median {arith:.1f} ms ({args.steps} steps)")
+    arith = {name: 1e3 * statistics.median(times[-args.steps:]) for name, times in spent.items()}
+    path = "backend ops" if args.backend else "fused passes"
+    rule = f"{args.op}{' (AdamW)' if args.adamw else ''}"
+    print(f"{rule} compression stage, {numel} float32 params, 1 rank, {path}: step() median {ms:.1f} ms, "
+          f"compressed() median {arith['compressed']:.1f} ms, local_momentum() median {arith['local_momentum']:.1f} ms "
+          f"({args.steps} steps)")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@
 #include "hvdc/birder_bindings.h"
 #include "hvdc/errors.h"
 #include "hvdc/masked_bindings.h"
+#include "hvdc/onebit_adam_bindings.h"
 #include "hvdc/onebit_lamb_bindings.h"
 #include "hvdc/onebit_bindings.h"
 #include "hvdc/random_bindings.h"
@@ -128,6 +129,40 @@ nb::dict released(Call call) {
 namespace hvdc {
 TensorView binding_view_of(nb::handle obj, const std::string& what) { return view_of(obj, what); }
 nb::dict binding_stats(const CommStats& s) { return as_dict(s); }
+
+float* binding_float32(nb::handle obj, const std::string& what, int64_t* numel) {
+  const TensorView v = view_of(obj, what);
+  if (v.dtype != DType::kFloat32) throw UsageError(what + " must be float32");
+  if (*numel < 0) *numel = v.numel;
+  if (v.numel != *numel)
+    throw UsageError(what + " has " + std::to_string(v.numel) + " elements, expected " + std::to_string(*numel));
+  return static_cast<float*>(v.data);
+}
+
+void binding_check_layers(const std::vector<int64_t>& sizes, int64_t n, size_t per_layer, const char* fn) {
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    if (s < 0) throw UsageError(std::string(fn) + ": negative layer size");
+    total += s;
+  }
+  if (total != n || per_layer != sizes.size())
+    throw UsageError(std::string(fn) + ": layer sizes sum to " + std::to_string(total) + " for " + std::to_string(n) +
+                     " elements, or per-layer lists of another length");
+}
+
+std::vector<float*> binding_float32_layers(const std::vector<nb::handle>& params, int64_t n, size_t per_layer,
+                                           const char* fn, std::vector<int64_t>* sizes) {
+  sizes->assign(params.size(), 0);
+  std::vector<float*> xs(params.size(), nullptr);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].is_none()) continue;
+    int64_t k = -1;
+    xs[i] = binding_float32(params[i], std::string(fn) + ": param " + std::to_string(i), &k);
+    (*sizes)[i] = k;
+  }
+  binding_check_layers(*sizes, n, per_layer, fn);
+  return xs;
+}
 }  // namespace hvdc
 
 NB_MODULE(_core, m) {
@@ -288,6 +323,7 @@ NB_MODULE(_core, m) {
   hvdc::register_masked(m);
   hvdc::register_slamb(m);
   hvdc::register_onebit_lamb(m);
+  hvdc::register_onebit_adam(m);
   hvdc::register_birder(m);
   hvdc::register_sparse(m);
 }

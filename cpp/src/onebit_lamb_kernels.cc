@@ -7,12 +7,8 @@
 #include <cmath>
 #include <limits>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if HVDC_AVX2_FMA_KERNELS
 #include <immintrin.h>
-#define HVDC_LAMB_AVX2 1
-#define HVDC_AVX2 __attribute__((target("avx2,fma")))
-#else
-#define HVDC_LAMB_AVX2 0
 #endif
 
 namespace hvdc {
@@ -62,8 +58,8 @@ void apply_scalar(const float* m, const float* denom, int64_t n, float bc1, floa
   }
 }
 
-#if HVDC_LAMB_AVX2
-HVDC_AVX2 float moments_avx2(const float* work, const float* denom, int64_t n, const MomentsArgs& a, float* m,
+#if HVDC_AVX2_FMA_KERNELS
+HVDC_AVX2_FMA float moments_avx2(const float* work, const float* denom, int64_t n, const MomentsArgs& a, float* m,
                              float* fresh) {
   const __m256 neg_b1 = _mm256_set1_ps(a.neg_b1), omb1 = _mm256_set1_ps(a.one_minus_b1);
   const __m256 b2 = _mm256_set1_ps(a.b2), omb2 = _mm256_set1_ps(a.one_minus_b2);
@@ -93,7 +89,7 @@ HVDC_AVX2 float moments_avx2(const float* work, const float* denom, int64_t n, c
 }
 
 template <bool kDecay>
-HVDC_AVX2 void apply_avx2(const float* m, const float* denom, int64_t n, float bc1, float wd, float scale,
+HVDC_AVX2_FMA void apply_avx2(const float* m, const float* denom, int64_t n, float bc1, float wd, float scale,
                           float* x) {
   const __m256 vbc1 = _mm256_set1_ps(bc1), vwd = _mm256_set1_ps(wd), vscale = _mm256_set1_ps(scale);
   int64_t i = 0;
@@ -113,7 +109,7 @@ float onebit_lamb_moments(const float* work, const float* denom, int64_t n, floa
                           float b2, float one_minus_b2, float sqrt_bc2, float floor, float eps, float* m,
                           float* fresh, KernelChoice choice) {
   const MomentsArgs a{neg_b1, one_minus_b1, b2, one_minus_b2, sqrt_bc2, floor, eps};
-#if HVDC_LAMB_AVX2
+#if HVDC_AVX2_FMA_KERNELS
   if (use_avx2_kernels(choice)) return moments_avx2(work, denom, n, a, m, fresh);
 #else
   (void)choice;
@@ -123,7 +119,7 @@ float onebit_lamb_moments(const float* work, const float* denom, int64_t n, floa
 
 void onebit_lamb_apply(const float* m, const float* denom, int64_t n, float bc1, float wd, float scale, float* x,
                        KernelChoice choice) {
-#if HVDC_LAMB_AVX2
+#if HVDC_AVX2_FMA_KERNELS
   if (use_avx2_kernels(choice)) {
     if (wd != 0.0f) apply_avx2<true>(m, denom, n, bc1, wd, scale, x);
     else apply_avx2<false>(m, denom, n, bc1, wd, scale, x);

@@ -17,17 +17,6 @@ namespace {
 
 using BoolFlat = nb::ndarray<bool, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-// The float32 data of `obj`, which must hold `numel` elements (numel < 0: take its own).
-float* f32(nb::handle obj, const char* fn, const char* arg, int64_t* numel) {
-  const std::string what = std::string(fn) + ": " + arg;
-  const TensorView v = binding_view_of(obj, what);
-  if (v.dtype != DType::kFloat32) throw UsageError(what + " must be float32");
-  if (*numel < 0) *numel = v.numel;
-  if (v.numel != *numel)
-    throw UsageError(what + " has " + std::to_string(v.numel) + " elements, expected " + std::to_string(*numel));
-  return static_cast<float*>(v.data);
-}
-
 }  // namespace
 
 void register_slamb(nb::module_& m) {
@@ -46,9 +35,9 @@ void register_slamb(nb::module_& m) {
       "slamb_momentum",
       [](nb::handle m_, nb::handle g_, float b1, nb::handle work_) {
         int64_t n = -1;
-        const float* mp = f32(m_, "slamb_momentum", "m", &n);
-        const float* gp = f32(g_, "slamb_momentum", "g", &n);
-        float* wp = f32(work_, "slamb_momentum", "work", &n);
+        const float* mp = binding_float32(m_, "slamb_momentum: m", &n);
+        const float* gp = binding_float32(g_, "slamb_momentum: g", &n);
+        float* wp = binding_float32(work_, "slamb_momentum: work", &n);
         nb::gil_scoped_release nogil;
         slamb_momentum(mp, gp, n, b1, wp);
       },
@@ -57,10 +46,10 @@ void register_slamb(nb::module_& m) {
       "slamb_moments",
       [](nb::handle work_, nb::handle g_, float b2, nb::handle m_, nb::handle v_) {
         int64_t n = -1;
-        const float* wp = f32(work_, "slamb_moments", "work", &n);
-        const float* gp = f32(g_, "slamb_moments", "g", &n);
-        float* mp = f32(m_, "slamb_moments", "m", &n);
-        float* vp = f32(v_, "slamb_moments", "v", &n);
+        const float* wp = binding_float32(work_, "slamb_moments: work", &n);
+        const float* gp = binding_float32(g_, "slamb_moments: g", &n);
+        float* mp = binding_float32(m_, "slamb_moments: m", &n);
+        float* vp = binding_float32(v_, "slamb_moments: v", &n);
         nb::gil_scoped_release nogil;
         return slamb_moments(wp, gp, n, b2, mp, vp);
       },
@@ -71,10 +60,10 @@ void register_slamb(nb::module_& m) {
       [](nb::handle m_, nb::handle v_, nb::handle x_, BoolFlat mask, float sqrt_bc2, float floor, float eps,
          float bc1, float wd, nb::handle u_) {
         int64_t n = -1;
-        const float* mp = f32(m_, "slamb_direction", "m", &n);
-        const float* vp = f32(v_, "slamb_direction", "v", &n);
-        const float* xp = f32(x_, "slamb_direction", "x", &n);
-        float* up = f32(u_, "slamb_direction", "u", &n);
+        const float* mp = binding_float32(m_, "slamb_direction: m", &n);
+        const float* vp = binding_float32(v_, "slamb_direction: v", &n);
+        const float* xp = binding_float32(x_, "slamb_direction: x", &n);
+        float* up = binding_float32(u_, "slamb_direction: u", &n);
         if (static_cast<int64_t>(mask.shape(0)) != n) throw UsageError("slamb_direction: mask and x sizes differ");
         SlambNorms r;
         {
@@ -93,9 +82,9 @@ void register_slamb(nb::module_& m) {
       [](nb::handle u_, nb::handle c_, float dphi, float phi_min, float clip_min, float clip_max, float deta,
          float eta_min, nb::handle x_) {
         int64_t n = -1;
-        const float* up = f32(u_, "slamb_apply", "u", &n);
-        const float* cp = f32(c_, "slamb_apply", "c", &n);
-        float* xp = f32(x_, "slamb_apply", "x", &n);
+        const float* up = binding_float32(u_, "slamb_apply: u", &n);
+        const float* cp = binding_float32(c_, "slamb_apply: c", &n);
+        float* xp = binding_float32(x_, "slamb_apply: x", &n);
         nb::gil_scoped_release nogil;
         slamb_apply(up, cp, n, dphi, phi_min, clip_min, clip_max, deta, eta_min, xp);
       },

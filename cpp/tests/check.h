@@ -82,4 +82,7 @@ inline bool same_bits(const std::vector<double>& a, const std::vector<double>& b
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
 }
 
+// Same bits (a fused kernel against the backend path's steps: NaN payloads and signed zeros included).
+inline bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
 }  // namespace hvdc

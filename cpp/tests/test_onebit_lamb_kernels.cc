@@ -11,20 +11,12 @@
 #include <vector>
 
 #include "check.h"
+#include "sample_values.h"
 #include "hvdc/kernel_isa.h"
 #include "hvdc/onebit_lamb_kernels.h"
 
 namespace hvdc {
 namespace {
-
-// A deterministic spread of positive and negative values (no RNG needed for these checks).
-std::vector<float> values(int64_t n, float scale, int salt) {
-  std::vector<float> out(n);
-  for (int64_t i = 0; i < n; ++i) out[i] = scale * std::sin(0.37f * static_cast<float>(i) + salt) + 0.01f * salt;
-  return out;
-}
-
-bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 struct Case {
   float sqrt_bc2, floor, bc1, wd;
@@ -36,8 +28,9 @@ void check_length(Failures& f, int64_t n, KernelChoice choice, const Case& c, bo
   const float neg_b1 = static_cast<float>(-0.9), omb1 = static_cast<float>(1.0 - 0.9);
   const float omb2 = static_cast<float>(1.0 - 0.999);
   (void)b1;
-  const std::vector<float> work = values(n, 0.5f, 1), m0 = values(n, 0.4f, 2), x0 = values(n, 1.5f, 3);
-  std::vector<float> fresh0 = values(n, 0.03f, 4), denom = values(n, 0.02f, 5);
+  const std::vector<float> work = sample_values(n, 0.5f, 1), m0 = sample_values(n, 0.4f, 2),
+                           x0 = sample_values(n, 1.5f, 3);
+  std::vector<float> fresh0 = sample_values(n, 0.03f, 4), denom = sample_values(n, 0.02f, 5);
   for (float& e : fresh0) e = e * e;                  // v >= 0
   for (float& e : denom) e = std::fabs(e) + 1e-3f;    // d = max(sqrt(vh), floor) + eps > 0
   if (with_nan && n > 3) fresh0[n / 2] = std::numeric_limits<float>::quiet_NaN();

@@ -7,23 +7,18 @@
 #include <vector>
 
 #include "check.h"
+#include "sample_values.h"
 #include "hvdc/slamb_kernels.h"
 
 namespace hvdc {
 namespace {
 
-// A deterministic spread of positive and negative values (no RNG needed for these checks).
-std::vector<float> values(int64_t n, float scale, int salt) {
-  std::vector<float> out(n);
-  for (int64_t i = 0; i < n; ++i) out[i] = scale * std::sin(0.37f * static_cast<float>(i) + salt) + 0.01f * salt;
-  return out;
-}
-
 bool close(double got, double want) { return std::fabs(got - want) <= 1e-6 * std::fabs(want) + 1e-30; }
 
 void check_length(Failures& f, int64_t n) {
-  const std::vector<float> m0 = values(n, 0.5f, 1), g = values(n, 2.0f, 2), x = values(n, 1.5f, 3);
-  std::vector<float> v0 = values(n, 0.3f, 4);
+  const std::vector<float> m0 = sample_values(n, 0.5f, 1), g = sample_values(n, 2.0f, 2),
+                           x = sample_values(n, 1.5f, 3);
+  std::vector<float> v0 = sample_values(n, 0.3f, 4);
   for (float& e : v0) e = e * e;  // v >= 0
   std::vector<uint8_t> mask(n);
   for (int64_t i = 0; i < n; ++i) mask[i] = (i * 7919) % 10 < 3;
@@ -70,7 +65,7 @@ void check_length(Failures& f, int64_t n) {
   }
 
   f.ran();
-  std::vector<float> c = values(n, 0.5f, 5), xo = x, u = values(n, 1.0f, 6);
+  std::vector<float> c = sample_values(n, 0.5f, 5), xo = x, u = sample_values(n, 1.0f, 6);
   for (float& e : c) e = std::fabs(e);  // freshness in [0, 1)
   slamb_apply(u.data(), c.data(), n, 2.5f, 0.2f, 0.3f, 2.0f, 0.004f, 0.001f, xo.data());
   for (int64_t i = 0; i < n; ++i) {

@@ -89,6 +89,7 @@ from hvd_compress import ops
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
 from hvd_compress.algorithms.options import build_options
 from hvd_compress.ops import birder as birder_ops
+from hvd_compress.ops import onebit_adam_kernels as momentum_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
 from hvd_compress.ops.constants import ReduceOp
@@ -280,16 +281,33 @@ class OneBitAlgorithm(BucketedAlgorithm):
 
     # -- the math both boxes share -------------------------------------------------------------------
     def local_momentum(self, seg: Segment, group: dict[str, Any]) -> None:
-        """work = b1 m + (1 - b1) g_r (003 Alg. 1 line 6; 001 Alg. 1 line 6), this rank's gradient."""
+        """work = b1 m + (1 - b1) g_r (003 Alg. 1 line 6; 001 Alg. 1 line 6), this rank's gradient, plus Adam's L2
+        term (1 - b1) wd x where the rule has one (``l2_in_gradient``).
+
+        On float32 CPU buffers this is the core's one fused pass (``ops.onebit_adam_kernels``, the same float32
+        operations); other dtypes and devices take the backend's ops here."""
         xp = self.xp
         b1 = group["betas"][0]
+        alpha = (1 - b1) * group["weight_decay"]
+        l2 = alpha != 0 and self.l2_in_gradient(group)
+        layers = [p for p, n in zip(seg.params, seg.sizes, strict=True) if n] if l2 else []
+        if momentum_ops.accepts(seg.work, seg.grad, seg.exp_avg, *layers):
+            momentum_ops.local_momentum_(seg.work, seg.grad, seg.exp_avg, b1, alpha if l2 else None, seg.params,
+                                         seg.sizes)
+            return
         # Copy first: a product written straight into float32 would be rounded to a half gradient's dtype.
         xp.mul_(xp.copy_(seg.work, seg.grad), 1 - b1)
-        self.add_l2(seg.work, seg, group, (1 - b1) * group["weight_decay"])
+        self.add_l2(seg.work, seg, group, alpha)
         xp.add_(seg.work, seg.exp_avg, alpha=b1)
 
+    def l2_in_gradient(self, group: dict[str, Any]) -> bool:
+        """Whether the rule adds its weight decay to the gradient as an L2 term (Adam's; not AdamW's, not LAMB's)."""
+        return False
+
     def add_l2(self, flat: Tensor, seg: Segment, group: dict[str, Any], alpha: float) -> None:
-        """Adds alpha * x to ``flat`` where the rule has an L2 term in the gradient (Adam's weight decay)."""
+        """Adds alpha * x to ``flat`` where the rule has an L2 term in the gradient (``l2_in_gradient``)."""
+        if alpha != 0 and self.l2_in_gradient(group):
+            self.xp.foreach_add_(seg.views(flat), seg.params, alpha=alpha)
 
     def frozen_denom(self, seg: Segment, group: dict[str, Any], t_v: int) -> Tensor:
         """d = max(sqrt(vh), sqrt(floor)) + eps per layer for the frozen v of step ``t_v`` (see the top:

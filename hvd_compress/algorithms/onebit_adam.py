@@ -7,6 +7,10 @@
   x = x - lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^freeze_step)) + eps) with v frozen (line 13), whose
   denominator is therefore computed once and kept.
 
+On float32 CPU segments lines 6 and 12-13 each run as one fused pass in the core (``ops.onebit_adam_kernels``,
+cpp/include/hvdc/onebit_adam_kernels.h) with the backend path's float32 operations, so both give the same bits;
+other dtypes and devices take the backend's ops.
+
 The sequencing and the checkpoint schema are ``OneBitAlgorithm``'s (``algorithms/onebit.py``).
 """
 
@@ -16,6 +20,7 @@ import math
 from typing import Any
 
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitOptions, Segment
+from hvd_compress.ops import onebit_adam_kernels as fused_ops
 from hvd_compress.ops.backend import Tensor
 
 
@@ -29,9 +34,8 @@ class OneBitAdam(OneBitAlgorithm):
     def decoupled(group: dict[str, Any]) -> bool:
         return bool(group.get("decoupled_weight_decay", False))
 
-    def add_l2(self, flat: Tensor, seg: Segment, group: dict[str, Any], alpha: float) -> None:
-        if alpha != 0 and not self.decoupled(group):
-            self.xp.foreach_add_(seg.views(flat), seg.params, alpha=alpha)
+    def l2_in_gradient(self, group: dict[str, Any]) -> bool:
+        return not self.decoupled(group)  # Adam's weight decay is g + wd x; AdamW's is decoupled
 
     def warmup(self, seg: Segment, group: dict[str, Any], t: int) -> None:
         """Adam's step on the averaged gradient (003 Alg. 1 line 2), with Adam's L2 term g + wd x."""
@@ -46,9 +50,25 @@ class OneBitAdam(OneBitAlgorithm):
         self.apply(seg, group, t, t)
 
     def compressed(self, seg: Segment, group: dict[str, Any], t: int) -> None:
-        """m = the compressed average (in ``work``); v frozen (003 Alg. 1 lines 12-13)."""
+        """m = the compressed average (in ``work``; 003 Alg. 1 line 12), then line 13 with v frozen at freeze_step.
+
+        On float32 CPU buffers (both faces' usual case) this is the core's one fused pass (``_compressed_fused``,
+        the same float32 operations, bit for bit); other dtypes and devices take the backend's ops here."""
+        denom = self.frozen_denom(seg, group, self.freeze_step)
+        if fused_ops.accepts(seg.work, seg.exp_avg, denom, *(p for p, n in zip(seg.params, seg.sizes, strict=True)
+                                                               if n)):
+            self._compressed_fused(seg, group, t, denom)
+            return
         self.xp.copy_(seg.exp_avg, seg.work)
         self.apply(seg, group, t, self.freeze_step)
+
+    def _compressed_fused(self, seg: Segment, group: dict[str, Any], t: int, denom: Tensor) -> None:
+        """Lines 12-13 in the core's one pass: m = work; x *= 1 - lr wd (AdamW); x -= lr / (1 - b1^t) * m / denom,
+        with ``apply``'s scalars."""
+        b1 = group["betas"][0]
+        lr, wd = group["lr"], group["weight_decay"]
+        decay = 1 - lr * wd if wd != 0 and self.decoupled(group) else 1.0
+        fused_ops.apply_(seg.params, seg.work, seg.exp_avg, denom, seg.sizes, decay, -lr / (1 - b1**t))
 
     def denom_buffer(self, seg: Segment) -> Tensor:
         return seg.scratch  # free in the compressed stage: the L2 gradient copy is a warm-up thing

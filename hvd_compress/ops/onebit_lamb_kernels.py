@@ -16,10 +16,10 @@ from hvd_compress import _core
 from hvd_compress.ops import runtime
 from hvd_compress.ops.errors import NotInitializedError
 from hvd_compress.ops.slamb_kernels import accepts  # the same float32-CPU test  # noqa: F401
-from hvd_compress.ops.tensors import as_core_buffer
+from hvd_compress.ops.tensors import as_core_layers
 
 
-def _scalar() -> bool:
+def scalar_kernels() -> bool:
     """The portable code where ``HVDC_ONEBIT_KERNELS=scalar`` (the runtime's one configuration, read at ``init()``)
     asks for it; before ``init()`` (a kernel called on its own) the CPU's best. Both give the same bits."""
     try:
@@ -36,7 +36,7 @@ def moments_(work: Any, m: Any, fresh: Any, denom: Any, sizes: Sequence[int], fl
     layer, as the backend path takes)."""
     maxes = _core.onebit_lamb_moments(
         work, m, fresh, denom, [int(s) for s in sizes], [float(f) for f in floors], float(-beta1), float(1 - beta1),
-        float(beta2), float(1 - beta2), float(math.sqrt(bc2)), float(eps), _scalar())
+        float(beta2), float(1 - beta2), float(math.sqrt(bc2)), float(eps), scalar_kernels())
     return [float(r) if size else 1.0 for r, size in zip(maxes, sizes, strict=True)]
 
 
@@ -44,5 +44,5 @@ def apply_(params: Sequence[Any], m: Any, denom: Any, sizes: Sequence[int], bc1:
            scales: Sequence[float]) -> None:
     """Lines 20-21 per layer: x += (m / denom / bc1 + weight_decay x) * scale, ``params`` in the flat buffers'
     order (``scales`` = -lr r c_avg per layer)."""
-    xs = [as_core_buffer(x) if size else None for x, size in zip(params, sizes, strict=True)]
-    _core.onebit_lamb_apply(m, denom, xs, float(bc1), float(weight_decay), [float(s) for s in scales], _scalar())
+    _core.onebit_lamb_apply(m, denom, as_core_layers(params, sizes), float(bc1), float(weight_decay),
+                            [float(s) for s in scales], scalar_kernels())

@@ -9,6 +9,7 @@ pass equal element counts in different shapes raise ``MismatchError`` instead of
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -18,3 +19,9 @@ def as_core_buffer(tensor: Any) -> Any:
     if detach is not None and getattr(tensor, "requires_grad", False):
         return detach()
     return tensor
+
+
+def as_core_layers(tensors: Sequence[Any], sizes: Sequence[int]) -> list[Any]:
+    """A segment's parameters for the fused kernels' per-layer lists: ``as_core_buffer`` of each, None for an empty
+    one (whose strides may not read as contiguous)."""
+    return [as_core_buffer(x) if size else None for x, size in zip(tensors, sizes, strict=True)]

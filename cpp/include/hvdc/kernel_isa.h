@@ -5,6 +5,16 @@
 #pragma once
 #include <cstdint>
 
+// HVDC_AVX2_FMA_KERNELS: whether this build has AVX2 + FMA versions of the float32 optimizer kernels
+// (1-bit LAMB's and 1-bit Adam's fused passes); HVDC_AVX2_FMA marks their functions (target attribute), which
+// run only where use_avx2_kernels() says so.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HVDC_AVX2_FMA_KERNELS 1
+#define HVDC_AVX2_FMA __attribute__((target("avx2,fma")))
+#else
+#define HVDC_AVX2_FMA_KERNELS 0
+#endif
+
 namespace hvdc {
 
 enum class KernelChoice : int32_t {
@@ -25,6 +35,9 @@ inline bool cpu_has_avx2_kernels() {
   return false;
 #endif
 }
+
+// The choice a binding's `scalar` flag asks for (Python passes the runtime's HVDC_ONEBIT_KERNELS down).
+inline KernelChoice kernel_choice(bool scalar) { return scalar ? KernelChoice::kScalar : KernelChoice::kAuto; }
 
 // Whether `choice` runs the AVX2 kernels on this CPU.
 inline bool use_avx2_kernels(KernelChoice choice) {
