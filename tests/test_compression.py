@@ -16,9 +16,10 @@ COMPRESSORS = {
     "bf16": ("bf16", 1.0, 0),
     "topk": ("topk", 0.05, 0),
     "randomk": ("randomk", 0.1, 12345678901),
-    "topk_dgc": ("topk", 0.05, 0),  # with DGC momentum MOMENTUM[name]
+    "topk_dgc": ("topk", 0.05, 0),  # with DGC (momentum, momentum_masking) MOMENTUM[name]
+    "topk_dgc_nomask": ("topk", 0.05, 0),
 }
-MOMENTUM = {"topk_dgc": 0.9}
+MOMENTUM = {"topk_dgc": (0.9, True), "topk_dgc_nomask": (0.9, False)}
 STEPS = 3
 SEGMENTS = [5, 0, 1000, 94]  # as the worker's fused buffer
 
@@ -52,8 +53,9 @@ def _reference_calls(cname: str, dname: str, numel: int, op: str, n: int, seed_o
         if kind in ref.WIRE:
             out.append((ref.half_wire_allreduce(xs, dname, kind, op), None, None))
         elif cname in MOMENTUM:
-            result, errors, velocities = ref.topk_momentum_allreduce(xs, errors, velocities, op, ratio,
-                                                                     MOMENTUM[cname], dname, sizes)
+            mu, masking = MOMENTUM[cname]
+            result, errors, velocities = ref.topk_momentum_allreduce(xs, errors, velocities, op, ratio, mu, dname,
+                                                                     sizes, masking)
             out.append((result, errors, velocities))
         else:
             result, errors = ref.sparse_allreduce(xs, errors, kind, op, ratio, seed, step, dname, sizes)
@@ -108,8 +110,9 @@ def _check_optimizer(ranks: list[dict], n: int) -> None:
             if kind in ref.WIRE:
                 g = ref.half_wire_allreduce(gs, "float32", kind, "Average")
             elif cname in MOMENTUM:
-                g, errors, velocities = ref.topk_momentum_allreduce(gs, errors, velocities, "Average", ratio,
-                                                                    MOMENTUM[cname], "float32")
+                mu, masking = MOMENTUM[cname]
+                g, errors, velocities = ref.topk_momentum_allreduce(gs, errors, velocities, "Average", ratio, mu,
+                                                                    "float32", None, masking)
             else:
                 g, errors = ref.sparse_allreduce(gs, errors, kind, "Average", ratio, seed, step, "float32")
             w = (w - g.astype(np.float32)).astype(np.float32)
@@ -162,7 +165,7 @@ def test_bad_input_raises_on_every_rank_and_leaves_state_untouched(out_dir) -> N
         where = f"rank {r} of {n}"
         assert rk["adasum"].startswith(USAGE) and "Average or Sum" in rk["adasum"], f"{where}: {rk['adasum']}"
         assert rk["adasum_step"] == 0, where
-        for case in ("seed", "ratio", "kind", "fp16_vs_none", "momentum"):
+        for case in ("seed", "ratio", "kind", "fp16_vs_none", "momentum", "masking"):
             assert rk[case].startswith("MismatchError"), f"{where} {case}: {rk[case]}"
         for bad in ("nan", "inf"):
             for cname in ("topk", "randomk", "fp16", "topk_dgc"):
@@ -233,6 +236,7 @@ def test_topk_without_momentum_is_plain_topk_and_its_checkpoint_format_is_unchan
     from hvd_compress.torch import Compression, CompressionState
 
     assert Compression.topk(0.01, momentum=0) == Compression.topk(0.01)
+    assert Compression.topk(0.01, momentum=0, momentum_masking=False) == Compression.topk(0.01)
     assert Compression.topk(0.01).describe() == {"kind": "topk", "ratio": 0.01, "seed": 0}
     assert repr(Compression.topk(0.01, momentum=0.9)) == "Compression.topk(0.01, momentum=0.9)"
     state = CompressionState(10, Compression.topk(0.01))
@@ -261,3 +265,12 @@ def test_dgc_checkpoint_without_velocity_is_refused_and_state_untouched() -> Non
     with pytest.raises(ValueError, match="compression"):
         state.load_state_dict(plain)
     assert state.step == 5
+
+
+def test_topk_momentum_masking_must_be_a_bool() -> None:
+    from hvd_compress.ops.compression import Compression
+
+    with pytest.raises(ValueError, match="momentum_masking must be True or False"):
+        Compression.topk(0.01, momentum=0.9, momentum_masking=1)
+    off = Compression.topk(0.01, momentum=0.9, momentum_masking=False)
+    assert off.describe()["momentum_masking"] is False and "momentum_masking=False" in repr(off)

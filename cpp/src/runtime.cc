@@ -254,11 +254,13 @@ CommStats Runtime::hierarchical_compressed_allreduce(const HierarchicalCall& cal
 
 CommStats Runtime::sparse_allreduce(const TensorView& buffer, const TensorView& error, const TensorView& velocity,
                                    const SparseSpec& spec, const std::string& name) {
-  // The kind rides in the op field; ratio, seed, (random-k) step and (top-k) momentum, which decide what
-  // is sent, in the layout hash with the tensor sizes: ranks that disagree raise MismatchError on every rank.
+  // The kind rides in the op field; ratio, seed, (random-k) step and (top-k) momentum and masking, which
+  // decide what is sent, in the layout hash with the tensor sizes: ranks that disagree raise MismatchError
+  // on every rank.
   CallSignature sig = signature_of(kSparseAllreduce, buffer,
                                    static_cast<int>(spec.op) | (static_cast<int>(spec.kind) << 8), name);
-  uint64_t key[4] = {0, spec.seed, spec.kind == SparseKind::kRandomK ? spec.step : 0u, 0};
+  uint64_t key[5] = {0, spec.seed, spec.kind == SparseKind::kRandomK ? spec.step : 0u, 0,
+                     static_cast<uint64_t>(spec.momentum_masking)};
   std::memcpy(&key[0], &spec.ratio, sizeof(double));
   std::memcpy(&key[3], &spec.momentum, sizeof(double));
   sig.layout_hash = fnv1a(spec.segments.data(), spec.segments.size() * sizeof(int64_t), fnv1a(key, sizeof(key)));

@@ -283,7 +283,7 @@ void sparse_allreduce_prepared(Communicator& comm, const TensorView& buffer, con
   // What this rank sent leaves the error: e = c - sent, exactly 0 at the sent elements; DGC's momentum
   // factor masking zeroes the velocity at the same (this rank's selected) elements.
   for (int64_t j = 0; j < k; ++j) e[idx[j]] = 0.0f;
-  if (u)
+  if (u && spec.momentum_masking)
     for (int64_t j = 0; j < k; ++j) u[idx[j]] = 0.0f;
   from_float(out.data(), buffer);
 }

@@ -32,7 +32,7 @@ void register_sparse(nb::module_& m) {
       "sparse_allreduce",
       [](Runtime& rt, nb::handle tensor, nb::handle error, int kind, int op, double ratio, uint64_t seed,
          uint64_t step, std::vector<int64_t> sizes, const std::string& name, nb::handle velocity,
-         double momentum) {
+         double momentum, bool momentum_masking) {
         TensorView buffer, err, vel;
         try {
           buffer = binding_view_of(tensor, "allreduce(compression): tensor");
@@ -50,6 +50,7 @@ void register_sparse(nb::module_& m) {
         spec.step = static_cast<uint32_t>(step);
         spec.segments = std::move(sizes);
         spec.momentum = momentum;
+        spec.momentum_masking = momentum_masking;
         CommStats moved;
         {
           nb::gil_scoped_release nogil;
@@ -60,11 +61,12 @@ void register_sparse(nb::module_& m) {
       nb::arg("runtime"), nb::arg("tensor"), nb::arg("error").none(), nb::arg("kind"), nb::arg("op"),
       nb::arg("ratio") = 1.0, nb::arg("seed") = 0, nb::arg("step") = 0, nb::arg("sizes") = std::vector<int64_t>(), nb::arg("name") = "",
       nb::arg("velocity").none() = nb::none(), nb::arg("momentum") = 0.0,
+      nb::arg("momentum_masking") = true,
       "In place: `tensor` (contiguous CPU float) becomes its compressed reduction over all ranks "
       "(kind 1 fp16, 2 bf16, 3 top-k, 4 random-k; op 0 Average, 1 Sum); `error` (numel float32, "
       "top-k/random-k; None otherwise) is updated; `sizes` cuts it into tensors that each send their own k "
       "(empty: one tensor); top-k with `momentum` in (0, 1): DGC momentum correction, `velocity` (numel "
-      "float32) updated too. Returns this call's bytes.");
+      "float32) updated too (zeroed where this rank sent, unless `momentum_masking` is false). Returns this call's bytes.");
   m.def("sparse_k", &sparse_k, nb::arg("numel"), nb::arg("ratio"),
         "Elements top-k/random-k send of `numel` at `ratio`: floor(ratio * numel + 0.5) in [1, numel].");
   m.def(

@@ -11,8 +11,9 @@ lives; NumPy mirror: hvd_compress/reference/compression.py).
   pairs by allgather; the rest stays in the error buffer (error feedback, GRACE's "memory").
 - ``Compression.topk(ratio, momentum=mu)``, mu in (0, 1): Deep Gradient Compression's momentum correction and
   momentum factor masking (Lin et al., ICLR 2018, Section 3.2): a velocity u = mu * u + x is accumulated into
-  the error buffer (DGC's v = v + u), top-k of v is sent, and both u and v are zeroed where this rank sent. The
-  momentum lives in the compression, so the wrapped optimizer must not add its own (plain SGD, momentum 0).
+  the error buffer (DGC's v = v + u), top-k of v is sent, and both u and v are zeroed where this rank sent (u
+  only with ``momentum_masking``, the default). The momentum lives in the compression, so the wrapped optimizer
+  must not add its own (plain SGD, momentum 0).
 - ``Compression.randomk(ratio, seed)``: k elements chosen by the core's counter-based RNG from (seed, step),
   the same on every rank, so only the k values travel (one dense allreduce of k floats); error feedback too.
 
@@ -40,13 +41,15 @@ _U64 = (1 << 64) - 1
 @dataclasses.dataclass(frozen=True)
 class Compressor:
     """What a reduction does to the values it sends: ``kind`` (none, fp16, bf16, topk, randomk), the fraction
-    ``ratio`` of elements sent (topk/randomk), the RNG ``seed`` (randomk) and DGC's ``momentum`` (topk; 0: off).
+    ``ratio`` of elements sent (topk/randomk), the RNG ``seed`` (randomk) and DGC's ``momentum`` (topk; 0: off)
+    and ``momentum_masking`` (with momentum: zero the velocity where this rank sent).
     Framework-neutral and picklable."""
 
     kind: str
     ratio: float = 1.0
     seed: int = 0
     momentum: float = 0.0
+    momentum_masking: bool = True
 
     @property
     def stateful(self) -> bool:
@@ -59,12 +62,14 @@ class Compressor:
         out = {"kind": self.kind, "ratio": self.ratio, "seed": self.seed}
         if self.momentum:
             out["momentum"] = self.momentum
+            out["momentum_masking"] = self.momentum_masking
         return out
 
     def __repr__(self) -> str:
         if self.kind == "topk":
             if self.momentum:
-                return f"Compression.topk({self.ratio!r}, momentum={self.momentum!r})"
+                masking = "" if self.momentum_masking else ", momentum_masking=False"
+                return f"Compression.topk({self.ratio!r}, momentum={self.momentum!r}{masking})"
             return f"Compression.topk({self.ratio!r})"
         if self.kind == "randomk":
             return f"Compression.randomk({self.ratio!r}, seed={self.seed})"
@@ -85,18 +90,23 @@ class Compression:
     bf16 = Compressor("bf16")
 
     @staticmethod
-    def topk(ratio: float, momentum: float = 0.0) -> Compressor:
+    def topk(ratio: float, momentum: float = 0.0, momentum_masking: bool = True) -> Compressor:
         """Top-k with error feedback: ``ratio`` in (0, 1] of the elements, the largest |x + error|.
 
         ``momentum`` in (0, 1) turns on Deep Gradient Compression's momentum correction (Lin et al., ICLR 2018):
         the error buffer accumulates a velocity u = momentum * u + x instead of x, and u and the error are zeroed
         where this rank sent. The reduced result is then already momentum-SGD's step direction: wrap a plain
         ``torch.optim.SGD(..., momentum=0)`` (``DistributedOptimizer`` refuses an optimizer with its own momentum,
-        which would apply it twice). 0 (the default) is plain top-k, bit for bit."""
+        which would apply it twice). 0 (the default) is plain top-k, bit for bit. ``momentum_masking=False``
+        keeps the velocity where this rank sent (DGC's momentum factor masking off, as the official DGC code's
+        ``momentum_masking`` flag; see tests/test_compression_fidelity.py for why)."""
         if (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
                 or not 0.0 <= float(momentum) < 1.0):
             raise ValueError(f"topk momentum must be a number in [0, 1), got {momentum!r}")
-        return Compressor("topk", _check_ratio(ratio), momentum=float(momentum))
+        if not isinstance(momentum_masking, bool):
+            raise ValueError(f"topk momentum_masking must be True or False, got {momentum_masking!r}")
+        masking = momentum_masking or not momentum  # without momentum there is nothing to mask
+        return Compressor("topk", _check_ratio(ratio), momentum=float(momentum), momentum_masking=masking)
 
     @staticmethod
     def randomk(ratio: float, seed: int = 0) -> Compressor:
@@ -236,6 +246,7 @@ def compressed_allreduce_(
     counts = _core.sparse_allreduce(
         runtime.get_in_order(), as_core_buffer(tensor), error, KINDS[compressor.kind], op_value,
         compressor.ratio, compressor.seed, step, sizes, name or "", velocity=velocity, momentum=compressor.momentum,
+        momentum_masking=compressor.momentum_masking,
     )
     record(counts, traffic)
     if compressor.stateful:

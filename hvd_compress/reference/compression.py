@@ -147,11 +147,13 @@ def topk_momentum_allreduce(
     momentum: float,
     dtype: str,
     sizes: list[int] | None = None,
+    momentum_masking: bool = True,
 ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """Top-k with Deep Gradient Compression's momentum correction and momentum factor masking (Lin et al.,
     ICLR 2018, Section 3.2; the core's sparse_allreduce with momentum > 0): (the result as float64, each rank's
     new float32 accumulator ``errors`` (DGC's v), each rank's new float32 velocity u). Per rank:
-    u = float32(float32(mu) * u) + x, v = v + u, top-k of v is sent, and v and u are 0 where the rank sent."""
+    u = float32(float32(mu) * u) + x, v = v + u, top-k of v is sent, and v and (``momentum_masking``) u are 0
+    where the rank sent."""
     sizes = [xs[0].size] if sizes is None else sizes
     mu = np.float32(momentum)
     us = [
@@ -160,4 +162,4 @@ def topk_momentum_allreduce(
     ]
     cs = _compensated(us, errors, "float32")
     out, chosen = _send(cs, "topk", op, ratio, 0, 0, sizes)
-    return round_to(out, dtype), _cut(cs, chosen), _cut(us, chosen)
+    return round_to(out, dtype), _cut(cs, chosen), _cut(us, chosen) if momentum_masking else us

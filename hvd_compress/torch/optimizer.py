@@ -256,7 +256,8 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       error feedback per fused buffer in ``state_dict()``. ``topk(ratio, momentum=0.9)`` is Deep Gradient
       Compression's momentum correction: the momentum lives in the compression (its velocity is in
       ``state_dict()`` too), so wrap ``torch.optim.SGD(..., momentum=0)``; an optimizer with its own momentum
-      (SGD/RMSprop ``momentum``, Adam's beta1) raises ``ValueError``, as momentum would be applied twice.
+      (SGD/RMSprop ``momentum``, Adam's beta1) raises ``ValueError``, as momentum would be applied twice;
+      ``momentum_masking=False`` is what matched dense momentum SGD in tests/test_compression_fidelity.py.
 
     The result is an instance of a subclass of ``optimizer``'s class, built on the same
     ``param_groups`` and carrying over its state, so LR schedulers and ``state_dict()`` work.

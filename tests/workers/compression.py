@@ -29,6 +29,7 @@ COMPRESSORS = {
     "topk": hc.Compression.topk(0.05),
     "randomk": hc.Compression.randomk(0.1, seed=12345678901),
     "topk_dgc": hc.Compression.topk(0.05, momentum=0.9),
+    "topk_dgc_nomask": hc.Compression.topk(0.05, momentum=0.9, momentum_masking=False),
 }
 
 # (dtype, numel, op): float32 at every size and both ops; the other dtypes at two sizes.

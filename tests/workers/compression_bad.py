@@ -31,6 +31,8 @@ res["kind"] = outcome(lambda: hc.allreduce(x, compression=kind, state=hc.Compres
 res["fp16_vs_none"] = outcome(lambda: hc.allreduce(x, compression=hc.Compression.fp16 if r == 0 else None))
 dgc = hc.Compression.topk(0.1, momentum=0.9 if r == 0 else 0.5)
 res["momentum"] = outcome(lambda: hc.allreduce(x, compression=dgc, state=hc.CompressionState(numel, dgc)))
+masking = hc.Compression.topk(0.1, momentum=0.9, momentum_masking=r == 0)
+res["masking"] = outcome(lambda: hc.allreduce(x, compression=masking, state=hc.CompressionState(numel, masking)))
 
 # NaN / Inf on the last rank only: UsageError on every rank, tensor, error and step untouched.
 for bad in ("nan", "inf"):
