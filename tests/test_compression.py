@@ -16,7 +16,10 @@ COMPRESSORS = {
     "bf16": ("bf16", 1.0, 0),
     "topk": ("topk", 0.05, 0),
     "randomk": ("randomk", 0.1, 12345678901),
+    "topk_dgc": ("topk", 0.05, 0),  # with DGC (momentum, momentum_masking) MOMENTUM[name]
+    "topk_dgc_nomask": ("topk", 0.05, 0),
 }
+MOMENTUM = {"topk_dgc": (0.9, True), "topk_dgc_nomask": (0.9, False)}
 STEPS = 3
 SEGMENTS = [5, 0, 1000, 94]  # as the worker's fused buffer
 
@@ -38,18 +41,25 @@ def _assert_equal(got: np.ndarray, want: np.ndarray, what: str, rtol: float = 0.
 
 
 def _reference_calls(cname: str, dname: str, numel: int, op: str, n: int, seed_of) -> list:
-    """[(result, [error per rank])] of STEPS calls, inputs rank_input(rank, numel, dtype, seed_of(step))."""
+    """[(result, [error per rank], [velocity per rank] or None)] of STEPS calls, inputs rank_input(rank, numel,
+    dtype, seed_of(step))."""
     kind, ratio, seed = COMPRESSORS[cname]
     errors = [np.zeros(numel, np.float32) for _ in range(n)]
+    velocities = [np.zeros(numel, np.float32) for _ in range(n)]
     out = []
     for step in range(STEPS):
         xs = [_np(rank_input(r, numel, DTYPES[dname], seed=seed_of(step))) for r in range(n)]
+        sizes = SEGMENTS if numel == sum(SEGMENTS) else None
         if kind in ref.WIRE:
-            out.append((ref.half_wire_allreduce(xs, dname, kind, op), None))
+            out.append((ref.half_wire_allreduce(xs, dname, kind, op), None, None))
+        elif cname in MOMENTUM:
+            mu, masking = MOMENTUM[cname]
+            result, errors, velocities = ref.topk_momentum_allreduce(xs, errors, velocities, op, ratio, mu, dname,
+                                                                     sizes, masking)
+            out.append((result, errors, velocities))
         else:
-            sizes = SEGMENTS if numel == sum(SEGMENTS) else None
             result, errors = ref.sparse_allreduce(xs, errors, kind, op, ratio, seed, step, dname, sizes)
-            out.append((result, errors))
+            out.append((result, errors, None))
     return out
 
 
@@ -71,29 +81,38 @@ def _check_collective(ranks: list[dict], n: int) -> None:
         cname, dname, numel, op = key
         rtol = 2.0**-21 if cname == "randomk" and n > 2 else 0.0
         want = _reference_calls(cname, dname, numel, op, n, lambda step: 100 * step + 7)
-        for step, (result, errors) in enumerate(want):
+        for step, (result, errors, velocities) in enumerate(want):
             for r in range(n):
-                y, err, done = ranks[r]["results"][key][step]
+                y, err, done, velocity = ranks[r]["results"][key][step]
                 what = f"{cname} {dname} numel={numel} {op} n={n} rank {r} call {step}"
                 _assert_equal(_np(y), result, what + " result", rtol)
                 if errors is not None:
                     _assert_equal(err.double().numpy(), errors[r].astype(np.float64), what + " error", rtol)
                     assert done == step + 1, f"{what}: state step {done}, want {step + 1}"
+                assert (velocity is None) == (velocities is None), f"{what}: velocity {velocity is not None}"
+                if velocities is not None:
+                    _assert_equal(velocity.double().numpy(), velocities[r].astype(np.float64), what + " velocity")
             if rtol == 0.0:  # identical bits on every rank
                 bits = {ranks[r]["results"][key][step][0].view(torch.uint8).numpy().tobytes() for r in range(n)}
                 assert len(bits) == 1, f"{what}: results differ across ranks"
 
 
 def _check_optimizer(ranks: list[dict], n: int) -> None:
-    """SGD(lr=1) on a parameter whose gradient is a known per-rank vector: w_t = w_{t-1} - reduced(g_t)."""
+    """SGD(lr=1, no momentum) on a parameter whose gradient is a known per-rank vector: w_t = w_{t-1} - reduced(g_t)
+    (with DGC momentum the reduced g_t carries the momentum)."""
     numel = 2000
     for cname, (kind, ratio, seed) in COMPRESSORS.items():
         w = np.zeros(numel, np.float32)
         errors = [np.zeros(numel, np.float32) for _ in range(n)]
+        velocities = [np.zeros(numel, np.float32) for _ in range(n)]
         for step in range(4):
             gs = [_np(rank_input(r, numel, torch.float32, seed=50 + step)) for r in range(n)]
             if kind in ref.WIRE:
                 g = ref.half_wire_allreduce(gs, "float32", kind, "Average")
+            elif cname in MOMENTUM:
+                mu, masking = MOMENTUM[cname]
+                g, errors, velocities = ref.topk_momentum_allreduce(gs, errors, velocities, "Average", ratio, mu,
+                                                                    "float32", None, masking)
             else:
                 g, errors = ref.sparse_allreduce(gs, errors, kind, "Average", ratio, seed, step, "float32")
             w = (w - g.astype(np.float32)).astype(np.float32)
@@ -119,15 +138,20 @@ def _check_bytes(stats: dict) -> None:
 def test_stopped_and_resumed_run_is_bit_identical(n: int, out_dir) -> None:
     mpirun("compression_resume.py", n, out_dir, timeout=240)
     ranks = load_ranks(out_dir, n)
-    for name in ("topk", "randomk"):
+    for name in ("topk", "randomk", "topk_dgc"):
         for r, rk in enumerate(ranks):
             (p1, s1), (p2, s2) = rk[name]["straight"], rk[name]["resumed"]
             assert torch.equal(p1, p2), f"{name} n={n} rank {r}: resumed parameters differ by {(p1 - p2).abs().max()}"
             for i, (a, b) in enumerate(zip(s1["buffers"], s2["buffers"], strict=True)):
                 assert a["step"] == b["step"] == 6, f"{name} rank {r} buffer {i}: steps {a['step']}, {b['step']}"
                 assert torch.equal(a["error"], b["error"]), f"{name} n={n} rank {r}: resumed error feedback differs"
+                assert ("velocity" in a) == ("velocity" in b) == (name == "topk_dgc"), f"{name} rank {r}: velocity"
+                if "velocity" in a:
+                    assert torch.equal(a["velocity"], b["velocity"]), f"{name} n={n} rank {r}: resumed velocity differs"
             saved = rk[name]["saved"]["buffers"][0]
             assert saved["step"] == 3 and saved["error"].abs().sum() > 0, f"{name} rank {r}: checkpoint lacks the error"
+            if name == "topk_dgc":
+                assert saved["velocity"].abs().sum() > 0, f"{name} rank {r}: checkpoint lacks the velocity"
         p0 = ranks[0][name]["straight"][0]
         for r in range(1, n):
             assert torch.equal(ranks[r][name]["straight"][0], p0), f"{name} n={n}: rank {r}'s parameters differ"
@@ -141,10 +165,10 @@ def test_bad_input_raises_on_every_rank_and_leaves_state_untouched(out_dir) -> N
         where = f"rank {r} of {n}"
         assert rk["adasum"].startswith(USAGE) and "Average or Sum" in rk["adasum"], f"{where}: {rk['adasum']}"
         assert rk["adasum_step"] == 0, where
-        for case in ("seed", "ratio", "kind", "fp16_vs_none"):
+        for case in ("seed", "ratio", "kind", "fp16_vs_none", "momentum", "masking"):
             assert rk[case].startswith("MismatchError"), f"{where} {case}: {rk[case]}"
         for bad in ("nan", "inf"):
-            for cname in ("topk", "randomk", "fp16"):
+            for cname in ("topk", "randomk", "fp16", "topk_dgc"):
                 got = rk[f"{bad}.{cname}"]
                 ok = got.startswith(USAGE) and f"rank {n - 1} rejected" in got and bad in got
                 assert ok, f"{where}: {got}"
@@ -153,6 +177,8 @@ def test_bad_input_raises_on_every_rank_and_leaves_state_untouched(out_dir) -> N
         assert "301" in rk["state_size"] and "300" in rk["state_size"], f"{where}: {rk['state_size']}"
         for case in ("optimizer_adasum", "optimizer_onebit"):
             assert rk[case].startswith("ValueError") and "Average or Sum" in rk[case], f"{where}: {rk[case]}"
+        got = rk["optimizer_dgc_twice"]
+        assert got.startswith("ValueError") and "twice" in got and "momentum=0" in got, f"{where}: {got}"
         # top-k of ones(3) at 0.1 sends k = 1 element (index 0) from every rank: the average is [1, 0, 0].
         assert rk["after"] == 1.0, f"{where}: the call after the errors gave {rk['after']}"
 
@@ -196,3 +222,55 @@ def test_selection_matches_reference_including_ties() -> None:
             _core.randomk_select(numel, 2**40 + 3, 7, idx)
             np.testing.assert_array_equal(idx, ref.randomk_select(numel, k, 2**40 + 3, 7),
                                           err_msg=f"randomk numel={numel} ratio={ratio}")
+
+
+@pytest.mark.parametrize("momentum", [-0.1, 1.0, 1.5, float("nan"), "0.9", True])
+def test_topk_momentum_outside_zero_one_is_refused(momentum) -> None:
+    from hvd_compress.ops.compression import Compression
+
+    with pytest.raises(ValueError, match=r"momentum must be a number in \[0, 1\)"):
+        Compression.topk(0.01, momentum=momentum)
+
+
+def test_topk_without_momentum_is_plain_topk_and_its_checkpoint_format_is_unchanged() -> None:
+    from hvd_compress.torch import Compression, CompressionState
+
+    assert Compression.topk(0.01, momentum=0) == Compression.topk(0.01)
+    assert Compression.topk(0.01, momentum=0, momentum_masking=False) == Compression.topk(0.01)
+    assert Compression.topk(0.01).describe() == {"kind": "topk", "ratio": 0.01, "seed": 0}
+    assert repr(Compression.topk(0.01, momentum=0.9)) == "Compression.topk(0.01, momentum=0.9)"
+    state = CompressionState(10, Compression.topk(0.01))
+    assert state.velocity is None and "velocity" not in state.state_dict()
+
+
+def test_dgc_checkpoint_without_velocity_is_refused_and_state_untouched() -> None:
+    from hvd_compress.torch import Compression, CompressionState
+
+    dgc = Compression.topk(0.5, momentum=0.9)
+    state = CompressionState(4, dgc)
+    state.error += 1.0
+    state.velocity += 2.0
+    state.step = 5
+    saved = state.state_dict()
+    assert torch.equal(saved["velocity"], torch.full((4,), 2.0))
+    fresh = CompressionState(4, dgc)
+    fresh.load_state_dict(saved)
+    assert torch.equal(fresh.velocity, state.velocity) and torch.equal(fresh.error, state.error) and fresh.step == 5
+    no_velocity = {k: v for k, v in saved.items() if k != "velocity"}
+    with pytest.raises(ValueError, match="velocity"):
+        state.load_state_dict({**no_velocity, "error": torch.zeros(4), "step": 1})
+    assert torch.equal(state.error, torch.ones(4)) and torch.equal(state.velocity, torch.full((4,), 2.0))
+    assert state.step == 5
+    plain = CompressionState(4, Compression.topk(0.5)).state_dict()  # a checkpoint of plain top-k
+    with pytest.raises(ValueError, match="compression"):
+        state.load_state_dict(plain)
+    assert state.step == 5
+
+
+def test_topk_momentum_masking_must_be_a_bool() -> None:
+    from hvd_compress.ops.compression import Compression
+
+    with pytest.raises(ValueError, match="momentum_masking must be True or False"):
+        Compression.topk(0.01, momentum=0.9, momentum_masking=1)
+    off = Compression.topk(0.01, momentum=0.9, momentum_masking=False)
+    assert off.describe()["momentum_masking"] is False and "momentum_masking=False" in repr(off)

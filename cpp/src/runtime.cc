@@ -252,22 +252,25 @@ CommStats Runtime::hierarchical_compressed_allreduce(const HierarchicalCall& cal
              [&] { hvdc::hierarchical_compressed_allreduce(groups, with_kernels); });
 }
 
-CommStats Runtime::sparse_allreduce(const TensorView& buffer, const TensorView& error,
+CommStats Runtime::sparse_allreduce(const TensorView& buffer, const TensorView& error, const TensorView& velocity,
                                    const SparseSpec& spec, const std::string& name) {
-  // The kind rides in the op field; ratio, seed and (random-k) step, which pick what is sent, in the
-  // layout hash with the tensor sizes: ranks that disagree raise MismatchError on every rank.
+  // The kind rides in the op field; ratio, seed, (random-k) step and (top-k) momentum and masking, which
+  // decide what is sent, in the layout hash with the tensor sizes: ranks that disagree raise MismatchError
+  // on every rank.
   CallSignature sig = signature_of(kSparseAllreduce, buffer,
                                    static_cast<int>(spec.op) | (static_cast<int>(spec.kind) << 8), name);
-  uint64_t key[3] = {0, spec.seed, spec.kind == SparseKind::kRandomK ? spec.step : 0u};
+  uint64_t key[5] = {0, spec.seed, spec.kind == SparseKind::kRandomK ? spec.step : 0u, 0,
+                     static_cast<uint64_t>(spec.momentum_masking)};
   std::memcpy(&key[0], &spec.ratio, sizeof(double));
+  std::memcpy(&key[3], &spec.momentum, sizeof(double));
   sig.layout_hash = fnv1a(spec.segments.data(), spec.segments.size() * sizeof(int64_t), fnv1a(key, sizeof(key)));
   sig.ntensors = spec.segments.empty() ? 1 : static_cast<int64_t>(spec.segments.size());
-  const std::string why = sparse_check_input(buffer, error, spec);
+  const std::string why = sparse_check_input(buffer, error, velocity, spec);
   if (!why.empty()) set_rejected(sig, why);
   const std::string what = std::string("allreduce(compression=") + sparse_kind_name(spec.kind) +
                            (name.empty() ? "" : ", name=" + name) +
-                           ") [kind, ratio, seed and step must match on every rank]";
-  return run(sig, what, [&] { sparse_allreduce_prepared(*world_, buffer, error, spec); });
+                           ") [kind, ratio, seed, momentum and step must match on every rank]";
+  return run(sig, what, [&] { sparse_allreduce_prepared(*world_, buffer, error, velocity, spec); });
 }
 
 void Runtime::reject(Collective collective, const std::string& why, const std::string& name) {

@@ -1,4 +1,7 @@
 #include "hvdc/sparse_allreduce.h"
+// No contraction into FMAs: DGC's velocity u = mu * u + x is two float32 roundings, as in the NumPy
+// reference (hvd_compress/reference/compression.py).
+#pragma GCC optimize("fp-contract=off")
 
 #include <algorithm>
 #include <cmath>
@@ -122,7 +125,8 @@ int64_t sparse_k(int64_t numel, double ratio) {
   return std::clamp<int64_t>(static_cast<int64_t>(std::min(k, 9.0e18)), 1, numel);
 }
 
-std::string sparse_check_input(const TensorView& buffer, const TensorView& error, const SparseSpec& spec) {
+std::string sparse_check_input(const TensorView& buffer, const TensorView& error, const TensorView& velocity,
+                               const SparseSpec& spec) {
   const std::string what = std::string("allreduce(compression=") + sparse_kind_name(spec.kind) + "): ";
   const auto kind = static_cast<int32_t>(spec.kind);
   if (kind < 1 || kind > 4) return "allreduce: unknown compression kind " + std::to_string(kind);
@@ -162,15 +166,32 @@ std::string sparse_check_input(const TensorView& buffer, const TensorView& error
   if (error.numel != buffer.numel)
     return what + "error buffer has " + std::to_string(error.numel) + " elements, expected " +
            std::to_string(buffer.numel) + " (the tensor's numel)";
+  const bool dgc = spec.momentum != 0.0;
+  if (dgc) {
+    char m[32];
+    std::snprintf(m, sizeof(m), "%g", spec.momentum);
+    if (spec.kind != SparseKind::kTopK) return what + "momentum correction applies to top-k only, got momentum " + m;
+    if (!(spec.momentum > 0.0 && spec.momentum < 1.0)) return what + "momentum must be in [0, 1), got " + m;
+    if (velocity.dtype != DType::kFloat32 || velocity.device != Device::kCPU || velocity.data == nullptr)
+      return what + "momentum " + m + " needs a float32 velocity buffer on the CPU";
+    if (velocity.numel != buffer.numel)
+      return what + "velocity buffer has " + std::to_string(velocity.numel) + " elements, expected " +
+             std::to_string(buffer.numel) + " (the tensor's numel)";
+  }
   std::vector<float> x(static_cast<size_t>(buffer.numel));
   to_float(buffer, x.data());
   const auto* e = static_cast<const float*>(error.data);
+  const auto* u = dgc ? static_cast<const float*>(velocity.data) : nullptr;
+  const auto mu = static_cast<float>(spec.momentum);
   for (int64_t i = 0; i < buffer.numel; ++i) {
-    const float c = x[i] + e[i];
+    const float g = u ? mu * u[i] + x[i] : x[i];  // what enters the error (DGC: the new velocity)
+    const float c = g + e[i];
     if (!std::isfinite(c))
       return what + "non-finite input: element " + std::to_string(i) + " is " +
-             (std::isfinite(x[i]) ? describe_value(x[i]) + " + error " + describe_value(e[i])
-                                  : describe_value(x[i])) +
+             (!std::isfinite(x[i]) ? describe_value(x[i])
+              : u ? describe_value(x[i]) + " + momentum * velocity " + describe_value(u[i]) + " + accumulator " +
+                        describe_value(e[i])
+                  : describe_value(x[i]) + " + error " + describe_value(e[i])) +
              "; state unchanged";
   }
   return "";
@@ -212,14 +233,14 @@ void sparse_select(const float* c, int64_t numel, const SparseSpec& spec, std::v
 }
 
 void sparse_allreduce(Communicator& comm, const TensorView& buffer, const TensorView& error,
-                      const SparseSpec& spec) {
-  const std::string why = sparse_check_input(buffer, error, spec);
+                      const TensorView& velocity, const SparseSpec& spec) {
+  const std::string why = sparse_check_input(buffer, error, velocity, spec);
   if (!why.empty()) throw UsageError(why);
-  sparse_allreduce_prepared(comm, buffer, error, spec);
+  sparse_allreduce_prepared(comm, buffer, error, velocity, spec);
 }
 
 void sparse_allreduce_prepared(Communicator& comm, const TensorView& buffer, const TensorView& error,
-                               const SparseSpec& spec) {
+                               const TensorView& velocity, const SparseSpec& spec) {
   const int64_t numel = buffer.numel;
   if (numel == 0) return;
   if (!sparse(spec.kind))
@@ -227,10 +248,20 @@ void sparse_allreduce_prepared(Communicator& comm, const TensorView& buffer, con
                                spec.op);
   const int n = comm.size();
   // c = x + e, the compensated value; it becomes the new error once the sent elements are cut out.
+  // DGC (momentum > 0, top-k): u = mu * u + x, then c = e + u, in the same pass.
   auto* e = static_cast<float*>(error.data);
   std::vector<float> x(static_cast<size_t>(numel));
   to_float(buffer, x.data());
-  for (int64_t i = 0; i < numel; ++i) e[i] += x[i];
+  float* u = spec.momentum != 0.0 ? static_cast<float*>(velocity.data) : nullptr;
+  if (u) {
+    const auto mu = static_cast<float>(spec.momentum);
+    for (int64_t i = 0; i < numel; ++i) {
+      u[i] = mu * u[i] + x[i];
+      e[i] += u[i];
+    }
+  } else {
+    for (int64_t i = 0; i < numel; ++i) e[i] += x[i];
+  }
   const float* c = e;
   std::vector<uint32_t> idx;
   sparse_select(c, numel, spec, idx);  // the same count on every rank: numel and segments agreed
@@ -249,8 +280,11 @@ void sparse_allreduce_prepared(Communicator& comm, const TensorView& buffer, con
   }
   if (spec.op == ReduceOp::kAverage && n > 1)
     for (float& v : out) v /= static_cast<float>(n);  // zeros stay zeros
-  // What this rank sent leaves the error: e = c - sent, exactly 0 at the sent elements.
+  // What this rank sent leaves the error: e = c - sent, exactly 0 at the sent elements; DGC's momentum
+  // factor masking zeroes the velocity at the same (this rank's selected) elements.
   for (int64_t j = 0; j < k; ++j) e[idx[j]] = 0.0f;
+  if (u && spec.momentum_masking)
+    for (int64_t j = 0; j < k; ++j) u[idx[j]] = 0.0f;
   from_float(out.data(), buffer);
 }
 

@@ -31,11 +31,13 @@ void register_sparse(nb::module_& m) {
   m.def(
       "sparse_allreduce",
       [](Runtime& rt, nb::handle tensor, nb::handle error, int kind, int op, double ratio, uint64_t seed,
-         uint64_t step, std::vector<int64_t> sizes, const std::string& name) {
-        TensorView buffer, err;
+         uint64_t step, std::vector<int64_t> sizes, const std::string& name, nb::handle velocity,
+         double momentum, bool momentum_masking) {
+        TensorView buffer, err, vel;
         try {
           buffer = binding_view_of(tensor, "allreduce(compression): tensor");
           if (!error.is_none()) err = binding_view_of(error, "allreduce(compression): error buffer");
+          if (!velocity.is_none()) vel = binding_view_of(velocity, "allreduce(compression): velocity buffer");
         } catch (const UsageError& e) {
           nb::gil_scoped_release nogil;  // join the exchange so that no peer waits for this rank
           rt.reject(kSparseAllreduce, e.what(), name);
@@ -47,19 +49,24 @@ void register_sparse(nb::module_& m) {
         spec.seed = seed;
         spec.step = static_cast<uint32_t>(step);
         spec.segments = std::move(sizes);
+        spec.momentum = momentum;
+        spec.momentum_masking = momentum_masking;
         CommStats moved;
         {
           nb::gil_scoped_release nogil;
-          moved = rt.sparse_allreduce(buffer, err, spec, name);
+          moved = rt.sparse_allreduce(buffer, err, vel, spec, name);
         }
         return binding_stats(moved);
       },
       nb::arg("runtime"), nb::arg("tensor"), nb::arg("error").none(), nb::arg("kind"), nb::arg("op"),
       nb::arg("ratio") = 1.0, nb::arg("seed") = 0, nb::arg("step") = 0, nb::arg("sizes") = std::vector<int64_t>(), nb::arg("name") = "",
+      nb::arg("velocity").none() = nb::none(), nb::arg("momentum") = 0.0,
+      nb::arg("momentum_masking") = true,
       "In place: `tensor` (contiguous CPU float) becomes its compressed reduction over all ranks "
       "(kind 1 fp16, 2 bf16, 3 top-k, 4 random-k; op 0 Average, 1 Sum); `error` (numel float32, "
       "top-k/random-k; None otherwise) is updated; `sizes` cuts it into tensors that each send their own k "
-      "(empty: one tensor). Returns this call's bytes.");
+      "(empty: one tensor); top-k with `momentum` in (0, 1): DGC momentum correction, `velocity` (numel "
+      "float32) updated too (zeroed where this rank sent, unless `momentum_masking` is false). Returns this call's bytes.");
   m.def("sparse_k", &sparse_k, nb::arg("numel"), nb::arg("ratio"),
         "Elements top-k/random-k send of `numel` at `ratio`: floor(ratio * numel + 0.5) in [1, numel].");
   m.def(

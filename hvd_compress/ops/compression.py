@@ -9,11 +9,16 @@ lives; NumPy mirror: hvd_compress/reference/compression.py).
   in float32 by the server of each chunk and rounded to 16 bits once.
 - ``Compression.topk(ratio)``: the k = ratio * numel elements of largest |x + error| travel as (index, value)
   pairs by allgather; the rest stays in the error buffer (error feedback, GRACE's "memory").
+- ``Compression.topk(ratio, momentum=mu)``, mu in (0, 1): Deep Gradient Compression's momentum correction and
+  momentum factor masking (Lin et al., ICLR 2018, Section 3.2): a velocity u = mu * u + x is accumulated into
+  the error buffer (DGC's v = v + u), top-k of v is sent, and both u and v are zeroed where this rank sent (u
+  only with ``momentum_masking``, the default). The momentum lives in the compression, so the wrapped optimizer
+  must not add its own (plain SGD, momentum 0).
 - ``Compression.randomk(ratio, seed)``: k elements chosen by the core's counter-based RNG from (seed, step),
   the same on every rank, so only the k values travel (one dense allreduce of k floats); error feedback too.
 
-All mutable state of one buffer (the error and the step) is one ``CompressionState`` that ``state_dict()``
-saves (the PowerSGDState idea), so a resumed run continues bit for bit.
+All mutable state of one buffer (the error, the velocity with DGC momentum, and the step) is one
+``CompressionState`` that ``state_dict()`` saves (the PowerSGDState idea), so a resumed run continues bit for bit.
 """
 
 from __future__ import annotations
@@ -36,11 +41,15 @@ _U64 = (1 << 64) - 1
 @dataclasses.dataclass(frozen=True)
 class Compressor:
     """What a reduction does to the values it sends: ``kind`` (none, fp16, bf16, topk, randomk), the fraction
-    ``ratio`` of elements sent (topk/randomk) and the RNG ``seed`` (randomk). Framework-neutral and picklable."""
+    ``ratio`` of elements sent (topk/randomk), the RNG ``seed`` (randomk) and DGC's ``momentum`` (topk; 0: off)
+    and ``momentum_masking`` (with momentum: zero the velocity where this rank sent).
+    Framework-neutral and picklable."""
 
     kind: str
     ratio: float = 1.0
     seed: int = 0
+    momentum: float = 0.0
+    momentum_masking: bool = True
 
     @property
     def stateful(self) -> bool:
@@ -48,11 +57,19 @@ class Compressor:
         return self.kind in ("topk", "randomk")
 
     def describe(self) -> dict[str, Any]:
-        """The compressor as plain data (what a checkpoint records)."""
-        return {"kind": self.kind, "ratio": self.ratio, "seed": self.seed}
+        """The compressor as plain data (what a checkpoint records; ``momentum`` only when on, so that the
+        checkpoints of plain top-k stay as they were)."""
+        out = {"kind": self.kind, "ratio": self.ratio, "seed": self.seed}
+        if self.momentum:
+            out["momentum"] = self.momentum
+            out["momentum_masking"] = self.momentum_masking
+        return out
 
     def __repr__(self) -> str:
         if self.kind == "topk":
+            if self.momentum:
+                masking = "" if self.momentum_masking else ", momentum_masking=False"
+                return f"Compression.topk({self.ratio!r}, momentum={self.momentum!r}{masking})"
             return f"Compression.topk({self.ratio!r})"
         if self.kind == "randomk":
             return f"Compression.randomk({self.ratio!r}, seed={self.seed})"
@@ -73,9 +90,23 @@ class Compression:
     bf16 = Compressor("bf16")
 
     @staticmethod
-    def topk(ratio: float) -> Compressor:
-        """Top-k with error feedback: ``ratio`` in (0, 1] of the elements, the largest |x + error|."""
-        return Compressor("topk", _check_ratio(ratio))
+    def topk(ratio: float, momentum: float = 0.0, momentum_masking: bool = True) -> Compressor:
+        """Top-k with error feedback: ``ratio`` in (0, 1] of the elements, the largest |x + error|.
+
+        ``momentum`` in (0, 1) turns on Deep Gradient Compression's momentum correction (Lin et al., ICLR 2018):
+        the error buffer accumulates a velocity u = momentum * u + x instead of x, and u and the error are zeroed
+        where this rank sent. The reduced result is then already momentum-SGD's step direction: wrap a plain
+        ``torch.optim.SGD(..., momentum=0)`` (``DistributedOptimizer`` refuses an optimizer with its own momentum,
+        which would apply it twice). 0 (the default) is plain top-k, bit for bit. ``momentum_masking=False``
+        keeps the velocity where this rank sent (DGC's momentum factor masking off, as the official DGC code's
+        ``momentum_masking`` flag; see tests/test_compression_fidelity.py for why)."""
+        if (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
+                or not 0.0 <= float(momentum) < 1.0):
+            raise ValueError(f"topk momentum must be a number in [0, 1), got {momentum!r}")
+        if not isinstance(momentum_masking, bool):
+            raise ValueError(f"topk momentum_masking must be True or False, got {momentum_masking!r}")
+        masking = momentum_masking or not momentum  # without momentum there is nothing to mask
+        return Compressor("topk", _check_ratio(ratio), momentum=float(momentum), momentum_masking=masking)
 
     @staticmethod
     def randomk(ratio: float, seed: int = 0) -> Compressor:
@@ -107,8 +138,9 @@ def resolve(compression: Any) -> Compressor:
 
 class CompressionState:
     """Error feedback of one buffer of ``numel`` elements under ``compressor`` (top-k or random-k): the float32
-    ``error`` (input + error - what was sent, on ``like``'s device) and the ``step`` (calls completed; random-k
-    draws its indices from it). ``sizes`` cuts the buffer into the tensors it fuses (default: one), each of
+    ``error`` (input + error - what was sent, on ``like``'s device; with DGC momentum, the accumulator v), the
+    float32 ``velocity`` (DGC's u; top-k with momentum only, else None) and the ``step`` (calls completed;
+    random-k draws its indices from it). ``sizes`` cuts the buffer into the tensors it fuses (default: one), each of
     which sends its own ratio of elements, as Horovod compresses each gradient on its own. Only a call that
     every rank accepted changes the state."""
 
@@ -127,20 +159,26 @@ class CompressionState:
         self.compressor = compressor
         self.xp = xp
         self.error = xp.float32_like(self.numel, like)
+        self.velocity = xp.float32_like(self.numel, like) if compressor.momentum else None
         self.step = 0
 
     def reset(self) -> None:
-        """Forget the accumulated error (the step stays)."""
+        """Forget the accumulated error and the velocity (the step stays)."""
         self.xp.zero_(self.error)
+        if self.velocity is not None:
+            self.xp.zero_(self.velocity)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "compression": self.compressor.describe(),
             "numel": self.numel,
             "sizes": list(self.sizes),
             "step": self.step,
             "error": self.xp.copy_(self.xp.float32_like(self.numel, self.error), self.error),
         }
+        if self.velocity is not None:
+            out["velocity"] = self.xp.copy_(self.xp.float32_like(self.numel, self.velocity), self.velocity)
+        return out
 
     def check_state_dict(self, state: dict[str, Any]) -> None:
         """Raise a clear ValueError if ``state`` is not a ``state_dict()`` of a state like this one."""
@@ -153,6 +191,17 @@ class CompressionState:
         got = self.xp.describe(state.get("error"))
         if got != ("float32", self.numel):
             raise ValueError(f"CompressionState.load_state_dict: error is {got}, expected float32 x {self.numel}")
+        if self.velocity is not None:
+            if state.get("velocity") is None:
+                raise ValueError(
+                    f"CompressionState.load_state_dict: {self.compressor!r} keeps a DGC velocity and the checkpoint "
+                    "has none (saved without momentum?); state unchanged"
+                )
+            got = self.xp.describe(state["velocity"])
+            if got != ("float32", self.numel):
+                raise ValueError(
+                    f"CompressionState.load_state_dict: velocity is {got}, expected float32 x {self.numel}"
+                )
         if not isinstance(state.get("step"), int) or state["step"] < 0:
             raise ValueError(f"CompressionState.load_state_dict: step is {state.get('step')!r}")
 
@@ -160,6 +209,8 @@ class CompressionState:
         """Restore a ``state_dict()``; it must be for the same compressor and numel."""
         self.check_state_dict(state)
         self.xp.copy_(self.error, state["error"].reshape(-1))
+        if self.velocity is not None:
+            self.xp.copy_(self.velocity, state["velocity"].reshape(-1))
         self.step = int(state["step"])
 
 
@@ -190,10 +241,12 @@ def compressed_allreduce_(
             raise ValueError(f"state is for {state.compressor!r}, the call asks for {compressor!r}")
     op_value = int(op) if isinstance(op, int) else -1
     error = as_core_buffer(state.error) if compressor.stateful else None
+    velocity = as_core_buffer(state.velocity) if compressor.stateful and state.velocity is not None else None
     step, sizes = (state.step, state.sizes) if compressor.stateful else (0, [])
     counts = _core.sparse_allreduce(
         runtime.get_in_order(), as_core_buffer(tensor), error, KINDS[compressor.kind], op_value,
-        compressor.ratio, compressor.seed, step, sizes, name or "",
+        compressor.ratio, compressor.seed, step, sizes, name or "", velocity=velocity, momentum=compressor.momentum,
+        momentum_masking=compressor.momentum_masking,
     )
     record(counts, traffic)
     if compressor.stateful:

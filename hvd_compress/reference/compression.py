@@ -2,7 +2,8 @@
 hvd_compress/ops/compression.py) over n virtual ranks: the oracle of the multi-rank tests.
 
 Same names for the same steps as the core: ``sparse_k``, ``topk_select``, ``randomk_select``,
-``half_wire_allreduce`` and ``sparse_allreduce``; the same float32 arithmetic in the same order (sums in
+``half_wire_allreduce`` and ``sparse_allreduce`` (its top-k branch with DGC momentum:
+``topk_momentum_allreduce``); the same float32 arithmetic in the same order (sums in
 rank order, one division by n for Average), so top-k and the 16-bit kinds match the core bit for bit.
 Random-k's k values go through MPI's allreduce, whose summation order MPI picks: equal to a few float32
 ulps at n >= 3.
@@ -75,26 +76,19 @@ def half_wire_allreduce(xs: list[np.ndarray], dtype: str, kind: str, op: str) ->
     return round_to(round_to(total, wire), dtype)
 
 
-def sparse_allreduce(
-    xs: list[np.ndarray],
-    errors: list[np.ndarray],
-    kind: str,
-    op: str,
-    ratio: float,
-    seed: int,
-    step: int,
-    dtype: str,
-    sizes: list[int] | None = None,
-) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Top-k / random-k with error feedback: (the result on every rank as float64, each rank's new float32
-    error). c = x + e; each tensor (``sizes``, default one) sends k of its elements of c; e becomes c with the
-    sent elements set to 0."""
-    n, numel = len(xs), xs[0].size
-    sizes = [numel] if sizes is None else sizes
-    cs = [
+def _compensated(xs: list[np.ndarray], errors: list[np.ndarray], dtype: str) -> list[np.ndarray]:
+    """c = float32(x) + e per rank: what top-k/random-k select from and send."""
+    return [
         (_to_float32(x, dtype) + np.asarray(e, dtype=np.float32)).astype(np.float32)
         for x, e in zip(xs, errors, strict=True)
     ]
+
+
+def _send(
+    cs: list[np.ndarray], kind: str, op: str, ratio: float, seed: int, step: int, sizes: list[int]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The float32 reduction of what every rank sends from its ``cs``, and each rank's selected indices."""
+    n, numel = len(cs), cs[0].size
     out = np.zeros(numel, dtype=np.float32)
     if kind == "topk":
         chosen = [sparse_select(c, kind, ratio, seed, step, sizes) for c in cs]
@@ -111,9 +105,61 @@ def sparse_allreduce(
         raise ValueError(f"unknown sparse kind {kind!r}")
     if op == "Average" and n > 1:
         out = (out / np.float32(n)).astype(np.float32)
-    new_errors = []
-    for c, idx in zip(cs, chosen, strict=True):
-        e = c.copy()
-        e[idx] = 0.0
-        new_errors.append(e)
-    return round_to(out, dtype), new_errors
+    return out, chosen
+
+
+def _cut(values: list[np.ndarray], chosen: list[np.ndarray]) -> list[np.ndarray]:
+    """Each rank's ``values`` with the elements it sent set to 0."""
+    out = []
+    for v, idx in zip(values, chosen, strict=True):
+        cut = v.copy()
+        cut[idx] = 0.0
+        out.append(cut)
+    return out
+
+
+def sparse_allreduce(
+    xs: list[np.ndarray],
+    errors: list[np.ndarray],
+    kind: str,
+    op: str,
+    ratio: float,
+    seed: int,
+    step: int,
+    dtype: str,
+    sizes: list[int] | None = None,
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Top-k / random-k with error feedback: (the result on every rank as float64, each rank's new float32
+    error). c = x + e; each tensor (``sizes``, default one) sends k of its elements of c; e becomes c with the
+    sent elements set to 0."""
+    sizes = [xs[0].size] if sizes is None else sizes
+    cs = _compensated(xs, errors, dtype)
+    out, chosen = _send(cs, kind, op, ratio, seed, step, sizes)
+    return round_to(out, dtype), _cut(cs, chosen)
+
+
+def topk_momentum_allreduce(
+    xs: list[np.ndarray],
+    errors: list[np.ndarray],
+    velocities: list[np.ndarray],
+    op: str,
+    ratio: float,
+    momentum: float,
+    dtype: str,
+    sizes: list[int] | None = None,
+    momentum_masking: bool = True,
+) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """Top-k with Deep Gradient Compression's momentum correction and momentum factor masking (Lin et al.,
+    ICLR 2018, Section 3.2; the core's sparse_allreduce with momentum > 0): (the result as float64, each rank's
+    new float32 accumulator ``errors`` (DGC's v), each rank's new float32 velocity u). Per rank:
+    u = float32(float32(mu) * u) + x, v = v + u, top-k of v is sent, and v and (``momentum_masking``) u are 0
+    where the rank sent."""
+    sizes = [xs[0].size] if sizes is None else sizes
+    mu = np.float32(momentum)
+    us = [
+        ((mu * np.asarray(u, dtype=np.float32)).astype(np.float32) + _to_float32(x, dtype)).astype(np.float32)
+        for x, u in zip(xs, velocities, strict=True)
+    ]
+    cs = _compensated(us, errors, "float32")
+    out, chosen = _send(cs, "topk", op, ratio, 0, 0, sizes)
+    return round_to(out, dtype), _cut(cs, chosen), _cut(us, chosen) if momentum_masking else us

@@ -256,7 +256,11 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     works; ``sparse_as_dense=True`` densifies them instead. ``process_set``: the global set only.
     - ``compression=`` (Average/Sum): ``hc.Compression.none``, ``fp16``, ``bf16``, ``topk(ratio)``,
       ``randomk(ratio, seed)`` (or Horovod's ``hvd.Compression.none``/``fp16``); top-k/random-k keep their
-      error feedback per fused buffer in ``state_dict()``.
+      error feedback per fused buffer in ``state_dict()``. ``topk(ratio, momentum=0.9)`` is Deep Gradient
+      Compression's momentum correction: the momentum lives in the compression (its velocity is in
+      ``state_dict()`` too), so wrap ``torch.optim.SGD(..., momentum=0)``; an optimizer with its own momentum
+      (SGD/RMSprop ``momentum``, Adam's beta1) raises ``ValueError``, as momentum would be applied twice;
+      ``momentum_masking=False`` is what matched dense momentum SGD in tests/test_compression_fidelity.py.
 
     The result is an instance of a subclass of ``optimizer``'s class, built on the same
     ``param_groups`` and carrying over its state, so LR schedulers and ``state_dict()`` work.
@@ -309,9 +313,25 @@ def _dense(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp
             "per whole buffer, reduced in step() (leave overlap unset)"
         )
     overlap = not compression.stateful if overlap is None else overlap
+    _check_no_second_momentum(optimizer, compression)
     wrapped = rewrap(optimizer, _DistributedMixin)
     wrapped._hvdc_setup(named_parameters, op, passes, predivide, sparse_as_dense, compression, overlap, bucket_mb)
     return wrapped
+
+
+def _check_no_second_momentum(optimizer: torch.optim.Optimizer, compression: Compressor) -> None:
+    """With DGC momentum (``topk(ratio, momentum=mu)``) the reduced gradient already carries the momentum: a
+    wrapped optimizer with its own (SGD/RMSprop ``momentum``, Adam's beta1) would apply it a second time."""
+    if not compression.momentum:
+        return
+    for i, group in enumerate(optimizer.param_groups):
+        own = group.get("momentum", 0.0) or (group.get("betas") or (0.0,))[0]
+        if own:
+            raise ValueError(
+                f"compression={compression!r} applies momentum {compression.momentum} inside the compression (DGC "
+                f"momentum correction); the wrapped {type(optimizer).__name__}'s param_groups[{i}] has its own "
+                f"momentum {own}, which would apply it twice: wrap torch.optim.SGD(..., momentum=0)"
+            )
 
 
 def _check_overlap_options(overlap: Any, bucket_mb: Any) -> None:

@@ -3,7 +3,8 @@ test compares against hvd_compress.reference.compression.
 
 argv: out_dir modes (comma list of)
   collective: every compressor x dtype x size x op, STEPS consecutive calls per (compressor, dtype, size, op)
-    with one CompressionState; inputs common.rank_input(seed = 100 * step + 7). Saves results, errors, steps.
+    with one CompressionState; inputs common.rank_input(seed = 100 * step + 7). Saves results, errors, steps and
+    (top-k with DGC momentum) velocities.
   optimizer: DistributedOptimizer(SGD(lr=1), compression=...) on one float32 parameter whose gradient is
     common.rank_input(seed = 50 + step); saves the parameter after every step.
   bytes: bytes this rank sent for one call of 2**16 float32 elements, dense and under every compressor.
@@ -27,6 +28,8 @@ COMPRESSORS = {
     "bf16": hc.Compression.bf16,
     "topk": hc.Compression.topk(0.05),
     "randomk": hc.Compression.randomk(0.1, seed=12345678901),
+    "topk_dgc": hc.Compression.topk(0.05, momentum=0.9),
+    "topk_dgc_nomask": hc.Compression.topk(0.05, momentum=0.9, momentum_masking=False),
 }
 
 # (dtype, numel, op): float32 at every size and both ops; the other dtypes at two sizes.
@@ -49,7 +52,8 @@ if "collective" in modes:
                 y = hc.allreduce(x, op=getattr(hc, op), compression=comp, state=state, name=f"{cname}.{numel}")
                 assert torch.equal(x, before), "allreduce(compression=) changed its input"
                 assert y.dtype == x.dtype and y.shape == x.shape
-                calls.append((y.clone(), state.error.clone() if state else None, state.step if state else 0))
+                velocity = state.velocity.clone() if state is not None and state.velocity is not None else None
+                calls.append((y.clone(), state.error.clone() if state else None, state.step if state else 0, velocity))
             results[(cname, dname, numel, op)] = calls
     saved["results"] = results
 if "optimizer" in modes:

@@ -29,22 +29,28 @@ res["ratio"] = outcome(lambda: hc.allreduce(x, compression=tk, state=hc.Compress
 kind = hc.Compression.topk(0.1) if r == 0 else hc.Compression.randomk(0.1)
 res["kind"] = outcome(lambda: hc.allreduce(x, compression=kind, state=hc.CompressionState(numel, kind)))
 res["fp16_vs_none"] = outcome(lambda: hc.allreduce(x, compression=hc.Compression.fp16 if r == 0 else None))
+dgc = hc.Compression.topk(0.1, momentum=0.9 if r == 0 else 0.5)
+res["momentum"] = outcome(lambda: hc.allreduce(x, compression=dgc, state=hc.CompressionState(numel, dgc)))
+masking = hc.Compression.topk(0.1, momentum=0.9, momentum_masking=r == 0)
+res["masking"] = outcome(lambda: hc.allreduce(x, compression=masking, state=hc.CompressionState(numel, masking)))
 
 # NaN / Inf on the last rank only: UsageError on every rank, tensor, error and step untouched.
 for bad in ("nan", "inf"):
-    cases = (("topk", topk), ("randomk", hc.Compression.randomk(0.1, seed=3)), ("fp16", hc.Compression.fp16))
+    cases = (("topk", topk), ("randomk", hc.Compression.randomk(0.1, seed=3)), ("fp16", hc.Compression.fp16),
+             ("topk_dgc", hc.Compression.topk(0.1, momentum=0.9)))
     for cname, comp in cases:
         st = hc.CompressionState(numel, comp) if comp.stateful else None
         if st is not None:  # one good call first, so that the error is not zero
             hc.allreduce(rank_input(r, numel, torch.float32, seed=2), compression=comp, state=st)
-        before = (st.error.clone(), st.step) if st is not None else None
+        before = (st.error.clone(), st.step, None if st.velocity is None else st.velocity.clone()) if st else None
         y = rank_input(r, numel, torch.float32, seed=4)
         if r == n - 1:
             y[17] = float(bad)
         y_before = y.clone()
         res[f"{bad}.{cname}"] = outcome(lambda y=y, comp=comp, st=st: hc.allreduce_(y, compression=comp, state=st))
         res[f"{bad}.{cname}.untouched"] = y.numpy().tobytes() == y_before.numpy().tobytes() and (
-            st is None or (torch.equal(st.error, before[0]) and st.step == before[1]))
+            st is None or (torch.equal(st.error, before[0]) and st.step == before[1]
+                           and (st.velocity is None or torch.equal(st.velocity, before[2]))))
 
 # A state of another size: rejected on every rank.
 res["state_size"] = outcome(lambda: hc.allreduce(x, compression=topk, state=hc.CompressionState(numel + r, topk)))
@@ -55,6 +61,10 @@ res["optimizer_adasum"] = outcome(lambda: hc.DistributedOptimizer(torch.optim.SG
                                                                   compression=topk))
 res["optimizer_onebit"] = outcome(lambda: hc.DistributedOptimizer(torch.optim.Adam([w]), op=hc.OneBitAdam,
                                                                   freeze_step=2, compression=hc.Compression.fp16))
+
+# DGC momentum inside the compression and the wrapped SGD's own momentum: refused (momentum applied twice).
+res["optimizer_dgc_twice"] = outcome(lambda: hc.DistributedOptimizer(
+    torch.optim.SGD([w], lr=0.1, momentum=0.9), compression=hc.Compression.topk(0.01, momentum=0.9)))
 
 # Still in step: a good call works on every rank.
 res["after"] = float(hc.allreduce(torch.ones(3), compression=topk, state=hc.CompressionState(3, topk)).sum())

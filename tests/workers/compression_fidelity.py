@@ -1,10 +1,13 @@
-"""Top-k 1% with error feedback against dense SGD on a ReLU MLP with real data (scikit-learn's digits: 8x8
-images, 10 classes; 1297 training images sharded over the ranks, 500 held out), 4 ranks.
+"""Top-k 1% with error feedback (plain, or with DGC's momentum correction) against dense SGD on a ReLU MLP with
+real data (scikit-learn's digits: 8x8 images, 10 classes; 1297 training images sharded over the ranks, 500 held
+out), 4 ranks.
 
-argv: out_dir steps runs lr momentum [seeds]; runs: comma list of dense, topk:<ratio>, randomk:<ratio>; seeds: comma
-list (default 1), each a model initialization and per-rank batch order. Saves per rank, for each run and seed (key
-``<run>@<seed>``): the final held-out cross-entropy, the SHA-256 of the final parameters and the bytes this rank sent
-per step.
+argv: out_dir steps runs lr momentum [seeds]; runs: comma list of dense, topk:<ratio>, randomk:<ratio>, dgc:<ratio>
+(top-k with Deep Gradient Compression's momentum correction: ``topk(ratio, momentum=momentum)`` under SGD with
+momentum 0, the momentum living in the compression), dgc-nomask:<ratio> (the same with
+``momentum_masking=False``); the others wrap SGD(momentum=momentum); seeds: comma list (default 1), each a model
+initialization and per-rank batch order. Saves per rank, for each run and seed (key ``<run>@<seed>``): the final
+held-out cross-entropy, the SHA-256 of the final parameters and the bytes this rank sent per step.
 """
 
 from __future__ import annotations
@@ -41,12 +44,15 @@ def train_run(run: str, seed: int) -> dict[str, object]:
                                 torch.nn.Linear(128, 10))
     hc.broadcast_parameters(model.state_dict(), root_rank=0)
     kind, _, ratio = run.partition(":")
-    comp = {"dense": hc.Compression.none, "topk": None, "randomk": None}[kind]
+    comp = {"dense": hc.Compression.none, "topk": None, "randomk": None, "dgc": None, "dgc-nomask": None}[kind]
     if kind == "topk":
         comp = hc.Compression.topk(float(ratio))
     elif kind == "randomk":
         comp = hc.Compression.randomk(float(ratio), seed=5)
-    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
+    elif kind.startswith("dgc"):
+        comp = hc.Compression.topk(float(ratio), momentum=MOMENTUM, momentum_masking=kind == "dgc")
+    momentum = 0.0 if kind.startswith("dgc") else MOMENTUM
+    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum),
                                   named_parameters=model.named_parameters(), op=hc.Average, compression=comp)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     order = torch.Generator().manual_seed(100 * seed + rank)

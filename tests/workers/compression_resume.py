@@ -1,5 +1,6 @@
-"""Checkpoint round trip of DistributedOptimizer(SGD(momentum), compression=topk/randomk): 6 steps in one go
-against 3 steps, state_dict() through torch.save/torch.load (each rank its own: the error feedback is per
+"""Checkpoint round trip of DistributedOptimizer(SGD(momentum), compression=topk/randomk) and of
+DistributedOptimizer(SGD(no momentum), compression=topk(momentum=0.9)) (DGC: the velocity is saved too): 6 steps
+in one go against 3 steps, state_dict() through torch.save/torch.load (each rank its own: the error feedback is per
 rank), a fresh model and optimizer, load_state_dict and 3 more steps. Saves both runs' parameters and states.
 
 argv: out_dir
@@ -23,7 +24,7 @@ X, Y = torch.randn(6, 32, 20, generator=g), torch.randint(0, 5, (6, 32), generat
 def fresh(comp: hc.Compressor) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 40), torch.nn.ReLU(), torch.nn.Linear(40, 5))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.0 if comp.momentum else 0.9)
     return model, hc.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=comp)
 
 
@@ -39,7 +40,9 @@ def flat(model: torch.nn.Module) -> torch.Tensor:
 
 
 out = {}
-for name, comp in (("topk", hc.Compression.topk(0.05)), ("randomk", hc.Compression.randomk(0.05, seed=9))):
+CASES = (("topk", hc.Compression.topk(0.05)), ("randomk", hc.Compression.randomk(0.05, seed=9)),
+         ("topk_dgc", hc.Compression.topk(0.05, momentum=0.9)))
+for name, comp in CASES:
     model, opt = fresh(comp)
     steps(model, opt, range(6))
     straight = (flat(model), opt.state_dict()[STATE_KEY])

@@ -100,10 +100,10 @@ class Runtime {
   CommStats hierarchical_compressed_allreduce(const HierarchicalCall& call, bool hierarchical,
                                               const std::string& name);
   // In place: `buffer` becomes its compressed reduction (hvdc/sparse_allreduce.h: 16-bit wire, top-k,
-  // random-k); `error` (top-k/random-k) is updated only if every rank accepted its input. The kind,
-  // ratio, seed and (random-k) step are part of the signature.
-  CommStats sparse_allreduce(const TensorView& buffer, const TensorView& error, const SparseSpec& spec,
-                             const std::string& name);
+  // random-k); `error` (top-k/random-k) and `velocity` (top-k with momentum) are updated only if every
+  // rank accepted its input. The kind, ratio, seed, (random-k) step and momentum are part of the signature.
+  CommStats sparse_allreduce(const TensorView& buffer, const TensorView& error, const TensorView& velocity,
+                             const SparseSpec& spec, const std::string& name);
 
   // Joins the signature exchange of a collective whose input this rank could not even read
   // (`why`), so that every rank raises instead of the others waiting for a peer that never

@@ -21,6 +21,14 @@
 //     i), i < numel (ties: lower index first): the same on every rank with no index on the wire; the
 //     k values c[idx] are allreduced as one dense float32 buffer (/ n for Average) and scattered into
 //     a zero buffer.
+//   kTopK with momentum mu > 0 (Deep Gradient Compression, Lin et al., ICLR 2018, Section 3.2:
+//     momentum correction and momentum factor masking): a float32 velocity `u` (numel elements) per
+//     buffer too; in the same pass u = mu * u + x, then e = e + u (e is DGC's accumulator v), and
+//     c = e is what top-k selects from and sends; afterwards e is 0 at the sent elements and, with
+//     momentum_masking (the paper's rule, the default), so is u (at the exact indices this rank
+//     selected; without it u keeps its momentum there). The caller applies the result without
+//     momentum (plain SGD): the momentum lives here. float32 arithmetic, mu rounded to float32 once, no
+//     fused multiply-add: u = float32(float32(mu * u) + x).
 // Selected indices are kept in ascending order (memory order for the gather and scatter). With
 // segments (a fused buffer of several tensors), each tensor selects its own k of its own elements.
 #pragma once
@@ -47,6 +55,8 @@ struct SparseSpec {
   double ratio = 1.0;  // top-k/random-k: fraction of the elements sent, in (0, 1]
   uint64_t seed = 0;   // random-k
   uint32_t step = 0;   // random-k: the call's step (the caller's counter, mod 2^32)
+  double momentum = 0.0;  // top-k: DGC momentum correction in [0, 1) (0: off, no velocity buffer)
+  bool momentum_masking = true;  // with momentum: zero the velocity where this rank sent (DGC's rule)
   // Top-k/random-k: the buffer is these consecutive tensors (elements each; empty: one tensor), and each
   // sends its own k = sparse_k(size, ratio), as Horovod compresses each gradient tensor on its own.
   std::vector<int64_t> segments;
@@ -57,9 +67,11 @@ struct SparseSpec {
 int64_t sparse_k(int64_t numel, double ratio);
 
 // Why this rank cannot run the call ("" if it can): op, kind, ratio, buffer dtype and device, the
-// error buffer (float32, numel elements, for top-k/random-k), and non-finite inputs (x, or x + e),
-// naming the first bad element. Reads only.
-std::string sparse_check_input(const TensorView& buffer, const TensorView& error, const SparseSpec& spec);
+// error buffer (float32, numel elements, for top-k/random-k), the momentum and its velocity buffer
+// (float32, numel elements, when momentum > 0; ignored otherwise), and non-finite inputs (x, or the
+// c = x + e, or c = e + mu * u + x, the call would send from), naming the first bad element. Reads only.
+std::string sparse_check_input(const TensorView& buffer, const TensorView& error, const TensorView& velocity,
+                               const SparseSpec& spec);
 
 // Ascending indices of the k elements of largest |c| (ties: lower index), c finite.
 void topk_select(const float* c, int64_t numel, int64_t k, uint32_t* idx);
@@ -70,14 +82,14 @@ void randomk_select(int64_t numel, int64_t k, uint64_t seed, uint32_t step, uint
 void sparse_select(const float* c, int64_t numel, const SparseSpec& spec, std::vector<uint32_t>& idx);
 
 // In place: `buffer` becomes the compressed reduction over all ranks; `error` is updated (top-k and
-// random-k). Every rank must call it with the same numel, dtype and spec (the runtime agrees on a
-// signature first) and with input that passes sparse_check_input (throws UsageError otherwise,
-// before communicating).
+// random-k), and `velocity` (top-k with momentum > 0; an empty view otherwise). Every rank must call
+// it with the same numel, dtype and spec (the runtime agrees on a signature first) and with input that
+// passes sparse_check_input (throws UsageError otherwise, before communicating).
 void sparse_allreduce(Communicator& comm, const TensorView& buffer, const TensorView& error,
-                      const SparseSpec& spec);
+                      const TensorView& velocity, const SparseSpec& spec);
 // The same for input that sparse_check_input already accepted on this rank (the runtime checks once,
 // before the ranks agree, so that a rejected call leaves every buffer unchanged).
 void sparse_allreduce_prepared(Communicator& comm, const TensorView& buffer, const TensorView& error,
-                               const SparseSpec& spec);
+                               const TensorView& velocity, const SparseSpec& spec);
 
 }  // namespace hvdc
