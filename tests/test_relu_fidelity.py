@@ -18,7 +18,9 @@ both tasks (a unit revived after warm-up still has v = 0), and with the floor 0.
 OPEN, measured 2026-11-23 on a fresh machine of the same kind (AMD EPYC; same code and packages, also at the
 commit that first passed here): 1-bit LAMB on the mlp ends at 1.2599 against hc.Lamb's 1.1593 (+8.7%); dense
 runs are bit-identical to the table, the compressed ones are not (their sign decisions on near-zero values
-follow the CPU kernels' rounding). So the 2% is not reliable on every machine. A gap over 2% is reported as an
+follow the CPU kernels' rounding). So the 2% is not reliable on every machine. Shown on one machine on 2026-11-25:
+the core's ring allreduce (abf89b9) changed only the last bits of the 4-rank dense sums (hc.Lamb 1.1587 -> 1.1593),
+and 1-bit LAMB went from 1.1209 (-3.3%) to 1.5919 (+37%) on the same machine, same seed. A gap over 2% is reported as an
 expected failure with its figure (never hidden in the output); rank agreement, raised errors and the papers'
 rule blowing up still fail the test.
 """
