@@ -18,6 +18,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-python3}
 RATE=${1:-1gbit}
+TBF_LATENCY=${TBF_LATENCY:-50ms}  # tbf queue: at most this long at RATE (its byte limit)
+YIELD=${YIELD:-1}
 [ $# -gt 0 ] && shift
 [ "${1:-}" = "--" ] && shift
 program=("$@")
@@ -39,18 +41,18 @@ for side in "a $nsa $addr_a" "b $nsb $addr_b"; do
     ip netns exec "$2" ip link set lo up
     ip netns exec "$2" ip addr add "$3/24" dev "v2n_$1$tag"
     ip netns exec "$2" ip link set "v2n_$1$tag" up
-    ip netns exec "$2" tc qdisc add dev "v2n_$1$tag" root tbf rate "$RATE" burst 256kb latency 50ms
+    ip netns exec "$2" tc qdisc add dev "v2n_$1$tag" root tbf rate "$RATE" burst 256kb latency "$TBF_LATENCY"
 done
-echo "[two-nodes] $nsa ($addr_a) <-> $nsb ($addr_b): veth, each end tbf rate $RATE burst 256kb latency 50ms"
+echo "[two-nodes] $nsa ($addr_a) <-> $nsb ($addr_b): veth, each end tbf rate $RATE burst 256kb latency $TBF_LATENCY"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL=3 HVDC_LOCAL_SIZE=2 HVDC_BENCH_NET="2nodes-$RATE" HOROVOD_CPU_OPERATIONS=MPI
 export HVDC_NETNS_MAP="$addr_a=$nsa $addr_b=$nsb"
 mpi=(mpirun --host "$addr_a:2,$addr_b:2" -np 4 --bind-to none
-     --mca plm_rsh_agent "$here/tools/netns_rsh.sh" --mca plm_rsh_no_tree_spawn 1
+     --mca plm_rsh_agent "$here/tools/netns_rsh.sh" --mca plm_rsh_no_tree_spawn 1 --mca mpi_yield_when_idle "$YIELD"
      --mca btl self,vader,tcp --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24
      -x PYTHONPATH -x OMP_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL -x HVDC_LOCAL_SIZE -x HVDC_BENCH_NET
-     -x HOROVOD_CPU_OPERATIONS)
+     -x HOROVOD_CPU_OPERATIONS ${HVDC_TIMEOUT:+-x HVDC_TIMEOUT})
 in_a() { ip netns exec "$nsa" unshare --uts /bin/sh -c "hostname $nsa && exec \"\$@\"" sh "$@"; }
 if [ ${#program[@]} -gt 0 ]; then
     in_a "${mpi[@]}" "${program[@]}"
