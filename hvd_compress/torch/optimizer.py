@@ -242,9 +242,10 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       a dense parameter average every ``sync_interval`` steps (see ``hvd_compress.torch.slamb_optimizer``);
       options ``compress_ratio``, ``sync_interval``, ``beta3``, ``seed``, ``mask``, ``grad_size_thr``,
       ``clip_min``, ``clip_max``, ``sync_grad``; ``synchronize_parameters()`` before evaluating or saving; in
-      buckets of ``bucket_mb`` MiB (as Average's; each a range of the one global mask, no per-bucket state) whose
-      momentum and masked average start during backward with ``overlap=True`` (the default; ``overlap=False``:
-      after it, bit-identical results; with overlap change ``.grad`` only with ``overlap=False``).
+      buckets of ``bucket_mb`` MiB (as Average's; each a range of the one global mask, no per-bucket state, so a
+      checkpoint of another ``bucket_mb`` loads) whose momentum and masked average start during backward with
+      ``overlap=True`` (the default; ``overlap=False``: after it, bit-identical results; with overlap change
+      ``.grad`` only with ``overlap=False``).
     - ``op=hc.Birder`` (wraps ``hc.Birder``): paper 004's 1-bit algorithm (see ``hvd_compress.torch.birder``);
       options ``hierarchical`` (Section 4 over the nodes), ``seed``; in buckets of ``bucket_mb`` MiB (as Average's;
       each bucket keeps its own m, b and error feedback and draws from its own Philox key) whose core call starts
