@@ -274,3 +274,22 @@ def test_topk_momentum_masking_must_be_a_bool() -> None:
         Compression.topk(0.01, momentum=0.9, momentum_masking=1)
     off = Compression.topk(0.01, momentum=0.9, momentum_masking=False)
     assert off.describe()["momentum_masking"] is False and "momentum_masking=False" in repr(off)
+
+
+def test_momentum_given_to_the_wrapped_optimizer_after_construction_raises_at_step_on_every_rank(out_dir) -> None:
+    """DGC momentum in the compression: a momentum set in a param group, or a group added with one, after
+    DistributedOptimizer was built raises ValueError at step()/synchronize() (also step() inside skip_synchronize())
+    on every rank before any collective, parameters and compression state unchanged; undone, the same call takes the
+    step with the same gradients, alike on every rank."""
+    n = 2
+    mpirun("compression_late_momentum.py", n, out_dir, timeout=120)
+    ranks = load_ranks(out_dir, n)
+    for r, rk in enumerate(ranks):
+        for case in ("group_step", "group_synchronize", "group_skip_synchronize", "added_group_step"):
+            got = rk[case]
+            assert got.startswith("ValueError") and "twice" in got and "after" in got, f"rank {r} {case}: {got}"
+            want = "param_groups[1]" if case == "added_group_step" else "param_groups[0]"
+            assert want in got, f"rank {r} {case}: {got}"
+            assert rk[f"{case}.unchanged"], f"rank {r} of {n} {case}: parameters or compression state changed"
+            for i, (a, b) in enumerate(zip(rk[f"{case}.retried"], ranks[0][f"{case}.retried"], strict=True)):
+                assert torch.equal(a, b), f"rank {r} of {n} {case}: param {i} after the retried step != rank 0"

@@ -52,9 +52,14 @@ rank. The TF/Keras faces have no hooks: one segment (per param group), run in ``
 
 State: m, v (the face binds them as the optimizer's per-parameter state), the freshness c, the step and the
 options that fix the masks (seed, k, kind); ``state_dict()`` is the checkpoint schema every face writes, with the
-bucket layout (each bucket's param group and parameter sizes). A checkpoint of another layout is refused (another
-model, or another ``bucket_mb``: the state itself is over D, but a resumed run must cut, hence sum at 3+ ranks,
-as the run it continues); one written before buckets (no layout) loads into any layout of the same D.
+bucket layout (each bucket's param group and parameter sizes). Every state tensor is element-wise over the whole of
+D and a bucket is only a range of D under the one global mask, so a checkpoint of any bucket layout (another
+``bucket_mb``, the TF/Keras faces' one segment per param group, one written before buckets) loads where it holds
+the same parameters (param group and elements of each, in D's order); another model, param groups, world size,
+seed, k or mask kind is refused. The resumed run sums its masked averages in its own buckets: bit for bit the run
+never stopped at 2 ranks, and at 3+ wherever MPI sums each element in an order that does not depend on its place
+in the message (this machine's Open MPI below the ring threshold: ``MpiCommunicator::allreduce_sum``); a bucket
+large enough for the ring may differ in the last bit of m[M_t], as a run with that layout from the start would.
 """
 
 from __future__ import annotations
@@ -233,8 +238,6 @@ class Slamb(BucketedAlgorithm):
 
     name = "SLAMB"
     options_cls = SlambOptions
-    layout_reason = ("the state is over all D, but a resumed run must cut its buckets, hence sum its masked "
-                     "averages at 3+ ranks, as the run it continues: load it with the bucket_mb it was saved with")
 
     def __init__(self, options: SlambOptions, backend: Backend, buffers: SlambBuffers, world_size: int,
                  meter: CommMeter | None = None, segments: Sequence[SlambSegment] | None = None) -> None:
@@ -445,8 +448,26 @@ class Slamb(BucketedAlgorithm):
         step = ours.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"{what}: step {step!r} is not an int >= 0")
-        if "segments" in ours:  # written with buckets: the same cut (a checkpoint before buckets has none)
+        if "segments" in ours:  # a checkpoint before buckets has none
             self.check_layout(ours["segments"])
+
+    def check_layout(self, saved: Sequence[dict[str, Any]]) -> None:
+        """ValueError, before anything changes, unless the checkpoint's segments ``saved`` cover this optimizer's
+        parameters: the bucket cut itself may differ (the state is over D, a bucket is a range of it)."""
+        got: list[Any]
+        if all("sizes" in s for s in saved):  # (param group, elements) of each parameter, in D's order
+            got = [(s.get("group"), size) for s in saved for size in s["sizes"]]
+            want: list[Any] = list(zip(self.buf.group_of, self.buf.sizes, strict=True))
+            what = "parameters (param group, elements)"
+        else:  # the layout before buckets: one segment per param group, its elements only
+            got = [s.get("numel") for s in saved]
+            want = [hi - lo for _, lo, hi in self.buf.groups()]
+            what = "param groups' elements"
+        if got != want:
+            raise ValueError(
+                f"{self.name}.load_state_dict: the checkpoint's {what} {got} differ from this optimizer's {want}: "
+                "another model or param groups (another bucket_mb alone loads: the state is over all D)"
+            )
 
     def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int) -> None:
         """Restore ``state_dict()`` (call ``check_state_dict`` first); ``None`` (a plain LAMB checkpoint at step

@@ -132,6 +132,7 @@ class _DistributedMixin(SynchronizeProtocol):
         place: change ``.grad`` only after ``synchronize()`` (as with Horovod), or pass ``overlap=False``. An
         error in any rank's reduction raises here on every rank, after every started bucket has finished."""
         ensure_init()
+        self._hvdc_check_momentum()
         self._hvdc_grads.gather()  # only touches gradients that are not their views yet (none already reducing)
         self._hvdc_reductions.mark_all_ready()
         self._hvdc_reductions.launch_ready(self._hvdc_reduce_bucket)
@@ -154,7 +155,16 @@ class _DistributedMixin(SynchronizeProtocol):
         """Whether gradient buckets are reduced during backward (``overlap=`` of ``DistributedOptimizer``)."""
         return self._hvdc_overlap
 
+    def _hvdc_check_momentum(self) -> None:
+        """The construction-time DGC guard again, for a momentum given to the wrapped optimizer later (a param
+        group's ``momentum`` set, ``add_param_group``). Cheap, local, and run before any collective: DGC's buffers
+        reduce in ``synchronize()``, never from the hooks (no overlap), so every rank running the same script
+        raises alike with nothing sent or changed."""
+        _check_no_second_momentum(self, self._hvdc_compression,
+                                  " (given after DistributedOptimizer was built; this call changed nothing)")
+
     def step(self, closure: Any = None) -> Any:
+        self._hvdc_check_momentum()  # also inside skip_synchronize(), where synchronize() ran before the change
         self._hvdc_synchronize_for_step()
         out = super(self.__class__, self).step(closure)
         self._hvdc_step_done()
@@ -242,9 +252,10 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       a dense parameter average every ``sync_interval`` steps (see ``hvd_compress.torch.slamb_optimizer``);
       options ``compress_ratio``, ``sync_interval``, ``beta3``, ``seed``, ``mask``, ``grad_size_thr``,
       ``clip_min``, ``clip_max``, ``sync_grad``; ``synchronize_parameters()`` before evaluating or saving; in
-      buckets of ``bucket_mb`` MiB (as Average's; each a range of the one global mask, no per-bucket state) whose
-      momentum and masked average start during backward with ``overlap=True`` (the default; ``overlap=False``:
-      after it, bit-identical results; with overlap change ``.grad`` only with ``overlap=False``).
+      buckets of ``bucket_mb`` MiB (as Average's; each a range of the one global mask, no per-bucket state, so a
+      checkpoint of another ``bucket_mb`` loads) whose momentum and masked average start during backward with
+      ``overlap=True`` (the default; ``overlap=False``: after it, bit-identical results; with overlap change
+      ``.grad`` only with ``overlap=False``).
     - ``op=hc.Birder`` (wraps ``hc.Birder``): paper 004's 1-bit algorithm (see ``hvd_compress.torch.birder``);
       options ``hierarchical`` (Section 4 over the nodes), ``seed``; in buckets of ``bucket_mb`` MiB (as Average's;
       each bucket keeps its own m, b and error feedback and draws from its own Philox key) whose core call starts
@@ -259,7 +270,8 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       error feedback per fused buffer in ``state_dict()``. ``topk(ratio, momentum=0.9)`` is Deep Gradient
       Compression's momentum correction: the momentum lives in the compression (its velocity is in
       ``state_dict()`` too), so wrap ``torch.optim.SGD(..., momentum=0)``; an optimizer with its own momentum
-      (SGD/RMSprop ``momentum``, Adam's beta1) raises ``ValueError``, as momentum would be applied twice;
+      (SGD/RMSprop ``momentum``, Adam's beta1) raises ``ValueError``, as momentum would be applied twice (at
+      construction, and at ``step()``/``synchronize()`` for one given later, before anything is sent);
       ``momentum_masking=False`` is what matched dense momentum SGD in tests/test_compression_fidelity.py.
 
     The result is an instance of a subclass of ``optimizer``'s class, built on the same
@@ -319,9 +331,10 @@ def _dense(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp
     return wrapped
 
 
-def _check_no_second_momentum(optimizer: torch.optim.Optimizer, compression: Compressor) -> None:
+def _check_no_second_momentum(optimizer: torch.optim.Optimizer, compression: Compressor, when: str = "") -> None:
     """With DGC momentum (``topk(ratio, momentum=mu)``) the reduced gradient already carries the momentum: a
-    wrapped optimizer with its own (SGD/RMSprop ``momentum``, Adam's beta1) would apply it a second time."""
+    wrapped optimizer with its own (SGD/RMSprop ``momentum``, Adam's beta1) would apply it a second time.
+    ``when``: added to the message (the step-time check says what was not done)."""
     if not compression.momentum:
         return
     for i, group in enumerate(optimizer.param_groups):
@@ -330,7 +343,7 @@ def _check_no_second_momentum(optimizer: torch.optim.Optimizer, compression: Com
             raise ValueError(
                 f"compression={compression!r} applies momentum {compression.momentum} inside the compression (DGC "
                 f"momentum correction); the wrapped {type(optimizer).__name__}'s param_groups[{i}] has its own "
-                f"momentum {own}, which would apply it twice: wrap torch.optim.SGD(..., momentum=0)"
+                f"momentum {own}, which would apply it twice: wrap torch.optim.SGD(..., momentum=0){when}"
             )
 
 

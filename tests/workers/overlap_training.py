@@ -61,11 +61,12 @@ def train(make_opt: Callable[[torch.nn.Module], torch.optim.Optimizer], state: C
 
 
 def checkpoint_layouts(make_opt: Callable[..., torch.optim.Optimizer], state: Callable[[object], list], steps: int,
-                       rank: int) -> dict[str, str]:
-    """After ``steps`` steps: a checkpoint of another bucket layout (64-byte buckets vs one bucket, or its parameter
-    sizes reordered) is refused with nothing changed; one of the pre-bucket schema (one segment per param group and
-    dtype, no layout keys) loads where that segment is one bucket; overlap on and off load each other's.
-    ``make_opt(model, **options)``; the outcomes as ``common.outcome`` strings."""
+                       rank: int, layout_free: bool = False) -> dict[str, str]:
+    """After ``steps`` steps: a checkpoint of another bucket layout (64-byte buckets vs one bucket) is refused with
+    nothing changed, or with ``layout_free`` (SLAMB: state over all D) loads into a fresh optimizer as saved; one
+    with its parameter sizes reordered is refused with nothing changed; one of the pre-bucket schema (one segment
+    per param group and dtype, no layout keys) loads where that segment is one bucket; overlap on and off load each
+    other's. ``make_opt(model, **options)``; the outcomes as ``common.outcome`` strings."""
     def trained(**options: object) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         model = make_model()
         opt = make_opt(model, **options)
@@ -80,8 +81,14 @@ def checkpoint_layouts(make_opt: Callable[..., torch.optim.Optimizer], state: Ca
     sd_small = small.state_dict()
     model_b, whole = trained(bucket_mb=25.0)  # the default: one bucket for this model
     before = [p.detach().clone() for p in model_b.parameters()] + state(whole)
-    out["other_layout"] = outcome(lambda: whole.load_state_dict(sd_small))
-    out["other_layout_back"] = outcome(lambda: small.load_state_dict(whole.state_dict()))
+    if layout_free:
+        for key, source, mb in (("other_layout", small, 25.0), ("other_layout_back", whole, BUCKET_MB)):
+            fresh = make_opt(make_model(), bucket_mb=mb)
+            out[key] = outcome(lambda fresh=fresh, source=source: fresh.load_state_dict(source.state_dict()))
+            out[f"{key}_equal"] = str(all(torch.equal(a, b) for a, b in zip(state(fresh), state(source), strict=True)))
+    else:
+        out["other_layout"] = outcome(lambda: whole.load_state_dict(sd_small))
+        out["other_layout_back"] = outcome(lambda: small.load_state_dict(whole.state_dict()))
     tampered = whole.state_dict()
     tampered["hvd_compress"]["segments"][0]["sizes"] = list(reversed(tampered["hvd_compress"]["segments"][0]["sizes"]))
     out["other_sizes"] = outcome(lambda: whole.load_state_dict(tampered))

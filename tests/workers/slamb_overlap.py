@@ -7,8 +7,8 @@ Then: the same training with the whole model in one bucket per param group (the 
 mask after a bucketed step against the whole mask of D; a NaN injected on the last rank into the first or the last
 bucket (in bucket order) of a sync step, per mode (the error on every rank, every state tensor before and after, a
 recovery step); the checkpoint layout checks, a checkpoint written before buckets (no layout) loading into this cut,
-a run resumed from a checkpoint against the run never stopped, and synchronize() + halving ``.grad`` + step() with
-overlap=False against halving the loss.
+a run resumed from a checkpoint against the run never stopped, in the same and in other bucket layouts, and
+synchronize() + halving ``.grad`` + step() with overlap=False against halving the loss.
 
 argv: out_dir steps
 """
@@ -104,31 +104,81 @@ def nan_in_bucket(overlap: bool, layer: int) -> dict:
             "step": opt._hvdc_alg.t}
 
 
-def resumed_equals_straight() -> bool:
-    """64-byte buckets with overlap: a run stopped after 2 steps, saved, loaded into a fresh model and optimizer and
-    continued to ``steps`` (through parameter averages) ends bit for bit as the run never stopped."""
-    def run(model: torch.nn.Module, opt, first: int, end: int) -> None:
-        for step in range(first, end):
-            opt.zero_grad()
-            backward(model, opt, step, 0, r)
-            opt.step()
+# The resumed runs' layouts: 64-byte buckets (five), one bucket, and two of another split ([w1, b1], [w2, b2, w3, b3]).
+LAYOUTS = {"five": BUCKET_MB, "one": 25.0, "two": 1100 / (1 << 20)}
+SAVED_AT = 2  # the checkpoint: after step 2, before the parameter averages of steps 3 and 6
 
+
+def run_steps(model: torch.nn.Module, opt, first: int, end: int) -> None:
+    for step in range(first, end):
+        opt.zero_grad()
+        backward(model, opt, step, 0, r)
+        opt.step()
+
+
+def snapshot(model: torch.nn.Module, opt) -> list[torch.Tensor]:
+    """The parameters, then ``state_tensors``."""
+    return [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
+
+
+def checkpoint_after(first_steps: int, bucket_mb: float) -> dict:
+    """A checkpoint (through torch.save) of the model and optimizer after ``first_steps`` steps, with overlap."""
     model = make_model()
-    run(model, make_opt(model), 0, steps)
-    straight = [p.detach().clone() for p in model.parameters()]
-    model = make_model()
-    opt = make_opt(model)
-    run(model, opt, 0, 2)
+    opt = make_opt(model, bucket_mb=bucket_mb)
+    run_steps(model, opt, 0, first_steps)
     blob = io.BytesIO()
     torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, blob)
     blob.seek(0)
-    ckpt = torch.load(blob, weights_only=False)
+    return torch.load(blob, weights_only=False)
+
+
+def resumed(ckpt: dict, bucket_mb: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A fresh model and optimizer cut with ``bucket_mb``, loaded from ``ckpt``."""
     model = make_model()
     model.load_state_dict(ckpt["model"])
-    opt = make_opt(model)
+    opt = make_opt(model, bucket_mb=bucket_mb)
     opt.load_state_dict(ckpt["opt"])
-    run(model, opt, 2, steps)
+    return model, opt
+
+
+def resumed_equals_straight() -> bool:
+    """64-byte buckets with overlap: a run stopped after 2 steps, saved, loaded into a fresh model and optimizer and
+    continued to ``steps`` (through parameter averages) ends bit for bit as the run never stopped."""
+    model = make_model()
+    run_steps(model, make_opt(model), 0, steps)
+    straight = [p.detach().clone() for p in model.parameters()]
+    model, opt = resumed(checkpoint_after(SAVED_AT, BUCKET_MB), BUCKET_MB)
+    run_steps(model, opt, SAVED_AT, steps)
     return all(torch.equal(a, b.detach()) for a, b in zip(straight, model.parameters(), strict=True))
+
+
+def resumed_under_other_layouts() -> dict:
+    """Saved after ``SAVED_AT`` steps in five buckets, resumed in one bucket and in two (another split), continued
+    to ``steps``: per resumed layout its bucket count and, against the runs never stopped in five buckets and in its
+    own layout, (equal, largest |difference|) per tensor of ``snapshot``. Also a checkpoint of another layout and
+    another world size: the outcome, and whether the parameters and state stayed as they were."""
+    straight = {}
+    for name, mb in LAYOUTS.items():
+        model = make_model()
+        opt = make_opt(model, bucket_mb=mb)
+        run_steps(model, opt, 0, steps)
+        straight[name] = snapshot(model, opt)
+    ckpt = checkpoint_after(SAVED_AT, LAYOUTS["five"])
+    out: dict = {"layouts": {}}
+    for name in ("one", "two"):
+        model, opt = resumed(ckpt, LAYOUTS[name])
+        run_steps(model, opt, SAVED_AT, steps)
+        got = snapshot(model, opt)
+        out["layouts"][name] = {"buckets": opt.bucket_count, "vs": {
+            ref: [(torch.equal(a, b), (a.double() - b.double()).abs().max().item())
+                  for a, b in zip(got, straight[ref], strict=True)] for ref in ("five", name)}}
+    model, opt = resumed(checkpoint_after(SAVED_AT, LAYOUTS["one"]), LAYOUTS["one"])
+    before = snapshot(model, opt)
+    other_world = copy.deepcopy(ckpt["opt"])
+    other_world["hvd_compress"]["world_size"] = n + 1
+    error = outcome(lambda: opt.load_state_dict(other_world))
+    out["other_world"] = (error, all(torch.equal(a, b) for a, b in zip(before, snapshot(model, opt), strict=True)))
+    return out
 
 
 def old_checkpoint_loads() -> tuple[str, bool]:
@@ -161,9 +211,10 @@ out["mask_whole"] = mask_is_the_whole_one()
 for overlap in (True, False):
     for layer in (0, 4):  # model[0].weight: the last bucket in bucket order; model[4].weight: the first
         out["nan"][(overlap, layer)] = nan_in_bucket(overlap, layer)
-out["checkpoints"] = checkpoint_layouts(make_opt, state_tensors, 2, r)
+out["checkpoints"] = checkpoint_layouts(make_opt, state_tensors, 2, r, layout_free=True)
 out["old_checkpoint"] = old_checkpoint_loads()
 out["resumed"] = resumed_equals_straight()
+out["resumed_layouts"] = resumed_under_other_layouts()
 no_overlap = functools.partial(make_opt, overlap=False)
 out["clip"] = tuple(clip_without_overlap(no_overlap, steps, r, halve) for halve in (False, True))
 save(r, out)
