@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 from mpi_harness import ROOT, horovodrun, load_ranks, mpi_env, mpirun
@@ -81,6 +82,25 @@ def test_peer_that_never_joins_gives_timeout_error_not_hang(out_dir) -> None:
     assert 1.5 <= float(c0["waited"]) < 5.0, c0
     # The communicator is unusable after a timeout; later calls say so instead of hanging.
     assert c0["after_timeout"].startswith("CommTimeoutError") and "restarted" in c0["after_timeout"], c0
+
+
+def test_peer_that_stops_inside_a_collective_ends_the_job_not_hang(out_dir) -> None:
+    # Rank 1 stops (SIGSTOP) inside a loop of large allreduces; rank 0 waits in the data phase, which no
+    # exception can leave safely (its requests can be neither cancelled nor abandoned), so after
+    # HVDC_TIMEOUT (3 s) the core aborts the job with a message. A stop that lands in a signature exchange
+    # (well under 1% of each call) is the agreement's timeout instead: then the run is repeated once.
+    for _attempt in range(2):
+        start = time.monotonic()
+        res = mpirun("bad_input.py", 2, out_dir, "stall", timeout=90, check=False)
+        elapsed = time.monotonic() - start
+        if "Aborting the job instead of hanging" in res.stdout:
+            break
+        c0 = load_ranks(out_dir, 1)[0]["caught"]
+        assert c0["stall"].startswith("CommTimeoutError"), (c0, res.stdout[-3000:])
+    assert res.returncode != 0, res.stdout[-3000:]
+    assert "hvd_compress: rank 0 waited" in res.stdout and "HVDC_TIMEOUT" in res.stdout, res.stdout[-3000:]
+    assert "ring allreduce" in res.stdout, res.stdout[-3000:]
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to end"
 
 
 def test_gil_is_released_while_the_core_waits(out_dir) -> None:

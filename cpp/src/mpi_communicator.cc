@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -110,7 +112,26 @@ bool wait_yielding(int n, MPI_Request* reqs, double timeout_s, double* waited_s)
   }
 }
 
-void wait_yielding(int n, MPI_Request* reqs) { wait_yielding(n, reqs, 0, nullptr); }
+// A transfer of an agreed collective made no progress for `waited` seconds: every rank had joined,
+// so a peer is stopped or its transport is stuck. Ends the job (see mpi_communicator.h, Stalls).
+[[noreturn]] void abort_stalled(const char* what, double waited) {
+  int world_rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::fprintf(stderr,
+               "hvd_compress: rank %d waited %.0f s inside %s, a collective every rank had joined; a "
+               "peer stopped or the MPI transport is stuck. Aborting the job instead of hanging "
+               "(HVDC_TIMEOUT sets the limit).\n",
+               world_rank, waited, what);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return; if it did, this process must still not go on
+}
+
+// wait_yielding() under a stall timeout (<= 0: none).
+void wait_or_abort(int n, MPI_Request* reqs, double stall_s, const char* what) {
+  double waited = 0;
+  if (!wait_yielding(n, reqs, stall_s, &waited)) abort_stalled(what, waited);
+}
 
 }  // namespace
 
@@ -130,7 +151,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   MPI_Comm_size(comm_, &size_);
 }
 
-MpiCommunicator::MpiCommunicator(MPI_Comm owned, Adopt) : comm_(owned) {
+MpiCommunicator::MpiCommunicator(MPI_Comm owned, Adopt, std::shared_ptr<std::atomic<double>> stall)
+    : comm_(owned), stall_(std::move(stall)) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
@@ -139,6 +161,10 @@ MpiCommunicator::MpiCommunicator(MPI_Comm owned, Adopt) : comm_(owned) {
 MpiCommunicator::~MpiCommunicator() {
   // After MPI_Finalize (interpreter shutdown) the handle is gone with the library state.
   if (comm_ != MPI_COMM_NULL && mpi_initialized()) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::wait(int n, MPI_Request* reqs, const char* what) const {
+  wait_or_abort(n, reqs, stall_->load(), what);
 }
 
 namespace {
@@ -172,7 +198,7 @@ void MpiCommunicator::ring_allreduce_sum(void* buf, int64_t count, DType dtype) 
     check(MPI_Isend(p + start(send_c) * esize, static_cast<int>(length(send_c)), type, next, kRingTag, comm_,
                     &reqs[1]),
           "MPI_Isend");
-    wait_yielding(2, reqs);
+    wait(2, reqs, "a ring allreduce");
   };
   // Reduce-scatter: at step s this rank sends its partial sum of chunk (rank - s) and adds the
   // previous rank's partial sum of chunk (rank - s - 1) into its own; after n - 1 steps it holds
@@ -205,7 +231,7 @@ void MpiCommunicator::allreduce_sum(void* buf, int64_t count, DType dtype) {
     MPI_Request req;
     check(MPI_Iallreduce(MPI_IN_PLACE, p, static_cast<int>(count), type, MPI_SUM, comm_, &req),
           "MPI_Iallreduce");
-    wait_yielding(1, &req);
+    wait(1, &req, "an allreduce");
   } else {
     for (int64_t off = 0; off < count; off += chunk) {
       const int n = static_cast<int>(std::min(chunk, count - off));
@@ -227,7 +253,7 @@ void MpiCommunicator::allreduce_op(void* buf, int64_t count, DType dtype, Reduce
     MPI_Request req;
     check(MPI_Iallreduce(MPI_IN_PLACE, p, static_cast<int>(count), type, mop, comm_, &req),
           "MPI_Iallreduce");
-    wait_yielding(1, &req);
+    wait(1, &req, "an allreduce");
   } else {
     for (int64_t off = 0; off < count; off += chunk) {
       const int n = static_cast<int>(std::min(chunk, count - off));
@@ -245,7 +271,7 @@ void MpiCommunicator::allgather(const void* send, void* recv, size_t bytes) {
   check(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
                        MPI_BYTE, comm_, &req),
         "MPI_Iallgather");
-  wait_yielding(1, &req);
+  wait(1, &req, "an allgather");
   stats_.add(bytes * (size_ - 1), bytes * (size_ - 1));
 }
 
@@ -279,7 +305,7 @@ void MpiCommunicator::sendrecv(const void* send, size_t send_bytes, int dst, voi
     MPI_Request reqs[2];
     check(MPI_Irecv(r + ro, rn, MPI_BYTE, src, 7, comm_, &reqs[0]), "MPI_Irecv");
     check(MPI_Isend(s + so, sn, MPI_BYTE, dst, 7, comm_, &reqs[1]), "MPI_Isend");
-    wait_yielding(2, reqs);
+    wait(2, reqs, "a send/receive");
     so += sn;
     ro += rn;
   }
@@ -292,7 +318,7 @@ void MpiCommunicator::alltoall(const void* send, void* recv, size_t bytes) {
   check(MPI_Ialltoall(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
                       MPI_BYTE, comm_, &req),
         "MPI_Ialltoall");
-  wait_yielding(1, &req);
+  wait(1, &req, "an alltoall");
   stats_.add(bytes * (size_ - 1), bytes * (size_ - 1));
 }
 
@@ -300,7 +326,9 @@ void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) {
   auto* p = static_cast<char*>(buf);
   for (size_t off = 0; off < bytes; off += kMaxChunkBytes) {
     const int n = static_cast<int>(std::min(kMaxChunkBytes, bytes - off));
-    check(MPI_Bcast(p + off, n, MPI_BYTE, root, comm_), "MPI_Bcast");
+    MPI_Request req;
+    check(MPI_Ibcast(p + off, n, MPI_BYTE, root, comm_, &req), "MPI_Ibcast");
+    wait(1, &req, "a broadcast");
   }
   if (rank_ == root)
     stats_.add(bytes * (size_ - 1), 0);
@@ -315,7 +343,8 @@ constexpr int kRequestTagBase = 64;
 
 class MpiRequest final : public CommRequest {
  public:
-  MpiRequest(MPI_Request req, bool receive) : req_(req), receive_(receive) {}
+  MpiRequest(MPI_Request req, bool receive, std::shared_ptr<std::atomic<double>> stall)
+      : req_(req), receive_(receive), stall_(std::move(stall)) {}
   ~MpiRequest() override {
     if (req_ == MPI_REQUEST_NULL || !MpiCommunicator::mpi_initialized()) return;
     // Only on an error path (the collective completes its requests): a receive is cancelled, a
@@ -330,12 +359,13 @@ class MpiRequest final : public CommRequest {
     return done != 0;  // MPI_Test set req_ to MPI_REQUEST_NULL when done
   }
   void wait() override {
-    if (req_ != MPI_REQUEST_NULL) wait_yielding(1, &req_);
+    if (req_ != MPI_REQUEST_NULL) wait_or_abort(1, &req_, stall_->load(), "a pipelined transfer");
   }
 
  private:
   MPI_Request req_;
   bool receive_;
+  std::shared_ptr<std::atomic<double>> stall_;
 };
 
 void check_request(size_t bytes, int peer, int size, int tag, const char* what) {
@@ -355,7 +385,7 @@ Request MpiCommunicator::isend(const void* buf, size_t bytes, int dst, int tag) 
   check(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, dst, kRequestTagBase + tag, comm_, &req),
         "MPI_Isend");
   stats_.add(bytes, 0);
-  return Request(new MpiRequest(req, false));
+  return Request(new MpiRequest(req, false, stall_));
 }
 
 Request MpiCommunicator::irecv(void* buf, size_t bytes, int src, int tag) {
@@ -364,20 +394,20 @@ Request MpiCommunicator::irecv(void* buf, size_t bytes, int src, int tag) {
   check(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, src, kRequestTagBase + tag, comm_, &req),
         "MPI_Irecv");
   stats_.add(0, bytes);
-  return Request(new MpiRequest(req, true));
+  return Request(new MpiRequest(req, true, stall_));
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) const {
   MPI_Comm out;
   check(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split");
-  return std::unique_ptr<Communicator>(new MpiCommunicator(out, Adopt{}));
+  return std::unique_ptr<Communicator>(new MpiCommunicator(out, Adopt{}, stall_));
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split_shared() const {
   MPI_Comm out;
   check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &out),
         "MPI_Comm_split_type");
-  return std::unique_ptr<Communicator>(new MpiCommunicator(out, Adopt{}));
+  return std::unique_ptr<Communicator>(new MpiCommunicator(out, Adopt{}, stall_));
 }
 
 }  // namespace hvdc

@@ -30,6 +30,7 @@ Runtime::Runtime(MPI_Comm world, const RuntimeConfig& config)
       timeout_s_(config.timeout_s),
       kernels_(config.kernels),
       onebit_pipeline_(config.onebit_pipeline) {
+  world_->set_stall_timeout(timeout_s_);
   // Every rank must split the same way: agree on the local size (and on every rank's settings
   // being valid) before any split.
   CallSignature settings;

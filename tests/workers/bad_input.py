@@ -1,6 +1,7 @@
 """Each kind of bad input, on some ranks only; every rank records the exception it got."""
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -58,6 +59,26 @@ elif case == "timeout":
     save(r, {"caught": caught})
     sys.stdout.flush()
     os._exit(0)  # rank 0 holds a request that can never complete; MPI_Finalize would wait for it
+elif case == "stall":
+    # Rank 1 stops (SIGSTOP) while both ranks are inside large allreduces: rank 0 then waits in a
+    # transfer of a collective every rank had joined, and must end the job after HVDC_TIMEOUT
+    # instead of waiting forever. A stop that lands in a signature exchange (a tiny part of each
+    # call) gives the agreement's CommTimeoutError instead, recorded here.
+    hc.set_timeout(3.0)
+    x = torch.ones(16 << 20)  # 64 MB: a ring allreduce, its data phase far longer than its agreement
+    hc.allreduce(torch.ones(4))  # both ranks start the loop together
+    if r == 1:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+    try:
+        for _ in range(1000):
+            hc.allreduce_(x, op=hc.Sum)
+            x.fill_(1.0)
+        caught["stall"] = "returned"
+    except Exception as e:  # the agreement's timeout, on rank 0
+        caught["stall"] = f"{type(e).__name__}: {e}"
+    save(r, {"caught": caught})
+    sys.stdout.flush()
+    os._exit(0)
 elif case == "gil":
     # While rank 1 waits inside a collective for rank 0 (which arrives 1.5 s late), a Python thread
     # on rank 1 keeps running: the core released the GIL.

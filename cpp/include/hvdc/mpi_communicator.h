@@ -1,14 +1,26 @@
 // Communicator over MPI. Owns a duplicate of the communicator it is given, so that its traffic
 // never matches Horovod's messages on the same world, and frees it on destruction.
 //
-// Waiting: sendrecv, the small allreduces (up to 64 KiB: Adasum's dot products, signatures), the
-// large float sums (a ring of non-blocking sends and receives, from 64 KiB per rank) and
-// allgather_timed post non-blocking requests and poll them, yielding the core between polls and
+// Waiting: every transfer (sendrecv, allgather, alltoall, broadcast, the small allreduces up to
+// 64 KiB, the large float sums as a ring of non-blocking sends and receives from 64 KiB per rank,
+// isend/irecv) posts non-blocking requests and polls them, yielding the core between polls and
 // sleeping between polls once a wait passes 5 ms, instead of Open MPI's blocking calls, which spin
-// without yielding. The requests of isend/irecv wait the same way. On a node with more busy threads than cores (several ranks per node, Horovod's
+// without yielding. On a node with more busy threads than cores (several ranks per node, Horovod's
 // background thread) a spinning waiter otherwise takes the core from the very peer it waits for.
+// Only the large allreduces that are not float sums keep MPI's blocking call.
+//
+// Stalls: a wait inside a collective that every rank has joined (the signatures agreed) that lasts
+// longer than the stall timeout (the runtime's HVDC_TIMEOUT) aborts the whole job with a message
+// naming the rank and the transfer. Why abort and not raise: the pending MPI requests of such a
+// transfer can be neither cancelled (nonblocking collectives) nor left to write into buffers that
+// an exception would free, and a rank that raised would leave its peers waiting forever; seen once
+// on the emulated two-node network (tools/two_nodes.sh), where two ranks waited in an alltoall
+// whose peers had already finished it.
 #pragma once
 #include <mpi.h>
+
+#include <atomic>
+#include <memory>
 
 #include "hvdc/communicator.h"
 
@@ -42,15 +54,22 @@ class MpiCommunicator final : public Communicator {
 
   static bool mpi_initialized();
 
+  // Seconds a wait inside an agreed collective may last before the job is aborted (<= 0: forever).
+  // Shared with every communicator split from this one.
+  void set_stall_timeout(double s) { stall_->store(s); }
+
  private:
   struct Adopt {};
-  MpiCommunicator(MPI_Comm owned, Adopt);
+  MpiCommunicator(MPI_Comm owned, Adopt, std::shared_ptr<std::atomic<double>> stall);
+  // wait_yielding() for the requests of an agreed collective, under the stall timeout.
+  void wait(int n, MPI_Request* reqs, const char* what) const;
   // allreduce_sum of float buffers large enough for a ring (mpi_communicator.cc).
   void ring_allreduce_sum(void* buf, int64_t count, DType dtype);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
+  std::shared_ptr<std::atomic<double>> stall_ = std::make_shared<std::atomic<double>>(0.0);
 };
 
 }  // namespace hvdc

@@ -56,7 +56,11 @@ class Runtime {
   KernelChoice kernels() const { return kernels_; }
   // Ranks in this rank's node (the topology built at start-up).
   int node_size() const { return hierarchical_plan_->node().size(); }
-  void set_timeout(double s) { timeout_s_ = s; }
+  // Also the stall timeout of every transfer inside an agreed collective (mpi_communicator.h).
+  void set_timeout(double s) {
+    timeout_s_ = s;
+    world_->set_stall_timeout(s);
+  }
 
   // Each collective returns the bytes this rank sent and received for that call (signature
   // exchange included; calls == 1), counted under the runtime's lock, so calls on other threads
