@@ -52,8 +52,8 @@ rank. The TF/Keras faces have no hooks: one segment (per param group), run in ``
 
 State: m, v (the face binds them as the optimizer's per-parameter state), the freshness c, the step and the
 options that fix the masks (seed, k, kind); ``state_dict()`` is the checkpoint schema every face writes, with the
-bucket layout (each bucket's param group and parameter sizes). Every state tensor is element-wise over the whole of
-D and a bucket is only a range of D under the one global mask, so a checkpoint of any bucket layout (another
+bucket layout (each bucket's param group, parameter sizes and shapes). Every state tensor is element-wise over the whole
+of D and a bucket is only a range of D under the one global mask, so a checkpoint of any bucket layout (another
 ``bucket_mb``, the TF/Keras faces' one segment per param group, one written before buckets) loads where it holds
 the same parameters (param group, elements and, where the checkpoint records it, shape of each, in D's order);
 another model (a parameter reshaped to the same element count included), param groups, world size, seed, k or
