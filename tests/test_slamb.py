@@ -91,3 +91,18 @@ def test_slamb_bad_input_raises_on_every_rank_with_state_untouched(out_dir) -> N
         assert rk["other_algorithm"].startswith("ValueError") and "OneBitLamb" in rk["other_algorithm"]
         assert rk["other_world"].startswith("ValueError") and "world_size" in rk["other_world"]
         assert rk["nan_unchanged"] and rk["load_unchanged"], f"rank {r}: state changed by a rejected call"
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_slamb_checkpoint_of_a_same_count_reshaped_parameter_is_refused_with_nothing_changed(n: int, out_dir) -> None:
+    """A (5, 6) parameter saved, loaded where it is (6, 5): the element counts agree, the shapes do not. ValueError
+    on every rank before anything loads (the wrapped LAMB's state included); a checkpoint without the recorded
+    shapes (the schema before them) still loads, checked by counts."""
+    mpirun("slamb_optimizer.py", n, out_dir, "reshaped", timeout=180)
+    for r, rk in enumerate(load_ranks(out_dir, n)):
+        assert rk["error"].startswith("ValueError: SLAMB.load_state_dict"), f"n={n} rank {r}: {rk['error']}"
+        assert "shape" in rk["error"] and "(6, 5)" in rk["error"], f"n={n} rank {r}: {rk['error']}"
+        assert rk["changed"] == [], (
+            f"n={n} rank {r}: tensors {rk['changed']} of {rk['tensors']} (parameters, then m, step, v per parameter, "
+            "the freshness and the step) changed by the refused checkpoint")
+        assert rk["old"] == "no error" and rk["old_equal"], f"n={n} rank {r}: shape-less checkpoint: {rk['old']}"

@@ -12,8 +12,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mpi_harness import load_ranks, mpirun
-from overlap_checks import check_buckets_started, check_checkpoint_layouts
+from overlap_checks import (
+    check_buckets_started,
+    check_checkpoint_layouts,
+    check_equal,
+    check_nan_refused,
+    check_on_equals_off,
+    run_worker,
+)
 
 STEPS, SYNC = 7, 3  # parameter averages after steps 3 and 6
 BUCKETS = 5  # the worker's model cut into 64-byte buckets: [b3, w3], [b2], [w2], [b1], [w1]
@@ -24,9 +30,7 @@ CONFIGS = ["plain", "accum_groups", "abandoned", "bernoulli_sync_grad"]
 def run(request, tmp_path_factory) -> tuple[int, list[dict]]:
     """One worker run per rank count serves every test below (each mpirun costs seconds)."""
     n = request.param
-    out = tmp_path_factory.mktemp(f"slamb_overlap_{n}")
-    mpirun("slamb_overlap.py", n, out, str(STEPS), env={"HVDC_TIMEOUT": "60"}, timeout=300)
-    return n, load_ranks(out, n)
+    return n, run_worker(tmp_path_factory, "slamb_overlap.py", n, str(STEPS))
 
 
 def test_buckets_start_during_backward(run) -> None:
@@ -36,21 +40,11 @@ def test_buckets_start_during_backward(run) -> None:
 
 
 def test_overlap_on_and_off_give_bit_identical_parameters_and_state(run) -> None:
-    n, ranks = run
+    n, ranks = run  # every rank alike after the parameter averages only
+    check_on_equals_off(f"n={n}", ranks, CONFIGS, STEPS, rank_alike=lambda step: (step + 1) % SYNC == 0)
     for name in CONFIGS:
         for r, rk in enumerate(ranks):
-            on, off = rk["results"][(name, True)], rk["results"][(name, False)]
-            for step in range(STEPS):
-                for i, (a, b) in enumerate(zip(on["params"][step], off["params"][step], strict=True)):
-                    diff = (a - b).abs().max().item()
-                    assert torch.equal(a, b), f"n={n} {name} rank {r} step {step + 1} param {i}: off by {diff:.3g}"
-                if (step + 1) % SYNC == 0:  # the parameter average: every rank alike
-                    for i, (a, b) in enumerate(zip(on["params"][step],
-                                                   ranks[0]["results"][(name, True)]["params"][step], strict=True)):
-                        assert torch.equal(a, b), f"n={n} {name} step {step + 1} param {i}: rank {r} differs from 0"
-            assert len(on["state"]) == len(off["state"])
-            for i, (a, b) in enumerate(zip(on["state"], off["state"], strict=True)):
-                assert torch.equal(a, b), f"n={n} {name} rank {r}: state tensor {i} differs between overlap on and off"
+            on = rk["results"][(name, True)]
             assert int(on["state"][-1]) == STEPS, f"n={n} {name} rank {r}: step {int(on['state'][-1])}"
 
 
@@ -74,25 +68,12 @@ def test_the_cut_into_buckets_does_not_change_the_rule(run) -> None:
 @pytest.mark.parametrize("layer", [0, 4], ids=["last_bucket", "first_bucket"])
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no_overlap"])
 def test_nan_in_any_bucket_on_one_rank_raises_everywhere_with_state_unchanged(run, overlap: bool, layer: int) -> None:
-    n, ranks = run
+    n, ranks = run  # the recovery step is the parameter average: every rank alike after it
+    check_nan_refused(f"n={n} layer {layer}", ranks, (overlap, layer), (not overlap, layer), overlap, BUCKETS,
+                      "parameters, then each parameter's m, step and v, the freshness and the step")
     for r, rk in enumerate(ranks):
-        got = rk["nan"][(overlap, layer)]
-        assert got["buckets"] == BUCKETS
-        assert got["error"].startswith("UsageError:"), f"n={n} overlap={overlap} rank {r}: {got['error']}"
-        assert "non-finite" in got["error"] and "state unchanged" in got["error"], f"rank {r}: {got['error']}"
-        if overlap:
-            assert got["launched"][-1] >= 1, f"n={n} rank {r}: nothing started during backward"
-        assert got["changed"] == [], (
-            f"n={n} overlap={overlap} layer {layer} rank {r}: tensors {got['changed']} of {got['tensors']} "
-            "(parameters, then each parameter's m, step and v, the freshness and the step) changed in the refused step"
-        )
-        assert got["step"] == SYNC, f"n={n} rank {r}: step {got['step']} after the refused step and one more"
-        for i, (a, b) in enumerate(zip(got["after_recovery"], ranks[0]["nan"][(overlap, layer)]["after_recovery"],
-                                       strict=True)):  # the recovery step is the parameter average
-            assert torch.equal(a, b), f"n={n}: after the error, rank {r} param {i} differs from rank 0"
-        for i, (a, b) in enumerate(zip(got["after_recovery"], rk["nan"][(not overlap, layer)]["after_recovery"],
-                                       strict=True)):
-            assert torch.equal(a, b), f"n={n} rank {r} param {i}: recovery differs between overlap on and off"
+        step = rk["nan"][(overlap, layer)]["step"]
+        assert step == SYNC, f"n={n} rank {r}: step {step} after the refused step and one more"
 
 
 def test_checkpoint_of_another_bucket_layout_loads_one_of_other_parameters_is_refused(run) -> None:
@@ -140,5 +121,4 @@ def test_clipping_between_synchronize_and_step_without_overlap_clips_what_enters
     n, ranks = run
     for r, rk in enumerate(ranks):
         clipped, halved = rk["clip"]
-        for i, (a, b) in enumerate(zip(clipped, halved, strict=True)):
-            assert torch.equal(a, b), f"n={n} rank {r} param {i}: off by {(a - b).abs().max().item():.3g}"
+        check_equal(f"n={n} rank {r}: .grad halved vs loss halved", clipped, halved, "param")

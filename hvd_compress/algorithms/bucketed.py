@@ -1,5 +1,5 @@
 """Segments that are buckets, reduced in bucket order while backward runs (issue 13, item 1): the mechanics that
-1-bit Adam/LAMB (``onebit``) and Birder (``birder``) share, written once.
+1-bit Adam/LAMB (``onebit``), Birder (``birder``) and SLAMB (``slamb``) share, written once.
 
 An algorithm's segments are the buckets of its parameters (the face cuts them with
 ``hvd_compress.ops.buckets.plan_buckets``) and each holds its own per-bucket state. Per step every segment makes
@@ -19,9 +19,12 @@ one collective call (``reduce_segment``, the subclass's). This class sequences t
   ``step()``) restores the same way. The subclass's ``step()`` calls ``reduce_pending`` (``reduce_all`` if
   needed, then this step's state stands).
 
-Checkpoints record the layout (``layout_state``: each bucket's param group and parameter sizes) and
-``check_layout`` refuses another with ValueError before anything changes; a checkpoint written before segments
-were buckets (no layout keys) loads where its segments have the same sizes.
+Checkpoints record the layout (``layout_state``: each bucket's param group and parameter sizes). Here
+``check_layout`` refuses another layout with ValueError before anything changes (the per-bucket state of 1-bit
+Adam/LAMB and Birder cannot move to another cut); a checkpoint written before segments were buckets (no layout
+keys) loads where its segments have the same sizes. SLAMB (``slamb.Slamb``) overrides ``check_layout``: its state
+is element-wise over all the parameters, so a checkpoint of any bucket layout loads where it holds the same
+parameters, and only other parameters are refused.
 """
 
 from __future__ import annotations

@@ -52,11 +52,12 @@ rank. The TF/Keras faces have no hooks: one segment (per param group), run in ``
 
 State: m, v (the face binds them as the optimizer's per-parameter state), the freshness c, the step and the
 options that fix the masks (seed, k, kind); ``state_dict()`` is the checkpoint schema every face writes, with the
-bucket layout (each bucket's param group and parameter sizes). Every state tensor is element-wise over the whole of
-D and a bucket is only a range of D under the one global mask, so a checkpoint of any bucket layout (another
+bucket layout (each bucket's param group, parameter sizes and shapes). Every state tensor is element-wise over the whole
+of D and a bucket is only a range of D under the one global mask, so a checkpoint of any bucket layout (another
 ``bucket_mb``, the TF/Keras faces' one segment per param group, one written before buckets) loads where it holds
-the same parameters (param group and elements of each, in D's order); another model, param groups, world size,
-seed, k or mask kind is refused. The resumed run sums its masked averages in its own buckets: bit for bit the run
+the same parameters (param group, elements and, where the checkpoint records it, shape of each, in D's order);
+another model (a parameter reshaped to the same element count included), param groups, world size, seed, k or
+mask kind is refused. The resumed run sums its masked averages in its own buckets: bit for bit the run
 never stopped at 2 ranks, and at 3+ wherever MPI sums each element in an order that does not depend on its place
 in the message (this machine's Open MPI below the ring threshold: ``MpiCommunicator::allreduce_sum``); a bucket
 large enough for the ring may differ in the last bit of m[M_t], as a run with that layout from the start would.
@@ -216,6 +217,12 @@ def group_segments(buffers: SlambBuffers) -> list[SlambSegment]:
         out[-1].sizes.append(size)
         out[-1].params.append(p)
     return out
+
+
+def _plain(value: Any) -> Any:
+    """A shape (list, tuple, torch.Size) as a tuple of ints, to compare a checkpoint's with a parameter's; an element
+    count as it is."""
+    return tuple(int(d) for d in value) if isinstance(value, (list, tuple)) else value
 
 
 def always_ranges(shapes: Sequence[tuple[int, ...]], threshold: int) -> list[int]:
@@ -416,7 +423,7 @@ class Slamb(BucketedAlgorithm):
     # -- checkpoints ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Our section of a face's checkpoint (m and v are the optimizer's per-parameter state), with the
-        bucket layout (``segments``: each bucket's elements, param group and parameter sizes)."""
+        bucket layout (``segments``: each bucket's elements, param group, parameter sizes and shapes)."""
         o = self.options
         return {
             "algorithm": self.name,
@@ -427,8 +434,14 @@ class Slamb(BucketedAlgorithm):
             "compress_ratio": o.compress_ratio,
             "mask": o.mask,
             "freshness": self.xp.copy_(self.xp.float32_like(self.buf.numel, self.buf.freshness), self.buf.freshness),
-            "segments": [self.layout_state(seg) for seg in self.segments],
+            "segments": self._layout(),
         }
+
+    def _layout(self) -> list[dict[str, Any]]:
+        """Each bucket's ``layout_state`` with its parameters' shapes: a parameter reshaped to the same element
+        count is another model, refused by ``check_layout`` before the face loads the wrapped optimizer's state."""
+        shapes = iter(self.buf.shapes)  # the segments tile the parameters in order
+        return [{**self.layout_state(seg), "shapes": [list(next(shapes)) for _ in seg.sizes]} for seg in self.segments]
 
     def check_state_dict(self, ours: dict[str, Any]) -> None:
         """Raise a clear ValueError, before anything changes, if ``ours`` cannot be resumed here."""
@@ -453,21 +466,32 @@ class Slamb(BucketedAlgorithm):
 
     def check_layout(self, saved: Sequence[dict[str, Any]]) -> None:
         """ValueError, before anything changes, unless the checkpoint's segments ``saved`` cover this optimizer's
-        parameters: the bucket cut itself may differ (the state is over D, a bucket is a range of it)."""
-        got: list[Any]
-        if all("sizes" in s for s in saved):  # (param group, elements) of each parameter, in D's order
-            got = [(s.get("group"), size) for s in saved for size in s["sizes"]]
-            want: list[Any] = list(zip(self.buf.group_of, self.buf.sizes, strict=True))
-            what = "parameters (param group, elements)"
-        else:  # the layout before buckets: one segment per param group, its elements only
-            got = [s.get("numel") for s in saved]
-            want = [hi - lo for _, lo, hi in self.buf.groups()]
-            what = "param groups' elements"
+        parameters: the same param group and elements of each, in D's order, and the same shape where the
+        checkpoint records shapes (one written before them is checked by counts). The bucket cut itself may differ
+        (the state is over D, a bucket is a range of it)."""
+        if all("sizes" in s for s in saved):
+            self._check_parameters(saved, "sizes", "elements", self.buf.sizes)
+            if all("shapes" in s for s in saved):
+                self._check_parameters(saved, "shapes", "shape", self.buf.shapes)
+            return
+        # The layout before buckets: one segment per param group, its elements only.
+        got = [s.get("numel") for s in saved]
+        want = [hi - lo for _, lo, hi in self.buf.groups()]
         if got != want:
-            raise ValueError(
-                f"{self.name}.load_state_dict: the checkpoint's {what} {got} differ from this optimizer's {want}: "
-                "another model or param groups (another bucket_mb alone loads: the state is over all D)"
-            )
+            self._refuse_layout("param groups' elements", got, want)
+
+    def _check_parameters(self, saved: Sequence[dict[str, Any]], key: str, what: str, mine: Sequence[Any]) -> None:
+        """(param group, ``s[key]`` entry) of each parameter of the checkpoint against (param group, ``mine``)."""
+        got = [(s.get("group"), _plain(v)) for s in saved for v in s[key]]
+        want = [(g, _plain(v)) for g, v in zip(self.buf.group_of, mine, strict=True)]
+        if got != want:
+            self._refuse_layout(f"parameters (param group, {what})", got, want)
+
+    def _refuse_layout(self, what: str, got: list[Any], want: list[Any]) -> None:
+        raise ValueError(
+            f"{self.name}.load_state_dict: the checkpoint's {what} {got} differ from this optimizer's {want}: "
+            "another model or param groups (another bucket_mb alone loads: the state is over all D)"
+        )
 
     def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int) -> None:
         """Restore ``state_dict()`` (call ``check_state_dict`` first); ``None`` (a plain LAMB checkpoint at step

@@ -13,8 +13,8 @@ import functools
 import sys
 
 import torch
-from common import outcome, save
-from overlap_training import BUCKET_MB, backward, checkpoint_layouts, make_model, train
+from common import save
+from overlap_training import BUCKET_MB, checkpoint_layouts, nan_step, param_groups, train
 
 import hvd_compress.torch as hc
 
@@ -28,8 +28,7 @@ CONFIGS = {"plain": (1, False, False), "accum_groups": (2, True, False), "abando
 
 
 def make_opt(model: torch.nn.Module, passes: int = 1, groups: bool = False, **options):
-    params = list(model.parameters())
-    given = [{"params": params[:-2]}, {"params": params[-2:], "lr": 0.005}] if groups else params
+    given = param_groups(model, groups)
     options.setdefault("bucket_mb", BUCKET_MB)
     return hc.DistributedOptimizer(hc.Birder(given, lr=0.01, weight_decay=0.01),
                                    named_parameters=model.named_parameters(), op=hc.Birder,
@@ -46,32 +45,10 @@ def state_tensors(opt) -> list[torch.Tensor]:
 
 
 def nan_late_bucket(overlap: bool) -> dict:
-    """A NaN on the last rank in the first layer's weight (the last bucket in bucket order) at step 3."""
-    model = make_model()
-    opt = make_opt(model, overlap=overlap)
-    for step in range(2):
-        opt.zero_grad()
-        backward(model, opt, step, 0, r)
-        opt.step()
-    before = [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
-    opt.zero_grad()
-    weight = model[0].weight
-    handle = weight.register_hook(lambda g: g.index_fill(0, torch.tensor([0]), float("nan"))) if r == n - 1 else None
-    launched = []
-    backward(model, opt, 2, 0, r, launched)
-    if handle is not None:
-        handle.remove()
-    error = outcome(opt.step)
-    after = [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
-    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if not torch.equal(a, b)]
-    opt.zero_grad()  # the next step works again on every rank, and draws as step 3 would have
-    backward(model, opt, 3, 0, r)
-    opt.step()
-    return {"error": error, "changed": changed, "tensors": len(before), "launched": launched,
-            "buckets": opt.bucket_count, "after_recovery": [p.detach().clone() for p in model.parameters()],
-            "step": opt.birder_step}
-
-
+    """A NaN on the last rank in the first layer's weight (the last bucket in bucket order) at step 3; the next step
+    draws as step 3 would have."""
+    got, opt = nan_step(functools.partial(make_opt, overlap=overlap), state_tensors, 2, 0, r, n)
+    return {**got, "step": opt.birder_step}
 
 
 def bucket_streams() -> bool:

@@ -15,8 +15,16 @@ import functools
 import sys
 
 import torch
-from common import outcome, save
-from overlap_training import BUCKET_MB, backward, checkpoint_layouts, clip_without_overlap, make_model, train
+from common import save
+from overlap_training import (
+    BUCKET_MB,
+    checkpoint_layouts,
+    clip_without_overlap,
+    nan_step,
+    param_groups,
+    parameter_state,
+    train,
+)
 
 import hvd_compress.torch as hc
 
@@ -36,8 +44,7 @@ CONFIGS = {
 
 
 def make_opt(model: torch.nn.Module, algo: str, passes: int = 1, groups: bool = False, **options):
-    params = list(model.parameters())
-    given = [{"params": params[:-2]}, {"params": params[-2:], "lr": 0.005}] if groups else params
+    given = param_groups(model, groups)
     if algo == "adam":
         base, op = torch.optim.Adam(given, lr=0.01, weight_decay=0.01), hc.OneBitAdam
     else:
@@ -50,39 +57,11 @@ def make_opt(model: torch.nn.Module, algo: str, passes: int = 1, groups: bool = 
 def state_tensors(opt) -> list[torch.Tensor]:
     """Every tensor of ``state_dict()`` (moments, error feedback, LAMB's coefficients), in a fixed order."""
     sd = opt.state_dict()
-    out = []
-    for st in sd["state"].values():
-        out += [v.clone() for _, v in sorted(st.items()) if isinstance(v, torch.Tensor)]
+    out = parameter_state(sd)
     for seg in sd["hvd_compress"]["segments"]:
         out += [seg["onebit"]["worker_error"], seg["onebit"]["server_error"],
                 torch.tensor(seg["lamb_coeff_freeze"] + seg["last_factor"], dtype=torch.float64)]
     return out
-
-
-def nan_late_bucket(algo: str, overlap: bool) -> dict:
-    """Compression step with a NaN on the last rank in the first layer's weight: the last bucket in bucket order."""
-    model = make_model()
-    opt = make_opt(model, algo, overlap=overlap)
-    for step in range(freeze + 1):
-        opt.zero_grad()
-        backward(model, opt, step, 0, r)
-        opt.step()
-    before = [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
-    opt.zero_grad()
-    weight = model[0].weight
-    handle = weight.register_hook(lambda g: g.index_fill(0, torch.tensor([0]), float("nan"))) if r == n - 1 else None
-    launched = []
-    backward(model, opt, freeze + 1, 0, r, launched)
-    if handle is not None:
-        handle.remove()
-    error = outcome(opt.step)
-    after = [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
-    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if not torch.equal(a, b)]
-    opt.zero_grad()  # the next step works again on every rank
-    backward(model, opt, freeze + 2, 0, r)
-    opt.step()
-    return {"error": error, "changed": changed, "tensors": len(before), "launched": launched,
-            "buckets": opt.bucket_count, "after_recovery": [p.detach().clone() for p in model.parameters()]}
 
 
 out = {"results": {}, "nan": {}, "clip": {}}
@@ -94,7 +73,9 @@ for name, (algo, passes, groups, abandon) in CONFIGS.items():
         )
 for algo in ("adam", "lamb"):
     for overlap in (True, False):
-        out["nan"][(algo, overlap)] = nan_late_bucket(algo, overlap)
+        # Compression step with a NaN on the last rank in the first layer's weight: the last bucket in bucket order.
+        out["nan"][(algo, overlap)], _ = nan_step(functools.partial(make_opt, algo=algo, overlap=overlap),
+                                                  state_tensors, freeze + 1, 0, r, n)
 out["checkpoints"] = checkpoint_layouts(functools.partial(make_opt, algo="lamb"), state_tensors, freeze + 1, r)
 for algo in ("adam", "lamb"):
     no_overlap = functools.partial(make_opt, algo=algo, overlap=False)

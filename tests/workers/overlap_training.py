@@ -1,7 +1,8 @@
 """What the overlap workers of the bucketed algorithms (tests/workers/onebit_overlap.py, birder_overlap.py,
-slamb_overlap.py) share: the model (5 buckets of 64 bytes), the batches every rank re-creates, one backward pass
-that records how many buckets had started when it reached the input, the training loop with overlap on or off, the
-checkpoint layout checks, and clipping ``.grad`` between synchronize() and step() without overlap."""
+slamb_overlap.py) share: the model (5 buckets of 64 bytes) and its param groups, the batches every rank re-creates,
+one backward pass that records how many buckets had started when it reached the input, the training loop with
+overlap on or off, a NaN injected into one bucket on the last rank, the checkpoint layout checks, and clipping
+``.grad`` between synchronize() and step() without overlap."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ def make_model() -> torch.nn.Module:
     )
 
 
+def param_groups(model: torch.nn.Module, groups: bool) -> list:
+    """The model's parameters, or with ``groups`` two param groups (the last layer at another lr)."""
+    params = list(model.parameters())
+    return [{"params": params[:-2]}, {"params": params[-2:], "lr": 0.005}] if groups else params
+
+
 def batch(step: int, rank: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100_000 * step + 100 * rank + micro)
     x = torch.randn(5, 6, generator=g)
@@ -34,6 +41,54 @@ def backward(model, opt, step: int, micro: int, rank: int, seen: list[int] | Non
     if seen is not None:
         x.register_hook(lambda g: seen.append(opt._hvdc_alg.launched))
     torch.nn.functional.mse_loss(model(x), y).backward()
+
+
+def run_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, first: int, end: int, rank: int) -> None:
+    """Steps ``first`` to ``end`` - 1, one backward pass each."""
+    for step in range(first, end):
+        opt.zero_grad()
+        backward(model, opt, step, 0, rank)
+        opt.step()
+
+
+def snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer, state: Callable[[object], list]) -> list:
+    """The parameters, then ``state(opt)``."""
+    return [p.detach().clone() for p in model.parameters()] + state(opt)
+
+
+def parameter_state(sd: dict) -> list[torch.Tensor]:
+    """Copies of every per-parameter state tensor of the optimizer ``state_dict()`` ``sd``, by key, parameter by
+    parameter."""
+    out = []
+    for st in sd["state"].values():
+        out += [v.clone() for _, v in sorted(st.items()) if isinstance(v, torch.Tensor)]
+    return out
+
+
+def nan_step(make_opt: Callable[[torch.nn.Module], torch.optim.Optimizer], state: Callable[[object], list],
+             taken: int, layer: int, rank: int, size: int) -> tuple[dict, torch.optim.Optimizer]:
+    """After ``taken`` steps, step ``taken`` + 1 with a NaN on the last rank in ``model[layer].weight``'s gradient,
+    then one more step. Returns the error, the indices of the ``snapshot`` tensors the refused step changed (and how
+    many there are), the buckets started during its backward, the bucket count, the parameters after the next step;
+    and the optimizer."""
+    model = make_model()
+    opt = make_opt(model)
+    run_steps(model, opt, 0, taken, rank)
+    before = snapshot(model, opt, state)
+    opt.zero_grad()
+    weight = model[layer].weight
+    poison = rank == size - 1
+    handle = weight.register_hook(lambda g: g.index_fill(0, torch.tensor([0]), float("nan"))) if poison else None
+    launched: list[int] = []
+    backward(model, opt, taken, 0, rank, launched)
+    if handle is not None:
+        handle.remove()
+    error = outcome(opt.step)
+    changed = [i for i, (a, b) in enumerate(zip(before, snapshot(model, opt, state), strict=True))
+               if not torch.equal(a, b)]
+    run_steps(model, opt, taken + 1, taken + 2, rank)  # the next step works again on every rank
+    return {"error": error, "changed": changed, "tensors": len(before), "launched": launched,
+            "buckets": opt.bucket_count, "after_recovery": [p.detach().clone() for p in model.parameters()]}, opt
 
 
 def train(make_opt: Callable[[torch.nn.Module], torch.optim.Optimizer], state: Callable[[object], list],
@@ -70,17 +125,14 @@ def checkpoint_layouts(make_opt: Callable[..., torch.optim.Optimizer], state: Ca
     def trained(**options: object) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         model = make_model()
         opt = make_opt(model, **options)
-        for step in range(steps):
-            opt.zero_grad()
-            backward(model, opt, step, 0, rank)
-            opt.step()
+        run_steps(model, opt, 0, steps, rank)
         return model, opt
 
     out = {}
     _, small = trained()
     sd_small = small.state_dict()
     model_b, whole = trained(bucket_mb=25.0)  # the default: one bucket for this model
-    before = [p.detach().clone() for p in model_b.parameters()] + state(whole)
+    before = snapshot(model_b, whole, state)
     if layout_free:
         for key, source, mb in (("other_layout", small, 25.0), ("other_layout_back", whole, BUCKET_MB)):
             fresh = make_opt(make_model(), bucket_mb=mb)
@@ -92,8 +144,7 @@ def checkpoint_layouts(make_opt: Callable[..., torch.optim.Optimizer], state: Ca
     tampered = whole.state_dict()
     tampered["hvd_compress"]["segments"][0]["sizes"] = list(reversed(tampered["hvd_compress"]["segments"][0]["sizes"]))
     out["other_sizes"] = outcome(lambda: whole.load_state_dict(tampered))
-    after = [p.detach().clone() for p in model_b.parameters()] + state(whole)
-    out["unchanged"] = str(all(torch.equal(a, b) for a, b in zip(before, after, strict=True)))
+    out["unchanged"] = str(all(torch.equal(a, b) for a, b in zip(before, snapshot(model_b, whole, state), strict=True)))
     old = copy.deepcopy(whole.state_dict())
     for seg in old["hvd_compress"]["segments"]:
         del seg["group"], seg["sizes"]

@@ -7,9 +7,13 @@ core's fused float32 passes, hvd_compress.ops.slamb_kernels):
 - identity steps: k = 1, H = 1, sync_grad=True next to hc.Lamb on the averaged gradients;
 - resume steps stop_at: a run stopped after ``stop_at`` steps, saved, loaded into a fresh optimizer and
   continued, next to one never stopped;
-- bad: the outcomes of bad options, checkpoints, NaN gradients and mismatched seeds.
+- bad: the outcomes of bad options, checkpoints, NaN gradients and mismatched seeds;
+- reshaped: a checkpoint loaded into a model whose (5, 6) parameter is (6, 5) (the same element count): the
+  outcome and which parameters and state tensors changed; the same checkpoint without the recorded shapes (the
+  schema before them) loading into the model it was saved from.
 """
 
+import copy
 import io
 import os
 import sys
@@ -55,6 +59,26 @@ def flat(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 def slamb(params: list[torch.nn.Parameter], **options) -> torch.optim.Optimizer:
     return hc.DistributedOptimizer(hc.Lamb(params, **LAMB), op=hc.SLAMB, **{**OPTIONS, **options})
+
+
+def trained(shapes: list[tuple[int, ...]], first: int) -> tuple[list[torch.nn.Parameter], torch.optim.Optimizer]:
+    """``model()`` reshaped to ``shapes`` (same element counts), two steps from gradients of steps ``first``, ...."""
+    params = [torch.nn.Parameter(p.detach().reshape(s)) for p, s in zip(model(), shapes, strict=True)]
+    opt = slamb(params, compress_ratio=0.25, sync_interval=4)
+    for t in range(first, first + 2):
+        opt.zero_grad()
+        set_grads(params, t)
+        opt.step()
+    return params, opt
+
+
+def everything(params: list[torch.nn.Parameter], opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The parameters, every per-parameter state tensor (m, step, v), the freshness and the step."""
+    sd = opt.state_dict()
+    out = [p.detach().clone() for p in params]
+    for st in sd["state"].values():
+        out += [v.clone() for _, v in sorted(st.items()) if isinstance(v, torch.Tensor)]
+    return [*out, sd["hvd_compress"]["freshness"].clone(), torch.tensor([sd["hvd_compress"]["step"]])]
 
 
 if mode == "trace":
@@ -171,3 +195,21 @@ elif mode == "bad":
     opt.step()
     bad["after"] = flat(params)
     save(r, bad)
+elif mode == "reshaped":
+    saved_params, saved_opt = trained(SHAPES, 0)
+    blob = io.BytesIO()
+    torch.save(saved_opt.state_dict(), blob)
+    blob.seek(0)
+    ckpt = torch.load(blob, weights_only=False)
+    params, opt = trained([(6, 5) if s == (5, 6) else s for s in SHAPES], 5)  # other gradients: other state
+    before = everything(params, opt)
+    error = outcome(lambda: opt.load_state_dict(ckpt))
+    changed = [i for i, (a, b) in enumerate(zip(before, everything(params, opt), strict=True)) if not torch.equal(a, b)]
+    old = copy.deepcopy(ckpt)  # the schema before shapes were recorded: sizes only
+    for seg in old["hvd_compress"]["segments"]:
+        seg.pop("shapes", None)
+    params, opt = trained(SHAPES, 5)
+    old_error = outcome(lambda: opt.load_state_dict(old))
+    old_equal = all(torch.equal(a, b) for a, b in zip(everything(params, opt)[len(SHAPES):],
+                                                      everything(saved_params, saved_opt)[len(SHAPES):], strict=True))
+    save(r, {"error": error, "changed": changed, "tensors": len(before), "old": old_error, "old_equal": old_equal})

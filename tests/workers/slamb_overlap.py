@@ -20,7 +20,18 @@ import sys
 
 import torch
 from common import outcome, save
-from overlap_training import BUCKET_MB, backward, checkpoint_layouts, clip_without_overlap, make_model, train
+from overlap_training import (
+    BUCKET_MB,
+    checkpoint_layouts,
+    clip_without_overlap,
+    make_model,
+    nan_step,
+    param_groups,
+    parameter_state,
+    run_steps,
+    snapshot,
+    train,
+)
 
 import hvd_compress.torch as hc
 from hvd_compress.ops import masks as mask_ops
@@ -44,8 +55,7 @@ CONFIGS = {
 
 
 def make_opt(model: torch.nn.Module, passes: int = 1, groups: bool = False, **options):
-    params = list(model.parameters())
-    given = [{"params": params[:-2]}, {"params": params[-2:], "lr": 0.005}] if groups else params
+    given = param_groups(model, groups)
     options.setdefault("bucket_mb", BUCKET_MB)
     return hc.DistributedOptimizer(hc.Lamb(given, lr=0.01, weight_decay=0.01),
                                    named_parameters=model.named_parameters(), op=hc.SLAMB,
@@ -55,10 +65,7 @@ def make_opt(model: torch.nn.Module, passes: int = 1, groups: bool = False, **op
 def state_tensors(opt) -> list[torch.Tensor]:
     """m, v and the step of every parameter, the freshness and the step of the ``hvd_compress`` section."""
     sd = opt.state_dict()
-    out = []
-    for st in sd["state"].values():
-        out += [v.clone() for _, v in sorted(st.items()) if isinstance(v, torch.Tensor)]
-    return [*out, sd["hvd_compress"]["freshness"].clone(), torch.tensor([sd["hvd_compress"]["step"]])]
+    return [*parameter_state(sd), sd["hvd_compress"]["freshness"].clone(), torch.tensor([sd["hvd_compress"]["step"]])]
 
 
 def mask_is_the_whole_one() -> bool:
@@ -67,9 +74,7 @@ def mask_is_the_whole_one() -> bool:
     opt = make_opt(model)
     ok = True
     for step in range(2):
-        opt.zero_grad()
-        backward(model, opt, step, 0, r)
-        opt.step()
+        run_steps(model, opt, step, step + 1, r)
         b = opt._hvdc_alg.buf
         whole = mask_ops.random_mask_(torch.zeros(b.numel, dtype=torch.bool), OPTIONS["compress_ratio"],
                                       OPTIONS["seed"], step + 1, "cyclic", opt._hvdc_alg.always)
@@ -79,29 +84,8 @@ def mask_is_the_whole_one() -> bool:
 
 def nan_in_bucket(overlap: bool, layer: int) -> dict:
     """A NaN on the last rank in ``model[layer].weight`` at step SYNC (a parameter-average step)."""
-    model = make_model()
-    opt = make_opt(model, overlap=overlap)
-    for step in range(SYNC - 1):
-        opt.zero_grad()
-        backward(model, opt, step, 0, r)
-        opt.step()
-    before = [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
-    opt.zero_grad()
-    weight = model[layer].weight
-    handle = weight.register_hook(lambda g: g.index_fill(0, torch.tensor([0]), float("nan"))) if r == n - 1 else None
-    launched = []
-    backward(model, opt, SYNC - 1, 0, r, launched)
-    if handle is not None:
-        handle.remove()
-    error = outcome(opt.step)
-    after = [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
-    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if not torch.equal(a, b)]
-    opt.zero_grad()  # the next step works again on every rank, as step SYNC (the parameter average)
-    backward(model, opt, SYNC, 0, r)
-    opt.step()
-    return {"error": error, "changed": changed, "tensors": len(before), "launched": launched,
-            "buckets": opt.bucket_count, "after_recovery": [p.detach().clone() for p in model.parameters()],
-            "step": opt._hvdc_alg.t}
+    got, opt = nan_step(functools.partial(make_opt, overlap=overlap), state_tensors, SYNC - 1, layer, r, n)
+    return {**got, "step": opt._hvdc_alg.t}
 
 
 # The resumed runs' layouts: 64-byte buckets (five), one bucket, and two of another split ([w1, b1], [w2, b2, w3, b3]).
@@ -109,23 +93,11 @@ LAYOUTS = {"five": BUCKET_MB, "one": 25.0, "two": 1100 / (1 << 20)}
 SAVED_AT = 2  # the checkpoint: after step 2, before the parameter averages of steps 3 and 6
 
 
-def run_steps(model: torch.nn.Module, opt, first: int, end: int) -> None:
-    for step in range(first, end):
-        opt.zero_grad()
-        backward(model, opt, step, 0, r)
-        opt.step()
-
-
-def snapshot(model: torch.nn.Module, opt) -> list[torch.Tensor]:
-    """The parameters, then ``state_tensors``."""
-    return [p.detach().clone() for p in model.parameters()] + state_tensors(opt)
-
-
 def checkpoint_after(first_steps: int, bucket_mb: float) -> dict:
     """A checkpoint (through torch.save) of the model and optimizer after ``first_steps`` steps, with overlap."""
     model = make_model()
     opt = make_opt(model, bucket_mb=bucket_mb)
-    run_steps(model, opt, 0, first_steps)
+    run_steps(model, opt, 0, first_steps, r)
     blob = io.BytesIO()
     torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, blob)
     blob.seek(0)
@@ -145,10 +117,10 @@ def resumed_equals_straight() -> bool:
     """64-byte buckets with overlap: a run stopped after 2 steps, saved, loaded into a fresh model and optimizer and
     continued to ``steps`` (through parameter averages) ends bit for bit as the run never stopped."""
     model = make_model()
-    run_steps(model, make_opt(model), 0, steps)
+    run_steps(model, make_opt(model), 0, steps, r)
     straight = [p.detach().clone() for p in model.parameters()]
     model, opt = resumed(checkpoint_after(SAVED_AT, BUCKET_MB), BUCKET_MB)
-    run_steps(model, opt, SAVED_AT, steps)
+    run_steps(model, opt, SAVED_AT, steps, r)
     return all(torch.equal(a, b.detach()) for a, b in zip(straight, model.parameters(), strict=True))
 
 
@@ -161,23 +133,24 @@ def resumed_under_other_layouts() -> dict:
     for name, mb in LAYOUTS.items():
         model = make_model()
         opt = make_opt(model, bucket_mb=mb)
-        run_steps(model, opt, 0, steps)
-        straight[name] = snapshot(model, opt)
+        run_steps(model, opt, 0, steps, r)
+        straight[name] = snapshot(model, opt, state_tensors)
     ckpt = checkpoint_after(SAVED_AT, LAYOUTS["five"])
     out: dict = {"layouts": {}}
     for name in ("one", "two"):
         model, opt = resumed(ckpt, LAYOUTS[name])
-        run_steps(model, opt, SAVED_AT, steps)
-        got = snapshot(model, opt)
+        run_steps(model, opt, SAVED_AT, steps, r)
+        got = snapshot(model, opt, state_tensors)
         out["layouts"][name] = {"buckets": opt.bucket_count, "vs": {
             ref: [(torch.equal(a, b), (a.double() - b.double()).abs().max().item())
                   for a, b in zip(got, straight[ref], strict=True)] for ref in ("five", name)}}
     model, opt = resumed(checkpoint_after(SAVED_AT, LAYOUTS["one"]), LAYOUTS["one"])
-    before = snapshot(model, opt)
+    before = snapshot(model, opt, state_tensors)
     other_world = copy.deepcopy(ckpt["opt"])
     other_world["hvd_compress"]["world_size"] = n + 1
     error = outcome(lambda: opt.load_state_dict(other_world))
-    out["other_world"] = (error, all(torch.equal(a, b) for a, b in zip(before, snapshot(model, opt), strict=True)))
+    after = snapshot(model, opt, state_tensors)
+    out["other_world"] = (error, all(torch.equal(a, b) for a, b in zip(before, after, strict=True)))
     return out
 
 
@@ -185,10 +158,7 @@ def old_checkpoint_loads() -> tuple[str, bool]:
     """A checkpoint written before buckets (no ``segments``) loads into 64-byte buckets, state as saved."""
     model = make_model()
     opt = make_opt(model, bucket_mb=25.0)
-    for step in range(2):
-        opt.zero_grad()
-        backward(model, opt, step, 0, r)
-        opt.step()
+    run_steps(model, opt, 0, 2, r)
     old = copy.deepcopy(opt.state_dict())
     del old["hvd_compress"]["segments"]
     fresh = make_opt(make_model())
