@@ -26,6 +26,9 @@ def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
         OMPI_MCA_rmaps_base_oversubscribe="1",
+        # Ranks here share 2 cores with their background threads (Horovod's, ours): Open MPI's blocking waits
+        # must yield, which it turns on by itself only when it counts more ranks than slots.
+        OMPI_MCA_mpi_yield_when_idle="1",
         PYTHONPATH=f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}",
         OMP_NUM_THREADS="1",
         TF_CPP_MIN_LOG_LEVEL="3",
