@@ -22,7 +22,8 @@ export TF_CPP_MIN_LOG_LEVEL=3
 # mpi_yield_when_idle: as the Makefile's MPIRUN (README, Performance): with 2 ranks on 2 cores Open MPI counts no
 # oversubscription and spins in every blocking wait, Horovod's idle background cycles included, which costs
 # every method's step (the local step without communication too) up to 10 ms; at 4 ranks it yields anyway.
-mpi=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 -np "$NP" -x PYTHONPATH -x OMP_NUM_THREADS=1 -x HVDC_BENCH_NET)
+export OMPI_MCA_mpi_yield_when_idle=1  # BENCH_ENV=OMPI_MCA_mpi_yield_when_idle=0 measures without it
+mpi=(mpirun --oversubscribe --bind-to none -x OMPI_MCA_mpi_yield_when_idle -np "$NP" -x PYTHONPATH -x OMP_NUM_THREADS=1 -x HVDC_BENCH_NET)
 suffix=""
 for kv in ${BENCH_ENV:-}; do
     export "${kv?}"
