@@ -73,6 +73,9 @@ constexpr size_t kSmallAllreduceBytes = size_t{64} << 10;
 // the stats count anyway), which is what MPI's tuned algorithms also pick for buffers this large;
 // below it the ring's 2 (n - 1) latencies would cost more than they save.
 constexpr size_t kRingChunkBytes = size_t{64} << 10;
+// The largest ring receive buffer a communicator keeps between calls (bucket_mb's default of 25 MiB
+// gives chunks of 12.5 MiB at 2 ranks).
+constexpr size_t kRingScratchKeepBytes = size_t{64} << 20;
 // Tag of the ring's messages, apart from sendrecv (7) and isend/irecv (kRequestTagBase and up).
 constexpr int kRingTag = 9;
 
@@ -189,15 +192,23 @@ void MpiCommunicator::ring_allreduce_sum(void* buf, int64_t count, DType dtype) 
   const auto start = [&](int c) { return c * base + std::min<int64_t>(c, extra); };
   const auto length = [&](int c) { return base + (c < extra ? 1 : 0); };
   auto* p = static_cast<char*>(buf);
-  // Kept across calls: a buffer this large comes from mmap and would take a page fault per 4 KiB on
-  // every call (2x the time of MPI's allreduce at 16 MB on shared memory). Left uninitialized: every
-  // byte used is received first.
+  // The receive buffer: kept across calls up to kRingScratchKeepBytes (a buffer this large comes
+  // from mmap, and a fresh one takes a page fault per 4 KiB on every call); a larger chunk gets its
+  // own for the call, so that one huge allreduce does not pin memory for the process's life. Left
+  // uninitialized: every byte used is received first.
   const size_t need = static_cast<size_t>(base + 1) * esize;
-  if (ring_scratch_bytes_ < need) {
-    ring_scratch_.reset(new char[need]);
-    ring_scratch_bytes_ = need;
+  std::unique_ptr<char[]> once;
+  char* incoming = nullptr;
+  if (need > kRingScratchKeepBytes) {
+    once.reset(new char[need]);
+    incoming = once.get();
+  } else {
+    if (ring_scratch_bytes_ < need) {
+      ring_scratch_.reset(new char[need]);
+      ring_scratch_bytes_ = need;
+    }
+    incoming = ring_scratch_.get();
   }
-  char* const incoming = ring_scratch_.get();
   const auto exchange = [&](int send_c, void* recv_to, int recv_c) {
     MPI_Request reqs[2];
     check(MPI_Irecv(recv_to, static_cast<int>(length(recv_c)), type, prev, kRingTag, comm_, &reqs[0]),

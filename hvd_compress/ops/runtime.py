@@ -33,7 +33,9 @@ def _bounded_int(raw: str, lo: int, hi: int, invalid: int) -> int:
 class Config:
     """The settings read once, at ``init()``, from the environment (nothing reads them per call)."""
 
-    #: ``HVDC_TIMEOUT``: seconds a collective waits for every rank to join (``set_timeout`` changes it).
+    #: ``HVDC_TIMEOUT``: seconds a collective waits for every rank to join (``CommTimeoutError``), and the longest
+    #: a transfer inside a collective every rank joined may make no progress before the job is aborted with a
+    #: message (``set_timeout`` changes both).
     timeout_s: float = DEFAULT_TIMEOUT_S
     #: ``HVDC_ADASUM_HIERARCHICAL``: the Adasum mode when a call does not say (not "" and not "0": on).
     adasum_hierarchical: bool = False
@@ -222,7 +224,9 @@ def size() -> int:
 
 
 def set_timeout(seconds: float) -> None:
-    """Seconds a collective waits for all ranks to join before raising ``CommTimeoutError``."""
+    """Seconds a collective waits for all ranks to join before raising ``CommTimeoutError``; also the longest a
+    transfer inside a collective that every rank joined may wait before the job is aborted (a stopped peer or a
+    stuck MPI transport: its requests can be neither cancelled nor abandoned, so no exception can leave it)."""
     get().timeout = float(seconds)
 
 

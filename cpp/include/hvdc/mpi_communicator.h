@@ -70,7 +70,8 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   std::shared_ptr<std::atomic<double>> stall_ = std::make_shared<std::atomic<double>>(0.0);
-  // The ring's receive buffer, grown to the largest chunk seen (calls on one communicator are serial).
+  // The ring's receive buffer, grown to the largest chunk seen up to kRingScratchKeepBytes (calls on
+  // one communicator are serial).
   std::unique_ptr<char[]> ring_scratch_;
   size_t ring_scratch_bytes_ = 0;
 };
