@@ -3,7 +3,8 @@ lines 12-13, ``OneBitAdam.compressed``) against the backend path they replace on
 on a hand-made segment with odd layer sizes and an empty layer, over the warm-up (backend ops either way) and the
 compression steps that follow: bit for bit on the NumPy backend (the TF/Keras face's) and on the torch backend (these
 passes have no sqrt: the frozen denominator is the backend's in both paths), Adam and AdamW, with and without weight
-decay and the variance floor; the portable kernels give the AVX2 kernels' bits. The compressed allreduce of lines
+decay and the variance floor (whose cap raises some floored denominators to |mh|); the portable kernels give the AVX2
+kernels' bits. The compressed allreduce of lines
 7-11 is stood in for by a sign-times-mean-magnitude of the local momentum (the multi-rank tests cover the real one)."""
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def _counted(ran: dict[str, int], name: str, fn):
 
 def _run(backend, wrap, fused: bool, wd: float, decoupled: bool, floor: float, monkeypatch,
          dtype=np.float32) -> np.ndarray:
-    """x | m | v | work after the steps, with the fused passes or (``fused=False``) the backend's ops."""
+    """x | m | v after the steps, with the fused passes or (``fused=False``) the backend's ops (``work`` is scratch
+    after the compression stage: the backend path leaves the capped denominators there)."""
     seg, x = _segment(wrap, dtype)
     alg = onebit_adam.OneBitAdam(onebit_adam.OneBitOptions(freeze_step=FREEZE, variance_floor=floor), backend, [seg],
                                  None)
@@ -72,15 +74,21 @@ def _run(backend, wrap, fused: bool, wd: float, decoupled: bool, floor: float, m
             w = np.asarray(seg.work)  # the compressed average's stand-in: sign * mean |m_r|, the same in both runs
             seg.work[:] = wrap(np.where(w >= 0, 1, -1).astype(np.float32) * np.abs(w).mean(dtype=np.float32))
             alg.compressed(seg, group, t)
+            if floor > 0:  # the variance floor's cap must have raised some denominators, or it goes untested
+                d, m = np.asarray(seg.scratch), np.abs(np.asarray(seg.exp_avg, dtype=np.float32))
+                lifted = np.concatenate([d[lo:lo + n] <= f for lo, n, f in
+                                         zip(np.cumsum([0, *SIZES]), SIZES, seg.floor_denoms, strict=False)])
+                raised = lifted & (m * np.float32(alg.cap(group, t)) > d)
+                assert 0 < raised.sum() < lifted.size, f"step {t}: the cap raised {raised.sum()} denominators"
     compressed_steps = len(STEPS) - FREEZE
     want = compressed_steps if fused and dtype == np.float32 else 0  # the comparison is void unless they ran
     assert ran == {"local_momentum_": want, "apply_": want}, f"fused passes ran {ran}, expected {want} each"
-    return np.concatenate([np.asarray(a, dtype=np.float32) for a in (x, seg.exp_avg, seg.exp_avg_sq, seg.work)])
+    return np.concatenate([np.asarray(a, dtype=np.float32) for a in (x, seg.exp_avg, seg.exp_avg_sq)])
 
 
 def _assert_identical(got: np.ndarray, want: np.ndarray, what: str) -> None:
     diff = np.flatnonzero(got.view(np.int32) != want.view(np.int32))
-    assert diff.size == 0, (f"{what}: {diff.size} of {got.size} values (x | m | v | work) differ, first {diff[0]}: "
+    assert diff.size == 0, (f"{what}: {diff.size} of {got.size} values (x | m | v) differ, first {diff[0]}: "
                             f"fused {got[diff[0]]!r}, backend {want[diff[0]]!r}")
 
 
@@ -126,7 +134,8 @@ def test_kernels_portable_and_avx2_agree_on_an_infinite_parameter() -> None:
         work, m, x = np.empty(n, np.float32), m0.copy(), x0.copy()
         params = [x[lo:hi] if hi > lo else None for lo, hi in itertools.pairwise(cuts)]
         _core.onebit_local_momentum(g, m, work, params, 0.1, 0.005, 0.9, scalar)
-        _core.onebit_adam_apply(work, m, denom, params, 0.9995, -0.01, scalar)
+        floors = [0.0125] * len(SIZES)  # about a fifth of the denominators sit under it
+        _core.onebit_adam_apply(work, m, denom, params, 0.9995, -0.01, floors, 1.5, scalar=scalar)
         out.append(np.concatenate([work, m, x]).tobytes())
     assert out[0] == out[1], "HVDC_ONEBIT_KERNELS=scalar and the AVX2 kernels differ"
 

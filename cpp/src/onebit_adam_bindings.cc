@@ -5,6 +5,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,7 +44,7 @@ void register_onebit_adam(nb::module_& m) {
   m.def(
       "onebit_adam_apply",
       [](nb::handle work_, nb::handle m_, nb::handle denom_, const std::vector<nb::handle>& params, float decay,
-         float value, bool scalar) {
+         float value, const std::optional<std::vector<float>>& floor_denoms, float cap, bool scalar) {
         const char* fn = "onebit_adam_apply";
         int64_t n = -1;
         const float* wp = binding_float32(work_, std::string(fn) + ": work", &n);
@@ -51,15 +52,20 @@ void register_onebit_adam(nb::module_& m) {
         const float* dp = binding_float32(denom_, std::string(fn) + ": denom", &n);
         std::vector<int64_t> sizes;
         const std::vector<float*> xs = binding_float32_layers(params, n, params.size(), fn, &sizes);
+        if (floor_denoms && floor_denoms->size() != sizes.size())
+          throw nb::value_error((std::string(fn) + ": need one floor_denom per layer").c_str());
         nb::gil_scoped_release nogil;
         for_each_layer(sizes, [&](size_t i, int64_t at) {
-          onebit_adam_apply(wp + at, dp + at, sizes[i], decay, value, mp + at, xs[i], kernel_choice(scalar));
+          const float floor_denom = floor_denoms ? (*floor_denoms)[i] : -std::numeric_limits<float>::infinity();
+          onebit_adam_apply(wp + at, dp + at, sizes[i], decay, value, floor_denom, cap, mp + at, xs[i],
+                            kernel_choice(scalar));
         });
       },
       nb::arg("work"), nb::arg("m"), nb::arg("denom"), nb::arg("params"), nb::arg("decay"), nb::arg("value"),
-      nb::arg("scalar") = false,
-      "Paper 003 Alg. 1 lines 12-13 per layer (float32): m = work; x = x * decay (skipped for 1); x += m * value / "
-      "denom, the parameters in the flat buffers' order (None for an empty one). scalar: the portable code.");
+      nb::arg("floor_denoms").none() = nb::none(), nb::arg("cap") = 1.0f, nb::arg("scalar") = false,
+      "Paper 003 Alg. 1 lines 12-13 per layer (float32): m = work; x = x * decay (skipped for 1); d = denom, raised "
+      "to |m| * cap where d <= the layer's floor_denom (None: nowhere); x += m * value / d, the parameters in the "
+      "flat buffers' order (None for an empty one). scalar: the portable code.");
 }
 
 }  // namespace hvdc

@@ -24,14 +24,19 @@ void momentum_scalar(const float* g, const float* m, const float* x, int64_t n, 
 }
 
 template <bool kDecay>
-void adam_apply_scalar(const float* work, const float* denom, int64_t n, float decay, float value, float* m,
-                       float* x, int64_t from) {
+void adam_apply_scalar(const float* work, const float* denom, int64_t n, float decay, float value,
+                       float floor_denom, float cap, float* m, float* x, int64_t from) {
   for (int64_t i = from; i < n; ++i) {
     const float w = work[i];
     m[i] = w;
     float xi = x[i];
     if (kDecay) xi = xi * decay;
-    x[i] = xi + w * value / denom[i];
+    float d = denom[i];
+    if (d <= floor_denom) {
+      const float c = std::fabs(w) * cap;
+      if (c > d) d = c;
+    }
+    x[i] = xi + w * value / d;
   }
 }
 
@@ -51,18 +56,24 @@ HVDC_AVX2_FMA void momentum_avx2(const float* g, const float* m, const float* x,
 
 template <bool kDecay>
 HVDC_AVX2_FMA void adam_apply_avx2(const float* work, const float* denom, int64_t n, float decay, float value,
-                                   float* m, float* x) {
+                                   float floor_denom, float cap, float* m, float* x) {
   const __m256 vdecay = _mm256_set1_ps(decay), vvalue = _mm256_set1_ps(value);
+  const __m256 vfloor = _mm256_set1_ps(floor_denom), vcap = _mm256_set1_ps(cap);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 w = _mm256_loadu_ps(work + i);
     _mm256_storeu_ps(m + i, w);
     __m256 xv = _mm256_loadu_ps(x + i);
     if (kDecay) xv = _mm256_mul_ps(xv, vdecay);
-    const __m256 step = _mm256_div_ps(_mm256_mul_ps(w, vvalue), _mm256_loadu_ps(denom + i));
+    __m256 d = _mm256_loadu_ps(denom + i);
+    // max(d, c) where d <= floor_denom; _mm256_max_ps(c, d) is c > d ? c : d, the scalar code's choice.
+    const __m256 c = _mm256_mul_ps(_mm256_and_ps(w, abs_mask), vcap);
+    d = _mm256_blendv_ps(d, _mm256_max_ps(c, d), _mm256_cmp_ps(d, vfloor, _CMP_LE_OQ));
+    const __m256 step = _mm256_div_ps(_mm256_mul_ps(w, vvalue), d);
     _mm256_storeu_ps(x + i, _mm256_add_ps(xv, step));
   }
-  adam_apply_scalar<kDecay>(work, denom, n, decay, value, m, x, i);
+  adam_apply_scalar<kDecay>(work, denom, n, decay, value, floor_denom, cap, m, x, i);
 }
 #endif
 
@@ -83,20 +94,20 @@ void onebit_local_momentum(const float* g, const float* m, const float* x, int64
   else momentum_scalar<false>(g, m, x, n, one_minus_b1, l2, b1, work, 0);
 }
 
-void onebit_adam_apply(const float* work, const float* denom, int64_t n, float decay, float value, float* m,
-                       float* x, KernelChoice choice) {
+void onebit_adam_apply(const float* work, const float* denom, int64_t n, float decay, float value,
+                       float floor_denom, float cap, float* m, float* x, KernelChoice choice) {
   const bool decays = decay != 1.0f;  // x * 1 is x: the backend's multiply by a float 1 changes no bit
 #if HVDC_AVX2_FMA_KERNELS
   if (use_avx2_kernels(choice)) {
-    if (decays) adam_apply_avx2<true>(work, denom, n, decay, value, m, x);
-    else adam_apply_avx2<false>(work, denom, n, decay, value, m, x);
+    if (decays) adam_apply_avx2<true>(work, denom, n, decay, value, floor_denom, cap, m, x);
+    else adam_apply_avx2<false>(work, denom, n, decay, value, floor_denom, cap, m, x);
     return;
   }
 #else
   (void)choice;
 #endif
-  if (decays) adam_apply_scalar<true>(work, denom, n, decay, value, m, x, 0);
-  else adam_apply_scalar<false>(work, denom, n, decay, value, m, x, 0);
+  if (decays) adam_apply_scalar<true>(work, denom, n, decay, value, floor_denom, cap, m, x, 0);
+  else adam_apply_scalar<false>(work, denom, n, decay, value, floor_denom, cap, m, x, 0);
 }
 
 }  // namespace hvdc

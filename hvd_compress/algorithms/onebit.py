@@ -21,7 +21,10 @@ unit that revives later, with v still 0, does the same. With the floor such an e
 preconditioned like a quiet element of its layer. Compressing m / (sqrt(vh) + eps) instead of m
 bounds the dead elements' step but not a revived one's (it still diverged on a ReLU MLP and CNN) and
 trained worse with the floor added (tests/test_relu_fidelity.py's module docstring has the figures).
-The floor is derived from the frozen v in the state, so checkpoints need nothing more.
+The floor is derived from the frozen v in the state, so checkpoints need nothing more. 1-bit Adam also caps the
+step of an element the floor lifted at lr (``onebit_adam``: its d is raised to |mh|), for a unit that revives
+with gradients larger than the floor assumes; 1-bit LAMB does not (its gap on ReLU networks is elsewhere: the
+frozen trust ratio and the ratio of line 17, tests/test_relu_fidelity.py).
 
 Hierarchical mode, option ``hierarchical=True`` (paper 004 Section 4, specs/birder.md section 4): the local
 momenta travel through the Hierarchical-1-bit-All-Reduce with the scaled 1-bit payload: a full-precision
@@ -155,6 +158,7 @@ class Segment:
     denom: Tensor | None = None  # d = sqrt(vh_frozen) + eps, kept while v is frozen
     denom_key: tuple[float, ...] | None = None  # the (eps, b2, t_v) that ``denom`` holds d for
     floor_roots: list[float] = dataclasses.field(default_factory=list)  # per layer sqrt(floor), with the kept d
+    floor_denoms: list[float] | None = None  # per layer the d of an element the floor lifted (None: no floor)
     lamb_coeff_freeze: list[float] = dataclasses.field(default_factory=list)
     last_factor: list[float] = dataclasses.field(default_factory=list)
     # (worker, server) error of the hierarchical mode, made on first use (sizes depend on the node size).
@@ -328,7 +332,19 @@ class OneBitAlgorithm(BucketedAlgorithm):
             seg.floor_roots = [math.sqrt(ratio * mean / bc) if size else 0.0 for mean, size in sizes]
             self.floor(seg, out)
             xp.add_(out, group["eps"])
+            seg.floor_denoms = self._floor_denoms(seg, out, group["eps"]) if ratio > 0 else None
             seg.denom_key = key
+        return out
+
+    def _floor_denoms(self, seg: Segment, like: Tensor, eps: float) -> list[float]:
+        """Each layer's d = sqrt(floor) + eps as ``frozen_denom`` rounds it (the same backend ops on one element), so
+        that ``d <= floor_denoms[i]`` finds exactly the elements the floor lifted."""
+        xp = self.xp
+        one = xp.float32_like(1, like)
+        out = []
+        for floor in seg.floor_roots:
+            xp.zero_(one)
+            out.append(xp.max(xp.add_(xp.clamp_min_(one, floor), eps)))
         return out
 
     def floor(self, seg: Segment, root: Tensor) -> None:

@@ -70,6 +70,9 @@ class Backend(Protocol):
     def clamp_min_(self, x: Tensor, value: Scalar) -> Tensor:
         """x = max(x, value)."""
 
+    def raise_floored(self, d: Tensor, m: Tensor, cap: Scalar, floor: Scalar, out: Tensor) -> Tensor:
+        """out = max(d, |m| * cap) where d <= floor, else d (the 1-bit variance floor's cap; ``out`` is neither)."""
+
     def foreach_mean(self, xs: Sequence[Tensor]) -> list[float]:
         """The mean of each tensor, accumulated in double precision (0.0 for an empty one)."""
 

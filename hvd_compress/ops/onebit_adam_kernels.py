@@ -27,8 +27,11 @@ def local_momentum_(work: Any, g: Any, m: Any, beta1: float, l2: float | None = 
 
 
 def apply_(params: Sequence[Any], work: Any, m: Any, denom: Any, sizes: Sequence[int], decay: float,
-           value: float) -> None:
+           value: float, floor_denoms: Sequence[float] | None = None, cap: float = 1.0) -> None:
     """Lines 12-13 per layer: m = work (the compressed average), then x = x * decay (AdamW's 1 - lr weight_decay;
-    1.0: none) and x += m * value / denom (value = -lr / (1 - beta1^t), ``denom`` the frozen one), ``params`` in
+    1.0: none), d = ``denom`` (the frozen one) raised to |m| * cap where d <= the layer's ``floor_denoms`` entry
+    (the variance floor's cap; None: nowhere), and x += m * value / d (value = -lr / (1 - beta1^t)), ``params`` in
     the flat buffers' order."""
-    _core.onebit_adam_apply(work, m, denom, as_core_layers(params, sizes), float(decay), float(value), scalar_kernels())
+    floors = None if floor_denoms is None else [float(f) for f in floor_denoms]
+    _core.onebit_adam_apply(work, m, denom, as_core_layers(params, sizes), float(decay), float(value), floors,
+                            float(cap), scalar_kernels())

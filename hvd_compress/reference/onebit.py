@@ -249,8 +249,9 @@ def onebit_adam(
       Adam: every rank's gradient becomes g_r + weight_decay * x before anything else.
     The paper's line 13 has no eps; it is kept as in the warm-up so the two stages share one rule.
     In compression, sqrt(vh) is max(sqrt(vh), sqrt(variance_floor * mean(vh))) per layer (``sizes`` cuts x
-    into layers; one layer if None): ``_floored_root``; ``variance_floor=0`` is line 13 as written.
-    ``dtype`` (parameters, gradients, momentum and variance in that dtype) rounds as ``_rounding`` says;
+    into layers; one layer if None): ``_floored_root``; where the floor lifted it, d = sqrt(vh) + eps is
+    raised to |mh| (the floor's cap: such an element steps at most lr); ``variance_floor=0`` is line 13 as
+    written. ``dtype`` (parameters, gradients, momentum and variance in that dtype) rounds as ``_rounding`` says;
     the L2 term is then added to the averaged gradient in warm-up, and as (1 - b1) wd x to (1 - b1) g_r
     in compression, as the PyTorch face does.
     """
@@ -282,7 +283,14 @@ def onebit_adam(
             u = mh / (r32(np.sqrt(vh)) + eps)
         else:
             bc2 = 1 - b2**freeze_step if bias_correction else 1.0
-            u = mh / r32(_floored_root(v, layers, bc2, variance_floor, rd, r32)[0] + r32(eps))
+            root, floors = _floored_root(v, layers, bc2, variance_floor, rd, r32)
+            d = r32(root + r32(eps))
+            if variance_floor > 0:  # the floor's cap: a lifted element's d is at least |mh| (|u| <= 1)
+                cap = r32(1 / (1 - b1**t)) if bias_correction else 1.0
+                for sl, floor in zip(layers, floors, strict=True):
+                    lifted = d[sl] <= r32(r32(floor) + r32(eps))
+                    d[sl] = np.where(lifted, np.maximum(d[sl], r32(np.abs(m[sl]) * cap)), d[sl])
+            u = mh / d
         if decoupled:
             x = rd(x * (1 - _lr_at(lr, t) * weight_decay))
         x = rd(x - _lr_at(lr, t) * u)

@@ -191,6 +191,14 @@ class NumpyBackend:
         return x
 
     @staticmethod
+    def raise_floored(d: np.ndarray, m: np.ndarray, cap: float, floor: float, out: np.ndarray) -> np.ndarray:
+        np.copyto(out, m, casting="unsafe")
+        np.multiply(np.abs(out, out=out), out.dtype.type(cap), out=out)
+        np.maximum(out, d, out=out)
+        np.copyto(out, d, where=d > d.dtype.type(floor))
+        return out
+
+    @staticmethod
     def foreach_mean(xs: Sequence[np.ndarray]) -> list[float]:
         return [float(x.astype(np.float64).mean()) if x.size else 0.0 for x in xs]
 

@@ -125,6 +125,11 @@ class TorchBackend:
         return x.clamp_min_(value)
 
     @staticmethod
+    def raise_floored(d: torch.Tensor, m: torch.Tensor, cap: float, floor: float, out: torch.Tensor) -> torch.Tensor:
+        torch.maximum(out.copy_(m).abs_().mul_(cap), d, out=out)
+        return out.copy_(torch.where(d <= floor, out, d))
+
+    @staticmethod
     def foreach_mean(xs: Sequence[torch.Tensor]) -> list[float]:
         return [float(x.double().mean()) if x.numel() else 0.0 for x in xs]
 

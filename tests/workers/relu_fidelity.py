@@ -18,8 +18,8 @@ argv: out_dir task(mlp|cnn) steps runs
   another from the same initial model and data order.
 
 Saves per rank, for each run: the final held-out loss (NaN if the run raised or diverged), the error it
-raised if any, the largest |parameter| right after the first compressed step, and the SHA-256 of the
-final parameters.
+raised if any, the largest |parameter| right after the first compressed step and at the end, and the SHA-256
+of the final parameters.
 """
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ def train(run: str, data: tuple[torch.Tensor, ...]) -> dict[str, object]:
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     out["test_loss"] = test if out["error"] is None and math.isfinite(test) else math.nan
     out["hash"] = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+    out["max_abs_final"] = float(flat.abs().max())
     out["seconds"] = time.perf_counter() - start
     if rank == 0:
         print(f"{task} {run:>26}: held-out loss {test:.4f}  max|x| after freeze "

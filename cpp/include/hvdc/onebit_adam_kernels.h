@@ -26,8 +26,12 @@ void onebit_local_momentum(const float* g, const float* m, const float* x, int64
 
 // Lines 12-13 on one layer of n elements, per element: m = work (the compressed average), then
 //   x = x * decay                  (AdamW's decoupled weight decay 1 - lr wd; skipped for decay == 1, exact)
-//   x = x + (m * value) / denom    (value = -lr / (1 - b1^t), denom the frozen d = max(sqrt(vh), floor) + eps)
-void onebit_adam_apply(const float* work, const float* denom, int64_t n, float decay, float value, float* m,
-                       float* x, KernelChoice choice = KernelChoice::kAuto);
+//   d = denom                      (the frozen d = max(sqrt(vh), floor) + eps)
+//   d = max(d, |m| * cap)          only where d <= floor_denom: an element the variance floor lifted
+//   x = x + (m * value) / d        (value = -lr / (1 - b1^t))
+// cap = 1 / (1 - b1^t) bounds such an element's |mh / d| by 1 (hvd_compress/algorithms/onebit.py, variance
+// floor); floor_denom = -inf (no floor) leaves every d as it is.
+void onebit_adam_apply(const float* work, const float* denom, int64_t n, float decay, float value,
+                       float floor_denom, float cap, float* m, float* x, KernelChoice choice = KernelChoice::kAuto);
 
 }  // namespace hvdc
