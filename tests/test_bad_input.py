@@ -84,22 +84,24 @@ def test_peer_that_never_joins_gives_timeout_error_not_hang(out_dir) -> None:
     assert c0["after_timeout"].startswith("CommTimeoutError") and "restarted" in c0["after_timeout"], c0
 
 
-def test_peer_that_stops_inside_a_collective_ends_the_job_not_hang(out_dir) -> None:
-    # Rank 1 stops (SIGSTOP) inside a loop of large allreduces; rank 0 waits in the data phase, which no
-    # exception can leave safely (its requests can be neither cancelled nor abandoned), so after
-    # HVDC_TIMEOUT (3 s) the core aborts the job with a message. A stop that lands in a signature exchange
-    # (well under 1% of each call) is the agreement's timeout instead: then the run is repeated once.
+@pytest.mark.parametrize(("case", "transfer"), [("stall", "a ring allreduce"), ("stall-max", "an allreduce")])
+def test_peer_that_stops_inside_a_collective_ends_the_job_not_hang(case: str, transfer: str, out_dir) -> None:
+    # Rank 1 stops (SIGSTOP) inside a loop of large allreduces (Sum: the ring; Max: MPI_Iallreduce); rank 0 waits
+    # in the data phase, which no exception can leave safely (its requests can be neither cancelled nor
+    # abandoned), so after HVDC_TIMEOUT (3 s) the core aborts the job with a message. A stop that lands in a
+    # signature exchange (well under 1% of each call) is the agreement's timeout instead: then the run is
+    # repeated once.
     for _attempt in range(2):
         start = time.monotonic()
-        res = mpirun("bad_input.py", 2, out_dir, "stall", timeout=90, check=False)
+        res = mpirun("bad_input.py", 2, out_dir, case, timeout=90, check=False)
         elapsed = time.monotonic() - start
         if "Aborting the job instead of hanging" in res.stdout:
             break
         c0 = load_ranks(out_dir, 1)[0]["caught"]
-        assert c0["stall"].startswith("CommTimeoutError"), (c0, res.stdout[-3000:])
+        assert c0[case].startswith("CommTimeoutError"), (c0, res.stdout[-3000:])
     assert res.returncode != 0, res.stdout[-3000:]
     assert "hvd_compress: rank 0 waited" in res.stdout and "HVDC_TIMEOUT" in res.stdout, res.stdout[-3000:]
-    assert "ring allreduce" in res.stdout, res.stdout[-3000:]
+    assert f"inside {transfer}" in res.stdout, res.stdout[-3000:]
     assert elapsed < 60, f"the job took {elapsed:.0f} s to end"
 
 

@@ -58,10 +58,11 @@ MPI_Op mpi_op(ReduceOp op) {
   }
 }
 
-// Allreduces up to this size go through MPI_Iallreduce and wait_yielding(); larger ones (a dense
-// allreduce of a whole buffer) keep the blocking MPI_Allreduce and its tuned algorithms, except the
-// float sums whose ring chunks reach kRingChunkBytes (below).
-constexpr size_t kSmallAllreduceBytes = size_t{64} << 10;
+// Allreduces go through MPI_Iallreduce and the yielding wait under the stall limit, in chunks below
+// kMaxChunkBytes, except the float sums whose ring chunks reach kRingChunkBytes (below). The
+// blocking MPI_Allreduce's tuned algorithms would send fewer bytes for the large ones that remain
+// (float sums of 64 KB to 64 KB x ranks, Min/Max/Product and integer sums), but it spins and has no
+// time limit: a stopped peer would hang the job there.
 
 // A float sum whose chunk per rank (bytes / size) is at least this large runs as a ring
 // (reduce-scatter, then allgather) over non-blocking point-to-point messages with the yielding
@@ -240,44 +241,32 @@ void MpiCommunicator::ring_allreduce_sum(void* buf, int64_t count, DType dtype) 
 void MpiCommunicator::allreduce_sum(void* buf, int64_t count, DType dtype) {
   const size_t esize = dtype_size(dtype);
   const MPI_Datatype type = mpi_type(dtype);
-  const int64_t chunk = static_cast<int64_t>(kMaxChunkBytes / esize);
   auto* p = static_cast<char*>(buf);
   if (size_ > 1 && static_cast<size_t>(count) * esize / size_ >= kRingChunkBytes &&
       static_cast<size_t>(count / size_ + 1) * esize < kMaxChunkBytes) {
     ring_allreduce_sum(buf, count, dtype);
-  } else if (static_cast<size_t>(count) * esize <= kSmallAllreduceBytes) {
-    MPI_Request req;
-    check(MPI_Iallreduce(MPI_IN_PLACE, p, static_cast<int>(count), type, MPI_SUM, comm_, &req),
-          "MPI_Iallreduce");
-    wait(1, &req, "an allreduce");
   } else {
-    for (int64_t off = 0; off < count; off += chunk) {
-      const int n = static_cast<int>(std::min(chunk, count - off));
-      check(MPI_Allreduce(MPI_IN_PLACE, p + off * esize, n, type, MPI_SUM, comm_), "MPI_Allreduce");
-    }
+    iallreduce_chunks(p, count, esize, type, MPI_SUM);
   }
   const uint64_t b = ring_allreduce_bytes(static_cast<size_t>(count) * esize, size_);
   stats_.add(b, b);
+}
+
+void MpiCommunicator::iallreduce_chunks(char* p, int64_t count, size_t esize, MPI_Datatype type, MPI_Op op) {
+  const int64_t chunk = static_cast<int64_t>(kMaxChunkBytes / esize);
+  for (int64_t off = 0; off < count; off += chunk) {
+    MPI_Request req;
+    const int n = static_cast<int>(std::min(chunk, count - off));
+    check(MPI_Iallreduce(MPI_IN_PLACE, p + off * esize, n, type, op, comm_, &req), "MPI_Iallreduce");
+    wait(1, &req, "an allreduce");
+  }
 }
 
 void MpiCommunicator::allreduce_op(void* buf, int64_t count, DType dtype, ReduceOp op) {
   const size_t esize = dtype_size(dtype);
   const MPI_Datatype type = mpi_numeric_type(dtype);
   const MPI_Op mop = mpi_op(op);
-  const int64_t chunk = static_cast<int64_t>(kMaxChunkBytes / esize);
-  auto* p = static_cast<char*>(buf);
-  // As allreduce_sum: small ones wait yielding, large ones keep MPI's tuned blocking algorithms.
-  if (static_cast<size_t>(count) * esize <= kSmallAllreduceBytes) {
-    MPI_Request req;
-    check(MPI_Iallreduce(MPI_IN_PLACE, p, static_cast<int>(count), type, mop, comm_, &req),
-          "MPI_Iallreduce");
-    wait(1, &req, "an allreduce");
-  } else {
-    for (int64_t off = 0; off < count; off += chunk) {
-      const int n = static_cast<int>(std::min(chunk, count - off));
-      check(MPI_Allreduce(MPI_IN_PLACE, p + off * esize, n, type, mop, comm_), "MPI_Allreduce");
-    }
-  }
+  iallreduce_chunks(static_cast<char*>(buf), count, esize, type, mop);
   const uint64_t b = ring_allreduce_bytes(static_cast<size_t>(count) * esize, size_);
   stats_.add(b, b);
 }

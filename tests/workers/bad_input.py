@@ -59,23 +59,25 @@ elif case == "timeout":
     save(r, {"caught": caught})
     sys.stdout.flush()
     os._exit(0)  # rank 0 holds a request that can never complete; MPI_Finalize would wait for it
-elif case == "stall":
+elif case in ("stall", "stall-max"):
     # Rank 1 stops (SIGSTOP) while both ranks are inside large allreduces: rank 0 then waits in a
     # transfer of a collective every rank had joined, and must end the job after HVDC_TIMEOUT
     # instead of waiting forever. A stop that lands in a signature exchange (a tiny part of each
     # call) gives the agreement's CommTimeoutError instead, recorded here.
     hc.set_timeout(3.0)
-    x = torch.ones(16 << 20)  # 64 MB: a ring allreduce, its data phase far longer than its agreement
+    # 64 MB: a ring allreduce (Sum), or MPI_Iallreduce in chunks (Max); the data phase far longer than the agreement
+    x = torch.ones(16 << 20)
+    op = hc.Max if case == "stall-max" else hc.Sum
     hc.allreduce(torch.ones(4))  # both ranks start the loop together
     if r == 1:
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGSTOP)).start()
     try:
         for _ in range(1000):
-            hc.allreduce_(x, op=hc.Sum)
+            hc.allreduce_(x, op=op)
             x.fill_(1.0)
-        caught["stall"] = "returned"
+        caught[case] = "returned"
     except Exception as e:  # the agreement's timeout, on rank 0
-        caught["stall"] = f"{type(e).__name__}: {e}"
+        caught[case] = f"{type(e).__name__}: {e}"
     save(r, {"caught": caught})
     sys.stdout.flush()
     os._exit(0)

@@ -1,13 +1,12 @@
 // Communicator over MPI. Owns a duplicate of the communicator it is given, so that its traffic
 // never matches Horovod's messages on the same world, and frees it on destruction.
 //
-// Waiting: every transfer (sendrecv, allgather, alltoall, broadcast, the small allreduces up to
-// 64 KiB, the large float sums as a ring of non-blocking sends and receives from 64 KiB per rank,
+// Waiting: every transfer (sendrecv, allgather, alltoall, broadcast, allreduces as MPI_Iallreduce,
+// the large float sums as a ring of non-blocking sends and receives from 64 KiB per rank,
 // isend/irecv) posts non-blocking requests and polls them, yielding the core between polls and
 // sleeping between polls once a wait passes 5 ms, instead of Open MPI's blocking calls, which spin
 // without yielding. On a node with more busy threads than cores (several ranks per node, Horovod's
 // background thread) a spinning waiter otherwise takes the core from the very peer it waits for.
-// Only the large allreduces that are not float sums keep MPI's blocking call.
 //
 // Stalls: a wait inside a collective that every rank has joined (the signatures agreed) that lasts
 // longer than the stall timeout (the runtime's HVDC_TIMEOUT) aborts the whole job with a message
@@ -65,6 +64,8 @@ class MpiCommunicator final : public Communicator {
   void wait(int n, MPI_Request* reqs, const char* what) const;
   // allreduce_sum of float buffers large enough for a ring (mpi_communicator.cc).
   void ring_allreduce_sum(void* buf, int64_t count, DType dtype);
+  // Every other allreduce: MPI_Iallreduce in place, chunk by chunk, each under wait().
+  void iallreduce_chunks(char* p, int64_t count, size_t esize, MPI_Datatype type, MPI_Op op);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
