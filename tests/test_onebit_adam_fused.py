@@ -76,8 +76,7 @@ def _run(backend, wrap, fused: bool, wd: float, decoupled: bool, floor: float, m
             alg.compressed(seg, group, t)
             if floor > 0:  # the variance floor's cap must have raised some denominators, or it goes untested
                 d, m = np.asarray(seg.scratch), np.abs(np.asarray(seg.exp_avg, dtype=np.float32))
-                lifted = np.concatenate([d[lo:lo + n] <= f for lo, n, f in
-                                         zip(np.cumsum([0, *SIZES]), SIZES, seg.floor_denoms, strict=False)])
+                lifted = np.concatenate([v <= f for v, f in zip(seg.views(d), seg.floor_denoms, strict=True)])
                 raised = lifted & (m * np.float32(alg.cap(group, t)) > d)
                 assert 0 < raised.sum() < lifted.size, f"step {t}: the cap raised {raised.sum()} denominators"
     compressed_steps = len(STEPS) - FREEZE

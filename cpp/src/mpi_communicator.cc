@@ -58,12 +58,6 @@ MPI_Op mpi_op(ReduceOp op) {
   }
 }
 
-// Allreduces go through MPI_Iallreduce and the yielding wait under the stall limit, in chunks below
-// kMaxChunkBytes, except the float sums whose ring chunks reach kRingChunkBytes (below). The
-// blocking MPI_Allreduce's tuned algorithms would send fewer bytes for the large ones that remain
-// (float sums of 64 KB to 64 KB x ranks, Min/Max/Product and integer sums), but it spins and has no
-// time limit: a stopped peer would hang the job there.
-
 // A float sum whose chunk per rank (bytes / size) is at least this large runs as a ring
 // (reduce-scatter, then allgather) over non-blocking point-to-point messages with the yielding
 // wait. Why not MPI: its blocking allreduce spins, and on a node with more busy threads than cores
@@ -252,6 +246,10 @@ void MpiCommunicator::allreduce_sum(void* buf, int64_t count, DType dtype) {
   stats_.add(b, b);
 }
 
+// Every allreduce but the float sums that take the ring: MPI_Iallreduce and the yielding wait under the
+// stall limit, in chunks below kMaxChunkBytes. The blocking MPI_Allreduce's tuned algorithms would send
+// fewer bytes for the large ones (float sums of 64 KB to 64 KB x ranks, Min/Max/Product and integer
+// sums), but it spins and has no time limit: a stopped peer would hang the job there.
 void MpiCommunicator::iallreduce_chunks(char* p, int64_t count, size_t esize, MPI_Datatype type, MPI_Op op) {
   const int64_t chunk = static_cast<int64_t>(kMaxChunkBytes / esize);
   for (int64_t off = 0; off < count; off += chunk) {
