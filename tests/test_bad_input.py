@@ -89,13 +89,14 @@ def test_peer_that_stops_inside_a_collective_ends_the_job_not_hang(case: str, tr
     # Rank 1 stops (SIGSTOP) inside a loop of large allreduces (Sum: the ring; Max: MPI_Iallreduce); rank 0 waits
     # in the data phase, which no exception can leave safely (its requests can be neither cancelled nor
     # abandoned), so after HVDC_TIMEOUT (3 s) the core aborts the job with a message. A stop that lands in a
-    # signature exchange (well under 1% of each call) is the agreement's timeout instead: then the run is
-    # repeated once.
-    for _attempt in range(2):
+    # signature exchange, or after rank 1 had sent all it owed to a call rank 0 could then finish alone, is the
+    # agreement's timeout on rank 0 instead: then the run is repeated. (Rank 1, resumed by mpirun to be killed,
+    # may then print its own stall message: only rank 0's counts.)
+    for _attempt in range(3):
         start = time.monotonic()
         res = mpirun("bad_input.py", 2, out_dir, case, timeout=90, check=False)
         elapsed = time.monotonic() - start
-        if "Aborting the job instead of hanging" in res.stdout:
+        if "hvd_compress: rank 0 waited" in res.stdout:
             break
         c0 = load_ranks(out_dir, 1)[0]["caught"]
         assert c0[case].startswith("CommTimeoutError"), (c0, res.stdout[-3000:])
