@@ -51,8 +51,9 @@ from hvd_compress.ops.compression import Compression
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, apply_algorithm_step, make_step
+from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce
 from hvd_compress.tensorflow.context import ensure_init
-from hvd_compress.tensorflow.functions import check_group_compression, check_not_xla, dense, grouped_allreduce
+from hvd_compress.tensorflow.functions import check_group_compression, check_not_xla, dense
 
 
 def is_tf_keras_optimizer(optimizer: Any) -> bool:
@@ -146,6 +147,7 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
         self.algorithm_options = dict(algorithm_options)
         self._config: OpConfig = config
         self._meter = CommMeter()
+        self._buckets = BucketStats()  # Average/Sum: the gradient buckets started so far
         self._runner: FusedStep | None = None
         if config.algorithm is not None:
             self._hyper, self._flags = _hyper_flags(config.op.name, optimizer, config.lamb_opts)
@@ -255,7 +257,8 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
             raise ValueError("No gradients provided for any variable.")
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         if self.op in (ReduceOp.Average, ReduceOp.Sum):
-            reduced = grouped_allreduce(grads, op=self.op, name=f"{self.name}.grad", compression=self._compressor)
+            reduced = bucketed_allreduce(grads, self.op, f"{self.name}.grad", self._compressor, self._config.bucket_mb,
+                                         self._config.overlap, self._buckets)
             self._apply_inner(reduced, variables)
             return
         adasum_delta_step(grads, variables, self._apply_inner, self._config, self._meter, f"{self.name}.adasum")

@@ -39,8 +39,9 @@ from hvd_compress.ops.compression import Compression
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, apply_algorithm_step, make_step
+from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce
 from hvd_compress.tensorflow.context import ensure_init
-from hvd_compress.tensorflow.functions import check_group_compression, dense, grouped_allreduce
+from hvd_compress.tensorflow.functions import check_group_compression, dense
 
 
 def _in_xla() -> bool:
@@ -143,6 +144,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self.algorithm_options = dict(algorithm_options)
         self._meter = CommMeter()
+        self._buckets = BucketStats()  # Average/Sum: the gradient buckets started so far
         self._config: OpConfig = config
         self._algorithm: type | None = config.algorithm
         if config.algorithm is not None:
@@ -265,7 +267,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             raise ValueError("No gradients provided for any variable.")
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         if self.op in (ReduceOp.Average, ReduceOp.Sum):
-            reduced = grouped_allreduce(grads, op=self.op, name=f"{self.name}.grad", compression=self._compressor)
+            reduced = bucketed_allreduce(grads, self.op, f"{self.name}.grad", self._compressor, self._config.bucket_mb,
+                                         self._config.overlap, self._buckets)
             self.inner_optimizer.apply(reduced, variables)
             return
         adasum_delta_step(grads, variables, self.inner_optimizer.apply, self._config, self._meter,

@@ -18,10 +18,12 @@ from hvd_compress import algorithms, ops
 from hvd_compress.algorithms.adasum_delta import DEFAULT_BUCKET_MB, plan_buckets
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, parse_options
 from hvd_compress.algorithms.options import build_options
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB as GRADIENT_BUCKET_MB
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep
 from hvd_compress.tensorflow.backend import aligned_copy
+from hvd_compress.tensorflow.bucketed import check_bucket_mb
 from hvd_compress.tensorflow.functions import dense, numpy_call
 
 LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
@@ -33,7 +35,8 @@ BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_ac
 @dataclass
 class OpConfig:
     """``op`` and its options, validated: ``algorithm`` (a class of ``algorithms.REGISTRY``) with its parsed
-    ``options`` and the LAMB flags, or Adasum's bucket size and hierarchy, or nothing (Average, Sum)."""
+    ``options`` and the LAMB flags, or Adasum's bucket size and hierarchy, or the gradient buckets of Average/Sum
+    (``bucket_mb``, ``overlap``: ``hvd_compress.tensorflow.bucketed``)."""
 
     op: ReduceOp
     algorithm: type | None = None
@@ -41,6 +44,7 @@ class OpConfig:
     lamb_opts: dict[str, Any] = field(default_factory=dict)
     bucket_mb: float = DEFAULT_BUCKET_MB
     hierarchical: Any = None
+    overlap: bool = True
 
 
 def check_passes(backward_passes_per_step: Any) -> int:
@@ -58,9 +62,13 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
         raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
     options = dict(algorithm_options)
     if op in (ReduceOp.Average, ReduceOp.Sum):
+        bucket_mb = check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB))
+        overlap = options.pop("overlap", True)
         if options:
-            raise TypeError(f"op={op.name} takes no algorithm options, got {sorted(options)}")
-        return OpConfig(op)
+            raise TypeError(f"op={op.name} takes bucket_mb and overlap, got {sorted(options)}")
+        if not isinstance(overlap, bool):
+            raise TypeError(f"overlap must be True or False, got {overlap!r}")
+        return OpConfig(op, bucket_mb=bucket_mb, overlap=overlap)
     if op == ReduceOp.Adasum:
         bucket_mb = float(options.pop("bucket_mb", DEFAULT_BUCKET_MB))
         hierarchical = options.pop("hierarchical", None)

@@ -45,7 +45,7 @@ def dense(value: Any) -> tf.Tensor:
     return tf.convert_to_tensor(value)
 
 
-def _check_dtype(t: tf.Tensor, what: str) -> None:
+def check_reduce_dtype(t: tf.Tensor, what: str) -> None:
     if t.dtype not in REDUCE_DTYPES:
         raise ops.UsageError(
             f"{what}: dtype {t.dtype.name} is not supported; use one of {[d.name for d in REDUCE_DTYPES]} "
@@ -100,7 +100,7 @@ def _reduce_gradient(op: ReduceOp, name: str, compression: Any = None) -> Callab
 Average, Sum = ReduceOp.Average, ReduceOp.Sum
 
 
-def _reduce_group(arrays: list[np.ndarray], op: ReduceOp, name: str, compression: Any = None) -> list[np.ndarray]:
+def reduce_group(arrays: list[np.ndarray], op: ReduceOp, name: str, compression: Any = None) -> list[np.ndarray]:
     """Reduce ``arrays`` (our own copies) in place: Sum/Average fused into one buffer per dtype (one core call
     each, in order of first appearance, so every rank makes the same calls; ``compression``, a stateless
     compressor, applies to each), Adasum as one grouped exchange."""
@@ -146,10 +146,10 @@ def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None =
     if not inputs:
         return []
     for t in inputs:
-        _check_dtype(t, name)
+        check_reduce_dtype(t, name)
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        return _reduce_group([aligned_copy(np.asarray(a)) for a in arrays], op, name, compressor)
+        return reduce_group([aligned_copy(np.asarray(a)) for a in arrays], op, name, compressor)
 
     @tf.custom_gradient
     def reduce(*xs: tf.Tensor) -> Any:
@@ -184,7 +184,7 @@ def _compressed_allreduce(t: tf.Tensor, op: Any, name: str, compressor: Any, sta
     ensure_init()
     check_not_xla(name)
     op = _resolve_op(op)
-    _check_dtype(t, name)
+    check_reduce_dtype(t, name)
     if compressor.stateful and not isinstance(state, CompressionState):
         raise TypeError(f"{compressor!r} keeps error feedback: pass state=hc.CompressionState(numel, compression), "
                         f"got {type(state).__name__}")

@@ -6,16 +6,20 @@ from typing import Any
 
 import tensorflow as tf
 
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.tensorflow.functions import grouped_allreduce
+from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce, check_bucket_mb
 
 
-def reduce_gradients(grads: list[Any], op: Any, name: str) -> list[Any]:
-    """``grads`` with every non-None entry reduced over all ranks in one stateful call (``IndexedSlices``
-    densified). A None gradient (a variable the loss does not reach) stays None: that is decided by the
-    program's structure, so every rank skips the same ones."""
+def reduce_gradients(grads: list[Any], op: Any, name: str, bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True,
+                     stats: BucketStats | None = None) -> list[Any]:
+    """``grads`` with every non-None entry reduced over all ranks in buckets (``tensorflow.bucketed``: inside a
+    ``tf.function`` they overlap the rest of backward; ``IndexedSlices`` densified). A None gradient (a variable the
+    loss does not reach) stays None: that is decided by the program's structure, so every rank skips the same
+    ones."""
     present = [i for i, g in enumerate(grads) if g is not None]
-    reduced = grouped_allreduce([grads[i] for i in present], op=op, name=name)
+    reduced = bucketed_allreduce([grads[i] for i in present], op, name, bucket_mb=bucket_mb, overlap=overlap,
+                                 stats=stats)
     out = list(grads)
     for i, g in zip(present, reduced, strict=True):
         out[i] = g
@@ -26,10 +30,13 @@ class DistributedGradientTape:
     """Wraps a ``tf.GradientTape``: ``gradient()`` returns the gradients reduced over all ranks.
 
     ``op`` is ``Average`` (default) or ``Sum``; everything else is delegated to the wrapped tape, so it can
-    wrap a tape after its ``with`` block (Horovod's usage) or be used as the context manager itself.
+    wrap a tape after its ``with`` block (Horovod's usage) or be used as the context manager itself. Inside a
+    ``tf.function`` the gradient buckets (``bucket_mb``) are reduced while backward still runs (``overlap=False``:
+    after it, bit-identical); the reduced gradients are not differentiable.
     """
 
-    def __init__(self, tape: tf.GradientTape, op: Any = ReduceOp.Average, name: str = "DistributedGradientTape"):
+    def __init__(self, tape: tf.GradientTape, op: Any = ReduceOp.Average, name: str = "DistributedGradientTape",
+                 bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True):
         op = ReduceOp(op)
         if op not in (ReduceOp.Average, ReduceOp.Sum):
             raise ValueError(
@@ -39,6 +46,9 @@ class DistributedGradientTape:
         self._tape = tape
         self._op = op
         self._name = name
+        self._bucket_mb = check_bucket_mb(bucket_mb)
+        self._overlap = bool(overlap)
+        self.buckets = BucketStats()
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self._tape, item)
@@ -53,4 +63,5 @@ class DistributedGradientTape:
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any) -> Any:
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat = tf.nest.flatten(grads, expand_composites=False)
-        return tf.nest.pack_sequence_as(grads, reduce_gradients(flat, self._op, self._name))
+        return tf.nest.pack_sequence_as(grads, reduce_gradients(flat, self._op, self._name, self._bucket_mb,
+                                                                      self._overlap, self.buckets))

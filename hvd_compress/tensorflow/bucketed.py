@@ -1,0 +1,120 @@
+"""Gradient buckets of ``op=Average``/``Sum`` reduced while backward still runs (Horovod's overlap in TF, DDP's
+buckets), for ``hck.DistributedOptimizer`` and ``hc.DistributedGradientTape``.
+
+Inside a ``tf.function`` TF runs an op as soon as its inputs exist, whatever the order of the Python program.
+Each bucket (``ops.buckets.plan_buckets``: reverse variable order, the order backward produces gradients; 1 MB
+first, then ``bucket_mb``) gets its own stateful start op whose inputs are that bucket's gradients only: it copies
+them and hands their reduction to the process's one background thread (``runtime.submit``), so the exchange of the
+last layers' gradients runs while TF still computes the first layers'. One finish op, fed by every start op, waits
+for all of them and returns the reduced gradients. Stateful ops keep program order, so every rank starts its
+buckets in bucket order; the background thread issues them in that order.
+
+``overlap=False`` gates every start op on every gradient: the same calls on the same buckets after backward,
+so the results are bit-identical. In eager mode the ops run where the program calls them (after backward).
+The reduced gradients are not differentiable.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_compress.ops import runtime
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, plan_buckets
+from hvd_compress.ops.collectives import reject_allreduce
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.tensorflow.backend import aligned_copy
+from hvd_compress.tensorflow.context import ensure_init
+from hvd_compress.tensorflow.functions import (
+    check_group_compression,
+    check_not_xla,
+    check_reduce_dtype,
+    dense,
+    numpy_call,
+    reduce_group,
+)
+
+MIB = 1 << 20
+
+
+def check_bucket_mb(bucket_mb: Any) -> float:
+    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
+        raise ValueError(f"bucket_mb must be a number > 0, got {bucket_mb!r}")
+    return float(bucket_mb)
+
+
+@dataclass
+class BucketStats:
+    """What the start ops did, for tests and benchmarks: buckets handed to the background thread so far."""
+
+    launched: int = 0
+
+
+@tf.autograph.experimental.do_not_convert  # plain Python at trace time: nothing to convert
+def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compression: Any = None,
+                       bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True,
+                       stats: BucketStats | None = None) -> list[tf.Tensor]:
+    """New tensors: Average or Sum of each of ``tensors`` over all ranks, bucket by bucket (module docstring).
+
+    ``compression``: ``hc.Compression.none``, ``fp16`` or ``bf16``. A NaN is reduced as any value (Horovod's)."""
+    ensure_init()
+    check_not_xla(name)
+    op = ReduceOp(op)
+    if op not in (ReduceOp.Average, ReduceOp.Sum):
+        raise ValueError(f"{name}: bucketed reductions are Average or Sum, got {op.name}")
+    compressor = check_group_compression(compression, op, name)
+    bucket_bytes = int(check_bucket_mb(bucket_mb) * MIB)
+    inputs = [dense(t) for t in tensors]
+    for t in inputs:
+        check_reduce_dtype(t, name)
+    if not inputs:
+        return []
+    items = [(x.dtype, int(np.prod(x.shape)) * x.dtype.size) for x in inputs]
+    buckets = plan_buckets(items, bucket_bytes, min(bucket_bytes, int(FIRST_BUCKET_MB * MIB)))
+    pending: dict[int, concurrent.futures.Future] = {}  # bucket -> its reduction, this run of the graph
+
+    def starter(b: int) -> Any:
+        call = f"{name}.b{b}"
+
+        def start(*arrays: np.ndarray) -> np.ndarray:
+            try:
+                copies = [aligned_copy(np.asarray(a)) for a in arrays]
+            except Exception as e:  # this rank's alone: it joins the call as a rejection, the others raise too
+                runtime.submit(reject_allreduce, f"{type(e).__name__}: {e}", call).result()
+                raise
+            pending[b] = runtime.submit(reduce_group, copies, op, call, compressor)
+            if stats is not None:
+                stats.launched += 1
+            return np.array(b, np.int64)
+
+        return start
+
+    def finish(*tokens: np.ndarray) -> list[np.ndarray]:
+        futures = [pending.pop(int(t)) for t in tokens]
+        results, errors = [], []
+        for future in futures:  # every bucket finishes before an error is raised: no collective left half-issued
+            try:
+                results.append(future.result())
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
+        out: list[np.ndarray] = [np.empty(0)] * len(inputs)
+        for members, reduced in zip(buckets, results, strict=True):
+            for i, r in zip(members, reduced, strict=True):
+                out[i] = r
+        return out
+
+    gate = [] if overlap else inputs
+    with tf.control_dependencies(gate):  # overlap=False: every bucket waits for every gradient
+        tokens = [numpy_call(starter(b), [inputs[i] for i in members], [tf.int64], f"{name}.b{b}")[0]
+                  for b, members in enumerate(buckets)]
+    outs = numpy_call(finish, tokens, [x.dtype for x in inputs], f"{name}.finish")
+    for o, x in zip(outs, inputs, strict=True):
+        o.set_shape(x.shape)
+    return outs

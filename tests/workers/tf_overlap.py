@@ -1,0 +1,132 @@
+"""op=Average gradient buckets in the TF faces reduced while backward still runs (hvd_compress.tensorflow.bucketed):
+Keras 3 model.fit with hck.DistributedOptimizer, and hc.DistributedGradientTape inside a tf.function, each with
+overlap=True and overlap=False. A layer between the first Dense and its ReLU slows the first layer's gradient (the
+last one backward computes) by 0.3 s and records how many buckets had started when it finished. Bad options
+raise at construction.
+
+Saves per rank, per (face, overlap): the parameters after every step, those buckets-started counts, and the
+buckets started in all. argv: out_dir."""
+
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+from tf_common import outcome, save
+
+import hvd_compress.keras as hck
+import hvd_compress.tensorflow as hctf
+
+hck.init()
+r, n = hck.rank(), hck.size()
+STEPS, BATCH, LR = 3, 8, 0.05
+BUCKET_MB = 0.001  # ~1 KB: every kernel its own bucket (the first layer's last)
+
+
+def shard(rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s batches: digits-like ReLU regression data, different per rank."""
+    rng = np.random.default_rng(10 + rank)
+    x = rng.standard_normal((STEPS * BATCH, 12)).astype("float32")
+    y = np.maximum(x[:, :4] @ rng.standard_normal((4, 3)), 0).astype("float32")
+    return x, y
+
+
+class SlowGradient(keras.layers.Layer):
+    """Identity forward; backward sleeps 0.3 s, then records ``probe()`` (buckets started by then)."""
+
+    def __init__(self, probe, seen: list[int]) -> None:
+        super().__init__()
+        self._record = lambda: seen.append(probe())  # a list attribute would be copied by Keras's tracking
+
+    def call(self, x):
+        @tf.custom_gradient
+        def ident(t):
+            def grad(dy):
+                def slow(d):
+                    time.sleep(0.3)
+                    self._record()
+                    return d
+
+                out = tf.numpy_function(slow, [dy], dy.dtype, stateful=False)
+                out.set_shape(dy.shape)
+                return out
+
+            return tf.identity(t), grad
+
+        return ident(x)
+
+
+def model(probe, seen: list[int]) -> keras.Model:
+    keras.utils.set_random_seed(7)  # the same start on every rank
+    return keras.Sequential([keras.Input((12,)), keras.layers.Dense(32), SlowGradient(probe, seen),
+                             keras.layers.ReLU(), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(3)])
+
+
+def fit(overlap: bool) -> dict[str, object]:
+    seen: list[int] = []
+    holder: list = []
+    net = model(lambda: holder[0]._buckets.launched, seen)
+    opt = hck.DistributedOptimizer(keras.optimizers.SGD(LR), op=hck.Average, bucket_mb=BUCKET_MB, overlap=overlap)
+    holder.append(opt)
+    net.compile(optimizer=opt, loss="mse", jit_compile=False)
+    x, y = shard(r)
+    params = []
+    for s in range(STEPS):
+        net.fit(x[s * BATCH:(s + 1) * BATCH], y[s * BATCH:(s + 1) * BATCH], batch_size=BATCH, epochs=1,
+                shuffle=False, verbose=0)
+        params.append([v.numpy() for v in net.trainable_variables])
+    return {"params": params, "seen": seen, "launched": opt._buckets.launched}
+
+
+def tape(overlap: bool) -> dict[str, object]:
+    seen: list[int] = []
+    holder: list = []
+    net = model(lambda: holder[0].buckets.launched, seen)
+    opt = keras.optimizers.SGD(LR)
+    x, y = shard(r)
+
+    @tf.function(jit_compile=False)
+    def step(xb, yb):
+        with tf.GradientTape() as t:
+            loss = tf.reduce_mean(tf.square(net(xb) - yb))
+        dt = hctf.DistributedGradientTape(t, bucket_mb=BUCKET_MB, overlap=overlap)
+        holder[:] = [dt]
+        grads = dt.gradient(loss, net.trainable_variables)
+        opt.apply(grads, net.trainable_variables)
+
+    params = []
+    for s in range(STEPS):
+        step(x[s * BATCH:(s + 1) * BATCH], y[s * BATCH:(s + 1) * BATCH])
+        params.append([v.numpy() for v in net.trainable_variables])
+    return {"params": params, "seen": seen, "launched": holder[0].buckets.launched}
+
+
+def simulate() -> list[list[np.ndarray]]:
+    """SGD on the gradient averaged over every rank's batch, computed here without communication."""
+    net = model(lambda: 0, [])
+    shards = [shard(k) for k in range(n)]
+    params = []
+    for s in range(STEPS):
+        grads = []
+        for x, y in shards:
+            with tf.GradientTape() as t:
+                loss = tf.reduce_mean(tf.square(net(x[s * BATCH:(s + 1) * BATCH]) - y[s * BATCH:(s + 1) * BATCH]))
+            grads.append([g.numpy().astype(np.float64) for g in t.gradient(loss, net.trainable_variables)])
+        for v, *gs in zip(net.trainable_variables, *grads, strict=True):
+            v.assign((v.numpy() - LR * np.mean(gs, axis=0)).astype(np.float32))
+        params.append([v.numpy() for v in net.trainable_variables])
+    return params
+
+
+out: dict[str, object] = {"simulated": simulate()}
+sgd = keras.optimizers.SGD(LR)
+out["bad"] = {
+    "bucket_mb=0": outcome(lambda: hck.DistributedOptimizer(sgd, op=hck.Average, bucket_mb=0)),
+    "overlap='yes'": outcome(lambda: hck.DistributedOptimizer(sgd, op=hck.Sum, overlap="yes")),
+    "freeze_step": outcome(lambda: hck.DistributedOptimizer(sgd, op=hck.Average, freeze_step=3)),
+    "tape bucket_mb=-1": outcome(lambda: hctf.DistributedGradientTape(tf.GradientTape(), bucket_mb=-1)),
+}
+for face, run in (("fit", fit), ("tape", tape)):
+    for overlap in (True, False):
+        out[f"{face}-{overlap}"] = run(overlap)
+save(r, out)
