@@ -46,3 +46,4 @@ def test_tf_buckets_start_before_backward_ends_with_identical_results(n: int, ou
             for a, b in zip(ranks[0][f"{face}-True"]["params"][s], ranks[0][f"{face}-False"]["params"][s],
                             strict=True):
                 assert np.array_equal(a, b), f"{face}, step {s}: overlap=True and False differ"
+

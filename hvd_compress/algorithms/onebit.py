@@ -356,6 +356,12 @@ class OneBitAlgorithm(BucketedAlgorithm):
     def denom_buffer(self, seg: Segment) -> Tensor:
         raise NotImplementedError
 
+    def adopt_denom(self, seg: Segment, denom: Tensor) -> None:
+        """Make ``denom`` (what ``denom_buffer`` gave for an earlier segment over the same frozen v) this segment's
+        denominator buffer: a face that rebuilds its segment every step keeps d instead of recomputing it; the
+        caller sets ``denom_key`` and the floors with it."""
+        raise NotImplementedError
+
     def warmup(self, seg: Segment, group: dict[str, Any], t: int) -> None:
         raise NotImplementedError
 

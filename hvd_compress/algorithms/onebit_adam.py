@@ -88,6 +88,9 @@ class OneBitAdam(OneBitAlgorithm):
     def denom_buffer(self, seg: Segment) -> Tensor:
         return seg.scratch  # free in the compressed stage: the L2 gradient copy is a warm-up thing
 
+    def adopt_denom(self, seg: Segment, denom: Tensor) -> None:
+        seg.scratch = denom
+
     def apply(self, seg: Segment, group: dict[str, Any], t_m: int, t_v: int) -> None:
         """x = x - lr / (1 - b1^t_m) * m / (sqrt(v) / sqrt(1 - b2^t_v) + eps), as torch.optim.Adam."""
         xp = self.xp

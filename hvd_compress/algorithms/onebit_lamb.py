@@ -138,6 +138,9 @@ class OneBitLamb(OneBitAlgorithm):
             seg.denom = self.xp.float32_like(seg.numel, seg.exp_avg)
         return seg.denom
 
+    def adopt_denom(self, seg: Segment, denom: Tensor) -> None:
+        seg.denom = denom
+
     def direction(self, seg: Segment, group: dict[str, Any], t_m: int, t_v: int) -> list[Tensor]:
         """u = mh / (sqrt(vh) + eps) + wd x per layer, in ``work`` (views)."""
         xp = self.xp

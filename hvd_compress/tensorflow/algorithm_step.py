@@ -12,6 +12,7 @@ interval) is made there, at run time. The subclasses below only say which buffer
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -111,6 +112,10 @@ class OneBitStep(FusedStep):
     def __init__(self, algorithm: OneBitAlgorithm, shapes: Sequence[tuple[int, ...]], world_size: int) -> None:
         super().__init__(algorithm, shapes)
         self.world_size = world_size
+        self._kept: _KeptDenom | None = None
+        # Working buffers, every element written before it is read in a step: made once, not per step.
+        self._work = BACKEND.float32_like(self.numel, None)
+        self._scratch = BACKEND.float32_like(self.numel, None)
 
     def state_shapes(self) -> StateShapes:
         n, layers = self.numel, len(self.sizes)
@@ -131,15 +136,42 @@ class OneBitStep(FusedStep):
         seg = Segment(
             group=0, params=self.views(x), sizes=list(self.sizes), grad=g,
             exp_avg=bufs["exp_avg"], exp_avg_sq=bufs["exp_avg_sq"], fresh=bufs.get("exp_avg_sq_fresh"),
-            work=BACKEND.float32_like(self.numel, None), scratch=BACKEND.float32_like(self.numel, None),
-            onebit=_Errors(bufs["worker_error"], bufs["server_error"]), views=self.views,
+            work=self._work, scratch=self._scratch, onebit=_Errors(bufs["worker_error"], bufs["server_error"]),
+            views=self.views,
             lamb_coeff_freeze=[float(c) for c in np.asarray(saved["lamb_coeff_freeze"])],
             last_factor=[float(c) for c in np.asarray(saved["last_factor"])],
         )
+        compressing = int(saved["step"]) + 1 > self.algorithm.freeze_step
+        if not compressing:
+            self._kept = None  # a warm-up step writes scratch, where 1-bit Adam keeps d
+        kept = self._kept
+        if kept is not None and np.array_equal(saved["exp_avg_sq"], kept.v):
+            self.algorithm.adopt_denom(seg, kept.denom)
+            seg.denom_key, seg.floor_roots, seg.floor_denoms = kept.key, list(kept.floor_roots), kept.floor_denoms
+        else:
+            kept = None
         t = self._run_segment(seg, saved, group)
+        if compressing and seg.denom_key is not None:
+            v = kept.v if kept is not None else _fresh_copy(saved["exp_avg_sq"])
+            self._kept = _KeptDenom(v, self.algorithm.denom_buffer(seg), seg.denom_key, list(seg.floor_roots),
+                                    seg.floor_denoms)
         return {"step": np.asarray(t, dtype=np.int64),
                 "lamb_coeff_freeze": _fresh_copy(np.asarray(seg.lamb_coeff_freeze, dtype=np.float64)),
                 "last_factor": _fresh_copy(np.asarray(seg.last_factor, dtype=np.float64))}
+
+
+@dataclasses.dataclass
+class _KeptDenom:
+    """The frozen denominator d of the last compressed step (``OneBitAlgorithm.frozen_denom``) and the frozen v it
+    was computed from. The segment is rebuilt every step, so without this d (a square root over every element and
+    the per-layer floors) would be recomputed every step. It is reused only where this step's v equals ``v``
+    element for element: a restored checkpoint or a replayed warm-up gets its own d."""
+
+    v: np.ndarray
+    denom: np.ndarray
+    key: tuple[float, ...]
+    floor_roots: list[float]
+    floor_denoms: list[float] | None
 
 
 class _Errors:

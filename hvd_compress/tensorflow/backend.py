@@ -134,10 +134,13 @@ class NumpyBackend:
     @staticmethod
     def addcmul_(x: np.ndarray, a: np.ndarray, b: np.ndarray, value: float) -> np.ndarray:
         wide = _wide(x)
-        return _fma(x, x, a.astype(wide) * wide(value), b.astype(wide))  # torch: fmadd(value * a, b, x)
+        # torch: fmadd(value * a, b, x)
+        return _fma(x, x, a.astype(wide, copy=False) * wide(value), b.astype(wide, copy=False))
 
     @staticmethod
     def reciprocal_(x: np.ndarray) -> np.ndarray:
+        if _wide(x) is x.dtype.type:
+            return np.reciprocal(x, out=x)
         return NumpyBackend._store(x, np.reciprocal(x.astype(_wide(x))))
 
     @staticmethod
@@ -147,6 +150,8 @@ class NumpyBackend:
 
     @staticmethod
     def sqrt(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        if _wide(x) is x.dtype.type and out.dtype == x.dtype:  # the same rounding, without the temporaries
+            return np.sqrt(x, out=out)
         return NumpyBackend._store(out, np.sqrt(x.astype(_wide(x))))
 
     @staticmethod
@@ -159,6 +164,8 @@ class NumpyBackend:
     @staticmethod
     def div(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         wide = _wide(out)
+        if a.dtype.type is wide and b.dtype.type is wide and out.dtype.type is wide:
+            return np.divide(a, b, out=out)
         return NumpyBackend._store(out, a.astype(wide) / b.astype(wide))
 
     @staticmethod
@@ -179,7 +186,8 @@ class NumpyBackend:
         for x, ai, bi in zip(xs, a, b, strict=True):
             wide = _wide(x)
             # torch: x + (value * a) / b, each step rounded in the compute dtype
-            NumpyBackend._store(x, x.astype(wide) + (ai.astype(wide) * wide(value)) / bi.astype(wide))
+            NumpyBackend._store(x, x.astype(wide, copy=False)
+                                + (ai.astype(wide, copy=False) * wide(value)) / bi.astype(wide, copy=False))
 
     @staticmethod
     def foreach_norm(xs: Sequence[np.ndarray]) -> list[float]:
