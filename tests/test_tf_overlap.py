@@ -46,4 +46,7 @@ def test_tf_buckets_start_before_backward_ends_with_identical_results(n: int, ou
             for a, b in zip(ranks[0][f"{face}-True"]["params"][s], ranks[0][f"{face}-False"]["params"][s],
                             strict=True):
                 assert np.array_equal(a, b), f"{face}, step {s}: overlap=True and False differ"
-
+    # Every train step in one tf.function call (steps_per_execution): the same parameters as the simulation.
+    for r, rk in enumerate(ranks):
+        for got, want in zip(rk["fit-steps_per_execution"], rk["simulated"][-1], strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg=f"steps_per_execution, rank {r} of {n}")

@@ -17,6 +17,7 @@ The reduced gradients are not differentiable.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,7 +77,10 @@ def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compress
         return []
     items = [(x.dtype, int(np.prod(x.shape)) * x.dtype.size) for x in inputs]
     buckets = plan_buckets(items, bucket_bytes, min(bucket_bytes, int(FIRST_BUCKET_MB * MIB)))
-    pending: dict[int, concurrent.futures.Future] = {}  # bucket -> its reduction, this run of the graph
+    # token -> a bucket's reduction. Each run of a start op makes a new token, which only the finish op of the same
+    # run receives (as data): runs that overlap (a loop of train steps) cannot take each other's results.
+    pending: dict[int, concurrent.futures.Future] = {}
+    tokens_made = itertools.count()
 
     def starter(b: int) -> Any:
         call = f"{name}.b{b}"
@@ -87,10 +91,11 @@ def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compress
             except Exception as e:  # this rank's alone: it joins the call as a rejection, the others raise too
                 runtime.submit(reject_allreduce, f"{type(e).__name__}: {e}", call).result()
                 raise
-            pending[b] = runtime.submit(reduce_group, copies, op, call, compressor)
+            token = next(tokens_made)
+            pending[token] = runtime.submit(reduce_group, copies, op, call, compressor)
             if stats is not None:
                 stats.launched += 1
-            return np.array(b, np.int64)
+            return np.array(token, np.int64)
 
         return start
 

@@ -78,6 +78,17 @@ def fit(overlap: bool) -> dict[str, object]:
     return {"params": params, "seen": seen, "launched": opt._buckets.launched}
 
 
+def fit_steps_per_execution() -> list[np.ndarray]:
+    """model.fit running all STEPS train steps in one tf.function call (steps_per_execution): the final parameters."""
+    net = model(lambda: 0, [])
+    opt = hck.DistributedOptimizer(keras.optimizers.SGD(LR), op=hck.Average, bucket_mb=BUCKET_MB)
+    net.compile(optimizer=opt, loss="mse", jit_compile=False, steps_per_execution=STEPS)
+    x, y = shard(r)
+    net.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert opt._buckets.launched == 2 * STEPS, opt._buckets.launched
+    return [v.numpy() for v in net.trainable_variables]
+
+
 def tape(overlap: bool) -> dict[str, object]:
     seen: list[int] = []
     holder: list = []
@@ -129,4 +140,5 @@ out["bad"] = {
 for face, run in (("fit", fit), ("tape", tape)):
     for overlap in (True, False):
         out[f"{face}-{overlap}"] = run(overlap)
+out["fit-steps_per_execution"] = fit_steps_per_execution()
 save(r, out)
