@@ -17,6 +17,7 @@
 #include "hvdc/errors.h"
 #include "hvdc/masked_bindings.h"
 #include "hvdc/onebit_adam_bindings.h"
+#include "hvdc/scaled_add_bindings.h"
 #include "hvdc/onebit_lamb_bindings.h"
 #include "hvdc/onebit_bindings.h"
 #include "hvdc/random_bindings.h"
@@ -324,6 +325,7 @@ NB_MODULE(_core, m) {
   hvdc::register_slamb(m);
   hvdc::register_onebit_lamb(m);
   hvdc::register_onebit_adam(m);
+  hvdc::register_scaled_add(m);
   hvdc::register_birder(m);
   hvdc::register_sparse(m);
 }

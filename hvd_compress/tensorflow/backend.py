@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hvd_compress.ops import masks as mask_ops
+from hvd_compress.ops import scaled_add_kernels as scaled_add_ops
 
 ALIGN = 64  # TF adopts a returned array without a copy only at this alignment (and DLPack aborts below it)
 
@@ -48,9 +49,12 @@ def _wide(x: np.ndarray) -> type:
 def _fma(out: np.ndarray, base: np.ndarray, p: np.ndarray, q: np.ndarray | float) -> np.ndarray:
     """out = base + p * q rounded once in the compute dtype (torch's CPU ``fmadd``), then to ``out``'s dtype.
 
-    float32: the float64 product of two float32 values is exact, so only the sum is rounded (twice, to
+    float32 with a scalar q (the usual case): the core's fma (``ops.scaled_add_kernels``), torch's one rounding.
+    Otherwise in float32 the float64 product of two float32 values is exact, so only the sum is rounded (twice, to
     float64 and then float32, which differs from one rounding with probability about 2**-29)."""
     wide = _wide(out)
+    if np.isscalar(q) and scaled_add_ops.accepts(out, base, p):  # the core's fma: one rounding, no temporaries
+        return scaled_add_ops.scaled_add_(out, base, p, q)
     if wide is np.float32:
         exact = base.astype(np.float64) + p.astype(np.float64) * np.float64(q) if np.isscalar(q) else (
             base.astype(np.float64) + p.astype(np.float64) * q.astype(np.float64))

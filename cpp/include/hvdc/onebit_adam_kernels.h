@@ -6,9 +6,9 @@
 // operations of the backend path in its order, with its scalars cast to float as torch casts them; add with
 // alpha is torch's fmadd (an explicit fma here, the file compiled without contraction), addcdiv is not
 // (torch computes x + value * a / b step by step). No sqrt on these paths (the frozen denominator is the
-// backend's, computed once), so they also match the torch backend bit for bit. (The NumPy backend emulates fmadd
-// by a float64 sum rounded to float32: two roundings, which differ from fma's one with probability about 2^-29
-// per element, as for the LAMB passes.) The AVX2 and the portable implementation compute the same bits;
+// backend's, computed once), so they also match the torch backend bit for bit, and the NumPy backend's, whose
+// float32 fmadd is the core's scaled add (hvdc/scaled_add_kernels.h). The AVX2 and the portable implementation
+// compute the same bits;
 // `choice` picks as for the 1-bit kernels (hvdc/kernel_isa.h).
 #pragma once
 #include <cstdint>
