@@ -332,7 +332,8 @@ class OneBitAlgorithm(BucketedAlgorithm):
             seg.floor_roots = [math.sqrt(ratio * mean / bc) if size else 0.0 for mean, size in sizes]
             self.floor(seg, out)
             xp.add_(out, group["eps"])
-            seg.floor_denoms = self._floor_denoms(seg, out, group["eps"]) if ratio > 0 else None
+            capped = ratio > 0 and self.caps_floored
+            seg.floor_denoms = self._floor_denoms(seg, out, group["eps"]) if capped else None
             seg.denom_key = key
         return out
 
@@ -352,6 +353,10 @@ class OneBitAlgorithm(BucketedAlgorithm):
         if self.options.variance_floor > 0:
             for view, floor in zip(seg.views(root), seg.floor_roots, strict=True):
                 self.xp.clamp_min_(view, floor)
+
+    #: Whether the update caps the step of the elements the variance floor lifted (1-bit Adam; needs
+    #: ``Segment.floor_denoms``).
+    caps_floored = False
 
     def denom_buffer(self, seg: Segment) -> Tensor:
         raise NotImplementedError

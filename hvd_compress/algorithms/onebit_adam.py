@@ -38,6 +38,7 @@ class OneBitAdam(OneBitAlgorithm):
 
     name = "OneBitAdam"
     options_cls = OneBitOptions
+    caps_floored = True
 
     @staticmethod
     def decoupled(group: dict[str, Any]) -> bool:
