@@ -236,6 +236,7 @@ class BirderStep(FusedStep):
     def __init__(self, options: BirderOptions, shapes: Sequence[tuple[int, ...]], meter: CommMeter) -> None:
         super().__init__(BirderAlgorithm(options, BACKEND, [], meter), shapes)
         self.c1, self.c2 = BirderAlgorithm.state_numels(self.numel, options.hierarchical)
+        self._update = BACKEND.float32_like(self.numel, None)  # the gradient's copy each step: made once
 
     def state_shapes(self) -> StateShapes:
         c1, c2 = self.c1, self.c2
@@ -252,7 +253,7 @@ class BirderStep(FusedStep):
             group: dict[str, Any]) -> dict[str, np.ndarray]:
         seg = BirderSegment(
             group=0, params=self.views(x), sizes=list(self.sizes), grad=g,
-            update=BACKEND.float32_like(self.numel, None), m=bufs["m"], b=bufs["b"],
+            update=self._update, m=bufs["m"], b=bufs["b"],
             worker_error=bufs["worker_error"], server_error=bufs["server_error"], views=self.views,
         )
         t = self._run_segment(seg, saved, group)
