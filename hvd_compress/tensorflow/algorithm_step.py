@@ -192,6 +192,10 @@ class SlambStep(FusedStep):
     def __init__(self, options: SlambOptions, shapes: Sequence[tuple[int, ...]], world_size: int,
                  meter: CommMeter) -> None:
         super().__init__(None, shapes)
+        # Working buffers, made once as the torch face's (state comes from the variables every step).
+        self._work = BACKEND.float32_like(self.numel, None)
+        self._scratch = BACKEND.float32_like(self.numel, None)
+        self._mask = BACKEND.bool_like(self.numel, None)
         self.algorithm = Slamb(options, BACKEND, self._buffers(BACKEND.float32_like(self.numel, None), None, {}),
                                world_size, meter)
 
@@ -207,8 +211,7 @@ class SlambStep(FusedStep):
         return SlambBuffers(
             params=self.views(x), shapes=list(self.shapes), group_of=[0] * len(self.shapes),
             grad=own("grad") if g is None else g, exp_avg=own("exp_avg"), exp_avg_sq=own("exp_avg_sq"),
-            freshness=own("freshness"), mask=BACKEND.bool_like(self.numel, None),
-            work=BACKEND.float32_like(self.numel, None), scratch=BACKEND.float32_like(self.numel, None),
+            freshness=own("freshness"), mask=self._mask, work=self._work, scratch=self._scratch,
             views=self.views,
         )
 
