@@ -75,7 +75,9 @@ def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compress
         check_reduce_dtype(t, name)
     if not inputs:
         return []
-    items = [(x.dtype, int(np.prod(x.shape)) * x.dtype.size) for x in inputs]
+    # A size unknown at trace time (a densified IndexedSlices of a dynamic shape) closes a bucket of its own.
+    items = [(x.dtype, bucket_bytes if x.shape.num_elements() is None else x.shape.num_elements() * x.dtype.size)
+             for x in inputs]
     buckets = plan_buckets(items, bucket_bytes, min(bucket_bytes, int(FIRST_BUCKET_MB * MIB)))
     # token -> a bucket's reduction. Each run of a start op makes a new token, which only the finish op of the same
     # run receives (as data): runs that overlap (a loop of train steps) cannot take each other's results.
