@@ -24,7 +24,7 @@ RULES = {"floor": (0.01, [2, 20, 45]), "paper": (0.0, [])}
 
 
 def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int], freeze: int = FREEZE,
-               rule: str = "paper", segments: list[list[int]] | None = None) -> np.ndarray:
+               rule: str = "paper", segments: list[list[int]] | None = None, cap: bool = True) -> np.ndarray:
     """Parameters after every step (steps x numel) over the real code's segments (default: one per param group,
     what a model this small gets; ``segments``: the layer sizes of each bucket, in parameter order)."""
     total = sum(sizes)
@@ -38,7 +38,7 @@ def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int]
     if algo.startswith("lamb"):
         run = partial(ref.onebit_lamb, eps=1e-6, dtype=dtype)
     else:
-        run = partial(ref.onebit_adam, eps=1e-8, decoupled=algo == "adamw", dtype=dtype)
+        run = partial(ref.onebit_adam, eps=1e-8, decoupled=algo == "adamw", dtype=dtype, cap_floored=cap)
     return ref.over_segments(run, x0, grads, segments, lr=lrs, freeze_step=freeze, bias_correction=True,
                              variance_floor=floor, **OPTIONS)
 
@@ -67,6 +67,10 @@ def test_onebit_optimizer_matches_reference_every_step(algo: str, dtype: str, n:
     # Half parameters: by one rounding of the parameter dtype per step at most (the compressor's input
     # is formed in float32 on both sides, so no sign decision differs).
     _assert_matches(got, want, dtype, f"{algo}/{dtype}/{rule} n={n} (compression from step {FREEZE + 1})")
+    if rule == "floor" and algo != "lamb":  # the dead elements revive: the floor's cap must have acted on them
+        uncapped = _reference(algo, dtype, n, lrs, SIZES, rule=rule, cap=False)
+        with pytest.raises(AssertionError, match="off the reference"):
+            _assert_matches(got, uncapped, dtype, f"{algo}/{dtype} against the rule without the cap")
     _check_bytes(ranks[0]["stats"])
     state = ranks[0]["state"]["hvd_compress"]
     assert state["step"] == STEPS and state["algorithm"] == ("OneBitLamb" if algo == "lamb" else "OneBitAdam")

@@ -1,8 +1,8 @@
 """op=Average in the TF faces (hck.DistributedOptimizer under model.fit, Keras 3 and tf_keras;
-hc.DistributedGradientTape in a tf.function): gradient buckets start while backward still runs (overlap=True, the default), with parameters
-bit-identical to reducing the same buckets after backward (overlap=False), identical on every rank, and equal to
-SGD on the gradient averaged over every rank's batch (simulated without communication); bad bucket options raise
-on every rank."""
+hc.DistributedGradientTape in a tf.function): gradient buckets start while backward still runs (overlap=True, the
+default), with parameters bit-identical to reducing the same buckets after backward (overlap=False), identical on
+every rank, and equal to SGD on the gradient averaged over every rank's batch (simulated without communication); bad
+bucket options raise on every rank."""
 
 from __future__ import annotations
 

@@ -233,6 +233,7 @@ def onebit_adam(
     decoupled: bool = True,
     dtype: str | None = None,
     variance_floor: float = 0.01,
+    cap_floored: bool = True,
 ) -> OptimizerTrace:
     """1-bit Adam (paper 003, Algorithm 1) on n = len(grads[0]) virtual ranks, steps t = 1..len(grads).
 
@@ -248,12 +249,12 @@ def onebit_adam(
       DeepSpeed's ``update += weight_decay * p``): x = x - lr * (u + weight_decay * x); else L2 as torch's
       Adam: every rank's gradient becomes g_r + weight_decay * x before anything else.
     The paper's line 13 has no eps; it is kept as in the warm-up so the two stages share one rule.
-    In compression, sqrt(vh) is max(sqrt(vh), sqrt(variance_floor * mean(vh))) per layer (``sizes`` cuts x
-    into layers; one layer if None): ``_floored_root``; where the floor lifted it, d = sqrt(vh) + eps is
-    raised to |mh| (the floor's cap: such an element steps at most lr); ``variance_floor=0`` is line 13 as
-    written. ``dtype`` (parameters, gradients, momentum and variance in that dtype) rounds as ``_rounding`` says;
-    the L2 term is then added to the averaged gradient in warm-up, and as (1 - b1) wd x to (1 - b1) g_r
-    in compression, as the PyTorch face does.
+    In compression, sqrt(vh) is max(sqrt(vh), sqrt(variance_floor * mean(vh))) per layer (``sizes`` cuts x into
+    layers; one layer if None): ``_floored_root``; where the floor lifted it, d = sqrt(vh) + eps is raised to |mh|
+    (the floor's cap: such an element steps at most lr; ``cap_floored=False`` leaves it out, for tests that show the
+    cap acts); ``variance_floor=0`` is line 13 as written. ``dtype`` (parameters, gradients, momentum and variance
+    in that dtype) rounds as ``_rounding`` says; the L2 term is then added to the averaged gradient in warm-up, and
+    as (1 - b1) wd x to (1 - b1) g_r in compression, as the PyTorch face does.
     """
     _check_floor(variance_floor)
     b1, b2 = betas
@@ -285,7 +286,7 @@ def onebit_adam(
             bc2 = 1 - b2**freeze_step if bias_correction else 1.0
             root, floors = _floored_root(v, layers, bc2, variance_floor, rd, r32)
             d = r32(root + r32(eps))
-            if variance_floor > 0:  # the floor's cap: a lifted element's d is at least |mh| (|u| <= 1)
+            if variance_floor > 0 and cap_floored:  # the floor's cap: a lifted element's d is at least |mh|
                 cap = r32(1 / (1 - b1**t)) if bias_correction else 1.0
                 for sl, floor in zip(layers, floors, strict=True):
                     lifted = d[sl] <= r32(r32(floor) + r32(eps))

@@ -4,8 +4,8 @@ overlap=True and overlap=False. A layer between the first Dense and its ReLU slo
 last one backward computes) by 0.3 s and records how many buckets had started when it finished. Bad options
 raise at construction.
 
-With TF_USE_LEGACY_KERAS=1 the same under tf_keras (model.fit only). Saves per rank, per (face, overlap): the parameters after every step, those buckets-started counts, and the
-buckets started in all. argv: out_dir."""
+With TF_USE_LEGACY_KERAS=1 the same under tf_keras (model.fit only). Saves per rank, per (face, overlap): the
+parameters after every step, those buckets-started counts, and the buckets started in all. argv: out_dir."""
 
 import os
 import time
