@@ -148,8 +148,8 @@ class OneBitStep(FusedStep):
         if kept is not None and np.array_equal(saved["exp_avg_sq"], kept.v):
             self.algorithm.adopt_denom(seg, kept.denom)
             seg.denom_key, seg.floor_roots, seg.floor_denoms = kept.key, list(kept.floor_roots), kept.floor_denoms
-        else:
-            kept = None
+        else:  # forgotten before the step: it may write d into the kept buffer (scratch) and then raise
+            kept = self._kept = None
         t = self._run_segment(seg, saved, group)
         if compressing and seg.denom_key is not None:
             v = kept.v if kept is not None else _fresh_copy(saved["exp_avg_sq"])
