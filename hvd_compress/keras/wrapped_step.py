@@ -23,7 +23,7 @@ from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep
 from hvd_compress.tensorflow.backend import aligned_copy
-from hvd_compress.tensorflow.bucketed import check_bucket_mb
+from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
 from hvd_compress.tensorflow.functions import dense, numpy_call
 
 LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
@@ -63,11 +63,9 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
     options = dict(algorithm_options)
     if op in (ReduceOp.Average, ReduceOp.Sum):
         bucket_mb = check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB))
-        overlap = options.pop("overlap", True)
+        overlap = check_overlap(options.pop("overlap", True))
         if options:
             raise TypeError(f"op={op.name} takes bucket_mb and overlap, got {sorted(options)}")
-        if not isinstance(overlap, bool):
-            raise TypeError(f"overlap must be True or False, got {overlap!r}")
         return OpConfig(op, bucket_mb=bucket_mb, overlap=overlap)
     if op == ReduceOp.Adasum:
         bucket_mb = float(options.pop("bucket_mb", DEFAULT_BUCKET_MB))

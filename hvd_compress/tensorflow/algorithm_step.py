@@ -141,7 +141,8 @@ class OneBitStep(FusedStep):
             lamb_coeff_freeze=[float(c) for c in np.asarray(saved["lamb_coeff_freeze"])],
             last_factor=[float(c) for c in np.asarray(saved["last_factor"])],
         )
-        compressing = int(saved["step"]) + 1 > self.algorithm.freeze_step
+        self.algorithm.t = int(saved["step"])
+        compressing = self.algorithm.compression_started  # the coming step is a compressed one
         if not compressing:
             self._kept = None  # a warm-up step writes scratch, where 1-bit Adam keeps d
         kept = self._kept

@@ -49,6 +49,12 @@ def check_bucket_mb(bucket_mb: Any) -> float:
     return float(bucket_mb)
 
 
+def check_overlap(overlap: Any) -> bool:
+    if not isinstance(overlap, bool):
+        raise TypeError(f"overlap must be True or False, got {overlap!r}")
+    return overlap
+
+
 @dataclass
 class BucketStats:
     """What the start ops did, for tests and benchmarks: buckets handed to the background thread so far."""
@@ -70,6 +76,7 @@ def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compress
         raise ValueError(f"{name}: bucketed reductions are Average or Sum, got {op.name}")
     compressor = check_group_compression(compression, op, name)
     bucket_bytes = int(check_bucket_mb(bucket_mb) * MIB)
+    check_overlap(overlap)
     inputs = [dense(t) for t in tensors]
     for t in inputs:
         check_reduce_dtype(t, name)

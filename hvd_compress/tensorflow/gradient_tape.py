@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce, check_bucket_mb
+from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce, check_bucket_mb, check_overlap
 
 
 def reduce_gradients(grads: list[Any], op: Any, name: str, bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True,
@@ -47,7 +47,7 @@ class DistributedGradientTape:
         self._op = op
         self._name = name
         self._bucket_mb = check_bucket_mb(bucket_mb)
-        self._overlap = bool(overlap)
+        self._overlap = check_overlap(overlap)
         self.buckets = BucketStats()
 
     def __getattr__(self, item: str) -> Any:

@@ -142,6 +142,7 @@ out["bad"] = {
     "overlap='yes'": outcome(lambda: hck.DistributedOptimizer(sgd, op=hck.Sum, overlap="yes")),
     "freeze_step": outcome(lambda: hck.DistributedOptimizer(sgd, op=hck.Average, freeze_step=3)),
     "tape bucket_mb=-1": outcome(lambda: hctf.DistributedGradientTape(tf.GradientTape(), bucket_mb=-1)),
+    "tape overlap='yes'": outcome(lambda: hctf.DistributedGradientTape(tf.GradientTape(), overlap="yes")),
 }
 for face, run in (("fit", fit),) if LEGACY else (("fit", fit), ("tape", tape)):
     for overlap in (True, False):
