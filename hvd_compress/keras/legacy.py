@@ -7,7 +7,8 @@ A wrapper as tf_keras's own ``LossScaleOptimizer`` is one: it holds the inner op
 ``apply_gradients`` (via ``minimize``), which is where the step runs, the same step as the Keras 3 wrapper's
 (``hvd_compress.keras.wrapped_step``, ``hvd_compress.tensorflow.algorithm_step``):
 
-- ``Average``/``Sum``: one fused reduction of the gradients, then the inner optimizer's ``apply_gradients``.
+- ``Average``/``Sum``: the gradients reduced in buckets while backward runs, then the inner optimizer's
+  ``apply_gradients``.
 - ``Adasum``: the inner optimizer steps on this rank's gradients, then the parameter deltas are Adasum-reduced.
 - ``OneBitAdam`` (wraps ``tf_keras.optimizers.Adam``/``AdamW``), ``OneBitLamb`` and ``SLAMB`` (tf_keras has no
   LAMB: they wrap a tf_keras ``Adam``/``AdamW`` too, which only supplies LAMB's hyper-parameters lr, beta_1, beta_2,
@@ -16,8 +17,9 @@ A wrapper as tf_keras's own ``LossScaleOptimizer`` is one: it holds the inner op
   the algorithm's step over the fused segment, state in this optimizer's variables (so ``tf.train.Checkpoint``
   keeps it).
 - ``backward_passes_per_step``: gradients summed locally over that many calls, the step on the last.
-- ``compression=`` ``hc.Compression.fp16``/``bf16`` (Average/Sum): the fused reduction sends 16-bit values, as
-  the Keras 3 wrapper's.
+- ``compression=`` ``hc.Compression.fp16``/``bf16`` (Average/Sum): the buckets send 16-bit values, as the Keras 3
+  wrapper's; ``topk(ratio)``/``randomk(ratio, seed)``: one fused reduction with the error feedback in this
+  optimizer's variables (``hvd_compress.tensorflow.error_feedback``), as the Keras 3 wrapper's.
 
 Under mixed_float16 compile with ``legacy.LossScaleOptimizer(hck.DistributedOptimizer(...))``: tf_keras's dynamic
 loss scaling whose skip decision all ranks agree on (as ``hck.LossScaleOptimizer``); the plain tf_keras one, which
@@ -43,17 +45,22 @@ from hvd_compress.keras.wrapped_step import (
     adasum_delta_step,
     check_base_options,
     check_passes,
+    compression_config,
+    compression_from_config,
+    error_feedback_step,
+    parse_compression,
     parse_op,
     reset_error_feedback,
     synchronize_parameters,
 )
-from hvd_compress.ops.compression import Compression
+from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, apply_algorithm_step, make_step
 from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce
 from hvd_compress.tensorflow.context import ensure_init
-from hvd_compress.tensorflow.functions import check_group_compression, check_not_xla, dense
+from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction
+from hvd_compress.tensorflow.functions import check_not_xla, dense
 
 
 def is_tf_keras_optimizer(optimizer: Any) -> bool:
@@ -137,10 +144,12 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
             op = ReduceOp.Birder
         config = parse_op(op, algorithm_options, face="the tf_keras face")
         check_passes(backward_passes_per_step)
-        compressor = check_group_compression(compression, config.op, "hck.DistributedOptimizer")
+        compressor, stateful = parse_compression(compression, config.op, optimizer, "hck.DistributedOptimizer")
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}", jit_compile=False)
         self._compressor = compressor
-        self.compression = compressor or Compression.none
+        self._stateful_compressor: Compressor | None = stateful
+        self._error_feedback: ErrorFeedbackReduction | None = None
+        self.compression = stateful or compressor or Compression.none
         self.inner_optimizer = optimizer
         self.op = config.op
         self.backward_passes_per_step = backward_passes_per_step
@@ -181,13 +190,15 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
     @property
     def per_rank_variables(self) -> list[Any]:
         """Variables that differ between ranks by design (as the Keras 3 face's): never broadcast."""
+        if self._error_feedback is not None:
+            return [self._state[k] for k in self._error_feedback.per_rank if k in self._state]
         if self._runner is None:
             return []
         return [self._state[k] for k in self._runner.per_rank]
 
     def reset_compression_state(self) -> None:
         """Zero the error feedback, as the Keras 3 face's ``reset_compression_state``."""
-        if self._runner is not None:
+        if self._runner is not None or self._error_feedback is not None:
             reset_error_feedback(self._state)
 
     def synchronize_parameters(self) -> None:
@@ -209,6 +220,16 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
                                                                    variable_name="hvdc_accumulated_grad")
                                   for v in var_list]
         algorithm = self._config.algorithm
+        if self._stateful_compressor is not None:
+            bad = [v.name for v in var_list if v.dtype != tf.float32]
+            if bad:
+                raise ValueError(f"compression={self._stateful_compressor!r} supports float32 variables, not {bad}")
+            self._error_feedback = ErrorFeedbackReduction(self._stateful_compressor, self.op,
+                                                          [tuple(v.shape) for v in var_list], self._meter)
+            self._state = {}
+            for key, (shape, dtype, init) in self._error_feedback.state_shapes().items():
+                self._state[key] = self.add_variable(shape=list(shape), dtype=dtype,
+                                                     initializer=tf_keras.initializers.get(init), name=f"hvdc_{key}")
         if algorithm is None:
             self.inner_optimizer.build(var_list)
         else:
@@ -252,6 +273,10 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
         if self._runner is not None:
             self._algorithm_step(grads, variables)
             return
+        if self._error_feedback is not None:
+            error_feedback_step(self._error_feedback, self._state, grads, variables, self._trainable, self._apply_inner,
+                                self.name)
+            return
         pairs = [(dense(g), v) for g, v in zip(grads, variables, strict=True) if g is not None]
         if not pairs:
             raise ValueError("No gradients provided for any variable.")
@@ -289,14 +314,14 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "optimizer": tf_keras.optimizers.serialize(self.inner_optimizer),
                 "op": int(self.op), "backward_passes_per_step": self.backward_passes_per_step,
-                "compression": self.compression.kind, **self.algorithm_options}
+                "compression": compression_config(self.compression), **self.algorithm_options}
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> DistributedOptimizer:
         config = dict(config)
         custom_objects = {"Birder": Birder, **(custom_objects or {})}
         inner = tf_keras.optimizers.deserialize(config.pop("optimizer"), custom_objects=custom_objects)
-        config["compression"] = getattr(Compression, config.pop("compression", "none"))  # none, fp16 or bf16
+        config["compression"] = compression_from_config(config.pop("compression", "none"))
         return cls(inner, **config)
 
 

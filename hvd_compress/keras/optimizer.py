@@ -3,7 +3,9 @@
 It holds the inner optimizer, delegates ``learning_rate`` (schedules too) and ``iterations`` to it, and adds its
 own variables beside the inner ones. What each op does in ``apply``:
 
-- ``Average``/``Sum``: one fused reduction of the gradients per dtype, then the inner optimizer's ``apply``.
+- ``Average``/``Sum``: the gradients reduced in buckets while backward runs (``tensorflow.bucketed``), then the
+  inner optimizer's ``apply``; with top-k/random-k ``compression``, one fused reduction of all the gradients with
+  the error feedback in this optimizer's variables (``tensorflow.error_feedback``).
 - ``Adasum``: the inner optimizer steps on this rank's gradients, then the parameter deltas are Adasum-reduced
   (paper 002, Section 4.1; buckets as ``algorithms.adasum_delta.plan_buckets``) and applied to the start values.
 - an algorithm of ``hvd_compress.algorithms.REGISTRY`` (1-bit Adam, 1-bit LAMB, SLAMB, Birder): the algorithm's
@@ -31,17 +33,22 @@ from hvd_compress.keras.wrapped_step import (
     adasum_delta_step,
     check_base_options,
     check_passes,
+    compression_config,
+    compression_from_config,
+    error_feedback_step,
+    parse_compression,
     parse_op,
     reset_error_feedback,
     synchronize_parameters,
 )
-from hvd_compress.ops.compression import Compression
+from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, apply_algorithm_step, make_step
 from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce
 from hvd_compress.tensorflow.context import ensure_init
-from hvd_compress.tensorflow.functions import check_group_compression, dense
+from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction
+from hvd_compress.tensorflow.functions import dense
 
 
 def _in_xla() -> bool:
@@ -109,7 +116,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     t % sync_interval == 0 and after ``synchronize_parameters()`` (``hck.callbacks.SynchronizeParametersCallback``).
     ``backward_passes_per_step``: gradients are summed locally over that many calls of ``apply`` and the step runs
     on the last. ``compression`` (``Average``/``Sum``): ``hc.Compression.none``, ``fp16`` or ``bf16`` on the wire
-    for the fused gradient reduction (Horovod's ``hvd.Compression.fp16`` too). Not under XLA: compile with
+    for the gradient buckets (Horovod's ``hvd.Compression.fp16`` too), or ``hc.Compression.topk(ratio)`` (with
+    DGC's ``momentum=``: wrap ``SGD(momentum=0)``) / ``randomk(ratio, seed)``: error feedback per rank in this
+    optimizer's variables (saved with it, never broadcast), float32 variables. Not under XLA: compile with
     ``jit_compile=False``. Under mixed_float16 wrap it in ``hck.LossScaleOptimizer``.
     """
 
@@ -135,10 +144,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             op = ReduceOp.Birder
         config = parse_op(op, algorithm_options)
         check_passes(backward_passes_per_step)
-        compressor = check_group_compression(compression, config.op, "hck.DistributedOptimizer")
+        compressor, stateful = parse_compression(compression, config.op, optimizer, "hck.DistributedOptimizer")
         super().__init__(learning_rate=0.0, name=name or f"Distributed{type(optimizer).__name__}")
         self._compressor = compressor
-        self.compression = compressor or Compression.none
+        self._stateful_compressor: Compressor | None = stateful
+        self._error_feedback: ErrorFeedbackReduction | None = None
+        self.compression = stateful or compressor or Compression.none
         self.inner_optimizer = optimizer
         self.op = config.op
         self.backward_passes_per_step = backward_passes_per_step
@@ -190,6 +201,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if self.backward_passes_per_step > 1:
             self._pass_count = self.add_variable(shape=(), dtype="int64", initializer="zeros", name="hvdc_passes")
             self._accumulators = [self.add_variable_from_reference(v, name="hvdc_accumulated_grad") for v in var_list]
+        if self._stateful_compressor is not None:
+            self._build_error_feedback(var_list)
         if self._algorithm is None:
             self.inner_optimizer.build(var_list)
         else:
@@ -203,19 +216,34 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 self._state[key] = self.add_variable(shape=shape, dtype=dtype, initializer=init, name=f"hvdc_{key}")
         super().build(var_list)
 
+    def _build_error_feedback(self, var_list: list[Any]) -> None:
+        bad = [v.path for v in var_list if v.dtype != "float32"]
+        if bad:
+            raise ValueError(f"compression={self._stateful_compressor!r} supports float32 variables (mixed_float16 "
+                             f"keeps them), not {bad}")
+        self._error_feedback = ErrorFeedbackReduction(self._stateful_compressor, self.op,
+                                                      [tuple(v.shape) for v in var_list], self._meter)
+        self._state = {key: self.add_variable(shape=shape, dtype=dtype, initializer=init, name=f"hvdc_{key}")
+                       for key, (shape, dtype, init) in self._error_feedback.state_shapes().items()}
+
     @property
     def per_rank_variables(self) -> list[Any]:
         """Variables that differ between ranks by design (the 1-bit error feedback, the server error being this
-        rank's chunk; SLAMB's local m and v; Birder's moment shards): never broadcast, saved per rank."""
-        if self._algorithm is None or not self.built:
+        rank's chunk; SLAMB's local m and v; Birder's moment shards; top-k/random-k's error feedback): never
+        broadcast, saved per rank."""
+        if not self.built:
+            return []
+        if self._error_feedback is not None:
+            return [self._state[k] for k in self._error_feedback.per_rank if k in self._state]
+        if self._algorithm is None:
             return []
         return [self._state[k] for k in self._runner.per_rank]
 
     def reset_compression_state(self) -> None:
-        """Zero the error feedback (worker and server error of 1-bit Adam/LAMB and Birder): what a rank does when
-        it resumes from a checkpoint that another rank saved (the error buffers are per rank). SLAMB keeps no
-        error buffer (its compensation is the local part of m)."""
-        if self._algorithm is not None and self.built:
+        """Zero the error feedback (worker and server error of 1-bit Adam/LAMB and Birder, top-k/random-k's error
+        and velocity): what a rank does when it resumes from a checkpoint that another rank saved (the error
+        buffers are per rank). SLAMB keeps no error buffer (its compensation is the local part of m)."""
+        if (self._algorithm is not None or self._error_feedback is not None) and self.built:
             reset_error_feedback(self._state)
 
     def synchronize_parameters(self) -> None:
@@ -262,6 +290,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if self._algorithm is not None:
             self._algorithm_step(grads, variables)
             return
+        if self._error_feedback is not None:
+            error_feedback_step(self._error_feedback, self._state, grads, variables, self._trainable_variables,
+                                self.inner_optimizer.apply, self.name)
+            return
         pairs = [(dense(g), v) for g, v in zip(grads, variables, strict=True) if g is not None]
         if not pairs:
             raise ValueError("No gradients provided for any variable.")
@@ -291,7 +323,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
             "op": int(self.op),
             "backward_passes_per_step": self.backward_passes_per_step,
-            "compression": self.compression.kind,
+            "compression": compression_config(self.compression),
             **self.algorithm_options,
         }
 
@@ -299,5 +331,5 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> DistributedOptimizer:
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
-        config["compression"] = getattr(Compression, config.pop("compression", "none"))  # none, fp16 or bf16
+        config["compression"] = compression_from_config(config.pop("compression", "none"))
         return cls(inner, **config)

@@ -18,13 +18,16 @@ from hvd_compress import algorithms, ops
 from hvd_compress.algorithms.adasum_delta import DEFAULT_BUCKET_MB, plan_buckets
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, parse_options
 from hvd_compress.algorithms.options import build_options
+from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB as GRADIENT_BUCKET_MB
+from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep
 from hvd_compress.tensorflow.backend import aligned_copy
 from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
-from hvd_compress.tensorflow.functions import dense, numpy_call
+from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
+from hvd_compress.tensorflow.functions import check_group_compression, dense, numpy_call
 
 LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
 #: Options of the base optimizer that an algorithm's own step would silently ignore: refused instead.
@@ -82,6 +85,55 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
     else:
         parsed = build_options(algorithm.options_cls, algorithm.name, options)
     return OpConfig(op, algorithm=algorithm, options=parsed, lamb_opts=lamb_opts)
+
+
+def parse_compression(compression: Any, op: ReduceOp, inner: Any, name: str) -> tuple[Compressor | None,
+                                                                                   Compressor | None]:
+    """``compression=`` of a wrapper: (the stateless compressor of the bucketed reduction, none: None; the
+    top-k/random-k compressor, whose error feedback the wrapper keeps in its variables, or None). ValueError on
+    bad ones, at construction (alike on every rank)."""
+    compressor = compression_ops.resolve(compression)
+    if not compressor.stateful:
+        return check_group_compression(compression, op, name), None
+    if op not in (ReduceOp.Average, ReduceOp.Sum):
+        raise ValueError(f"{name}: compression={compressor!r} needs op=Average or Sum, got {op.name}")
+    check_inner_momentum(compressor, inner)
+    return None, compressor
+
+
+def compression_config(compressor: Compressor) -> Any:
+    """``compression`` as ``get_config`` saves it: the kind (none, fp16, bf16) or top-k/random-k's description."""
+    return compressor.describe() if compressor.stateful else compressor.kind
+
+
+def compression_from_config(value: Any) -> Compressor:
+    """The inverse of ``compression_config`` (a config from before top-k/random-k holds the kind only)."""
+    if isinstance(value, str):
+        return getattr(Compression, value)
+    desc = dict(value)
+    kind = desc.get("kind")
+    if kind == "topk":
+        return Compression.topk(desc["ratio"], desc.get("momentum", 0.0), desc.get("momentum_masking", True))
+    if kind == "randomk":
+        return Compression.randomk(desc["ratio"], desc["seed"])
+    raise ValueError(f"unknown compression in the optimizer's config: {value!r}")
+
+
+def error_feedback_step(reduction: ErrorFeedbackReduction, state: dict[str, Any], grads: Sequence[Any],
+                        variables: Sequence[Any], built_with: Sequence[Any],
+                        apply_inner: Callable[[list[Any], list[Any]], Any], name: str) -> None:
+    """Top-k/random-k (``hvd_compress.tensorflow.error_feedback``): the fused reduction of the gradients of all the
+    variables the wrapper was ``built_with``, then ``apply_inner`` on those that have a gradient."""
+    by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
+    if sorted(by_var) != sorted(id(v) for v in built_with):
+        raise ValueError(f"{name}: with compression={reduction.compressor!r} every step must get every variable the "
+                         "optimizer was built with (the error feedback covers them all)")
+    ordered = [by_var[id(v)] for v in built_with]
+    if all(g is None for g in ordered):
+        raise ValueError("No gradients provided for any variable.")
+    reduced = reduction.reduce(ordered, built_with, state, f"{name}.grad")
+    pairs = [(r, v) for r, v, g in zip(reduced, built_with, ordered, strict=True) if g is not None]
+    apply_inner([r for r, _ in pairs], [v for _, v in pairs])
 
 
 def check_base_options(op_name: str, inner: Any) -> None:
@@ -159,7 +211,8 @@ def synchronize_parameters(runner: FusedStep | None, variables: Sequence[Any], n
 
 
 def reset_error_feedback(state: dict[str, Any]) -> None:
-    """Zero the per-rank error feedback (worker and server error of 1-bit Adam/LAMB and Birder) in ``state``."""
-    for key in ("worker_error", "server_error"):
+    """Zero the per-rank error feedback in ``state``: worker and server error of 1-bit Adam/LAMB and Birder, or
+    top-k/random-k's error (and DGC velocity)."""
+    for key in ("worker_error", "server_error", *ErrorFeedbackReduction.per_rank):
         if key in state:
             state[key].assign(tf.zeros_like(state[key]))

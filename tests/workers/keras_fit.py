@@ -32,6 +32,8 @@ class Hashes(keras.callbacks.Callback):
 # SLAMB: masks over the (6, 16) and (16, 1) kernels; parameters averaged every 4 steps and at each epoch's end.
 OPTIONS = {"OneBitAdam": {"freeze_step": 5}, "OneBitLamb": {"freeze_step": 5},
            "SLAMB": {"compress_ratio": 0.25, "sync_interval": 4, "grad_size_thr": 0}}
+# op=Average with top-k/random-k: the error feedback lives in the optimizer's variables, per rank.
+COMPRESSED = {"TopK": hck.Compression.topk(0.25), "RandomK": hck.Compression.randomk(0.25, seed=3)}
 
 
 def make(op: str, passes: int = 1) -> keras.Model:
@@ -45,7 +47,8 @@ def make(op: str, passes: int = 1) -> keras.Model:
     else:
         inner = keras.optimizers.Adam(schedule)
     options = OPTIONS.get(op, {})
-    opt = hck.DistributedOptimizer(inner, op=getattr(hck, op), backward_passes_per_step=passes, **options)
+    opt = hck.DistributedOptimizer(inner, op=hck.Average if op in COMPRESSED else getattr(hck, op),
+                                   backward_passes_per_step=passes, compression=COMPRESSED.get(op), **options)
     model.compile(optimizer=opt, loss="mse", jit_compile=False)
     return model
 
@@ -80,7 +83,9 @@ for op in OPS:
     out[op] = {"hashes": first + cont, "resumed": resumed, "restored": restored, "loss": loss1 + loss2,
                "iterations": int(opt.iterations),
                "lr": lr, "want_lr": want_lr, "reloaded_type": type(reloaded.optimizer).__name__,
-               "compression_started": opt.compression_started}
+               "compression_started": opt.compression_started, "n_per_rank": len(opt.per_rank_variables),
+               "per_rank": digest([v.numpy() for v in opt.per_rank_variables]),
+               "reloaded_compression": repr(reloaded.optimizer.compression)}
 # Gradients summed over two calls before each step.
 model = make("Average", passes=2)
 out["Average/passes2"] = {"hashes": fit(model, 2)[0], "iterations": int(model.optimizer.iterations)}

@@ -31,6 +31,8 @@ Y = np.sin(X.sum(1, keepdims=True)).astype("float32")
 LAMB_OPS = ("OneBitLamb", "SLAMB")
 OPTIONS = {"OneBitAdam": {"freeze_step": 3}, "OneBitLamb": {"freeze_step": 3},
            "SLAMB": {"compress_ratio": 0.25, "sync_interval": 3, "grad_size_thr": 0}}
+# op=Average with top-k/random-k: the error feedback lives in the optimizer's variables, per rank.
+COMPRESSED = {"TopK": hck.Compression.topk(0.25), "RandomK": hck.Compression.randomk(0.25, seed=3)}
 
 
 class Record(keras.callbacks.Callback):
@@ -72,7 +74,8 @@ def inner(op: str, k: object) -> object:
 def make(op: str, k: object = keras, passes: int = 1) -> object:
     k.utils.set_random_seed(100 + r)  # different on purpose: the broadcast callback must fix it
     model = k.Sequential([k.Input((6,)), k.layers.Dense(16, activation="tanh"), k.layers.Dense(1)])
-    opt = hck.DistributedOptimizer(inner(op, k), op=getattr(hck, op), backward_passes_per_step=passes,
+    opt = hck.DistributedOptimizer(inner(op, k), op=hck.Average if op in COMPRESSED else getattr(hck, op),
+                                   backward_passes_per_step=passes, compression=COMPRESSED.get(op),
                                    **OPTIONS.get(op, {}))
     model.compile(optimizer=opt, loss="mse", jit_compile=False)
     return model
@@ -119,6 +122,7 @@ for op in OPS:
     resumed, _, _ = fit(reloaded, 2)
     out[op] = {"hashes": first.hashes + cont.hashes, "restored": restored.hashes, "resumed": resumed.hashes,
                "reloaded_type": type(reloaded.optimizer).__module__, "reloaded_op": reloaded.optimizer.op.name,
+               "reloaded_compression": repr(reloaded.optimizer.compression),
                "saved_state": saved, "loaded_state": loaded, "n_per_rank": len(opt.per_rank_variables),
                "loss": loss1 + loss2, "raw_loss": raw1 + raw2,
                "type": type(opt).__module__, "iterations": int(opt.iterations), "lr": float(opt.learning_rate),

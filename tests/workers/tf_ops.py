@@ -93,8 +93,6 @@ for kind, op in (("fp16", "Average"), ("bf16", "Sum")):
         opt.apply(grads, variables)
     out[f"keras/{kind}"] = -np.concatenate([v.numpy().reshape(-1) for v in variables])
     out[f"keras/{kind}/config"] = opt.get_config()["compression"]
-out["keras/topk"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(1.0),
-                                                             compression=hc.Compression.topk(0.5)))
 out["keras/adasum_fp16"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hck.Adasum,
                                                                     compression=hc.Compression.fp16))
 # Bad input: every rank raises, none hangs.

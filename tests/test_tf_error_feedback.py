@@ -1,0 +1,80 @@
+"""hck.DistributedOptimizer(opt, op=Average/Sum, compression=topk/randomk) (issue 9, item 5, in the Keras face): the
+reduced gradient of every step and the error feedback (and DGC's velocity) equal the NumPy reference element by
+element at 2 and 3 ranks; the state is per rank, in the optimizer's variables; a NaN on one rank raises on every
+rank with nothing changed; bad arguments raise at construction. model.fit with resume from a .keras file and from
+a tf.train.Checkpoint: tests/test_tensorflow.py (ops TopK, RandomK)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi_harness import load_pickled_ranks, mpirun
+
+from hvd_compress.reference import compression as ref_compression
+
+pytest.importorskip("tensorflow")
+
+NUMEL, UNUSED, STEPS = 27, 3, 3  # two variables with gradients, one (3 elements) without
+
+
+def _inputs(n: int, step: int) -> list[np.ndarray]:
+    return [np.concatenate([np.random.default_rng((40 + step) * 1000 + r).standard_normal(NUMEL).astype(np.float32),
+                            np.zeros(UNUSED, np.float32)]) for r in range(n)]
+
+
+def _reference(case: str, n: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray] | None]:
+    """(the reduced gradient of each step, each rank's final error, each rank's final velocity or None)."""
+    zeros = [np.zeros(NUMEL + UNUSED, np.float32) for _ in range(n)]
+    errors, velocities, steps = list(zeros), list(zeros) if case == "dgc" else None, []
+    for k in range(STEPS):
+        xs = _inputs(n, k)
+        if case == "topk":
+            want, errors = ref_compression.sparse_allreduce(xs, errors, "topk", "Average", 0.25, 0, k, "float32")
+        elif case == "randomk":
+            want, errors = ref_compression.sparse_allreduce(xs, errors, "randomk", "Sum", 0.3, 5, k, "float32")
+        else:
+            want, errors, velocities = ref_compression.topk_momentum_allreduce(xs, errors, velocities, "Average",
+                                                                               0.25, 0.9, "float32")
+        steps.append(want.astype(np.float32))
+    return steps, errors, velocities
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_keras_topk_randomk_dgc_equal_the_reference_with_error_feedback_in_variables(n: int, out_dir: Path) -> None:
+    mpirun("tf_error_feedback.py", n, out_dir, timeout=300)
+    ranks = load_pickled_ranks(out_dir, n)
+    for case in ("topk", "randomk", "dgc"):
+        steps, errors, velocities = _reference(case, n)
+        for r, rk in enumerate(ranks):
+            got = rk[case]
+            for k, want in enumerate(steps):
+                assert np.count_nonzero(want[:NUMEL]) < NUMEL, f"{case}: nothing was left out at step {k}"
+                np.testing.assert_array_equal(got["steps"][k], want[:NUMEL], err_msg=f"{case} step {k} rank {r}")
+            np.testing.assert_array_equal(rk[f"{case}/untouched"], np.zeros(UNUSED), err_msg=f"{case}: no gradient")
+            np.testing.assert_array_equal(got["error"], errors[r], err_msg=f"{case}: error feedback rank {r}")
+            assert np.abs(got["error"]).max() > 0, f"{case}: the error feedback is untested"
+            if velocities is None:
+                assert got["velocity"] is None
+            else:
+                np.testing.assert_array_equal(got["velocity"], velocities[r], err_msg=f"{case}: velocity rank {r}")
+            assert got["step"] == STEPS
+            want_per_rank = ["hvdc_compression_error"] + (["hvdc_compression_velocity"] if case == "dgc" else [])
+            assert got["per_rank"] == want_per_rank, got["per_rank"]
+            assert got["comm"]["bytes_sent"] > 0
+            # A NaN on the last rank: every rank raises, nothing changes, and the next step is alike everywhere.
+            assert "RejectedInputError" in rk[f"{case}/nan"] and "non-finite" in rk[f"{case}/nan"], rk[f"{case}/nan"]
+            assert rk[f"{case}/nan_unchanged"], f"{case}: rank {r} changed its state on a rejected step"
+            assert rk[f"{case}/after_nan"] == ranks[0][f"{case}/after_nan"], f"{case}: rank {r} differs after retry"
+            assert rk[f"{case}/reset"] == 0.0
+        assert len({rk[case]["error"].tobytes() for rk in ranks}) == n, f"{case}: per-rank errors alike, untested"
+    cfg = ranks[0]
+    assert cfg["topk"]["config"] == {"kind": "topk", "ratio": 0.25, "seed": 0}
+    assert cfg["randomk"]["repr"] == "Compression.randomk(0.3, seed=5)"
+    assert cfg["dgc"]["repr"] == "Compression.topk(0.25, momentum=0.9)"
+    for r, rk in enumerate(ranks):
+        assert rk["bad/adasum"].startswith("ValueError") and "Average or Sum" in rk["bad/adasum"], (r, rk["bad/adasum"])
+        for key in ("bad/second_momentum", "bad/adam_momentum"):
+            assert rk[key].startswith("ValueError") and "momentum=0.0" in rk[key], (r, rk[key])
+        assert rk["bad/float64"].startswith("ValueError") and "float32" in rk["bad/float64"], (r, rk["bad/float64"])
