@@ -6,13 +6,17 @@ gradients to ``FusedStep.__call__`` inside one ``tf.numpy_function(stateful=True
 fresh 64-byte aligned arrays (TF's inputs alias its buffers and are never written), binds the algorithm's own
 buffers (``Segment``, ``SlambBuffers``, ``BirderSegment``) over them, runs the algorithm's step (the same code
 the torch face runs), and returns the arrays (TF adopts them without a copy; they are never touched again
-here). Every step-dependent decision (warm-up or compression, trust-ratio clipping, SLAMB's masks and sync
-interval) is made there, at run time. The subclasses below only say which buffers each algorithm keeps.
+here). A buffer the coming step only reads (the 1-bit ops' frozen v in the compression stage: ``read_only``) is
+not copied: the algorithm gets TF's input array marked read-only, and an empty array goes back, on which the
+variable is not assigned. Every step-dependent decision (warm-up or compression, trust-ratio clipping, SLAMB's
+masks and sync interval) is made there, at run time. The subclasses below only say which buffers each algorithm
+keeps.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -38,6 +42,13 @@ def _fresh_copy(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
     return out
 
 
+def _read_only_view(x: np.ndarray) -> np.ndarray:
+    """TF's input array itself, flat, marked read-only: a step that wrote it would raise, not change TF's buffer."""
+    view = np.asarray(x).reshape(-1).view()
+    view.flags.writeable = False
+    return view
+
+
 class FusedStep:
     """One fused float32 segment over all trainable variables (``shapes``, in order), and the algorithm that
     steps it. Subclasses name the state buffers (``state_shapes``), the ones that differ between ranks by
@@ -46,6 +57,8 @@ class FusedStep:
     #: State names that are scalars or small lists, not flat buffers copied as such.
     scalars: tuple[str, ...] = ("step",)
     per_rank: tuple[str, ...] = ()
+    #: State buffers that some steps only read (``read_only``): not copied in, and not assigned back then.
+    may_be_read_only: tuple[str, ...] = ()
 
     def __init__(self, algorithm: Any, shapes: Sequence[tuple[int, ...]]) -> None:
         self.algorithm = algorithm
@@ -66,6 +79,10 @@ class FusedStep:
         lr, b1, b2, eps, wd = (float(h) for h in np.asarray(hyper, dtype=np.float64))
         return {"lr": lr, "betas": (b1, b2), "eps": eps, "weight_decay": wd, **flags}
 
+    def read_only(self, saved: dict[str, np.ndarray]) -> frozenset[str]:
+        """The names of ``may_be_read_only`` that the coming step (state ``saved``) does not write."""
+        return frozenset()
+
     def run(self, x: np.ndarray, g: np.ndarray, bufs: dict[str, np.ndarray], saved: dict[str, np.ndarray],
             group: dict[str, Any]) -> dict[str, np.ndarray]:
         """Step the algorithm over x (parameters, flat) with gradient g and state ``bufs`` (fresh copies, updated
@@ -80,13 +97,16 @@ class FusedStep:
 
     def __call__(self, flags: dict[str, Any], hyper: np.ndarray, grads: Sequence[np.ndarray],
                  params: Sequence[np.ndarray], state: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Returns the new parameters (flat per parameter) then the new state, in ``state_shapes`` order."""
+        """Returns the new parameters (flat per parameter) then the new state, in ``state_shapes`` order; a state
+        buffer this step only read comes back empty (``apply_algorithm_step`` then leaves its variable)."""
         x, g = self.flatten(params), self.flatten(grads)
         names = list(self.state_shapes())
         saved = dict(zip(names, state, strict=True))
-        bufs = {k: _fresh_copy(saved[k]) for k in names if k not in self.scalars}
+        read_only = self.read_only(saved)
+        bufs = {k: _read_only_view(saved[k]) if k in read_only else _fresh_copy(saved[k])
+                for k in names if k not in self.scalars}
         new = self.run(x, g, bufs, saved, self.group(hyper, flags))
-        new_state = {**bufs, **new}
+        new_state = {**bufs, **new, **{k: np.empty(0, saved[k].dtype) for k in read_only}}
         return [*self.views(x), *(new_state[k] for k in names)]
 
     def _run_segment(self, seg: Any, saved: dict[str, Any], group: dict[str, Any]) -> int:
@@ -108,6 +128,8 @@ class OneBitStep(FusedStep):
 
     scalars = ("step", "lamb_coeff_freeze", "last_factor")
     per_rank = ("worker_error", "server_error")
+    # v is frozen in the compression stage (both papers' Alg. 1): read there, never written.
+    may_be_read_only = ("exp_avg_sq",)
 
     def __init__(self, algorithm: OneBitAlgorithm, shapes: Sequence[tuple[int, ...]], world_size: int) -> None:
         super().__init__(algorithm, shapes)
@@ -130,6 +152,10 @@ class OneBitStep(FusedStep):
             last_factor=((layers,), "float64", "ones"),
         )
         return shapes
+
+    def read_only(self, saved: dict[str, np.ndarray]) -> frozenset[str]:
+        self.algorithm.t = int(saved["step"])
+        return frozenset(self.may_be_read_only) if self.algorithm.compression_started else frozenset()
 
     def run(self, x: np.ndarray, g: np.ndarray, bufs: dict[str, np.ndarray], saved: dict[str, np.ndarray],
             group: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -300,4 +326,12 @@ def apply_algorithm_step(runner: FusedStep, state: dict[str, Any], variables: Se
     for v, x in zip(variables, outs[:n_vars], strict=True):
         v.assign(tf.reshape(x, v.shape))
     for k, x in zip(names, outs[n_vars:], strict=True):
-        state[k].assign(tf.reshape(x, state[k].shape))
+        if k in runner.may_be_read_only:  # empty where the step only read it
+            tf.cond(tf.size(x) > 0, functools.partial(_assign, state[k], x), lambda: tf.constant(False))
+        else:
+            _assign(state[k], x)
+
+
+def _assign(variable: Any, x: tf.Tensor) -> tf.Tensor:
+    variable.assign(tf.reshape(x, variable.shape))
+    return tf.constant(True)
