@@ -10,7 +10,8 @@ held-out loss for seeds 1 / 2 / 3 and mean:
   dense SGD momentum 0.9              0.0965 / 0.1091 / 0.1031, mean 0.1029
   top-k 1%, SGD momentum 0.9          0.0892 / 0.1021 / 0.0958, mean 0.0957 (-7.0%)
   DGC top-k 1%, no momentum masking   0.0886 / 0.1020 / 0.0824, mean 0.0910 (-11.6%)
-7,032 bytes sent per step by each compressed run (the torch face's figure on the same model). Keras's dense SGD
+Bytes sent per step and rank: 7,032 by each compressed run (the torch face's figure on the same model), 0.045 of dense
+SGD's 157,500 (hck.DistributedOptimizer's comm_stats counts its gradient buckets too). Keras's dense SGD
 ends higher than the torch face's (0.0647, tests/test_compression_fidelity.py): Keras's Dense initializer
 (Glorot uniform) is not torch's, and the batches are drawn by NumPy, not torch.
 """
@@ -105,4 +106,6 @@ def test_keras_topk_one_percent_within_two_percent_of_dense_sgd_on_relu_digits(o
         rel = got / dense - 1
         print(f"{run}: mean held-out loss {got:.4f} vs dense SGD {dense:.4f} ({100 * rel:+.1f}%)")
         assert rel <= 0.02, f"{run}: {got:.4f} is {100 * rel:+.1f}% off dense SGD's {dense:.4f}"
-        assert all(0 < res[f"{run}@{s}"]["bytes_per_step"] < 10_000 for s in seeds), res[f"{run}@1"]
+        ratio = res[f"{run}@1"]["bytes_per_step"] / res["dense@1"]["bytes_per_step"]
+        print(f"{run}: bytes sent per step {res[f'{run}@1']['bytes_per_step']:,.0f}, {ratio:.3f} of dense")
+        assert 0 < ratio < 0.1, f"{run}: sent {ratio:.3f} of dense SGD's bytes"

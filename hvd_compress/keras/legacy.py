@@ -184,7 +184,8 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
         return type(own)([*own, *self.inner_optimizer.variables])
 
     def comm_stats(self) -> dict[str, int]:
-        """Bytes this rank sent and received for this optimizer's algorithm steps since the last call."""
+        """Bytes this rank sent and received for this optimizer's reductions and algorithm steps since the last
+        call."""
         return self._meter.take()
 
     @property
@@ -283,7 +284,7 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         if self.op in (ReduceOp.Average, ReduceOp.Sum):
             reduced = bucketed_allreduce(grads, self.op, f"{self.name}.grad", self._compressor, self._config.bucket_mb,
-                                         self._config.overlap, self._buckets)
+                                         self._config.overlap, self._buckets, self._meter)
             self._apply_inner(reduced, variables)
             return
         adasum_delta_step(grads, variables, self._apply_inner, self._config, self._meter, f"{self.name}.adasum")

@@ -183,7 +183,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer.finalize_variable_values(var_list)
 
     def comm_stats(self) -> dict[str, int]:
-        """Bytes this rank sent and received for this optimizer's algorithm steps since the last call."""
+        """Bytes this rank sent and received for this optimizer's reductions and algorithm steps since the last
+        call."""
         return self._meter.take()
 
     @property
@@ -300,7 +301,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         if self.op in (ReduceOp.Average, ReduceOp.Sum):
             reduced = bucketed_allreduce(grads, self.op, f"{self.name}.grad", self._compressor, self._config.bucket_mb,
-                                         self._config.overlap, self._buckets)
+                                         self._config.overlap, self._buckets, self._meter)
             self.inner_optimizer.apply(reduced, variables)
             return
         adasum_delta_step(grads, variables, self.inner_optimizer.apply, self._config, self._meter,

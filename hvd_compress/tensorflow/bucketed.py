@@ -29,6 +29,7 @@ from hvd_compress.ops import runtime
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, plan_buckets
 from hvd_compress.ops.collectives import reject_allreduce
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.backend import aligned_copy
 from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.functions import (
@@ -65,10 +66,11 @@ class BucketStats:
 @tf.autograph.experimental.do_not_convert  # plain Python at trace time: nothing to convert
 def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compression: Any = None,
                        bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True,
-                       stats: BucketStats | None = None) -> list[tf.Tensor]:
+                       stats: BucketStats | None = None, meter: CommMeter | None = None) -> list[tf.Tensor]:
     """New tensors: Average or Sum of each of ``tensors`` over all ranks, bucket by bucket (module docstring).
 
-    ``compression``: ``hc.Compression.none``, ``fp16`` or ``bf16``. A NaN is reduced as any value (Horovod's)."""
+    ``compression``: ``hc.Compression.none``, ``fp16`` or ``bf16``. A NaN is reduced as any value (Horovod's).
+    ``meter``: counts the bytes of the reductions (a wrapper's ``comm_stats``)."""
     ensure_init()
     check_not_xla(name)
     op = ReduceOp(op)
@@ -101,7 +103,10 @@ def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compress
                 runtime.submit(reject_allreduce, f"{type(e).__name__}: {e}", call).result()
                 raise
             token = next(tokens_made)
-            pending[token] = runtime.submit(reduce_group, copies, op, call, compressor)
+            if meter is None:
+                pending[token] = runtime.submit(reduce_group, copies, op, call, compressor)
+            else:  # the meter counts the calls of the thread that runs it: the background thread's
+                pending[token] = runtime.submit(meter.run, reduce_group, copies, op, call, compressor)
             if stats is not None:
                 stats.launched += 1
             return np.array(token, np.int64)
