@@ -108,6 +108,21 @@ def test_tf_ops_match_reference_eager_and_in_tf_function(out_dir: Path) -> None:
             assert not np.array_equal(got[f"keras/{kind}"], plain), f"{kind}: nothing was compressed"
             assert got[f"keras/{kind}/config"] == kind
         assert got["keras/adasum_fp16"].startswith("ValueError") and "Average" in got["keras/adasum_fp16"]
+        # Horovod's keywords: predivide (the Sum of x / f, times f / n) on the Keras wrapper and the tape, fp16 on
+        # the tape; defaults of Horovod's fusion arguments accepted, others and subsets refused on every rank.
+        np.testing.assert_allclose(got["keras/predivide"], np.mean(_inputs(n, 27, 30), axis=0), rtol=1e-6,
+                                   atol=1e-7, err_msg=f"Keras gradient_predivide_factor rank {r}")
+        assert got["keras/predivide_topk"].startswith("ValueError"), got["keras/predivide_topk"]
+        assert got["keras/predivide_sum"].startswith("ValueError") and "Average" in got["keras/predivide_sum"]
+        grads = _inputs(n, 27, 51)
+        np.testing.assert_array_equal(got["tape/fp16"], ref_compression.half_wire_allreduce(
+            grads, "float32", "fp16", "Average").astype(np.float32), err_msg=f"tape fp16 rank {r}")
+        np.testing.assert_allclose(got["tape/predivide"], np.mean(grads, axis=0), rtol=1e-6, atol=1e-7)
+        assert got["tape/groups"].startswith("ValueError") and "bucket_mb" in got["tape/groups"], got["tape/groups"]
+        assert got["tape/unknown"].startswith("TypeError"), got["tape/unknown"]
+        assert got["tape/topk"].startswith("ValueError"), got["tape/topk"]
+        np.testing.assert_array_equal(got["process_set/global"], [n, n, n])
+        assert got["process_set/subset"].startswith("ProcessSetError"), got["process_set/subset"]
         assert got["bad_shape"].startswith("MismatchError"), (r, got["bad_shape"])
         assert got["bad_numel"].startswith("MismatchError"), (r, got["bad_numel"])
         assert got["bad_dtype"].startswith(USAGE) and "bfloat16" in got["bad_dtype"], got["bad_dtype"]

@@ -144,7 +144,7 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
             op = ReduceOp.Birder
         config = parse_op(op, algorithm_options, face="the tf_keras face")
         check_passes(backward_passes_per_step)
-        compressor, stateful = parse_compression(compression, config.op, optimizer, "hck.DistributedOptimizer")
+        compressor, stateful = parse_compression(compression, config, optimizer, "hck.DistributedOptimizer")
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}", jit_compile=False)
         self._compressor = compressor
         self._stateful_compressor: Compressor | None = stateful
@@ -153,7 +153,8 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
         self.inner_optimizer = optimizer
         self.op = config.op
         self.backward_passes_per_step = backward_passes_per_step
-        self.algorithm_options = dict(algorithm_options)
+        # process_set (the global set, checked) is no option to keep: get_config must stay plain data
+        self.algorithm_options = {k: v for k, v in algorithm_options.items() if k != "process_set"}
         self._config: OpConfig = config
         self._meter = CommMeter()
         self._buckets = BucketStats()  # Average/Sum: the gradient buckets started so far
@@ -284,7 +285,8 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         if self.op in (ReduceOp.Average, ReduceOp.Sum):
             reduced = bucketed_allreduce(grads, self.op, f"{self.name}.grad", self._compressor, self._config.bucket_mb,
-                                         self._config.overlap, self._buckets, self._meter)
+                                         self._config.overlap, self._buckets, self._meter,
+                                         self._config.predivide)
             self._apply_inner(reduced, variables)
             return
         adasum_delta_step(grads, variables, self._apply_inner, self._config, self._meter, f"{self.name}.adasum")

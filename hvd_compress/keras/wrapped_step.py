@@ -22,10 +22,11 @@ from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB as GRADIENT_BUCKET_MB
 from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep
 from hvd_compress.tensorflow.backend import aligned_copy
-from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
+from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap, check_predivide
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
 from hvd_compress.tensorflow.functions import check_group_compression, dense, numpy_call
 
@@ -39,7 +40,8 @@ BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_ac
 class OpConfig:
     """``op`` and its options, validated: ``algorithm`` (a class of ``algorithms.REGISTRY``) with its parsed
     ``options`` and the LAMB flags, or Adasum's bucket size and hierarchy, or the gradient buckets of Average/Sum
-    (``bucket_mb``, ``overlap``: ``hvd_compress.tensorflow.bucketed``)."""
+    (``bucket_mb``, ``overlap``: ``hvd_compress.tensorflow.bucketed``; Horovod's ``gradient_predivide_factor`` as
+    ``predivide``)."""
 
     op: ReduceOp
     algorithm: type | None = None
@@ -48,6 +50,7 @@ class OpConfig:
     bucket_mb: float = DEFAULT_BUCKET_MB
     hierarchical: Any = None
     overlap: bool = True
+    predivide: float = 1.0
 
 
 def check_passes(backward_passes_per_step: Any) -> int:
@@ -58,18 +61,25 @@ def check_passes(backward_passes_per_step: Any) -> int:
 
 
 def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras face") -> OpConfig:
-    """Validate ``op`` (a ``ReduceOp`` or its value) and its options; raises TypeError/ValueError on bad ones."""
+    """Validate ``op`` (a ``ReduceOp`` or its value) and its options; raises TypeError/ValueError on bad ones.
+    Horovod's ``process_set`` (the global set only) is taken with every op; its ``sparse_as_dense`` (the Keras faces
+    densify ``IndexedSlices`` either way) and ``gradient_predivide_factor`` with Average/Sum."""
     try:
         op = ReduceOp(op)
     except ValueError:
         raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
     options = dict(algorithm_options)
+    check_process_set(options.pop("process_set", None))
     if op in (ReduceOp.Average, ReduceOp.Sum):
         bucket_mb = check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB))
         overlap = check_overlap(options.pop("overlap", True))
+        predivide = check_predivide(options.pop("gradient_predivide_factor", 1.0), op)
+        if not isinstance(options.pop("sparse_as_dense", False), bool):
+            raise TypeError("sparse_as_dense must be True or False")
         if options:
-            raise TypeError(f"op={op.name} takes bucket_mb and overlap, got {sorted(options)}")
-        return OpConfig(op, bucket_mb=bucket_mb, overlap=overlap)
+            raise TypeError(f"op={op.name} takes bucket_mb, overlap, gradient_predivide_factor and sparse_as_dense, "
+                            f"got {sorted(options)}")
+        return OpConfig(op, bucket_mb=bucket_mb, overlap=overlap, predivide=predivide)
     if op == ReduceOp.Adasum:
         bucket_mb = float(options.pop("bucket_mb", DEFAULT_BUCKET_MB))
         hierarchical = options.pop("hierarchical", None)
@@ -87,16 +97,18 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
     return OpConfig(op, algorithm=algorithm, options=parsed, lamb_opts=lamb_opts)
 
 
-def parse_compression(compression: Any, op: ReduceOp, inner: Any, name: str) -> tuple[Compressor | None,
-                                                                                   Compressor | None]:
+def parse_compression(compression: Any, config: OpConfig, inner: Any, name: str) -> tuple[Compressor | None,
+                                                                                       Compressor | None]:
     """``compression=`` of a wrapper: (the stateless compressor of the bucketed reduction, none: None; the
     top-k/random-k compressor, whose error feedback the wrapper keeps in its variables, or None). ValueError on
     bad ones, at construction (alike on every rank)."""
-    compressor = compression_ops.resolve(compression)
+    compressor, op = compression_ops.resolve(compression), config.op
     if not compressor.stateful:
         return check_group_compression(compression, op, name), None
     if op not in (ReduceOp.Average, ReduceOp.Sum):
         raise ValueError(f"{name}: compression={compressor!r} needs op=Average or Sum, got {op.name}")
+    if config.predivide != 1.0:
+        raise ValueError(f"{name}: gradient_predivide_factor does not apply to compression={compressor!r}")
     check_inner_momentum(compressor, inner)
     return None, compressor
 

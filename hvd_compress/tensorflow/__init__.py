@@ -25,8 +25,10 @@ from hvd_compress.ops.errors import (
     LaunchError,
     MismatchError,
     NotInitializedError,
+    ProcessSetError,
     UsageError,
 )
+from hvd_compress.ops.process_sets import ProcessSet, add_process_set, global_process_set
 from hvd_compress.ops.runtime import comm_stats, set_timeout
 from hvd_compress.tensorflow.context import init, rank, size
 from hvd_compress.tensorflow.functions import (
@@ -61,16 +63,20 @@ __all__ = [
     "OneBitAdam",
     "OneBitLamb",
     "OneBitState",
+    "ProcessSet",
+    "ProcessSetError",
     "Product",
     "ReduceOp",
     "Sum",
     "UsageError",
+    "add_process_set",
     "allgather",
     "allreduce",
     "broadcast",
     "broadcast_variables",
     "comm_stats",
     "compressed_allreduce",
+    "global_process_set",
     "grouped_allreduce",
     "init",
     "masked_allreduce",

@@ -50,6 +50,15 @@ def check_bucket_mb(bucket_mb: Any) -> float:
     return float(bucket_mb)
 
 
+def check_predivide(factor: Any, op: ReduceOp) -> float:
+    """Horovod's ``gradient_predivide_factor`` (op=Average only): a number > 0."""
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {factor!r}")
+    if factor != 1.0 and ReduceOp(op) != ReduceOp.Average:
+        raise ValueError("gradient_predivide_factor is supported with op=Average only (as in Horovod)")
+    return float(factor)
+
+
 def check_overlap(overlap: Any) -> bool:
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap must be True or False, got {overlap!r}")
@@ -66,11 +75,13 @@ class BucketStats:
 @tf.autograph.experimental.do_not_convert  # plain Python at trace time: nothing to convert
 def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compression: Any = None,
                        bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True,
-                       stats: BucketStats | None = None, meter: CommMeter | None = None) -> list[tf.Tensor]:
+                       stats: BucketStats | None = None, meter: CommMeter | None = None,
+                       predivide: float = 1.0) -> list[tf.Tensor]:
     """New tensors: Average or Sum of each of ``tensors`` over all ranks, bucket by bucket (module docstring).
 
     ``compression``: ``hc.Compression.none``, ``fp16`` or ``bf16``. A NaN is reduced as any value (Horovod's).
-    ``meter``: counts the bytes of the reductions (a wrapper's ``comm_stats``)."""
+    ``meter``: counts the bytes of the reductions (a wrapper's ``comm_stats``). ``predivide`` (Horovod's
+    ``gradient_predivide_factor`` f, op=Average, floating tensors): the Sum of x / f, times f / size."""
     ensure_init()
     check_not_xla(name)
     op = ReduceOp(op)
@@ -84,6 +95,13 @@ def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compress
         check_reduce_dtype(t, name)
     if not inputs:
         return []
+    if check_predivide(predivide, op) != 1.0:
+        if not all(t.dtype.is_floating for t in inputs):
+            raise ValueError(f"{name}: gradient_predivide_factor needs floating tensors")
+        scaled = [t * tf.constant(1.0 / predivide, t.dtype) for t in inputs]
+        summed = bucketed_allreduce(scaled, ReduceOp.Sum, name, compression, bucket_mb, overlap, stats, meter)
+        post = predivide / runtime.size()
+        return [t * tf.constant(post, t.dtype) for t in summed]
     # A size unknown at trace time (a densified IndexedSlices of a dynamic shape) closes a bucket of its own.
     items = [(x.dtype, bucket_bytes if x.shape.num_elements() is None else x.shape.num_elements() * x.dtype.size)
              for x in inputs]

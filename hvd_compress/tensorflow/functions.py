@@ -22,6 +22,7 @@ from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops import masks as mask_ops
 from hvd_compress.ops import onebit as onebit_ops
 from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
+from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
 from hvd_compress.tensorflow.context import ensure_init
 
@@ -130,13 +131,14 @@ def reduce_group(arrays: list[np.ndarray], op: ReduceOp, name: str, compression:
 
 
 def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None = None,
-                      compression: Any = None) -> list[tf.Tensor]:
+                      compression: Any = None, process_set: Any = None) -> list[tf.Tensor]:
     """New tensors: the reduction of each of ``tensors`` over all ranks, in one stateful call.
 
     Sum/Average: one fused buffer per dtype, with ``compression`` ``hc.Compression.none``/``fp16``/``bf16``
     (top-k/random-k keep error feedback per buffer: ``allreduce`` with a ``state``). Adasum: one exchange with
     per-tensor coefficients (one dtype). ``IndexedSlices`` are densified. Differentiable: the gradient is the
-    same reduction of the upstream gradients."""
+    same reduction of the upstream gradients. ``process_set``: None or the global set (as every collective here)."""
+    check_process_set(process_set)
     ensure_init()
     check_not_xla(name or "grouped_allreduce")
     op = _resolve_op(op)
@@ -162,12 +164,14 @@ def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None =
 
 
 def allreduce(tensor: Any, op: Any = None, name: str | None = None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0, compression: Any = None, state: Any = None) -> tf.Tensor:
+              postscale_factor: float = 1.0, compression: Any = None, state: Any = None,
+              process_set: Any = None) -> tf.Tensor:
     """A new tensor: ``tensor`` reduced over all ranks (Average by default; Sum, Min, Max, Product; Adasum: the
     whole tensor is one Adasum vector). Horovod's scale factors multiply the input before and the result after.
     ``compression`` (``hc.Compression.fp16``, ``topk(ratio)``, ``randomk(ratio, seed)``; Average/Sum, floating
     tensors) compresses what travels; top-k/random-k keep error feedback in ``state`` (``hc.CompressionState``,
     one per tensor, kept across calls) and have no gradient (their error feedback is a state, not a function)."""
+    check_process_set(process_set)
     t = dense(tensor)
     if prescale_factor != 1.0:
         t = t * tf.cast(prescale_factor, t.dtype)
@@ -221,11 +225,12 @@ class CompressionState(compression_ops.CompressionState):
         super().__init__(numel, compression_ops.resolve(compression), BACKEND, None, sizes)
 
 
-def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
+def allgather(tensor: Any, name: str | None = None, process_set: Any = None) -> tf.Tensor:
     """A new tensor: every rank's ``tensor`` concatenated on the first dim, in rank order (Horovod's allgather).
     The first dim may differ per rank; the other dims and the dtype must agree (``hc.MismatchError`` on every
     rank otherwise). Differentiable as Horovod's: the gradient is the average over ranks of the upstream
     gradient, cut to this rank's rows."""
+    check_process_set(process_set)
     ensure_init()
     name = name or "allgather"
     check_not_xla(name)
@@ -276,15 +281,18 @@ def broadcast_values(tensors: Sequence[Any], root_rank: int = 0, name: str | Non
     return outs
 
 
-def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None) -> tf.Tensor:
+def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> tf.Tensor:
     """A new tensor holding root_rank's value of ``tensor``."""
+    check_process_set(process_set)
     return broadcast_values([tensor], root_rank, name)[0]
 
 
-def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, name: str | None = None) -> Any:
+def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, name: str | None = None,
+                        process_set: Any = None) -> Any:
     """Assign root_rank's values to ``variables`` (``tf.Variable`` or Keras variables) on every rank.
 
     Eager: done when it returns. In a ``tf.function``: returns the grouped assign op."""
+    check_process_set(process_set)
     variables = list(variables)
     values = broadcast_values([tf.convert_to_tensor(v) for v in variables], root_rank, name or "broadcast_variables")
     assigns = [v.assign(x) for v, x in zip(variables, values, strict=True)]

@@ -93,6 +93,31 @@ for kind, op in (("fp16", "Average"), ("bf16", "Sum")):
         opt.apply(grads, variables)
     out[f"keras/{kind}"] = -np.concatenate([v.numpy().reshape(-1) for v in variables])
     out[f"keras/{kind}/config"] = opt.get_config()["compression"]
+# Horovod's keywords: gradient_predivide_factor, sparse_as_dense and the global process_set on the Keras wrapper
+# (kept through get_config); on the tape also compression= and Horovod's fusion/placement arguments at defaults.
+opt = hck.DistributedOptimizer(keras.optimizers.SGD(1.0), gradient_predivide_factor=2.0, sparse_as_dense=True,
+                               process_set=hck.global_process_set)
+opt = hck.DistributedOptimizer.from_config(opt.get_config())
+variables = [keras.Variable(np.zeros((4, 5), "float32")), keras.Variable(np.zeros(7, "float32"))]
+opt.apply([tf.constant(rank_input(r, 27, 30)[:20].reshape(4, 5)), tf.constant(rank_input(r, 27, 30)[20:])],
+          variables)
+out["keras/predivide"] = -np.concatenate([v.numpy().reshape(-1) for v in variables])
+out["keras/predivide_topk"] = outcome(lambda: hck.DistributedOptimizer(
+    keras.optimizers.SGD(1.0), gradient_predivide_factor=2.0, compression=hc.Compression.topk(0.5)))
+out["keras/predivide_sum"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hck.Sum,
+                                                                      gradient_predivide_factor=2.0))
+tape_var = tf.Variable(rank_input(r, 27, 50))
+with tf.GradientTape(persistent=True) as tape:
+    tape_loss = tf.reduce_sum(tape_var * tf.constant(rank_input(r, 27, 51)))  # the gradient: rank_input(r, 27, 51)
+out["tape/fp16"] = hc.DistributedGradientTape(tape, compression=hc.Compression.fp16, device_dense="", num_groups=0,
+                                              process_set=hc.global_process_set).gradient(tape_loss, tape_var).numpy()
+out["tape/predivide"] = hc.DistributedGradientTape(tape, gradient_predivide_factor=4.0,
+                                                   sparse_as_dense=True).gradient(tape_loss, [tape_var])[0].numpy()
+out["tape/groups"] = outcome(lambda: hc.DistributedGradientTape(tape, groups=2))
+out["tape/unknown"] = outcome(lambda: hc.DistributedGradientTape(tape, average=True))
+out["tape/topk"] = outcome(lambda: hc.DistributedGradientTape(tape, compression=hc.Compression.topk(0.5)))
+out["process_set/global"] = hc.allreduce(tf.ones(3), op=hc.Sum, process_set=hc.global_process_set).numpy()
+out["process_set/subset"] = outcome(lambda: hc.broadcast(tf.ones(3), process_set=hc.ProcessSet([0])))
 out["keras/adasum_fp16"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hck.Adasum,
                                                                     compression=hc.Compression.fp16))
 # Bad input: every rank raises, none hangs.
