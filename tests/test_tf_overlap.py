@@ -21,7 +21,7 @@ def test_tf_buckets_start_before_backward_ends_with_identical_results(n: int, le
         bad = rk["bad"]
         assert bad["bucket_mb=0"].startswith("ValueError: bucket_mb must be a number > 0"), (r, bad)
         assert bad["overlap='yes'"].startswith("TypeError: overlap must be True or False"), (r, bad)
-        assert bad["freeze_step"].startswith("TypeError: op=Average takes bucket_mb and overlap"), (r, bad)
+        assert bad["freeze_step"].startswith("TypeError: op=Average takes bucket_mb, overlap"), (r, bad)
         assert bad["tape bucket_mb=-1"].startswith("ValueError: bucket_mb must be a number > 0"), (r, bad)
         assert bad["tape overlap='yes'"].startswith("TypeError: overlap must be True or False"), (r, bad)
     for face in ("fit",) if legacy else ("fit", "tape"):
