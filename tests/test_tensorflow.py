@@ -113,6 +113,10 @@ def test_tf_ops_match_reference_eager_and_in_tf_function(out_dir: Path) -> None:
         np.testing.assert_allclose(got["keras/predivide"], np.mean(_inputs(n, 27, 30), axis=0), rtol=1e-6,
                                    atol=1e-7, err_msg=f"Keras gradient_predivide_factor rank {r}")
         assert got["keras/predivide_topk"].startswith("ValueError"), got["keras/predivide_topk"]
+        passes = (np.asarray(_inputs(n, 27, 60)) + np.asarray(_inputs(n, 27, 61))) / 2
+        np.testing.assert_allclose(got["keras/average_passes"], passes.mean(axis=0), rtol=1e-6, atol=1e-7,
+                                   err_msg=f"average_aggregated_gradients rank {r}")
+        assert got["keras/groups"].startswith("ValueError") and "bucket_mb" in got["keras/groups"], got["keras/groups"]
         assert got["keras/predivide_sum"].startswith("ValueError") and "Average" in got["keras/predivide_sum"]
         grads = _inputs(n, 27, 51)
         np.testing.assert_array_equal(got["tape/fp16"], ref_compression.half_wire_allreduce(

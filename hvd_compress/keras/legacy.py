@@ -268,7 +268,7 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
             index = {id(v): i for i, v in enumerate(self._trainable)}
             accumulators = [self._accumulators[index[id(v)]] for v in variables]
             accumulate_then_step(grads, variables, accumulators, self._pass_count, self.backward_passes_per_step,
-                                 self._step)
+                                 self._step, self._config.average_passes)
         return self.iterations
 
     def _step(self, grads: list[Any], variables: list[Any]) -> None:

@@ -282,7 +282,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             return
         accs = self._accumulators_for(trainable_variables)
         accumulate_then_step(grads, trainable_variables, accs, self._pass_count, self.backward_passes_per_step,
-                             self._step)
+                             self._step, self._config.average_passes)
 
     def _accumulators_for(self, variables: list[Any]) -> list[Any]:
         index = {id(v): i for i, v in enumerate(self._trainable_variables)}

@@ -29,6 +29,7 @@ from hvd_compress.tensorflow.backend import aligned_copy
 from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap, check_predivide
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
 from hvd_compress.tensorflow.functions import check_group_compression, dense, numpy_call
+from hvd_compress.tensorflow.horovod_args import pop_horovod_defaults
 
 LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
 #: Options of the base optimizer that an algorithm's own step would silently ignore: refused instead.
@@ -51,6 +52,7 @@ class OpConfig:
     hierarchical: Any = None
     overlap: bool = True
     predivide: float = 1.0
+    average_passes: bool = False
 
 
 def check_passes(backward_passes_per_step: Any) -> int:
@@ -62,14 +64,19 @@ def check_passes(backward_passes_per_step: Any) -> int:
 
 def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras face") -> OpConfig:
     """Validate ``op`` (a ``ReduceOp`` or its value) and its options; raises TypeError/ValueError on bad ones.
-    Horovod's ``process_set`` (the global set only) is taken with every op; its ``sparse_as_dense`` (the Keras faces
-    densify ``IndexedSlices`` either way) and ``gradient_predivide_factor`` with Average/Sum."""
+    Horovod's ``process_set`` (the global set only), ``average_aggregated_gradients`` and its fusion/placement
+    arguments at their defaults (``tensorflow.horovod_args``) are taken with every op; its ``sparse_as_dense`` (the
+    Keras faces densify ``IndexedSlices`` either way) and ``gradient_predivide_factor`` with Average/Sum."""
     try:
         op = ReduceOp(op)
     except ValueError:
         raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
     options = dict(algorithm_options)
     check_process_set(options.pop("process_set", None))
+    pop_horovod_defaults(options, "hck.DistributedOptimizer")
+    average_passes = options.pop("average_aggregated_gradients", False)
+    if not isinstance(average_passes, bool):
+        raise TypeError(f"average_aggregated_gradients must be True or False, got {average_passes!r}")
     if op in (ReduceOp.Average, ReduceOp.Sum):
         bucket_mb = check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB))
         overlap = check_overlap(options.pop("overlap", True))
@@ -79,13 +86,13 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
         if options:
             raise TypeError(f"op={op.name} takes bucket_mb, overlap, gradient_predivide_factor and sparse_as_dense, "
                             f"got {sorted(options)}")
-        return OpConfig(op, bucket_mb=bucket_mb, overlap=overlap, predivide=predivide)
+        return OpConfig(op, bucket_mb=bucket_mb, overlap=overlap, predivide=predivide, average_passes=average_passes)
     if op == ReduceOp.Adasum:
         bucket_mb = float(options.pop("bucket_mb", DEFAULT_BUCKET_MB))
         hierarchical = options.pop("hierarchical", None)
         if options:
             raise TypeError(f"op=Adasum takes bucket_mb and hierarchical, got {sorted(options)}")
-        return OpConfig(op, bucket_mb=bucket_mb, hierarchical=hierarchical)
+        return OpConfig(op, bucket_mb=bucket_mb, hierarchical=hierarchical, average_passes=average_passes)
     algorithm = algorithms.REGISTRY.get(op)
     if algorithm is None:
         raise NotImplementedError(f"hck.DistributedOptimizer(op={op.name}) is not in {face} yet")
@@ -94,7 +101,7 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
         parsed = parse_options(algorithm.options_cls, algorithm.name, options)
     else:
         parsed = build_options(algorithm.options_cls, algorithm.name, options)
-    return OpConfig(op, algorithm=algorithm, options=parsed, lamb_opts=lamb_opts)
+    return OpConfig(op, algorithm=algorithm, options=parsed, lamb_opts=lamb_opts, average_passes=average_passes)
 
 
 def parse_compression(compression: Any, config: OpConfig, inner: Any, name: str) -> tuple[Compressor | None,
@@ -186,17 +193,22 @@ def adasum_delta_step(grads: list[tf.Tensor], variables: list[Any], apply_local:
 
 
 def accumulate_then_step(grads: Sequence[Any], variables: Sequence[Any], accumulators: Sequence[Any], pass_count: Any,
-                         passes: int, step: Callable[[list[Any], list[Any]], Any]) -> None:
+                         passes: int, step: Callable[[list[Any], list[Any]], Any], average: bool = False) -> None:
     """``backward_passes_per_step``: add ``grads`` to this rank's ``accumulators`` (None stays None: decided by the
     program's structure, alike on every rank) and run ``step(summed, variables)`` on every ``passes``-th call,
-    then zero them. The count is a variable, so the choice is made at run time inside a ``tf.function``."""
+    then zero them (``average``: Horovod's ``average_aggregated_gradients``, the sum divided by ``passes``). The
+    count is a variable, so the choice is made at run time inside a ``tf.function``."""
     for acc, g, v in zip(accumulators, grads, variables, strict=True):
         if g is not None:
             acc.assign_add(tf.cast(dense(g), v.dtype))
     pass_count.assign_add(1)
 
     def run() -> Any:
-        summed = [None if g is None else tf.convert_to_tensor(a) for a, g in zip(accumulators, grads, strict=True)]
+        def total(acc: Any) -> tf.Tensor:
+            t = tf.convert_to_tensor(acc)
+            return t * tf.constant(1.0 / passes, t.dtype) if average else t
+
+        summed = [None if g is None else total(a) for a, g in zip(accumulators, grads, strict=True)]
         step(summed, list(variables))
         for a in accumulators:
             a.assign(tf.zeros_like(a))

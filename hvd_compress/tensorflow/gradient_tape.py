@@ -17,10 +17,7 @@ from hvd_compress.tensorflow.bucketed import (
     check_predivide,
 )
 from hvd_compress.tensorflow.functions import check_group_compression
-
-#: Horovod's tape arguments that tune its own fusion or placement: accepted at their defaults only.
-_HOROVOD_DEFAULTS = {"device_dense": "", "device_sparse": "", "num_groups": 0, "groups": None,
-                     "scale_local_gradients": True}
+from hvd_compress.tensorflow.horovod_args import pop_horovod_defaults
 
 
 def reduce_gradients(grads: list[Any], op: Any, name: str, bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True,
@@ -63,12 +60,10 @@ class DistributedGradientTape:
                 f"DistributedGradientTape supports op=Average or Sum, got {op.name}; for Adasum and the "
                 "compressed optimizers wrap the optimizer: hvd_compress.keras.DistributedOptimizer"
             )
-        for key, value in horovod_options.items():
-            if key not in _HOROVOD_DEFAULTS:
-                raise TypeError(f"DistributedGradientTape got an unexpected keyword argument {key!r}")
-            if value != _HOROVOD_DEFAULTS[key]:
-                raise ValueError(f"DistributedGradientTape: {key}={value!r} is not supported (Horovod's default "
-                                 f"{_HOROVOD_DEFAULTS[key]!r} only; bucket_mb sets the fusion of the reductions)")
+        horovod_options = dict(horovod_options)
+        pop_horovod_defaults(horovod_options, "DistributedGradientTape")
+        if horovod_options:
+            raise TypeError(f"DistributedGradientTape got unexpected keyword arguments {sorted(horovod_options)}")
         if not isinstance(sparse_as_dense, bool):
             raise TypeError(f"sparse_as_dense must be True or False, got {sparse_as_dense!r}")
         check_process_set(process_set)

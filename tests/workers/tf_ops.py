@@ -102,6 +102,14 @@ variables = [keras.Variable(np.zeros((4, 5), "float32")), keras.Variable(np.zero
 opt.apply([tf.constant(rank_input(r, 27, 30)[:20].reshape(4, 5)), tf.constant(rank_input(r, 27, 30)[20:])],
           variables)
 out["keras/predivide"] = -np.concatenate([v.numpy().reshape(-1) for v in variables])
+# average_aggregated_gradients=True (Horovod's): the two passes' gradients averaged, not summed; SGD(1) from zeros.
+opt = hck.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2,
+                               average_aggregated_gradients=True, device_dense="", num_groups=0)
+variables = [keras.Variable(np.zeros(27, "float32"))]
+for k in (60, 61):
+    opt.apply([tf.constant(rank_input(r, 27, k))], variables)
+out["keras/average_passes"] = -variables[0].numpy()
+out["keras/groups"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(1.0), groups=[[0]]))
 out["keras/predivide_topk"] = outcome(lambda: hck.DistributedOptimizer(
     keras.optimizers.SGD(1.0), gradient_predivide_factor=2.0, compression=hc.Compression.topk(0.5)))
 out["keras/predivide_sum"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hck.Sum,
