@@ -48,6 +48,7 @@ def test_keras_distributed_optimizer_routes_our_ops_to_hck(out_dir) -> None:
             assert rk[key].startswith("horovod."), f"rank {r}: {key} is not Horovod's own optimizer: {rk[key]}"
         assert rk["hvd_adasum"].startswith("raised ValueError"), f"rank {r}: Horovod's Adasum changed: {rk}"
         assert rk["refused"].startswith("TypeError") and "gradient_predivide_factor" in rk["refused"], rk["refused"]
+        assert rk["averaged_passes"] == ("hck", True, 2), f"rank {r}: average_aggregated_gradients not kept"
         for key in ("switched_off", "switched_off_legacy"):  # hck.horovod_entry(False): Horovod refuses Adasum
             assert rk[key].startswith("raised ValueError"), f"rank {r}: {key}: {rk[key]}"
 

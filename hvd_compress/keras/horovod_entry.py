@@ -4,9 +4,10 @@
 
 Which ops are routed and the switch (``HVDC_HOROVOD_ENTRY=0``, ``hck.horovod_entry(False)``) are shared with the
 torch face: ``hvd_compress.ops.horovod_entry``. Horovod's Keras wrapper takes arguments ours does not; a routed
-call keeps ``optimizer``, ``op``, ``name`` and ``backward_passes_per_step`` (Horovod's default sums the k
-gradients, as ours), drops ``sparse_as_dense`` (the Keras face densifies ``IndexedSlices`` either way), accepts
-the global ``process_set``, drops any other argument at Horovod's default and refuses one set otherwise.
+call keeps ``optimizer``, ``op``, ``name``, ``backward_passes_per_step`` (Horovod's default sums the k
+gradients, as ours) and ``average_aggregated_gradients`` (averages them instead, in both), drops
+``sparse_as_dense`` (the Keras face densifies ``IndexedSlices`` either way), accepts the global ``process_set``,
+drops any other argument at Horovod's default and refuses one set otherwise.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from hvd_compress.ops.process_sets import check_process_set
 
 __all__ = ["horovod_entry", "install_from_environment"]
 
-_KEPT = ("optimizer", "op", "name", "backward_passes_per_step")
+_KEPT = ("optimizer", "op", "name", "backward_passes_per_step", "average_aggregated_gradients")
 
 
 def _arguments(signature: inspect.Signature, given: dict[str, Any]) -> dict[str, Any]:
