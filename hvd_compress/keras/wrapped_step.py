@@ -20,13 +20,14 @@ from hvd_compress.algorithms.onebit import OneBitAlgorithm, parse_options
 from hvd_compress.algorithms.options import build_options
 from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB as GRADIENT_BUCKET_MB
+from hvd_compress.ops.collectives import check_predivide
 from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep
 from hvd_compress.tensorflow.backend import aligned_copy
-from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap, check_predivide
+from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
 from hvd_compress.tensorflow.functions import check_group_compression, dense, numpy_call
 from hvd_compress.tensorflow.horovod_args import pop_horovod_defaults

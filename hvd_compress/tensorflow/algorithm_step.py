@@ -49,7 +49,35 @@ def _read_only_view(x: np.ndarray) -> np.ndarray:
     return view
 
 
-class FusedStep:
+class FlatLayout:
+    """Variables of ``shapes`` (in order) as one flat float32 buffer: ``flatten`` copies them in, ``views`` cuts
+    the buffer back into per-variable pieces."""
+
+    def __init__(self, shapes: Sequence[tuple[int, ...]]) -> None:
+        self.shapes = [tuple(int(d) for d in s) for s in shapes]
+        self.sizes = [math.prod(s) for s in self.shapes]
+        self.numel = sum(self.sizes)
+        offsets = np.cumsum((0, *self.sizes))
+        self.cuts = list(itertools.pairwise(int(o) for o in offsets))
+
+    def views(self, flat: np.ndarray) -> list[np.ndarray]:
+        return [flat[lo:hi] for lo, hi in self.cuts]
+
+    def flatten(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        out = aligned_empty(self.numel, np.float32)
+        for (lo, hi), a in zip(self.cuts, arrays, strict=True):
+            out[lo:hi] = np.asarray(a).reshape(-1)
+        return out
+
+
+def float32_gradients(grads: Sequence[Any], variables: Sequence[Any]) -> list[tf.Tensor]:
+    """Each of ``variables``' gradient as a dense float32 tensor; None (decided by the program's structure, so alike
+    on every rank) becomes zeros."""
+    return [tf.zeros(v.shape, tf.float32) if g is None else tf.cast(dense(g), tf.float32)
+            for g, v in zip(grads, variables, strict=True)]
+
+
+class FusedStep(FlatLayout):
     """One fused float32 segment over all trainable variables (``shapes``, in order), and the algorithm that
     steps it. Subclasses name the state buffers (``state_shapes``), the ones that differ between ranks by
     design (``per_rank``), the hyper-parameter group (``group``) and bind the algorithm's buffers (``run``)."""
@@ -61,15 +89,8 @@ class FusedStep:
     may_be_read_only: tuple[str, ...] = ()
 
     def __init__(self, algorithm: Any, shapes: Sequence[tuple[int, ...]]) -> None:
+        super().__init__(shapes)
         self.algorithm = algorithm
-        self.shapes = [tuple(int(d) for d in s) for s in shapes]
-        self.sizes = [math.prod(s) for s in self.shapes]
-        self.numel = sum(self.sizes)
-        offsets = np.cumsum((0, *self.sizes))
-        self.cuts = list(itertools.pairwise(int(o) for o in offsets))
-
-    def views(self, flat: np.ndarray) -> list[np.ndarray]:
-        return [flat[lo:hi] for lo, hi in self.cuts]
 
     def state_shapes(self) -> StateShapes:
         raise NotImplementedError
@@ -88,12 +109,6 @@ class FusedStep:
         """Step the algorithm over x (parameters, flat) with gradient g and state ``bufs`` (fresh copies, updated
         in place); returns the new values of the ``scalars`` state (``saved`` holds their old ones)."""
         raise NotImplementedError
-
-    def flatten(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
-        out = aligned_empty(self.numel, np.float32)
-        for (lo, hi), a in zip(self.cuts, arrays, strict=True):
-            out[lo:hi] = np.asarray(a).reshape(-1)
-        return out
 
     def __call__(self, flags: dict[str, Any], hyper: np.ndarray, grads: Sequence[np.ndarray],
                  params: Sequence[np.ndarray], state: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -309,8 +324,7 @@ def apply_algorithm_step(runner: FusedStep, state: dict[str, Any], variables: Se
     program's structure, so alike on every rank: the fused segment always covers every variable, as the torch
     face's zeroed buffer does). ``hyper``: lr then the rule's other hyper-parameters, read at run time (schedules
     act). ``state``: the optimizer's variables named as ``runner.state_shapes()``; assigned with the results."""
-    gs = [tf.zeros(v.shape, "float32") if grads[id(v)] is None else tf.cast(dense(grads[id(v)]), "float32")
-          for v in variables]
+    gs = float32_gradients([grads[id(v)] for v in variables], variables)
     hyper_t = tf.stack([tf.cast(h, tf.float64) for h in hyper])
     names = list(runner.state_shapes())
     state_in = [tf.convert_to_tensor(state[k]) for k in names]

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from hvd_compress.ops import runtime
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, plan_buckets
-from hvd_compress.ops.collectives import reject_allreduce
+from hvd_compress.ops.collectives import check_predivide, reject_allreduce
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.backend import aligned_copy
@@ -48,15 +48,6 @@ def check_bucket_mb(bucket_mb: Any) -> float:
     if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
         raise ValueError(f"bucket_mb must be a number > 0, got {bucket_mb!r}")
     return float(bucket_mb)
-
-
-def check_predivide(factor: Any, op: ReduceOp) -> float:
-    """Horovod's ``gradient_predivide_factor`` (op=Average only): a number > 0."""
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
-        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {factor!r}")
-    if factor != 1.0 and ReduceOp(op) != ReduceOp.Average:
-        raise ValueError("gradient_predivide_factor is supported with op=Average only (as in Horovod)")
-    return float(factor)
 
 
 def check_overlap(overlap: Any) -> bool:

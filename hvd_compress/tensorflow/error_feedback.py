@@ -12,8 +12,6 @@ any rank rejects (NaN/Inf, mismatched ranks) raises on every rank before any var
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,10 +22,9 @@ from hvd_compress import ops
 from hvd_compress.ops.compression import Compressor
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
-from hvd_compress.tensorflow.backend import aligned_copy, aligned_empty
-from hvd_compress.tensorflow.functions import CompressionState, dense, numpy_call
-
-StateShapes = dict[str, tuple[tuple[int, ...], str, str]]  # name -> (shape, dtype, Keras initializer)
+from hvd_compress.tensorflow.algorithm_step import FlatLayout, StateShapes, float32_gradients
+from hvd_compress.tensorflow.backend import aligned_copy
+from hvd_compress.tensorflow.functions import CompressionState, numpy_call
 
 
 class ErrorFeedbackReduction:
@@ -40,9 +37,8 @@ class ErrorFeedbackReduction:
     def __init__(self, compressor: Compressor, op: ReduceOp, shapes: Sequence[tuple[int, ...]],
                  meter: CommMeter) -> None:
         self.compressor, self.op, self.meter = compressor, ReduceOp(op), meter
-        self.shapes = [tuple(int(d) for d in s) for s in shapes]
-        self.sizes = [math.prod(s) for s in self.shapes]
-        self.numel = sum(self.sizes)
+        self.layout = FlatLayout(shapes)
+        self.numel = self.layout.numel
         self._state = CompressionState(self.numel, compressor)  # its buffers are replaced by each call's copies
 
     def state_shapes(self) -> StateShapes:
@@ -54,12 +50,9 @@ class ErrorFeedbackReduction:
         return shapes
 
     def _run(self, name: str, *arrays: np.ndarray) -> list[np.ndarray]:
-        k = len(self.sizes)
+        k = len(self.layout.sizes)
         grads, saved = arrays[:k], arrays[k:]
-        cuts = list(itertools.pairwise(int(o) for o in np.cumsum((0, *self.sizes))))
-        flat = aligned_empty(self.numel, np.float32)
-        for g, (lo, hi) in zip(grads, cuts, strict=True):
-            flat[lo:hi] = np.asarray(g).reshape(-1)
+        flat = self.layout.flatten(grads)
         # Fresh arrays every call: TF adopts what is returned (no copy) and the inputs alias its buffers.
         state = self._state
         state.error = aligned_copy(np.asarray(saved[0]).reshape(-1))
@@ -67,7 +60,7 @@ class ErrorFeedbackReduction:
             state.velocity = aligned_copy(np.asarray(saved[1]).reshape(-1))
         state.step = int(saved[-1])
         self.meter.run(ops.allreduce_, flat, op=self.op, name=name, compression=self.compressor, state=state)
-        out = [flat[lo:hi] for lo, hi in cuts]
+        out = self.layout.views(flat)
         out.append(state.error)
         if self.compressor.momentum:
             out.append(state.velocity)
@@ -78,8 +71,7 @@ class ErrorFeedbackReduction:
         """The reduced gradient of every one of ``variables`` (all the variables this was built for, in order;
         ``grads[i]`` None: zeros, decided by the program's structure, so alike on every rank); assigns the new
         state to ``state`` (the variables named as ``state_shapes()``)."""
-        gs = [tf.zeros(v.shape, tf.float32) if g is None else tf.cast(dense(g), tf.float32)
-              for g, v in zip(grads, variables, strict=True)]
+        gs = float32_gradients(grads, variables)
         names = list(self.state_shapes())
         touts = [tf.float32] * len(gs) + [tf.as_dtype(state[k].dtype) for k in names]
 

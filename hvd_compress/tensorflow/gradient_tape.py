@@ -7,6 +7,7 @@ from typing import Any
 import tensorflow as tf
 
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
+from hvd_compress.ops.collectives import check_predivide
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.tensorflow.bucketed import (
@@ -14,7 +15,6 @@ from hvd_compress.tensorflow.bucketed import (
     bucketed_allreduce,
     check_bucket_mb,
     check_overlap,
-    check_predivide,
 )
 from hvd_compress.tensorflow.functions import check_group_compression
 from hvd_compress.tensorflow.horovod_args import pop_horovod_defaults

@@ -18,6 +18,7 @@ from hvd_compress.ops.buckets import (
     failure_joins_as_rejection,
     plan_buckets,
 )
+from hvd_compress.ops.collectives import check_predivide
 from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import ReduceOp
@@ -314,10 +315,7 @@ def _dense(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp
             f"op={op.name} takes no algorithm options (only gradient_predivide_factor, compression, overlap and "
             f"bucket_mb), got {sorted(options)}"
         )
-    if not isinstance(predivide, (int, float)) or isinstance(predivide, bool) or not predivide > 0:
-        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {predivide!r}")
-    if predivide != 1.0 and op != ReduceOp.Average:
-        raise ValueError("gradient_predivide_factor is supported with op=Average only (as in Horovod)")
+    check_predivide(predivide, op)
     _check_overlap_options(False if overlap is None else overlap, bucket_mb)
     if overlap and compression.stateful:
         raise ValueError(
