@@ -22,6 +22,25 @@ which is small for noisy elements; error feedback bounds the accumulated differe
 training noise it injects. On the CNN the relative gap shrinks with steps (+94% at 150, +38% at 600); on the MLP it
 does not settle (+4% / +24% / +6% at 200 / 600 / 1000 steps), so a longer run is no way out. Kept as a
 strict xfail so that it turns into a failure the day it passes (then drop the mark), not hidden.
+
+Where the gap comes from (2026-11-25): the rule behind op=hc.Average takes m / b of the AVERAGED gradient, while
+Alg. 1 averages the workers' ratios m_i / b_i of their own gradients (lines 5-8) before any bit is sent. The
+worker's ``BirderExact`` (``ExactMeanBirder``) is Alg. 1 with its quantization left out: per-worker m_i, b_i and the
+exact float32 mean of m_i / (b_i + eps). It splits the gap into the rule's part and the compression's own:
+
+| task, steps (lr 1e-3)   | rule (avg. gradient) | Alg. 1, exact mean | Birder (1-bit)  | Birder vs exact mean |
+| relu mlp 200            | 1.3647               | 1.4029 (+2.8%)     | 1.4187 (+4.0%)  | +1.1%                |
+| relu mlp 600            | 1.0017               | 1.0613 (+6.0%)     | 1.2552 (+25%)   | +18%                 |
+| relu cnn 150            | 0.3527               | 0.6503 (+84%)      | 0.6845 (+94%)   | +5.3%                |
+| relu cnn 600            | 0.0765               | 0.1090 (+42%)      | 0.1059 (+38%)   | -2.8%                |
+
+So on the CNN nearly all of the gap to the rule is Alg. 1's own (ratios per worker), which no implementation of
+the paper's algorithm avoids, and the 1-bit exchange is level with lossless communication at 600 steps. On the MLP
+at 200 steps, lr 5e-4 and 2e-3 (a one-process torch simulation of the 4 workers, which reproduced the rule's
+1.3647 and the exact mean's 1.4029 at lr 1e-3), the quantization cost +0.4% and +7.7% over the exact mean. Over the
+quantizer's seeds 0-4 (``Birder:<seed>``), Birder against the exact mean is +1.0 to +1.1% on the MLP at 200 steps
+and -5.8 to +0.8% on the CNN at 600. Pinned below: Birder within 2% of the exact mean on the MLP at 200 steps and
+on the CNN at 600; the MLP at 600 steps, where the compression itself costs +18%, is a strict xfail.
 """
 
 from __future__ import annotations
@@ -62,3 +81,28 @@ def test_birder_on_relu_mlp_within_two_percent_of_its_rule(out_dir) -> None:
     res = ranks[0]
     assert res["Birder"]["error"] is None, res["Birder"]["error"]
     _check("relu mlp", "its uncompressed rule", res["Birder"]["test_loss"], res["BirderDense"]["test_loss"], 0.02)
+
+
+def _against_exact_mean(out_dir, task: str, steps: int) -> None:
+    runs = ["BirderExact", "Birder"]
+    mpirun("relu_fidelity.py", N, out_dir, task, str(steps), ",".join(runs), timeout=300)
+    ranks = load_ranks(out_dir, N)
+    for run in runs:
+        assert len({rk[run]["hash"] for rk in ranks}) == 1, f"{task} {run}: parameters differ across {N} ranks"
+    res = ranks[0]
+    assert res["Birder"]["error"] is None, res["Birder"]["error"]
+    _check(f"relu {task} {steps}", "Alg. 1 without quantization (exact mean of the workers' m/b)",
+           res["Birder"]["test_loss"], res["BirderExact"]["test_loss"], 0.02)
+
+
+def test_birder_on_relu_mlp_within_two_percent_of_its_algorithm_without_quantization(out_dir) -> None:
+    _against_exact_mean(out_dir, "mlp", 200)
+
+
+def test_birder_on_relu_cnn_within_two_percent_of_its_algorithm_without_quantization(out_dir) -> None:
+    _against_exact_mean(out_dir, "cnn", 600)
+
+
+@pytest.mark.xfail(strict=True, reason="open: on the ReLU MLP at 600 steps the 1-bit exchange itself costs ~18%")
+def test_birder_on_long_relu_mlp_within_two_percent_of_its_algorithm_without_quantization(out_dir) -> None:
+    _against_exact_mean(out_dir, "mlp", 600)

@@ -13,9 +13,9 @@ Two tasks, each rank training on its own shard and every rank scoring the same h
 argv: out_dir task(mlp|cnn) steps runs
   runs: comma list of Adam, Lamb (dense average), OneBitAdam:<variance_floor>:<freeze_step> and
   OneBitLamb:<variance_floor>:<freeze_step> (variance_floor 0: the papers' exact rule),
-  SLAMB:<compress_ratio>:<sync_interval>, Birder (op=hc.Birder), BirderHier (hierarchical=True) and BirderDense
-  (hc.Birder behind op=hc.Average), run one after
-  another from the same initial model and data order.
+  SLAMB:<compress_ratio>:<sync_interval>, Birder[:<seed>] (op=hc.Birder), BirderHier (hierarchical=True), BirderDense
+  (hc.Birder behind op=hc.Average) and BirderExact (Alg. 1 with its quantization left out: ``ExactMeanBirder``),
+  run one after another from the same initial model and data order.
 
 Saves per rank, for each run: the final held-out loss (NaN if the run raised or diverged), the error it
 raised if any, the largest |parameter| right after the first compressed step and at the end, and the SHA-256
@@ -82,12 +82,42 @@ def make_model() -> torch.nn.Module:
                                relu(), torch.nn.Linear(64, 10))
 
 
+class ExactMeanBirder(torch.optim.Optimizer):
+    """Paper 004's Alg. 1 without its quantization: each rank's m and b from its own gradient (lines 5-6), and
+    x -= lr * mean over ranks of m / (b + eps), averaged exactly (a float32 allreduce). What op=hc.Birder would
+    give with lossless communication: the compression's own cost is Birder's distance from this run, where its
+    distance from hc.Birder behind op=hc.Average also holds the rule's (ratios per worker, not of the average)."""
+
+    def __init__(self, params, lr: float, beta: float = 0.95, eps: float = 1e-8) -> None:
+        super().__init__(params, {"lr": lr, "beta": beta, "eps": eps})
+
+    @torch.no_grad()
+    def step(self, closure=None) -> None:
+        for group in self.param_groups:
+            params = group["params"]
+            for p in params:
+                st = self.state[p]
+                if not st:
+                    st["m"], st["b"] = torch.zeros_like(p), torch.zeros_like(p)
+                st["m"].mul_(group["beta"]).add_(p.grad, alpha=1 - group["beta"])
+                st["b"].mul_(group["beta"]).add_(p.grad.abs(), alpha=1 - group["beta"])
+            r = torch.cat([(self.state[p]["m"] / (self.state[p]["b"] + group["eps"])).reshape(-1) for p in params])
+            r = hc.allreduce(r, op=hc.Average, name="relu_fidelity.exact_birder")
+            at = 0
+            for p in params:
+                p.add_(r[at: at + p.numel()].view_as(p), alpha=-group["lr"])
+                at += p.numel()
+
+
 def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
     name, floor, freeze = [*run.split(":"), "", ""][:3]
+    if name == "BirderExact":
+        return ExactMeanBirder(model.parameters(), lr=LR["Birder"])
     if name.startswith("Birder"):  # Birder (paper 004): BirderDense = hc.Birder's rule behind a dense average
         base = hc.Birder(model.parameters(), lr=LR["Birder"])
         hier = name == "BirderHier"
-        options = {"op": hc.Average} if name == "BirderDense" else {"op": hc.Birder, "hierarchical": hier}
+        options = {"op": hc.Average} if name == "BirderDense" else {
+            "op": hc.Birder, "hierarchical": hier, "seed": int(floor or 0)}
         return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), **options)
     if name.endswith("Adam"):
         base = torch.optim.Adam(model.parameters(), lr=LR["Adam"])
