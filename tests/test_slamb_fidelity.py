@@ -26,6 +26,13 @@ rank steps on its own batch-16 gradient (no gradient allreduce, spec S6), 90% of
 step, stale elements move at lr / sqrt(n), and the models are averaged only every 100 steps; on a shard of 2048
 teacher-labelled samples per rank the local models drift to their shard. Kept as a strict xfail so that it turns
 into a failure the day it passes (then drop the mark), not hidden.
+
+Where the MLP's gap comes from (2026-11-25, 200 steps, held-out loss; hc.Lamb 1.1587 in that run): k = 1, H = 1
+(every momentum element averaged, parameters averaged every step, v local) 1.2030 (+3.8%); k = 1, H = 100 1.2318
+(+6.3%); k = 0.1, H = 1 1.1618 (+0.3%); k = 0.1 with H = 5 / 10 / 25 / 50 / 100: 1.2381 / 1.2573 / 1.2991 / 1.2871 /
+1.2975 (+6.9 / +8.5 / +12.1 / +11.1 / +12.0%). So the masking itself costs nothing here once the parameters are
+averaged every step; the gap is the ranks' drift between parameter averages, already +6.9% at H = 5, which is the
+rule's (no gradient average, spec S6), not a choice of k.
 """
 
 from __future__ import annotations
