@@ -107,3 +107,13 @@ def load_pickled_ranks(out_dir: Path, n: int) -> list[dict[str, Any]]:
 #: The type names of a usage error as a worker's ``"Type: message"`` shows it: ``UsageError`` for input this rank
 #: refused alone, ``RejectedInputError`` (a UsageError and a RuntimeError) for input refused on every rank.
 USAGE = ("UsageError", "RejectedInputError")
+
+
+def relu_fidelity_runs(out_dir: Path, n: int, task: str, steps: int, runs: list[str]) -> dict[str, Any]:
+    """``workers/relu_fidelity.py`` with ``runs`` on ``task`` for ``steps`` steps at n ranks: asserts that every
+    run ends with identical parameters on every rank and returns rank 0's results (run name -> its record)."""
+    mpirun("relu_fidelity.py", n, out_dir, task, str(steps), ",".join(runs), timeout=300)
+    ranks = load_ranks(out_dir, n)
+    for run in runs:
+        assert len({rk[run]["hash"] for rk in ranks}) == 1, f"{task} {run}: parameters differ across {n} ranks"
+    return ranks[0]

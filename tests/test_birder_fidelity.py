@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import load_ranks, mpirun, relu_fidelity_runs
 
 N = 4
 
@@ -73,23 +73,13 @@ def test_birder_on_demo_task_within_two_percent_of_its_rule_and_five_of_adam(out
 
 @pytest.mark.xfail(strict=True, reason="open: Birder is ~4% off its rule on the ReLU MLP at 200 steps")
 def test_birder_on_relu_mlp_within_two_percent_of_its_rule(out_dir) -> None:
-    runs = ["BirderDense", "Birder"]
-    mpirun("relu_fidelity.py", N, out_dir, "mlp", "200", ",".join(runs), timeout=300)
-    ranks = load_ranks(out_dir, N)
-    for run in runs:
-        assert len({rk[run]["hash"] for rk in ranks}) == 1, f"mlp {run}: parameters differ across {N} ranks"
-    res = ranks[0]
+    res = relu_fidelity_runs(out_dir, N, "mlp", 200, ["BirderDense", "Birder"])
     assert res["Birder"]["error"] is None, res["Birder"]["error"]
     _check("relu mlp", "its uncompressed rule", res["Birder"]["test_loss"], res["BirderDense"]["test_loss"], 0.02)
 
 
 def _against_exact_mean(out_dir, task: str, steps: int) -> None:
-    runs = ["BirderExact", "Birder"]
-    mpirun("relu_fidelity.py", N, out_dir, task, str(steps), ",".join(runs), timeout=300)
-    ranks = load_ranks(out_dir, N)
-    for run in runs:
-        assert len({rk[run]["hash"] for rk in ranks}) == 1, f"{task} {run}: parameters differ across {N} ranks"
-    res = ranks[0]
+    res = relu_fidelity_runs(out_dir, N, task, steps, ["BirderExact", "Birder"])
     assert res["Birder"]["error"] is None, res["Birder"]["error"]
     _check(f"relu {task} {steps}", "Alg. 1 without quantization (exact mean of the workers' m/b)",
            res["Birder"]["test_loss"], res["BirderExact"]["test_loss"], 0.02)

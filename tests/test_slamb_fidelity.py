@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import load_ranks, mpirun, relu_fidelity_runs
 
 N = 4
 
@@ -76,11 +76,6 @@ def test_slamb_on_relu_mlp_within_two_percent_of_lamb(out_dir) -> None:
 
 
 def _relu_run(out_dir, task: str, steps: int) -> None:
-    runs = ["Lamb", "SLAMB:0.1:100"]
-    mpirun("relu_fidelity.py", N, out_dir, task, str(steps), ",".join(runs), timeout=300)
-    ranks = load_ranks(out_dir, N)
-    for run in runs:
-        assert len({rk[run]["hash"] for rk in ranks}) == 1, f"{task} {run}: parameters differ across {N} ranks"
-    res = ranks[0]
+    res = relu_fidelity_runs(out_dir, N, task, steps, ["Lamb", "SLAMB:0.1:100"])
     assert res["SLAMB:0.1:100"]["error"] is None, res["SLAMB:0.1:100"]["error"]
     _check(f"relu {task}", res["Lamb"]["test_loss"], res["SLAMB:0.1:100"]["test_loss"])
