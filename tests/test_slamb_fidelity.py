@@ -32,7 +32,8 @@ Where the MLP's gap comes from (2026-11-25, 200 steps, held-out loss; hc.Lamb 1.
 (+6.3%); k = 0.1, H = 1 1.1618 (+0.3%); k = 0.1 with H = 5 / 10 / 25 / 50 / 100: 1.2381 / 1.2573 / 1.2991 / 1.2871 /
 1.2975 (+6.9 / +8.5 / +12.1 / +11.1 / +12.0%). So the masking itself costs nothing here once the parameters are
 averaged every step; the gap is the ranks' drift between parameter averages, already +6.9% at H = 5, which is the
-rule's (no gradient average, spec S6), not a choice of k.
+rule's (no gradient average, spec S6), not a choice of k. Alg. 1's line 9 (``sync_grad``: g[M] averaged too)
+does not close it: k = 0.1, H = 100 with it 1.2887 (+11.2%); k = 1, H = 100 with it 1.1801 (+1.8%).
 """
 
 from __future__ import annotations
