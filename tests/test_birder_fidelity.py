@@ -25,8 +25,9 @@ strict xfail so that it turns into a failure the day it passes (then drop the ma
 
 Where the gap comes from (2026-11-25): the rule behind op=hc.Average takes m / b of the AVERAGED gradient, while
 Alg. 1 averages the workers' ratios m_i / b_i of their own gradients (lines 5-8) before any bit is sent. The
-worker's ``BirderExact`` (``ExactMeanBirder``) is Alg. 1 with its quantization left out: per-worker m_i, b_i and the
-exact float32 mean of m_i / (b_i + eps). It splits the gap into the rule's part and the compression's own:
+worker's ``BirderExact`` (``ExactMeanBirder``) is Alg. 1 with its quantization left out: each rank steps hc.Birder's
+rule on its own gradient and the parameters are then averaged exactly, i.e. x -= lr mean(m_i / (b_i + eps)). It
+splits the gap into the rule's part and the compression's own:
 
 | task, steps (lr 1e-3)   | rule (avg. gradient) | Alg. 1, exact mean | Birder (1-bit)  | Birder vs exact mean |
 | relu mlp 200            | 1.3647               | 1.4029 (+2.8%)     | 1.4187 (+4.0%)  | +1.1%                |

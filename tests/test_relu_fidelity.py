@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import relu_fidelity_runs
 
 N = 4
 # (task, steps, freeze_step): 20% of the steps (paper 003: 15-25% of training), and 40% on the long MLP run,
@@ -78,11 +78,7 @@ def test_onebit_optimizers_on_relu_networks_within_two_percent_of_dense(task: st
     floored = {name: f"{name}:0.01:{freeze}" for name in COUNTERPARTS}
     paper = {name: f"{name}:0:5" for name in COUNTERPARTS} if (task, steps) == ("mlp", 200) else {}
     runs = ["Adam", "Lamb", *floored.values(), *paper.values()]
-    mpirun("relu_fidelity.py", N, out_dir, task, str(steps), ",".join(runs), timeout=300)
-    ranks = load_ranks(out_dir, N)
-    for run in runs:
-        assert len({rk[run]["hash"] for rk in ranks}) == 1, f"{task} {run}: parameters differ across {N} ranks"
-    res = ranks[0]
+    res = relu_fidelity_runs(out_dir, N, task, steps, runs)
     gaps = []
     for name, dense in COUNTERPARTS.items():
         got, want = res[floored[name]], res[dense]

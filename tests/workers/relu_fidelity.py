@@ -82,31 +82,20 @@ def make_model() -> torch.nn.Module:
                                relu(), torch.nn.Linear(64, 10))
 
 
-class ExactMeanBirder(torch.optim.Optimizer):
-    """Paper 004's Alg. 1 without its quantization: each rank's m and b from its own gradient (lines 5-6), and
-    x -= lr * mean over ranks of m / (b + eps), averaged exactly (a float32 allreduce). What op=hc.Birder would
-    give with lossless communication: the compression's own cost is Birder's distance from this run, where its
-    distance from hc.Birder behind op=hc.Average also holds the rule's (ratios per worker, not of the average)."""
-
-    def __init__(self, params, lr: float, beta: float = 0.95, eps: float = 1e-8) -> None:
-        super().__init__(params, {"lr": lr, "beta": beta, "eps": eps})
+class ExactMeanBirder(hc.Birder):
+    """Paper 004's Alg. 1 without its quantization: x -= lr * mean over ranks of m_i / (b_i + eps), each rank's m_i
+    and b_i from its own gradient (lines 5-6). Each rank steps ``hc.Birder``'s own rule on its own gradient, then
+    the parameters are averaged exactly (float32 allreduce): every rank held the same x before the step, so the
+    mean of x - lr r_i is x - lr mean(r_i) up to rounding. What op=hc.Birder would give with lossless
+    communication: Birder's distance from this run is the compression's own cost, where its distance from
+    hc.Birder behind op=hc.Average also holds the rule's (ratios per worker, not of the averaged gradient)."""
 
     @torch.no_grad()
     def step(self, closure=None) -> None:
+        super().step(closure)
         for group in self.param_groups:
-            params = group["params"]
-            for p in params:
-                st = self.state[p]
-                if not st:
-                    st["m"], st["b"] = torch.zeros_like(p), torch.zeros_like(p)
-                st["m"].mul_(group["beta"]).add_(p.grad, alpha=1 - group["beta"])
-                st["b"].mul_(group["beta"]).add_(p.grad.abs(), alpha=1 - group["beta"])
-            r = torch.cat([(self.state[p]["m"] / (self.state[p]["b"] + group["eps"])).reshape(-1) for p in params])
-            r = hc.allreduce(r, op=hc.Average, name="relu_fidelity.exact_birder")
-            at = 0
-            for p in params:
-                p.add_(r[at: at + p.numel()].view_as(p), alpha=-group["lr"])
-                at += p.numel()
+            for p in group["params"]:
+                hc.allreduce_(p, op=hc.Average, name="relu_fidelity.exact_birder")
 
 
 def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
