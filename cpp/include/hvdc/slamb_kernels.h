@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "hvdc/kernel_isa.h"
 #include "hvdc/masks.h"
 
 namespace hvdc {
@@ -18,13 +19,15 @@ double slamb_moments(const float* work, const float* g, int64_t n, float b2, flo
 
 // Step 7 on one layer: u = m / (max(sqrt(v) / sqrt_bc2, floor) + eps) / bc1 + wd * x (the max only when
 // floor > 0, the weight decay only when wd != 0), with the masked sums of squares of x and of u
-// (step 8's phi_max / phi_min norms) taken in the same pass.
+// (step 8's phi_max / phi_min norms) taken in the same pass. The AVX2 version (where `choice` and the CPU allow)
+// gives the same bits as the portable one.
 struct SlambNorms {
   MaskedSumSquares x;
   MaskedSumSquares u;
 };
 SlambNorms slamb_direction(const float* m, const float* v, const float* x, const uint8_t* mask, int64_t n,
-                           float sqrt_bc2, float floor, float eps, float bc1, float wd, float* u);
+                           float sqrt_bc2, float floor, float eps, float bc1, float wd, float* u,
+                           KernelChoice choice = KernelChoice::kAuto);
 
 // Step 8 on one layer, per element: phi = clamp(c * dphi + phi_min, clip_min, clip_max),
 // eta = c * deta + eta_min, x -= (u * phi) * eta (dphi = phi_max - phi_min, deta = lr - lr / sqrt(n)).
