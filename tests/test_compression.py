@@ -280,16 +280,22 @@ def test_momentum_given_to_the_wrapped_optimizer_after_construction_raises_at_st
     """DGC momentum in the compression: a momentum set in a param group, or a group added with one, after
     DistributedOptimizer was built raises ValueError at step()/synchronize() (also step() inside skip_synchronize())
     on every rank before any collective, parameters and compression state unchanged; undone, the same call takes the
-    step with the same gradients, alike on every rank."""
-    n = 2
+    step with the same gradients, alike on every rank. Set on rank 1 only, rank 1 raises ValueError and the others
+    RejectedInputError with its reason (no wait for rank 1's calls), nothing changed on any rank."""
+    n = 3
     mpirun("compression_late_momentum.py", n, out_dir, timeout=120)
     ranks = load_ranks(out_dir, n)
     for r, rk in enumerate(ranks):
-        for case in ("group_step", "group_synchronize", "group_skip_synchronize", "added_group_step"):
+        for case in ("group_step", "group_synchronize", "group_skip_synchronize", "added_group_step",
+                     "one_rank_step", "one_rank_synchronize"):
             got = rk[case]
-            assert got.startswith("ValueError") and "twice" in got and "after" in got, f"rank {r} {case}: {got}"
-            want = "param_groups[1]" if case == "added_group_step" else "param_groups[0]"
-            assert want in got, f"rank {r} {case}: {got}"
+            if case.startswith("one_rank") and r != 1:  # the core's message names rank 1 and (cut) its reason
+                assert got.startswith("RejectedInputError") and "rank 1 rejected" in got, f"rank {r} {case}: {got}"
+                assert "ValueError: compression=" in got and "DGC momentum" in got, f"rank {r} {case}: {got}"
+            else:
+                assert got.startswith("ValueError") and "twice" in got and "after" in got, f"rank {r} {case}: {got}"
+                want = "param_groups[1]" if case == "added_group_step" else "param_groups[0]"
+                assert want in got, f"rank {r} {case}: {got}"
             assert rk[f"{case}.unchanged"], f"rank {r} of {n} {case}: parameters or compression state changed"
             for i, (a, b) in enumerate(zip(rk[f"{case}.retried"], ranks[0][f"{case}.retried"], strict=True)):
                 assert torch.equal(a, b), f"rank {r} of {n} {case}: param {i} after the retried step != rank 0"

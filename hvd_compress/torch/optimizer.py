@@ -18,7 +18,7 @@ from hvd_compress.ops.buckets import (
     failure_joins_as_rejection,
     plan_buckets,
 )
-from hvd_compress.ops.collectives import check_predivide
+from hvd_compress.ops.collectives import check_predivide, reject_allreduce
 from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import ReduceOp
@@ -133,7 +133,11 @@ class _DistributedMixin(SynchronizeProtocol):
         place: change ``.grad`` only after ``synchronize()`` (as with Horovod), or pass ``overlap=False``. An
         error in any rank's reduction raises here on every rank, after every started bucket has finished."""
         ensure_init()
-        self._hvdc_check_momentum()
+        try:
+            self._hvdc_check_momentum()
+        except ValueError as e:
+            self._hvdc_reject_reductions(f"{type(e).__name__}: {e}")
+            raise
         self._hvdc_grads.gather()  # only touches gradients that are not their views yet (none already reducing)
         self._hvdc_reductions.mark_all_ready()
         self._hvdc_reductions.launch_ready(self._hvdc_reduce_bucket)
@@ -158,15 +162,30 @@ class _DistributedMixin(SynchronizeProtocol):
 
     def _hvdc_check_momentum(self) -> None:
         """The construction-time DGC guard again, for a momentum given to the wrapped optimizer later (a param
-        group's ``momentum`` set, ``add_param_group``). Cheap, local, and run before any collective: DGC's buffers
-        reduce in ``synchronize()``, never from the hooks (no overlap), so every rank running the same script
-        raises alike with nothing sent or changed."""
+        group's ``momentum`` set, ``add_param_group``). Cheap and local, run before this rank's reductions of the
+        step; ``synchronize()`` makes a failure every rank's (``_hvdc_reject_reductions``)."""
         _check_no_second_momentum(self, self._hvdc_compression,
                                   " (given after DistributedOptimizer was built; this call changed nothing)")
 
+    def _hvdc_reject_reductions(self, why: str) -> None:
+        """This rank cannot take the step (``why``): each bucket not started yet joins its allreduce as a rejection,
+        in bucket order, so every other rank raises ``RejectedInputError`` from ``synchronize()`` instead of
+        waiting for calls that never come (a momentum set on one rank only); those started from the hooks finish.
+        The gradients and the compression state stay as they were (a rejected call changes nothing)."""
+        red = self._hvdc_reductions
+        red.mark_all_ready()
+        red.launch_ready(lambda b: self._hvdc_meter.run(reject_allreduce, why, f"DistributedOptimizer.grad.{b}"))
+        try:
+            red.drain()
+        except Exception:  # this rank's own rejections: the caller raises the reason itself
+            pass
+        red.reset()
+        self._hvdc_passes.reset()
+
     def step(self, closure: Any = None) -> Any:
-        self._hvdc_check_momentum()  # also inside skip_synchronize(), where synchronize() ran before the change
-        self._hvdc_synchronize_for_step()
+        if self._hvdc_skip or self._hvdc_synchronized:  # no reduction left in this step: the check is this rank's
+            self._hvdc_check_momentum()  # (inside skip_synchronize(), synchronize() ran before the change)
+        self._hvdc_synchronize_for_step()  # else synchronize() checks, and a failure joins every rank's calls
         out = super(self.__class__, self).step(closure)
         self._hvdc_step_done()
         return out

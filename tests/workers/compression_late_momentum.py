@@ -3,7 +3,8 @@ momentum after DistributedOptimizer was built: ``param_groups[0]['momentum']`` s
 or ``step()`` inside ``skip_synchronize()`` after a good ``synchronize()``) or ``add_param_group`` with momentum (then
 ``step()``). Each must raise on every rank before any collective, with the parameters and the compression state (error,
 velocity, step) unchanged; with the momentum undone, the same call (with the same gradients) takes the step on
-every rank, alike.
+every rank, alike. A momentum set on one rank only raises ValueError there and RejectedInputError (with that
+reason) on the others, from the same call, with nothing changed anywhere.
 
 argv: out_dir
 """
@@ -63,6 +64,11 @@ CASES = {
     "group_skip_synchronize": (lambda: set_momentum(0.9), step_skipping_synchronize, lambda: set_momentum(0.0),
                                step_skipping_synchronize, True),
     "added_group_step": (add_group, opt.step, opt.param_groups.pop, opt.step, False),
+    # Only rank 1 changes its momentum: its check fails alone, and the other ranks must raise too, not wait.
+    "one_rank_step": (lambda: set_momentum(0.9 if r == 1 else 0.0), opt.step, lambda: set_momentum(0.0), opt.step,
+                      False),
+    "one_rank_synchronize": (lambda: set_momentum(0.9 if r == 1 else 0.0), opt.synchronize,
+                             lambda: set_momentum(0.0), synchronize_then_step, False),
 }
 
 res = {}
