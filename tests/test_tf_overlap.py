@@ -2,7 +2,9 @@
 hc.DistributedGradientTape in a tf.function): gradient buckets start while backward still runs (overlap=True, the
 default), with parameters bit-identical to reducing the same buckets after backward (overlap=False), identical on
 every rank, and equal to SGD on the gradient averaged over every rank's batch (simulated without communication); bad
-bucket options raise on every rank."""
+bucket options raise on every rank. The same for op=SLAMB's and op=Birder's buckets (model.fit): started during
+backward, bit-identical with overlap off and with steps_per_execution, SLAMB also with one bucket; Birder's state records
+its bucket layout."""
 
 from __future__ import annotations
 
@@ -47,6 +49,40 @@ def test_tf_buckets_start_before_backward_ends_with_identical_results(n: int, le
             for a, b in zip(ranks[0][f"{face}-True"]["params"][s], ranks[0][f"{face}-False"]["params"][s],
                             strict=True):
                 assert np.array_equal(a, b), f"{face}, step {s}: overlap=True and False differ"
+    for op in ("SLAMB", "Birder"):
+        for r, rk in enumerate(ranks):
+            where = f"{op} rank {r} of {n}"
+            bad = rk["bad"]
+            assert bad[f"{op} bucket_mb=0"].startswith("ValueError: bucket_mb must be a number > 0"), (where, bad)
+            assert bad[f"{op} overlap=1"].startswith("TypeError: overlap must be True or False"), (where, bad)
+            on, off, one = rk[f"{op}-True"], rk[f"{op}-False"], rk[f"{op}-one-bucket"]
+            assert (on["buckets"], off["buckets"], one["buckets"]) == (BUCKETS, BUCKETS, 1), where
+            # The first bucket (Dense3, Dense2) started before the first layer's gradient was done, with overlap only.
+            assert on["seen"] == [1] * STEPS and off["seen"] == [0] * STEPS and one["seen"] == [0] * STEPS, where
+            assert rk[f"{op}-steps_per_execution"]["seen"] == [1] * STEPS, where
+            for s in range(STEPS):
+                for a, b in zip(on["params"][s], off["params"][s], strict=True):
+                    assert np.array_equal(a, b), f"{where}, step {s}: overlap=True and False differ"
+            for k, v in on["state"].items():
+                assert np.array_equal(v, off["state"][k]), f"{where}: state {k} differs with overlap off"
+            for a, b, c in zip(on["params"][-1], ranks[0][f"{op}-True"]["params"][-1],
+                               rk[f"{op}-steps_per_execution"]["params"][0], strict=True):
+                assert np.array_equal(a, b), f"{where}: the parameters after the last step differ from rank 0"
+                assert np.array_equal(a, c), f"{where}: steps_per_execution differs"
+            if op == "SLAMB":  # its state is over all elements: one bucket reduces the same masked averages
+                for s in range(STEPS):
+                    for a, c in zip(on["params"][s], one["params"][s], strict=True):
+                        assert np.array_equal(a, c), f"{where}, step {s}: one bucket differs"
+            else:  # Birder's state is per bucket, and records the cut
+                assert on["state"]["segments"].tolist() == [12 * 32 + 32, 32 * 32 + 32 + 32 * 3 + 3], where
+                assert "segments" not in one["state"], where
+    for r, rk in enumerate(ranks):  # a state of another bucket cut: refused on every rank, nothing changed
+        other = rk["Birder-other-layout"]
+        assert "ValueError: Birder: the optimizer state holds buckets of [1155, 416]" in other["error"], (r, other)
+        assert other["unchanged"], f"rank {r}: a refused step changed the parameters or the state"
+        for a, b in zip(other["then"], ranks[0]["Birder-other-layout"]["then"], strict=True):
+            assert np.array_equal(a, b), f"rank {r}: the step after the refused one differs from rank 0"
+    assert ranks[0]["bad"]["onebit overlap"].startswith("TypeError: op=OneBitLamb got unknown options ['overlap']")
     # Every train step in one tf.function call (steps_per_execution): the same parameters as the simulation.
     for r, rk in enumerate(ranks):
         for got, want in zip(rk["fit-steps_per_execution"], rk["simulated"][-1], strict=True):

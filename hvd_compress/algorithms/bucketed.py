@@ -61,6 +61,9 @@ class BucketedAlgorithm:
         # segment index -> (the segment the copies were made for, the copies of its ``mutable_state``)
         self._backups: dict[int, tuple[Any, list[Tensor]]] = {}
         self._backed_up: set[int] = set()  # segments whose copies hold this step's values
+        #: False where the face itself drops a failed step's state (the TF faces step fresh copies, assigned back only
+        #: after a step that succeeded): no copies aside then.
+        self.keep_backups = True
 
     # -- what a subclass supplies ------------------------------------------------------------------------
     def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
@@ -157,8 +160,8 @@ class BucketedAlgorithm:
     def backup(self, i: int) -> None:
         """Copy segment ``i``'s ``mutable_state`` aside before its collective, when a later bucket may still fail
         (several segments, or overlap: the step may also be abandoned)."""
-        if len(self.segments) == 1 and not self.overlap:  # the core leaves the state as it was on rejection
-            return
+        if not self.keep_backups or (len(self.segments) == 1 and not self.overlap):  # the core leaves the state as
+            return  # it was on rejection
         seg = self.segments[i]
         state = list(self.mutable_state(seg))
         kept = self._backups.get(i)

@@ -239,7 +239,7 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
             if bad:
                 raise ValueError(f"op={self.op.name} supports float32 variables, not {bad}")
             self._runner = make_step(algorithm, self._config.options, [tuple(v.shape) for v in var_list],
-                                     ops.size(), self._meter)
+                                     ops.size(), self._meter, self._config.bucket_mb)
             self._state = {}
             for key, (shape, dtype, init) in self._runner.state_shapes().items():
                 initializer = tf_keras.initializers.get(init)
@@ -304,7 +304,7 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
         self.inner_optimizer._compute_current_learning_rate()
         apply_algorithm_step(self._runner, self._state, self._trainable, by_var,
                              [self.inner_optimizer.learning_rate, *self._hyper], self._flags,
-                             f"{self.name}.{self._config.algorithm.name}")
+                             f"{self.name}.{self._config.algorithm.name}", self._config.overlap)
         self.inner_optimizer.iterations.assign_add(1)
 
     @property

@@ -212,7 +212,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             if bad:
                 raise ValueError(f"op={self.op.name} supports float32 variables (mixed_float16 keeps them), not {bad}")
             self._runner: FusedStep = make_step(self._algorithm, self._options, [tuple(v.shape) for v in var_list],
-                                                ops.size(), self._meter)
+                                                ops.size(), self._meter, self._config.bucket_mb)
             self._state = {}
             for key, (shape, dtype, init) in self._runner.state_shapes().items():
                 self._state[key] = self.add_variable(shape=shape, dtype=dtype, initializer=init, name=f"hvdc_{key}")
@@ -316,7 +316,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
         hyper = [self.inner_optimizer.learning_rate, *self._hyper]
         apply_algorithm_step(self._runner, self._state, self._trainable_variables, by_var, hyper, self._flags,
-                             f"{self.name}.{self._algorithm.name}")
+                             f"{self.name}.{self._algorithm.name}", self._config.overlap)
         self.inner_optimizer.iterations.assign_add(1)
 
     # -- serialization -----------------------------------------------------------------------------------

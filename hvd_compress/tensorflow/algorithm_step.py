@@ -11,6 +11,17 @@ not copied: the algorithm gets TF's input array marked read-only, and an empty a
 variable is not assigned. Every step-dependent decision (warm-up or compression, trust-ratio clipping, SLAMB's
 masks and sync interval) is made there, at run time. The subclasses below only say which buffers each algorithm
 keeps.
+
+A runner whose segments are buckets (``bucketed``: SLAMB) overlaps their reductions with backward instead (issue
+13, item 1), as ``hvd_compress.tensorflow.bucketed`` does for Average/Sum: each bucket (``plan_bucket_ranges``, the
+torch face's cut) gets its own stateful start op whose inputs are that bucket's gradients, so TF runs it as soon
+as they exist while it still computes the earlier layers' gradients. The first start op also takes the parameters
+and the state and makes the step's fresh copies (a ``_Session``); each start op copies its gradients into the
+session's flat buffer and reports its segment final (``BucketedAlgorithm.gradient_final``), which starts the
+segment's reduction on the background thread, buckets in bucket order on every rank (the start ops form a chain
+through the session's token). One finish op runs the algorithm's ``step()`` (waiting for every bucket) and returns
+what ``__call__`` returns. ``overlap=False`` gates every start op on every gradient: the same calls after backward,
+bit-identical results.
 """
 
 from __future__ import annotations
@@ -19,7 +30,7 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,13 +38,19 @@ import tensorflow as tf
 
 from hvd_compress.algorithms.birder import BirderAlgorithm, BirderOptions, BirderSegment
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, Segment
-from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions
+from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions, SlambSegment
 from hvd_compress.ops import onebit as onebit_ops
+from hvd_compress.ops import runtime
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, plan_buckets
+from hvd_compress.ops.collectives import reject_allreduce
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.backend import BACKEND, aligned_empty
 from hvd_compress.tensorflow.functions import dense, numpy_call
 
 StateShapes = dict[str, tuple[tuple[int, ...], str, str]]  # name -> (shape, dtype, Keras initializer)
+#: The state entry of a runner cut into several buckets with per-bucket state (Birder): each bucket's elements, so
+#: that a checkpoint of another cut is refused (another count of buckets: another shape, which Keras refuses).
+LAYOUT = "segments"
 
 
 def _fresh_copy(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
@@ -77,10 +94,40 @@ def float32_gradients(grads: Sequence[Any], variables: Sequence[Any]) -> list[tf
             for g, v in zip(grads, variables, strict=True)]
 
 
+def plan_bucket_ranges(sizes: Sequence[int], bucket_mb: float) -> tuple[list[tuple[int, int]], list[int]]:
+    """The buckets of float32 variables of ``sizes`` elements as the torch face cuts one param group
+    (``hvd_compress.torch.bucketed.plan_segments``: reverse variable order, ``bucket_mb`` MiB, the first 1 MiB):
+    each bucket's variable range [lo, hi) in variable order, and the bucket indices in bucket order."""
+    cap = int(bucket_mb * (1 << 20))
+    plan = plan_buckets([("float32", 4 * n) for n in sizes], cap, min(cap, int(FIRST_BUCKET_MB * (1 << 20))))
+    ranges = sorted((min(m), max(m) + 1) for m in plan)
+    index = {r: b for b, r in enumerate(ranges)}
+    return ranges, [index[(min(m), max(m) + 1)] for m in plan]
+
+
+@dataclasses.dataclass
+class _Session:
+    """One bucketed step between its first start op and its finish op: the fresh arrays the algorithm is bound
+    over, and the state as TF passed it in."""
+
+    x: np.ndarray
+    g: np.ndarray
+    bufs: dict[str, np.ndarray]
+    saved: dict[str, np.ndarray]  # the ``scalars`` state (copies: TF's input arrays are not kept past the op)
+    group: dict[str, Any]
+
+
 class FusedStep(FlatLayout):
     """One fused float32 segment over all trainable variables (``shapes``, in order), and the algorithm that
     steps it. Subclasses name the state buffers (``state_shapes``), the ones that differ between ranks by
-    design (``per_rank``), the hyper-parameter group (``group``) and bind the algorithm's buffers (``run``)."""
+    design (``per_rank``), the hyper-parameter group (``group``) and bind the algorithm's buffers (``run``).
+    A ``bucketed`` subclass binds them in ``bind`` instead and steps in ``finish``; its ``ranges``/``order`` are
+    the buckets (module docstring)."""
+
+    #: Whether the segments are buckets started from per-bucket ops (``start``/``finish``), else one ``__call__``.
+    bucketed = False
+    ranges: list[tuple[int, int]]
+    order: list[int]
 
     #: State names that are scalars or small lists, not flat buffers copied as such.
     scalars: tuple[str, ...] = ("step",)
@@ -123,6 +170,92 @@ class FusedStep(FlatLayout):
         new = self.run(x, g, bufs, saved, self.group(hyper, flags))
         new_state = {**bufs, **new, **{k: np.empty(0, saved[k].dtype) for k in read_only}}
         return [*self.views(x), *(new_state[k] for k in names)]
+
+    # -- the bucketed step: start ops, then the finish op -----------------------------------------------------
+    def bind(self, session: _Session) -> None:
+        """Bind the algorithm's buffers over ``session``'s arrays for the coming step (``bucketed`` runners)."""
+        raise NotImplementedError
+
+    def finish_state(self, session: _Session) -> dict[str, np.ndarray]:
+        """Step the bound algorithm (every bucket started); returns the new values of the ``scalars`` state."""
+        raise NotImplementedError
+
+    def bucket_members(self) -> list[list[int]]:
+        """The variable indices of each bucket, in bucket order."""
+        return [list(range(*self.ranges[b])) for b in self.order]
+
+    def start(self, position: int, flags: dict[str, Any]) -> Callable[..., np.ndarray]:
+        """The start op of the ``position``-th bucket in bucket order. Its arrays: (hyper, parameters, state) for
+        the first, else the previous start op's token; then the bucket's gradients. Returns the session's token."""
+        segment = self.order[position]
+        lo, hi = self.ranges[segment]
+        n_vars, n_state = len(self.sizes), len(self.state_shapes())
+
+        def run(*arrays: np.ndarray) -> np.ndarray:
+            alg = self.algorithm
+            try:
+                if position == 0:
+                    if self._sessions:  # a step whose finish op never ran (its graph failed): drop it
+                        alg.abandon()
+                        self._sessions.clear()
+                    hyper, rest = arrays[0], arrays[1:]
+                    session = self._begin(flags, hyper, rest[:n_vars], rest[n_vars: n_vars + n_state])
+                    token = next(self._tokens)
+                    self._sessions[token] = session
+                    self.bind(session)
+                    grads = rest[n_vars + n_state:]
+                else:
+                    token, grads = int(arrays[0]), arrays[1:]
+                    session = self._sessions[token]
+                for (a, b), grad in zip(self.cuts[lo:hi], grads, strict=True):
+                    session.g[a:b] = np.asarray(grad).reshape(-1)
+            except Exception as e:  # this rank's alone: each bucket still to come joins its call as a rejection
+                for later in self.order[position:]:
+                    runtime.submit(reject_allreduce, f"{type(e).__name__}: {e}",
+                                   f"{alg.name}.bucket.{later}").exception()
+                raise
+            alg.gradient_final(segment, [session.group], count=hi - lo)
+            return np.array(token, np.int64)
+
+        return run
+
+    def finish(self, token: np.ndarray) -> list[np.ndarray]:
+        """The finish op: the step (waiting for every bucket); returns what ``__call__`` returns."""
+        session = self._sessions.pop(int(token))
+        new = self.finish_state(session)
+        if LAYOUT in session.saved:
+            new[LAYOUT] = np.asarray(self.bucket_numels(), dtype=np.int64)
+        names = list(self.state_shapes())
+        new_state = {**session.bufs, **new}
+        return [*self.views(session.x), *(new_state[k] for k in names)]
+
+    def _begin(self, flags: dict[str, Any], hyper: np.ndarray, params: Sequence[np.ndarray],
+               state: Sequence[np.ndarray]) -> _Session:
+        names = list(self.state_shapes())
+        given = dict(zip(names, state, strict=True))
+        if LAYOUT in given:
+            self._check_layout(np.asarray(given[LAYOUT]))
+        bufs = {k: _fresh_copy(given[k]) for k in names if k not in self.scalars}
+        saved = {k: np.array(given[k]) for k in names if k in self.scalars}
+        return _Session(x=self.flatten(params), g=aligned_empty(self.numel, np.float32), bufs=bufs, saved=saved,
+                        group=self.group(hyper, flags))
+
+    def bucket_numels(self) -> list[int]:
+        """The elements of each bucket, in variable order (what ``LAYOUT`` records)."""
+        return [sum(self.sizes[lo:hi]) for lo, hi in self.ranges]
+
+    def _check_layout(self, saved: np.ndarray) -> None:
+        """ValueError unless the checkpoint's bucket layout ``saved`` is this runner's (zeros: no step taken yet)."""
+        mine = np.asarray(self.bucket_numels(), dtype=np.int64)
+        if saved.shape != mine.shape or not (np.array_equal(saved, mine) or not saved.any()):
+            raise ValueError(
+                f"{self.algorithm.name}: the optimizer state holds buckets of {saved.tolist()} elements, this "
+                f"optimizer cuts {mine.tolist()} (another model or bucket_mb): per-bucket state cannot be carried over"
+            )
+
+    def _init_sessions(self) -> None:
+        self._sessions: dict[int, _Session] = {}
+        self._tokens = itertools.count()
 
     def _run_segment(self, seg: Any, saved: dict[str, Any], group: dict[str, Any]) -> int:
         """One step of a segment-based algorithm (1-bit, Birder) on ``seg``, whose arrays are TF's: bound for
@@ -226,20 +359,29 @@ class _Errors:
 
 class SlambStep(FusedStep):
     """SLAMB (``hvd_compress.algorithms.slamb``): m, v and the freshness c over all variables. m[~M] and v are
-    this rank's own (never broadcast); c is alike on every rank (the masks are). No hooks here: the algorithm's
-    one segment (one param group) runs its masked average in ``step()``, not overlapped."""
+    this rank's own (never broadcast); c is alike on every rank (the masks are). Bucketed: each bucket's momentum
+    and masked average (the algorithm's steps 3 and 4) start from its start op while backward runs; the state is
+    element-wise over all variables, so the checkpoint does not depend on the cut."""
 
     per_rank = ("exp_avg", "exp_avg_sq")
+    bucketed = True
 
     def __init__(self, options: SlambOptions, shapes: Sequence[tuple[int, ...]], world_size: int,
-                 meter: CommMeter) -> None:
+                 meter: CommMeter, bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
         super().__init__(None, shapes)
         # Working buffers, made once as the torch face's (state comes from the variables every step).
         self._work = BACKEND.float32_like(self.numel, None)
         self._scratch = BACKEND.float32_like(self.numel, None)
         self._mask = BACKEND.bool_like(self.numel, None)
+        self.ranges, self.order = plan_bucket_ranges(self.sizes, bucket_mb)
+        offsets = [lo for lo, _ in self.cuts]
+        # ``params`` only count the members (the algorithm reads the flat buffers).
+        segments = [SlambSegment(group=0, first=offsets[lo], sizes=self.sizes[lo:hi], params=list(range(lo, hi)))
+                    for lo, hi in self.ranges]
         self.algorithm = Slamb(options, BACKEND, self._buffers(BACKEND.float32_like(self.numel, None), None, {}),
-                               world_size, meter)
+                               world_size, meter, segments=segments)
+        self.algorithm.order = self.order
+        self._init_sessions()
 
     def state_shapes(self) -> StateShapes:
         n = self.numel
@@ -257,12 +399,12 @@ class SlambStep(FusedStep):
             views=self.views,
         )
 
-    def run(self, x: np.ndarray, g: np.ndarray, bufs: dict[str, np.ndarray], saved: dict[str, np.ndarray],
-            group: dict[str, Any]) -> dict[str, np.ndarray]:
-        alg = self.algorithm
-        alg.buf = self._buffers(x, g, bufs)
-        alg.t = int(saved["step"])
-        return {"step": np.asarray(alg.step([group]), dtype=np.int64)}
+    def bind(self, session: _Session) -> None:
+        self.algorithm.buf = self._buffers(session.x, session.g, session.bufs)
+        self.algorithm.t = int(session.saved["step"])
+
+    def finish_state(self, session: _Session) -> dict[str, np.ndarray]:
+        return {"step": np.asarray(self.algorithm.step([session.group]), dtype=np.int64)}
 
     def synchronize_parameters(self, *params: np.ndarray) -> list[np.ndarray]:
         """The parameters averaged over all ranks (the algorithm's dense sync), as new arrays."""
@@ -274,69 +416,105 @@ class SlambStep(FusedStep):
 
 class BirderStep(FusedStep):
     """Birder's 1-bit algorithm (``hvd_compress.algorithms.birder``): this rank's shards of m, b and the error
-    feedback, all per rank; the step count (with the seed, the RNG position) alike everywhere."""
+    feedback, all per rank; the step count (with the seed, the RNG position) alike everywhere. Bucketed: each
+    bucket (segment) has its own shards and error feedback (the torch face's cut), reduced from its start op;
+    with more than one bucket the state records the cut (``LAYOUT``)."""
 
     per_rank = ("m", "b", "worker_error", "server_error")
+    scalars = ("step", LAYOUT)
+    bucketed = True
 
-    def __init__(self, options: BirderOptions, shapes: Sequence[tuple[int, ...]], meter: CommMeter) -> None:
+    def __init__(self, options: BirderOptions, shapes: Sequence[tuple[int, ...]], meter: CommMeter,
+                 bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
         super().__init__(BirderAlgorithm(options, BACKEND, [], meter), shapes)
-        self.c1, self.c2 = BirderAlgorithm.state_numels(self.numel, options.hierarchical)
+        self.ranges, self.order = plan_bucket_ranges(self.sizes, bucket_mb)
+        self.algorithm.order = self.order
+        self.algorithm.keep_backups = False  # a failed step's fresh copies are dropped, never assigned
+        numels = [BirderAlgorithm.state_numels(n, options.hierarchical) for n in self.bucket_numels()]
+        self._state_cuts = [(list(itertools.accumulate((0, *(c[k] for c in numels))))) for k in (0, 1)]
+        self.c1, self.c2 = self._state_cuts[0][-1], self._state_cuts[1][-1]
+        self._layouts = [FlatLayout(self.shapes[lo:hi]) for lo, hi in self.ranges]
         self._update = BACKEND.float32_like(self.numel, None)  # the gradient's copy each step: made once
+        self._init_sessions()
 
     def state_shapes(self) -> StateShapes:
         c1, c2 = self.c1, self.c2
-        return {"m": ((c1,), "float32", "zeros"), "b": ((c1,), "float32", "zeros"),
-                "worker_error": ((c1,), "float32", "zeros"), "server_error": ((c2,), "float32", "zeros"),
-                "step": ((), "int64", "zeros")}
+        shapes = {"m": ((c1,), "float32", "zeros"), "b": ((c1,), "float32", "zeros"),
+                  "worker_error": ((c1,), "float32", "zeros"), "server_error": ((c2,), "float32", "zeros")}
+        if len(self.ranges) > 1:  # one bucket keeps the format of before buckets
+            shapes[LAYOUT] = ((len(self.ranges),), "int64", "zeros")
+        shapes["step"] = ((), "int64", "zeros")
+        return shapes
+
 
     def group(self, hyper: np.ndarray, flags: dict[str, Any]) -> dict[str, Any]:
         """(lr, beta, eps, weight_decay) as a param group of ``hc.Birder``."""
         lr, beta, eps, wd = (float(h) for h in np.asarray(hyper, dtype=np.float64))
         return {"lr": lr, "beta": beta, "eps": eps, "weight_decay": wd, **flags}
 
-    def run(self, x: np.ndarray, g: np.ndarray, bufs: dict[str, np.ndarray], saved: dict[str, np.ndarray],
-            group: dict[str, Any]) -> dict[str, np.ndarray]:
-        seg = BirderSegment(
-            group=0, params=self.views(x), sizes=list(self.sizes), grad=g,
-            update=self._update, m=bufs["m"], b=bufs["b"],
-            worker_error=bufs["worker_error"], server_error=bufs["server_error"], views=self.views,
-        )
-        t = self._run_segment(seg, saved, group)
-        return {"step": np.asarray(t, dtype=np.int64)}
+    def bind(self, session: _Session) -> None:
+        (c1, c2), bufs, segments = self._state_cuts, session.bufs, []
+        for i, ((lo, hi), layout) in enumerate(zip(self.ranges, self._layouts, strict=True)):
+            a, b = self.cuts[lo][0], self.cuts[hi - 1][1]
+            segments.append(BirderSegment(
+                group=0, params=layout.views(session.x[a:b]), sizes=list(layout.sizes), grad=session.g[a:b],
+                update=self._update[a:b], m=bufs["m"][c1[i]:c1[i + 1]], b=bufs["b"][c1[i]:c1[i + 1]],
+                worker_error=bufs["worker_error"][c1[i]:c1[i + 1]],
+                server_error=bufs["server_error"][c2[i]:c2[i + 1]], views=layout.views,
+            ))
+        self.algorithm.segments = segments
+        self.algorithm.t = int(session.saved["step"])
+
+    def finish_state(self, session: _Session) -> dict[str, np.ndarray]:
+        try:
+            return {"step": np.asarray(self.algorithm.step([session.group]), dtype=np.int64)}
+        finally:
+            self.algorithm.segments = []  # the arrays now belong to TF
 
 
 def make_step(op_algorithm: type, options: Any, shapes: Sequence[tuple[int, ...]], world_size: int,
-              meter: CommMeter) -> FusedStep:
-    """The ``FusedStep`` for an algorithm class of ``hvd_compress.algorithms.REGISTRY`` with parsed ``options``."""
+              meter: CommMeter, bucket_mb: float = DEFAULT_BUCKET_MB) -> FusedStep:
+    """The ``FusedStep`` for an algorithm class of ``hvd_compress.algorithms.REGISTRY`` with parsed ``options``
+    (``bucket_mb``: the buckets of a ``bucketed`` runner)."""
     if issubclass(op_algorithm, OneBitAlgorithm):
         return OneBitStep(op_algorithm(options, BACKEND, [], meter), shapes, world_size)
     if issubclass(op_algorithm, Slamb):
-        return SlambStep(options, shapes, world_size, meter)
+        return SlambStep(options, shapes, world_size, meter, bucket_mb)
     if issubclass(op_algorithm, BirderAlgorithm):
-        return BirderStep(options, shapes, meter)
+        return BirderStep(options, shapes, meter, bucket_mb)
     raise NotImplementedError(f"{op_algorithm.__name__} has no TF step")
 
 
 def apply_algorithm_step(runner: FusedStep, state: dict[str, Any], variables: Sequence[Any], grads: dict[int, Any],
-                         hyper: Sequence[Any], flags: dict[str, Any], name: str) -> None:
+                         hyper: Sequence[Any], flags: dict[str, Any], name: str, overlap: bool = True) -> None:
     """One step of ``runner`` over ``variables`` (every one it was built for, in order) as one stateful
-    ``tf.numpy_function``; ``grads`` maps ``id(variable)`` to its gradient (None: a zero gradient, decided by the
-    program's structure, so alike on every rank: the fused segment always covers every variable, as the torch
-    face's zeroed buffer does). ``hyper``: lr then the rule's other hyper-parameters, read at run time (schedules
-    act). ``state``: the optimizer's variables named as ``runner.state_shapes()``; assigned with the results."""
+    ``tf.numpy_function`` (a ``bucketed`` runner: a start op per bucket and a finish op, module docstring;
+    ``overlap=False`` gates its start ops on every gradient); ``grads`` maps ``id(variable)`` to its gradient
+    (None: a zero gradient, decided by the program's structure, so alike on every rank: the fused segment always
+    covers every variable, as the torch face's zeroed buffer does). ``hyper``: lr then the rule's other
+    hyper-parameters, read at run time (schedules act). ``state``: the optimizer's variables named as
+    ``runner.state_shapes()``; assigned with the results."""
     gs = float32_gradients([grads[id(v)] for v in variables], variables)
     hyper_t = tf.stack([tf.cast(h, tf.float64) for h in hyper])
     names = list(runner.state_shapes())
     state_in = [tf.convert_to_tensor(state[k]) for k in names]
     params_in = [tf.convert_to_tensor(v) for v in variables]
     n_vars, flags = len(variables), dict(flags)
-
-    def run(hyper_a: np.ndarray, *arrays: np.ndarray) -> list[np.ndarray]:
-        g_a, p_a, s_a = arrays[:n_vars], arrays[n_vars: 2 * n_vars], arrays[2 * n_vars:]
-        return runner(flags, hyper_a, g_a, p_a, s_a)  # the algorithm's own CommMeter counts its calls
-
     touts = [tf.float32] * n_vars + [tf.as_dtype(state[k].dtype) for k in names]
-    outs = numpy_call(run, [hyper_t, *gs, *params_in, *state_in], touts, name)
+    if runner.bucketed:
+        token = None
+        with tf.control_dependencies([] if overlap else gs):  # overlap=False: every bucket waits for every gradient
+            for position, members in enumerate(runner.bucket_members()):
+                own = [gs[i] for i in members]
+                inputs = [hyper_t, *params_in, *state_in, *own] if position == 0 else [token, *own]
+                token = numpy_call(runner.start(position, flags), inputs, [tf.int64], f"{name}.b{position}")[0]
+        outs = numpy_call(runner.finish, [token], touts, name)
+    else:
+        def run(hyper_a: np.ndarray, *arrays: np.ndarray) -> list[np.ndarray]:
+            g_a, p_a, s_a = arrays[:n_vars], arrays[n_vars: 2 * n_vars], arrays[2 * n_vars:]
+            return runner(flags, hyper_a, g_a, p_a, s_a)  # the algorithm's own CommMeter counts its calls
+
+        outs = numpy_call(run, [hyper_t, *gs, *params_in, *state_in], touts, name)
     for v, x in zip(variables, outs[:n_vars], strict=True):
         v.assign(tf.reshape(x, v.shape))
     for k, x in zip(names, outs[n_vars:], strict=True):

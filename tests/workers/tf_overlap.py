@@ -4,6 +4,9 @@ overlap=True and overlap=False. A layer between the first Dense and its ReLU slo
 last one backward computes) by 0.3 s and records how many buckets had started when it finished. Bad options
 raise at construction.
 
+The same for op=SLAMB and op=Birder (model.fit), whose buckets' reductions start from per-bucket ops (the
+algorithms' bucketed TF step), also with one bucket and with steps_per_execution.
+
 With TF_USE_LEGACY_KERAS=1 the same under tf_keras (model.fit only). Saves per rank, per (face, overlap): the
 parameters after every step, those buckets-started counts, and the buckets started in all. argv: out_dir."""
 
@@ -22,6 +25,9 @@ else:
 
 import hvd_compress.keras as hck
 import hvd_compress.tensorflow as hctf
+
+if LEGACY:
+    from hvd_compress.keras import legacy
 
 hck.init()
 r, n = hck.rank(), hck.size()
@@ -82,6 +88,63 @@ def fit(overlap: bool) -> dict[str, object]:
                 shuffle=False, verbose=0)
         params.append([v.numpy() for v in net.trainable_variables])
     return {"params": params, "seen": seen, "launched": opt._buckets.launched}
+
+
+def inner(op: str) -> object:
+    """The algorithm's inner optimizer: Lamb for SLAMB (tf_keras has none: its Adam supplies the
+    hyper-parameters), Birder's own."""
+    if op == "Birder":
+        return legacy.Birder(LR) if LEGACY else hck.Birder(LR)
+    return keras.optimizers.Adam(LR) if LEGACY else keras.optimizers.Lamb(LR)
+
+
+ALGORITHMS = {"SLAMB": {"compress_ratio": 0.25, "sync_interval": STEPS, "grad_size_thr": 0, "seed": 3},
+              "Birder": {"seed": 3}}
+
+
+def fit_algorithm(op: str, overlap: bool, bucket_mb: float = BUCKET_MB, steps_per_execution: int = 1
+                  ) -> dict[str, object]:
+    """op=SLAMB (compress_ratio 0.25, the parameters averaged after the last step) or Birder: the buckets'
+    reductions start from the bucket start ops (``algorithm_step``'s bucketed runners); ``seen`` as ``fit``'s,
+    counted by the algorithm for the step under way."""
+    seen: list[int] = []
+    holder: list = []
+    net = model(lambda: holder[0]._runner.algorithm.launched, seen)
+    opt = hck.DistributedOptimizer(inner(op), op=getattr(hck, op), bucket_mb=bucket_mb, overlap=overlap,
+                                   **ALGORITHMS[op])
+    holder.append(opt)
+    net.compile(optimizer=opt, loss="mse", jit_compile=False, steps_per_execution=steps_per_execution)
+    x, y = shard(r)
+    params = []
+    if steps_per_execution > 1:
+        net.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        return {"params": [[v.numpy() for v in net.trainable_variables]], "seen": seen}
+    for s in range(STEPS):
+        net.fit(x[s * BATCH:(s + 1) * BATCH], y[s * BATCH:(s + 1) * BATCH], batch_size=BATCH, epochs=1,
+                shuffle=False, verbose=0)
+        params.append([v.numpy() for v in net.trainable_variables])
+    return {"params": params, "seen": seen, "buckets": len(opt._runner.ranges),
+            "state": {k: v.numpy() for k, v in opt._state.items()}}
+
+
+def birder_other_layout() -> dict[str, object]:
+    """A Birder state whose recorded bucket cut is not the optimizer's (a checkpoint of another bucket_mb): the next
+    step raises on every rank, state and parameters unchanged; with the cut put back, the step after runs."""
+    net = model(lambda: 0, [])
+    opt = hck.DistributedOptimizer(inner("Birder"), op=hck.Birder, bucket_mb=BUCKET_MB, **ALGORITHMS["Birder"])
+    net.compile(optimizer=opt, loss="mse", jit_compile=False)
+    x, y = shard(r)
+    net.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    good = opt._state["segments"].numpy()
+    opt._state["segments"].assign(good[::-1].copy())
+    before = [v.numpy() for v in net.trainable_variables] + [v.numpy() for v in opt._state.values()]
+    error = outcome(lambda: net.fit(x[BATCH:2 * BATCH], y[BATCH:2 * BATCH], batch_size=BATCH, epochs=1,
+                                    shuffle=False, verbose=0))
+    after = [v.numpy() for v in net.trainable_variables] + [v.numpy() for v in opt._state.values()]
+    opt._state["segments"].assign(good)
+    net.fit(x[BATCH:2 * BATCH], y[BATCH:2 * BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    return {"error": error, "unchanged": all(np.array_equal(a, b) for a, b in zip(before, after, strict=True)),
+            "then": [v.numpy() for v in net.trainable_variables]}
 
 
 def fit_steps_per_execution() -> list[np.ndarray]:
@@ -148,4 +211,17 @@ for face, run in (("fit", fit),) if LEGACY else (("fit", fit), ("tape", tape)):
     for overlap in (True, False):
         out[f"{face}-{overlap}"] = run(overlap)
 out["fit-steps_per_execution"] = fit_steps_per_execution()
+for op in ALGORITHMS:
+    for overlap in (True, False):
+        out[f"{op}-{overlap}"] = fit_algorithm(op, overlap)
+    out[f"{op}-one-bucket"] = fit_algorithm(op, True, bucket_mb=100.0)
+    out[f"{op}-steps_per_execution"] = fit_algorithm(op, True, steps_per_execution=STEPS)
+    out["bad"].update({
+        f"{op} bucket_mb=0": outcome(lambda op=op: hck.DistributedOptimizer(inner(op), op=getattr(hck, op),
+                                                                              bucket_mb=0)),
+        f"{op} overlap=1": outcome(lambda op=op: hck.DistributedOptimizer(inner(op), op=getattr(hck, op), overlap=1)),
+    })
+out["Birder-other-layout"] = birder_other_layout()
+out["bad"]["onebit overlap"] = outcome(lambda: hck.DistributedOptimizer(inner("SLAMB"), op=hck.OneBitLamb,
+                                                                        freeze_step=2, overlap=True))
 save(r, out)
