@@ -3,8 +3,8 @@ hc.DistributedGradientTape in a tf.function): gradient buckets start while backw
 default), with parameters bit-identical to reducing the same buckets after backward (overlap=False), identical on
 every rank, and equal to SGD on the gradient averaged over every rank's batch (simulated without communication); bad
 bucket options raise on every rank. The same for op=SLAMB's and op=Birder's buckets (model.fit): started during
-backward, bit-identical with overlap off and with steps_per_execution, SLAMB also with one bucket; Birder's state records
-its bucket layout."""
+backward, bit-identical with overlap off and with steps_per_execution, SLAMB also with one bucket; Birder's state
+records its bucket layout, and a state of another cut is refused on every rank."""
 
 from __future__ import annotations
 
