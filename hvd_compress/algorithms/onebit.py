@@ -97,7 +97,7 @@ from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.errors import UsageError
-from hvd_compress.ops.onebit import compressed_allreduce_
+from hvd_compress.ops.onebit import compressed_allreduce_, server_error_numel
 from hvd_compress.ops.traffic import CommMeter
 
 DEFAULT_VARIANCE_FLOOR = 0.01
@@ -265,6 +265,14 @@ class OneBitAlgorithm(BucketedAlgorithm):
                 self.compressed(seg, groups[seg.group], t)
         self.t = t
         return t
+
+    def error_numels(self, numel: int, world_size: int) -> tuple[int, int]:
+        """Elements of the (worker, server) error feedback of a segment of ``numel`` elements that its compressed
+        allreduce uses: the hierarchical pair (``hierarchical_errors``), else its elements and the padded chunk
+        this rank serves (``OneBitState``'s)."""
+        if self.options.hierarchical:
+            return birder_ops.state_numels(numel, True)
+        return numel, server_error_numel(numel, world_size)
 
     def hierarchical_errors(self, seg: Segment) -> tuple[Tensor, Tensor]:
         """The segment's (worker, server) error of the hierarchical mode, zeros when first asked for."""

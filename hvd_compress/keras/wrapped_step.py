@@ -33,8 +33,6 @@ from hvd_compress.tensorflow.functions import check_group_compression, dense, nu
 from hvd_compress.tensorflow.horovod_args import pop_horovod_defaults
 
 LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
-#: The algorithm ops whose TF step is bucketed (options ``bucket_mb`` and ``overlap``, as op=Average's).
-BUCKETED_OPS = (ReduceOp.SLAMB, ReduceOp.Birder)
 #: Options of the base optimizer that an algorithm's own step would silently ignore: refused instead.
 BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_accumulation_steps",
              "loss_scale_factor")
@@ -43,10 +41,9 @@ BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_ac
 @dataclass
 class OpConfig:
     """``op`` and its options, validated: ``algorithm`` (a class of ``algorithms.REGISTRY``) with its parsed
-    ``options`` and the LAMB flags (with a bucketed algorithm's ``bucket_mb`` and ``overlap``), or Adasum's bucket
-    size and hierarchy, or the gradient buckets of Average/Sum (``bucket_mb``, ``overlap``:
-    ``hvd_compress.tensorflow.bucketed``; Horovod's ``gradient_predivide_factor`` as
-    ``predivide``)."""
+    ``options``, the LAMB flags and its buckets (``bucket_mb``, ``overlap``: ``tensorflow.algorithm_step``), or
+    Adasum's bucket size and hierarchy, or the gradient buckets of Average/Sum (``bucket_mb``, ``overlap``:
+    ``hvd_compress.tensorflow.bucketed``; Horovod's ``gradient_predivide_factor`` as ``predivide``)."""
 
     op: ReduceOp
     algorithm: type | None = None
@@ -101,10 +98,9 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
     if algorithm is None:
         raise NotImplementedError(f"hck.DistributedOptimizer(op={op.name}) is not in {face} yet")
     lamb_opts = {} if op == ReduceOp.Birder else {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()}
-    buckets: dict[str, Any] = {}
-    if op in BUCKETED_OPS:  # the algorithm's buckets overlap backward (algorithm_step's bucketed runners)
-        buckets = {"bucket_mb": check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB)),
-                   "overlap": check_overlap(options.pop("overlap", True))}
+    # The algorithm's buckets, reduced while backward runs (``tensorflow.algorithm_step``), cut as op=Average's.
+    buckets = {"bucket_mb": check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB)),
+               "overlap": check_overlap(options.pop("overlap", True))}
     if issubclass(algorithm, OneBitAlgorithm):
         parsed = parse_options(algorithm.options_cls, algorithm.name, options)
     else:

@@ -1,27 +1,28 @@
 """One step of an algorithm of ``hvd_compress.algorithms`` (1-bit Adam, 1-bit LAMB, SLAMB, Birder) on NumPy copies
 of a TF face's variables: the run-time half of ``hvd_compress.keras.DistributedOptimizer``.
 
-The state lives in framework variables (so checkpoints keep it). Each step hands them, the parameters and the
-gradients to ``FusedStep.__call__`` inside one ``tf.numpy_function(stateful=True)``; it copies them into
-fresh 64-byte aligned arrays (TF's inputs alias its buffers and are never written), binds the algorithm's own
-buffers (``Segment``, ``SlambBuffers``, ``BirderSegment``) over them, runs the algorithm's step (the same code
-the torch face runs), and returns the arrays (TF adopts them without a copy; they are never touched again
-here). A buffer the coming step only reads (the 1-bit ops' frozen v in the compression stage: ``read_only``) is
-not copied: the algorithm gets TF's input array marked read-only, and an empty array goes back, on which the
-variable is not assigned. Every step-dependent decision (warm-up or compression, trust-ratio clipping, SLAMB's
-masks and sync interval) is made there, at run time. The subclasses below only say which buffers each algorithm
-keeps.
+The state lives in framework variables (so checkpoints keep it). The variables are cut into buckets as the torch
+face cuts its parameters (``plan_bucket_ranges``: reverse variable order, ``bucket_mb`` MiB, the first 1 MiB), one
+segment of the algorithm per bucket, and each step is a chain of stateful ``tf.numpy_function`` ops, as
+``hvd_compress.tensorflow.bucketed`` does for Average/Sum (issue 13, item 1):
 
-A runner whose segments are buckets (``bucketed``: SLAMB) overlaps their reductions with backward instead (issue
-13, item 1), as ``hvd_compress.tensorflow.bucketed`` does for Average/Sum: each bucket (``plan_bucket_ranges``, the
-torch face's cut) gets its own stateful start op whose inputs are that bucket's gradients, so TF runs it as soon
-as they exist while it still computes the earlier layers' gradients. The first start op also takes the parameters
-and the state and makes the step's fresh copies (a ``_Session``); each start op copies its gradients into the
-session's flat buffer and reports its segment final (``BucketedAlgorithm.gradient_final``), which starts the
-segment's reduction on the background thread, buckets in bucket order on every rank (the start ops form a chain
-through the session's token). One finish op runs the algorithm's ``step()`` (waiting for every bucket) and returns
-what ``__call__`` returns. ``overlap=False`` gates every start op on every gradient: the same calls after backward,
-bit-identical results.
+- a start op per bucket, in bucket order, whose inputs are that bucket's gradients, so that inside a
+  ``tf.function`` TF runs it as soon as they exist, while it still computes the earlier layers' gradients. The
+  first also takes the parameters and the state and makes the step's ``_Session``: fresh 64-byte aligned copies
+  (TF's inputs alias its buffers and are never written) over which ``bind`` lays the algorithm's segments (the
+  same code the torch face runs). Each copies its gradients into the session and reports its segment final
+  (``BucketedAlgorithm.gradient_final``), which starts that segment's reduction on the background thread, in
+  bucket order on every rank; the start ops form a chain through the session's token;
+- one finish op, which runs the algorithm's step (waiting for every bucket) and returns the new parameters and
+  state (TF adopts the arrays without a copy; they are never touched again here).
+
+``overlap=False`` gates every start op on every gradient: the same calls after backward, bit-identical results.
+A buffer the coming step only reads (the 1-bit ops' frozen v in the compression stage: ``read_only``) is not
+copied: the finish op gets TF's array and hands it to the algorithm marked read-only, and an empty array goes
+back, on which the variable is not assigned. Every step-dependent decision (warm-up or compression, trust-ratio
+clipping, SLAMB's masks and sync interval) is made at run time. Where the state is per bucket (1-bit, Birder) and
+there is more than one, it records the cut (``LAYOUT``), and a state of another cut is refused. The subclasses
+below only say which buffers each algorithm keeps.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import tensorflow as tf
 from hvd_compress.algorithms.birder import BirderAlgorithm, BirderOptions, BirderSegment
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, Segment
 from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions, SlambSegment
-from hvd_compress.ops import onebit as onebit_ops
 from hvd_compress.ops import runtime
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, plan_buckets
 from hvd_compress.ops.collectives import reject_allreduce
@@ -107,40 +107,50 @@ def plan_bucket_ranges(sizes: Sequence[int], bucket_mb: float) -> tuple[list[tup
 
 @dataclasses.dataclass
 class _Session:
-    """One bucketed step between its first start op and its finish op: the fresh arrays the algorithm is bound
-    over, and the state as TF passed it in."""
+    """One step between its first start op and its finish op: the fresh arrays the algorithm is bound over."""
 
     x: np.ndarray
     g: np.ndarray
     bufs: dict[str, np.ndarray]
     saved: dict[str, np.ndarray]  # the ``scalars`` state (copies: TF's input arrays are not kept past the op)
     group: dict[str, Any]
+    read_only: frozenset[str]  # state the step only reads: bound at the finish op, from its own inputs
 
 
 class FusedStep(FlatLayout):
-    """One fused float32 segment over all trainable variables (``shapes``, in order), and the algorithm that
-    steps it. Subclasses name the state buffers (``state_shapes``), the ones that differ between ranks by
-    design (``per_rank``), the hyper-parameter group (``group``) and bind the algorithm's buffers (``run``).
-    A ``bucketed`` subclass binds them in ``bind`` instead and steps in ``finish``; its ``ranges``/``order`` are
-    the buckets (module docstring)."""
-
-    #: Whether the segments are buckets started from per-bucket ops (``start``/``finish``), else one ``__call__``.
-    bucketed = False
-    ranges: list[tuple[int, int]]
-    order: list[int]
+    """All trainable variables (``shapes``, in order) as flat float32 buffers cut into buckets (``ranges``: each
+    bucket's variables, in variable order; ``order``: the bucket order; ``plan_bucket_ranges``), and the algorithm
+    that steps them, one segment per bucket. Subclasses name the state buffers (``state_shapes``), the ones that
+    differ between ranks by design (``per_rank``), the hyper-parameter group (``group``), bind the algorithm's
+    segments over a step's arrays (``bind``) and step it (``finish_state``)."""
 
     #: State names that are scalars or small lists, not flat buffers copied as such.
-    scalars: tuple[str, ...] = ("step",)
+    scalars: tuple[str, ...] = ("step", LAYOUT)
     per_rank: tuple[str, ...] = ()
     #: State buffers that some steps only read (``read_only``): not copied in, and not assigned back then.
     may_be_read_only: tuple[str, ...] = ()
 
-    def __init__(self, algorithm: Any, shapes: Sequence[tuple[int, ...]]) -> None:
+    def __init__(self, algorithm: Any, shapes: Sequence[tuple[int, ...]], bucket_mb: float) -> None:
         super().__init__(shapes)
+        self.ranges, self.order = plan_bucket_ranges(self.sizes, bucket_mb)
+        self.layouts = [FlatLayout(self.shapes[lo:hi]) for lo, hi in self.ranges]
+        self._sessions: dict[int, _Session] = {}
+        self._tokens = itertools.count()
         self.algorithm = algorithm
+        if algorithm is not None:
+            self._attach(algorithm)
+
+    def _attach(self, algorithm: Any) -> None:
+        algorithm.order = self.order
+        algorithm.keep_backups = False  # a failed step's fresh copies are dropped, never assigned to the variables
 
     def state_shapes(self) -> StateShapes:
         raise NotImplementedError
+
+    def layout_shape(self) -> StateShapes:
+        """``LAYOUT``'s entry where the state is per bucket and there is more than one (one keeps the format of
+        before buckets)."""
+        return {LAYOUT: ((len(self.ranges),), "int64", "zeros")} if len(self.ranges) > 1 else {}
 
     def group(self, hyper: np.ndarray, flags: dict[str, Any]) -> dict[str, Any]:
         """(lr, beta1, beta2, eps, weight_decay) as a param group of the torch face's Adam/LAMB."""
@@ -151,39 +161,29 @@ class FusedStep(FlatLayout):
         """The names of ``may_be_read_only`` that the coming step (state ``saved``) does not write."""
         return frozenset()
 
-    def run(self, x: np.ndarray, g: np.ndarray, bufs: dict[str, np.ndarray], saved: dict[str, np.ndarray],
-            group: dict[str, Any]) -> dict[str, np.ndarray]:
-        """Step the algorithm over x (parameters, flat) with gradient g and state ``bufs`` (fresh copies, updated
-        in place); returns the new values of the ``scalars`` state (``saved`` holds their old ones)."""
-        raise NotImplementedError
-
-    def __call__(self, flags: dict[str, Any], hyper: np.ndarray, grads: Sequence[np.ndarray],
-                 params: Sequence[np.ndarray], state: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Returns the new parameters (flat per parameter) then the new state, in ``state_shapes`` order; a state
-        buffer this step only read comes back empty (``apply_algorithm_step`` then leaves its variable)."""
-        x, g = self.flatten(params), self.flatten(grads)
-        names = list(self.state_shapes())
-        saved = dict(zip(names, state, strict=True))
-        read_only = self.read_only(saved)
-        bufs = {k: _read_only_view(saved[k]) if k in read_only else _fresh_copy(saved[k])
-                for k in names if k not in self.scalars}
-        new = self.run(x, g, bufs, saved, self.group(hyper, flags))
-        new_state = {**bufs, **new, **{k: np.empty(0, saved[k].dtype) for k in read_only}}
-        return [*self.views(x), *(new_state[k] for k in names)]
-
-    # -- the bucketed step: start ops, then the finish op -----------------------------------------------------
     def bind(self, session: _Session) -> None:
-        """Bind the algorithm's buffers over ``session``'s arrays for the coming step (``bucketed`` runners)."""
+        """Bind the algorithm's segments over ``session``'s arrays for the coming step (the ``read_only`` state
+        comes at the finish op)."""
         raise NotImplementedError
 
     def finish_state(self, session: _Session) -> dict[str, np.ndarray]:
         """Step the bound algorithm (every bucket started); returns the new values of the ``scalars`` state."""
         raise NotImplementedError
 
+    def span(self, bucket: int) -> tuple[int, int]:
+        """The elements [a, b) of the flat buffers that bucket ``bucket`` (in variable order) covers."""
+        lo, hi = self.ranges[bucket]
+        return self.cuts[lo][0], self.cuts[hi - 1][1]
+
+    def bucket_numels(self) -> list[int]:
+        """The elements of each bucket, in variable order (what ``LAYOUT`` records)."""
+        return [sum(self.sizes[lo:hi]) for lo, hi in self.ranges]
+
     def bucket_members(self) -> list[list[int]]:
         """The variable indices of each bucket, in bucket order."""
         return [list(range(*self.ranges[b])) for b in self.order]
 
+    # -- the step: start ops, then the finish op ----------------------------------------------------------
     def start(self, position: int, flags: dict[str, Any]) -> Callable[..., np.ndarray]:
         """The start op of the ``position``-th bucket in bucket order. Its arrays: (hyper, parameters, state) for
         the first, else the previous start op's token; then the bucket's gradients. Returns the session's token."""
@@ -219,15 +219,20 @@ class FusedStep(FlatLayout):
 
         return run
 
-    def finish(self, token: np.ndarray) -> list[np.ndarray]:
-        """The finish op: the step (waiting for every bucket); returns what ``__call__`` returns."""
+    def finish(self, token: np.ndarray, *late: np.ndarray) -> list[np.ndarray]:
+        """The finish op: the step (waiting for every bucket). ``late``: the ``may_be_read_only`` state as TF
+        passes it now. Returns the new parameters (flat per variable) then the new state, in ``state_shapes``
+        order; a state buffer this step only read comes back empty (``apply_algorithm_step`` then leaves its
+        variable)."""
         session = self._sessions.pop(int(token))
+        for k, array in zip(self.may_be_read_only, late, strict=True):
+            if k in session.read_only:
+                session.bufs[k] = _read_only_view(array)
         new = self.finish_state(session)
         if LAYOUT in session.saved:
             new[LAYOUT] = np.asarray(self.bucket_numels(), dtype=np.int64)
-        names = list(self.state_shapes())
-        new_state = {**session.bufs, **new}
-        return [*self.views(session.x), *(new_state[k] for k in names)]
+        new_state = {**session.bufs, **new, **{k: np.empty(0, np.float32) for k in session.read_only}}
+        return [*self.views(session.x), *(new_state[k] for k in self.state_shapes())]
 
     def _begin(self, flags: dict[str, Any], hyper: np.ndarray, params: Sequence[np.ndarray],
                state: Sequence[np.ndarray]) -> _Session:
@@ -235,14 +240,11 @@ class FusedStep(FlatLayout):
         given = dict(zip(names, state, strict=True))
         if LAYOUT in given:
             self._check_layout(np.asarray(given[LAYOUT]))
-        bufs = {k: _fresh_copy(given[k]) for k in names if k not in self.scalars}
+        read_only = self.read_only(given)
+        bufs = {k: _fresh_copy(given[k]) for k in names if k not in self.scalars and k not in read_only}
         saved = {k: np.array(given[k]) for k in names if k in self.scalars}
         return _Session(x=self.flatten(params), g=aligned_empty(self.numel, np.float32), bufs=bufs, saved=saved,
-                        group=self.group(hyper, flags))
-
-    def bucket_numels(self) -> list[int]:
-        """The elements of each bucket, in variable order (what ``LAYOUT`` records)."""
-        return [sum(self.sizes[lo:hi]) for lo, hi in self.ranges]
+                        group=self.group(hyper, flags), read_only=read_only)
 
     def _check_layout(self, saved: np.ndarray) -> None:
         """ValueError unless the checkpoint's bucket layout ``saved`` is this runner's (zeros: no step taken yet)."""
@@ -253,39 +255,35 @@ class FusedStep(FlatLayout):
                 f"optimizer cuts {mine.tolist()} (another model or bucket_mb): per-bucket state cannot be carried over"
             )
 
-    def _init_sessions(self) -> None:
-        self._sessions: dict[int, _Session] = {}
-        self._tokens = itertools.count()
-
-    def _run_segment(self, seg: Any, saved: dict[str, Any], group: dict[str, Any]) -> int:
-        """One step of a segment-based algorithm (1-bit, Birder) on ``seg``, whose arrays are TF's: bound for
-        this call only, the step count taken from ``saved``; returns the new step count."""
-        alg = self.algorithm
-        alg.segments = [seg]
-        alg.t = int(saved["step"])
+    def _step(self, session: _Session) -> int:
+        """The bound algorithm's step; its segments are dropped after (the arrays then belong to TF)."""
         try:
-            alg.synchronize()
-            return alg.step([group])
+            return self.algorithm.step([session.group])
         finally:
-            alg.segments = []  # the arrays now belong to TF
+            self.algorithm.segments = []
 
 
 class OneBitStep(FusedStep):
-    """1-bit Adam / 1-bit LAMB (``hvd_compress.algorithms.onebit``): moments, error feedback, LAMB's per-layer
-    frozen coefficients."""
+    """1-bit Adam / 1-bit LAMB (``hvd_compress.algorithms.onebit``): moments, error feedback (per bucket: each
+    segment's worker error and server chunk, or with ``hierarchical`` its hierarchical pair), LAMB's per-layer
+    frozen coefficients. With more than one bucket the state records the cut (``LAYOUT``)."""
 
-    scalars = ("step", "lamb_coeff_freeze", "last_factor")
+    scalars = ("step", "lamb_coeff_freeze", "last_factor", LAYOUT)
     per_rank = ("worker_error", "server_error")
     # v is frozen in the compression stage (both papers' Alg. 1): read there, never written.
     may_be_read_only = ("exp_avg_sq",)
 
-    def __init__(self, algorithm: OneBitAlgorithm, shapes: Sequence[tuple[int, ...]], world_size: int) -> None:
-        super().__init__(algorithm, shapes)
+    def __init__(self, algorithm: OneBitAlgorithm, shapes: Sequence[tuple[int, ...]], world_size: int,
+                 bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+        super().__init__(algorithm, shapes, bucket_mb)
         self.world_size = world_size
         self._kept: _KeptDenom | None = None
         # Working buffers, every element written before it is read in a step: made once, not per step.
         self._work = BACKEND.float32_like(self.numel, None)
         self._scratch = BACKEND.float32_like(self.numel, None)
+        # Each bucket's (worker, server) error feedback, as its compressed allreduce uses it.
+        errors = [algorithm.error_numels(n, world_size) for n in self.bucket_numels()]
+        self._error_cuts = [list(itertools.accumulate((0, *(e[k] for e in errors)))) for k in (0, 1)]
 
     def state_shapes(self) -> StateShapes:
         n, layers = self.numel, len(self.sizes)
@@ -293,60 +291,83 @@ class OneBitStep(FusedStep):
         if self.algorithm.has_fresh_variance:
             shapes["exp_avg_sq_fresh"] = ((n,), "float32", "zeros")
         shapes.update(
-            worker_error=((n,), "float32", "zeros"),
-            server_error=((onebit_ops.server_error_numel(n, self.world_size),), "float32", "zeros"),
+            worker_error=((self._error_cuts[0][-1],), "float32", "zeros"),
+            server_error=((self._error_cuts[1][-1],), "float32", "zeros"),
             step=((), "int64", "zeros"),
             lamb_coeff_freeze=((layers,), "float64", "zeros"),
             last_factor=((layers,), "float64", "ones"),
         )
-        return shapes
+        return {**shapes, **self.layout_shape()}
 
     def read_only(self, saved: dict[str, np.ndarray]) -> frozenset[str]:
         self.algorithm.t = int(saved["step"])
         return frozenset(self.may_be_read_only) if self.algorithm.compression_started else frozenset()
 
-    def run(self, x: np.ndarray, g: np.ndarray, bufs: dict[str, np.ndarray], saved: dict[str, np.ndarray],
-            group: dict[str, Any]) -> dict[str, np.ndarray]:
-        seg = Segment(
-            group=0, params=self.views(x), sizes=list(self.sizes), grad=g,
-            exp_avg=bufs["exp_avg"], exp_avg_sq=bufs["exp_avg_sq"], fresh=bufs.get("exp_avg_sq_fresh"),
-            work=self._work, scratch=self._scratch, onebit=_Errors(bufs["worker_error"], bufs["server_error"]),
-            views=self.views,
-            lamb_coeff_freeze=[float(c) for c in np.asarray(saved["lamb_coeff_freeze"])],
-            last_factor=[float(c) for c in np.asarray(saved["last_factor"])],
-        )
-        self.algorithm.t = int(saved["step"])
-        compressing = self.algorithm.compression_started  # the coming step is a compressed one
+    def bind(self, session: _Session) -> None:
+        alg, bufs, (w, s) = self.algorithm, session.bufs, self._error_cuts
+        alg.t = int(session.saved["step"])
+        coeff = np.asarray(session.saved["lamb_coeff_freeze"], dtype=np.float64)
+        last = np.asarray(session.saved["last_factor"], dtype=np.float64)
+        fresh = bufs.get("exp_avg_sq_fresh")
+        segments = []
+        for i, ((lo, hi), layout) in enumerate(zip(self.ranges, self.layouts, strict=True)):
+            a, b = self.span(i)
+            errors = (bufs["worker_error"][w[i]:w[i + 1]], bufs["server_error"][s[i]:s[i + 1]])
+            seg = Segment(
+                group=0, params=layout.views(session.x[a:b]), sizes=list(layout.sizes), grad=session.g[a:b],
+                exp_avg=bufs["exp_avg"][a:b],
+                exp_avg_sq=bufs["exp_avg_sq"][a:b] if "exp_avg_sq" in bufs else None,  # read-only: at finish
+                fresh=None if fresh is None else fresh[a:b], work=self._work[a:b], scratch=self._scratch[a:b],
+                onebit=_Errors(*errors), views=layout.views,
+                lamb_coeff_freeze=[float(c) for c in coeff[lo:hi]], last_factor=[float(c) for c in last[lo:hi]],
+            )
+            if alg.options.hierarchical:
+                seg.hierarchical_errors = errors
+            segments.append(seg)
+        alg.segments = segments
+
+    def finish_state(self, session: _Session) -> dict[str, np.ndarray]:
+        alg, segments = self.algorithm, list(self.algorithm.segments)
+        v = session.bufs["exp_avg_sq"]
+        for i, seg in enumerate(segments):
+            a, b = self.span(i)
+            seg.exp_avg_sq = v[a:b]
+        compressing = bool(session.read_only)  # the coming step is a compressed one: v is frozen
         if not compressing:
             self._kept = None  # a warm-up step writes scratch, where 1-bit Adam keeps d
         kept = self._kept
-        if kept is not None and np.array_equal(saved["exp_avg_sq"], kept.v):
-            self.algorithm.adopt_denom(seg, kept.denom)
-            seg.denom_key, seg.floor_roots, seg.floor_denoms = kept.key, list(kept.floor_roots), kept.floor_denoms
+        if kept is not None and np.array_equal(v, kept.v):
+            for seg, denom, key, roots, floors in zip(segments, kept.denoms, kept.keys, kept.floor_roots,
+                                                      kept.floor_denoms, strict=True):
+                alg.adopt_denom(seg, denom)
+                seg.denom_key, seg.floor_roots, seg.floor_denoms = key, list(roots), floors
         else:  # forgotten before the step: it may write d into the kept buffer (scratch) and then raise
             kept = self._kept = None
-        t = self._run_segment(seg, saved, group)
-        if compressing and seg.denom_key is not None:
-            v = kept.v if kept is not None else _fresh_copy(saved["exp_avg_sq"])
-            self._kept = _KeptDenom(v, self.algorithm.denom_buffer(seg), seg.denom_key, list(seg.floor_roots),
-                                    seg.floor_denoms)
+        t = self._step(session)
+        if compressing and all(seg.denom_key is not None for seg in segments):
+            self._kept = _KeptDenom(kept.v if kept is not None else _fresh_copy(v),
+                                    [alg.denom_buffer(seg) for seg in segments], [seg.denom_key for seg in segments],
+                                    [list(seg.floor_roots) for seg in segments],
+                                    [seg.floor_denoms for seg in segments])
         return {"step": np.asarray(t, dtype=np.int64),
-                "lamb_coeff_freeze": _fresh_copy(np.asarray(seg.lamb_coeff_freeze, dtype=np.float64)),
-                "last_factor": _fresh_copy(np.asarray(seg.last_factor, dtype=np.float64))}
+                "lamb_coeff_freeze": _fresh_copy(np.asarray([c for seg in segments for c in seg.lamb_coeff_freeze],
+                                                            dtype=np.float64)),
+                "last_factor": _fresh_copy(np.asarray([c for seg in segments for c in seg.last_factor],
+                                                      dtype=np.float64))}
 
 
 @dataclasses.dataclass
 class _KeptDenom:
-    """The frozen denominator d of the last compressed step (``OneBitAlgorithm.frozen_denom``) and the frozen v it
-    was computed from. The segment is rebuilt every step, so without this d (a square root over every element and
-    the per-layer floors) would be recomputed every step. It is reused only where this step's v equals ``v``
-    element for element: a restored checkpoint or a replayed warm-up gets its own d."""
+    """The frozen denominator d of the last compressed step (``OneBitAlgorithm.frozen_denom``), per bucket, and the
+    frozen v it was computed from. The segments are rebuilt every step, so without this d (a square root over every
+    element and the per-layer floors) would be recomputed every step. It is reused only where this step's v equals
+    ``v`` element for element: a restored checkpoint or a replayed warm-up gets its own d."""
 
     v: np.ndarray
-    denom: np.ndarray
-    key: tuple[float, ...]
-    floor_roots: list[float]
-    floor_denoms: list[float] | None
+    denoms: list[np.ndarray]
+    keys: list[tuple[float, ...]]
+    floor_roots: list[list[float]]
+    floor_denoms: list[list[float] | None]
 
 
 class _Errors:
@@ -359,29 +380,25 @@ class _Errors:
 
 class SlambStep(FusedStep):
     """SLAMB (``hvd_compress.algorithms.slamb``): m, v and the freshness c over all variables. m[~M] and v are
-    this rank's own (never broadcast); c is alike on every rank (the masks are). Bucketed: each bucket's momentum
-    and masked average (the algorithm's steps 3 and 4) start from its start op while backward runs; the state is
-    element-wise over all variables, so the checkpoint does not depend on the cut."""
+    this rank's own (never broadcast); c is alike on every rank (the masks are). Each bucket's momentum and masked
+    average (the algorithm's steps 3 and 4) start from its start op; the state is element-wise over all variables,
+    so it does not depend on the cut (no ``LAYOUT``)."""
 
     per_rank = ("exp_avg", "exp_avg_sq")
-    bucketed = True
 
     def __init__(self, options: SlambOptions, shapes: Sequence[tuple[int, ...]], world_size: int,
                  meter: CommMeter, bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
-        super().__init__(None, shapes)
+        super().__init__(None, shapes, bucket_mb)
         # Working buffers, made once as the torch face's (state comes from the variables every step).
         self._work = BACKEND.float32_like(self.numel, None)
         self._scratch = BACKEND.float32_like(self.numel, None)
         self._mask = BACKEND.bool_like(self.numel, None)
-        self.ranges, self.order = plan_bucket_ranges(self.sizes, bucket_mb)
-        offsets = [lo for lo, _ in self.cuts]
         # ``params`` only count the members (the algorithm reads the flat buffers).
-        segments = [SlambSegment(group=0, first=offsets[lo], sizes=self.sizes[lo:hi], params=list(range(lo, hi)))
-                    for lo, hi in self.ranges]
+        segments = [SlambSegment(group=0, first=self.span(i)[0], sizes=self.sizes[lo:hi], params=list(range(lo, hi)))
+                    for i, (lo, hi) in enumerate(self.ranges)]
         self.algorithm = Slamb(options, BACKEND, self._buffers(BACKEND.float32_like(self.numel, None), None, {}),
                                world_size, meter, segments=segments)
-        self.algorithm.order = self.order
-        self._init_sessions()
+        self._attach(self.algorithm)
 
     def state_shapes(self) -> StateShapes:
         n = self.numel
@@ -404,7 +421,7 @@ class SlambStep(FusedStep):
         self.algorithm.t = int(session.saved["step"])
 
     def finish_state(self, session: _Session) -> dict[str, np.ndarray]:
-        return {"step": np.asarray(self.algorithm.step([session.group]), dtype=np.int64)}
+        return {"step": np.asarray(self.algorithm.step([session.group]), dtype=np.int64)}  # its buffers: rebound
 
     def synchronize_parameters(self, *params: np.ndarray) -> list[np.ndarray]:
         """The parameters averaged over all ranks (the algorithm's dense sync), as new arrays."""
@@ -416,36 +433,23 @@ class SlambStep(FusedStep):
 
 class BirderStep(FusedStep):
     """Birder's 1-bit algorithm (``hvd_compress.algorithms.birder``): this rank's shards of m, b and the error
-    feedback, all per rank; the step count (with the seed, the RNG position) alike everywhere. Bucketed: each
-    bucket (segment) has its own shards and error feedback (the torch face's cut), reduced from its start op;
-    with more than one bucket the state records the cut (``LAYOUT``)."""
+    feedback, all per rank and per bucket (each segment its own); the step count (with the seed, the RNG position)
+    alike everywhere. With more than one bucket the state records the cut (``LAYOUT``)."""
 
     per_rank = ("m", "b", "worker_error", "server_error")
-    scalars = ("step", LAYOUT)
-    bucketed = True
 
     def __init__(self, options: BirderOptions, shapes: Sequence[tuple[int, ...]], meter: CommMeter,
                  bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
-        super().__init__(BirderAlgorithm(options, BACKEND, [], meter), shapes)
-        self.ranges, self.order = plan_bucket_ranges(self.sizes, bucket_mb)
-        self.algorithm.order = self.order
-        self.algorithm.keep_backups = False  # a failed step's fresh copies are dropped, never assigned
+        super().__init__(BirderAlgorithm(options, BACKEND, [], meter), shapes, bucket_mb)
         numels = [BirderAlgorithm.state_numels(n, options.hierarchical) for n in self.bucket_numels()]
-        self._state_cuts = [(list(itertools.accumulate((0, *(c[k] for c in numels))))) for k in (0, 1)]
-        self.c1, self.c2 = self._state_cuts[0][-1], self._state_cuts[1][-1]
-        self._layouts = [FlatLayout(self.shapes[lo:hi]) for lo, hi in self.ranges]
+        self._state_cuts = [list(itertools.accumulate((0, *(c[k] for c in numels)))) for k in (0, 1)]
         self._update = BACKEND.float32_like(self.numel, None)  # the gradient's copy each step: made once
-        self._init_sessions()
 
     def state_shapes(self) -> StateShapes:
-        c1, c2 = self.c1, self.c2
-        shapes = {"m": ((c1,), "float32", "zeros"), "b": ((c1,), "float32", "zeros"),
-                  "worker_error": ((c1,), "float32", "zeros"), "server_error": ((c2,), "float32", "zeros")}
-        if len(self.ranges) > 1:  # one bucket keeps the format of before buckets
-            shapes[LAYOUT] = ((len(self.ranges),), "int64", "zeros")
-        shapes["step"] = ((), "int64", "zeros")
-        return shapes
-
+        c1, c2 = self._state_cuts[0][-1], self._state_cuts[1][-1]
+        return {"m": ((c1,), "float32", "zeros"), "b": ((c1,), "float32", "zeros"),
+                "worker_error": ((c1,), "float32", "zeros"), "server_error": ((c2,), "float32", "zeros"),
+                "step": ((), "int64", "zeros"), **self.layout_shape()}
 
     def group(self, hyper: np.ndarray, flags: dict[str, Any]) -> dict[str, Any]:
         """(lr, beta, eps, weight_decay) as a param group of ``hc.Birder``."""
@@ -454,8 +458,8 @@ class BirderStep(FusedStep):
 
     def bind(self, session: _Session) -> None:
         (c1, c2), bufs, segments = self._state_cuts, session.bufs, []
-        for i, ((lo, hi), layout) in enumerate(zip(self.ranges, self._layouts, strict=True)):
-            a, b = self.cuts[lo][0], self.cuts[hi - 1][1]
+        for i, layout in enumerate(self.layouts):
+            a, b = self.span(i)
             segments.append(BirderSegment(
                 group=0, params=layout.views(session.x[a:b]), sizes=list(layout.sizes), grad=session.g[a:b],
                 update=self._update[a:b], m=bufs["m"][c1[i]:c1[i + 1]], b=bufs["b"][c1[i]:c1[i + 1]],
@@ -466,18 +470,15 @@ class BirderStep(FusedStep):
         self.algorithm.t = int(session.saved["step"])
 
     def finish_state(self, session: _Session) -> dict[str, np.ndarray]:
-        try:
-            return {"step": np.asarray(self.algorithm.step([session.group]), dtype=np.int64)}
-        finally:
-            self.algorithm.segments = []  # the arrays now belong to TF
+        return {"step": np.asarray(self._step(session), dtype=np.int64)}
 
 
 def make_step(op_algorithm: type, options: Any, shapes: Sequence[tuple[int, ...]], world_size: int,
               meter: CommMeter, bucket_mb: float = DEFAULT_BUCKET_MB) -> FusedStep:
-    """The ``FusedStep`` for an algorithm class of ``hvd_compress.algorithms.REGISTRY`` with parsed ``options``
-    (``bucket_mb``: the buckets of a ``bucketed`` runner)."""
+    """The ``FusedStep`` for an algorithm class of ``hvd_compress.algorithms.REGISTRY`` with parsed ``options``,
+    cut into buckets of ``bucket_mb`` MiB."""
     if issubclass(op_algorithm, OneBitAlgorithm):
-        return OneBitStep(op_algorithm(options, BACKEND, [], meter), shapes, world_size)
+        return OneBitStep(op_algorithm(options, BACKEND, [], meter), shapes, world_size, bucket_mb)
     if issubclass(op_algorithm, Slamb):
         return SlambStep(options, shapes, world_size, meter, bucket_mb)
     if issubclass(op_algorithm, BirderAlgorithm):
@@ -487,13 +488,12 @@ def make_step(op_algorithm: type, options: Any, shapes: Sequence[tuple[int, ...]
 
 def apply_algorithm_step(runner: FusedStep, state: dict[str, Any], variables: Sequence[Any], grads: dict[int, Any],
                          hyper: Sequence[Any], flags: dict[str, Any], name: str, overlap: bool = True) -> None:
-    """One step of ``runner`` over ``variables`` (every one it was built for, in order) as one stateful
-    ``tf.numpy_function`` (a ``bucketed`` runner: a start op per bucket and a finish op, module docstring;
-    ``overlap=False`` gates its start ops on every gradient); ``grads`` maps ``id(variable)`` to its gradient
-    (None: a zero gradient, decided by the program's structure, so alike on every rank: the fused segment always
-    covers every variable, as the torch face's zeroed buffer does). ``hyper``: lr then the rule's other
-    hyper-parameters, read at run time (schedules act). ``state``: the optimizer's variables named as
-    ``runner.state_shapes()``; assigned with the results."""
+    """One step of ``runner`` over ``variables`` (every one it was built for, in order): a stateful
+    ``tf.numpy_function`` start op per bucket, then one finish op (module docstring); ``overlap=False`` gates the
+    start ops on every gradient. ``grads`` maps ``id(variable)`` to its gradient (None: a zero gradient, decided by
+    the program's structure, so alike on every rank: the buckets always cover every variable, as the torch face's
+    zeroed buffer does). ``hyper``: lr then the rule's other hyper-parameters, read at run time (schedules act).
+    ``state``: the optimizer's variables named as ``runner.state_shapes()``; assigned with the results."""
     gs = float32_gradients([grads[id(v)] for v in variables], variables)
     hyper_t = tf.stack([tf.cast(h, tf.float64) for h in hyper])
     names = list(runner.state_shapes())
@@ -501,20 +501,14 @@ def apply_algorithm_step(runner: FusedStep, state: dict[str, Any], variables: Se
     params_in = [tf.convert_to_tensor(v) for v in variables]
     n_vars, flags = len(variables), dict(flags)
     touts = [tf.float32] * n_vars + [tf.as_dtype(state[k].dtype) for k in names]
-    if runner.bucketed:
-        token = None
-        with tf.control_dependencies([] if overlap else gs):  # overlap=False: every bucket waits for every gradient
-            for position, members in enumerate(runner.bucket_members()):
-                own = [gs[i] for i in members]
-                inputs = [hyper_t, *params_in, *state_in, *own] if position == 0 else [token, *own]
-                token = numpy_call(runner.start(position, flags), inputs, [tf.int64], f"{name}.b{position}")[0]
-        outs = numpy_call(runner.finish, [token], touts, name)
-    else:
-        def run(hyper_a: np.ndarray, *arrays: np.ndarray) -> list[np.ndarray]:
-            g_a, p_a, s_a = arrays[:n_vars], arrays[n_vars: 2 * n_vars], arrays[2 * n_vars:]
-            return runner(flags, hyper_a, g_a, p_a, s_a)  # the algorithm's own CommMeter counts its calls
-
-        outs = numpy_call(run, [hyper_t, *gs, *params_in, *state_in], touts, name)
+    token = None
+    with tf.control_dependencies([] if overlap else gs):  # overlap=False: every bucket waits for every gradient
+        for position, members in enumerate(runner.bucket_members()):
+            own = [gs[i] for i in members]
+            inputs = [hyper_t, *params_in, *state_in, *own] if position == 0 else [token, *own]
+            token = numpy_call(runner.start(position, flags), inputs, [tf.int64], f"{name}.b{position}")[0]
+    late = [state_in[names.index(k)] for k in runner.may_be_read_only]  # the algorithm's own CommMeter counts
+    outs = numpy_call(runner.finish, [token, *late], touts, name)
     for v, x in zip(variables, outs[:n_vars], strict=True):
         v.assign(tf.reshape(x, v.shape))
     for k, x in zip(names, outs[n_vars:], strict=True):
