@@ -79,6 +79,10 @@ CASES = {
     # grad_size_thr=0: the (5, 6) layer goes through the masks; parameters averaged every 3 steps.
     "SLAMB/lamb": ("lamb", hct.SLAMB, {"compress_ratio": 0.5, "sync_interval": 3, "grad_size_thr": 0, "seed": 5}),
     "Birder/birder": ("birder", hct.Birder, {"seed": 3}),
+    # Hierarchical (one node here: the node mean, then a 1-bit allreduce of the one leader with its error feedback).
+    "OneBitAdam hierarchical/adamw": ("adamw", hct.OneBitAdam, {"freeze_step": freeze, "hierarchical": True}),
+    "OneBitLamb hierarchical/lamb": ("lamb", hct.OneBitLamb, {"freeze_step": freeze, "hierarchical": True}),
+    "Birder hierarchical/birder": ("birder", hct.Birder, {"seed": 3, "hierarchical": True}),
     "Average/birder": ("birder", hct.Average, {}),
 }
 out = {}
