@@ -12,7 +12,7 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 # more ranks than slots (see README, Performance).
 MPIRUN := mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 -x PYTHONPATH -x OMP_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL
 
-.PHONY: install build test lint cpptest demo bench bench-e2e bench-two-nodes clean
+.PHONY: install build test lint cpptest demo bench bench-e2e bench-keras bench-two-nodes clean
 
 install:
 	bash tools/install.sh
@@ -98,6 +98,11 @@ bench: install
 # End-to-end training steps of three models with every method (hvd_compress/bench/e2e.py); NP ranks.
 bench-e2e: install
 	BENCH_MODULE=hvd_compress.bench.e2e NP=$(NP) PY=$(PY) bash tools/bench.sh $(NET)
+
+# Keras 3 model.fit steps of every algorithm op with its buckets overlapped and not, and the floor
+# (hvd_compress/bench/keras_steps.py); BENCH_NP ranks.
+bench-keras: install
+	BENCH_MODULE=hvd_compress.bench.keras_steps NP=$(BENCH_NP) PY=$(PY) bash tools/bench.sh $(NET)
 
 # Two emulated nodes of 2 ranks (tools/two_nodes.sh: network namespaces, veth rate-limited by tc tbf to
 # TWO_NODES_RATE, shared memory inside a node, TCP between them), Birder's and 1-bit Adam's rows against

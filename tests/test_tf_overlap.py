@@ -79,6 +79,7 @@ def test_tf_buckets_start_before_backward_ends_with_identical_results(n: int, le
     for r, rk in enumerate(ranks):  # a state of another bucket cut: refused on every rank, nothing changed
         other = rk["Birder-other-layout"]
         assert "ValueError: Birder: the optimizer state holds buckets of [1155, 416]" in other["error"], (r, other)
+        assert "ValueError: Birder: the optimizer state (step 1) records no bucket cut" in other["none"], (r, other)
         assert other["unchanged"], f"rank {r}: a refused step changed the parameters or the state"
         for a, b in zip(other["then"], ranks[0]["Birder-other-layout"]["then"], strict=True):
             assert np.array_equal(a, b), f"rank {r}: the step after the refused one differs from rank 0"

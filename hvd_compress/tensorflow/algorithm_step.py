@@ -21,7 +21,8 @@ A buffer the coming step only reads (the 1-bit ops' frozen v in the compression 
 copied: the finish op gets TF's array and hands it to the algorithm marked read-only, and an empty array goes
 back, on which the variable is not assigned. Every step-dependent decision (warm-up or compression, trust-ratio
 clipping, SLAMB's masks and sync interval) is made at run time. Where the state is per bucket (1-bit, Birder) and
-there is more than one, it records the cut (``LAYOUT``), and a state of another cut is refused. The subclasses
+there is more than one, it records the cut (``LAYOUT``), and a state of another cut (or none, past step 0) is
+refused. The subclasses
 below only say which buffers each algorithm keeps.
 """
 
@@ -239,21 +240,30 @@ class FusedStep(FlatLayout):
         names = list(self.state_shapes())
         given = dict(zip(names, state, strict=True))
         if LAYOUT in given:
-            self._check_layout(np.asarray(given[LAYOUT]))
+            self._check_layout(np.asarray(given[LAYOUT]), int(given["step"]))
         read_only = self.read_only(given)
         bufs = {k: _fresh_copy(given[k]) for k in names if k not in self.scalars and k not in read_only}
         saved = {k: np.array(given[k]) for k in names if k in self.scalars}
         return _Session(x=self.flatten(params), g=aligned_empty(self.numel, np.float32), bufs=bufs, saved=saved,
                         group=self.group(hyper, flags), read_only=read_only)
 
-    def _check_layout(self, saved: np.ndarray) -> None:
-        """ValueError unless the checkpoint's bucket layout ``saved`` is this runner's (zeros: no step taken yet)."""
+    def _check_layout(self, saved: np.ndarray, step: int) -> None:
+        """ValueError unless the state's bucket layout ``saved`` is this runner's; at step 0 (a fresh state: the
+        variable starts at zeros and each step writes it) any. A checkpoint of before buckets restored into these
+        variables by name (``tf.train.Checkpoint``) leaves it at zeros past step 0: refused too."""
         mine = np.asarray(self.bucket_numels(), dtype=np.int64)
-        if saved.shape != mine.shape or not (np.array_equal(saved, mine) or not saved.any()):
+        if step == 0 or np.array_equal(saved, mine):
+            return
+        if saved.shape == mine.shape and not saved.any():
             raise ValueError(
-                f"{self.algorithm.name}: the optimizer state holds buckets of {saved.tolist()} elements, this "
-                f"optimizer cuts {mine.tolist()} (another model or bucket_mb): per-bucket state cannot be carried over"
+                f"{self.algorithm.name}: the optimizer state (step {step}) records no bucket cut, this optimizer cuts "
+                f"{mine.tolist()}: a checkpoint written before the TF faces cut buckets? Its per-bucket state cannot "
+                "be carried over"
             )
+        raise ValueError(
+            f"{self.algorithm.name}: the optimizer state holds buckets of {saved.tolist()} elements, this optimizer "
+            f"cuts {mine.tolist()} (another model or bucket_mb): per-bucket state cannot be carried over"
+        )
 
     def _step(self, session: _Session) -> int:
         """The bound algorithm's step; its segments are dropped after (the arrays then belong to TF)."""

@@ -132,8 +132,9 @@ def fit_algorithm(op: str, overlap: bool, bucket_mb: float = BUCKET_MB, steps_pe
 
 
 def birder_other_layout() -> dict[str, object]:
-    """A Birder state whose recorded bucket cut is not the optimizer's (a checkpoint of another bucket_mb): the next
-    step raises on every rank, state and parameters unchanged; with the cut put back, the step after runs."""
+    """A Birder state whose recorded bucket cut is not the optimizer's (a checkpoint of another bucket_mb), or that
+    records none past step 0: the next step raises on every rank, state and parameters unchanged; with the cut put
+    back, the step after runs."""
     net = model(lambda: 0, [])
     opt = hck.DistributedOptimizer(inner("Birder"), op=hck.Birder, bucket_mb=BUCKET_MB, **ALGORITHMS["Birder"])
     net.compile(optimizer=opt, loss="mse", jit_compile=False)
@@ -145,9 +146,13 @@ def birder_other_layout() -> dict[str, object]:
     error = outcome(lambda: net.fit(x[BATCH:2 * BATCH], y[BATCH:2 * BATCH], batch_size=BATCH, epochs=1,
                                     shuffle=False, verbose=0))
     after = [v.numpy() for v in net.trainable_variables] + [v.numpy() for v in opt._state.values()]
+    opt._state["segments"].assign(np.zeros_like(good))  # no cut recorded past step 0: a checkpoint of before buckets
+    none = outcome(lambda: net.fit(x[BATCH:2 * BATCH], y[BATCH:2 * BATCH], batch_size=BATCH, epochs=1,
+                                   shuffle=False, verbose=0))
     opt._state["segments"].assign(good)
     net.fit(x[BATCH:2 * BATCH], y[BATCH:2 * BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-    return {"error": error, "unchanged": all(np.array_equal(a, b) for a, b in zip(before, after, strict=True)),
+    return {"error": error, "none": none,
+            "unchanged": all(np.array_equal(a, b) for a, b in zip(before, after, strict=True)),
             "then": [v.numpy() for v in net.trainable_variables]}
 
 
