@@ -3,8 +3,9 @@ hc.DistributedGradientTape in a tf.function): gradient buckets start while backw
 default), with parameters bit-identical to reducing the same buckets after backward (overlap=False), identical on
 every rank, and equal to SGD on the gradient averaged over every rank's batch (simulated without communication); bad
 bucket options raise on every rank. The same for the buckets of op=SLAMB, Birder, OneBitAdam and OneBitLamb (model.fit):
-started during backward, bit-identical with overlap off and with steps_per_execution, SLAMB also with one bucket; the
-per-bucket state of Birder and the 1-bit ops records the cut, and a state of another cut is refused on every rank."""
+started during backward, bit-identical with overlap off, with steps_per_execution and when resumed from a checkpoint,
+SLAMB also with one bucket; the per-bucket state of Birder and the 1-bit ops records the cut, and a state of another
+cut is refused on every rank."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def test_tf_buckets_start_before_backward_ends_with_identical_results(n: int, le
             # The first bucket (Dense3, Dense2) started before the first layer's gradient was done, with overlap only.
             assert on["seen"] == [1] * STEPS and off["seen"] == [0] * STEPS and one["seen"] == [0] * STEPS, where
             assert rk[f"{op}-steps_per_execution"]["seen"] == [1] * STEPS, where
+            assert rk[f"{op}-resumed"], f"{where}: a run resumed from a checkpoint differs from one never stopped"
             for s in range(STEPS):
                 for a, b in zip(on["params"][s], off["params"][s], strict=True):
                     assert np.array_equal(a, b), f"{where}, step {s}: overlap=True and False differ"

@@ -5,8 +5,8 @@ last one backward computes) by 0.3 s and records how many buckets had started wh
 raise at construction.
 
 The same for op=SLAMB, Birder, OneBitAdam and OneBitLamb (model.fit), whose buckets' reductions start from per-bucket
-ops (hvd_compress.tensorflow.algorithm_step), also with one bucket and with steps_per_execution; and a Birder state of
-another bucket cut.
+ops (hvd_compress.tensorflow.algorithm_step), also with one bucket, with steps_per_execution and resumed from a
+tf.train.Checkpoint; and a Birder state of another bucket cut.
 
 With TF_USE_LEGACY_KERAS=1 the same under tf_keras (model.fit only). Saves per rank, per (face, overlap): the
 parameters after every step, those buckets-started counts, and the buckets started in all. argv: out_dir."""
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import tensorflow as tf
-from tf_common import outcome, save
+from tf_common import out_dir, outcome, save
 
 LEGACY = os.environ.get("TF_USE_LEGACY_KERAS") == "1"  # tf_keras: model.fit only (its optimizers have no apply())
 if LEGACY:
@@ -131,6 +131,35 @@ def fit_algorithm(op: str, overlap: bool, bucket_mb: float = BUCKET_MB, steps_pe
             "state": {k: v.numpy() for k, v in opt._state.items()}}
 
 
+def resumed(op: str) -> bool:
+    """Whether 3 steps, a ``tf.train.Checkpoint`` save, a restore into a new model and optimizer that took a step of
+    its own, and 3 more steps end bit-identical to 6 steps never stopped (two buckets: per-bucket state and the cut
+    restored)."""
+    def make() -> tuple[keras.Model, object]:
+        net = model(lambda: 0, [])
+        opt = hck.DistributedOptimizer(inner(op), op=getattr(hck, op), bucket_mb=BUCKET_MB, **ALGORITHMS[op])
+        net.compile(optimizer=opt, loss="mse", jit_compile=False)
+        return net, opt
+
+    x, y = shard(r)
+
+    def fit(net: keras.Model, first: int, end: int) -> None:
+        net.fit(x[first:end], y[first:end], batch_size=BATCH // 2, epochs=1, shuffle=False, verbose=0)
+
+    half = BATCH // 2 * 3  # 3 steps of half batches
+    net, _ = make()
+    fit(net, 0, 2 * half)
+    want = [v.numpy() for v in net.trainable_variables]
+    net, opt = make()
+    fit(net, 0, half)
+    path = tf.train.Checkpoint(model=net, optimizer=opt).save(str(out_dir() / f"{op}_rank{r}"))
+    net, opt = make()
+    fit(net, half, half + BATCH // 2)  # state of its own first
+    tf.train.Checkpoint(model=net, optimizer=opt).restore(path)
+    fit(net, half, 2 * half)
+    return all(np.array_equal(a, v.numpy()) for a, v in zip(want, net.trainable_variables, strict=True))
+
+
 def birder_other_layout() -> dict[str, object]:
     """A Birder state whose recorded bucket cut is not the optimizer's (a checkpoint of another bucket_mb), or that
     records none past step 0: the next step raises on every rank, state and parameters unchanged; with the cut put
@@ -225,6 +254,7 @@ for op in ALGORITHMS:
         out[f"{op}-{overlap}"] = fit_algorithm(op, overlap)
     out[f"{op}-one-bucket"] = fit_algorithm(op, True, bucket_mb=100.0)
     out[f"{op}-steps_per_execution"] = fit_algorithm(op, True, steps_per_execution=STEPS)
+    out[f"{op}-resumed"] = resumed(op)
     out["bad"].update({
         f"{op} bucket_mb=0": outcome(lambda op=op: hck.DistributedOptimizer(inner(op), op=getattr(hck, op),
                                                                               bucket_mb=0)),
