@@ -42,7 +42,7 @@ from hvd_compress.algorithms.birder import BirderAlgorithm, BirderOptions, Birde
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, Segment
 from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions, SlambSegment
 from hvd_compress.ops import runtime
-from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, plan_buckets
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, plan_segments
 from hvd_compress.ops.collectives import reject_allreduce
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.backend import BACKEND, aligned_empty
@@ -97,13 +97,10 @@ def float32_gradients(grads: Sequence[Any], variables: Sequence[Any]) -> list[tf
 
 def plan_bucket_ranges(sizes: Sequence[int], bucket_mb: float) -> tuple[list[tuple[int, int]], list[int]]:
     """The buckets of float32 variables of ``sizes`` elements as the torch face cuts one param group
-    (``hvd_compress.torch.bucketed.plan_segments``: reverse variable order, ``bucket_mb`` MiB, the first 1 MiB):
-    each bucket's variable range [lo, hi) in variable order, and the bucket indices in bucket order."""
-    cap = int(bucket_mb * (1 << 20))
-    plan = plan_buckets([("float32", 4 * n) for n in sizes], cap, min(cap, int(FIRST_BUCKET_MB * (1 << 20))))
-    ranges = sorted((min(m), max(m) + 1) for m in plan)
-    index = {r: b for b, r in enumerate(ranges)}
-    return ranges, [index[(min(m), max(m) + 1)] for m in plan]
+    (``ops.buckets.plan_segments``): each bucket's variable range [lo, hi) in variable order, and the bucket indices
+    in bucket order."""
+    segments, order = plan_segments([("float32", 4 * n) for n in sizes], bucket_mb)
+    return [(members[0], members[-1] + 1) for members in segments], order
 
 
 @dataclasses.dataclass
@@ -226,13 +223,15 @@ class FusedStep(FlatLayout):
         order; a state buffer this step only read comes back empty (``apply_algorithm_step`` then leaves its
         variable)."""
         session = self._sessions.pop(int(token))
+        only_read = {}  # what goes back for a buffer the step only read: nothing, the variable is left as it is
         for k, array in zip(self.may_be_read_only, late, strict=True):
             if k in session.read_only:
                 session.bufs[k] = _read_only_view(array)
+                only_read[k] = np.empty(0, array.dtype)
         new = self.finish_state(session)
         if LAYOUT in session.saved:
             new[LAYOUT] = np.asarray(self.bucket_numels(), dtype=np.int64)
-        new_state = {**session.bufs, **new, **{k: np.empty(0, np.float32) for k in session.read_only}}
+        new_state = {**session.bufs, **new, **only_read}
         return [*self.views(session.x), *(new_state[k] for k in self.state_shapes())]
 
     def _begin(self, flags: dict[str, Any], hyper: np.ndarray, params: Sequence[np.ndarray],

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from hvd_compress.ops.buckets import FIRST_BUCKET_MB, plan_buckets
+from hvd_compress.ops.buckets import plan_segments as plan_bucket_segments
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.torch.algorithm_mixin import AlgorithmMixin
 from hvd_compress.torch.context import ensure_init
@@ -19,20 +19,17 @@ from hvd_compress.torch.wrapping import hook_gradients
 def plan_segments(
     param_groups: list[dict[str, Any]], bucket_mb: float
 ) -> tuple[list[tuple[int, list[torch.nn.Parameter]]], list[int]]:
-    """The buckets of each (param group, dtype, device), as ``op=Average`` cuts its buckets: ``plan_buckets`` over the
-    trainable parameters in reverse registration order, ``bucket_mb`` MiB, the first bucket of each key 1 MiB.
+    """The buckets of each (param group, dtype, device), as ``op=Average`` cuts its buckets
+    (``ops.buckets.plan_segments``: the trainable parameters in reverse registration order, ``bucket_mb`` MiB, the
+    first bucket of each key 1 MiB).
 
     Returns each bucket's (param group, parameters) in registration order (the order of the checkpoint's segment
     list: a model with one bucket per group keeps the layout it had before buckets) and the bucket indices in bucket
     order (the order their reductions start)."""
     trainable = [(gi, p) for gi, group in enumerate(param_groups) for p in group["params"] if p.requires_grad]
-    cap = int(bucket_mb * (1 << 20))
     items = [((gi, p.dtype, p.device), p.numel() * p.element_size()) for gi, p in trainable]
-    plan = plan_buckets(items, cap, min(cap, int(FIRST_BUCKET_MB * (1 << 20))))
-    buckets = sorted(sorted(members) for members in plan)  # registration order, members consecutive per key
-    index = {tuple(members): s for s, members in enumerate(buckets)}
-    order = [index[tuple(sorted(members))] for members in plan]
-    return [(trainable[members[0]][0], [trainable[i][1] for i in members]) for members in buckets], order
+    segments, order = plan_bucket_segments(items, bucket_mb)
+    return [(trainable[members[0]][0], [trainable[i][1] for i in members]) for members in segments], order
 
 
 class BucketedMixin(AlgorithmMixin):
