@@ -6,6 +6,7 @@
 
 #include "hvdc/dense_allreduce.h"
 #include "hvdc/masks.h"
+#include "hvdc/stochastic_kernels.h"
 
 namespace hvdc {
 
@@ -25,8 +26,9 @@ void masked_average(Communicator& comm, const TensorView& t, const uint8_t* mask
   mask_scatter(scratch.data(), mask, t.numel, count, elem, t.data);
 }
 
-CallSignature masked_signature(const TensorView& t, const MaskSpec& spec, const std::string& name) {
-  CallSignature sig = signature_of(kMaskedAllreduce, t, static_cast<int>(spec.kind), name);
+CallSignature masked_signature(const TensorView& t, const MaskSpec& spec, const std::string& name,
+                               Collective collective) {
+  CallSignature sig = signature_of(collective, t, static_cast<int>(spec.kind), name);
   // The mask's arguments: hashed into the shape (compared) and written after the dims (shown), so a
   // rank with another ratio, seed or step is named in the MismatchError.
   char ratio[32];
@@ -51,12 +53,8 @@ CallSignature masked_signature(const TensorView& t, const MaskSpec& spec, const 
 
 int64_t first_nonfinite(const TensorView& t) {
   switch (t.dtype) {
-    case DType::kFloat32: {
-      const auto* p = static_cast<const float*>(t.data);
-      for (int64_t i = 0; i < t.numel; ++i)
-        if (!std::isfinite(p[i])) return i;
-      return -1;
-    }
+    case DType::kFloat32:
+      return first_nonfinite_f32(static_cast<const float*>(t.data), t.numel);
     case DType::kFloat64: {
       const auto* p = static_cast<const double*>(t.data);
       for (int64_t i = 0; i < t.numel; ++i)

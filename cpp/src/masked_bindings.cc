@@ -168,6 +168,47 @@ void register_masked(nb::module_& m) {
       "whole). The mask's arguments are agreed (MismatchError on every rank if they differ). "
       "`mask_out` (bool, numel) receives the mask. `check_finite`: NaN/Inf on any rank raises "
       "UsageError on every rank, tensor unchanged. Returns this call's bytes.");
+  nb::cpp_function_def(
+      [](Runtime& rt, nb::handle tensor, nb::handle compact, double ratio, uint64_t seed, int64_t step, int kind,
+         std::vector<int64_t> always, BoolFlat mask_out, bool check_finite, const std::string& name, int64_t offset,
+         int64_t total) {
+        TensorView v, out;
+        try {
+          v = binding_view_of(tensor, "masked_gather");
+          out = binding_view_of(compact, "masked_gather: compact");
+          if (out.dtype != v.dtype) throw UsageError("masked_gather: compact and tensor dtypes differ");
+          if (static_cast<int64_t>(mask_out.shape(0)) != v.numel)
+            throw UsageError("masked_gather: mask_out has " + std::to_string(mask_out.shape(0)) +
+                             " elements, the tensor " + std::to_string(v.numel));
+        } catch (const UsageError& e) {
+          nb::gil_scoped_release nogil;  // this rank still joins the exchange, so that no peer waits for it
+          rt.reject(kMaskedGather, e.what(), name);
+        }
+        const MaskSpec s = spec_of(total < 0 ? v.numel : total, ratio, seed, step, kind, std::move(always), offset,
+                                   v.numel);
+        CommStats moved;
+        int64_t count = 0;
+        {
+          nb::gil_scoped_release nogil;
+          moved = rt.masked_gather(v, s, reinterpret_cast<uint8_t*>(mask_out.data()), out.data, out.numel,
+                                   check_finite, name, &count);
+        }
+        nb::dict d;
+        d["bytes_sent"] = moved.bytes_sent;
+        d["bytes_received"] = moved.bytes_received;
+        d["calls"] = moved.calls;
+        d["count"] = count;
+        return d;
+      },
+      nb::scope(runtime), nb::name("masked_gather"), nb::is_method(), nb::arg("tensor"), nb::arg("compact"),
+      nb::arg("ratio"), nb::arg("seed"), nb::arg("step"), nb::arg("kind") = 0,
+      nb::arg("always") = std::vector<int64_t>{}, nb::arg("mask_out"), nb::arg("check_finite") = false,
+      nb::arg("name") = "", nb::arg("offset") = 0, nb::arg("total") = -1,
+      "The agreement and gather of masked_allreduce without its average: the mask's arguments are agreed "
+      "(MismatchError on every rank if they differ; `check_finite`: NaN/Inf in `tensor` on any rank raises "
+      "UsageError on every rank), then the mask goes to `mask_out` and tensor[mask], in index order, to the "
+      "front of `compact` (same dtype, room for every selected element). Returns this call's bytes and the "
+      "`count` gathered.");
 }
 
 }  // namespace hvdc

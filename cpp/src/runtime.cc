@@ -228,6 +228,31 @@ CommStats Runtime::masked_allreduce(const TensorView& t, const MaskSpec& spec_in
   });
 }
 
+CommStats Runtime::masked_gather(const TensorView& t, const MaskSpec& spec_in, uint8_t* mask_out,
+                                 void* compact, int64_t capacity, bool check_finite, const std::string& name,
+                                 int64_t* count) {
+  MaskSpec spec = spec_in;
+  spec.length = t.numel;
+  CallSignature sig = masked_signature(t, spec, name, kMaskedGather);
+  std::string why = check_mask_spec(spec);
+  if (why.empty() && check_finite) {
+    const int64_t bad = first_nonfinite(t);
+    if (bad >= 0)
+      why = "masked_gather: non-finite value at element " + std::to_string(bad) + " of " + std::to_string(t.numel);
+  }
+  if (!why.empty()) set_rejected(sig, why);
+  return run(sig, name.empty() ? "masked_gather" : name, [&] {
+    random_mask(spec, mask_out);
+    const int64_t n = mask_count(mask_out, t.numel);
+    // The mask is the same on every rank, and so is this check: a too small buffer throws everywhere.
+    if (n > capacity)
+      throw UsageError("masked_gather: " + std::to_string(n) + " elements selected, room for " +
+                       std::to_string(capacity));
+    mask_gather(t.data, mask_out, t.numel, n, dtype_size(t.dtype), compact);
+    *count = n;
+  });
+}
+
 CommStats Runtime::hierarchical_compressed_allreduce(const HierarchicalCall& call, bool hierarchical,
                                                     const std::string& name) {
   // Everything that must match across ranks rides in the signature: the payload and the modes in

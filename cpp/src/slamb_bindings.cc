@@ -1,9 +1,12 @@
 // _core.slamb_* (see hvdc/slamb_kernels.h): SLAMB's fused passes on float32 CPU buffers.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "hvdc/binding_views.h"
 #include "hvdc/errors.h"
@@ -56,27 +59,43 @@ void register_slamb(nb::module_& m) {
       nb::arg("work"), nb::arg("g"), nb::arg("beta2"), nb::arg("m"), nb::arg("v"),
       "m = work; v = b2 v + (1 - b2) g^2 (float32); returns the sum of the new v.");
   m.def(
+      "slamb_local_moments",
+      [](nb::handle g_, BoolFlat mask, float b1, float b2, nb::handle m_, nb::handle v_) {
+        int64_t n = -1;
+        const float* gp = binding_float32(g_, "slamb_local_moments: g", &n);
+        float* mp = binding_float32(m_, "slamb_local_moments: m", &n);
+        float* vp = binding_float32(v_, "slamb_local_moments: v", &n);
+        if (static_cast<int64_t>(mask.shape(0)) != n) throw UsageError("slamb_local_moments: mask and g sizes differ");
+        nb::gil_scoped_release nogil;
+        return slamb_local_moments(gp, reinterpret_cast<const uint8_t*>(mask.data()), n, b1, b2, mp, vp);
+      },
+      nb::arg("g"), nb::arg("mask"), nb::arg("beta1"), nb::arg("beta2"), nb::arg("m"), nb::arg("v"),
+      "m = b1 m + (1 - b1) g where not mask; v = b2 v + (1 - b2) g^2 (float32); returns the sum of the new v.");
+  m.def(
       "slamb_direction",
-      [](nb::handle m_, nb::handle v_, nb::handle x_, BoolFlat mask, float sqrt_bc2, float floor, float eps,
-         float bc1, float wd, nb::handle u_) {
+      [](nb::handle m_, nb::handle v_, nb::handle x_, std::optional<BoolFlat> mask, float sqrt_bc2, float floor,
+         float eps, float bc1, float wd, nb::handle u_) {
         int64_t n = -1;
         const float* mp = binding_float32(m_, "slamb_direction: m", &n);
         const float* vp = binding_float32(v_, "slamb_direction: v", &n);
         const float* xp = binding_float32(x_, "slamb_direction: x", &n);
         float* up = binding_float32(u_, "slamb_direction: u", &n);
-        if (static_cast<int64_t>(mask.shape(0)) != n) throw UsageError("slamb_direction: mask and x sizes differ");
+        if (mask && static_cast<int64_t>(mask->shape(0)) != n)
+          throw UsageError("slamb_direction: mask and x sizes differ");
         SlambNorms r;
         {
           nb::gil_scoped_release nogil;
-          r = slamb_direction(mp, vp, xp, reinterpret_cast<const uint8_t*>(mask.data()), n, sqrt_bc2, floor, eps,
-                              bc1, wd, up);
+          std::vector<uint8_t> all;  // no mask: every element selected (a compact slice of selected elements)
+          if (!mask) all.assign(static_cast<size_t>(n), 1);
+          const auto* mk = mask ? reinterpret_cast<const uint8_t*>(mask->data()) : all.data();
+          r = slamb_direction(mp, vp, xp, mk, n, sqrt_bc2, floor, eps, bc1, wd, up);
         }
         return nb::make_tuple(r.x.selected, r.x.unselected, r.u.selected, r.u.unselected, r.x.count);
       },
-      nb::arg("m"), nb::arg("v"), nb::arg("x"), nb::arg("mask"), nb::arg("sqrt_bc2"), nb::arg("floor"),
+      nb::arg("m"), nb::arg("v"), nb::arg("x"), nb::arg("mask").none(), nb::arg("sqrt_bc2"), nb::arg("floor"),
       nb::arg("eps"), nb::arg("bc1"), nb::arg("weight_decay"), nb::arg("u"),
       "u = m / (max(sqrt(v) / sqrt_bc2, floor) + eps) / bc1 + wd x (float32); returns the sums of squares "
-      "(x[mask], x[~mask], u[mask], u[~mask]) and the count of mask.");
+      "(x[mask], x[~mask], u[mask], u[~mask]) and the count of mask (mask None: every element).");
   m.def(
       "slamb_apply",
       [](nb::handle u_, nb::handle c_, float dphi, float phi_min, float clip_min, float clip_max, float deta,

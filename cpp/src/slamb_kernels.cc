@@ -169,6 +169,77 @@ double slamb_moments(const float* work, const float* g, int64_t n, float b2, flo
   return total;
 }
 
+namespace {
+
+double local_moments(const float* g, const uint8_t* mask, int64_t n, float b1, float b2, float* m, float* v) {
+  // As slamb_moments' sum (fixed lanes per block), and each element as slamb_momentum / slamb_moments round it.
+  constexpr int kLanes = 8;
+  const float a1 = 1.0f - b1, a2 = 1.0f - b2;
+  double total = 0.0;
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    float lane[kLanes] = {};
+    for (int64_t b = 0; b < kBlock; b += kLanes) {
+      for (int l = 0; l < kLanes; ++l) {
+        const int64_t k = i + b + l;
+        const float nm = m[k] * b1 + a1 * g[k];
+        m[k] = mask[k] ? m[k] : nm;
+        const float nv = v[k] * b2 + a2 * (g[k] * g[k]);
+        v[k] = nv;
+        lane[l] += nv;
+      }
+    }
+    for (int l = 0; l < kLanes; ++l) total += lane[l];
+  }
+  for (; i < n; ++i) {
+    if (!mask[i]) m[i] = m[i] * b1 + a1 * g[i];
+    v[i] = v[i] * b2 + a2 * (g[i] * g[i]);
+    total += v[i];
+  }
+  return total;
+}
+
+#if HVDC_AVX2_FMA_KERNELS
+// The same on 8-float vectors (no FMA; lane l sums what the portable lane l sums): the portable loop's select on
+// a mask byte keeps the compiler from vectorizing it, 8 ms for 4M elements.
+HVDC_AVX2_FMA double local_moments_avx2(const float* g, const uint8_t* mask, int64_t n, float b1, float b2,
+                                        float* m, float* v) {
+  const __m256 vb1 = _mm256_set1_ps(b1), va1 = _mm256_set1_ps(1.0f - b1), vb2 = _mm256_set1_ps(b2),
+               va2 = _mm256_set1_ps(1.0f - b2);
+  double total = 0.0;
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    __m256 lane = _mm256_setzero_ps();
+    for (int64_t b = i; b < i + kBlock; b += 8) {
+      const __m256 gv = _mm256_loadu_ps(g + b), mv = _mm256_loadu_ps(m + b);
+      const __m256 nm = _mm256_add_ps(_mm256_mul_ps(mv, vb1), _mm256_mul_ps(va1, gv));
+      const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mask + b))), _mm256_setzero_si256()));
+      _mm256_storeu_ps(m + b, _mm256_blendv_ps(nm, mv, keep));
+      const __m256 nv = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + b), vb2), _mm256_mul_ps(va2, _mm256_mul_ps(gv, gv)));
+      _mm256_storeu_ps(v + b, nv);
+      lane = _mm256_add_ps(lane, nv);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, lane);
+    for (int l = 0; l < 8; ++l) total += lanes[l];
+  }
+  return total + (i < n ? local_moments(g + i, mask + i, n - i, b1, b2, m + i, v + i) : 0.0);
+}
+#endif
+
+}  // namespace
+
+double slamb_local_moments(const float* g, const uint8_t* mask, int64_t n, float b1, float b2, float* m, float* v,
+                           KernelChoice choice) {
+#if HVDC_AVX2_FMA_KERNELS
+  if (use_avx2_kernels(choice)) return local_moments_avx2(g, mask, n, b1, b2, m, v);
+#else
+  (void)choice;
+#endif
+  return local_moments(g, mask, n, b1, b2, m, v);
+}
+
 SlambNorms slamb_direction(const float* m, const float* v, const float* x, const uint8_t* mask, int64_t n,
                            float sqrt_bc2, float floor, float eps, float bc1, float wd, float* u, KernelChoice choice) {
   const bool fl = floor > 0.0f, dec = wd != 0.0f;

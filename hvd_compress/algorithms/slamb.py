@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -257,6 +258,10 @@ class Slamb(BucketedAlgorithm):
         self.always = always_ranges(buffers.shapes, options.grad_size_thr)
         self.segments = list(segments) if segments is not None else group_segments(buffers)
         self._init_buckets()
+        self._agreement = _Agreement()
+        self._counts: dict[int, int] = {}  # segment -> elements its masked gather selected (the step on the wire)
+        self._compact: Tensor | None = None  # v[M] and x[M] of every bucket, for step 7 on the averaged m[M]
+        self._fused_for: tuple[SlambBuffers, bool] | None = None
         self.xp.add_(self.xp.zero_(buffers.freshness), 1.0)  # c_0 = 1
 
     # -- the buckets: steps 3 and 4 of one range of D ------------------------------------------------------
@@ -277,6 +282,9 @@ class Slamb(BucketedAlgorithm):
         on the background thread with overlap: work[first:end] = b1 m + (1 - b1) g, then its masked average under
         the global mask. m itself changes only in ``step()``, once every bucket succeeded."""
         seg, b, xp = self.segments[i], self.buf, self.xp
+        if self._on_wire_path():
+            self._gather_segment(i, groups, t)
+            return
         if seg.numel == 0:  # nothing to average (the same on every rank: the layout is)
             return
         lo, hi = seg.first, seg.end
@@ -294,6 +302,76 @@ class Slamb(BucketedAlgorithm):
                 xp.add_(xp.mul_(xp.copy_(w, b.exp_avg[lo:hi]), b1), b.grad[lo:hi], alpha=1 - b1)
         self._masked_allreduce(b.work, seg, t, name)  # step 4, and M_t[first:end] into mask[first:end]
 
+    def _on_wire_path(self) -> bool:
+        """Whether a step overlaps its local work with the masked average (``_gather_segment``, ``_step_on_wire``):
+        the core's fused float32 passes take every buffer and parameter, and no gradient is averaged first
+        (``sync_grad`` keeps the sequential path). Decided once per bound set of buffers."""
+        b = self.buf
+        if self._fused_for is None or self._fused_for[0] is not b:
+            ok = not self.options.sync_grad and fused_ops.accepts(
+                b.grad, b.exp_avg, b.exp_avg_sq, b.work, b.scratch, b.freshness, *b.params)
+            self._fused_for = (b, ok)
+        return self._fused_for[1]
+
+    def _gather_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """Steps 3 and 4 of segment ``i`` on the selected elements only, on the background thread: the ranks agree
+        on the mask and on finite gradients (``masked_gather_``: M_t[first:end] into mask[first:end], g[M] into
+        work[first:]), then work[first:first + count] = b1 m[M] + (1 - b1) g[M] (step 3 on those elements, the same
+        rounding as on all), and ``step()`` may start changing state (``_Agreement``) while that compact buffer is
+        averaged over the ranks (step 4, one dense allreduce of the same values as ``masked_allreduce_`` sends).
+        Nothing in between can fail on one rank alone: its inputs are agreed, finite and in bounds."""
+        seg, b, o = self.segments[i], self.buf, self.options
+        lo, hi = seg.first, seg.end
+        name = f"{self.name}.m.{i}"
+        try:
+            count = 0
+            if seg.numel:
+                with failure_joins_as_rejection(self.meter, name):
+                    b1 = self._group(seg, groups)["betas"][0]
+                compact_g, compact_m = b.work[lo:hi], b.scratch[lo:hi]
+                count = self.meter.run(
+                    mask_ops.masked_gather_, b.grad[lo:hi], compact_g, o.compress_ratio, o.seed, t, o.mask,
+                    self.always, mask_out=b.mask[lo:hi], check_finite=True, name=name, offset=lo, total=b.numel)
+                mask_ops.mask_gather(b.exp_avg[lo:hi], b.mask[lo:hi], compact_m[:count])
+                fused_ops.momentum_(compact_g[:count], compact_m[:count], compact_g[:count], b1)
+        except BaseException:
+            self._agreement.settle(False)
+            raise
+        self._counts[i] = count
+        self._agreement.settle(True)
+        if count:
+            self.meter.run(ops.allreduce_, b.work[lo:lo + count], op=ReduceOp.Average, name=f"{name}.avg")
+
+    def _await_agreement(self, groups: Sequence[dict[str, Any]] | None) -> None:
+        """Start every bucket not started yet and wait until each is agreed on (``_gather_segment``); if any was
+        refused, raise on every rank as ``reduce_all`` does, with nothing changed."""
+        red = self._pipeline()
+        red.mark_all_ready()
+        self._launch(groups)
+        if not self._agreement.wait(len(self.segments)):
+            self.reduce_all(groups)  # re-raises the refusal (state untouched: no bucket changes any)
+            raise AssertionError(f"{self.name}: a refused bucket drained without an error")
+
+    def synchronize(self, groups: Sequence[dict[str, Any]] | None = None) -> None:
+        """The gradient phase of the coming step. On the overlapped path (``_on_wire_path``) with ``overlap``: start
+        what is left and wait until every bucket has read its gradients and been agreed on (a refusal raises here
+        on every rank); their averages may still be on the wire, ``step()`` overlaps its local work with them.
+        Otherwise as ``BucketedAlgorithm.synchronize``."""
+        if self.overlap and not self._done and self._on_wire_path():
+            self._await_agreement(groups)
+            return
+        super().synchronize(groups)
+
+    def gradient_final(self, i: int, groups: Sequence[dict[str, Any]], count: int = 1) -> None:
+        if self._agreement.complete(len(self.segments)):  # a gradient after the step's buckets read theirs
+            self.abandon()
+        super().gradient_final(i, groups, count)
+
+    def abandon(self) -> None:
+        super().abandon()
+        self._agreement.reset()
+        self._counts.clear()
+
     def _group(self, seg: SlambSegment, groups: Sequence[dict[str, Any]] | None) -> dict[str, Any]:
         if groups is None:
             raise ValueError(f"{self.name}: reducing a bucket needs the param groups")
@@ -306,6 +384,12 @@ class Slamb(BucketedAlgorithm):
         (bad input on any rank raises on every rank)."""
         xp, b, o = self.xp, self.buf, self.options
         t = self.t + 1
+        if self._on_wire_path():
+            self._step_on_wire(groups, t)
+            self.t = t
+            if t % o.sync_interval == 0:  # step 9
+                self.synchronize_parameters()
+            return t
         self.reduce_pending(groups)  # steps 3 and 4: ``work`` is m's new value, ``mask`` is M_t
         runs = b.groups()
         # The core's fused passes on float32 CPU buffers (both faces' case); the backend's ops otherwise.
@@ -386,20 +470,35 @@ class Slamb(BucketedAlgorithm):
             eta = xp.add_(xp.mul_(xp.copy_(s, c), lr - lr / root_n), lr / root_n)
             xp.addcmul_(x, u, eta, value=-1.0)
 
+    def _layer_direction(self, groups: Sequence[dict[str, Any]], t: int, means: Sequence[float], i: int,
+                         u: Tensor, m: Tensor, v: Tensor, x: Tensor, mask: Tensor | None) -> tuple[float, ...]:
+        """Step 7 of layer ``i`` with the core's fused pass over the given (possibly compact) slices: u, its weight
+        decay and the masked norms (||x[M]||, ||x[~M]||, ||u[M]||, ||u[~M]||, |M|)."""
+        group, floor = groups[self.buf.group_of[i]], self.options.variance_floor
+        b1, b2 = group["betas"]
+        bc1, bc2 = (1 - b1**t, 1 - b2**t) if group.get("bias_correction", True) else (1.0, 1.0)
+        return fused_ops.direction_(u, m, v, x, mask, bc1, bc2,
+                                    math.sqrt(floor * means[i] / bc2) if floor > 0.0 else 0.0, group["eps"],
+                                    group["weight_decay"])
+
     def _fused_update(self, groups: Sequence[dict[str, Any]], t: int, means: Sequence[float]) -> None:
         """Steps 7 and 8 per layer with the core's fused passes (``_direction`` then ``_update``, same math):
         u, its weight decay and the masked norms of x and u in one pass, the blended update in a second."""
-        xp, b, floor = self.xp, self.buf, self.options.variance_floor
-        root_n, u_views = math.sqrt(self.world_size), b.views(b.work)
+        b = self.buf
+        norms = [self._layer_direction(groups, t, means, i, b.work[lo:hi], b.exp_avg[lo:hi], b.exp_avg_sq[lo:hi], x,
+                                       b.mask[lo:hi])
+                 for i, (x, (lo, hi)) in enumerate(zip(b.params, self._spans(), strict=True))]
+        self._apply_layers(groups, norms, b.work)
+
+    def _apply_layers(self, groups: Sequence[dict[str, Any]], norms: Sequence[Sequence[float]],
+                      u_flat: Tensor) -> None:
+        """Step 8 per layer from its norms (``_layer_direction``'s) and its u in ``u_flat``."""
+        xp, b = self.xp, self.buf
+        root_n, u_views = math.sqrt(self.world_size), b.views(u_flat)
         for i, (x, (lo, hi)) in enumerate(zip(b.params, self._spans(), strict=True)):
             group = groups[b.group_of[i]]
-            b1, b2 = group["betas"]
-            lr, u = group["lr"], b.work[lo:hi]
-            bias = group.get("bias_correction", True)
-            bc1, bc2 = (1 - b1**t, 1 - b2**t) if bias else (1.0, 1.0)
-            x_in, x_out, u_in, u_out, selected = fused_ops.direction_(
-                u, b.exp_avg[lo:hi], b.exp_avg_sq[lo:hi], x, b.mask[lo:hi], bc1, bc2,
-                math.sqrt(floor * means[i] / bc2) if floor > 0.0 else 0.0, group["eps"], group["weight_decay"])
+            lr = group["lr"]
+            x_in, x_out, u_in, u_out, selected = norms[i]
             if len(b.shapes[i]) <= 1:  # plain LAMB, unclipped (spec step 8)
                 xp.add_(x, u_views[i], alpha=-lr * ratio(math.hypot(x_in, x_out), math.hypot(u_in, u_out)))
                 continue
@@ -408,7 +507,60 @@ class Slamb(BucketedAlgorithm):
             if selected == hi - lo:  # c = 1 on the whole layer: phi = clip(phi_max), eta = lr
                 xp.add_(x, u_views[i], alpha=-lr * min(max(phi_max, clip_min), clip_max))
                 continue
-            fused_ops.apply_(x, u, b.freshness[lo:hi], phi_max, phi_min, clip_min, clip_max, lr, lr / root_n)
+            fused_ops.apply_(x, u_flat[lo:hi], b.freshness[lo:hi], phi_max, phi_min, clip_min, clip_max, lr,
+                             lr / root_n)
+
+    def _step_on_wire(self, groups: Sequence[dict[str, Any]], t: int) -> None:
+        """Steps 3-8 with the local work overlapped with the masked average (the buckets' ``_gather_segment``), the
+        same rule and per-element rounding as the sequential path: once every bucket is agreed on, this rank's
+        own elements need nothing from the others, so while the averages are on the wire it takes steps 3 and 5
+        on the elements kept local (m[~M], v), step 6, and step 7 over every element into ``scratch`` with the
+        norms that need no average (x[M], x[~M], u[~M]; u[M] from the stale m[M] is replaced below), and
+        gathers v[M] and x[M]. Once the averages are in: m[M] and u[M] from them on the compact buffers, with
+        ||u[M]||, scattered back, and step 8. Nothing changes before every rank agreed (``_await_agreement``
+        raises on every rank first)."""
+        b, o = self.buf, self.options
+        self._await_agreement(groups)
+        spans = self._spans()
+        means = [fused_ops.local_moments_(b.exp_avg[lo:hi], b.exp_avg_sq[lo:hi], b.grad[lo:hi], b.mask[lo:hi],
+                                          *groups[b.group_of[i]]["betas"]) for i, (lo, hi) in enumerate(spans)]
+        mask_ops.freshness_(b.freshness, b.mask, o.beta3)  # step 6
+        norms = [list(self._layer_direction(groups, t, means, i, b.scratch[lo:hi], b.exp_avg[lo:hi],
+                                            b.exp_avg_sq[lo:hi], x, b.mask[lo:hi]))
+                 for i, (x, (lo, hi)) in enumerate(zip(b.params, spans, strict=True))]
+        total = sum(int(n[4]) for n in norms)
+        if self._compact is None or self._compact.shape[0] < 2 * total:
+            self._compact = self.xp.float32_like(2 * total, b.work)
+        cv, cx = self._compact[:total], self._compact[total:2 * total]  # v[M] and x[M], in D's order
+        at = 0
+        for (lo, hi), x, n in zip(spans, b.params, norms, strict=True):
+            if n[4]:
+                mask_ops.mask_gather(b.exp_avg_sq[lo:hi], b.mask[lo:hi], cv[at:at + n[4]])
+                mask_ops.mask_gather(x, b.mask[lo:hi], cx[at:at + n[4]])
+            at += n[4]
+        self.reduce_pending(groups)  # every bucket's average: m[M] in work[first:first + count]
+        at, layer = 0, 0
+        for j, seg in enumerate(self.segments):
+            within = 0
+            for i in range(layer, layer + len(seg.sizes)):
+                n = int(norms[i][4])
+                if n:  # u[M] on the compact slices, into cv (u may be v), and its norm
+                    m = b.work[seg.first + within:seg.first + within + n]
+                    norms[i][2] = self._layer_direction(groups, t, means, i, cv[at:at + n], m, cv[at:at + n],
+                                                        cx[at:at + n], None)[2]
+                within += n
+                at += n
+            layer += len(seg.sizes)
+            if within != self._counts.get(j, 0):
+                raise AssertionError(f"{self.name}: bucket {j} gathered {self._counts.get(j, 0)} elements, its "
+                                     f"layers select {within}")
+            if within:
+                mask = b.mask[seg.first:seg.end]
+                mask_ops.mask_scatter(b.work[seg.first:seg.first + within], mask, b.exp_avg[seg.first:seg.end])
+                mask_ops.mask_scatter(cv[at - within:at], mask, b.scratch[seg.first:seg.end])
+        self._counts.clear()
+        self._agreement.reset()
+        self._apply_layers(groups, norms, b.scratch)  # step 8
 
     def synchronize_parameters(self) -> None:
         """x = mean over ranks of x for every trainable parameter: one dense allreduce (spec step 9)."""
@@ -503,3 +655,33 @@ class Slamb(BucketedAlgorithm):
         else:
             self.xp.copy_(self.buf.freshness, ours["freshness"].reshape(-1))
             self.t = int(ours["step"])
+
+
+class _Agreement:
+    """How many buckets of the coming step settled their agreement (``Slamb._gather_segment``): agreed on, or
+    failed. ``step()`` changes state only once every bucket is agreed on."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._settled = 0
+        self._failed = False
+
+    def settle(self, agreed: bool) -> None:
+        with self._cond:
+            self._settled += 1
+            self._failed |= not agreed
+            self._cond.notify_all()
+
+    def wait(self, n: int) -> bool:
+        """Wait until ``n`` buckets settled; whether all were agreed on."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._settled >= n)
+            return not self._failed
+
+    def complete(self, n: int) -> bool:
+        with self._cond:
+            return self._settled >= n
+
+    def reset(self) -> None:
+        with self._cond:
+            self._settled, self._failed = 0, False

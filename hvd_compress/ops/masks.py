@@ -101,3 +101,50 @@ def masked_allreduce_(
     )
     record(counts, traffic)
     return tensor
+
+
+def masked_gather_(
+    tensor: Any,
+    compact: Any,
+    ratio: float,
+    seed: int,
+    step: int,
+    kind: str = "cyclic",
+    always: Sequence[int] = (),
+    *,
+    mask_out: Any,
+    check_finite: bool = False,
+    name: str | None = None,
+    traffic: Traffic | None = None,
+    offset: int = 0,
+    total: int | None = None,
+) -> int:
+    """The agreement and gather of ``masked_allreduce_`` without its average, for a caller that averages the
+    gathered elements itself: the same mask and the same checks (``MismatchError``/``UsageError`` on every rank,
+    nothing changed), then the mask into ``mask_out`` and tensor[mask], in index order, into the front of
+    ``compact`` (same dtype, room for every selected element). Returns how many were gathered (the same on
+    every rank). Only the signature travels."""
+    check_mask_args(ratio, seed, step)
+    counts = dict(runtime.get_in_order().masked_gather(
+        as_core_buffer(tensor), as_core_buffer(compact), float(ratio), int(seed), int(step), mask_kind(kind),
+        [int(a) for a in always], mask_out, bool(check_finite), name or "", int(offset),
+        -1 if total is None else int(total),
+    ))
+    count = int(counts.pop("count"))
+    record(counts, traffic)
+    return count
+
+
+def mask_gather(src: Any, mask: Any, compact: Any) -> Any:
+    """compact[:count] = src[mask] in index order (contiguous CPU tensors; ``compact`` has room for the selected
+    count); returns ``compact``."""
+    if mask.shape[0]:
+        _core.mask_gather(as_core_buffer(src), mask, as_core_buffer(compact))
+    return compact
+
+
+def mask_scatter(compact: Any, mask: Any, dst: Any) -> Any:
+    """dst[mask] = compact in index order, the other elements of ``dst`` unchanged; returns ``dst``."""
+    if mask.shape[0]:
+        _core.mask_scatter(as_core_buffer(compact), mask, as_core_buffer(dst))
+    return dst

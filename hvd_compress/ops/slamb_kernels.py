@@ -32,10 +32,18 @@ def moments_(m: Any, v: Any, work: Any, g: Any, beta2: float) -> float:
     return _core.slamb_moments(work, g, float(beta2), m, v) / n if n else 0.0
 
 
+def local_moments_(m: Any, v: Any, g: Any, mask: Any, beta1: float, beta2: float) -> float:
+    """m = beta1 m + (1 - beta1) g where ``mask`` is unset (SLAMB step 3 on the elements kept local) and
+    v = beta2 v + (1 - beta2) g^2 everywhere (step 5), in one pass; returns the mean of the new v (0 when empty)."""
+    n = g.shape[0]
+    return _core.slamb_local_moments(g, mask, float(beta1), float(beta2), m, v) / n if n else 0.0
+
+
 def direction_(u: Any, m: Any, v: Any, x: Any, mask: Any, bc1: float, bc2: float, floor: float, eps: float,
                weight_decay: float) -> tuple[float, float, float, float, int]:
     """One layer (flat views): u = m / (max(sqrt(v) / sqrt(bc2), floor) + eps) / bc1 + weight_decay x (SLAMB step
-    7; ``floor`` <= 0: no floor). Returns (||x[M]||, ||x[~M]||, ||u[M]||, ||u[~M]||, |M|) from the same pass."""
+    7; ``floor`` <= 0: no floor). Returns (||x[M]||, ||x[~M]||, ||u[M]||, ||u[~M]||, |M|) from the same pass;
+    ``mask`` None selects every element (compact slices of the selected elements). ``u`` may be ``v``."""
     if not u.shape[0]:
         return 0.0, 0.0, 0.0, 0.0, 0
     xs, xo, us, uo, count = _core.slamb_direction(m, v, as_core_buffer(x), mask, float(math.sqrt(bc2)),

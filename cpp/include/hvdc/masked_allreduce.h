@@ -24,7 +24,8 @@ void masked_average(Communicator& comm, const TensorView& t, const uint8_t* mask
 // The signature of a masked allreduce of `t` (spec.numel == t.numel): op is the mask kind; ratio,
 // seed and step are hashed into the shape and shown after the dims ("[1000] k=0.1 seed=7 t=3");
 // the always-selected ranges are the layout hash. Ranks whose masks would differ thus disagree.
-CallSignature masked_signature(const TensorView& t, const MaskSpec& spec, const std::string& name);
+CallSignature masked_signature(const TensorView& t, const MaskSpec& spec, const std::string& name,
+                               Collective collective = kMaskedAllreduce);
 
 // Index of the first NaN/Inf element of `t`, or -1 when every element is finite.
 int64_t first_nonfinite(const TensorView& t);

@@ -97,6 +97,13 @@ class Runtime {
   // rank with `t` unchanged.
   CommStats masked_allreduce(const TensorView& t, const MaskSpec& spec, uint8_t* mask_out,
                              bool check_finite, const std::string& name);
+  // The first half of masked_allreduce, for a caller that averages the dense buffer itself (SLAMB computes
+  // its momentum on the gathered elements only, and starts its local work once the ranks agreed): the same
+  // agreement (signature of kMaskedGather, `check_finite` on `t`), then the mask into `mask_out` (t.numel
+  // bytes) and t[mask] gathered in index order into `compact` (room for `capacity` elements of t's dtype).
+  // `*count` receives the number gathered, the same on every rank. Only the signature travels.
+  CommStats masked_gather(const TensorView& t, const MaskSpec& spec, uint8_t* mask_out, void* compact,
+                          int64_t capacity, bool check_finite, const std::string& name, int64_t* count);
   // In place: `call.buffer` becomes the Hierarchical-1-bit-All-Reduce of paper 004 Section 4
   // (hvdc/hierarchical_allreduce.h), Birder's +/-1 or the scaled 1-bit payload; `hierarchical`:
   // over the node topology built at start-up (nodes of unequal size are rejected on every rank),

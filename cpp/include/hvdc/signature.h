@@ -23,6 +23,7 @@ enum Collective : int32_t {
   kMaskedAllreduce = 7,  // SLAMB's masked allreduce
   kSparseAllreduce = 8,  // the top-k / random-k compressed reductions
   kHierarchicalCompressedAllreduce = 9,  // Birder's hierarchical 1-bit allreduce
+  kMaskedGather = 10,  // SLAMB's agreed mask and gather, its average left to a dense allreduce
 };
 
 struct CallSignature {

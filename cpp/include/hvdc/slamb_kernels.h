@@ -17,6 +17,14 @@ void slamb_momentum(const float* m, const float* g, int64_t n, float b1, float* 
 // sum of the new v (double) for the variance floor's layer mean.
 double slamb_moments(const float* work, const float* g, int64_t n, float b2, float* m, float* v);
 
+// Steps 3 and 5 on the elements a step keeps local, while the masked ones are on the wire: m = b1 * m +
+// (1 - b1) * g where mask is 0 (the selected elements of m are set from the average afterwards), and
+// v = b2 * v + (1 - b2) * g * g everywhere, each rounded as slamb_momentum and slamb_moments round it. Returns
+// the sum of the new v (double), summed as slamb_moments sums it. AVX2 where `choice` and the CPU allow: the
+// same bits.
+double slamb_local_moments(const float* g, const uint8_t* mask, int64_t n, float b1, float b2, float* m, float* v,
+                           KernelChoice choice = KernelChoice::kAuto);
+
 // Step 7 on one layer: u = m / (max(sqrt(v) / sqrt_bc2, floor) + eps) / bc1 + wd * x (the max only when
 // floor > 0, the weight decay only when wd != 0), with the masked sums of squares of x and of u
 // (step 8's phi_max / phi_min norms) taken in the same pass. The AVX2 version (where `choice` and the CPU allow)
