@@ -3,6 +3,8 @@ on real MPI processes against the NumPy mirror hvd_compress.reference.masks."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from mpi_harness import load_ranks, mpirun
 from workers.common import rank_input
 
 import hvd_compress.torch as hc
+from hvd_compress import _core
 from hvd_compress.ops import masks as mask_ops
 from hvd_compress.reference import masks as ref
 
@@ -38,6 +41,49 @@ def test_a_range_of_a_mask_is_that_slice_of_the_whole_mask(kind: str) -> None:
             assert np.array_equal(got, want[lo:hi]), f"{kind} step {step} [{lo}, {hi}): {np.sum(got != want[lo:hi])}"
     with pytest.raises(ValueError, match="outside"):
         mask_ops.random_mask_(torch.zeros(10, dtype=torch.bool), 0.25, SEED, 1, kind, offset=numel - 5, total=numel)
+
+
+def _tie_ratio(h: int, tl: int) -> float:
+    """The ratio whose T is (h << 16 | tl): with tl's low 8 bits zero T has at most 24 significant bits, so T / 2^32
+    is a float32 and float32(ratio) is exact."""
+    return ((h << 16) | tl) / 2.0**32
+
+
+@pytest.mark.parametrize(("numel", "seed", "step", "first"), [(9000, 1234, 3, 0), (9000, 2**64 - 1, 2**32 + 5, 4097),
+                                                             (20_000, 77, 0, 1), (6000, 5, 11, 2**34 + 3)])
+def test_bernoulli_mask_equals_reference_at_any_start_with_ties(numel: int, seed: int, step: int, first: int) -> None:
+    """The core's Bernoulli draw (16-bit halves of two Philox streams, the tie stream read only where hi == T >> 16)
+    equals the NumPy mirror, which draws both streams whole, element by element, for ranges starting anywhere in a
+    mask of first + numel elements; the tie ratios make elements of the range tie, and the ties go both ways."""
+    hi = ref.bernoulli_halves(numel, seed, step, ref.BERNOULLI_STREAM, first)
+    lo = ref.bernoulli_halves(numel, seed, step, ref.BERNOULLI_TIE_STREAM, first)
+    tie_ratios = [_tie_ratio(int(hi[x]), tl) for x in (0, 1, 2, 3, 500, numel - 1) for tl in (0x8000, 0x1200)]
+    ties = {True: 0, False: 0}
+    for ratio in [1.0, 0.5, 0.1, 1e-7, 0.999999, *tie_ratios]:
+        t = ref.bernoulli_threshold(ratio)
+        want = ref.bernoulli_mask(numel, ratio, seed, step, first)
+        tied = (hi == t >> 16) & ((t & 0xFFFF) != 0) & (t < 2**32)
+        for taken in (True, False):
+            ties[taken] += int(np.sum(tied & ((lo < (t & 0xFFFF)) == taken)))
+        for lo_cut, hi_cut in ((0, numel), (1, numel - 1), (63, 4160), (4095, 4097)):
+            got = np.zeros(hi_cut - lo_cut, dtype=bool)
+            _core.random_mask(got, ratio, seed, step, 1, [], first + lo_cut, first + numel)
+            diff = np.flatnonzero(got != want[lo_cut:hi_cut])
+            assert diff.size == 0, (f"k={ratio} seed={seed} step={step} range [{first + lo_cut}, {first + hi_cut}): "
+                                    f"{diff.size} differ, first at {first + lo_cut + diff[0]}")
+    assert ties[True] > 0 and ties[False] > 0, ties
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.5, 1e-5, 0.999])
+def test_bernoulli_mask_selects_t_over_2_32_of_the_elements(ratio: float) -> None:
+    """Each element with probability T / 2^32 (T = ceil(float32(k) 2^32)): the count of a 4M-element mask lies
+    within 5 standard deviations of its mean."""
+    numel = 1 << 22
+    p = ref.bernoulli_threshold(ratio) / 2.0**32
+    mask = np.zeros(numel, dtype=bool)
+    _core.random_mask(mask, ratio, 99, 4, 1, [])
+    mean, sd = numel * p, math.sqrt(numel * p * (1 - p))
+    assert abs(int(mask.sum()) - mean) < 5 * sd, f"k={ratio}: {int(mask.sum())} selected, mean {mean:.1f} sd {sd:.1f}"
 
 
 def test_cyclic_mask_selects_every_element_once_per_cycle() -> None:

@@ -139,20 +139,95 @@ void cyclic_mask(const MaskSpec& s, int64_t n, uint8_t* out) {
   cyclic_compare(r, base, width, n, out);
 }
 
-// Elements [s.first, s.first + n) of the Bernoulli mask into out[0, n): uniform i of the key is
-// element i's, wherever the range starts.
-void bernoulli_mask(const MaskSpec& s, int64_t n, uint8_t* out) {
-  PhiloxKey key;
-  key.seed = s.seed;
-  key.step = static_cast<uint32_t>(s.step);
-  key.stream = kMaskBernoulliStream;
-  const float k = static_cast<float>(s.ratio);
-  constexpr int64_t kBlock = 4096;
-  float u[kBlock];
-  for (int64_t at = 0; at < n; at += kBlock) {
-    const int64_t len = std::min(kBlock, n - at);
-    philox_fill_uniform(key, static_cast<uint64_t>(s.first + at), len, u);
-    for (int64_t i = 0; i < len; ++i) out[at + i] = static_cast<uint8_t>(u[i] < k);
+// Elements [s.first, s.first + n) of the Bernoulli mask (hvdc/masks.h) into out[0, n), from the
+// Philox words of `isa`'s fill, a tile at a time. Element i's high half is 16-bit half (i & 1) of
+// word i >> 1, so a tile of words read as little-endian uint16 is the elements' high halves in
+// order; the tiles are cut at fixed word indices, so where the range starts changes only where the
+// first tile begins, never which bits an element gets.
+constexpr int64_t kBernoulliTileWords = 2048;
+
+struct BernoulliDraw {
+  PhiloxKey key, tie_key;
+  uint32_t th = 0, tl = 0;  // T >> 16 and T & 0xFFFF, T < 2^32
+};
+
+// The 16-bit half of element i in `key`'s sequence (half i & 1 of word i >> 1).
+inline uint32_t bernoulli_half(const PhiloxKey& key, uint64_t i) {
+  const uint64_t j = i >> 1;
+  return (philox_block(key, j >> 2).v[j & 3] >> (16 * (i & 1))) & 0xFFFFu;
+}
+
+// Element i whose high half equals Th: its low half decides (probability 2^-16, so one scalar block
+// on demand costs less than a second stream in bulk).
+inline uint8_t bernoulli_tie(const BernoulliDraw& d, uint64_t i) {
+  return static_cast<uint8_t>(bernoulli_half(d.tie_key, i) < d.tl);
+}
+
+// Elements [e, e + n) whose high halves are halves [k, k + n) of `words` (as little-endian uint16).
+void bernoulli_compare_scalar(const BernoulliDraw& d, const uint32_t* words, int64_t k, uint64_t e,
+                              int64_t n, uint8_t* out) {
+  for (int64_t x = 0; x < n; ++x, ++k) {
+    const uint32_t hi = (words[k >> 1] >> (16 * (k & 1))) & 0xFFFFu;
+    out[x] = static_cast<uint8_t>(hi < d.th);
+    if (hi == d.th && d.tl != 0) out[x] = bernoulli_tie(d, e + static_cast<uint64_t>(x));
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HVDC_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+// 64 halves per iteration: two unsigned 16-bit compares give the 64-bit selection mask, which
+// writes the 0/1 bytes in one masked move; the equal-compare finds the ties (any lane, rarely).
+HVDC_TARGET_AVX512 void bernoulli_compare_avx512(const BernoulliDraw& d, const uint32_t* words,
+                                                 int64_t k, uint64_t e, int64_t n, uint8_t* out) {
+  const auto* halves = reinterpret_cast<const char*>(words);
+  const __m512i th = _mm512_set1_epi16(static_cast<short>(d.th));
+  const __m512i one = _mm512_set1_epi8(1);
+  int64_t x = 0;
+  for (; x + 64 <= n; x += 64) {
+    const __m512i a = _mm512_loadu_si512(halves + 2 * (k + x));
+    const __m512i b = _mm512_loadu_si512(halves + 2 * (k + x + 32));
+    const __mmask64 below = _mm512_kunpackd(_mm512_cmplt_epu16_mask(b, th), _mm512_cmplt_epu16_mask(a, th));
+    _mm512_storeu_si512(out + x, _mm512_maskz_mov_epi8(below, one));
+    if (d.tl == 0) continue;  // a tie then never selects, as the compare already wrote
+    uint64_t ties = _cvtmask64_u64(
+        _mm512_kunpackd(_mm512_cmpeq_epu16_mask(b, th), _mm512_cmpeq_epu16_mask(a, th)));
+    for (; ties != 0; ties &= ties - 1) {
+      const int l = __builtin_ctzll(ties);
+      out[x + l] = bernoulli_tie(d, e + static_cast<uint64_t>(x + l));
+    }
+  }
+  bernoulli_compare_scalar(d, words, k + x, e + static_cast<uint64_t>(x), n - x, out + x);
+}
+#endif
+
+void bernoulli_draw(PhiloxIsa isa, const MaskSpec& s, int64_t n, uint8_t* out) {
+  const uint64_t t = bernoulli_threshold(s.ratio);
+  if (t >= (uint64_t{1} << 32)) {
+    std::memset(out, 1, static_cast<size_t>(n));
+    return;
+  }
+  BernoulliDraw d;
+  d.key.seed = d.tie_key.seed = s.seed;
+  d.key.step = d.tie_key.step = static_cast<uint32_t>(s.step);
+  d.key.stream = kMaskBernoulliStream;
+  d.tie_key.stream = kMaskBernoulliTieStream;
+  d.th = static_cast<uint32_t>(t >> 16);
+  d.tl = static_cast<uint32_t>(t & 0xFFFFu);
+  if (isa == PhiloxIsa::kAuto || !philox_isa_supported(isa)) isa = philox_best_isa();
+  auto compare = &bernoulli_compare_scalar;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (isa == PhiloxIsa::kAvx512) compare = &bernoulli_compare_avx512;
+#endif
+  alignas(64) uint32_t words[kBernoulliTileWords];
+  const uint64_t first = static_cast<uint64_t>(s.first), end = first + static_cast<uint64_t>(n);
+  const uint64_t word_end = (end + 1) >> 1;
+  for (uint64_t w = first >> 1; w < word_end;) {
+    const uint64_t next = std::min(word_end, (w / kBernoulliTileWords + 1) * kBernoulliTileWords);
+    philox_fill_u32_with(isa, d.key, w, static_cast<int64_t>(next - w), words);
+    const uint64_t lo = std::max(first, 2 * w), hi = std::min(end, 2 * next);
+    compare(d, words, static_cast<int64_t>(lo - 2 * w), lo, static_cast<int64_t>(hi - lo), out + (lo - first));
+    w = next;
   }
 }
 
@@ -332,6 +407,16 @@ std::string check_mask_spec(const MaskSpec& s) {
   return "";
 }
 
+uint64_t bernoulli_threshold(double ratio) {
+  // float32 has 24 significant bits, so the product is exact in double and only the ceil rounds.
+  return static_cast<uint64_t>(std::ceil(static_cast<double>(static_cast<float>(ratio)) * 4294967296.0));
+}
+
+void bernoulli_mask(PhiloxIsa isa, const MaskSpec& spec, uint8_t* out) {
+  const int64_t n = mask_range_length(spec);
+  if (n > 0) bernoulli_draw(isa, spec, n, out);
+}
+
 int64_t mask_range_length(const MaskSpec& spec) {
   return spec.length >= 0 ? spec.length : spec.numel - spec.first;
 }
@@ -340,7 +425,7 @@ void random_mask(const MaskSpec& spec, uint8_t* out) {
   const int64_t n = mask_range_length(spec);
   if (n <= 0) return;
   if (spec.kind == MaskKind::kBernoulli)
-    bernoulli_mask(spec, n, out);
+    bernoulli_draw(PhiloxIsa::kAuto, spec, n, out);
   else
     cyclic_mask(spec, n, out);
   const int64_t first = spec.first, end = spec.first + n;

@@ -1,6 +1,7 @@
 // Random-k masks (hvdc/masks.h), the gather/scatter kernels and the masked average
 // (hvdc/masked_allreduce.h) on n = 1..4 thread ranks: the cyclic masks select every element exactly
-// once per int(1/k) steps with a fixed count, Bernoulli masks select about k, the always-selected
+// once per int(1/k) steps with a fixed count, Bernoulli masks select about k and equal their
+// definition (hvdc/masks.h) on every fill and compare this CPU runs, the always-selected
 // ranges are set, gather/scatter equal a plain loop at every alignment and element size, the masked
 // average changes exactly the selected elements, a range of a mask is the slice of the whole one,
 // and ranks whose mask seed, step, ratio or range differs raise MismatchError on every rank.
@@ -13,6 +14,7 @@
 #include "hvdc/errors.h"
 #include "hvdc/masked_allreduce.h"
 #include "hvdc/masks.h"
+#include "hvdc/philox.h"
 #include "hvdc/signature.h"
 #include "thread_communicator.h"
 
@@ -84,6 +86,97 @@ void bernoulli_rate_and_always(Failures& f) {
   MaskSpec bad = spec(10, 0.5, 0, 0, MaskKind::kCyclic);
   bad.always = {8, 3};
   f.check(!check_mask_spec(bad).empty(), "range past the end accepted");
+}
+
+// The 16-bit half of element i in `key`'s sequence, written from the definition in hvdc/masks.h.
+uint32_t defined_half(const PhiloxKey& key, uint64_t i) {
+  const uint64_t word = i >> 1;
+  const uint32_t w = philox_block(key, word >> 2).v[word & 3];
+  return (i & 1) ? w >> 16 : w & 0xFFFFu;
+}
+
+const char* isa_name(PhiloxIsa isa) {
+  switch (isa) {
+    case PhiloxIsa::kAuto: return "auto";
+    case PhiloxIsa::kPortable: return "portable";
+    case PhiloxIsa::kAvx2: return "avx2";
+    case PhiloxIsa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+// Every Bernoulli path this CPU runs (the portable compare on the portable and AVX2 fills, the
+// AVX-512 fused one, and the auto choice through random_mask) equals the definition written
+// plainly, element by element: at many starts and lengths (both sides of the 4096-element tiles,
+// and past the 2^32 carry of the block counter), for k = 1, 0.5 (T & 0xFFFF == 0), tiny k, and
+// thresholds whose high half equals a drawn hi, so that ties are taken both ways.
+void bernoulli_paths_match_definition(Failures& f) {
+  f.check(bernoulli_threshold(1.0) == (uint64_t{1} << 32), "T(1) != 2^32");
+  f.check(bernoulli_threshold(0.5) == (uint64_t{1} << 31), "T(0.5) != 2^31");
+  f.check(bernoulli_threshold(1e-7) == 430, "T(1e-7) = " + std::to_string(bernoulli_threshold(1e-7)));
+  const uint64_t seed = 0x5eed5eed12345ull;
+  const int64_t step = 7;
+  PhiloxKey hi_key, lo_key;
+  hi_key.seed = lo_key.seed = seed;
+  hi_key.step = lo_key.step = static_cast<uint32_t>(step);
+  hi_key.stream = kMaskBernoulliStream;
+  lo_key.stream = kMaskBernoulliTieStream;
+  constexpr int64_t kSpan = 13000;
+  int ties_taken = 0, ties_refused = 0;
+  for (const uint64_t base : {uint64_t{0}, (uint64_t{1} << 35) - 4100}) {
+    std::vector<uint64_t> draw(kSpan);  // hi << 16 | lo, element base + x
+    for (int64_t x = 0; x < kSpan; ++x) {
+      const uint64_t i = base + static_cast<uint64_t>(x);
+      draw[x] = uint64_t{defined_half(hi_key, i)} << 16 | defined_half(lo_key, i);
+    }
+    std::vector<double> ratios = {1.0, 0.5, 0.1, 1e-7, 0.7, 0.99999};
+    // T = hi << 16 | 0x8000 or | 0x1200: at most 24 significant bits, so T / 2^32 is a float32
+    // and the ratio gives exactly this T.
+    for (int64_t x : {0, 1, 2, 3, 777, 4096, 9001})
+      for (uint64_t tl : {0x8000u, 0x1200u})
+        ratios.push_back(static_cast<double>((draw[x] >> 16) << 16 | tl) / 4294967296.0);
+    for (const double ratio : ratios) {
+      const uint64_t t = bernoulli_threshold(ratio);
+      std::vector<uint8_t> want(kSpan);
+      for (int64_t x = 0; x < kSpan; ++x) {
+        want[x] = t >= (uint64_t{1} << 32) || draw[x] < t;
+        if ((draw[x] >> 16) == (t >> 16) && (t & 0xFFFF) != 0) ++(want[x] ? ties_taken : ties_refused);
+      }
+      for (PhiloxIsa isa : {PhiloxIsa::kAuto, PhiloxIsa::kPortable, PhiloxIsa::kAvx2, PhiloxIsa::kAvx512}) {
+        if (!philox_isa_supported(isa)) continue;
+        for (int64_t start : {0, 1, 2, 3, 63, 64, 65, 4095, 4096, 4097, 4098, 8191}) {
+          for (int64_t len : {0, 1, 2, 3, 63, 64, 65, 127, 129, 4096, 4097, 4800}) {
+            f.ran();
+            MaskSpec s = spec(static_cast<int64_t>(base) + kSpan, ratio, seed, step, MaskKind::kBernoulli);
+            s.first = static_cast<int64_t>(base) + start;
+            s.length = len;
+            std::vector<uint8_t> got(static_cast<size_t>(len) + 1, 7);
+            if (isa == PhiloxIsa::kAuto)
+              random_mask(s, got.data());
+            else
+              bernoulli_mask(isa, s, got.data());
+            int64_t bad = 0, first_bad = -1;
+            for (int64_t x = 0; x < len; ++x) {
+              if (got[x] == want[start + x]) continue;
+              if (bad++ == 0) first_bad = start + x;
+            }
+            f.check(bad == 0 && got[len] == 7,
+                    str("bernoulli ", isa_name(isa), " k=", ratio, " range [", base, " + ", start, ", +",
+                        len, "): ", bad, " element(s) differ from the definition, first at +", first_bad,
+                        got[len] == 7 ? "" : " (and wrote past the range)"));
+          }
+        }
+      }
+    }
+  }
+  f.check(ties_taken > 0 && ties_refused > 0,
+          str("the tie cases did not go both ways: ", ties_taken, " taken, ", ties_refused, " refused"));
+  // The step keys Philox mod 2^32.
+  f.ran();
+  std::vector<uint8_t> a(5000), b(5000);
+  random_mask(spec(5000, 0.3, seed, 3, MaskKind::kBernoulli), a.data());
+  random_mask(spec(5000, 0.3, seed, (int64_t{1} << 32) + 3, MaskKind::kBernoulli), b.data());
+  f.check(a == b, "bernoulli step 2^32 + 3 differs from step 3");
 }
 
 // A range [first, first + length) of a mask (SLAMB's buckets) holds exactly those elements of the
@@ -263,6 +356,7 @@ int main() {
   hvdc::Failures f;
   hvdc::cyclic_covers_each_element_once(f);
   hvdc::bernoulli_rate_and_always(f);
+  hvdc::bernoulli_paths_match_definition(f);
   hvdc::ranges_are_slices_of_the_whole_mask(f);
   hvdc::gather_scatter(f);
   hvdc::masked_average_on_ranks(f);

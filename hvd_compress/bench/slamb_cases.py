@@ -70,12 +70,14 @@ def _size_rows(mb: float, reps: int, ratio: float) -> list[dict]:
     numel = int(mb * MB) // 4
     src = np.random.default_rng(0).standard_normal(numel, dtype=np.float32)
     dst, copy_dst = np.empty_like(src), np.empty_like(src)
-    mask = np.zeros(numel, dtype=bool)
+    mask, drawn = np.zeros(numel, dtype=bool), np.zeros(numel, dtype=bool)
     _core.random_mask(mask, ratio, 1, 0, 0, [])  # builds and keeps the permutation of (numel, seed)
     compact = np.empty(int(mask.sum()), dtype=np.float32)
+    # The mask kernels write `drawn`, so that gather and scatter run on `mask`, whose count sizes `compact`: a
+    # Bernoulli draw can select more.
     kernels = {
-        "mask (cyclic)": lambda: _core.random_mask(mask, ratio, 1, 3, 0, []),
-        "mask (bernoulli)": lambda: _core.random_mask(mask, ratio, 1, 3, 1, []),
+        "mask (cyclic)": lambda: _core.random_mask(drawn, ratio, 1, 3, 0, []),
+        "mask (bernoulli)": lambda: _core.random_mask(drawn, ratio, 1, 3, 1, []),
         "gather": lambda: _core.mask_gather(src, mask, compact),
         "scatter": lambda: _core.mask_scatter(compact, mask, dst),
     }

@@ -5,7 +5,8 @@ cpp/include/hvdc/masked_allreduce.h).
 Masks come from the core's Philox keyed by (seed, step): the same bits on every rank, no framework
 generator touched, nothing sent. ``kind="cyclic"`` (default) selects chunk (step mod int(1/ratio)) of a
 permutation drawn once from ``seed``: every element exactly once per int(1/ratio) steps, a fixed count per
-step. ``kind="bernoulli"`` selects each element independently with probability ``ratio``.
+step. ``kind="bernoulli"`` selects each element independently with probability T / 2^32, T = ceil(float32(ratio)
+2^32), from 16-bit halves of Philox words (the draw is defined in cpp/include/hvdc/masks.h).
 """
 
 from __future__ import annotations

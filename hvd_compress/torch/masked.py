@@ -14,7 +14,8 @@ def random_mask(numel: int, ratio: float, seed: int, step: int, kind: str = "cyc
 
     ``kind="cyclic"`` (default): chunk (step mod int(1/ratio)) of a permutation drawn once from ``seed``,
     so every element is selected exactly once per int(1/ratio) steps; ``"bernoulli"``: each element with
-    probability ``ratio``, drawn from (seed, step). Needs no ``init()``: nothing is communicated.
+    probability ``ratio`` (exactly T / 2^32, T = ceil(float32(ratio) 2^32)), drawn from (seed, step). Needs no
+    ``init()``: nothing is communicated.
     """
     if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
         raise ValueError(f"numel must be an int >= 0, got {numel!r}")

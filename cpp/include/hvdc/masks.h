@@ -11,8 +11,15 @@
 //     pi[c * cs, (c + 1) * cs) with c = t mod nc: every element exactly once in any nc consecutive
 //     steps, a fixed count per step. Where numel is small torch.chunk returns fewer than nc chunks
 //     (the reference code then fails); here those steps select nothing from the permutation.
-//   - bernoulli (the paper's and v2's): element i is selected when uniform i of (seed, step,
-//     kMaskBernoulliStream) < float32(ratio) (uniforms as in hvdc/philox.h).
+//   - bernoulli (the paper's and v2's): each element independently with probability T / 2^32,
+//     T = ceil(float32(ratio) * 2^32) (bernoulli_threshold; T >= 2^32 selects every element).
+//     Element i draws a 32-bit number from two 16-bit halves: hi_i = half (i & 1) (half 0 the low
+//     16 bits) of word i >> 1 of (seed, step mod 2^32, kMaskBernoulliStream), lo_i the same half of
+//     the same word of kMaskBernoulliTieStream, and is selected iff (hi_i << 16 | lo_i) < T, i.e.
+//     hi_i < T >> 16, or hi_i == T >> 16 and lo_i < (T & 0xFFFF). The tie stream is read only on a
+//     tie (probability 2^-16), so a mask costs half a Philox word per element. (Before 2026-11-26
+//     it was uniform i of kMaskBernoulliStream < float32(ratio): masks of the same seed and step
+//     differ from those.)
 // `always` ranges (offset, length) are selected on every step whatever the draw (SLAMB step 2:
 // 1-D and small tensors). Masks are bytes: 1 selected, 0 not (the layout of a bool tensor).
 #pragma once
@@ -21,13 +28,16 @@
 #include <string>
 #include <vector>
 
+#include "hvdc/philox.h"
+
 namespace hvdc {
 
 enum class MaskKind : int32_t { kCyclic = 0, kBernoulli = 1 };
 
 // Philox streams of the masks (hvdc/philox.h: `stream` separates uses that share a seed).
 constexpr uint32_t kMaskPermutationStream = 0x4d41534bu;  // "MASK"
-constexpr uint32_t kMaskBernoulliStream = 0x4d41534cu;
+constexpr uint32_t kMaskBernoulliStream = 0x4d41534cu;     // "MASL": hi_i, see above
+constexpr uint32_t kMaskBernoulliTieStream = 0x4d41534du;  // "MASM": lo_i, read on ties only
 
 struct MaskSpec {
   int64_t numel = 0;  // the mask's index space [0, numel) (SLAMB: D, all parameters)
@@ -55,6 +65,14 @@ std::string check_mask_spec(const MaskSpec& spec);
 // per process, the last one used), as a chunk number per element, so that later steps, and any
 // range of them, are one streaming compare over the range only.
 void random_mask(const MaskSpec& spec, uint8_t* out);
+
+// T of a Bernoulli mask of `ratio`: ceil(float32(ratio) * 2^32), in [0, 2^32].
+uint64_t bernoulli_threshold(double ratio);
+
+// The Bernoulli draw of `spec` (its kind and `always` ranges are not read), elements
+// [first, first + length) into out[0, length), on `isa`'s Philox fill and compare (kAuto: the best
+// this CPU has; every supported choice writes the same bytes, which tests check).
+void bernoulli_mask(PhiloxIsa isa, const MaskSpec& spec, uint8_t* out);
 
 // The permutation pi of a cyclic mask (for tests and the NumPy mirror): pi[j] = the element at
 // position j.

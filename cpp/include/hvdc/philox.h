@@ -65,9 +65,24 @@ HVDC_HOST_DEVICE inline PhiloxBlock philox_block(const PhiloxKey& key, uint64_t 
   return philox4x32_10(ctr, static_cast<uint32_t>(key.seed), static_cast<uint32_t>(key.seed >> 32));
 }
 
-// Words [offset, offset + n) of `key`'s sequence into `out`. Vectorized on CPUs with AVX2.
+// Words [offset, offset + n) of `key`'s sequence into `out`. Vectorized on CPUs with AVX2 or
+// AVX-512 (F, BW, VL, DQ), the best one chosen once per process.
 void philox_fill_u32(const PhiloxKey& key, uint64_t offset, int64_t n, uint32_t* out);
 // Uniforms in [0, 1) of words [offset, offset + n) into `out`.
 void philox_fill_uniform(const PhiloxKey& key, uint64_t offset, int64_t n, float* out);
+
+// The bulk fills' implementations. They all give the same words; the explicit choice is there so
+// that tests can run every one this CPU has, not only the one kAuto picks.
+enum class PhiloxIsa : int32_t { kAuto = 0, kPortable = 1, kAvx2 = 2, kAvx512 = 3 };
+
+// Whether this CPU (and build) runs `isa`; kAuto and kPortable always.
+bool philox_isa_supported(PhiloxIsa isa);
+// The one kAuto runs: AVX-512, else AVX2, else portable.
+PhiloxIsa philox_best_isa();
+// philox_fill_u32 / philox_fill_uniform on `isa`'s code (one this CPU lacks runs kAuto's).
+void philox_fill_u32_with(PhiloxIsa isa, const PhiloxKey& key, uint64_t offset, int64_t n,
+                          uint32_t* out);
+void philox_fill_uniform_with(PhiloxIsa isa, const PhiloxKey& key, uint64_t offset, int64_t n,
+                              float* out);
 
 }  // namespace hvdc
