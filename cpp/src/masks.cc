@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "hvdc/kernel_isa.h"
+#include "hvdc/mask_lanes.h"
 #include "hvdc/philox.h"
 
 #if defined(__x86_64__)
@@ -301,48 +302,12 @@ int64_t scatter_impl(const T* compact, const uint8_t* mask, int64_t n, T* dst) {
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HVDC_MASKS_AVX2 1
-// Lane permutations of 8 x 32-bit lanes, by the 8-bit mask of a group: `compress` moves the selected
-// lanes to the front in order (gather); `expand` sends lane l to the l-th selected position
-// (scatter). Built once.
-struct LaneTables {
-  alignas(32) int32_t compress[256][8];
-  alignas(32) int32_t expand[256][8];
-  LaneTables() {
-    for (int bits = 0; bits < 256; ++bits) {
-      int k = 0;
-      for (int l = 0; l < 8; ++l) {
-        compress[bits][l] = 0;
-        expand[bits][l] = 0;
-      }
-      for (int l = 0; l < 8; ++l) {
-        if (bits & (1 << l)) {
-          compress[bits][k] = l;
-          expand[bits][l] = k;
-          ++k;
-        }
-      }
-    }
-  }
-};
-
-const LaneTables& lane_tables() {
-  static const LaneTables tables;
-  return tables;
-}
-
-// The 8 mask bytes at m (each 0 or 1) as bits 0..7.
-inline uint32_t mask_bits8(const uint8_t* m) {
-  uint64_t w;
-  std::memcpy(&w, m, sizeof w);
-  // Byte b's low bit lands in bit 56 + b of the product; no carries since every byte is 0 or 1.
-  return static_cast<uint32_t>((w * 0x0102040810204080ull) >> 56);
-}
 
 // Groups of 8 go through one permute; the groups whose 8 stores could pass dst's end (the last
 // selected elements) are left to the scalar tail.
 __attribute__((target("avx2"))) int64_t gather32_avx2(const uint32_t* src, const uint8_t* mask,
                                                       int64_t n, int64_t total, uint32_t* dst) {
-  const LaneTables& t = lane_tables();
+  const MaskLaneTables& t = mask_lane_tables();
   int64_t i = 0, j = 0;
   for (; i + 8 <= n && j + 8 <= total; i += 8) {
     // No branch on an empty group: at k = 0.1 about 43% of groups are, unpredictably; the store
@@ -360,7 +325,7 @@ __attribute__((target("avx2"))) int64_t gather32_avx2(const uint32_t* src, const
 
 __attribute__((target("avx2"))) int64_t scatter32_avx2(const uint32_t* compact, const uint8_t* mask,
                                                        int64_t n, int64_t total, uint32_t* dst) {
-  const LaneTables& t = lane_tables();
+  const MaskLaneTables& t = mask_lane_tables();
   int64_t i = 0, j = 0;
   for (; i + 8 <= n && j + 8 <= total; i += 8) {
     const uint32_t bits = mask_bits8(mask + i);  // no branch on an empty group (see gather)
@@ -382,6 +347,28 @@ __attribute__((target("avx2"))) int64_t scatter32_avx2(const uint32_t* compact, 
 #endif
 
 }  // namespace
+
+MaskLaneTables::MaskLaneTables() {
+  for (int bits = 0; bits < 256; ++bits) {
+    int k = 0;
+    for (int l = 0; l < 8; ++l) {
+      compress[bits][l] = 0;
+      expand[bits][l] = 0;
+    }
+    for (int l = 0; l < 8; ++l) {
+      if (bits & (1 << l)) {
+        compress[bits][k] = l;
+        expand[bits][l] = k;
+        ++k;
+      }
+    }
+  }
+}
+
+const MaskLaneTables& mask_lane_tables() {
+  static const MaskLaneTables tables;
+  return tables;
+}
 
 std::string check_mask_spec(const MaskSpec& s) {
   if (!(s.ratio > 0.0 && s.ratio <= 1.0))

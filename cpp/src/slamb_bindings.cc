@@ -74,7 +74,7 @@ void register_slamb(nb::module_& m) {
   m.def(
       "slamb_direction",
       [](nb::handle m_, nb::handle v_, nb::handle x_, std::optional<BoolFlat> mask, float sqrt_bc2, float floor,
-         float eps, float bc1, float wd, nb::handle u_) {
+         float eps, float bc1, float wd, nb::handle u_, bool local) {
         int64_t n = -1;
         const float* mp = binding_float32(m_, "slamb_direction: m", &n);
         const float* vp = binding_float32(v_, "slamb_direction: v", &n);
@@ -88,14 +88,41 @@ void register_slamb(nb::module_& m) {
           std::vector<uint8_t> all;  // no mask: every element selected (a compact slice of selected elements)
           if (!mask) all.assign(static_cast<size_t>(n), 1);
           const auto* mk = mask ? reinterpret_cast<const uint8_t*>(mask->data()) : all.data();
-          r = slamb_direction(mp, vp, xp, mk, n, sqrt_bc2, floor, eps, bc1, wd, up);
+          r = local ? slamb_direction_local(mp, vp, xp, mk, n, sqrt_bc2, floor, eps, bc1, wd, up)
+                    : slamb_direction(mp, vp, xp, mk, n, sqrt_bc2, floor, eps, bc1, wd, up);
         }
         return nb::make_tuple(r.x.selected, r.x.unselected, r.u.selected, r.u.unselected, r.x.count);
       },
       nb::arg("m"), nb::arg("v"), nb::arg("x"), nb::arg("mask").none(), nb::arg("sqrt_bc2"), nb::arg("floor"),
-      nb::arg("eps"), nb::arg("bc1"), nb::arg("weight_decay"), nb::arg("u"),
+      nb::arg("eps"), nb::arg("bc1"), nb::arg("weight_decay"), nb::arg("u"), nb::arg("local") = false,
       "u = m / (max(sqrt(v) / sqrt_bc2, floor) + eps) / bc1 + wd x (float32); returns the sums of squares "
-      "(x[mask], x[~mask], u[mask], u[~mask]) and the count of mask (mask None: every element).");
+      "(x[mask], x[~mask], u[mask], u[~mask]) and the count of mask (mask None: every element). `local`: "
+      "u[mask] = 1 / (max(sqrt(v) / sqrt_bc2, floor) + eps) instead, its sum of squares not meaningful "
+      "(slamb_direction_local).");
+  m.def(
+      "slamb_masked_direction",
+      [](nb::handle m_avg_, nb::handle x_, BoolFlat mask, float bc1, float wd, nb::handle m_, nb::handle u_) {
+        int64_t count = -1, n = -1;
+        const float* ap = binding_float32(m_avg_, "slamb_masked_direction: m_avg", &count);
+        const float* xp = binding_float32(x_, "slamb_masked_direction: x", &n);
+        float* mp = binding_float32(m_, "slamb_masked_direction: m", &n);
+        float* up = binding_float32(u_, "slamb_masked_direction: u", &n);
+        if (static_cast<int64_t>(mask.shape(0)) != n) throw UsageError("slamb_masked_direction: mask and x sizes differ");
+        MaskedDirection r;
+        {
+          nb::gil_scoped_release nogil;
+          r = slamb_masked_direction(ap, count, xp, reinterpret_cast<const uint8_t*>(mask.data()), n, bc1, wd, mp, up);
+        }
+        if (r.used != count)
+          throw UsageError("slamb_masked_direction: the mask selects " +
+                           (r.used < 0 ? std::string("more than ") : std::to_string(r.used) + ", not ") +
+                           std::to_string(count) + " elements (the averaged values)");
+        return r.sum;
+      },
+      nb::arg("m_avg"), nb::arg("x"), nb::arg("mask"), nb::arg("bc1"), nb::arg("weight_decay"), nb::arg("m"),
+      nb::arg("u"),
+      "Where mask is set (the j-th such element), u holding slamb_direction_local's factor d: m = m_avg[j], "
+      "u = d m_avg[j] / bc1 + wd x (float32, slamb_direction's bits); returns the sum of the new u[mask]^2.");
   m.def(
       "slamb_apply",
       [](nb::handle u_, nb::handle c_, float dphi, float phi_min, float clip_min, float clip_max, float deta,

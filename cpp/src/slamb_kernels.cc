@@ -3,6 +3,8 @@
 #pragma GCC optimize("fp-contract=off")
 #include "hvdc/slamb_kernels.h"
 
+#include "hvdc/mask_lanes.h"
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -29,26 +31,29 @@ void sqrt_block(const float* v, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = std::sqrt(v[i]);
 }
 
+// `factor`: where mask is set, u = 1 / (s + eps) instead (slamb_direction_local).
 template <bool kFloor, bool kDecay>
-void direction_block(const float* m, const float* v, const float* x, int64_t n, float sqrt_bc2, float floor,
-                     float eps, float bc1, float wd, float* u) {
+void direction_block(const float* m, const float* v, const float* x, const uint8_t* mask, bool factor, int64_t n,
+                     float sqrt_bc2, float floor, float eps, float bc1, float wd, float* u) {
   sqrt_block(v, n, u);
   for (int64_t i = 0; i < n; ++i) {
     float s = u[i] / sqrt_bc2;
     if (kFloor) s = std::max(s, floor);
-    float r = (1.0f / (s + eps)) * m[i] / bc1;
+    const float d = 1.0f / (s + eps);
+    float r = d * m[i] / bc1;
     if (kDecay) r = r + wd * x[i];
-    u[i] = r;
+    u[i] = factor && mask[i] ? d : r;
   }
 }
 
 template <bool kFloor, bool kDecay>
-SlambNorms direction(const float* m, const float* v, const float* x, const uint8_t* mask, int64_t n,
+SlambNorms direction(const float* m, const float* v, const float* x, const uint8_t* mask, bool factor, int64_t n,
                      float sqrt_bc2, float floor, float eps, float bc1, float wd, float* u) {
   SlambNorms r;
   for (int64_t i = 0; i < n; i += kBlock) {
     const int64_t len = std::min(kBlock, n - i);
-    direction_block<kFloor, kDecay>(m + i, v + i, x + i, len, sqrt_bc2, floor, eps, bc1, wd, u + i);
+    direction_block<kFloor, kDecay>(m + i, v + i, x + i, mask + i, factor, len, sqrt_bc2, floor, eps, bc1, wd,
+                                    u + i);
     const MaskedSumSquares xs = mask_sum_squares(x + i, mask + i, len);
     const MaskedSumSquares us = mask_sum_squares(u + i, mask + i, len);
     r.x.selected += xs.selected;
@@ -69,8 +74,8 @@ SlambNorms direction(const float* m, const float* v, const float* x, const uint8
 // about 1 ms for a copy of them.
 template <bool kFloor, bool kDecay>
 HVDC_AVX2_FMA SlambNorms direction_avx2(const float* m, const float* v, const float* x, const uint8_t* mask,
-                                        int64_t n, float sqrt_bc2, float floor, float eps, float bc1, float wd,
-                                        float* u) {
+                                        bool factor, int64_t n, float sqrt_bc2, float floor, float eps, float bc1,
+                                        float wd, float* u) {
   const __m256 vbc2 = _mm256_set1_ps(sqrt_bc2), vfloor = _mm256_set1_ps(floor), veps = _mm256_set1_ps(eps),
                vbc1 = _mm256_set1_ps(bc1), vwd = _mm256_set1_ps(wd), one = _mm256_set1_ps(1.0f);
   SlambNorms r;
@@ -80,13 +85,15 @@ HVDC_AVX2_FMA SlambNorms direction_avx2(const float* m, const float* v, const fl
     for (int64_t b = i; b < i + kBlock; b += 8) {
       __m256 s = _mm256_div_ps(_mm256_sqrt_ps(_mm256_loadu_ps(v + b)), vbc2);
       if (kFloor) s = _mm256_max_ps(vfloor, s);  // (floor > s) ? floor : s, as std::max(s, floor), NaN kept
-      __m256 q = _mm256_div_ps(_mm256_mul_ps(_mm256_div_ps(one, _mm256_add_ps(s, veps)), _mm256_loadu_ps(m + b)),
-                               vbc1);
+      const __m256 d = _mm256_div_ps(one, _mm256_add_ps(s, veps));
+      __m256 q = _mm256_div_ps(_mm256_mul_ps(d, _mm256_loadu_ps(m + b)), vbc1);
       const __m256 xv = _mm256_loadu_ps(x + b);
       if (kDecay) q = _mm256_add_ps(q, _mm256_mul_ps(vwd, xv));
-      _mm256_storeu_ps(u + b, q);
-      const __m256 sel = _mm256_cvtepi32_ps(
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mask + b))));
+      const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mask + b)));
+      _mm256_storeu_ps(u + b, factor ? _mm256_blendv_ps(q, d, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                                                                  bytes, _mm256_setzero_si256())))
+                                     : q);
+      const __m256 sel = _mm256_cvtepi32_ps(bytes);
       const __m256 xx = _mm256_mul_ps(xv, xv), uu = _mm256_mul_ps(q, q);
       const __m256 xs = _mm256_mul_ps(sel, xx), us = _mm256_mul_ps(sel, uu);
       x_in = _mm256_add_ps(x_in, xs);
@@ -111,7 +118,7 @@ HVDC_AVX2_FMA SlambNorms direction_avx2(const float* m, const float* v, const fl
   }
   if (i < n) {  // the last partial block: the portable code (its sums are in double there)
     const SlambNorms t =
-        direction<kFloor, kDecay>(m + i, v + i, x + i, mask + i, n - i, sqrt_bc2, floor, eps, bc1, wd, u + i);
+        direction<kFloor, kDecay>(m + i, v + i, x + i, mask + i, factor, n - i, sqrt_bc2, floor, eps, bc1, wd, u + i);
     r.x.selected += t.x.selected;
     r.x.unselected += t.x.unselected;
     r.x.count += t.x.count;
@@ -125,17 +132,101 @@ HVDC_AVX2_FMA SlambNorms direction_avx2(const float* m, const float* v, const fl
 
 template <bool kFloor, bool kDecay>
 SlambNorms direction_for(KernelChoice choice, const float* m, const float* v, const float* x, const uint8_t* mask,
-                         int64_t n, float sqrt_bc2, float floor, float eps, float bc1, float wd, float* u) {
+                         bool factor, int64_t n, float sqrt_bc2, float floor, float eps, float bc1, float wd,
+                         float* u) {
 #if HVDC_AVX2_FMA_KERNELS
   if (use_avx2_kernels(choice))
-    return direction_avx2<kFloor, kDecay>(m, v, x, mask, n, sqrt_bc2, floor, eps, bc1, wd, u);
+    return direction_avx2<kFloor, kDecay>(m, v, x, mask, factor, n, sqrt_bc2, floor, eps, bc1, wd, u);
 #else
   (void)choice;
 #endif
-  return direction<kFloor, kDecay>(m, v, x, mask, n, sqrt_bc2, floor, eps, bc1, wd, u);
+  return direction<kFloor, kDecay>(m, v, x, mask, factor, n, sqrt_bc2, floor, eps, bc1, wd, u);
+}
+
+SlambNorms direction_any(KernelChoice choice, const float* m, const float* v, const float* x, const uint8_t* mask,
+                         bool factor, int64_t n, float sqrt_bc2, float floor, float eps, float bc1, float wd,
+                         float* u) {
+  const bool fl = floor > 0.0f, dec = wd != 0.0f;
+  if (fl && dec) return direction_for<true, true>(choice, m, v, x, mask, factor, n, sqrt_bc2, floor, eps, bc1, wd, u);
+  if (fl) return direction_for<true, false>(choice, m, v, x, mask, factor, n, sqrt_bc2, floor, eps, bc1, wd, u);
+  if (dec) return direction_for<false, true>(choice, m, v, x, mask, factor, n, sqrt_bc2, floor, eps, bc1, wd, u);
+  return direction_for<false, false>(choice, m, v, x, mask, factor, n, sqrt_bc2, floor, eps, bc1, wd, u);
+}
+
+// From element i and compact index j on: the selected elements one by one (the portable pass, and the vector
+// pass's tail). u[i] holds the factor d = 1 / (s + eps) of slamb_direction_local; u = d * m / bc1 (+ wd x) as
+// slamb_direction rounds it.
+template <bool kDecay>
+MaskedDirection masked_direction_tail(const float* m_avg, int64_t count, const float* x, const uint8_t* mask,
+                                      int64_t n, float bc1, float wd, float* m, float* u, int64_t i, int64_t j,
+                                      double sum) {
+  for (; i < n; ++i) {
+    if (!mask[i]) continue;
+    if (j == count) return {sum, -1};  // more selected than averaged: the caller's buffers disagree
+    float r = u[i] * m_avg[j] / bc1;
+    if (kDecay) r = r + wd * x[i];
+    m[i] = m_avg[j++];
+    u[i] = r;
+    sum += static_cast<double>(r) * r;
+  }
+  return {sum, j};
+}
+
+#if HVDC_AVX2_FMA_KERNELS
+// Groups of 8 elements: the group's averaged values moved to their lanes (the scatter's expand permutation), u of
+// all 8 lanes, both blended into m and u on the selected lanes only. Groups with nothing selected are skipped; a
+// group whose 8 loads could pass m_avg's end goes to the tail.
+template <bool kDecay>
+HVDC_AVX2_FMA MaskedDirection masked_direction_avx2(const float* m_avg, int64_t count, const float* x,
+                                                    const uint8_t* mask, int64_t n, float bc1, float wd, float* m,
+                                                    float* u) {
+  const MaskLaneTables& t = mask_lane_tables();
+  const __m256 vbc1 = _mm256_set1_ps(bc1), vwd = _mm256_set1_ps(wd);
+  const __m256i lanes = _mm256_set_epi32(128, 64, 32, 16, 8, 4, 2, 1);
+  __m256d sum = _mm256_setzero_pd();
+  int64_t i = 0, j = 0;
+  for (; i + 8 <= n && j + 8 <= count; i += 8) {
+    const uint32_t bits = mask_bits8(mask + i);
+    if (bits == 0) continue;
+    const __m256 mv = _mm256_permutevar8x32_ps(
+        _mm256_loadu_ps(m_avg + j), _mm256_load_si256(reinterpret_cast<const __m256i*>(t.expand[bits])));
+    const __m256 d = _mm256_loadu_ps(u + i);
+    __m256 q = _mm256_div_ps(_mm256_mul_ps(d, mv), vbc1);
+    if (kDecay) q = _mm256_add_ps(q, _mm256_mul_ps(vwd, _mm256_loadu_ps(x + i)));
+    const __m256 keep = _mm256_castsi256_ps(
+        _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits)), lanes), lanes));
+    _mm256_storeu_ps(m + i, _mm256_blendv_ps(_mm256_loadu_ps(m + i), mv, keep));
+    _mm256_storeu_ps(u + i, _mm256_blendv_ps(d, q, keep));
+    const __m256 qq = _mm256_and_ps(keep, _mm256_mul_ps(q, q));
+    sum = _mm256_add_pd(sum, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(qq)),
+                                           _mm256_cvtps_pd(_mm256_extractf128_ps(qq, 1))));
+    j += __builtin_popcount(bits);
+  }
+  alignas(32) double parts[4];
+  _mm256_store_pd(parts, sum);
+  return masked_direction_tail<kDecay>(m_avg, count, x, mask, n, bc1, wd, m, u, i, j,
+                                       parts[0] + parts[1] + parts[2] + parts[3]);
+}
+#endif
+
+template <bool kDecay>
+MaskedDirection masked_direction_for(KernelChoice choice, const float* m_avg, int64_t count, const float* x,
+                                     const uint8_t* mask, int64_t n, float bc1, float wd, float* m, float* u) {
+#if HVDC_AVX2_FMA_KERNELS
+  if (use_avx2_kernels(choice)) return masked_direction_avx2<kDecay>(m_avg, count, x, mask, n, bc1, wd, m, u);
+#else
+  (void)choice;
+#endif
+  return masked_direction_tail<kDecay>(m_avg, count, x, mask, n, bc1, wd, m, u, 0, 0, 0.0);
 }
 
 }  // namespace
+
+MaskedDirection slamb_masked_direction(const float* m_avg, int64_t count, const float* x, const uint8_t* mask,
+                                       int64_t n, float bc1, float wd, float* m, float* u, KernelChoice choice) {
+  if (wd != 0.0f) return masked_direction_for<true>(choice, m_avg, count, x, mask, n, bc1, wd, m, u);
+  return masked_direction_for<false>(choice, m_avg, count, x, mask, n, bc1, wd, m, u);
+}
 
 void slamb_momentum(const float* m, const float* g, int64_t n, float b1, float* work) {
   const float a = 1.0f - b1;
@@ -242,11 +333,13 @@ double slamb_local_moments(const float* g, const uint8_t* mask, int64_t n, float
 
 SlambNorms slamb_direction(const float* m, const float* v, const float* x, const uint8_t* mask, int64_t n,
                            float sqrt_bc2, float floor, float eps, float bc1, float wd, float* u, KernelChoice choice) {
-  const bool fl = floor > 0.0f, dec = wd != 0.0f;
-  if (fl && dec) return direction_for<true, true>(choice, m, v, x, mask, n, sqrt_bc2, floor, eps, bc1, wd, u);
-  if (fl) return direction_for<true, false>(choice, m, v, x, mask, n, sqrt_bc2, floor, eps, bc1, wd, u);
-  if (dec) return direction_for<false, true>(choice, m, v, x, mask, n, sqrt_bc2, floor, eps, bc1, wd, u);
-  return direction_for<false, false>(choice, m, v, x, mask, n, sqrt_bc2, floor, eps, bc1, wd, u);
+  return direction_any(choice, m, v, x, mask, false, n, sqrt_bc2, floor, eps, bc1, wd, u);
+}
+
+SlambNorms slamb_direction_local(const float* m, const float* v, const float* x, const uint8_t* mask, int64_t n,
+                                 float sqrt_bc2, float floor, float eps, float bc1, float wd, float* u,
+                                 KernelChoice choice) {
+  return direction_any(choice, m, v, x, mask, true, n, sqrt_bc2, floor, eps, bc1, wd, u);
 }
 
 void slamb_apply(const float* u, const float* c, int64_t n, float dphi, float phi_min, float clip_min,

@@ -260,7 +260,6 @@ class Slamb(BucketedAlgorithm):
         self._init_buckets()
         self._agreement = _Agreement()
         self._counts: dict[int, int] = {}  # segment -> elements its masked gather selected (the step on the wire)
-        self._compact: Tensor | None = None  # v[M] and x[M] of every bucket, for step 7 on the averaged m[M]
         self._fused_for: tuple[SlambBuffers, bool] | None = None
         self.xp.add_(self.xp.zero_(buffers.freshness), 1.0)  # c_0 = 1
 
@@ -471,15 +470,27 @@ class Slamb(BucketedAlgorithm):
             xp.addcmul_(x, u, eta, value=-1.0)
 
     def _layer_direction(self, groups: Sequence[dict[str, Any]], t: int, means: Sequence[float], i: int,
-                         u: Tensor, m: Tensor, v: Tensor, x: Tensor, mask: Tensor | None) -> tuple[float, ...]:
-        """Step 7 of layer ``i`` with the core's fused pass over the given (possibly compact) slices: u, its weight
-        decay and the masked norms (||x[M]||, ||x[~M]||, ||u[M]||, ||u[~M]||, |M|)."""
+                         u: Tensor, m: Tensor, v: Tensor, x: Tensor, mask: Tensor,
+                         local: bool = False) -> tuple[float, ...]:
+        """Step 7 of layer ``i`` with the core's fused pass: u, its weight decay and the masked norms (||x[M]||,
+        ||x[~M]||, ||u[M]||, ||u[~M]||, |M|); ``local``: u[M] is the factor ``_layer_masked_direction`` needs."""
         group, floor = groups[self.buf.group_of[i]], self.options.variance_floor
         b1, b2 = group["betas"]
         bc1, bc2 = (1 - b1**t, 1 - b2**t) if group.get("bias_correction", True) else (1.0, 1.0)
         return fused_ops.direction_(u, m, v, x, mask, bc1, bc2,
                                     math.sqrt(floor * means[i] / bc2) if floor > 0.0 else 0.0, group["eps"],
-                                    group["weight_decay"])
+                                    group["weight_decay"], local)
+
+    def _layer_masked_direction(self, groups: Sequence[dict[str, Any]], t: int, i: int, m_avg: Tensor) -> float:
+        """Layer ``i``'s selected elements from their averaged momentum ``m_avg`` (compact): m[M], u[M] (in
+        ``scratch``, from the factor ``_layer_direction(local=True)`` left there) and ||u[M]||."""
+        b = self.buf
+        group = groups[b.group_of[i]]
+        lo, hi = self._spans()[i]
+        b1 = group["betas"][0]
+        bc1 = 1 - b1**t if group.get("bias_correction", True) else 1.0
+        return fused_ops.masked_direction_(b.scratch[lo:hi], b.exp_avg[lo:hi], m_avg, b.params[i], b.mask[lo:hi], bc1,
+                                           group["weight_decay"])
 
     def _fused_update(self, groups: Sequence[dict[str, Any]], t: int, means: Sequence[float]) -> None:
         """Steps 7 and 8 per layer with the core's fused passes (``_direction`` then ``_update``, same math):
@@ -515,10 +526,10 @@ class Slamb(BucketedAlgorithm):
         same rule and per-element rounding as the sequential path: once every bucket is agreed on, this rank's
         own elements need nothing from the others, so while the averages are on the wire it takes steps 3 and 5
         on the elements kept local (m[~M], v), step 6, and step 7 over every element into ``scratch`` with the
-        norms that need no average (x[M], x[~M], u[~M]; u[M] from the stale m[M] is replaced below), and
-        gathers v[M] and x[M]. Once the averages are in: m[M] and u[M] from them on the compact buffers, with
-        ||u[M]||, scattered back, and step 8. Nothing changes before every rank agreed (``_await_agreement``
-        raises on every rank first)."""
+        norms that need no average (x[M], x[~M], u[~M]), leaving in u[M] the factor 1 / (sqrt(vh) + eps) that
+        only waits for m[M]. Once the averages are in: m[M] and u[M] from them, with ||u[M]|| (one pass over each
+        layer's selected elements, ``masked_direction_``), and step 8. Nothing changes before every rank agreed
+        (``_await_agreement`` raises on every rank first)."""
         b, o = self.buf, self.options
         self._await_agreement(groups)
         spans = self._spans()
@@ -526,38 +537,22 @@ class Slamb(BucketedAlgorithm):
                                           *groups[b.group_of[i]]["betas"]) for i, (lo, hi) in enumerate(spans)]
         mask_ops.freshness_(b.freshness, b.mask, o.beta3)  # step 6
         norms = [list(self._layer_direction(groups, t, means, i, b.scratch[lo:hi], b.exp_avg[lo:hi],
-                                            b.exp_avg_sq[lo:hi], x, b.mask[lo:hi]))
+                                            b.exp_avg_sq[lo:hi], x, b.mask[lo:hi], local=True))
                  for i, (x, (lo, hi)) in enumerate(zip(b.params, spans, strict=True))]
-        total = sum(int(n[4]) for n in norms)
-        if self._compact is None or self._compact.shape[0] < 2 * total:
-            self._compact = self.xp.float32_like(2 * total, b.work)
-        cv, cx = self._compact[:total], self._compact[total:2 * total]  # v[M] and x[M], in D's order
-        at = 0
-        for (lo, hi), x, n in zip(spans, b.params, norms, strict=True):
-            if n[4]:
-                mask_ops.mask_gather(b.exp_avg_sq[lo:hi], b.mask[lo:hi], cv[at:at + n[4]])
-                mask_ops.mask_gather(x, b.mask[lo:hi], cx[at:at + n[4]])
-            at += n[4]
         self.reduce_pending(groups)  # every bucket's average: m[M] in work[first:first + count]
-        at, layer = 0, 0
+        layer = 0
         for j, seg in enumerate(self.segments):
             within = 0
             for i in range(layer, layer + len(seg.sizes)):
                 n = int(norms[i][4])
-                if n:  # u[M] on the compact slices, into cv (u may be v), and its norm
-                    m = b.work[seg.first + within:seg.first + within + n]
-                    norms[i][2] = self._layer_direction(groups, t, means, i, cv[at:at + n], m, cv[at:at + n],
-                                                        cx[at:at + n], None)[2]
+                if n:  # m[M] and u[M] from the averages, and ||u[M]||
+                    norms[i][2] = self._layer_masked_direction(groups, t, i,
+                                                               b.work[seg.first + within:seg.first + within + n])
                 within += n
-                at += n
             layer += len(seg.sizes)
             if within != self._counts.get(j, 0):
                 raise AssertionError(f"{self.name}: bucket {j} gathered {self._counts.get(j, 0)} elements, its "
                                      f"layers select {within}")
-            if within:
-                mask = b.mask[seg.first:seg.end]
-                mask_ops.mask_scatter(b.work[seg.first:seg.first + within], mask, b.exp_avg[seg.first:seg.end])
-                mask_ops.mask_scatter(cv[at - within:at], mask, b.scratch[seg.first:seg.end])
         self._counts.clear()
         self._agreement.reset()
         self._apply_layers(groups, norms, b.scratch)  # step 8

@@ -40,15 +40,29 @@ def local_moments_(m: Any, v: Any, g: Any, mask: Any, beta1: float, beta2: float
 
 
 def direction_(u: Any, m: Any, v: Any, x: Any, mask: Any, bc1: float, bc2: float, floor: float, eps: float,
-               weight_decay: float) -> tuple[float, float, float, float, int]:
+               weight_decay: float, local: bool = False) -> tuple[float, float, float, float, int]:
     """One layer (flat views): u = m / (max(sqrt(v) / sqrt(bc2), floor) + eps) / bc1 + weight_decay x (SLAMB step
     7; ``floor`` <= 0: no floor). Returns (||x[M]||, ||x[~M]||, ||u[M]||, ||u[~M]||, |M|) from the same pass;
-    ``mask`` None selects every element (compact slices of the selected elements). ``u`` may be ``v``."""
+    ``mask`` None selects every element (compact slices of the selected elements). ``local``: while m[M] is still
+    on the wire, u[M] = 1 / (max(sqrt(v) / sqrt(bc2), floor) + eps) instead, finished by ``masked_direction_``
+    (||u[M]|| then not meaningful)."""
     if not u.shape[0]:
         return 0.0, 0.0, 0.0, 0.0, 0
     xs, xo, us, uo, count = _core.slamb_direction(m, v, as_core_buffer(x), mask, float(math.sqrt(bc2)),
-                                                  float(floor), float(eps), float(bc1), float(weight_decay), u)
+                                                  float(floor), float(eps), float(bc1), float(weight_decay), u,
+                                                  bool(local))
     return math.sqrt(xs), math.sqrt(xo), math.sqrt(us), math.sqrt(uo), int(count)
+
+
+def masked_direction_(u: Any, m: Any, m_avg: Any, x: Any, mask: Any, bc1: float, weight_decay: float) -> float:
+    """One layer's selected elements once their averaged momentum ``m_avg`` is in (compact: the j-th selected
+    element's is m_avg[j]), u[M] holding ``direction_(local=True)``'s factor: m[M] = m_avg and u[M] as ``direction_``
+    computes it, the other elements of m and u left alone. Returns ||u[M]||. ``m_avg`` must hold exactly as many
+    values as ``mask`` selects (UsageError)."""
+    if not m_avg.shape[0]:
+        return 0.0
+    return math.sqrt(_core.slamb_masked_direction(m_avg, as_core_buffer(x), mask, float(bc1), float(weight_decay),
+                                                  m, u))
 
 
 def apply_(x: Any, u: Any, c: Any, phi_max: float, phi_min: float, clip_min: float, clip_max: float, lr: float,

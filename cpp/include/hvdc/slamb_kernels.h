@@ -37,6 +37,27 @@ SlambNorms slamb_direction(const float* m, const float* v, const float* x, const
                            float sqrt_bc2, float floor, float eps, float bc1, float wd, float* u,
                            KernelChoice choice = KernelChoice::kAuto);
 
+// slamb_direction while the selected elements' averaged momentum is still on the wire: the unselected elements'
+// u and the four sums as slamb_direction computes them (the selected elements' sum of squares of u is not
+// meaningful), and where mask is set u = d = 1 / (max(sqrt(v) / sqrt_bc2, floor) + eps), the factor
+// slamb_masked_direction finishes u with once m arrives.
+SlambNorms slamb_direction_local(const float* m, const float* v, const float* x, const uint8_t* mask, int64_t n,
+                                 float sqrt_bc2, float floor, float eps, float bc1, float wd, float* u,
+                                 KernelChoice choice = KernelChoice::kAuto);
+
+// Step 7 on the selected elements of one layer once their averaged momentum is in, compact (the j-th selected
+// element's is m_avg[j], j < count), u holding slamb_direction_local's factor d there: m[i] = m_avg[j] and
+// u[i] = d * m_avg[j] / bc1 + wd * x[i] (slamb_direction's u, the same bits); the other elements of m and u are
+// left as they are. `sum` is the sum of the new u[M]^2 (double), `used` the number of averaged values consumed
+// (count when the mask selects count elements) or -1 when it selects more.
+struct MaskedDirection {
+  double sum = 0.0;
+  int64_t used = 0;
+};
+MaskedDirection slamb_masked_direction(const float* m_avg, int64_t count, const float* x, const uint8_t* mask,
+                                       int64_t n, float bc1, float wd, float* m, float* u,
+                                       KernelChoice choice = KernelChoice::kAuto);
+
 // Step 8 on one layer, per element: phi = clamp(c * dphi + phi_min, clip_min, clip_max),
 // eta = c * deta + eta_min, x -= (u * phi) * eta (dphi = phi_max - phi_min, deta = lr - lr / sqrt(n)).
 void slamb_apply(const float* u, const float* c, int64_t n, float dphi, float phi_min, float clip_min,
