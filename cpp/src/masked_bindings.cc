@@ -175,8 +175,10 @@ void register_masked(nb::module_& m) {
         TensorView v, out;
         try {
           v = binding_view_of(tensor, "masked_gather");
-          out = binding_view_of(compact, "masked_gather: compact");
-          if (out.dtype != v.dtype) throw UsageError("masked_gather: compact and tensor dtypes differ");
+          if (!compact.is_none()) {
+            out = binding_view_of(compact, "masked_gather: compact");
+            if (out.dtype != v.dtype) throw UsageError("masked_gather: compact and tensor dtypes differ");
+          }
           if (static_cast<int64_t>(mask_out.shape(0)) != v.numel)
             throw UsageError("masked_gather: mask_out has " + std::to_string(mask_out.shape(0)) +
                              " elements, the tensor " + std::to_string(v.numel));
@@ -200,15 +202,15 @@ void register_masked(nb::module_& m) {
         d["count"] = count;
         return d;
       },
-      nb::scope(runtime), nb::name("masked_gather"), nb::is_method(), nb::arg("tensor"), nb::arg("compact"),
+      nb::scope(runtime), nb::name("masked_gather"), nb::is_method(), nb::arg("tensor"), nb::arg("compact").none(),
       nb::arg("ratio"), nb::arg("seed"), nb::arg("step"), nb::arg("kind") = 0,
       nb::arg("always") = std::vector<int64_t>{}, nb::arg("mask_out"), nb::arg("check_finite") = false,
       nb::arg("name") = "", nb::arg("offset") = 0, nb::arg("total") = -1,
       "The agreement and gather of masked_allreduce without its average: the mask's arguments are agreed "
       "(MismatchError on every rank if they differ; `check_finite`: NaN/Inf in `tensor` on any rank raises "
       "UsageError on every rank), then the mask goes to `mask_out` and tensor[mask], in index order, to the "
-      "front of `compact` (same dtype, room for every selected element). Returns this call's bytes and the "
-      "`count` gathered.");
+      "front of `compact` (same dtype, room for every selected element; None: the mask only). Returns this "
+      "call's bytes and the `count` selected.");
 }
 
 }  // namespace hvdc

@@ -244,12 +244,13 @@ CommStats Runtime::masked_gather(const TensorView& t, const MaskSpec& spec_in, u
   return run(sig, name.empty() ? "masked_gather" : name, [&] {
     random_mask(spec, mask_out);
     const int64_t n = mask_count(mask_out, t.numel);
+    *count = n;
+    if (compact == nullptr) return;
     // The mask is the same on every rank, and so is this check: a too small buffer throws everywhere.
     if (n > capacity)
       throw UsageError("masked_gather: " + std::to_string(n) + " elements selected, room for " +
                        std::to_string(capacity));
     mask_gather(t.data, mask_out, t.numel, n, dtype_size(t.dtype), compact);
-    *count = n;
   });
 }
 

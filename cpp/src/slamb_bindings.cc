@@ -46,6 +46,26 @@ void register_slamb(nb::module_& m) {
       },
       nb::arg("m"), nb::arg("g"), nb::arg("beta1"), nb::arg("work"), "work = b1 m + (1 - b1) g (float32).");
   m.def(
+      "slamb_momentum_gather",
+      [](nb::handle m_, nb::handle g_, BoolFlat mask, float b1, nb::handle out_) {
+        int64_t n = -1, capacity = -1;
+        const float* mp = binding_float32(m_, "slamb_momentum_gather: m", &n);
+        const float* gp = binding_float32(g_, "slamb_momentum_gather: g", &n);
+        float* op = binding_float32(out_, "slamb_momentum_gather: out", &capacity);
+        if (static_cast<int64_t>(mask.shape(0)) != n) throw UsageError("slamb_momentum_gather: mask and m sizes differ");
+        int64_t count;
+        {
+          nb::gil_scoped_release nogil;
+          count = slamb_momentum_gather(mp, gp, reinterpret_cast<const uint8_t*>(mask.data()), n, b1, op, capacity);
+        }
+        if (count < 0)
+          throw UsageError("slamb_momentum_gather: the mask selects more than out's " + std::to_string(capacity) +
+                           " elements");
+        return count;
+      },
+      nb::arg("m"), nb::arg("g"), nb::arg("mask"), nb::arg("beta1"), nb::arg("out"),
+      "out[:count] = b1 m[mask] + (1 - b1) g[mask] (float32, index order); returns count.");
+  m.def(
       "slamb_moments",
       [](nb::handle work_, nb::handle g_, float b2, nb::handle m_, nb::handle v_) {
         int64_t n = -1;

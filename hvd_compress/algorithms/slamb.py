@@ -314,9 +314,9 @@ class Slamb(BucketedAlgorithm):
 
     def _gather_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
         """Steps 3 and 4 of segment ``i`` on the selected elements only, on the background thread: the ranks agree
-        on the mask and on finite gradients (``masked_gather_``: M_t[first:end] into mask[first:end], g[M] into
-        work[first:]), then work[first:first + count] = b1 m[M] + (1 - b1) g[M] (step 3 on those elements, the same
-        rounding as on all), and ``step()`` may start changing state (``_Agreement``) while that compact buffer is
+        on the mask and on finite gradients (``masked_gather_``: M_t[first:end] into mask[first:end]), then
+        work[first:first + count] = b1 m[M] + (1 - b1) g[M] (step 3 on those elements, gathered, the same rounding
+        as on all), and ``step()`` may start changing state (``_Agreement``) while that compact buffer is
         averaged over the ranks (step 4, one dense allreduce of the same values as ``masked_allreduce_`` sends).
         Nothing in between can fail on one rank alone: its inputs are agreed, finite and in bounds."""
         seg, b, o = self.segments[i], self.buf, self.options
@@ -327,12 +327,10 @@ class Slamb(BucketedAlgorithm):
             if seg.numel:
                 with failure_joins_as_rejection(self.meter, name):
                     b1 = self._group(seg, groups)["betas"][0]
-                compact_g, compact_m = b.work[lo:hi], b.scratch[lo:hi]
                 count = self.meter.run(
-                    mask_ops.masked_gather_, b.grad[lo:hi], compact_g, o.compress_ratio, o.seed, t, o.mask,
-                    self.always, mask_out=b.mask[lo:hi], check_finite=True, name=name, offset=lo, total=b.numel)
-                mask_ops.mask_gather(b.exp_avg[lo:hi], b.mask[lo:hi], compact_m[:count])
-                fused_ops.momentum_(compact_g[:count], compact_m[:count], compact_g[:count], b1)
+                    mask_ops.masked_gather_, b.grad[lo:hi], None, o.compress_ratio, o.seed, t, o.mask, self.always,
+                    mask_out=b.mask[lo:hi], check_finite=True, name=name, offset=lo, total=b.numel)
+                fused_ops.momentum_gather_(b.work[lo:hi], b.exp_avg[lo:hi], b.grad[lo:hi], b.mask[lo:hi], b1)
         except BaseException:
             self._agreement.settle(False)
             raise

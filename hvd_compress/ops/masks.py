@@ -106,7 +106,7 @@ def masked_allreduce_(
 
 def masked_gather_(
     tensor: Any,
-    compact: Any,
+    compact: Any | None,
     ratio: float,
     seed: int,
     step: int,
@@ -123,12 +123,12 @@ def masked_gather_(
     """The agreement and gather of ``masked_allreduce_`` without its average, for a caller that averages the
     gathered elements itself: the same mask and the same checks (``MismatchError``/``UsageError`` on every rank,
     nothing changed), then the mask into ``mask_out`` and tensor[mask], in index order, into the front of
-    ``compact`` (same dtype, room for every selected element). Returns how many were gathered (the same on
-    every rank). Only the signature travels."""
+    ``compact`` (same dtype, room for every selected element; None: the mask only). Returns how many are selected
+    (the same on every rank). Only the signature travels."""
     check_mask_args(ratio, seed, step)
     counts = dict(runtime.get_in_order().masked_gather(
-        as_core_buffer(tensor), as_core_buffer(compact), float(ratio), int(seed), int(step), mask_kind(kind),
-        [int(a) for a in always], mask_out, bool(check_finite), name or "", int(offset),
+        as_core_buffer(tensor), None if compact is None else as_core_buffer(compact), float(ratio), int(seed),
+        int(step), mask_kind(kind), [int(a) for a in always], mask_out, bool(check_finite), name or "", int(offset),
         -1 if total is None else int(total),
     ))
     count = int(counts.pop("count"))

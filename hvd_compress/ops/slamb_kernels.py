@@ -25,6 +25,14 @@ def momentum_(work: Any, m: Any, g: Any, beta1: float) -> Any:
     return work
 
 
+def momentum_gather_(out: Any, m: Any, g: Any, mask: Any, beta1: float) -> int:
+    """out[:count] = beta1 m[mask] + (1 - beta1) g[mask] in index order (SLAMB step 3 on the selected elements,
+    gathered for their average; ``out`` has room for them); returns count."""
+    if not mask.shape[0]:
+        return 0
+    return int(_core.slamb_momentum_gather(m, g, mask, float(beta1), out))
+
+
 def moments_(m: Any, v: Any, work: Any, g: Any, beta2: float) -> float:
     """m = work and v = beta2 v + (1 - beta2) g^2 (SLAMB step 5) in one pass; returns the mean of the new v
     (0 for an empty slice)."""

@@ -100,8 +100,8 @@ class Runtime {
   // The first half of masked_allreduce, for a caller that averages the dense buffer itself (SLAMB computes
   // its momentum on the gathered elements only, and starts its local work once the ranks agreed): the same
   // agreement (signature of kMaskedGather, `check_finite` on `t`), then the mask into `mask_out` (t.numel
-  // bytes) and t[mask] gathered in index order into `compact` (room for `capacity` elements of t's dtype).
-  // `*count` receives the number gathered, the same on every rank. Only the signature travels.
+  // bytes) and t[mask] gathered in index order into `compact` (room for `capacity` elements of t's dtype; null:
+  // the mask only). `*count` receives the number selected, the same on every rank. Only the signature travels.
   CommStats masked_gather(const TensorView& t, const MaskSpec& spec, uint8_t* mask_out, void* compact,
                           int64_t capacity, bool check_finite, const std::string& name, int64_t* count);
   // In place: `call.buffer` becomes the Hierarchical-1-bit-All-Reduce of paper 004 Section 4

@@ -13,6 +13,12 @@ namespace hvdc {
 // Step 3: work = b1 * m + (1 - b1) * g.
 void slamb_momentum(const float* m, const float* g, int64_t n, float b1, float* work);
 
+// Step 3 on the selected elements only, gathered: out[j] = b1 * m[i] + (1 - b1) * g[i] for the j-th element i
+// that mask selects (slamb_momentum's rounding), for SLAMB's compact average. Returns the count, or -1 when more
+// than `capacity` (out's room) are selected.
+int64_t slamb_momentum_gather(const float* m, const float* g, const uint8_t* mask, int64_t n, float b1, float* out,
+                              int64_t capacity, KernelChoice choice = KernelChoice::kAuto);
+
 // After step 4: m = work (the averaged momentum), and step 5: v = b2 * v + (1 - b2) * g * g. Returns the
 // sum of the new v (double) for the variance floor's layer mean.
 double slamb_moments(const float* work, const float* g, int64_t n, float b2, float* m, float* v);
