@@ -119,6 +119,15 @@ def test_masked_allreduce_matches_reference_on_every_rank(n: int, numel: int, ra
             err = np.max(np.abs(got - want[r]))
             assert err <= 1e-6, f"rank {r} of {n}, step {t}, numel {numel}: off by {err}"
             assert np.array_equal(got[~want_mask], xs[r][~want_mask]), f"rank {r}: unselected elements changed"
+        # The masked gather: the same mask's range [3, numel - 2), x[mask] at the front of the buffer, nothing after.
+        sub = want_mask[3:numel - 2]
+        for r, rk in enumerate(ranks):
+            gathered = rk["gathers"][t - 1]
+            assert np.array_equal(gathered["mask"].numpy(), sub), f"rank {r} step {t}: gather mask differs"
+            assert gathered["count"] == gathered["mask_only"] == int(sub.sum()), (r, t, gathered["count"])
+            compact = gathered["compact"].numpy()
+            assert np.array_equal(compact[:gathered["count"]], xs[r][3:numel - 2][sub]), f"rank {r} step {t}"
+            assert compact[gathered["count"]] == -5.0, f"rank {r} step {t}: written past the selected elements"
     # The selected elements travel densely: 6554 floats of 2**16 at k = 0.1, no index.
     sent = ranks[0]["stats"]["bytes_sent"]
     dense = 4 * 6554
@@ -129,6 +138,11 @@ def test_masked_allreduce_matches_reference_on_every_rank(n: int, numel: int, ra
             assert bad[key].startswith("MismatchError"), f"rank {r} {key}: {bad[key]}"
         assert "seed=1235" in bad["seed"] and "t=2" in bad["step"], bad
         assert bad["ratio"].startswith("ValueError") and bad["kind"].startswith("ValueError"), bad
+        # A NaN on one rank, another seed on one, a buffer too small on all: raised on every rank, nothing written.
+        assert bad["gather_nan"].startswith("RejectedInputError") and "non-finite" in bad["gather_nan"], bad
+        assert bad["gather_seed"].startswith("MismatchError"), bad
+        assert bad["gather_room"].startswith("UsageError") and "room for 10" in bad["gather_room"], bad
+        assert bad["gather_nan"].endswith("untouched=True") and bad["gather_seed"].endswith("untouched=True"), bad
         assert torch.allclose(rk["after"], torch.full((10,), (n - 1) / 2))
 
 

@@ -43,12 +43,22 @@ only (``ops.masks.masked_allreduce_`` with ``offset``/``total``: Philox element 
 permutation of all D, computed once per (D, seed)), on the background thread inside the bucket's collective, into
 mask[first:end]; after the last bucket ``mask`` is M_t. What may differ: at 3+ ranks MPI may sum the
 elements of a shorter message in another order, so the last bit of m[M_t] may differ from one whole-buffer call
-(overlap on and off cut alike and agree bit for bit). Steps 5-9 (v, freshness, the per-layer trust ratios, the
-update, the H-step average) stay in ``step()``, after every bucket. A bucket writes only the scratch ``work``
-(m's new value) and ``mask`` (and, with ``sync_grad``, averages its gradient): m, v, c, x and t change only in
-``step()`` once every bucket succeeded, so a bucket that fails on any rank (the core's finite check) leaves every
-state tensor as it was with no copies (``mutable_state`` is empty) and ``step()`` raises ``UsageError`` on every
-rank. The TF/Keras faces have no hooks: one segment (per param group), run in ``step()``.
+(overlap on and off cut alike and agree bit for bit). A bucket writes only the scratch ``work`` and ``mask`` (and,
+with ``sync_grad``, averages its gradient): m, v, c, x and t change only in ``step()``, so a bucket that fails on any
+rank (the core's finite check) leaves every state tensor as it was with no copies (``mutable_state`` is empty) and
+``step()`` raises ``UsageError`` on every rank.
+
+The step on the wire (the core's fused float32 passes, both faces' case, without ``sync_grad``): a bucket's call is
+split at the ranks' agreement. ``_gather_segment`` agrees on the mask and on finite gradients (``masked_gather_``,
+which sends only the signature), forms step 3 on the selected elements only, gathered (``momentum_gather_``), and
+then averages that compact buffer (one dense allreduce: the values and bytes of ``masked_allreduce_``). Once every
+bucket is agreed on, nothing can refuse the step, and every rank's own elements need nothing from the others: so
+``step()`` (``_step_on_wire``) takes steps 3 and 5 on the elements kept local, step 6, and step 7 with the norms
+that need no average, while the averages are on the wire, and after them only m[M], u[M] with ||u[M]|| and step 8.
+The same rule and per-element rounding as the sequential path (``tests/test_slamb.py`` against the NumPy reference);
+||u[M]|| is summed in another order. Otherwise steps 5-9 run after every bucket. ``synchronize()`` with overlap
+waits for the agreement only (a refusal raises there). The TF/Keras faces start the buckets from their start ops
+and run ``step()`` in the finish op (``hvd_compress.tensorflow.algorithm_step``).
 
 State: m, v (the face binds them as the optimizer's per-parameter state), the freshness c, the step and the
 options that fix the masks (seed, k, kind); ``state_dict()`` is the checkpoint schema every face writes, with the
