@@ -275,18 +275,22 @@ void slamb_momentum(const float* m, const float* g, int64_t n, float b1, float* 
   for (int64_t i = 0; i < n; ++i) work[i] = m[i] * b1 + a * g[i];
 }
 
-double slamb_moments(const float* work, const float* g, int64_t n, float b2, float* m, float* v) {
-  // Fixed-width float lanes per block so that the sum vectorizes without reassociation (no fast-math).
+namespace {
+
+// v = b2 * v + (1 - b2) * g * g with `update_m(k)` beside it per element, from element i on; returns `total` plus
+// the sum of the new v, in fixed-width float lanes per block so that it vectorizes without reassociation (no
+// fast-math), the last partial block element by element.
+template <typename UpdateM>
+double moments_pass(const float* g, int64_t n, float b2, float* v, UpdateM&& update_m, int64_t i = 0,
+                    double total = 0.0) {
   constexpr int kLanes = 8;
   const float a = 1.0f - b2;
-  double total = 0.0;
-  int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
     float lane[kLanes] = {};
     for (int64_t b = 0; b < kBlock; b += kLanes) {
       for (int l = 0; l < kLanes; ++l) {
         const int64_t k = i + b + l;
-        m[k] = work[k];
+        update_m(k);
         const float nv = v[k] * b2 + a * (g[k] * g[k]);
         v[k] = nv;
         lane[l] += nv;
@@ -295,41 +299,24 @@ double slamb_moments(const float* work, const float* g, int64_t n, float b2, flo
     for (int l = 0; l < kLanes; ++l) total += lane[l];
   }
   for (; i < n; ++i) {
-    m[i] = work[i];
+    update_m(i);
     v[i] = v[i] * b2 + a * (g[i] * g[i]);
     total += v[i];
   }
   return total;
 }
 
-namespace {
-
-double local_moments(const float* g, const uint8_t* mask, int64_t n, float b1, float b2, float* m, float* v) {
-  // As slamb_moments' sum (fixed lanes per block), and each element as slamb_momentum / slamb_moments round it.
-  constexpr int kLanes = 8;
-  const float a1 = 1.0f - b1, a2 = 1.0f - b2;
-  double total = 0.0;
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    float lane[kLanes] = {};
-    for (int64_t b = 0; b < kBlock; b += kLanes) {
-      for (int l = 0; l < kLanes; ++l) {
-        const int64_t k = i + b + l;
+// slamb_local_moments' portable pass: m as slamb_momentum rounds it where not selected.
+double local_moments(const float* g, const uint8_t* mask, int64_t n, float b1, float b2, float* m, float* v,
+                     int64_t i = 0, double total = 0.0) {
+  const float a1 = 1.0f - b1;
+  return moments_pass(
+      g, n, b2, v,
+      [&](int64_t k) {
         const float nm = m[k] * b1 + a1 * g[k];
         m[k] = mask[k] ? m[k] : nm;
-        const float nv = v[k] * b2 + a2 * (g[k] * g[k]);
-        v[k] = nv;
-        lane[l] += nv;
-      }
-    }
-    for (int l = 0; l < kLanes; ++l) total += lane[l];
-  }
-  for (; i < n; ++i) {
-    if (!mask[i]) m[i] = m[i] * b1 + a1 * g[i];
-    v[i] = v[i] * b2 + a2 * (g[i] * g[i]);
-    total += v[i];
-  }
-  return total;
+      },
+      i, total);
 }
 
 #if HVDC_AVX2_FMA_KERNELS
@@ -349,7 +336,8 @@ HVDC_AVX2_FMA double local_moments_avx2(const float* g, const uint8_t* mask, int
       const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
           _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mask + b))), _mm256_setzero_si256()));
       _mm256_storeu_ps(m + b, _mm256_blendv_ps(nm, mv, keep));
-      const __m256 nv = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + b), vb2), _mm256_mul_ps(va2, _mm256_mul_ps(gv, gv)));
+      const __m256 nv =
+          _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + b), vb2), _mm256_mul_ps(va2, _mm256_mul_ps(gv, gv)));
       _mm256_storeu_ps(v + b, nv);
       lane = _mm256_add_ps(lane, nv);
     }
@@ -357,11 +345,15 @@ HVDC_AVX2_FMA double local_moments_avx2(const float* g, const uint8_t* mask, int
     _mm256_store_ps(lanes, lane);
     for (int l = 0; l < 8; ++l) total += lanes[l];
   }
-  return total + (i < n ? local_moments(g + i, mask + i, n - i, b1, b2, m + i, v + i) : 0.0);
+  return local_moments(g, mask, n, b1, b2, m, v, i, total);  // the last partial block, summed as the portable pass
 }
 #endif
 
 }  // namespace
+
+double slamb_moments(const float* work, const float* g, int64_t n, float b2, float* m, float* v) {
+  return moments_pass(g, n, b2, v, [&](int64_t k) { m[k] = work[k]; });
+}
 
 double slamb_local_moments(const float* g, const uint8_t* mask, int64_t n, float b1, float b2, float* m, float* v,
                            KernelChoice choice) {

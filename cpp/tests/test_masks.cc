@@ -95,16 +95,6 @@ uint32_t defined_half(const PhiloxKey& key, uint64_t i) {
   return (i & 1) ? w >> 16 : w & 0xFFFFu;
 }
 
-const char* isa_name(PhiloxIsa isa) {
-  switch (isa) {
-    case PhiloxIsa::kAuto: return "auto";
-    case PhiloxIsa::kPortable: return "portable";
-    case PhiloxIsa::kAvx2: return "avx2";
-    case PhiloxIsa::kAvx512: return "avx512";
-  }
-  return "?";
-}
-
 // Every Bernoulli path this CPU runs (the portable compare on the portable and AVX2 fills, the
 // AVX-512 fused one, and the auto choice through random_mask) equals the definition written
 // plainly, element by element: at many starts and lengths (both sides of the 4096-element tiles,
@@ -161,7 +151,7 @@ void bernoulli_paths_match_definition(Failures& f) {
               if (bad++ == 0) first_bad = start + x;
             }
             f.check(bad == 0 && got[len] == 7,
-                    str("bernoulli ", isa_name(isa), " k=", ratio, " range [", base, " + ", start, ", +",
+                    str("bernoulli ", philox_isa_name(isa), " k=", ratio, " range [", base, " + ", start, ", +",
                         len, "): ", bad, " element(s) differ from the definition, first at +", first_bad,
                         got[len] == 7 ? "" : " (and wrote past the range)"));
           }

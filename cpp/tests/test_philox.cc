@@ -41,16 +41,6 @@ void known_answers(Failures& f) {
   }
 }
 
-const char* isa_name(PhiloxIsa isa) {
-  switch (isa) {
-    case PhiloxIsa::kAuto: return "auto";
-    case PhiloxIsa::kPortable: return "portable";
-    case PhiloxIsa::kAvx2: return "avx2";
-    case PhiloxIsa::kAvx512: return "avx512";
-  }
-  return "?";
-}
-
 void fills_match_blocks(Failures& f) {
   PhiloxKey key;
   key.seed = 0x0123456789abcdefULL;
@@ -58,7 +48,7 @@ void fills_match_blocks(Failures& f) {
   key.stream = 3;
   for (PhiloxIsa isa : {PhiloxIsa::kAuto, PhiloxIsa::kPortable, PhiloxIsa::kAvx2, PhiloxIsa::kAvx512}) {
     if (!philox_isa_supported(isa)) {
-      std::printf("test_philox: this CPU has no %s fill, not checked\n", isa_name(isa));
+      std::printf("test_philox: this CPU has no %s fill, not checked\n", philox_isa_name(isa));
       continue;
     }
     // Lengths that end inside the 4-chain (32 blocks), 1-chain (8 blocks) and scalar (1 block)
@@ -88,7 +78,7 @@ void fills_match_blocks(Failures& f) {
           if ((!word_ok || !uniform_ok) && first_bad < 0) first_bad = i;
         }
         f.check(bad_words == 0 && bad_uniforms == 0,
-                std::string(isa_name(isa)) + " offset " + std::to_string(offset) + " n " +
+                std::string(philox_isa_name(isa)) + " offset " + std::to_string(offset) + " n " +
                     std::to_string(n) + ": " + std::to_string(bad_words) + " words and " +
                     std::to_string(bad_uniforms) + " uniforms differ from the block function, first at i " +
                     std::to_string(first_bad));

@@ -75,6 +75,17 @@ void philox_fill_uniform(const PhiloxKey& key, uint64_t offset, int64_t n, float
 // that tests can run every one this CPU has, not only the one kAuto picks.
 enum class PhiloxIsa : int32_t { kAuto = 0, kPortable = 1, kAvx2 = 2, kAvx512 = 3 };
 
+// The choice's name, for messages.
+inline const char* philox_isa_name(PhiloxIsa isa) {
+  switch (isa) {
+    case PhiloxIsa::kAuto: return "auto";
+    case PhiloxIsa::kPortable: return "portable";
+    case PhiloxIsa::kAvx2: return "avx2";
+    case PhiloxIsa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
 // Whether this CPU (and build) runs `isa`; kAuto and kPortable always.
 bool philox_isa_supported(PhiloxIsa isa);
 // The one kAuto runs: AVX-512, else AVX2, else portable.
