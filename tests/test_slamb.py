@@ -91,6 +91,10 @@ def test_slamb_bad_input_raises_on_every_rank_with_state_untouched(out_dir) -> N
         assert rk["other_algorithm"].startswith("ValueError") and "OneBitLamb" in rk["other_algorithm"]
         assert rk["other_world"].startswith("ValueError") and "world_size" in rk["other_world"]
         assert rk["nan_unchanged"] and rk["load_unchanged"], f"rank {r}: state changed by a rejected call"
+        assert rk["nan_again"].startswith(USAGE) and rk["retry"] == "no error", f"rank {r}: {rk['retry']}"
+    # The retried step is step 4 of sync_interval 4: a parameter average, so the same parameters on every rank.
+    assert all(torch.equal(rk["after_retry"], ranks[0]["after_retry"]) for rk in ranks)
+    assert not torch.equal(ranks[0]["after_retry"], ranks[0]["after"])
 
 
 @pytest.mark.parametrize("n", [2, 3])

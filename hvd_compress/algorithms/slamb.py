@@ -356,6 +356,8 @@ class Slamb(BucketedAlgorithm):
         red.mark_all_ready()
         self._launch(groups)
         if not self._agreement.wait(len(self.segments)):
+            self._agreement.reset()  # the next step starts its own count
+            self._counts.clear()
             self.reduce_all(groups)  # re-raises the refusal (state untouched: no bucket changes any)
             raise AssertionError(f"{self.name}: a refused bucket drained without an error")
 
@@ -538,8 +540,19 @@ class Slamb(BucketedAlgorithm):
         only waits for m[M]. Once the averages are in: m[M] and u[M] from them, with ||u[M]|| (one pass over each
         layer's selected elements, ``masked_direction_``), and step 8. Nothing changes before every rank agreed
         (``_await_agreement`` raises on every rank first)."""
-        b, o = self.buf, self.options
         self._await_agreement(groups)
+        try:
+            self._finish_on_wire(groups, t)
+        except BaseException:  # not a refusal (those raised above); whatever is still on the wire is awaited
+            self.abandon()
+            raise
+        finally:
+            self._agreement.reset()
+            self._counts.clear()
+
+    def _finish_on_wire(self, groups: Sequence[dict[str, Any]], t: int) -> None:
+        """``_step_on_wire`` once every bucket is agreed on."""
+        b, o = self.buf, self.options
         spans = self._spans()
         means = [fused_ops.local_moments_(b.exp_avg[lo:hi], b.exp_avg_sq[lo:hi], b.grad[lo:hi], b.mask[lo:hi],
                                           *groups[b.group_of[i]]["betas"]) for i, (lo, hi) in enumerate(spans)]
@@ -561,8 +574,6 @@ class Slamb(BucketedAlgorithm):
             if within != self._counts.get(j, 0):
                 raise AssertionError(f"{self.name}: bucket {j} gathered {self._counts.get(j, 0)} elements, its "
                                      f"layers select {within}")
-        self._counts.clear()
-        self._agreement.reset()
         self._apply_layers(groups, norms, b.scratch)  # step 8
 
     def synchronize_parameters(self) -> None:

@@ -194,6 +194,12 @@ elif mode == "bad":
     set_grads(params, 2)
     opt.step()
     bad["after"] = flat(params)
+    # A refused step, then the next one straight away (no zero_grad(): new gradients assigned, as a loop that sets
+    # .grad itself does): it runs on every rank, and its parameters are those of a run that never saw the NaN.
+    bad["nan_again"] = outcome(nan_step)
+    set_grads(params, 3)
+    bad["retry"] = outcome(opt.step)
+    bad["after_retry"] = flat(params)
     save(r, bad)
 elif mode == "reshaped":
     saved_params, saved_opt = trained(SHAPES, 0)
