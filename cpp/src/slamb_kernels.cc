@@ -186,8 +186,8 @@ HVDC_AVX2_FMA MaskedDirection masked_direction_avx2(const float* m_avg, int64_t 
   __m256d sum = _mm256_setzero_pd();
   int64_t i = 0, j = 0;
   for (; i + 8 <= n && j + 8 <= count; i += 8) {
+    // No branch on an empty group (about 43% at k = 0.1, unpredictably): its blends keep every lane.
     const uint32_t bits = mask_bits8(mask + i);
-    if (bits == 0) continue;
     const __m256 mv = _mm256_permutevar8x32_ps(
         _mm256_loadu_ps(m_avg + j), _mm256_load_si256(reinterpret_cast<const __m256i*>(t.expand[bits])));
     const __m256 d = _mm256_loadu_ps(u + i);
