@@ -151,11 +151,7 @@ void register_masked(nb::module_& m) {
           nb::gil_scoped_release nogil;
           moved = rt.masked_allreduce(v, s, out, check_finite, name);
         }
-        nb::dict d;
-        d["bytes_sent"] = moved.bytes_sent;
-        d["bytes_received"] = moved.bytes_received;
-        d["calls"] = moved.calls;
-        return d;
+        return binding_stats(moved);
       },
       nb::scope(runtime), nb::name("masked_allreduce"), nb::is_method(), nb::arg("tensor"),
       nb::arg("ratio"), nb::arg("seed"), nb::arg("step"), nb::arg("kind") = 0,
@@ -195,10 +191,7 @@ void register_masked(nb::module_& m) {
           moved = rt.masked_gather(v, s, reinterpret_cast<uint8_t*>(mask_out.data()), out.data, out.numel,
                                    check_finite, name, &count);
         }
-        nb::dict d;
-        d["bytes_sent"] = moved.bytes_sent;
-        d["bytes_received"] = moved.bytes_received;
-        d["calls"] = moved.calls;
+        nb::dict d = binding_stats(moved);
         d["count"] = count;
         return d;
       },

@@ -205,20 +205,32 @@ CommStats Runtime::compressed_allreduce(const TensorView& buffer, const TensorVi
              [&] { compressed_allreduce_prepared(*world_, call); });
 }
 
-CommStats Runtime::masked_allreduce(const TensorView& t, const MaskSpec& spec_in,
-                                    uint8_t* mask_out, bool check_finite,
-                                    const std::string& name) {
-  MaskSpec spec = spec_in;
+namespace {
+
+// What a masked call (allreduce or gather) agrees on: the mask's range `spec` of `t` (its length set to t's),
+// rejected for an invalid spec or, with `check_finite`, a NaN/Inf in `t`.
+CallSignature masked_agreement(const TensorView& t, MaskSpec& spec, bool check_finite, const std::string& name,
+                               Collective collective, const char* what) {
   spec.length = t.numel;  // `t` is elements [first, first + t.numel) of the mask's index space
-  CallSignature sig = masked_signature(t, spec, name);
+  CallSignature sig = masked_signature(t, spec, name, collective);
   std::string why = check_mask_spec(spec);
   if (why.empty() && check_finite) {
     const int64_t bad = first_nonfinite(t);
     if (bad >= 0)
-      why = "masked_allreduce: non-finite value at element " + std::to_string(bad) + " of " +
+      why = std::string(what) + ": non-finite value at element " + std::to_string(bad) + " of " +
             std::to_string(t.numel);
   }
   if (!why.empty()) set_rejected(sig, why);
+  return sig;
+}
+
+}  // namespace
+
+CommStats Runtime::masked_allreduce(const TensorView& t, const MaskSpec& spec_in,
+                                    uint8_t* mask_out, bool check_finite,
+                                    const std::string& name) {
+  MaskSpec spec = spec_in;
+  const CallSignature sig = masked_agreement(t, spec, check_finite, name, kMaskedAllreduce, "masked_allreduce");
   return run(sig, name.empty() ? "masked_allreduce" : name, [&] {
     // The mask is drawn once the ranks agreed: a rejected call leaves mask_out as it was.
     if (!mask_out) masked_mask_.resize(static_cast<size_t>(t.numel));
@@ -232,15 +244,7 @@ CommStats Runtime::masked_gather(const TensorView& t, const MaskSpec& spec_in, u
                                  void* compact, int64_t capacity, bool check_finite, const std::string& name,
                                  int64_t* count) {
   MaskSpec spec = spec_in;
-  spec.length = t.numel;
-  CallSignature sig = masked_signature(t, spec, name, kMaskedGather);
-  std::string why = check_mask_spec(spec);
-  if (why.empty() && check_finite) {
-    const int64_t bad = first_nonfinite(t);
-    if (bad >= 0)
-      why = "masked_gather: non-finite value at element " + std::to_string(bad) + " of " + std::to_string(t.numel);
-  }
-  if (!why.empty()) set_rejected(sig, why);
+  const CallSignature sig = masked_agreement(t, spec, check_finite, name, kMaskedGather, "masked_gather");
   return run(sig, name.empty() ? "masked_gather" : name, [&] {
     random_mask(spec, mask_out);
     const int64_t n = mask_count(mask_out, t.numel);

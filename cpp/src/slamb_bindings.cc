@@ -1,12 +1,9 @@
 // _core.slamb_* (see hvdc/slamb_kernels.h): SLAMB's fused passes on float32 CPU buffers.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
-#include <nanobind/stl/optional.h>
 
 #include <cstdint>
-#include <optional>
 #include <string>
-#include <vector>
 
 #include "hvdc/binding_views.h"
 #include "hvdc/errors.h"
@@ -93,30 +90,27 @@ void register_slamb(nb::module_& m) {
       "m = b1 m + (1 - b1) g where not mask; v = b2 v + (1 - b2) g^2 (float32); returns the sum of the new v.");
   m.def(
       "slamb_direction",
-      [](nb::handle m_, nb::handle v_, nb::handle x_, std::optional<BoolFlat> mask, float sqrt_bc2, float floor,
-         float eps, float bc1, float wd, nb::handle u_, bool local) {
+      [](nb::handle m_, nb::handle v_, nb::handle x_, BoolFlat mask, float sqrt_bc2, float floor, float eps,
+         float bc1, float wd, nb::handle u_, bool local) {
         int64_t n = -1;
         const float* mp = binding_float32(m_, "slamb_direction: m", &n);
         const float* vp = binding_float32(v_, "slamb_direction: v", &n);
         const float* xp = binding_float32(x_, "slamb_direction: x", &n);
         float* up = binding_float32(u_, "slamb_direction: u", &n);
-        if (mask && static_cast<int64_t>(mask->shape(0)) != n)
-          throw UsageError("slamb_direction: mask and x sizes differ");
+        if (static_cast<int64_t>(mask.shape(0)) != n) throw UsageError("slamb_direction: mask and x sizes differ");
         SlambNorms r;
         {
           nb::gil_scoped_release nogil;
-          std::vector<uint8_t> all;  // no mask: every element selected (a compact slice of selected elements)
-          if (!mask) all.assign(static_cast<size_t>(n), 1);
-          const auto* mk = mask ? reinterpret_cast<const uint8_t*>(mask->data()) : all.data();
+          const auto* mk = reinterpret_cast<const uint8_t*>(mask.data());
           r = local ? slamb_direction_local(mp, vp, xp, mk, n, sqrt_bc2, floor, eps, bc1, wd, up)
                     : slamb_direction(mp, vp, xp, mk, n, sqrt_bc2, floor, eps, bc1, wd, up);
         }
         return nb::make_tuple(r.x.selected, r.x.unselected, r.u.selected, r.u.unselected, r.x.count);
       },
-      nb::arg("m"), nb::arg("v"), nb::arg("x"), nb::arg("mask").none(), nb::arg("sqrt_bc2"), nb::arg("floor"),
+      nb::arg("m"), nb::arg("v"), nb::arg("x"), nb::arg("mask"), nb::arg("sqrt_bc2"), nb::arg("floor"),
       nb::arg("eps"), nb::arg("bc1"), nb::arg("weight_decay"), nb::arg("u"), nb::arg("local") = false,
       "u = m / (max(sqrt(v) / sqrt_bc2, floor) + eps) / bc1 + wd x (float32); returns the sums of squares "
-      "(x[mask], x[~mask], u[mask], u[~mask]) and the count of mask (mask None: every element). `local`: "
+      "(x[mask], x[~mask], u[mask], u[~mask]) and the count of mask. `local`: "
       "u[mask] = 1 / (max(sqrt(v) / sqrt_bc2, floor) + eps) instead, its sum of squares not meaningful "
       "(slamb_direction_local).");
   m.def(

@@ -174,8 +174,8 @@ MaskedDirection masked_direction_tail(const float* m_avg, int64_t count, const f
 
 #if HVDC_AVX2_FMA_KERNELS
 // Groups of 8 elements: the group's averaged values moved to their lanes (the scatter's expand permutation), u of
-// all 8 lanes, both blended into m and u on the selected lanes only. Groups with nothing selected are skipped; a
-// group whose 8 loads could pass m_avg's end goes to the tail.
+// all 8 lanes, both blended into m and u on the selected lanes only. A group whose 8 loads could pass m_avg's end
+// goes to the tail.
 template <bool kDecay>
 HVDC_AVX2_FMA MaskedDirection masked_direction_avx2(const float* m_avg, int64_t count, const float* x,
                                                     const uint8_t* mask, int64_t n, float bc1, float wd, float* m,

@@ -486,22 +486,19 @@ class Slamb(BucketedAlgorithm):
         """Step 7 of layer ``i`` with the core's fused pass: u, its weight decay and the masked norms (||x[M]||,
         ||x[~M]||, ||u[M]||, ||u[~M]||, |M|); ``local``: u[M] is the factor ``_layer_masked_direction`` needs."""
         group, floor = groups[self.buf.group_of[i]], self.options.variance_floor
-        b1, b2 = group["betas"]
-        bc1, bc2 = (1 - b1**t, 1 - b2**t) if group.get("bias_correction", True) else (1.0, 1.0)
+        bc1, bc2 = _bias_corrections(group, t)
         return fused_ops.direction_(u, m, v, x, mask, bc1, bc2,
                                     math.sqrt(floor * means[i] / bc2) if floor > 0.0 else 0.0, group["eps"],
                                     group["weight_decay"], local)
 
-    def _layer_masked_direction(self, groups: Sequence[dict[str, Any]], t: int, i: int, m_avg: Tensor) -> float:
-        """Layer ``i``'s selected elements from their averaged momentum ``m_avg`` (compact): m[M], u[M] (in
-        ``scratch``, from the factor ``_layer_direction(local=True)`` left there) and ||u[M]||."""
-        b = self.buf
+    def _layer_masked_direction(self, groups: Sequence[dict[str, Any]], t: int, i: int, span: tuple[int, int],
+                                m_avg: Tensor) -> float:
+        """Layer ``i`` (elements ``span``)'s selected elements from their averaged momentum ``m_avg`` (compact):
+        m[M], u[M] (in ``scratch``, from the factor ``_layer_direction(local=True)`` left there) and ||u[M]||."""
+        b, (lo, hi) = self.buf, span
         group = groups[b.group_of[i]]
-        lo, hi = self._spans()[i]
-        b1 = group["betas"][0]
-        bc1 = 1 - b1**t if group.get("bias_correction", True) else 1.0
-        return fused_ops.masked_direction_(b.scratch[lo:hi], b.exp_avg[lo:hi], m_avg, b.params[i], b.mask[lo:hi], bc1,
-                                           group["weight_decay"])
+        return fused_ops.masked_direction_(b.scratch[lo:hi], b.exp_avg[lo:hi], m_avg, b.params[i], b.mask[lo:hi],
+                                           _bias_corrections(group, t)[0], group["weight_decay"])
 
     def _fused_update(self, groups: Sequence[dict[str, Any]], t: int, means: Sequence[float]) -> None:
         """Steps 7 and 8 per layer with the core's fused passes (``_direction`` then ``_update``, same math):
@@ -568,7 +565,7 @@ class Slamb(BucketedAlgorithm):
             for i in range(layer, layer + len(seg.sizes)):
                 n = int(norms[i][4])
                 if n:  # m[M] and u[M] from the averages, and ||u[M]||
-                    norms[i][2] = self._layer_masked_direction(groups, t, i,
+                    norms[i][2] = self._layer_masked_direction(groups, t, i, spans[i],
                                                                b.work[seg.first + within:seg.first + within + n])
                 within += n
             layer += len(seg.sizes)
@@ -670,6 +667,12 @@ class Slamb(BucketedAlgorithm):
         else:
             self.xp.copy_(self.buf.freshness, ours["freshness"].reshape(-1))
             self.t = int(ours["step"])
+
+
+def _bias_corrections(group: dict[str, Any], t: int) -> tuple[float, float]:
+    """(1 - b1^t, 1 - b2^t) of a param group at step t, or (1, 1) without bias correction (spec S2, S12)."""
+    b1, b2 = group["betas"]
+    return (1 - b1**t, 1 - b2**t) if group.get("bias_correction", True) else (1.0, 1.0)
 
 
 class _Agreement:

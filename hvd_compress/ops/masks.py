@@ -134,18 +134,3 @@ def masked_gather_(
     count = int(counts.pop("count"))
     record(counts, traffic)
     return count
-
-
-def mask_gather(src: Any, mask: Any, compact: Any) -> Any:
-    """compact[:count] = src[mask] in index order (contiguous CPU tensors; ``compact`` has room for the selected
-    count); returns ``compact``."""
-    if mask.shape[0]:
-        _core.mask_gather(as_core_buffer(src), mask, as_core_buffer(compact))
-    return compact
-
-
-def mask_scatter(compact: Any, mask: Any, dst: Any) -> Any:
-    """dst[mask] = compact in index order, the other elements of ``dst`` unchanged; returns ``dst``."""
-    if mask.shape[0]:
-        _core.mask_scatter(as_core_buffer(compact), mask, as_core_buffer(dst))
-    return dst

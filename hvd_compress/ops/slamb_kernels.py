@@ -50,8 +50,8 @@ def local_moments_(m: Any, v: Any, g: Any, mask: Any, beta1: float, beta2: float
 def direction_(u: Any, m: Any, v: Any, x: Any, mask: Any, bc1: float, bc2: float, floor: float, eps: float,
                weight_decay: float, local: bool = False) -> tuple[float, float, float, float, int]:
     """One layer (flat views): u = m / (max(sqrt(v) / sqrt(bc2), floor) + eps) / bc1 + weight_decay x (SLAMB step
-    7; ``floor`` <= 0: no floor). Returns (||x[M]||, ||x[~M]||, ||u[M]||, ||u[~M]||, |M|) from the same pass;
-    ``mask`` None selects every element (compact slices of the selected elements). ``local``: while m[M] is still
+    7; ``floor`` <= 0: no floor). Returns (||x[M]||, ||x[~M]||, ||u[M]||, ||u[~M]||, |M|) from the same pass.
+    ``local``: while m[M] is still
     on the wire, u[M] = 1 / (max(sqrt(v) / sqrt(bc2), floor) + eps) instead, finished by ``masked_direction_``
     (||u[M]|| then not meaningful)."""
     if not u.shape[0]:
