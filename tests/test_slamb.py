@@ -25,7 +25,8 @@ def _x0() -> np.ndarray:
 
 # fused: the core's fused float32 passes (what both faces run); False: the backend's tensor ops.
 @pytest.mark.parametrize(("n", "ratio", "interval", "kind", "fused"), [
-    (2, 0.25, 3, "cyclic", True), (3, 0.1, 4, "bernoulli", False), (4, 0.1, 5, "cyclic", True)])
+    (2, 0.25, 3, "cyclic", True), (3, 0.1, 4, "bernoulli", False), (3, 0.1, 4, "bernoulli", True),
+    (4, 0.1, 5, "cyclic", True)])
 def test_slamb_matches_reference_every_step_on_every_rank(n: int, ratio: float, interval: int, kind: str,
                                                           fused: bool, out_dir) -> None:
     steps = 11
