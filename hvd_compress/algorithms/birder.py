@@ -28,7 +28,8 @@ waits for all and applies line 13. State untouched on rejection: before its call
 call mutates (m, b, worker and server error); if any bucket fails on any rank (the core rejects a NaN/Inf gradient
 on every rank), every bucket's state is restored, ``step()`` raises ``UsageError`` on every rank, and the step t
 (the RNG position) does not advance; parameters change only after every bucket succeeded. With overlap the
-gradient enters the core from the hook: change ``.grad`` after backward (clipping) only with ``overlap=False``.
+gradient enters the core from the hook: an edit of ``.grad`` after ``synchronize()`` (clipping) makes ``step()`` reduce
+the edited gradients again (``BucketedAlgorithm.consumes_gradients_in_synchronize``); ``overlap=False`` clips first.
 The TF/Keras faces have no hooks: one segment over all variables, run in ``step``.
 
 State per segment: the shards of m, b and the worker error (c1 = dpad / m_loc entries), the server error

@@ -33,7 +33,14 @@ class AlgorithmMixin(SynchronizeProtocol):
     @torch.no_grad()
     def synchronize(self) -> None:
         """End the gradient phase: gather this rank's gradients into the fused buffers (and what the subclass
-        adds; see its class docstring)."""
+        adds; see its class docstring). Where the algorithm has already consumed the gradients as they were
+        (with overlap, a compressed stage), an edit of ``.grad`` before ``step()`` (Horovod's clipping pattern)
+        is honoured: ``step()`` drops this phase's reductions, state restored, and reduces the edited gradients
+        (a second exchange in that step; ``overlap=False`` clips at the cost of one)."""
+        self._hvdc_gradient_phase()
+        self._hvdc_remember_gradients()
+
+    def _hvdc_gradient_phase(self) -> None:
         ensure_init()
         for fused in self._hvdc_grads:
             fused.gather()
@@ -41,13 +48,21 @@ class AlgorithmMixin(SynchronizeProtocol):
         self._hvdc_passes.reset()
         self._hvdc_mark_synchronized()
 
+    def _hvdc_consumed_gradients(self) -> list[torch.Tensor | None]:
+        if not self._hvdc_alg.consumes_gradients_in_synchronize():
+            return []
+        for fused in self._hvdc_grads:
+            fused.gather()  # a ``.grad`` the user replaced instead of editing it in place
+        return [b for fused in self._hvdc_grads for b in fused.buffers]
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._hvdc_synchronize_for_step()
+        if self._hvdc_synchronize_for_step():  # gradients edited after synchronize(): reduce them anew
+            self._hvdc_alg.abandon()
         self._hvdc_after_step(self._hvdc_alg.step(self.param_groups))
         self._hvdc_step_done()
         return loss
