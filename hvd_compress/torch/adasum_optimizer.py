@@ -23,15 +23,14 @@ import torch
 
 from hvd_compress import ops
 from hvd_compress.algorithms.adasum_delta import AdasumOptions, DeltaReductions, plan_buckets
-from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.context import ensure_init
-from hvd_compress.torch.functions import allreduce
 from hvd_compress.torch.fused import flat_with_views
 from hvd_compress.torch.wrapping import (
     SynchronizeProtocol,
+    any_rank_nonfinite,
     check_named_parameters,
     hook_gradients,
 )
@@ -175,17 +174,6 @@ class AdasumMixin(SynchronizeProtocol):
         self._hvdc_reductions.reset()
         self._hvdc_passes.reset()
 
-    def _hvdc_any_rank_nonfinite(self, grad_scaler: Any) -> bool:
-        """Unscale through ``grad_scaler`` and OR its inf/NaN verdict over all ranks, written back."""
-        grad_scaler.unscale_(self)
-        found = grad_scaler._found_inf_per_device(self)
-        local = sum(float(t.item()) for t in found.values())
-        total = allreduce(torch.tensor([local], dtype=torch.float64), op=ReduceOp.Sum, name="adasum.found_inf")
-        verdict = 1.0 if total.item() > 0 else 0.0
-        for t in found.values():
-            t.fill_(verdict)
-        return verdict > 0
-
     def step(self, closure: Any = None, grad_scaler: Any = None) -> Any:
         loss = None
         if closure is not None:
@@ -199,7 +187,7 @@ class AdasumMixin(SynchronizeProtocol):
         if self._hvdc_scaler is not None:
             if grad_scaler is None:
                 raise ValueError("this optimizer was built with grad_scaler=: call scaler.step(opt), not opt.step()")
-            if self._hvdc_any_rank_nonfinite(grad_scaler):
+            if any_rank_nonfinite(grad_scaler, self, "adasum.found_inf"):
                 self._hvdc_reset()
                 return loss
         if self._hvdc_synchronize_for_step():

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+from torch.amp.grad_scaler import OptState
 
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.torch.functions import allreduce
@@ -208,3 +209,17 @@ def check_named_parameters(
             f"named_parameters does not name {len(missing)} parameter(s) of the optimizer (first at index {missing[0]})"
         )
     return names
+
+
+def any_rank_nonfinite(grad_scaler: Any, optimizer: torch.optim.Optimizer, name: str) -> bool:
+    """Unscale ``optimizer``'s gradients through ``grad_scaler`` (a ``torch.amp.GradScaler``) and OR its inf/NaN
+    verdict over all ranks, written back into the scaler: every rank then skips or takes the step alike, and every
+    rank's ``scaler.update()`` moves the scale the same way."""
+    if grad_scaler._per_optimizer_states[id(optimizer)]["stage"] is not OptState.UNSCALED:  # not by the user yet
+        grad_scaler.unscale_(optimizer)
+    found = grad_scaler._found_inf_per_device(optimizer)
+    local = sum(float(t.item()) for t in found.values())
+    verdict = 1.0 if any_rank(local > 0, name) else 0.0
+    for t in found.values():
+        t.fill_(verdict)
+    return verdict > 0
