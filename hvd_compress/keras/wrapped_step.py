@@ -113,6 +113,20 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
                     **buckets)
 
 
+def per_rank_variables(config: OpConfig, inner: Any, state: dict[str, Any], per_rank_keys: Sequence[str],
+                       accumulators: Sequence[Any]) -> list[Any]:
+    """The variables of a wrapper that differ between ranks by design, for both Keras wrappers: the state keys
+    ``per_rank_keys`` (error feedback, SLAMB's local moments, Birder's shards), the gradient sums of
+    ``backward_passes_per_step`` (each rank's own gradients), and with Adasum every variable of the inner optimizer
+    but its step counter and learning rate (each rank steps it on its own gradient: its moments are that rank's).
+    A broadcast from one rank must leave them alone, so that a resume from per-rank checkpoints stays exact."""
+    out = [state[k] for k in per_rank_keys if k in state] + list(accumulators)
+    if config.op == ReduceOp.Adasum:
+        alike = {id(v) for v in (inner.iterations, getattr(inner, "_learning_rate", None)) if v is not None}
+        out += [v for v in inner.variables if id(v) not in alike]
+    return out
+
+
 def parse_compression(compression: Any, config: OpConfig, inner: Any, name: str) -> tuple[Compressor | None,
                                                                                        Compressor | None]:
     """``compression=`` of a wrapper: (the stateless compressor of the bucketed reduction, none: None; the
