@@ -48,7 +48,7 @@ from typing import Any
 
 from hvd_compress import ops
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
-from hvd_compress.algorithms.options import build_options
+from hvd_compress.algorithms.options import BUCKET_OPTIONS, build_options
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
@@ -96,9 +96,9 @@ class BirderOptions:
             raise ValueError(f"op={op_name}: seed must be an int in [0, 2**64), got {self.seed!r}")
 
 
-def parse_options(given: dict[str, Any]) -> BirderOptions:
+def parse_options(given: dict[str, Any], also: Sequence[str] = BUCKET_OPTIONS) -> BirderOptions:
     """``BirderOptions`` from ``DistributedOptimizer``'s keyword options, with clear errors."""
-    return build_options(BirderOptions, "Birder", given)
+    return build_options(BirderOptions, "Birder", given, also)
 
 
 @dataclasses.dataclass

@@ -90,7 +90,7 @@ from typing import Any
 
 from hvd_compress import ops
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
-from hvd_compress.algorithms.options import build_options
+from hvd_compress.algorithms.options import BUCKET_OPTIONS, build_options
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops import onebit_adam_kernels as momentum_ops
 from hvd_compress.ops.backend import Backend, Tensor
@@ -127,11 +127,13 @@ class OneBitOptions:
             raise ValueError(f"op={op_name}: hierarchical must be True or False, got {self.hierarchical!r}")
 
 
-def parse_options(options_cls: type, op_name: str, given: dict[str, Any]) -> Any:
-    """``options_cls`` built from ``DistributedOptimizer``'s keyword options, with clear errors."""
+def parse_options(options_cls: type, op_name: str, given: dict[str, Any],
+                  also: Sequence[str] = BUCKET_OPTIONS) -> Any:
+    """``options_cls`` built from ``DistributedOptimizer``'s keyword options, with clear errors (``also``: the
+    face's own options, listed with the algorithm's)."""
     if "freeze_step" not in given:
         raise TypeError(f"op={op_name} needs freeze_step=<number of dense warm-up steps>")
-    return build_options(options_cls, op_name, given)
+    return build_options(options_cls, op_name, given, also)
 
 
 @dataclasses.dataclass
