@@ -155,7 +155,7 @@ struct BernoulliDraw {
 // The 16-bit half of element i in `key`'s sequence (half i & 1 of word i >> 1).
 inline uint32_t bernoulli_half(const PhiloxKey& key, uint64_t i) {
   const uint64_t j = i >> 1;
-  return (philox_block(key, j >> 2).v[j & 3] >> (16 * (i & 1))) & 0xFFFFu;
+  return (philox_word(key, j) >> (16 * (i & 1))) & 0xFFFFu;
 }
 
 // Element i whose high half equals Th: its low half decides (probability 2^-16, so one scalar block
