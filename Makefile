@@ -59,7 +59,7 @@ CPPTEST_OBJS_onebit_adam_kernels := onebit_adam_kernels
 CPPTEST_BINS += scaled_add_kernels
 CPPTEST_OBJS_scaled_add_kernels := scaled_add_kernels
 CPPTEST_BINS += elementwise
-CPPTEST_OBJS_elementwise := onebit_kernels stochastic_kernels philox cast
+CPPTEST_OBJS_elementwise := onebit_kernels stochastic_kernels philox cast masks
 CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
 # Every program runs, even after one failed, so that one run reports them all; then any failure

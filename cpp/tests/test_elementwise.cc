@@ -17,10 +17,12 @@
 #include "hvdc/elementwise/adasum.h"
 #include "hvdc/elementwise/block_sum.h"
 #include "hvdc/elementwise/half.h"
+#include "hvdc/elementwise/mask.h"
 #include "hvdc/elementwise/onebit.h"
 #include "hvdc/elementwise/onebit_adam.h"
 #include "hvdc/elementwise/onebit_lamb.h"
 #include "hvdc/elementwise/stochastic.h"
+#include "hvdc/masks.h"
 #include "hvdc/onebit_kernels.h"
 #include "hvdc/philox.h"
 #include "hvdc/stochastic_kernels.h"
@@ -232,6 +234,49 @@ void block_order(Failures& f) {
           "sum_blocks");
 }
 
+void mask_rules(Failures& f) {
+  f.ran();
+  f.check(cyclic_selected(5, 3, 4) && !cyclic_selected(7, 3, 4) && !cyclic_selected(2, 3, 4),
+          "cyclic: ranks 3..6 selected for base 3, width 4");
+  f.check(!cyclic_selected(0, 0, 0), "cyclic: an empty chunk selects nothing");
+  const BernoulliDraw half = bernoulli_draw_of(7, 3, uint64_t{1} << 31);
+  f.check(half.th == 0x8000 && half.tl == 0 && half.key.step == 3 &&
+              half.key.stream == kMaskBernoulliStream && half.tie_key.stream == kMaskBernoulliTieStream,
+          "Bernoulli draw of T = 2^31");
+  f.check(bernoulli_selected(half, 0x7fff, 0) == 1 && bernoulli_selected(half, 0x8000, 0) == 0,
+          "Bernoulli: hi < T >> 16 selects; a tie with T & 0xFFFF = 0 does not");
+  // A tie with T & 0xFFFF = 0xFFFF: selected unless lo, the tie stream's half, is 0xFFFF.
+  const BernoulliDraw tie = bernoulli_draw_of(7, 3, 0x1234FFFFu);
+  const uint64_t i = 12345;
+  f.check(bernoulli_selected(tie, 0x1234, i) == (bernoulli_half(tie.tie_key, i) < 0xFFFFu),
+          "Bernoulli: a tie reads the tie stream");
+  f.check(bernoulli_half(tie.key, 5) == (philox_word(tie.key, 2) >> 16), "element 5 is the high half of word 2");
+}
+
+// Bernoulli masks as cpp/cuda/mask.cu draws them (element by element) against random_mask (the
+// bulk Philox fill, vectorized where the CPU allows), over a range that starts mid-word.
+void mask_as_the_device(Failures& f, double ratio, int64_t first, int64_t n) {
+  f.ran();
+  MaskSpec spec;
+  spec.numel = first + n;
+  spec.ratio = ratio;
+  spec.seed = 99;
+  spec.step = 5;
+  spec.kind = MaskKind::kBernoulli;
+  spec.first = first;
+  spec.length = n;
+  std::vector<uint8_t> cpu(n);
+  random_mask(spec, cpu.data());
+  const BernoulliDraw d = bernoulli_draw_of(spec.seed, spec.step, bernoulli_threshold(ratio));
+  std::vector<uint8_t> dev(n);
+  for (int64_t x = 0; x < n; ++x) {
+    const uint64_t e = static_cast<uint64_t>(first + x);
+    dev[x] = bernoulli_selected(d, bernoulli_half(d.key, e), e);
+  }
+  f.check(cpu == dev, str("Bernoulli mask, ratio ", ratio, ", elements ", first, "..", first + n,
+                          ": differs from the device's"));
+}
+
 struct Lcg {
   uint64_t s;
   float next() {  // in [-2, 2), with a zero now and then
@@ -332,6 +377,9 @@ int main() {
   hvdc::onebit_lamb_rules(f);
   hvdc::adasum_rules(f);
   hvdc::block_order(f);
+  hvdc::mask_rules(f);
+  for (const double ratio : {0.1, 0.5, 0.999})
+    for (const int64_t first : {0, 1, 4097}) hvdc::mask_as_the_device(f, ratio, first, 20000);
   for (const auto choice : {hvdc::KernelChoice::kScalar, hvdc::KernelChoice::kAuto})
     for (const int64_t n : {0, 1, 7, 8, 33, 4095, 4096, 4097, 3 * 4096 + 1000, 100003})
       hvdc::onebit_as_the_device(f, n, choice);

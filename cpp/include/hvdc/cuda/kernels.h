@@ -137,5 +137,20 @@ void widen_to_double(const void* src, DType dtype, double* dst, int64_t n, cudaS
 void narrow_from_double(const double* src, double divisor, void* dst, DType dtype, int64_t n,
                         cudaStream_t stream);
 
+// ---- SLAMB's masks (hvdc/masks.h) -----------------------------------------------------------
+// The draws only: the caller selects the `always` ranges afterwards (a memset on the stream), as
+// random_mask does on the CPU.
+
+// Elements [first, first + n) of the Bernoulli mask of (seed, step, ratio) into out[0, n) (bytes,
+// 1 selected); every element for ratio >= 1.
+void bernoulli_mask_draw(uint64_t seed, int64_t step, double ratio, int64_t first, int64_t n,
+                         uint8_t* out, cudaStream_t stream);
+
+// The cyclic mask of one step over a range: out[x] = ranks[x] - base < width (unsigned), with
+// ranks[x] the place of element first + x in the permutation of (numel, seed) (a device copy of
+// what masks.cc draws and caches on the host), base = c * cs and width the chunk's length.
+void cyclic_mask_compare(const uint32_t* ranks, uint32_t base, uint32_t width, int64_t n,
+                         uint8_t* out, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace hvdc
