@@ -174,7 +174,8 @@ NB_MODULE(_core, m) {
   nb::exception<RejectedInputError>(m, "RejectedInputError",
                                     nb::make_tuple(usage_error, nb::handle(PyExc_RuntimeError)));
   nb::exception<MismatchError>(m, "MismatchError", PyExc_RuntimeError);
-  nb::exception<CommTimeoutError>(m, "CommTimeoutError", PyExc_TimeoutError);
+  nb::exception<CommTimeoutError> timeout_error(m, "CommTimeoutError", PyExc_TimeoutError);
+  nb::exception<PeerExitedError>(m, "PeerExitedError", timeout_error);
   nb::exception<CommError>(m, "CommError", PyExc_RuntimeError);
 
   m.def("mpi_initialized", &MpiCommunicator::mpi_initialized);
@@ -318,7 +319,9 @@ NB_MODULE(_core, m) {
           "preparing a background reduction), so that every rank raises RejectedInputError instead "
           "of the others waiting for it. Always raises.")
       .def("stats", [](const Runtime& rt) { return as_dict(rt.stats()); })
-      .def("reset_stats", &Runtime::reset_stats);
+      .def("reset_stats", &Runtime::reset_stats)
+      .def("leave", &Runtime::leave, nb::arg("timeout_s"), nb::call_guard<nb::gil_scoped_release>(),
+           "Tell every peer that this process is exiting (before MPI is finalized).");
   hvdc::register_onebit(m);
   hvdc::register_random(m);
   hvdc::register_masked(m);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "hvdc/errors.h"
 
@@ -88,20 +89,41 @@ double now_s() {
 // A wait longer than this (seconds) sleeps between polls.
 constexpr double kYieldOnlyS = 0.005;
 
-// Returns false (requests still pending) when `timeout_s` > 0 ran out, true when all completed.
-bool wait_yielding(int n, MPI_Request* reqs, double timeout_s, double* waited_s) {
+enum class Waited { kDone, kTimedOut, kPeerLeft };
+
+// How often a wait asks the watch whether a peer left (seconds).
+constexpr double kWatchEveryS = 0.001;
+
+// kDone when all completed; kTimedOut (requests still pending) when `timeout_s` > 0 ran out;
+// kPeerLeft (pending) when `watch` saw a peer's goodbye `grace_s` ago, that rank in `*gone`.
+Waited wait_yielding(int n, MPI_Request* reqs, double timeout_s, double* waited_s,
+                     PeerWatch* watch = nullptr, int* gone = nullptr, double grace_s = kGoodbyeGraceS) {
   const double start = now_s();
-  bool patient = false;  // past kYieldOnlyS: sleep between polls
+  bool patient = false;   // past kYieldOnlyS: sleep between polls
+  double gone_at = -1;    // when the watch first reported a departed peer
+  double watched = start;  // when the watch was last asked
   for (unsigned polls = 1;; ++polls) {
     int done = 0;
     check(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-    if (done) return true;
+    if (done) return Waited::kDone;
     // While yielding, the clock is read every 64 polls only (a poll is far below a microsecond).
     if (patient || polls % 64 == 0) {
-      const double waited = now_s() - start;
+      const double t = now_s();
+      const double waited = t - start;
       if (waited_s != nullptr) *waited_s = waited;
-      if (timeout_s > 0 && waited > timeout_s) return false;
+      if (timeout_s > 0 && waited > timeout_s) return Waited::kTimedOut;
       patient = waited > kYieldOnlyS;
+      if (watch != nullptr && gone_at < 0 && t - watched >= kWatchEveryS) {
+        watched = t;
+        const int g = watch->departed();
+        if (g >= 0) {
+          gone_at = t;
+          if (gone != nullptr) *gone = g;
+          continue;  // poll the requests once more: what the peer sent before it left counts
+        }
+      } else if (gone_at >= 0 && t - gone_at >= grace_s) {
+        return Waited::kPeerLeft;
+      }
     }
     if (patient)
       std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -125,13 +147,95 @@ bool wait_yielding(int n, MPI_Request* reqs, double timeout_s, double* waited_s)
   std::abort();  // MPI_Abort does not return; if it did, this process must still not go on
 }
 
-// wait_yielding() under a stall timeout (<= 0: none).
-void wait_or_abort(int n, MPI_Request* reqs, double stall_s, const char* what) {
-  double waited = 0;
-  if (!wait_yielding(n, reqs, stall_s, &waited)) abort_stalled(what, waited);
+// A peer left the job while this rank waited for it inside an agreed collective. Ends the job as a
+// stall does (the pending requests can be neither cancelled nor abandoned).
+[[noreturn]] void abort_left(const char* what, int gone) {
+  int world_rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::fprintf(stderr,
+               "hvd_compress: rank %d left the job (its process exited) while rank %d waited for it inside "
+               "%s, a collective every rank had joined. Aborting the job instead of hanging.\n",
+               gone, world_rank, what);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
 }
 
+// wait_yielding() under a stall timeout (<= 0: none), watching for peers that leave.
+void wait_or_abort(int n, MPI_Request* reqs, double stall_s, const char* what, PeerWatch* watch) {
+  double waited = 0;
+  int gone = -1;
+  switch (wait_yielding(n, reqs, stall_s, &waited, watch, &gone)) {
+    case Waited::kDone: return;
+    case Waited::kTimedOut: abort_stalled(what, waited);
+    case Waited::kPeerLeft: abort_left(what, gone);
+  }
+}
+
+// The goodbye's tag on the watch's own communicator.
+constexpr int kGoodbyeTag = 11;
+
 }  // namespace
+
+PeerWatch::PeerWatch(MPI_Comm world) {
+  check(MPI_Comm_dup(world, &comm_), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  recvs_.assign(size_, MPI_REQUEST_NULL);
+  from_.assign(size_, -1);
+  gone_.assign(size_, 0);
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_)
+      check(MPI_Irecv(&from_[r], 1, MPI_INT, r, kGoodbyeTag, comm_, &recvs_[r]), "MPI_Irecv");
+}
+
+PeerWatch::~PeerWatch() {
+  if (!MpiCommunicator::mpi_initialized()) return;  // after MPI_Finalize the handles are gone
+  for (MPI_Request& req : recvs_) {
+    if (req == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+  }
+  MPI_Comm_free(&comm_);
+}
+
+int PeerWatch::departed() {
+  const int seen = departed_.load();
+  if (seen >= 0) return seen;
+  // One thread tests the receives at a time; another (a collective on the background thread) reads
+  // what it found on a later poll.
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock() || !MpiCommunicator::mpi_initialized()) return departed_.load();
+  int count = 0;
+  std::vector<int> done(size_);
+  if (MPI_Testsome(size_, recvs_.data(), &count, done.data(), MPI_STATUSES_IGNORE) != MPI_SUCCESS ||
+      count == MPI_UNDEFINED)
+    return -1;
+  for (int i = 0; i < count; ++i) gone_[done[i]] = 1;
+  for (int r = 0; r < size_; ++r)
+    if (gone_[r]) {
+      departed_.store(r);
+      return r;
+    }
+  return -1;
+}
+
+void PeerWatch::leave(double timeout_s) {
+  departed();  // who has left already: no goodbye to them
+  const std::lock_guard<std::mutex> lock(mu_);
+  if (left_ || !MpiCommunicator::mpi_initialized()) return;
+  left_ = true;
+  std::vector<MPI_Request> sends;
+  for (int r = 0; r < size_; ++r) {
+    MPI_Request req;
+    if (r != rank_ && !gone_[r] && MPI_Issend(&rank_, 1, MPI_INT, r, kGoodbyeTag, comm_, &req) == MPI_SUCCESS)
+      sends.push_back(req);
+  }
+  // A peer that does not match it in time (stopped, or gone without a word) leaves its request to
+  // MPI_Finalize; the receives stay posted, so that the peers' goodbyes are matched too.
+  if (!sends.empty()) wait_yielding(static_cast<int>(sends.size()), sends.data(), timeout_s, nullptr);
+}
 
 bool MpiCommunicator::mpi_initialized() {
   int init = 0, fin = 0;
@@ -149,8 +253,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   MPI_Comm_size(comm_, &size_);
 }
 
-MpiCommunicator::MpiCommunicator(MPI_Comm owned, Adopt, std::shared_ptr<std::atomic<double>> stall)
-    : comm_(owned), stall_(std::move(stall)) {
+MpiCommunicator::MpiCommunicator(MPI_Comm owned, Adopt, std::shared_ptr<std::atomic<double>> stall,
+                                 std::shared_ptr<PeerWatch> watch)
+    : comm_(owned), stall_(std::move(stall)), watch_(std::move(watch)) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
@@ -162,7 +267,7 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 void MpiCommunicator::wait(int n, MPI_Request* reqs, const char* what) const {
-  wait_or_abort(n, reqs, stall_->load(), what);
+  wait_or_abort(n, reqs, stall_->load(), what, watch_.get());
 }
 
 namespace {
@@ -287,9 +392,17 @@ void MpiCommunicator::allgather_timed(const void* send, void* recv, size_t bytes
                        MPI_BYTE, comm_, &req),
         "MPI_Iallgather");
   double waited = 0;
-  if (!wait_yielding(1, &req, timeout_s, &waited)) {
-    // The request cannot be cancelled portably; it is left pending and this communicator
-    // must not be used again. The caller turns this into an error on this rank.
+  int gone = -1;
+  const Waited result = wait_yielding(1, &req, timeout_s, &waited, watch_.get(), &gone, 0.0);
+  // Not done: the request cannot be cancelled portably; it is left pending and this communicator
+  // must not be used again. The caller turns this into an error on this rank.
+  if (result == Waited::kPeerLeft)
+    throw PeerExitedError("rank " + std::to_string(gone) +
+                          " left the job (its process exited: its script ended or called sys.exit) while rank " +
+                          std::to_string(rank_) +
+                          " waited for it to join this collective; every rank must make the same collective calls "
+                          "until all are done");
+  if (result == Waited::kTimedOut) {
     throw CommTimeoutError("rank " + std::to_string(rank_) + " waited " +
                            std::to_string(static_cast<int>(waited)) +
                            " s for the other ranks to join a collective; a peer is dead or "
@@ -348,8 +461,9 @@ constexpr int kRequestTagBase = 64;
 
 class MpiRequest final : public CommRequest {
  public:
-  MpiRequest(MPI_Request req, bool receive, std::shared_ptr<std::atomic<double>> stall)
-      : req_(req), receive_(receive), stall_(std::move(stall)) {}
+  MpiRequest(MPI_Request req, bool receive, std::shared_ptr<std::atomic<double>> stall,
+             std::shared_ptr<PeerWatch> watch)
+      : req_(req), receive_(receive), stall_(std::move(stall)), watch_(std::move(watch)) {}
   ~MpiRequest() override {
     if (req_ == MPI_REQUEST_NULL || !MpiCommunicator::mpi_initialized()) return;
     // Only on an error path (the collective completes its requests): a receive is cancelled, a
@@ -364,13 +478,14 @@ class MpiRequest final : public CommRequest {
     return done != 0;  // MPI_Test set req_ to MPI_REQUEST_NULL when done
   }
   void wait() override {
-    if (req_ != MPI_REQUEST_NULL) wait_or_abort(1, &req_, stall_->load(), "a pipelined transfer");
+    if (req_ != MPI_REQUEST_NULL) wait_or_abort(1, &req_, stall_->load(), "a pipelined transfer", watch_.get());
   }
 
  private:
   MPI_Request req_;
   bool receive_;
   std::shared_ptr<std::atomic<double>> stall_;
+  std::shared_ptr<PeerWatch> watch_;
 };
 
 void check_request(size_t bytes, int peer, int size, int tag, const char* what) {
@@ -390,7 +505,7 @@ Request MpiCommunicator::isend(const void* buf, size_t bytes, int dst, int tag) 
   check(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, dst, kRequestTagBase + tag, comm_, &req),
         "MPI_Isend");
   stats_.add(bytes, 0);
-  return Request(new MpiRequest(req, false, stall_));
+  return Request(new MpiRequest(req, false, stall_, watch_));
 }
 
 Request MpiCommunicator::irecv(void* buf, size_t bytes, int src, int tag) {
@@ -399,20 +514,20 @@ Request MpiCommunicator::irecv(void* buf, size_t bytes, int src, int tag) {
   check(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, src, kRequestTagBase + tag, comm_, &req),
         "MPI_Irecv");
   stats_.add(0, bytes);
-  return Request(new MpiRequest(req, true, stall_));
+  return Request(new MpiRequest(req, true, stall_, watch_));
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) const {
   MPI_Comm out;
   check(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split");
-  return std::unique_ptr<Communicator>(new MpiCommunicator(out, Adopt{}, stall_));
+  return std::unique_ptr<Communicator>(new MpiCommunicator(out, Adopt{}, stall_, watch_));
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split_shared() const {
   MPI_Comm out;
   check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &out),
         "MPI_Comm_split_type");
-  return std::unique_ptr<Communicator>(new MpiCommunicator(out, Adopt{}, stall_));
+  return std::unique_ptr<Communicator>(new MpiCommunicator(out, Adopt{}, stall_, watch_));
 }
 
 }  // namespace hvdc

@@ -31,6 +31,8 @@ Runtime::Runtime(MPI_Comm world, const RuntimeConfig& config)
       kernels_(config.kernels),
       onebit_pipeline_(config.onebit_pipeline) {
   world_->set_stall_timeout(timeout_s_);
+  // Before any split: the communicators split from the world watch for departed peers too.
+  world_->set_peer_watch(std::make_shared<PeerWatch>(world));
   // Every rank must split the same way: agree on the local size (and on every rank's settings
   // being valid) before any split.
   CallSignature settings;
@@ -310,6 +312,10 @@ void Runtime::reject(Collective collective, const std::string& why, const std::s
   set_rejected(sig, why);
   run(sig, name, [] {});
   throw UsageError(why);  // unreachable: the exchange throws on the rejection it just sent
+}
+
+void Runtime::leave(double timeout_s) {
+  if (PeerWatch* watch = world_->peer_watch()) watch->leave(timeout_s);
 }
 
 CommStats Runtime::stats() const {

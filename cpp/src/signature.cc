@@ -112,7 +112,13 @@ void describe(std::ostringstream& out, const char* field, const std::vector<Call
 void agree_on_signature(Communicator& comm, const CallSignature& sig, double timeout_s,
                         const std::string& what) {
   std::vector<CallSignature> all(comm.size());
-  comm.allgather_timed(&sig, all.data(), sizeof(CallSignature), timeout_s);
+  try {  // a rank that never joins: the error names the collective this rank waited in
+    comm.allgather_timed(&sig, all.data(), sizeof(CallSignature), timeout_s);
+  } catch (const PeerExitedError& e) {
+    throw PeerExitedError(what + ": " + e.what());
+  } catch (const CommTimeoutError& e) {
+    throw CommTimeoutError(what + ": " + e.what());
+  }
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].error[0] == '\0') continue;
     all[r].error[sizeof(all[r].error) - 1] = '\0';

@@ -32,6 +32,10 @@ class AdasumOptions:
     hierarchical: bool | None = None
     bucket_mb: float = DEFAULT_BUCKET_MB
 
+    def validate(self, op_name: str = "Adasum") -> None:
+        """``ValueError`` for a bad value (``build_options`` calls it)."""
+        if isinstance(self.bucket_mb, bool) or not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):
+            raise ValueError(f"op={op_name}: bucket_mb must be a positive number of MiB, got {self.bucket_mb!r}")
+
     def __post_init__(self) -> None:
-        if not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):
-            raise ValueError(f"op=Adasum: bucket_mb must be a positive number of MiB, got {self.bucket_mb!r}")
+        self.validate()

@@ -28,7 +28,8 @@ waits for all and applies line 13. State untouched on rejection: before its call
 call mutates (m, b, worker and server error); if any bucket fails on any rank (the core rejects a NaN/Inf gradient
 on every rank), every bucket's state is restored, ``step()`` raises ``UsageError`` on every rank, and the step t
 (the RNG position) does not advance; parameters change only after every bucket succeeded. With overlap the
-gradient enters the core from the hook: change ``.grad`` after backward (clipping) only with ``overlap=False``.
+gradient enters the core from the hook: an edit of ``.grad`` after ``synchronize()`` (clipping) makes ``step()`` reduce
+the edited gradients again (``BucketedAlgorithm.consumes_gradients_in_synchronize``); ``overlap=False`` clips first.
 The TF/Keras faces have no hooks: one segment over all variables, run in ``step``.
 
 State per segment: the shards of m, b and the worker error (c1 = dpad / m_loc entries), the server error
@@ -47,7 +48,7 @@ from typing import Any
 
 from hvd_compress import ops
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
-from hvd_compress.algorithms.options import build_options
+from hvd_compress.algorithms.options import BUCKET_OPTIONS, build_options
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
@@ -95,9 +96,9 @@ class BirderOptions:
             raise ValueError(f"op={op_name}: seed must be an int in [0, 2**64), got {self.seed!r}")
 
 
-def parse_options(given: dict[str, Any]) -> BirderOptions:
+def parse_options(given: dict[str, Any], also: Sequence[str] = BUCKET_OPTIONS) -> BirderOptions:
     """``BirderOptions`` from ``DistributedOptimizer``'s keyword options, with clear errors."""
-    return build_options(BirderOptions, "Birder", given)
+    return build_options(BirderOptions, "Birder", given, also)
 
 
 @dataclasses.dataclass

@@ -138,6 +138,11 @@ class BucketedAlgorithm:
         if self.overlap and not self._done:
             self.reduce_all(groups)
 
+    def consumes_gradients_in_synchronize(self) -> bool:
+        """Whether ``synchronize()`` (of the coming step) consumes this rank's gradients as they are, leaving no
+        reduced gradient behind that a later edit would act on: with overlap, the buckets read them."""
+        return self.overlap
+
     def reduce_pending(self, groups: Sequence[dict[str, Any]] | None) -> None:
         """For ``step()``: reduce what is not reduced yet, then keep this step's state (every bucket succeeded)."""
         if not self._done:

@@ -10,21 +10,20 @@ Paper 003 Algorithm 1 and paper 001 Algorithm 1 have the same skeleton, written 
   same update with the result.
 
 Variance floor, option ``variance_floor`` (both optimizers; deviates from 003 line 13 and 001 lines 17
-and 21): in the compressed stage each layer's frozen vh is used as max(vh, variance_floor * mean(vh)),
-the mean over that layer (parameter tensor) of the frozen vh; 1-bit LAMB floors its fresh vh by the
-same per-layer value in the ratio of line 17, so that the ratio still compares two estimates of one
-second moment. ``variance_floor=0`` is the papers' exact rule; the default is 0.01. Why: the compressor
-gives every element of a chunk +/-the chunk's scale, so an element whose frozen v is 0 (a ReLU unit
-dead through warm-up) gets m = +/-scale and an update lr scale / eps: with eps 1e-8 parameters jump
-from 0.07 to 25 in one step, then turn non-finite (DeepSpeed's OnebitAdam/OnebitLamb share this). A
-unit that revives later, with v still 0, does the same. With the floor such an element is
-preconditioned like a quiet element of its layer. Compressing m / (sqrt(vh) + eps) instead of m
-bounds the dead elements' step but not a revived one's (it still diverged on a ReLU MLP and CNN) and
-trained worse with the floor added (tests/test_relu_fidelity.py's module docstring has the figures).
-The floor is derived from the frozen v in the state, so checkpoints need nothing more. 1-bit Adam also caps the
-step of an element the floor lifted at lr (``onebit_adam``: its d is raised to |mh|), for a unit that revives
-with gradients larger than the floor assumes; 1-bit LAMB does not (its gap on ReLU networks is elsewhere: the
-frozen trust ratio and the ratio of line 17, tests/test_relu_fidelity.py).
+and 21): in the compressed stage each layer's frozen vh is used as max(vh, floor), floor = variance_floor *
+max(mean(vh) over the layer, ``SEGMENT_SHARE`` * mean(vh) over its bucket); 1-bit LAMB floors its fresh vh by
+the same value in the ratio of line 17, so that the ratio still compares two estimates of one second moment.
+``variance_floor=0`` is the papers' exact rule; the default is 0.01. Why: the compressor gives every element of
+a chunk +/-the chunk's scale, so an element whose frozen v is far below that scale gets an update lr scale / d
+with d about eps: a ReLU unit dead through warm-up (v = 0), or a whole layer whose gradient is about zero, as
+the bias of a layer that feeds BatchNorm (v about 1e-19: BatchNorm removes the mean). Parameters then jump by
+orders of magnitude in one step (DeepSpeed's OnebitAdam/OnebitLamb share this); a bias before BatchNorm does
+so without any sign in the training loss, as BatchNorm cancels it until eval mode uses the running mean. The
+layer's own mean covers the first case; the bucket's share covers a layer that is quiet as a whole, since the
+chunk's scale comes from its bucket. Both optimizers also cap the step of an element the floor lifted: its d
+is raised to |mh| (``capped``), so it moves at most lr a step (1-bit LAMB: at most its layer's scaled lr), the
+step Adam takes on a steady gradient (mh^2 = vh) and about what Adam takes on a bias before BatchNorm (its
+noise is about eps). The floor is derived from the frozen v in the state, so checkpoints need nothing more.
 
 Hierarchical mode, option ``hierarchical=True`` (paper 004 Section 4, specs/birder.md section 4): the local
 momenta travel through the Hierarchical-1-bit-All-Reduce with the scaled 1-bit payload: a full-precision
@@ -67,11 +66,12 @@ the step. A step abandoned before ``step()`` (``zero_grad()``, or a new gradient
 restores them the same way. Warm-up: the averaged gradients are checked in ``step()`` before any state changes
 (every rank holds the same average, so every rank reaches the same verdict).
 
-Limits: with overlap the compression stage's momentum is formed from ``.grad`` in the hook, so editing ``.grad``
-after backward (clipping between ``synchronize()`` and ``step()``) cannot change it: change ``.grad`` only with
-``overlap=False`` (Horovod's rule for its own overlap), under which ``synchronize()`` + clip + ``step()`` work as
-before (warm-up: ``synchronize()`` averages, the clip acts on the average; compression: ``step()`` forms the
-momentum from the clipped ``.grad``). The hyper-parameters of line 6 (beta1, Adam's L2 weight decay) are read
+Clipping with overlap: the compression stage's momentum is formed from ``.grad`` in the hook, so an edit of
+``.grad`` between ``synchronize()`` and ``step()`` (Horovod's clipping pattern) comes too late for it; the face
+then reports it (``consumes_gradients_in_synchronize``: every rank agrees whether any rank edited), and the step
+abandons its reductions (error feedback restored) and reduces the edited gradients again, which costs a second
+exchange in that step; ``overlap=False`` clips before the only one. In warm-up ``synchronize()`` averages, and
+the clip acts on the average, as with Horovod. The hyper-parameters of line 6 (beta1, Adam's L2 weight decay) are read
 when the bucket is reduced, lr and the rest in ``step()``. Buckets are cut once, so overlap is coarse for a model
 of few large tensors; a parameter with no gradient holds back its bucket (and the later ones) until
 ``synchronize()``. The TF/Keras faces have no hooks: they hand one segment over all variables to ``step``.
@@ -90,7 +90,7 @@ from typing import Any
 
 from hvd_compress import ops
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
-from hvd_compress.algorithms.options import build_options
+from hvd_compress.algorithms.options import BUCKET_OPTIONS, build_options
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops import onebit_adam_kernels as momentum_ops
 from hvd_compress.ops.backend import Backend, Tensor
@@ -101,6 +101,8 @@ from hvd_compress.ops.onebit import compressed_allreduce_, server_error_numel
 from hvd_compress.ops.traffic import CommMeter
 
 DEFAULT_VARIANCE_FLOOR = 0.01
+#: A layer's floor is variance_floor times the larger of its own mean vh and this share of its bucket's mean vh.
+SEGMENT_SHARE = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,11 +127,13 @@ class OneBitOptions:
             raise ValueError(f"op={op_name}: hierarchical must be True or False, got {self.hierarchical!r}")
 
 
-def parse_options(options_cls: type, op_name: str, given: dict[str, Any]) -> Any:
-    """``options_cls`` built from ``DistributedOptimizer``'s keyword options, with clear errors."""
+def parse_options(options_cls: type, op_name: str, given: dict[str, Any],
+                  also: Sequence[str] = BUCKET_OPTIONS) -> Any:
+    """``options_cls`` built from ``DistributedOptimizer``'s keyword options, with clear errors (``also``: the
+    face's own options, listed with the algorithm's)."""
     if "freeze_step" not in given:
         raise TypeError(f"op={op_name} needs freeze_step=<number of dense warm-up steps>")
-    return build_options(options_cls, op_name, given)
+    return build_options(options_cls, op_name, given, also)
 
 
 @dataclasses.dataclass
@@ -251,6 +255,10 @@ class OneBitAlgorithm(BucketedAlgorithm):
         else:
             BucketedAlgorithm.synchronize(self, groups)
 
+    def consumes_gradients_in_synchronize(self) -> bool:
+        # warm-up averages the gradients in place: an edit after it acts on the average, as with Horovod
+        return self.overlap and self.t + 1 > self.freeze_step
+
     def step(self, groups: Sequence[dict[str, Any]]) -> int:
         """One optimizer step on the segments' reduced buckets (reducing those not reduced yet); returns the new
         step count. Nothing changes if any bucket fails on any rank."""
@@ -323,8 +331,8 @@ class OneBitAlgorithm(BucketedAlgorithm):
 
     def frozen_denom(self, seg: Segment, group: dict[str, Any], t_v: int) -> Tensor:
         """d = max(sqrt(vh), sqrt(floor)) + eps per layer for the frozen v of step ``t_v`` (see the top:
-        variance floor): v does not change after freeze_step, so d is computed once (per eps, b2) into
-        ``denom_buffer(seg)``; bias-corrected unless the group turns that off."""
+        variance floor, and its bucket share): v does not change after freeze_step, so d is computed once (per
+        eps, b2) into ``denom_buffer(seg)``; bias-corrected unless the group turns that off."""
         xp = self.xp
         b2 = group["betas"][1]
         key = (float(group["eps"]), float(b2), float(t_v))
@@ -336,8 +344,9 @@ class OneBitAlgorithm(BucketedAlgorithm):
                 xp.div_(out, math.sqrt(bc))
             ratio = self.options.variance_floor
             means = xp.foreach_mean(seg.views(seg.exp_avg_sq))
+            bucket = SEGMENT_SHARE * sum(m * n for m, n in zip(means, seg.sizes, strict=True)) / max(seg.numel, 1)
             sizes = zip(means, seg.sizes, strict=True)
-            seg.floor_roots = [math.sqrt(ratio * mean / bc) if size else 0.0 for mean, size in sizes]
+            seg.floor_roots = [math.sqrt(ratio * max(mean, bucket) / bc) if size else 0.0 for mean, size in sizes]
             self.floor(seg, out)
             xp.add_(out, group["eps"])
             capped = ratio > 0 and self.caps_floored
@@ -362,9 +371,24 @@ class OneBitAlgorithm(BucketedAlgorithm):
             for view, floor in zip(seg.views(root), seg.floor_roots, strict=True):
                 self.xp.clamp_min_(view, floor)
 
-    #: Whether the update caps the step of the elements the variance floor lifted (1-bit Adam; needs
-    #: ``Segment.floor_denoms``).
-    caps_floored = False
+    #: Whether the update caps the step of the elements the variance floor lifted (needs ``Segment.floor_denoms``).
+    caps_floored = True
+
+    @staticmethod
+    def cap(group: dict[str, Any], t: int) -> float:
+        """1 / (1 - b1^t): |m| times it is |mh|, the least d that keeps a floored element's |mh / d| <= 1."""
+        return 1 / (1 - group["betas"][0] ** t) if group.get("bias_correction", True) else 1.0
+
+    def capped(self, seg: Segment, denom: Tensor, cap: float) -> list[Tensor]:
+        """The frozen ``denom`` per layer with the variance floor's cap (see the top): where the floor lifted d, d =
+        max(d, |m| cap), in ``work`` (free once m was copied out of it); the kept ``denom`` is not changed."""
+        views = seg.views(denom)
+        if seg.floor_denoms is None:
+            return views
+        out = seg.views(seg.work)
+        m = seg.views(seg.exp_avg)
+        return [self.xp.raise_floored(d, mi, cap, floor, out=o) if n else d
+                for d, mi, o, floor, n in zip(views, m, out, seg.floor_denoms, seg.sizes, strict=True)]
 
     def denom_buffer(self, seg: Segment) -> Tensor:
         raise NotImplementedError

@@ -38,7 +38,6 @@ class OneBitAdam(OneBitAlgorithm):
 
     name = "OneBitAdam"
     options_cls = OneBitOptions
-    caps_floored = True
 
     @staticmethod
     def decoupled(group: dict[str, Any]) -> bool:
@@ -81,11 +80,6 @@ class OneBitAdam(OneBitAlgorithm):
         fused_ops.apply_(seg.params, seg.work, seg.exp_avg, denom, seg.sizes, decay, -lr / (1 - b1**t),
                          seg.floor_denoms, self.cap(group, t))
 
-    @staticmethod
-    def cap(group: dict[str, Any], t: int) -> float:
-        """1 / (1 - b1^t): |m| times it is |mh|, the least d that keeps a floored element's |mh / d| <= 1."""
-        return 1 / (1 - group["betas"][0] ** t) if group.get("bias_correction", True) else 1.0
-
     def denom_buffer(self, seg: Segment) -> Tensor:
         return seg.scratch  # free in the compressed stage: the L2 gradient copy is a warm-up thing
 
@@ -106,14 +100,3 @@ class OneBitAdam(OneBitAlgorithm):
             seg.denom_key = None
             denoms = seg.views(denom)
         xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), denoms, value=-lr / (1 - b1**t_m))
-
-    def capped(self, seg: Segment, denom: Tensor, cap: float) -> list[Tensor]:
-        """The frozen ``denom`` per layer with the variance floor's cap (see the top): where the floor lifted d, d =
-        max(d, |m| cap), in ``work`` (free: m was copied out of it); the kept ``denom`` is not changed."""
-        views = seg.views(denom)
-        if seg.floor_denoms is None:
-            return views
-        out = seg.views(seg.work)
-        m = seg.views(seg.exp_avg)
-        return [self.xp.raise_floored(d, mi, cap, floor, out=o) if n else d
-                for d, mi, o, floor, n in zip(views, m, out, seg.floor_denoms, seg.sizes, strict=True)]

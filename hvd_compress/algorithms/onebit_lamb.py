@@ -98,7 +98,7 @@ class OneBitLamb(OneBitAlgorithm):
         ratio = xp.div(frozen, xp.add_(fresh, group["eps"]), out=seg.scratch)
         scales = self._clipped_scales(seg, group, [xp.max(view) if seg.sizes[i] else 1.0
                                                    for i, view in enumerate(seg.views(ratio))])
-        u = xp.div(seg.exp_avg, frozen, out=seg.work)
+        u = xp.div(seg.exp_avg, self.capped_flat(seg, frozen, self.cap(group, t)), out=seg.work)
         if group.get("bias_correction", True):
             xp.div_(u, 1 - b1**t)
         views = seg.views(u)
@@ -116,8 +116,16 @@ class OneBitLamb(OneBitAlgorithm):
         ratios = fused_ops.moments_(seg.work, seg.exp_avg, seg.fresh, frozen, seg.sizes, floors, b1, b2,
                                     1 - b2**t if bias else 1.0, group["eps"])
         scales = self._clipped_scales(seg, group, ratios)
-        fused_ops.apply_(seg.params, seg.exp_avg, frozen, seg.sizes, 1 - b1**t if bias else 1.0,
-                         group["weight_decay"], scales)
+        fused_ops.apply_(seg.params, seg.exp_avg, self.capped_flat(seg, frozen, self.cap(group, t)), seg.sizes,
+                         1 - b1**t if bias else 1.0, group["weight_decay"], scales)
+
+    def capped_flat(self, seg: Segment, frozen: Tensor, cap: float) -> Tensor:
+        """The frozen d with the variance floor's cap (``capped``), as one flat buffer: ``work`` where the floor
+        lifted some element (m has left ``work`` by then), else ``frozen`` itself."""
+        if seg.floor_denoms is None:
+            return frozen
+        self.capped(seg, frozen, cap)
+        return seg.work
 
     def _clipped_scales(self, seg: Segment, group: dict[str, Any], ratios: list[float]) -> list[float]:
         """Lines 18-19: each layer's ratio clipped to (1 -/+ factor_threshold) of the last, then to [factor_min,

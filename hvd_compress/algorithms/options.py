@@ -1,18 +1,34 @@
 """Building an algorithm's options dataclass from ``DistributedOptimizer``'s keyword options, for every
-algorithm alike: unknown names and invalid values raise before anything is set up."""
+algorithm alike: unknown names and invalid values raise before anything is set up, and the message lists
+everything the call accepts, so a user can correct it from the message alone."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
+from hvd_compress.ops.horovod_args import NOTE
 
-def build_options(options_cls: type, op_name: str, given: dict[str, Any]) -> Any:
-    """``options_cls(**given)``, validated; ``TypeError`` naming unknown options and the ones it takes."""
+#: The options both faces take for every algorithm beside its own: its buckets (popped before parsing).
+BUCKET_OPTIONS = ("bucket_mb", "overlap")
+
+
+def option_names(options_cls: type, also: Sequence[str] = BUCKET_OPTIONS) -> list[str]:
+    """The names ``DistributedOptimizer`` takes for an algorithm: its options' fields, then ``also``."""
+    names = [f.name for f in dataclasses.fields(options_cls)]
+    return names + [n for n in also if n not in names]
+
+
+def build_options(options_cls: type, op_name: str, given: dict[str, Any],
+                  also: Sequence[str] = BUCKET_OPTIONS) -> Any:
+    """``options_cls(**given)``, validated; ``TypeError`` naming unknown options and every option the call takes
+    (the fields, ``also`` taken by the face, Horovod's arguments at their defaults)."""
     names = [f.name for f in dataclasses.fields(options_cls)]
     unknown = sorted(set(given) - set(names))
     if unknown:
-        raise TypeError(f"op={op_name} got unknown options {unknown}; it takes {', '.join(names)}")
+        raise TypeError(f"op={op_name} got unknown options {unknown}; it takes "
+                        f"{', '.join(option_names(options_cls, also))}, {NOTE}")
     options = options_cls(**given)
     options.validate(op_name)
     return options

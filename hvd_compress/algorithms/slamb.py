@@ -83,7 +83,7 @@ from typing import Any
 
 from hvd_compress import ops
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
-from hvd_compress.algorithms.options import build_options
+from hvd_compress.algorithms.options import BUCKET_OPTIONS, build_options
 from hvd_compress.ops import masks as mask_ops
 from hvd_compress.ops import slamb_kernels as fused_ops
 from hvd_compress.ops.backend import Backend, Tensor
@@ -138,9 +138,9 @@ class SlambOptions:
             raise ValueError(f"op={op_name}: sync_grad must be True or False, got {self.sync_grad!r}")
 
 
-def parse_options(given: dict[str, Any]) -> SlambOptions:
+def parse_options(given: dict[str, Any], also: Sequence[str] = BUCKET_OPTIONS) -> SlambOptions:
     """``SlambOptions`` from ``DistributedOptimizer``'s keyword options, with clear errors."""
-    return build_options(SlambOptions, "SLAMB", given)
+    return build_options(SlambOptions, "SLAMB", given, also)
 
 
 def ratio(a: float, b: float) -> float:

@@ -50,6 +50,7 @@ from hvd_compress.keras.wrapped_step import (
     error_feedback_step,
     parse_compression,
     parse_op,
+    per_rank_variables,
     reset_error_feedback,
     synchronize_parameters,
 )
@@ -192,11 +193,14 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
     @property
     def per_rank_variables(self) -> list[Any]:
         """Variables that differ between ranks by design (as the Keras 3 face's): never broadcast."""
-        if self._error_feedback is not None:
-            return [self._state[k] for k in self._error_feedback.per_rank if k in self._state]
-        if self._runner is None:
+        if not getattr(self, "_built", False):
             return []
-        return [self._state[k] for k in self._runner.per_rank]
+        if self._error_feedback is not None:
+            keys = self._error_feedback.per_rank
+        else:
+            keys = self._runner.per_rank if self._runner is not None else ()
+        return per_rank_variables(self._config, self.inner_optimizer, getattr(self, "_state", {}), keys,
+                                  getattr(self, "_accumulators", ()))
 
     def reset_compression_state(self) -> None:
         """Zero the error feedback, as the Keras 3 face's ``reset_compression_state``."""

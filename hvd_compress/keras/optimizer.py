@@ -38,6 +38,7 @@ from hvd_compress.keras.wrapped_step import (
     error_feedback_step,
     parse_compression,
     parse_op,
+    per_rank_variables,
     reset_error_feedback,
     synchronize_parameters,
 )
@@ -231,15 +232,17 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     @property
     def per_rank_variables(self) -> list[Any]:
         """Variables that differ between ranks by design (the 1-bit error feedback, the server error being this
-        rank's chunk; SLAMB's local m and v; Birder's moment shards; top-k/random-k's error feedback): never
-        broadcast, saved per rank."""
+        rank's chunk; SLAMB's local m and v; Birder's moment shards; top-k/random-k's error feedback; the gradient
+        sums of ``backward_passes_per_step``; with Adasum the inner optimizer's moments): never broadcast, saved per
+        rank."""
         if not self.built:
             return []
         if self._error_feedback is not None:
-            return [self._state[k] for k in self._error_feedback.per_rank if k in self._state]
-        if self._algorithm is None:
-            return []
-        return [self._state[k] for k in self._runner.per_rank]
+            keys = self._error_feedback.per_rank
+        else:
+            keys = self._runner.per_rank if self._algorithm is not None else ()
+        return per_rank_variables(self._config, self.inner_optimizer, getattr(self, "_state", {}), keys,
+                                  getattr(self, "_accumulators", ()))
 
     def reset_compression_state(self) -> None:
         """Zero the error feedback (worker and server error of 1-bit Adam/LAMB and Birder, top-k/random-k's error

@@ -15,14 +15,15 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_compress import algorithms, ops
-from hvd_compress.algorithms.adasum_delta import DEFAULT_BUCKET_MB, plan_buckets
+from hvd_compress.algorithms.adasum_delta import DEFAULT_BUCKET_MB, AdasumOptions, plan_buckets
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, parse_options
-from hvd_compress.algorithms.options import build_options
+from hvd_compress.algorithms.options import BUCKET_OPTIONS, build_options, option_names
 from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB as GRADIENT_BUCKET_MB
 from hvd_compress.ops.collectives import check_predivide
 from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.horovod_args import NOTE, pop_horovod_defaults
 from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep
@@ -30,7 +31,6 @@ from hvd_compress.tensorflow.backend import aligned_copy
 from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
 from hvd_compress.tensorflow.functions import check_group_compression, dense, numpy_call
-from hvd_compress.tensorflow.horovod_args import pop_horovod_defaults
 
 LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
 #: Options of the base optimizer that an algorithm's own step would silently ignore: refused instead.
@@ -65,48 +65,66 @@ def check_passes(backward_passes_per_step: Any) -> int:
 
 def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras face") -> OpConfig:
     """Validate ``op`` (a ``ReduceOp`` or its value) and its options; raises TypeError/ValueError on bad ones.
-    Horovod's ``process_set`` (the global set only), ``average_aggregated_gradients`` and its fusion/placement
-    arguments at their defaults (``tensorflow.horovod_args``) are taken with every op; its ``sparse_as_dense`` (the
-    Keras faces densify ``IndexedSlices`` either way) and ``gradient_predivide_factor`` with Average/Sum."""
+    Horovod's ``process_set`` (the global set only), ``average_aggregated_gradients``, ``sparse_as_dense`` (the
+    Keras faces densify ``IndexedSlices`` either way) and its other arguments at their defaults
+    (``ops.horovod_args``) are taken with every op; ``gradient_predivide_factor`` other than 1.0 with Average
+    only. Every message names all the options the op takes."""
     try:
         op = ReduceOp(op)
     except ValueError:
         raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
     options = dict(algorithm_options)
     check_process_set(options.pop("process_set", None))
-    pop_horovod_defaults(options, "hck.DistributedOptimizer")
     average_passes = options.pop("average_aggregated_gradients", False)
     if not isinstance(average_passes, bool):
         raise TypeError(f"average_aggregated_gradients must be True or False, got {average_passes!r}")
+    if not isinstance(options.pop("sparse_as_dense", False), bool):
+        raise TypeError("sparse_as_dense must be True or False")
+    what = f"hck.DistributedOptimizer(op={op.name})"
     if op in (ReduceOp.Average, ReduceOp.Sum):
+        takes = ["bucket_mb", "overlap", "gradient_predivide_factor", "sparse_as_dense", "compression"]
+        pop_horovod_defaults(options, what, keep=("gradient_predivide_factor",), takes=takes)
         bucket_mb = check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB))
         overlap = check_overlap(options.pop("overlap", True))
         predivide = check_predivide(options.pop("gradient_predivide_factor", 1.0), op)
-        if not isinstance(options.pop("sparse_as_dense", False), bool):
-            raise TypeError("sparse_as_dense must be True or False")
         if options:
-            raise TypeError(f"op={op.name} takes bucket_mb, overlap, gradient_predivide_factor and sparse_as_dense, "
-                            f"got {sorted(options)}")
+            raise TypeError(f"op={op.name} takes {', '.join(takes)}, {NOTE}; got {sorted(options)}")
         return OpConfig(op, bucket_mb=bucket_mb, overlap=overlap, predivide=predivide, average_passes=average_passes)
     if op == ReduceOp.Adasum:
-        bucket_mb = float(options.pop("bucket_mb", DEFAULT_BUCKET_MB))
-        hierarchical = options.pop("hierarchical", None)
-        if options:
-            raise TypeError(f"op=Adasum takes bucket_mb and hierarchical, got {sorted(options)}")
-        return OpConfig(op, bucket_mb=bucket_mb, hierarchical=hierarchical, average_passes=average_passes)
+        pop_horovod_defaults(options, what, takes=option_names(AdasumOptions, ()))
+        parsed = build_options(AdasumOptions, op.name, options, also=())
+        return OpConfig(op, bucket_mb=float(parsed.bucket_mb), hierarchical=parsed.hierarchical,
+                        average_passes=average_passes)
     algorithm = algorithms.REGISTRY.get(op)
     if algorithm is None:
         raise NotImplementedError(f"hck.DistributedOptimizer(op={op.name}) is not in {face} yet")
+    # The wrapped LAMB's trust-ratio bounds (op=OneBitLamb, SLAMB) and the algorithm's buckets, reduced while
+    # backward runs (``tensorflow.algorithm_step``), cut as op=Average's: the face's options beside the algorithm's.
+    face_options = (*(() if op == ReduceOp.Birder else tuple(LAMB_DEFAULTS)), *BUCKET_OPTIONS)
+    pop_horovod_defaults(options, what, takes=option_names(algorithm.options_cls, face_options))
     lamb_opts = {} if op == ReduceOp.Birder else {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()}
-    # The algorithm's buckets, reduced while backward runs (``tensorflow.algorithm_step``), cut as op=Average's.
     buckets = {"bucket_mb": check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB)),
                "overlap": check_overlap(options.pop("overlap", True))}
     if issubclass(algorithm, OneBitAlgorithm):
-        parsed = parse_options(algorithm.options_cls, algorithm.name, options)
+        parsed = parse_options(algorithm.options_cls, algorithm.name, options, face_options)
     else:
-        parsed = build_options(algorithm.options_cls, algorithm.name, options)
+        parsed = build_options(algorithm.options_cls, algorithm.name, options, face_options)
     return OpConfig(op, algorithm=algorithm, options=parsed, lamb_opts=lamb_opts, average_passes=average_passes,
                     **buckets)
+
+
+def per_rank_variables(config: OpConfig, inner: Any, state: dict[str, Any], per_rank_keys: Sequence[str],
+                       accumulators: Sequence[Any]) -> list[Any]:
+    """The variables of a wrapper that differ between ranks by design, for both Keras wrappers: the state keys
+    ``per_rank_keys`` (error feedback, SLAMB's local moments, Birder's shards), the gradient sums of
+    ``backward_passes_per_step`` (each rank's own gradients), and with Adasum every variable of the inner optimizer
+    but its step counter and learning rate (each rank steps it on its own gradient: its moments are that rank's).
+    A broadcast from one rank must leave them alone, so that a resume from per-rank checkpoints stays exact."""
+    out = [state[k] for k in per_rank_keys if k in state] + list(accumulators)
+    if config.op == ReduceOp.Adasum:
+        alike = {id(v) for v in (inner.iterations, getattr(inner, "_learning_rate", None)) if v is not None}
+        out += [v for v in inner.variables if id(v) not in alike]
+    return out
 
 
 def parse_compression(compression: Any, config: OpConfig, inner: Any, name: str) -> tuple[Compressor | None,

@@ -13,6 +13,9 @@ RejectedInputError = _core.RejectedInputError
 MismatchError = _core.MismatchError
 #: A peer did not join a collective within the timeout. A ``TimeoutError``.
 CommTimeoutError = _core.CommTimeoutError
+#: A peer left the job (its process exited normally) while this rank waited for it in a collective; the message
+#: names that rank and the collective. A ``CommTimeoutError``, raised within seconds.
+PeerExitedError = _core.PeerExitedError
 #: The MPI library reported an error. A ``RuntimeError``.
 CommError = _core.CommError
 

@@ -4,7 +4,9 @@ A face (``hvd_compress.torch``, ``hvd_compress.keras``) registers, at its import
 module it takes over and what runs instead (``register``). A call is routed to hvd_compress when its ``op`` is one
 of hvd_compress's own constants (an ``ReduceOp`` member) other than the dense ones (``Average``, ``Sum``, ``Min``,
 ``Max``, ``Product``): ``Adasum`` and the optimizer algorithms. Horovod's constants (plain ints, including
-``hvd.Adasum``), the dense ops and calls without ``op`` run Horovod's own function, unchanged.
+``hvd.Adasum``), the dense ops and calls without ``op`` run Horovod's own function, unchanged. A face may route a
+function on another test of its arguments (``Routed``): ``hvd.broadcast_optimizer_state`` on an optimizer that
+hvd_compress wrapped, whose state Horovod's own function cannot broadcast.
 
 One switch for the process: ``HVDC_HOROVOD_ENTRY=0`` in the environment leaves Horovod untouched, and
 ``horovod_entry(False)`` / ``horovod_entry(True)`` (``hc.horovod_entry``, ``hck.horovod_entry``) restores or
@@ -19,14 +21,26 @@ import inspect
 import os
 from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
 
-#: What a face takes over: (Horovod's module, {function name: our function}), and optionally how to turn the
-#: arguments Horovod's function was given (by its parameter names) into our function's keyword arguments.
-Target = tuple[ModuleType, dict[str, Callable[..., Any]]]
 Adapt = Callable[[inspect.Signature, dict[str, Any]], dict[str, Any]]
+#: Which calls go to hvd_compress: a test of the arguments Horovod's function was given, by its parameter names.
+When = Callable[[dict[str, Any]], bool]
+
+
+class Routed(NamedTuple):
+    """Our function for a Horovod function, routed when ``when(arguments)`` holds instead of on ``op``."""
+
+    fn: Callable[..., Any]
+    when: When
+
+
+#: What a face takes over: (Horovod's module, {function name: our function, or a ``Routed``}), and optionally how
+#: to turn the arguments Horovod's function was given (by its parameter names) into our function's keyword
+#: arguments.
+Target = tuple[ModuleType, dict[str, "Callable[..., Any] | Routed"]]
 
 _faces: dict[str, tuple[Callable[[], Iterable[Target]], Adapt | None]] = {}
 _installed: dict[tuple[str, str], tuple[ModuleType, Any]] = {}  # (module, function) -> (module, Horovod's own)
@@ -34,12 +48,21 @@ _switched: bool | None = None  # set by horovod_entry(); None: follow HVDC_HOROV
 
 
 def ours(op: Any) -> bool:
-    """Whether ``op`` is routed to hvd_compress: an hvd_compress constant that is not a dense reduction."""
+    """Whether ``op`` is routed to hvd_compress: an hvd_compress constant that is not a dense reduction, or an
+    hvd_compress optimizer class named for its algorithm (``hc.Birder`` is the optimizer and, as ``op=``, the
+    algorithm)."""
+    if isinstance(op, type):
+        return op.__module__.startswith("hvd_compress.") and op.__name__ in ReduceOp.__members__
     return isinstance(op, ReduceOp) and op not in DENSE_OPS
 
 
-def route(original: Any, our_fn: Callable[..., Any], adapt: Adapt | None = None) -> Any:
-    """``original`` (Horovod's function) with calls whose ``op`` is ours sent to ``our_fn`` instead."""
+def _op_is_ours(given: dict[str, Any]) -> bool:
+    return ours(given.get("op"))
+
+
+def route(original: Any, our_fn: Callable[..., Any], adapt: Adapt | None = None, when: When = _op_is_ours) -> Any:
+    """``original`` (Horovod's function) with the calls ``when`` picks (default: ``op`` is ours) sent to ``our_fn``
+    instead."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -48,7 +71,7 @@ def route(original: Any, our_fn: Callable[..., Any], adapt: Adapt | None = None)
         # (freeze_step=...), which Horovod's own function would refuse.
         known = {k: v for k, v in kwargs.items() if k in signature.parameters}
         given = signature.bind_partial(*args, **known).arguments
-        if not ours(given.get("op")):
+        if not when(given):
             return original(*args, **kwargs)
         if adapt is not None:
             given = adapt(signature, dict(given))
@@ -67,12 +90,13 @@ def _enabled() -> bool:
 def _install(face: str) -> None:
     targets, adapt = _faces[face]
     for module, functions in targets():
-        for name, our_fn in functions.items():
+        for name, ours_ in functions.items():
             key = (module.__name__, name)
             if key not in _installed:
                 original = getattr(module, name)
                 _installed[key] = (module, original)
-                setattr(module, name, route(original, our_fn, adapt))
+                routed = ours_ if isinstance(ours_, Routed) else Routed(ours_, _op_is_ours)
+                setattr(module, name, route(original, routed.fn, adapt, routed.when))
 
 
 def horovod_entry(enabled: bool = True) -> bool:

@@ -7,6 +7,7 @@ with Horovod's.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import dataclasses
 import os
@@ -92,6 +93,7 @@ class _Session:
 
 
 _session: _Session | None = None
+_leave_registered = False
 
 
 def _launched_by_mpi() -> bool:
@@ -101,6 +103,17 @@ def _launched_by_mpi() -> bool:
 
 def _launched_by_gloo() -> bool:
     return "HOROVOD_GLOO_RENDEZVOUS_ADDR" in os.environ
+
+
+def initialize_mpi_first() -> None:
+    """In a job that an MPI launcher started, initialize MPI now (mpi4py), at the import of a face, before
+    ``hvd.init()`` would: Horovod then takes it as it is, and mpi4py finalizes it after every atexit hook. Why:
+    when one rank exits, Horovod shuts down on every rank, and where Horovod had initialized MPI it finalizes it
+    from its background thread, under a collective that this process may still wait in (Open MPI then aborts the
+    process, naming neither the rank that left nor the collective). Nothing here in a Gloo launch or outside MPI
+    (``init`` explains those)."""
+    if _launched_by_mpi():
+        from mpi4py import MPI  # noqa: F401  (importing it initializes MPI)
 
 
 def init(comm: Any = None, expected_size: int | None = None, expected_rank: int | None = None) -> None:
@@ -138,6 +151,28 @@ def init(comm: Any = None, expected_size: int | None = None, expected_rank: int 
     core = _core.Runtime(MPI._handleof(world), config.timeout_s, config.local_size, config.invalid,
                          config.scalar_kernels, config.onebit_piece)
     _session = _Session(core, world, config)
+    global _leave_registered
+    if not _leave_registered:
+        atexit.register(_leave)
+        _leave_registered = True
+
+
+#: Seconds a leaving process gives its goodbye messages to go out.
+LEAVE_TIMEOUT_S = 2.0
+
+
+def _leave() -> None:
+    """At exit, before MPI is finalized (mpi4py's and Horovod's finalization run after this hook, which was
+    registered after they were): tell every peer that this process is leaving. A peer that waits for it in a
+    collective then raises ``PeerExitedError`` naming this rank within seconds, instead of waiting for the
+    timeout and failing inside MPI's finalization with no word of which rank or collective."""
+    session = _session
+    if session is None:
+        return
+    try:
+        session.core.leave(LEAVE_TIMEOUT_S)
+    except Exception:
+        pass
 
 
 def is_initialized() -> bool:

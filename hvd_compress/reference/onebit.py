@@ -22,7 +22,8 @@ scale except in a tie at the last of 29 extra bits).
 The optimizers (``onebit_adam``, ``onebit_lamb``) are plain simulations of the papers' algorithm boxes over
 per-rank gradient sequences; their exact semantics are in their docstrings. Both take ``variance_floor``
 (default 0.01; 0 is the papers' exact rule): in the compressed stage each layer's frozen vh is used as
-max(vh, variance_floor * mean over the layer of vh). Without it an element whose frozen v is 0 (a ReLU unit
+max(vh, variance_floor * max(mean over the layer of vh, BUCKET_SHARE * mean over the segment)), and an element the
+floor lifted steps at most lr (its d raised to |mh|). Without it an element whose frozen v is 0 (a ReLU unit
 dead through warm-up) decompresses to +/-scale of its chunk and is updated by lr * scale / eps, which
 blows training up; with it such an element is preconditioned like a quiet element of its layer.
 """
@@ -37,6 +38,8 @@ import numpy as np
 from hvd_compress.reference.dtypes import round_to
 
 SUPPORTED = ("float32", "float16", "bfloat16")
+#: The variance floor of a layer is at least this share of its segment's (bucket's) mean frozen v, times the floor.
+BUCKET_SHARE = 0.01
 
 
 def f32(x: np.ndarray | float) -> np.ndarray:
@@ -202,16 +205,32 @@ def _floored_root(
     rd: Callable[[np.ndarray], np.ndarray], r32: Callable[[np.ndarray], np.ndarray],
 ) -> tuple[np.ndarray, list[float]]:
     """(max(sqrt(v / bc2), sqrt(floor)) per layer, the per-layer sqrt(floor)) of the frozen v, with
-    floor = variance_floor * mean(v / bc2) over the layer; rounded where the PyTorch face rounds (the root in
-    the state dtype, then float32 with float32 scalars)."""
+    floor = variance_floor * max(mean(v) over the layer, BUCKET_SHARE * mean(v) over the segment) / bc2 (the
+    segment's mean as the layers' means weighted by their sizes); rounded where the PyTorch face rounds (the root
+    in the state dtype, then float32 with float32 scalars)."""
     root = rd(np.sqrt(v))
     if bc2 != 1.0:
         root = r32(root / r32(np.sqrt(bc2)))
-    floors = [float(np.sqrt(variance_floor * np.mean(v[sl]) / bc2)) if sl.stop > sl.start else 0.0 for sl in layers]
+    means = [float(np.mean(v[sl])) if sl.stop > sl.start else 0.0 for sl in layers]
+    bucket = BUCKET_SHARE * sum(mean * (sl.stop - sl.start) for mean, sl in zip(means, layers, strict=True)) / max(
+        v.size, 1)
+    floors = [float(np.sqrt(variance_floor * max(mean, bucket) / bc2)) if sl.stop > sl.start else 0.0
+              for mean, sl in zip(means, layers, strict=True)]
     if variance_floor > 0:
         for sl, floor in zip(layers, floors, strict=True):
             root[sl] = np.maximum(root[sl], r32(floor))
     return root, floors
+
+
+def _capped(d: np.ndarray, m: np.ndarray, layers: Sequence[slice], floors: Sequence[float], eps: float, cap: float,
+            r32: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """The floor's cap: where the floor lifted d = sqrt(vh) + eps, d is raised to |m| * cap = |mh|, so that such an
+    element steps at most lr (1-bit LAMB: its layer's lr r c_avg)."""
+    d = d.copy()
+    for sl, floor in zip(layers, floors, strict=True):
+        lifted = d[sl] <= r32(r32(floor) + r32(eps))
+        d[sl] = np.where(lifted, np.maximum(d[sl], r32(np.abs(m[sl]) * cap)), d[sl])
+    return d
 
 
 def _check_floor(variance_floor: float) -> None:
@@ -286,11 +305,8 @@ def onebit_adam(
             bc2 = 1 - b2**freeze_step if bias_correction else 1.0
             root, floors = _floored_root(v, layers, bc2, variance_floor, rd, r32)
             d = r32(root + r32(eps))
-            if variance_floor > 0 and cap_floored:  # the floor's cap: a lifted element's d is at least |mh|
-                cap = r32(1 / (1 - b1**t)) if bias_correction else 1.0
-                for sl, floor in zip(layers, floors, strict=True):
-                    lifted = d[sl] <= r32(r32(floor) + r32(eps))
-                    d[sl] = np.where(lifted, np.maximum(d[sl], r32(np.abs(m[sl]) * cap)), d[sl])
+            if variance_floor > 0 and cap_floored:
+                d = _capped(d, m, layers, floors, eps, r32(1 / (1 - b1**t)) if bias_correction else 1.0, r32)
             u = mh / d
         if decoupled:
             x = rd(x * (1 - _lr_at(lr, t) * weight_decay))
@@ -319,6 +335,7 @@ def onebit_lamb(
     bias_correction: bool = False,
     dtype: str | None = None,
     variance_floor: float = 0.01,
+    cap_floored: bool = True,
 ) -> OptimizerTrace:
     """1-bit LAMB (paper 001, Algorithm 1) on n virtual ranks; ``sizes`` cuts the fused buffer into layers.
 
@@ -342,7 +359,9 @@ def onebit_lamb(
     - Variance floor (``_floored_root``): in compression sqrt(vh_frozen) is max(sqrt(vh_frozen), sqrt(floor))
       per layer, floor = variance_floor * mean(vh_frozen) over the layer, in lines 17 and 21; line 17 floors
       sqrt(vh_fresh) by the same value, so the ratio compares two estimates of one second moment (an
-      element dead through warm-up does not make r huge). ``variance_floor=0`` is the box as written.
+      element dead through warm-up does not make r huge). Where the floor lifted it, d = sqrt(vh_frozen) + eps is
+      raised to |mh| in line 21 (``_capped``; not in line 17), unless ``cap_floored=False``.
+      ``variance_floor=0`` is the box as written.
     ``dtype`` rounds as ``_rounding`` says.
     """
     _check_floor(variance_floor)
@@ -392,6 +411,9 @@ def onebit_lamb(
                 ratio = float(np.clip(ratio, (1 - factor_threshold) * r_prev[i], (1 + factor_threshold) * r_prev[i]))
                 ratio = float(np.clip(ratio, factor_min, factor_max))
                 r_prev[i] = ratio
+                if variance_floor > 0 and cap_floored:
+                    cap = r32(1 / (1 - b1**t)) if bias_correction else 1.0
+                    frozen = _capped(frozen, m[sl], [slice(0, frozen.size)], [floors[i]], eps, cap, r32)
                 u = m[sl] / bc(b1, t) / frozen + weight_decay * x[sl]
                 step[sl] = ratio * c_avg[i] * u
         x = rd(x - _lr_at(lr, t) * step)

@@ -25,11 +25,12 @@ from hvd_compress.ops.errors import (
     LaunchError,
     MismatchError,
     NotInitializedError,
+    PeerExitedError,
     ProcessSetError,
     UsageError,
 )
 from hvd_compress.ops.process_sets import ProcessSet, add_process_set, global_process_set
-from hvd_compress.ops.runtime import comm_stats, set_timeout
+from hvd_compress.ops.runtime import comm_stats, initialize_mpi_first, set_timeout
 from hvd_compress.tensorflow.context import init, rank, size
 from hvd_compress.tensorflow.functions import (
     CompressionState,
@@ -63,6 +64,7 @@ __all__ = [
     "OneBitAdam",
     "OneBitLamb",
     "OneBitState",
+    "PeerExitedError",
     "ProcessSet",
     "ProcessSetError",
     "Product",
@@ -85,3 +87,5 @@ __all__ = [
     "set_timeout",
     "size",
 ]
+
+initialize_mpi_first()  # before hvd.init(): see hvd_compress.ops.runtime

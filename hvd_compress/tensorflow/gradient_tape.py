@@ -9,6 +9,7 @@ import tensorflow as tf
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
 from hvd_compress.ops.collectives import check_predivide
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.horovod_args import pop_horovod_defaults
 from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.tensorflow.bucketed import (
     BucketStats,
@@ -17,7 +18,6 @@ from hvd_compress.tensorflow.bucketed import (
     check_overlap,
 )
 from hvd_compress.tensorflow.functions import check_group_compression
-from hvd_compress.tensorflow.horovod_args import pop_horovod_defaults
 
 
 def reduce_gradients(grads: list[Any], op: Any, name: str, bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True,

@@ -23,12 +23,13 @@ from hvd_compress.ops.errors import (
     LaunchError,
     MismatchError,
     NotInitializedError,
+    PeerExitedError,
     ProcessSetError,
     RejectedInputError,
     UsageError,
 )
 from hvd_compress.ops.process_sets import ProcessSet, add_process_set, global_process_set
-from hvd_compress.ops.runtime import comm_stats, set_timeout
+from hvd_compress.ops.runtime import comm_stats, initialize_mpi_first, set_timeout
 from hvd_compress.torch.asynchronous import (
     allgather_async,
     allreduce_async,
@@ -80,6 +81,7 @@ __all__ = [
     "OneBitAdam",
     "OneBitLamb",
     "OneBitState",
+    "PeerExitedError",
     "ProcessSet",
     "ProcessSetError",
     "Product",
@@ -123,3 +125,5 @@ __all__ = [
 ]
 
 install_from_environment()
+
+initialize_mpi_first()  # before hvd.init(): see hvd_compress.ops.runtime

@@ -23,14 +23,14 @@ import torch
 
 from hvd_compress import ops
 from hvd_compress.algorithms.adasum_delta import AdasumOptions, DeltaReductions, plan_buckets
-from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.context import ensure_init
-from hvd_compress.torch.functions import allreduce
 from hvd_compress.torch.fused import flat_with_views
 from hvd_compress.torch.wrapping import (
     SynchronizeProtocol,
+    any_rank_nonfinite,
     check_named_parameters,
     hook_gradients,
 )
@@ -63,9 +63,9 @@ def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[_
 class AdasumMixin(SynchronizeProtocol):
     """Methods added to the wrapped optimizer's class for op=Adasum.
 
-    ``synchronize()`` means: finish every rank's local step and Adasum-reduce the parameter deltas (the
-    gradients were consumed by the local steps, so clipping ``.grad`` after it changes nothing; clip
-    inside the training step before ``backward()`` returns, or use ``op=hc.Average``)."""
+    ``synchronize()`` means: finish every rank's local step and Adasum-reduce the parameter deltas. The
+    gradients were consumed by the local steps, so a ``step()`` after an edit of ``.grad`` (clipping) raises
+    on every rank: clip before ``backward()`` returns, or use ``op=hc.Average``."""
 
     _step_supports_amp_scaling = True
 
@@ -140,7 +140,16 @@ class AdasumMixin(SynchronizeProtocol):
         self._hvdc_reductions.launch_ready(self._hvdc_reduce_bucket)
 
     def synchronize(self) -> None:
-        """Finish every local update, reduce all deltas and wait for them (step() calls this)."""
+        """Finish every local update, reduce all deltas and wait for them (step() calls this). The local steps
+        have consumed the gradients: a ``step()`` that finds them changed since (clipping after ``synchronize()``)
+        raises on every rank instead of ignoring the change."""
+        self._hvdc_gradient_phase()
+        self._hvdc_remember_gradients()
+
+    def _hvdc_consumed_gradients(self) -> list[torch.Tensor | None]:
+        return [p.grad for p in self._hvdc_params]
+
+    def _hvdc_gradient_phase(self) -> None:
         ensure_init()
         pending = [p for p in self._hvdc_params if id(p) not in self._hvdc_written]
         if pending:
@@ -165,17 +174,6 @@ class AdasumMixin(SynchronizeProtocol):
         self._hvdc_reductions.reset()
         self._hvdc_passes.reset()
 
-    def _hvdc_any_rank_nonfinite(self, grad_scaler: Any) -> bool:
-        """Unscale through ``grad_scaler`` and OR its inf/NaN verdict over all ranks, written back."""
-        grad_scaler.unscale_(self)
-        found = grad_scaler._found_inf_per_device(self)
-        local = sum(float(t.item()) for t in found.values())
-        total = allreduce(torch.tensor([local], dtype=torch.float64), op=ReduceOp.Sum, name="adasum.found_inf")
-        verdict = 1.0 if total.item() > 0 else 0.0
-        for t in found.values():
-            t.fill_(verdict)
-        return verdict > 0
-
     def step(self, closure: Any = None, grad_scaler: Any = None) -> Any:
         loss = None
         if closure is not None:
@@ -189,10 +187,17 @@ class AdasumMixin(SynchronizeProtocol):
         if self._hvdc_scaler is not None:
             if grad_scaler is None:
                 raise ValueError("this optimizer was built with grad_scaler=: call scaler.step(opt), not opt.step()")
-            if self._hvdc_any_rank_nonfinite(grad_scaler):
+            if any_rank_nonfinite(grad_scaler, self, "adasum.found_inf"):
                 self._hvdc_reset()
                 return loss
-        self._hvdc_synchronize_for_step()
+        if self._hvdc_synchronize_for_step():
+            self._hvdc_reset()
+            raise UsageError(
+                "op=hc.Adasum: the gradients changed between synchronize() and step() on some rank (clipping "
+                "them?), but each rank's optimizer had already stepped on them as they were: step not applied on "
+                "any rank (the wrapped optimizer's state has advanced). Adasum reduces parameter deltas, not "
+                "gradients: change gradients before backward() returns (a tensor hook), or use op=hc.Average"
+            )
         self._hvdc_apply()
         self._hvdc_reset()
         return loss

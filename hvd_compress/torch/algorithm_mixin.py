@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
+from hvd_compress.ops.errors import UsageError
 from hvd_compress.torch.context import ensure_init
-from hvd_compress.torch.wrapping import STATE_KEY, SynchronizeProtocol
+from hvd_compress.torch.wrapping import STATE_KEY, SynchronizeProtocol, any_rank_nonfinite
 
 
 class AlgorithmMixin(SynchronizeProtocol):
@@ -33,7 +34,14 @@ class AlgorithmMixin(SynchronizeProtocol):
     @torch.no_grad()
     def synchronize(self) -> None:
         """End the gradient phase: gather this rank's gradients into the fused buffers (and what the subclass
-        adds; see its class docstring)."""
+        adds; see its class docstring). Where the algorithm has already consumed the gradients as they were
+        (with overlap, a compressed stage), an edit of ``.grad`` before ``step()`` (Horovod's clipping pattern)
+        is honoured: ``step()`` drops this phase's reductions, state restored, and reduces the edited gradients
+        (a second exchange in that step; ``overlap=False`` clips at the cost of one)."""
+        self._hvdc_gradient_phase()
+        self._hvdc_remember_gradients()
+
+    def _hvdc_gradient_phase(self) -> None:
         ensure_init()
         for fused in self._hvdc_grads:
             fused.gather()
@@ -41,13 +49,44 @@ class AlgorithmMixin(SynchronizeProtocol):
         self._hvdc_passes.reset()
         self._hvdc_mark_synchronized()
 
+    def _hvdc_consumed_gradients(self) -> list[torch.Tensor | None]:
+        if not self._hvdc_alg.consumes_gradients_in_synchronize():
+            return []
+        for fused in self._hvdc_grads:
+            fused.gather()  # a ``.grad`` the user replaced instead of editing it in place
+        return [b for fused in self._hvdc_grads for b in fused.buffers]
+
+    #: ``scaler.step(opt)`` of a ``torch.amp.GradScaler`` hands the scaler to ``step()`` (``grad_scaler=``).
+    _step_supports_amp_scaling = True
+
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
+    def step(self, closure: Any = None, grad_scaler: Any = None) -> Any:
+        """The step, on every rank alike. Gradients edited after the algorithm consumed them (clipping after
+        ``synchronize()``) are reduced anew. With ``scaler.step(opt)`` the gradients are unscaled here, and the
+        step is skipped on every rank if any rank's held inf/NaN (the verdict written back into each scaler);
+        where the algorithm had consumed them still scaled (overlap, a compressed stage), they are reduced anew
+        once unscaled (pass ``overlap=False`` to reduce only once)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._hvdc_synchronize_for_step()
+        rejected = None
+        try:
+            edited = self._hvdc_synchronize_for_step()
+        except UsageError as e:  # scaled gradients with inf/NaN: refused on every rank; the scaler decides below
+            if grad_scaler is None:
+                raise
+            rejected, edited = e, True
+        if grad_scaler is not None:
+            edited = edited or self._hvdc_alg.consumes_gradients_in_synchronize()
+            if any_rank_nonfinite(grad_scaler, self, f"{self._hvdc_alg.name}.found_inf"):
+                self._hvdc_alg.abandon()
+                self._hvdc_step_done()
+                return loss
+            if rejected is not None:
+                raise rejected
+        if edited:  # reduce the gradients as they are now (the abandoned reductions' state restored)
+            self._hvdc_alg.abandon()
         self._hvdc_after_step(self._hvdc_alg.step(self.param_groups))
         self._hvdc_step_done()
         return loss

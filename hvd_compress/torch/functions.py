@@ -189,7 +189,10 @@ def broadcast_parameters(params: dict[str, torch.Tensor] | Iterable[Any], root_r
         broadcast_(t.data if isinstance(t, torch.nn.Parameter) else t, root_rank, f"param.{name}")
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
-    """Make every rank's optimizer state (hvd_compress compression state included) root_rank's."""
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, process_set: Any = None) -> None:
+    """Make every rank's optimizer state (hvd_compress compression state included) root_rank's: the whole
+    ``state_dict()`` travels, so a rank whose state is still empty (only the root loaded a checkpoint) takes it as
+    it is, without a step. ``hvd.broadcast_optimizer_state`` on an hvd_compress optimizer runs this one."""
+    check_process_set(process_set)
     state = broadcast_object(optimizer.state_dict(), root_rank, "optimizer_state")
     optimizer.load_state_dict(state)

@@ -74,9 +74,10 @@ class OneBitMixin(BucketedMixin):
     bucket's reduction on the background thread while backward continues: in warm-up the dense average of its
     gradients, in the compression stage its local momentum m_r = b1 m + (1 - b1) g_r, formed from ``.grad``
     there, through the 1-bit compressed allreduce. ``synchronize()`` starts what is left and waits for all;
-    ``step()`` applies the update. So with overlap, editing ``.grad`` after backward (clipping it between
-    ``synchronize()`` and ``step()``) cannot change the compression stage's momentum: change ``.grad`` only with
-    ``overlap=False`` (Horovod's rule for its own overlap).
+    ``step()`` applies the update. So with overlap, an edit of ``.grad`` between ``synchronize()`` and ``step()``
+    (Horovod's clipping pattern) comes after the compression stage's momentum was sent: ``step()`` then drops
+    that exchange (state restored) and reduces the edited gradients again, on every rank; ``overlap=False``
+    clips at the cost of one exchange.
 
     With ``overlap=False`` the same buckets are reduced after backward, with bit-identical results.
     ``synchronize()`` ends the gradient phase of the coming step. In warm-up it averages the gradients densely into

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -9,8 +10,10 @@ import torch
 
 from hvd_compress import algorithms, ops
 from hvd_compress.algorithms import slamb
+from hvd_compress.algorithms.adasum_delta import AdasumOptions
 from hvd_compress.algorithms.birder import parse_options as parse_birder_options
 from hvd_compress.algorithms.onebit import parse_options
+from hvd_compress.algorithms.options import build_options, option_names
 from hvd_compress.ops.buckets import (
     DEFAULT_BUCKET_MB,
     FIRST_BUCKET_MB,
@@ -22,6 +25,7 @@ from hvd_compress.ops.collectives import check_predivide, reject_allreduce
 from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.horovod_args import NOTE, pop_horovod_defaults
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.ops.traffic import CommMeter
@@ -285,6 +289,9 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     Sparse gradients (``nn.Embedding(sparse=True)``), with ``op=Average``/``Sum``: reduced as Horovod does (an
     allgather of indices and values, coalesced; Average divides by the world size), so ``torch.optim.SparseAdam``
     works; ``sparse_as_dense=True`` densifies them instead. ``process_set``: the global set only.
+    Every op takes Horovod's other arguments at Horovod's defaults, so a Horovod script keeps its call
+    (``compression=hvd.Compression.none``, ``gradient_predivide_factor=1.0``, ``num_groups=0``, ``groups=None``,
+    ``sparse_as_dense=False``); a value an op does not interpret raises ``ValueError`` naming what it takes.
     - ``compression=`` (Average/Sum): ``hc.Compression.none``, ``fp16``, ``bf16``, ``topk(ratio)``,
       ``randomk(ratio, seed)`` (or Horovod's ``hvd.Compression.none``/``fp16``); top-k/random-k keep their
       error feedback per fused buffer in ``state_dict()``. ``topk(ratio, momentum=0.9)`` is Deep Gradient
@@ -316,24 +323,23 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     wrap = _WRAPPERS.get(op)
     if wrap is None:
         raise NotImplementedError(f"DistributedOptimizer(op={op.name}) is not available yet")
-    if op in (ReduceOp.Average, ReduceOp.Sum):
-        algorithm_options = {**algorithm_options, "sparse_as_dense": sparse_as_dense}
+    # Horovod's sparse_as_dense: interpreted by Average/Sum, refused by the other ops unless at its default.
+    algorithm_options = {**algorithm_options, "sparse_as_dense": sparse_as_dense}
     return wrap(optimizer, named_parameters, op, backward_passes_per_step, algorithm_options)
 
 
 def _dense(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
            options: dict[str, Any]) -> torch.optim.Optimizer:
     options = dict(options)
+    pop_horovod_defaults(options, f"DistributedOptimizer(op={op.name})", _DENSE_HOROVOD, _DENSE_OPTIONS)
     predivide = options.pop("gradient_predivide_factor", 1.0)
     sparse_as_dense = bool(options.pop("sparse_as_dense", False))
     compression = options.pop("compression", Compression.none)
     overlap = options.pop("overlap", None)
     bucket_mb = options.pop("bucket_mb", DEFAULT_BUCKET_MB)
     if options:
-        raise TypeError(
-            f"op={op.name} takes no algorithm options (only gradient_predivide_factor, compression, overlap and "
-            f"bucket_mb), got {sorted(options)}"
-        )
+        raise TypeError(f"op={op.name} got unknown options {sorted(options)}; it takes {', '.join(_DENSE_OPTIONS)}, "
+                        f"{NOTE}")
     check_predivide(predivide, op)
     _check_overlap_options(False if overlap is None else overlap, bucket_mb)
     if overlap and compression.stateful:
@@ -379,10 +385,27 @@ def _bucket_options(options: dict[str, Any]) -> tuple[dict[str, Any], bool, floa
     return options, overlap, bucket_mb
 
 
+def _horovod_defaults(options: dict[str, Any], op: ReduceOp, takes: list[str]) -> dict[str, Any]:
+    """``options`` without Horovod's arguments at their defaults; ValueError for one set otherwise, naming
+    ``takes`` (what this op takes)."""
+    options = dict(options)
+    pop_horovod_defaults(options, f"DistributedOptimizer(op={op.name})", takes=takes)
+    return options
+
+
+#: What op=Average/Sum take beside Horovod's arguments at their defaults (and which of those they interpret).
+_DENSE_OPTIONS = ["compression", "gradient_predivide_factor", "sparse_as_dense", "overlap", "bucket_mb"]
+_DENSE_HOROVOD = ("gradient_predivide_factor", "sparse_as_dense")
+_ADASUM_FACE = ("grad_scaler",)  # the torch face's own option of op=Adasum, beside AdasumOptions
+
+
 def _adasum(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
             options: dict[str, Any]) -> torch.optim.Optimizer:
+    options = _horovod_defaults(options, op, option_names(AdasumOptions, _ADASUM_FACE))
+    grad_scaler = options.pop("grad_scaler", None)
+    parsed = build_options(AdasumOptions, op.name, options, also=_ADASUM_FACE)
     wrapped = rewrap(optimizer, AdasumMixin)
-    wrapped._hvdc_setup(named_parameters, passes, **options)
+    wrapped._hvdc_setup(named_parameters, passes, grad_scaler, **dataclasses.asdict(parsed))
     return wrapped
 
 
@@ -393,6 +416,7 @@ def _onebit(check: Any) -> Any:
              options: dict[str, Any]) -> torch.optim.Optimizer:
         check(optimizer)
         algorithm = algorithms.lookup(op)
+        options = _horovod_defaults(options, op, option_names(algorithm.options_cls))
         options, overlap, bucket_mb = _bucket_options(options)
         parsed = parse_options(algorithm.options_cls, algorithm.name, options)
         wrapped = rewrap(optimizer, OneBitMixin)
@@ -405,6 +429,7 @@ def _onebit(check: Any) -> Any:
 def _slamb(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
            options: dict[str, Any]) -> torch.optim.Optimizer:
     check_slamb_lamb(optimizer)
+    options = _horovod_defaults(options, op, option_names(slamb.SlambOptions))
     options, overlap, bucket_mb = _bucket_options(options)
     parsed = slamb.parse_options(options)
     wrapped = rewrap(optimizer, SlambMixin)
@@ -416,6 +441,7 @@ def _birder(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceO
             options: dict[str, Any]) -> torch.optim.Optimizer:
     check_birder(optimizer)
     algorithm = algorithms.lookup(op)
+    options = _horovod_defaults(options, op, option_names(algorithm.options_cls))
     options, overlap, bucket_mb = _bucket_options(options)
     wrapped = rewrap(optimizer, BirderMixin)
     wrapped._hvdc_setup(named_parameters, passes, algorithm(parse_birder_options(options), BACKEND, [], None),

@@ -13,6 +13,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+from torch.amp.grad_scaler import OptState
+
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.torch.functions import allreduce
 
 STATE_KEY = "hvd_compress"  # the section of state_dict() that holds a wrapper's own state
 
@@ -109,6 +113,7 @@ class SynchronizeProtocol:
 
     _hvdc_synchronized = False
     _hvdc_skip = False
+    _hvdc_seen: list[int] | None = None  # ``gradient_fingerprint`` of what a user's synchronize() consumed
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -126,7 +131,25 @@ class SynchronizeProtocol:
     def _hvdc_mark_synchronized(self) -> None:
         self._hvdc_synchronized = True
 
-    def _hvdc_synchronize_for_step(self) -> None:
+    def _hvdc_gradient_phase(self) -> None:
+        """What ``step()`` runs when no ``synchronize()`` preceded it (a wrapper whose public ``synchronize()``
+        also remembers the gradients it consumed runs the phase alone here)."""
+        self.synchronize()
+
+    def _hvdc_consumed_gradients(self) -> list[torch.Tensor | None]:
+        """The gradients that this step's ``synchronize()`` has already consumed as they were (rather than reduced
+        into ``.grad``), so that an edit of them before ``step()`` would otherwise be lost; none by default."""
+        return []
+
+    def _hvdc_remember_gradients(self) -> None:
+        """At the end of a user's ``synchronize()``: fingerprint what it consumed, for ``step()`` to compare."""
+        consumed = self._hvdc_consumed_gradients()
+        self._hvdc_seen = gradient_fingerprint(consumed) if consumed else None
+
+    def _hvdc_synchronize_for_step(self) -> bool:
+        """The gradient phase for ``step()``; True when a user's ``synchronize()`` preceded it and any rank changed
+        the gradients it consumed since (clipping between ``synchronize()`` and ``step()``): every rank gets the
+        same answer, so every rank honours (or refuses) the change alike."""
         if self._hvdc_skip:
             if not self._hvdc_synchronized:
                 raise RuntimeError(
@@ -136,10 +159,36 @@ class SynchronizeProtocol:
         elif self._hvdc_synchronized:
             warnings.warn(SYNC_WARNING, stacklevel=3)
         else:
-            self.synchronize()
+            self._hvdc_seen = None
+            self._hvdc_gradient_phase()
+            return False
+        seen, self._hvdc_seen = self._hvdc_seen, None
+        if seen is None:
+            return False
+        return any_rank(gradient_fingerprint(self._hvdc_consumed_gradients()) != seen,
+                        "DistributedOptimizer.gradients_edited")
 
     def _hvdc_step_done(self) -> None:
         self._hvdc_synchronized = False
+
+
+def gradient_fingerprint(tensors: Iterable[torch.Tensor | None]) -> list[int]:
+    """Per tensor the sum of its elements' bit patterns as integers: any change of one element changes it (several
+    changes could cancel only by exact coincidence), at the cost of one read of the gradients."""
+    out = []
+    for tensor in tensors:
+        if tensor is None:
+            out.append(-1)
+            continue
+        t = tensor.detach().coalesce().values() if tensor.is_sparse else tensor.detach()
+        bits = torch.int32 if t.element_size() >= 4 else torch.int16 if t.element_size() == 2 else torch.int8
+        out.append(int(t.contiguous().view(bits).sum(dtype=torch.int64)))
+    return out
+
+
+def any_rank(flag: bool, name: str) -> bool:
+    """Whether ``flag`` holds on any rank (one small allreduce; every rank must call it)."""
+    return bool(allreduce(torch.tensor([float(flag)]), op=ReduceOp.Max, name=name).item() > 0)
 
 
 def check_named_parameters(
@@ -160,3 +209,17 @@ def check_named_parameters(
             f"named_parameters does not name {len(missing)} parameter(s) of the optimizer (first at index {missing[0]})"
         )
     return names
+
+
+def any_rank_nonfinite(grad_scaler: Any, optimizer: torch.optim.Optimizer, name: str) -> bool:
+    """Unscale ``optimizer``'s gradients through ``grad_scaler`` (a ``torch.amp.GradScaler``) and OR its inf/NaN
+    verdict over all ranks, written back into the scaler: every rank then skips or takes the step alike, and every
+    rank's ``scaler.update()`` moves the scale the same way."""
+    if grad_scaler._per_optimizer_states[id(optimizer)]["stage"] is not OptState.UNSCALED:  # not by the user yet
+        grad_scaler.unscale_(optimizer)
+    found = grad_scaler._found_inf_per_device(optimizer)
+    local = sum(float(t.item()) for t in found.values())
+    verdict = 1.0 if any_rank(local > 0, name) else 0.0
+    for t in found.values():
+        t.fill_(verdict)
+    return verdict > 0

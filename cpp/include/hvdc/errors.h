@@ -27,6 +27,13 @@ struct CommTimeoutError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A peer left the job (its process is exiting: its script ended or called sys.exit) while this rank
+// waited for it in a collective; the message names that rank and the collective. A CommTimeoutError,
+// raised within seconds instead of at the timeout.
+struct PeerExitedError : CommTimeoutError {
+  using CommTimeoutError::CommTimeoutError;
+};
+
 // The MPI library reported an error.
 struct CommError : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -15,15 +15,57 @@
 // an exception would free, and a rank that raised would leave its peers waiting forever; seen once
 // on the emulated two-node network (tools/two_nodes.sh), where two ranks waited in an alltoall
 // whose peers had already finished it.
+//
+// Peers that leave: a rank whose process exits normally (its script ends, or calls sys.exit) while
+// another waits for it would otherwise leave that rank waiting until the timeout, and then in
+// MPI_Finalize. So each rank says goodbye before MPI is finalized (PeerWatch::leave, from an atexit
+// hook in Python), and every wait polls for a goodbye: a wait for a rank that has left ends with
+// PeerExitedError naming it (in the signature exchange, at once: a rank that left is in no exchange)
+// or, after kGoodbyeGraceS, an abort naming it (inside an agreed collective, as a stall; the grace
+// lets what the leaving rank sent before it left still arrive, so a peer that finished its last
+// collective and exited never fails the others).
 #pragma once
 #include <mpi.h>
 
 #include <atomic>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "hvdc/communicator.h"
 
 namespace hvdc {
+
+// Seconds a wait goes on after a peer said goodbye, for what that peer sent before it left.
+constexpr double kGoodbyeGraceS = 10.0;
+
+// The goodbye messages of ranks that leave the job, on a duplicate of the world of their own. Each
+// rank keeps a receive from every peer posted from the start, so that a goodbye is matched wherever
+// its receiver is (in a wait, or in MPI_Finalize); departed() tests them, from any thread.
+class PeerWatch {
+ public:
+  explicit PeerWatch(MPI_Comm world);  // collective: duplicates `world`
+  ~PeerWatch();
+  PeerWatch(const PeerWatch&) = delete;
+  PeerWatch& operator=(const PeerWatch&) = delete;
+
+  // The world rank of the first peer that said goodbye, or -1.
+  int departed();
+  // Says goodbye to every peer not known to have left, waiting at most `timeout_s` until each has
+  // matched it (synchronous sends: when this returns, a peer waiting for this rank knows). Once only.
+  void leave(double timeout_s);
+
+ private:
+  std::mutex mu_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<MPI_Request> recvs_;  // from each rank (this rank's own: MPI_REQUEST_NULL)
+  std::vector<int> from_;           // their buffers
+  std::vector<char> gone_;          // ranks whose goodbye arrived
+  bool left_ = false;
+  std::atomic<int> departed_{-1};
+};
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -56,10 +98,15 @@ class MpiCommunicator final : public Communicator {
   // Seconds a wait inside an agreed collective may last before the job is aborted (<= 0: forever).
   // Shared with every communicator split from this one.
   void set_stall_timeout(double s) { stall_->store(s); }
+  // Waits of this communicator and of those split from it later end when a peer has left (see
+  // above). Null: they do not watch.
+  void set_peer_watch(std::shared_ptr<PeerWatch> watch) { watch_ = std::move(watch); }
+  PeerWatch* peer_watch() const { return watch_.get(); }
 
  private:
   struct Adopt {};
-  MpiCommunicator(MPI_Comm owned, Adopt, std::shared_ptr<std::atomic<double>> stall);
+  MpiCommunicator(MPI_Comm owned, Adopt, std::shared_ptr<std::atomic<double>> stall,
+                  std::shared_ptr<PeerWatch> watch);
   // wait_yielding() for the requests of an agreed collective, under the stall timeout.
   void wait(int n, MPI_Request* reqs, const char* what) const;
   // allreduce_sum of float buffers large enough for a ring (mpi_communicator.cc).
@@ -71,6 +118,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   std::shared_ptr<std::atomic<double>> stall_ = std::make_shared<std::atomic<double>>(0.0);
+  std::shared_ptr<PeerWatch> watch_;
   // The ring's receive buffer, grown to the largest chunk seen up to kRingScratchKeepBytes (calls on
   // one communicator are serial).
   std::unique_ptr<char[]> ring_scratch_;

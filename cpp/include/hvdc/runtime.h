@@ -121,6 +121,12 @@ class Runtime {
   // arrives. Always throws.
   [[noreturn]] void reject(Collective collective, const std::string& why, const std::string& name);
 
+  // This process is exiting: tells every peer (mpi_communicator.h, PeerWatch), so that a peer waiting
+  // for it in a collective raises PeerExitedError naming this rank instead of waiting for the
+  // timeout. Waits at most `timeout_s` for the messages to leave; not under the collectives' lock
+  // (a collective stuck on another thread must not keep the goodbye in).
+  void leave(double timeout_s);
+
   // Bytes on the wire by this rank since the last reset_stats(), signature exchanges included.
   CommStats stats() const;
   void reset_stats();

@@ -1,0 +1,33 @@
+"""``torch.amp.GradScaler`` with the bucketed ops (1-bit Adam/LAMB, Birder, SLAMB), 2 and 3 ranks, real processes.
+With overlap the compressed stage consumes the gradients in the hooks while they are still scaled; ``scaler.step``
+hands the scaler to ``step()``, which unscales, agrees with every rank on inf/NaN, and reduces the unscaled
+gradients anew. A power-of-two scale unscales exactly, so a run with the scaler must equal the run without it bit
+for bit; an inf on one rank skips the step on every rank (and halves every rank's scale); Horovod's AMP clipping
+pattern gives the same result with overlap on and off."""
+
+from __future__ import annotations
+
+import pytest
+from mpi_harness import horovodrun, load_ranks
+
+OPS = ["OneBitAdam", "OneBitLamb", "Birder", "SLAMB"]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_grad_scaler_unscales_before_the_compressed_reduction_and_skips_on_every_rank(n: int, out_dir) -> None:
+    horovodrun("amp_scaler.py", n, out_dir, ",".join(OPS), timeout=300)
+    ranks = load_ranks(out_dir, n)
+    for op in OPS:
+        for r, rk in enumerate(ranks):
+            res = {mode: rk[(op, mode)] for mode in ("plain", "scaler", "scaler_nooverlap", "inf_one_rank", "clip",
+                                                      "clip_nooverlap")}
+            bad = {m: v for m, v in res.items() if not isinstance(v, tuple)}
+            assert not bad, f"{op} rank {r} of {n} raised: {bad}"
+            assert res["scaler"][0] == res["plain"][0], f"{op} rank {r}: the scaled run differs from the plain one"
+            assert res["scaler_nooverlap"][0] == res["plain"][0], f"{op} rank {r}: overlap=False with the scaler"
+            assert res["clip"][0] == res["clip_nooverlap"][0], f"{op} rank {r}: AMP clipping under overlap ignored"
+            assert res["inf_one_rank"][1] == 512.0, f"{op} rank {r}: scale {res['inf_one_rank'][1]} (one skip: 512)"
+        if op != "SLAMB":  # SLAMB's ranks differ between its parameter averages by design
+            for mode in ("plain", "inf_one_rank", "clip"):
+                assert len({rk[(op, mode)] for rk in ranks}) == 1, f"{op} {mode}: ranks differ at n={n}"
+        assert len({rk[(op, "inf_one_rank")] for rk in ranks}) == 1 or op == "SLAMB"

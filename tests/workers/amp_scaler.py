@@ -1,0 +1,77 @@
+"""``torch.amp.GradScaler`` with each bucketed op (``scaler.scale(loss).backward()``, ``scaler.step(opt)``,
+``scaler.update()``), overlap on and off, against the same run without a scaler.
+
+argv: out_dir ops (comma list of OneBitAdam, OneBitLamb, Birder, SLAMB)
+Saves per rank, per (op, mode): (SHA-256 of the parameters, the scaler's final scale) or the error raised. Modes:
+``plain`` (no scaler), ``scaler`` and ``scaler_nooverlap`` (a power-of-two scale: unscaling is exact, so these
+must equal ``plain`` bit for bit), ``inf_one_rank`` (rank 1's gradient holds an inf at step 4: every rank must
+skip that step and halve its scale alike) and ``clip`` (Horovod's AMP pattern: ``synchronize()``,
+``scaler.unscale_``, ``clip_grad_norm_``, ``skip_synchronize()`` + ``scaler.step``), ``clip_nooverlap``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+
+import horovod.torch as hvd
+import torch
+from common import outcome, save
+
+import hvd_compress.torch as hc
+
+hvd.init()
+torch.set_num_threads(1)
+rank = hvd.rank()
+OPTIONS = {"OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2}, "Birder": {},
+           "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1}}
+STEPS = 7
+MODES = ("plain", "scaler", "scaler_nooverlap", "inf_one_rank", "clip", "clip_nooverlap")
+
+
+def run(op: str, mode: str) -> tuple[str, float]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    if op in ("OneBitLamb", "SLAMB"):
+        base = hc.Lamb(model.parameters(), lr=1e-2)
+    elif op == "Birder":
+        base = hc.Birder(model.parameters(), lr=1e-3)
+    else:
+        base = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt = hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), op=getattr(hc, op),
+                                  overlap=not mode.endswith("nooverlap"), **OPTIONS[op])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    scaler = None if mode == "plain" else torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    g = torch.Generator().manual_seed(10 + rank)
+    for t in range(1, STEPS + 1):
+        x = torch.randn(32, 8, generator=g) * 5
+        y = torch.randint(0, 2, (32,), generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+            continue
+        if mode == "inf_one_rank" and rank == 1 and t == 4:
+            loss = loss * float("inf")
+        scaler.scale(loss).backward()
+        if mode.startswith("clip"):
+            opt.synchronize()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            with opt.skip_synchronize():
+                scaler.step(opt)
+        else:
+            scaler.step(opt)
+        scaler.update()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return hashlib.sha256(flat.numpy().tobytes()).hexdigest(), scaler.get_scale() if scaler else 0.0
+
+
+out = {}
+for op in sys.argv[2].split(","):
+    for mode in MODES:
+        result = {}
+        err = outcome(lambda op=op, mode=mode, result=result: result.setdefault("run", run(op, mode)))
+        out[(op, mode)] = result.get("run") or err
+save(rank, out)
