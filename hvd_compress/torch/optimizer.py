@@ -267,9 +267,10 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       ``hc.Lamb``): dense warm-up for ``freeze_step`` steps, then 1-bit compressed momentum (see
       ``hvd_compress.torch.onebit_optimizer``), in buckets of ``bucket_mb`` MiB (as Average's; each bucket keeps
       its own error feedback) reduced during backward with ``overlap=True`` (the default; ``overlap=False``: after
-      it, bit-identical results; with overlap change ``.grad`` only with ``overlap=False``: the compression
-      stage's momentum is formed in the gradient hook); ``variance_floor`` (default 0.01: each layer's frozen
-      variance at least that fraction of its mean, which trains ReLU networks; 0: the papers' exact rule);
+      it, bit-identical results; with overlap a ``.grad`` edited after ``synchronize()`` is reduced again in
+      ``step()``: the compression stage's momentum is formed in the gradient hook); ``variance_floor`` (default
+      0.01: each layer's frozen variance at least that fraction of the larger of its mean and 1% of its bucket's,
+      which trains ReLU networks and biases before BatchNorm; 0: the papers' exact rule);
       LAMB options ``coeff_beta``, ``factor_min``, ``factor_max``, ``factor_threshold``; ``hierarchical=True``:
       the compressed momentum goes through the Hierarchical-1-bit-All-Reduce (paper 004 Section 4).
     - ``op=hc.SLAMB`` (wraps ``hc.Lamb``): random-k masked momentum averaging with local error compensation and
@@ -278,13 +279,13 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       ``clip_min``, ``clip_max``, ``sync_grad``; ``synchronize_parameters()`` before evaluating or saving; in
       buckets of ``bucket_mb`` MiB (as Average's; each a range of the one global mask, no per-bucket state, so a
       checkpoint of another ``bucket_mb`` loads) whose momentum and masked average start during backward with
-      ``overlap=True`` (the default; ``overlap=False``: after it, bit-identical results; with overlap change
-      ``.grad`` only with ``overlap=False``).
+      ``overlap=True`` (the default; ``overlap=False``: after it, bit-identical results; with overlap a ``.grad``
+      edited after ``synchronize()`` is reduced again in ``step()``).
     - ``op=hc.Birder`` (wraps ``hc.Birder``): paper 004's 1-bit algorithm (see ``hvd_compress.torch.birder``);
       options ``hierarchical`` (Section 4 over the nodes), ``seed``; in buckets of ``bucket_mb`` MiB (as Average's;
       each bucket keeps its own m, b and error feedback and draws from its own Philox key) whose core call starts
       during backward with ``overlap=True`` (the default; ``overlap=False``: after it, bit-identical results; with
-      overlap change ``.grad`` only with ``overlap=False``: the gradient enters the core in the hook).
+      overlap a ``.grad`` edited after ``synchronize()`` is reduced again in ``step()``).
 
     Sparse gradients (``nn.Embedding(sparse=True)``), with ``op=Average``/``Sum``: reduced as Horovod does (an
     allgather of indices and values, coalesced; Average divides by the world size), so ``torch.optim.SparseAdam``

@@ -16,9 +16,9 @@ import sys
 
 import horovod.torch as hvd
 import torch
-from common import outcome, save
+from common import outcome, save, small_wrapped
 
-import hvd_compress.torch as hc
+import hvd_compress.torch  # noqa: F401  (before hvd.init(), as a user script imports it)
 
 hvd.init()
 torch.set_num_threads(1)
@@ -30,16 +30,7 @@ MODES = ("plain", "scaler", "scaler_nooverlap", "inf_one_rank", "clip", "clip_no
 
 
 def run(op: str, mode: str) -> tuple[str, float]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    if op in ("OneBitLamb", "SLAMB"):
-        base = hc.Lamb(model.parameters(), lr=1e-2)
-    elif op == "Birder":
-        base = hc.Birder(model.parameters(), lr=1e-3)
-    else:
-        base = torch.optim.Adam(model.parameters(), lr=1e-2)
-    opt = hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), op=getattr(hc, op),
-                                  overlap=not mode.endswith("nooverlap"), **OPTIONS[op])
+    model, opt = small_wrapped(op, overlap=not mode.endswith("nooverlap"), **OPTIONS[op])
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     scaler = None if mode == "plain" else torch.amp.GradScaler("cpu", init_scale=2.0**10)
     g = torch.Generator().manual_seed(10 + rank)

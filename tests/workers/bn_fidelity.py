@@ -19,8 +19,7 @@ import sys
 
 import horovod.torch as hvd
 import torch
-from common import save
-from sklearn.datasets import load_digits
+from common import digits_images, save
 
 import hvd_compress.torch as hc
 
@@ -31,16 +30,6 @@ LR = {"Adam": 1e-3, "Lamb": 1e-2}
 hvd.init()
 torch.set_num_threads(1)
 rank, size = hvd.rank(), hvd.size()
-
-
-def data() -> tuple[torch.Tensor, ...]:
-    digits = load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    test, train = perm[:500], perm[500:]
-    mine = train[rank::size]
-    return x[mine], y[mine], x[test], y[test]
 
 
 class Block(torch.nn.Module):
@@ -109,5 +98,5 @@ def train(run: str, xs: tuple[torch.Tensor, ...]) -> dict[str, object]:
     return out
 
 
-xs = data()
+xs = digits_images(rank, size)
 save(rank, {run: train(run, xs) for run in runs})

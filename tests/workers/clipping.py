@@ -14,9 +14,9 @@ import sys
 
 import horovod.torch as hvd
 import torch
-from common import outcome, save
+from common import outcome, save, small_wrapped
 
-import hvd_compress.torch as hc
+import hvd_compress.torch  # noqa: F401  (before hvd.init(), as a user script imports it)
 
 hvd.init()
 torch.set_num_threads(1)
@@ -27,17 +27,8 @@ STEPS = 6
 
 
 def run(op: str, mode: str) -> str:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    if op in ("OneBitLamb", "SLAMB"):
-        base = hc.Lamb(model.parameters(), lr=1e-2)
-    elif op == "Birder":
-        base = hc.Birder(model.parameters(), lr=1e-3)
-    else:
-        base = torch.optim.Adam(model.parameters(), lr=1e-2)
     overlap = {} if op == "Adasum" else {"overlap": mode != "clip_nooverlap"}  # Adasum: always per-parameter hooks
-    opt = hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), op=getattr(hc, op),
-                                  **overlap, **OPTIONS[op])
+    model, opt = small_wrapped(op, **overlap, **OPTIONS[op])
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     g = torch.Generator().manual_seed(10 + rank)
     for t in range(1, STEPS + 1):

@@ -38,3 +38,34 @@ def outcome(fn: Callable[[], object]) -> str:
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return "no error"
+
+
+def digits_images(rank: int, size: int) -> tuple[torch.Tensor, ...]:
+    """scikit-learn's digits as (N, 1, 8, 8) images in [0, 1]: this rank's shard of the 1297 training images and
+    the same 500 held-out ones on every rank (x, y, x_test, y_test)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    test, train = perm[:500], perm[500:]
+    mine = train[rank::size]
+    return x[mine], y[mine], x[test], y[test]
+
+
+def small_wrapped(op: str, **options: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A small ReLU MLP (8 -> 16 -> 2, seed 0) and ``hc.DistributedOptimizer`` with ``op`` (a name of ``hc``) over the
+    inner optimizer that op wraps (hc.Lamb for 1-bit LAMB and SLAMB, hc.Birder for Birder, else Adam)."""
+    import hvd_compress.torch as hc
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    if op in ("OneBitLamb", "SLAMB"):
+        base = hc.Lamb(model.parameters(), lr=1e-2)
+    elif op == "Birder":
+        base = hc.Birder(model.parameters(), lr=1e-3)
+    else:
+        base = torch.optim.Adam(model.parameters(), lr=1e-2)
+    return model, hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), op=getattr(hc, op),
+                                          **options)

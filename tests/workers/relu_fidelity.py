@@ -31,7 +31,7 @@ import sys
 import time
 
 import torch
-from common import save
+from common import digits_images, save
 
 import hvd_compress.torch as hc
 
@@ -57,18 +57,6 @@ def mlp_task() -> tuple[torch.Tensor, ...]:
     x_test, y_test = sample(4096)
     x, y = sample(2048 * size)
     return x[rank::size], y[rank::size], x_test, y_test
-
-
-def cnn_task() -> tuple[torch.Tensor, ...]:
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    test, train = perm[:500], perm[500:]
-    mine = train[rank::size]
-    return x[mine], y[mine], x[test], y[test]
 
 
 def make_model() -> torch.nn.Module:
@@ -157,5 +145,5 @@ def train(run: str, data: tuple[torch.Tensor, ...]) -> dict[str, object]:
     return out
 
 
-data = mlp_task() if task == "mlp" else cnn_task()
+data = mlp_task() if task == "mlp" else digits_images(rank, size)
 save(rank, {run: train(run, data) for run in runs})
