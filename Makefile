@@ -12,7 +12,7 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 # more ranks than slots (see README, Performance).
 MPIRUN := mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 -x PYTHONPATH -x OMP_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL
 
-.PHONY: install build test lint cpptest demo bench bench-e2e bench-keras bench-two-nodes clean
+.PHONY: install build test lint cpptest cudacheck demo bench bench-e2e bench-keras bench-two-nodes clean
 
 install:
 	bash tools/install.sh
@@ -23,7 +23,7 @@ build:
 lint: install
 	$(PY) -m ruff check .
 
-test: install lint cpptest
+test: install lint cpptest cudacheck
 	$(PY) -m pytest -q -p no:cacheprovider -rxX --durations=25 tests
 
 # C++ tests of the collectives over the in-process thread communicator (cpp/tests), without MPI,
@@ -33,7 +33,7 @@ test: install lint cpptest
 CPPTEST_DIR := build/cpptest
 CPPTEST_CXX ?= g++
 CPPTEST_FLAGS := -std=c++17 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
-	-fno-sanitize-recover=all -Wall -Wno-psabi -pthread -Icpp/include -Icpp/tests -MMD -MP \
+	-fno-sanitize-recover=all -ffp-contract=off -Wall -Wno-psabi -pthread -Icpp/include -Icpp/tests -MMD -MP \
 	-DHVDC_ONEBIT_SELF_CHECK=1
 # One line per test program (and its core objects), so that new programs merge without conflict.
 CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature onebit_kernels
@@ -58,6 +58,8 @@ CPPTEST_BINS += onebit_adam_kernels
 CPPTEST_OBJS_onebit_adam_kernels := onebit_adam_kernels
 CPPTEST_BINS += scaled_add_kernels
 CPPTEST_OBJS_scaled_add_kernels := scaled_add_kernels
+CPPTEST_BINS += elementwise
+CPPTEST_OBJS_elementwise := onebit_kernels stochastic_kernels philox cast masks
 CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
 # Every program runs, even after one failed, so that one run reports them all; then any failure
@@ -88,6 +90,23 @@ $(CPPTEST_DIR)/test_%: $(CPPTEST_DIR)/obj/test_%.o $(CPPTEST_DIR)/obj/thread_com
 
 -include $(wildcard $(CPPTEST_DIR)/obj/*.d)
 
+# The CUDA sources compile (every .cu, with setup.py's flags: cpp/cuda/nvcc_flags, warnings as
+# errors, sm_80 and sm_90 and PTX) wherever nvcc is, GPU or not; skipped with a note where it is not.
+NVCC ?= nvcc
+CUDACHECK_DIR := build/cudacheck
+CUDA_SOURCES := $(wildcard cpp/cuda/*.cu)
+ifneq ($(shell command -v $(NVCC) 2>/dev/null),)
+cudacheck: $(patsubst cpp/cuda/%.cu,$(CUDACHECK_DIR)/%.o,$(CUDA_SOURCES))
+else
+cudacheck:
+	@echo "cudacheck: no $(NVCC) on PATH, CUDA sources not compiled"
+endif
+
+$(CUDACHECK_DIR)/%.o: cpp/cuda/%.cu cpp/cuda/nvcc_flags Makefile $(wildcard cpp/cuda/*.cuh) \
+		$(wildcard cpp/include/hvdc/*.h cpp/include/hvdc/elementwise/*.h cpp/include/hvdc/cuda/*.h)
+	@mkdir -p $(@D)
+	$(NVCC) $(shell cat cpp/cuda/nvcc_flags) -Icpp/include -c $< -o $@
+
 demo: install
 	$(MPIRUN) -np $(NP) $(PY) examples/demo.py --out examples/out
 	$(MPIRUN) -np $(NP) $(PY) examples/keras_demo.py --out examples/out
@@ -113,4 +132,4 @@ bench-two-nodes: install
 	BENCH_ARGS='$(TWO_NODES_ARGS)' PY=$(PY) bash tools/two_nodes.sh $(TWO_NODES_RATE)
 
 clean:
-	rm -rf build hvd_compress/_core*.so hvd_compress/_kernel_bench*.so hvd_compress/.core_built bench_results examples/out
+	rm -rf build hvd_compress/_core*.so hvd_compress/_kernel_bench*.so hvd_compress/_cuda*.so hvd_compress/.core_built bench_results examples/out

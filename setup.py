@@ -3,8 +3,9 @@
 A second, small extension, hvd_compress._kernel_bench, holds the 1-bit kernels' self-check and
 micro-benchmark (cpp/bench), so that the shipped _core carries no test or benchmark hook.
 
-CUDA sources (cpp/cuda/*.cu) are compiled when nvcc is on PATH and HVDC_WITH_CUDA is not "0";
-the CPU build never needs a GPU or the CUDA toolkit.
+A third, hvd_compress._cuda, holds the CUDA kernels (cpp/cuda): built when nvcc is on PATH and
+HVDC_WITH_CUDA is not "0", with the flags of cpp/cuda/nvcc_flags (which `make cudacheck` uses
+too). _core never links the CUDA runtime: the CPU build needs neither a GPU nor the toolkit.
 """
 
 from __future__ import annotations
@@ -37,6 +38,30 @@ def cuda_enabled() -> bool:
     return os.environ.get("HVDC_WITH_CUDA", "1") != "0" and shutil.which("nvcc") is not None
 
 
+def nvcc_flags() -> list[str]:
+    with open(os.path.join(ROOT, "cpp", "cuda", "nvcc_flags")) as f:
+        return f.read().split()
+
+
+def cuda_home() -> str:
+    """The toolkit's root: CUDA_HOME or CUDA_PATH, else the TOP that nvcc itself reports (nvcc on PATH may be a
+    wrapper script or a link, so its own location says nothing)."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            return os.environ[var]
+    out = subprocess.run(["nvcc", "-dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+                         check=True, capture_output=True, text=True).stderr
+    for line in out.splitlines():
+        if line.startswith("#$ TOP="):
+            return os.path.normpath(line.split("=", 1)[1].strip())
+    raise SystemExit("nvcc does not say where the CUDA toolkit is: set CUDA_HOME, or HVDC_WITH_CUDA=0")
+
+
+def cuda_architectures(flags: list[str]) -> list[str]:
+    """sm_XX for each machine code and compute_XX for each PTX that the -gencode flags ask for."""
+    return [g.split("code=", 1)[1] for g in flags if g.startswith("arch=")]
+
+
 class BuildExt(build_ext):
     """build_ext that hands .cu files to nvcc and everything else to the C++ compiler."""
 
@@ -46,7 +71,7 @@ class BuildExt(build_ext):
 
         def compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts):
             if src.endswith(".cu"):
-                nvcc_args = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-c", src, "-o", obj]
+                nvcc_args = [*nvcc_flags(), "-c", src, "-o", obj]
                 nvcc_args += [a for a in pp_opts if a.startswith(("-I", "-D"))]
                 self.spawn(["nvcc", *nvcc_args])
             else:
@@ -74,19 +99,16 @@ NANOBIND_INCLUDES = [
     nanobind.include_dir(),
     os.path.join(os.path.dirname(nanobind.include_dir()), "ext/robin_map/include"),
 ]
-COMPILE_ARGS = ["-std=c++17", "-O3", "-fvisibility=hidden", "-fno-strict-aliasing", "-Wall", "-Wno-psabi"]
+# No contraction (specs/gpu.md): a * b + c rounds twice, as in the NumPy reference and in the CUDA
+# kernels (nvcc -fmad=false); the one-rounding multiply-adds are written as fma.
+COMPILE_ARGS = ["-std=c++17", "-O3", "-fvisibility=hidden", "-fno-strict-aliasing", "-ffp-contract=off", "-Wall",
+                "-Wno-psabi"]
 
 
 def core_extension() -> Extension:
     inc, libdirs, libs = mpi_flags()
     sources = [*sorted(glob.glob("cpp/src/*.cc")), NANOBIND_SOURCE]
     macros = [("OMPI_SKIP_MPICXX", "1"), ("NDEBUG", "1")]
-    if cuda_enabled() and glob.glob("cpp/cuda/*.cu"):
-        sources += sorted(glob.glob("cpp/cuda/*.cu"))
-        macros.append(("HVDC_WITH_CUDA", "1"))
-        cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(shutil.which("nvcc"))))
-        libdirs = [*libdirs, os.path.join(cuda_home, "lib64")]
-        libs = [*libs, "cudart"]
     return Extension(
         "hvd_compress._core",
         sources=sources,
@@ -115,10 +137,34 @@ def kernel_bench_extension() -> Extension:
     )
 
 
+def cuda_extension() -> Extension:
+    """The CUDA kernels and their module; the CUDA runtime linked statically, so that the module needs only
+    the driver where it is imported."""
+    home = cuda_home()
+    archs = " ".join(cuda_architectures(nvcc_flags()))
+    return Extension(
+        "hvd_compress._cuda",
+        sources=[*sorted(glob.glob("cpp/cuda/*.cu")), *sorted(glob.glob("cpp/cuda/*.cc")), NANOBIND_SOURCE],
+        include_dirs=["cpp/include", *NANOBIND_INCLUDES, os.path.join(home, "include")],
+        library_dirs=[os.path.join(home, "lib64")],
+        libraries=["cudart_static", "dl", "rt", "pthread"],
+        define_macros=[("NDEBUG", "1"), ("HVDC_CUDA_ARCHS", f'"{archs}"')],
+        extra_compile_args=COMPILE_ARGS,
+        language="c++",
+    )
+
+
+def extensions() -> list[Extension]:
+    exts = [core_extension(), kernel_bench_extension()]
+    if cuda_enabled() and glob.glob("cpp/cuda/*.cu"):
+        exts.append(cuda_extension())
+    return exts
+
+
 # Metadata and build requirements are in pyproject.toml (so `pip install .` / `pip wheel .` work in a clean
 # virtual environment); this file adds the extensions.
 setup(
-    ext_modules=[core_extension(), kernel_bench_extension()],
+    ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
     zip_safe=False,
 )

@@ -1,14 +1,7 @@
-#include "hvdc/adasum_kernels.h"
-
-#include <cfloat>
-#include <cmath>
-#include <cstring>
-
-#include "hvdc/errors.h"
-
 // Every product and sum is rounded on its own, as the NumPy reference rounds it: no fused
-// multiply-add, also in the AVX2/AVX-512 versions below (GCC contracts a*b+c by default, and the
-// -std flag does not change that for C++).
+// multiply-add, also in the AVX2/AVX-512 versions below and in the per-element functions they
+// inline, hence before the includes (GCC contracts a*b+c by default, and the -std flag does not
+// change that for C++).
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #elif defined(__GNUC__)
@@ -17,52 +10,23 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
+#include "hvdc/adasum_kernels.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "hvdc/elementwise/adasum.h"
+#include "hvdc/errors.h"
+
 namespace hvdc {
 namespace {
 
-// Element access per storage dtype: load widens to double, store rounds once from double. The
-// half types go through the compiler's _Float16 (one correct rounding from double) and, for
-// bfloat16, through float32 exactly as the rest of the core narrows it (see dtype.h).
-struct F32 {
-  using T = float;
-  static double load(const T* p, int64_t i) { return p[i]; }
-  static void store(T* p, int64_t i, double v) { p[i] = static_cast<float>(v); }
-};
-struct F64 {
-  using T = double;
-  static double load(const T* p, int64_t i) { return p[i]; }
-  static void store(T* p, int64_t i, double v) { p[i] = v; }
-};
-struct F16 {
-  using T = uint16_t;
-  static double load(const T* p, int64_t i) {
-    _Float16 h;
-    std::memcpy(&h, p + i, 2);
-    return static_cast<double>(h);
-  }
-  static void store(T* p, int64_t i, double v) {
-    const _Float16 h = static_cast<_Float16>(v);
-    std::memcpy(p + i, &h, 2);
-  }
-};
-struct BF16 {
-  using T = uint16_t;
-  static double load(const T* p, int64_t i) { return bf16_to_float(p[i]); }
-  static void store(T* p, int64_t i, double v) { p[i] = float_to_bf16(static_cast<float>(v)); }
-};
-
-// Calls f.template operator()<Access>() for the storage dtype.
-template <typename F>
-auto dispatch(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kFloat32: return f(F32{});
-    case DType::kFloat64: return f(F64{});
-    case DType::kFloat16: return f(F16{});
-    case DType::kBFloat16: return f(BF16{});
-    default: break;
-  }
-  throw UsageError(std::string("Adasum is not defined for ") + dtype_name(dtype));
-}
+// Element access per storage dtype (hvdc/elementwise/adasum.h, shared with the CUDA kernels): load
+// widens to double, store rounds once from double.
+using F32 = AdasumF32;
+using F64 = AdasumF64;
+using F16 = AdasumF16;
+using BF16 = AdasumBF16;
 
 // Eight independent accumulators per sum: a fixed summation order (the result does not depend on
 // the compiler) whose lanes the compiler can keep in SIMD registers without -ffast-math.
@@ -107,7 +71,7 @@ AdasumDots dot_norms(const typename A::T* a, const typename A::T* b, int64_t n) 
 template <typename A>
 void combine(const typename A::T* a, double ca, const typename A::T* b, double cb,
              typename A::T* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) A::store(out, i, ca * A::load(a, i) + cb * A::load(b, i));
+  for (int64_t i = 0; i < n; ++i) A::store(out, i, adasum_mix(ca, A::load(a, i), cb, A::load(b, i)));
 }
 
 // Vector versions for float32 and float64, the dtypes of the bulk of the traffic. The same
@@ -186,7 +150,7 @@ inline __attribute__((always_inline)) void combine_vec(const typename A::T* a, d
   }
   int64_t i = 0;
   for (; i + W <= n; i += W) store_narrow<W>(out + i, vca * load_wide<W>(a + i) + vcb * load_wide<W>(b + i));
-  for (; i < n; ++i) A::store(out, i, ca * A::load(a, i) + cb * A::load(b, i));
+  for (; i < n; ++i) A::store(out, i, adasum_mix(ca, A::load(a, i), cb, A::load(b, i)));
 }
 
 // One function per (dtype, instruction set); picked once, at the first call, from what the CPU
@@ -257,7 +221,7 @@ AdasumDots adasum_dot_norms(const void* left, const void* right, DType dtype, in
   if (dtype == DType::kFloat64)
     return vec_kernels<F64>().dot(static_cast<const double*>(left), static_cast<const double*>(right),
                                   n);
-  return dispatch(dtype, [&](auto acc) {
+  return adasum_dispatch(dtype, [&](auto acc) {
     using A = decltype(acc);
     return dot_norms<A>(static_cast<const typename A::T*>(left),
                         static_cast<const typename A::T*>(right), n);
@@ -265,10 +229,7 @@ AdasumDots adasum_dot_norms(const void* left, const void* right, DType dtype, in
 }
 
 double adasum_coefficient(double dot, double norm_sq) {
-  // sqrt(DBL_MIN) = 2^-511: below it dot / norm_sq could overflow or be pure rounding noise.
-  static const double kTiny = std::sqrt(DBL_MIN);
-  if (norm_sq < kTiny) return 1.0;
-  return 1.0 - dot / norm_sq * 0.5;
+  return adasum_coefficient_of(dot, norm_sq);
 }
 
 void adasum_combine(const void* left, double left_coeff, const void* right, double right_coeff,
@@ -281,7 +242,7 @@ void adasum_combine(const void* left, double left_coeff, const void* right, doub
     return vec_kernels<F64>().combine(static_cast<const double*>(left), left_coeff,
                                       static_cast<const double*>(right), right_coeff,
                                       static_cast<double*>(out), n);
-  dispatch(dtype, [&](auto acc) {
+  adasum_dispatch(dtype, [&](auto acc) {
     using A = decltype(acc);
     combine<A>(static_cast<const typename A::T*>(left), left_coeff,
                static_cast<const typename A::T*>(right), right_coeff,
@@ -291,7 +252,7 @@ void adasum_combine(const void* left, double left_coeff, const void* right, doub
 }
 
 void widen_to_double(const void* src, DType dtype, double* dst, int64_t n) {
-  dispatch(dtype, [&](auto acc) {
+  adasum_dispatch(dtype, [&](auto acc) {
     using A = decltype(acc);
     const auto* s = static_cast<const typename A::T*>(src);
     for (int64_t i = 0; i < n; ++i) dst[i] = A::load(s, i);
@@ -300,7 +261,7 @@ void widen_to_double(const void* src, DType dtype, double* dst, int64_t n) {
 }
 
 void narrow_from_double(const double* src, double divisor, void* dst, DType dtype, int64_t n) {
-  dispatch(dtype, [&](auto acc) {
+  adasum_dispatch(dtype, [&](auto acc) {
     using A = decltype(acc);
     auto* d = static_cast<typename A::T*>(dst);
     for (int64_t i = 0; i < n; ++i) A::store(d, i, src[i] / divisor);

@@ -1,5 +1,6 @@
 #include "hvdc/cast.h"
 
+#include "hvdc/elementwise/half.h"
 #include "hvdc/errors.h"
 
 namespace hvdc {
@@ -7,9 +8,9 @@ namespace hvdc {
 void widen_to_float(const void* src, DType dtype, float* dst, int64_t n) {
   const auto* s = static_cast<const uint16_t*>(src);
   if (dtype == DType::kFloat16) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = half_to_float(s[i]);
+    for (int64_t i = 0; i < n; ++i) dst[i] = widen<HalfKind::kFloat16>(s[i]);
   } else if (dtype == DType::kBFloat16) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s[i]);
+    for (int64_t i = 0; i < n; ++i) dst[i] = widen<HalfKind::kBFloat16>(s[i]);
   } else {
     throw UsageError("widen_to_float: not a half type");
   }
@@ -18,9 +19,9 @@ void widen_to_float(const void* src, DType dtype, float* dst, int64_t n) {
 void narrow_from_float(const float* src, float scale, void* dst, DType dtype, int64_t n) {
   auto* d = static_cast<uint16_t*>(dst);
   if (dtype == DType::kFloat16) {
-    for (int64_t i = 0; i < n; ++i) d[i] = float_to_half(src[i] * scale);
+    for (int64_t i = 0; i < n; ++i) d[i] = narrow_scaled<HalfKind::kFloat16>(src[i], scale);
   } else if (dtype == DType::kBFloat16) {
-    for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i] * scale);
+    for (int64_t i = 0; i < n; ++i) d[i] = narrow_scaled<HalfKind::kBFloat16>(src[i], scale);
   } else {
     throw UsageError("narrow_from_float: not a half type");
   }

@@ -83,7 +83,7 @@ std::shared_ptr<const std::vector<uint32_t>> cached_ranks(int64_t numel, uint64_
 // out[i] = (r[i] - base < width) as a byte: one streaming compare (unsigned wrap-around makes the
 // range test one comparison).
 void cyclic_compare_scalar(const uint32_t* r, uint32_t base, uint32_t width, int64_t n, uint8_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(r[i] - base < width);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(cyclic_selected(r[i], base, width));
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -147,30 +147,13 @@ void cyclic_mask(const MaskSpec& s, int64_t n, uint8_t* out) {
 // first tile begins, never which bits an element gets.
 constexpr int64_t kBernoulliTileWords = 2048;
 
-struct BernoulliDraw {
-  PhiloxKey key, tie_key;
-  uint32_t th = 0, tl = 0;  // T >> 16 and T & 0xFFFF, T < 2^32
-};
-
-// The 16-bit half of element i in `key`'s sequence (half i & 1 of word i >> 1).
-inline uint32_t bernoulli_half(const PhiloxKey& key, uint64_t i) {
-  const uint64_t j = i >> 1;
-  return (philox_block(key, j >> 2).v[j & 3] >> (16 * (i & 1))) & 0xFFFFu;
-}
-
-// Element i whose high half equals Th: its low half decides (probability 2^-16, so one scalar block
-// on demand costs less than a second stream in bulk).
-inline uint8_t bernoulli_tie(const BernoulliDraw& d, uint64_t i) {
-  return static_cast<uint8_t>(bernoulli_half(d.tie_key, i) < d.tl);
-}
 
 // Elements [e, e + n) whose high halves are halves [k, k + n) of `words` (as little-endian uint16).
 void bernoulli_compare_scalar(const BernoulliDraw& d, const uint32_t* words, int64_t k, uint64_t e,
                               int64_t n, uint8_t* out) {
   for (int64_t x = 0; x < n; ++x, ++k) {
     const uint32_t hi = (words[k >> 1] >> (16 * (k & 1))) & 0xFFFFu;
-    out[x] = static_cast<uint8_t>(hi < d.th);
-    if (hi == d.th && d.tl != 0) out[x] = bernoulli_tie(d, e + static_cast<uint64_t>(x));
+    out[x] = bernoulli_selected(d, hi, e + static_cast<uint64_t>(x));
   }
 }
 
@@ -195,7 +178,9 @@ HVDC_TARGET_AVX512 void bernoulli_compare_avx512(const BernoulliDraw& d, const u
         _mm512_kunpackd(_mm512_cmpeq_epu16_mask(b, th), _mm512_cmpeq_epu16_mask(a, th)));
     for (; ties != 0; ties &= ties - 1) {
       const int l = __builtin_ctzll(ties);
-      out[x + l] = bernoulli_tie(d, e + static_cast<uint64_t>(x + l));
+      // A tie: its low half decides (probability 2^-16, so one scalar block on demand costs less
+      // than a second stream in bulk).
+      out[x + l] = bernoulli_selected(d, d.th, e + static_cast<uint64_t>(x + l));
     }
   }
   bernoulli_compare_scalar(d, words, k + x, e + static_cast<uint64_t>(x), n - x, out + x);
@@ -208,13 +193,7 @@ void bernoulli_draw(PhiloxIsa isa, const MaskSpec& s, int64_t n, uint8_t* out) {
     std::memset(out, 1, static_cast<size_t>(n));
     return;
   }
-  BernoulliDraw d;
-  d.key.seed = d.tie_key.seed = s.seed;
-  d.key.step = d.tie_key.step = static_cast<uint32_t>(s.step);
-  d.key.stream = kMaskBernoulliStream;
-  d.tie_key.stream = kMaskBernoulliTieStream;
-  d.th = static_cast<uint32_t>(t >> 16);
-  d.tl = static_cast<uint32_t>(t & 0xFFFFu);
+  const BernoulliDraw d = bernoulli_draw_of(s.seed, s.step, t);
   if (isa == PhiloxIsa::kAuto || !philox_isa_supported(isa)) isa = philox_best_isa();
   auto compare = &bernoulli_compare_scalar;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -392,11 +371,6 @@ std::string check_mask_spec(const MaskSpec& s) {
            std::to_string(s.first + mask_range_length(s)) + ") is outside [0, " +
            std::to_string(s.numel) + ")";
   return "";
-}
-
-uint64_t bernoulli_threshold(double ratio) {
-  // float32 has 24 significant bits, so the product is exact in double and only the ceil rounds.
-  return static_cast<uint64_t>(std::ceil(static_cast<double>(static_cast<float>(ratio)) * 4294967296.0));
 }
 
 void bernoulli_mask(PhiloxIsa isa, const MaskSpec& spec, uint8_t* out) {

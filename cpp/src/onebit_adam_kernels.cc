@@ -4,7 +4,7 @@
 #pragma GCC optimize("fp-contract=off")
 #include "hvdc/onebit_adam_kernels.h"
 
-#include <cmath>
+#include "hvdc/elementwise/onebit_adam.h"
 
 #if HVDC_AVX2_FMA_KERNELS
 #include <immintrin.h>
@@ -16,11 +16,7 @@ namespace {
 template <bool kL2>
 void momentum_scalar(const float* g, const float* m, const float* x, int64_t n, float omb1, float l2, float b1,
                      float* work, int64_t from) {
-  for (int64_t i = from; i < n; ++i) {
-    float w = g[i] * omb1;
-    if (kL2) w = std::fma(x[i], l2, w);
-    work[i] = std::fma(m[i], b1, w);
-  }
+  for (int64_t i = from; i < n; ++i) work[i] = onebit_momentum<kL2>(g[i], m[i], kL2 ? x[i] : 0.0f, omb1, l2, b1);
 }
 
 template <bool kDecay>
@@ -29,14 +25,7 @@ void adam_apply_scalar(const float* work, const float* denom, int64_t n, float d
   for (int64_t i = from; i < n; ++i) {
     const float w = work[i];
     m[i] = w;
-    float xi = x[i];
-    if (kDecay) xi = xi * decay;
-    float d = denom[i];
-    if (d <= floor_denom) {
-      const float c = std::fabs(w) * cap;
-      if (c > d) d = c;
-    }
-    x[i] = xi + w * value / d;
+    x[i] = onebit_adam_param<kDecay>(w, denom[i], x[i], decay, value, floor_denom, cap);
   }
 }
 

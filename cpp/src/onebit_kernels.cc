@@ -17,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "hvdc/elementwise/onebit.h"
 #include "hvdc/errors.h"
+#include "hvdc/packed_chunk.h"
 #include "hvdc/kernel_isa.h"
 #if HVDC_ONEBIT_SELF_CHECK
 #include "hvdc/onebit_kernel_bench.h"
@@ -46,8 +48,6 @@ Isa active_isa(KernelChoice choice) {
   return Isa::kScalar;
 #endif
 }
-
-inline int bit_of(const uint8_t* bits, int64_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
 
 #if HVDC_ONEBIT_AVX2
 // Streams read one core's memory bandwidth only with more misses in flight than the hardware
@@ -104,16 +104,10 @@ struct SrcBF16 {
 #endif
 };
 
-// Division by the rank count n: a multiplication by 1/n when n is a power of two (1/n is then
-// exact and both give the correctly rounded quotient), a float32 division otherwise.
-struct DivideBy {
-  float n, inv;
-  bool pow2;
-  explicit DivideBy(int nranks)
-      : n(static_cast<float>(nranks)),
-        inv(1.0f / static_cast<float>(nranks)),
-        pow2(nranks > 0 && (nranks & (nranks - 1)) == 0) {}
-  float operator()(float a) const { return pow2 ? a * inv : a / n; }
+// Division by the rank count (OneBitDivide, hvdc/elementwise/onebit.h), eight lanes at a time.
+struct DivideBy : OneBitDivide {
+  using OneBitDivide::OneBitDivide;
+  using OneBitDivide::operator();
 #if HVDC_ONEBIT_AVX2
   HVDC_AVX2 __m256 operator()(__m256 a) const {
     return pow2 ? _mm256_mul_ps(a, _mm256_set1_ps(inv)) : _mm256_div_ps(a, _mm256_set1_ps(n));
@@ -187,7 +181,7 @@ struct SrcBitsSum {
 
   float value(int64_t i) const {
     float acc = 0.0f;
-    for (int r = 0; r < count(); ++r) acc += bit_of(bits_of(r), i) ? scale_of(r) : -scale_of(r);
+    for (int r = 0; r < count(); ++r) acc = onebit_add_rank(acc, bit_of(bits_of(r), i), scale_of(r));
     return div(acc);
   }
 #if HVDC_ONEBIT_AVX2
@@ -224,10 +218,10 @@ void signs_scalar(const Src& src, const float* error, float* c_out, int64_t lo, 
     const int m = n_real - base < 8 ? static_cast<int>(n_real - base) : 8;
     unsigned byte = 0;
     for (int j = 0; j < m; ++j) {
-      const float c = src.value(base + j) + error[base + j];
+      const float c = onebit_compensated(src.value(base + j), error[base + j]);
       if (kStoreC) c_out[base + j] = c;
-      byte |= static_cast<unsigned>(c >= 0.0f) << j;
-      s[j & 3] += static_cast<double>(c) * static_cast<double>(c);
+      byte |= static_cast<unsigned>(onebit_sign(c)) << j;
+      s[j & 3] += onebit_square(c);
     }
     bits[b] = static_cast<uint8_t>(byte);
   }
@@ -237,8 +231,8 @@ void signs_scalar(const Src& src, const float* error, float* c_out, int64_t lo, 
 template <bool kStoredC, typename Src>
 void error_scalar(const Src& src, float* error, int64_t lo, int64_t n_real, float scale) {
   for (int64_t i = lo; i < n_real; ++i) {
-    const float c = kStoredC ? error[i] : src.value(i) + error[i];
-    error[i] = c >= 0.0f ? c - scale : c + scale;
+    const float c = kStoredC ? error[i] : onebit_compensated(src.value(i), error[i]);
+    error[i] = onebit_error(c, scale);
   }
 }
 
@@ -391,20 +385,13 @@ auto dispatch(DType dtype, const void* x, F&& f) {
   unsupported(dtype);
 }
 
-void check_padding(int64_t n_real, int64_t n_padded) {
-  if (n_real < 0 || n_padded % 8 != 0 || n_padded < n_real)
-    throw UsageError("1-bit chunk of " + std::to_string(n_real) + " elements in " +
-                     std::to_string(n_padded) + " padded: padded size must be a multiple of 8 "
-                     "and at least the real size");
-}
-
 // ---------------------------------------------------------------------------------------------
 // Non-finite scan: blocks of 1024, a branch-free test per block, the index found in the block.
 
 template <typename Src>
 int64_t first_nonfinite_in(const Src& src, const float* error, int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi; ++i) {
-    const float c = src.value(i) + error[i];
+    const float c = onebit_compensated(src.value(i), error[i]);
     if (!std::isfinite(c)) return i;
   }
   return -1;
@@ -417,9 +404,7 @@ int64_t first_nonfinite_scalar(const Src& src, const float* error, int64_t n) {
     const int64_t hi = lo + kBlock < n ? lo + kBlock : n;
     int bad = 0;
     for (int64_t i = lo; i < hi; ++i) {
-      const float c = src.value(i) + error[i];
-      uint32_t u;
-      std::memcpy(&u, &c, 4);
+      const uint32_t u = float_bits(onebit_compensated(src.value(i), error[i]));
       bad |= (u & 0x7f800000u) == 0x7f800000u;  // exponent all ones: Inf or NaN
     }
     if (bad) return first_nonfinite_in(src, error, lo, hi);
@@ -464,13 +449,13 @@ int64_t first_nonfinite(Isa isa, const void* x, DType dtype, const float* error,
 // Accumulate and decompress: bits to +/-scale.
 
 void accumulate_scalar(const uint8_t* bits, float scale, float* acc, int64_t lo, int64_t n_real) {
-  for (int64_t i = lo; i < n_real; ++i) acc[i] += bit_of(bits, i) ? scale : -scale;
+  for (int64_t i = lo; i < n_real; ++i) acc[i] = onebit_add_rank(acc[i], bit_of(bits, i), scale);
 }
 
 // Writes the two patterns of `out` (T = float or uint16_t) for bit 1 and bit 0.
 template <typename T>
 void decompress_scalar(const uint8_t* bits, T pos, T neg, T* out, int64_t lo, int64_t n_real) {
-  for (int64_t i = lo; i < n_real; ++i) out[i] = bit_of(bits, i) ? pos : neg;
+  for (int64_t i = lo; i < n_real; ++i) out[i] = onebit_pick(bit_of(bits, i), pos, neg);
 }
 
 #if HVDC_ONEBIT_AVX2
@@ -562,9 +547,8 @@ template <typename Src, typename T>
 void error_result_scalar(const Src& src, float* error, float wscale, const uint8_t* bits, T pos,
                          T neg, T* out, int64_t lo, int64_t n_real) {
   for (int64_t i = lo; i < n_real; ++i) {
-    const float c = src.value(i) + error[i];
-    error[i] = c >= 0.0f ? c - wscale : c + wscale;
-    out[i] = bit_of(bits, i) ? pos : neg;
+    error[i] = onebit_error(onebit_compensated(src.value(i), error[i]), wscale);
+    out[i] = onebit_pick(bit_of(bits, i), pos, neg);
   }
 }
 
@@ -664,7 +648,7 @@ void compress_error_result(Isa isa, void* x, DType dtype, float* error, int64_t 
 
 double compress_signs(Isa isa, const void* x, DType dtype, const float* error, int64_t n_real,
                       int64_t n_padded, uint8_t* bits) {
-  check_padding(n_real, n_padded);
+  check_packed_chunk("1-bit", n_real, n_padded);
   return dispatch(dtype, x, [&](const auto& src) {
     return signs(isa, src, error, nullptr, n_real, n_padded, bits);
   });
@@ -680,7 +664,7 @@ void compress_error(Isa isa, const void* x, DType dtype, float* error, int64_t n
 
 float server_compress(Isa isa, const float* acc, int nranks, float* error, int64_t n_real,
                       int64_t n_padded, uint8_t* bits) {
-  check_padding(n_real, n_padded);
+  check_packed_chunk("1-bit", n_real, n_padded);
   const SrcAccDiv src{acc, DivideBy(nranks)};
   const float scale = onebit_scale(signs(isa, src, error, nullptr, n_real, n_padded, bits), n_real);
   update_error(isa, src, error, n_real, scale);
@@ -692,7 +676,7 @@ float server_compress(Isa isa, const float* acc, int nranks, float* error, int64
 void server_reduce_signs(Isa isa, const uint8_t* const* bits, const float* scales, int nranks,
                          float* error, int64_t n_real, int64_t n_padded, uint8_t* out_bits,
                          OneBitSumSq& acc) {
-  check_padding(n_real, n_padded);
+  check_packed_chunk("1-bit", n_real, n_padded);
   const auto run = [&](const auto& src) {
     signs_into<true>(isa, src, error, error, n_real, n_padded, out_bits, acc);
   };
@@ -727,10 +711,7 @@ int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error, i
   return first_nonfinite(active_isa(choice), x, dtype, error, n);
 }
 
-float onebit_scale(double sumsq, int64_t n_real) {
-  if (n_real == 0) return 0.0f;
-  return static_cast<float>(std::sqrt(sumsq / static_cast<double>(n_real)));
-}
+float onebit_scale(double sumsq, int64_t n_real) { return onebit_scale_of(sumsq, n_real); }
 
 double onebit_compress_signs(const void* x, DType dtype, const float* error, int64_t n_real,
                              int64_t n_padded, uint8_t* bits, KernelChoice choice) {

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "hvdc/elementwise/onebit_lamb.h"
+
 #if HVDC_AVX2_FMA_KERNELS
 #include <immintrin.h>
 #endif
@@ -14,33 +16,15 @@
 namespace hvdc {
 namespace {
 
-struct MomentsArgs {
-  float neg_b1, one_minus_b1, b2, one_minus_b2, sqrt_bc2, floor, eps;
-};
+using MomentsArgs = OneBitLambMomentsArgs;
 
 // One element of pass A; returns its ratio r. The portable code, and the AVX2 loops' tail.
 inline float moments_one(const float* work, const float* denom, int64_t i, const MomentsArgs& a, float* m,
                          float* fresh) {
-  const float w = work[i];
-  const float g = std::fma(m[i], a.neg_b1, w) / a.one_minus_b1;
-  const float v = std::fma(a.one_minus_b2 * g, g, fresh[i] * a.b2);
-  fresh[i] = v;
-  m[i] = w;
-  float s = std::sqrt(v) / a.sqrt_bc2;
-  s = a.floor > s ? a.floor : s;  // torch's clamp_min: NaN stays NaN
-  return denom[i] / (s + a.eps);
+  return onebit_lamb_ratio(work[i], denom[i], a, m[i], fresh[i]);
 }
 
-// The running max of pass A, NaN as soon as one ratio is NaN (torch's max).
-struct MaxNan {
-  float max = -std::numeric_limits<float>::infinity();
-  bool nan = false;
-  void add(float r) {
-    if (r != r) nan = true;
-    else if (r > max) max = r;
-  }
-  float result() const { return nan ? std::numeric_limits<float>::quiet_NaN() : max; }
-};
+using MaxNan = OneBitLambMax;
 
 float moments_scalar(const float* work, const float* denom, int64_t n, const MomentsArgs& a, float* m,
                      float* fresh, int64_t from, MaxNan acc) {
@@ -51,11 +35,7 @@ float moments_scalar(const float* work, const float* denom, int64_t n, const Mom
 template <bool kDecay>
 void apply_scalar(const float* m, const float* denom, int64_t n, float bc1, float wd, float scale, float* x,
                   int64_t from) {
-  for (int64_t i = from; i < n; ++i) {
-    float u = m[i] / denom[i] / bc1;
-    if (kDecay) u = std::fma(x[i], wd, u);
-    x[i] = x[i] + u * scale;
-  }
+  for (int64_t i = from; i < n; ++i) x[i] = onebit_lamb_param<kDecay>(m[i], denom[i], x[i], bc1, wd, scale);
 }
 
 #if HVDC_AVX2_FMA_KERNELS

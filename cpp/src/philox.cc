@@ -272,7 +272,7 @@ void fill(FillBlocks fill_blocks, const PhiloxKey& key, uint64_t offset, int64_t
   auto* words = static_cast<uint32_t*>(out);
   auto* floats = static_cast<float*>(out);
   const auto one = [&](int64_t i, uint64_t index) {
-    const uint32_t w = philox_block(key, index >> 2).v[index & 3];
+    const uint32_t w = philox_word(key, index);
     if (kUniform)
       floats[i] = philox_word_to_uniform(w);
     else

@@ -9,6 +9,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "hvdc/elementwise/onebit.h"
+#include "hvdc/elementwise/stochastic.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define HVDC_STOCHASTIC_AVX2 1
@@ -47,19 +50,7 @@ const float* uniforms_of(const UniformSource& u, int64_t i, int64_t len, float* 
 // The compensated value y of element i (worker), updating the moments when there are any.
 inline float worker_y(const float* x, const float* error, const BirderMoments* mo, int64_t i) {
   if (mo == nullptr) return x[i] + error[i];
-  const float a = x[i];
-  const float m = mo->beta * mo->m[i] + mo->one_minus_beta * a;
-  const float b = mo->beta * mo->b[i] + mo->one_minus_beta * std::fabs(a);
-  mo->m[i] = m;
-  mo->b[i] = b;
-  return m / (b + mo->eps) + error[i];
-}
-
-// Q(y) with uniform u: true for +1. Also the new error.
-inline bool quantize_one(float y, float u, float& error) {
-  const bool plus = u < (y + 1.0f) * 0.5f;
-  error = y - (plus ? 1.0f : -1.0f);
-  return plus;
+  return birder_moments(x[i], mo->beta, mo->one_minus_beta, mo->eps, mo->m[i], mo->b[i]) + error[i];
 }
 
 void worker_scalar(const float* x, float* error, const BirderMoments* mo, int64_t i0, int64_t len,
@@ -67,21 +58,21 @@ void worker_scalar(const float* x, float* error, const BirderMoments* mo, int64_
   for (int64_t k = 0; k < len; ++k) {
     const int64_t i = i0 + k;
     const float y = worker_y(x, error, mo, i);
-    if (quantize_one(y, u[k], error[i])) bits[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
+    if (birder_quantize(y, u[k], error[i])) bits[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
   }
 }
 
 inline float server_s(const uint8_t* const* bits, int nranks, const float* error, int64_t i) {
   int ones = 0;
-  for (int r = 0; r < nranks; ++r) ones += (bits[r][i >> 3] >> (i & 7)) & 1;
-  return static_cast<float>(2 * ones - nranks) / static_cast<float>(nranks) + error[i];
+  for (int r = 0; r < nranks; ++r) ones += bit_of(bits[r], i);
+  return birder_server_value(ones, nranks, error[i]);
 }
 
 void server_scalar(const uint8_t* const* bits, int nranks, float* error, int64_t i0, int64_t len,
                    const float* u, uint8_t* out) {
   for (int64_t k = 0; k < len; ++k) {
     const int64_t i = i0 + k;
-    if (quantize_one(server_s(bits, nranks, error, i), u[k], error[i]))
+    if (birder_quantize(server_s(bits, nranks, error, i), u[k], error[i]))
       out[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
   }
 }
@@ -234,7 +225,7 @@ void sign_unpack(const uint8_t* bits, float* out, int64_t n, KernelChoice choice
     unpack_avx2(bits, out, i);
   }
 #endif
-  for (; i < n; ++i) out[i] = (bits[i >> 3] >> (i & 7)) & 1 ? 1.0f : -1.0f;
+  for (; i < n; ++i) out[i] = onebit_pick(bit_of(bits, i), 1.0f, -1.0f);
 }
 
 int64_t first_nonfinite_f32(const float* x, int64_t n) {

@@ -1,8 +1,11 @@
-// Element types the core understands and the scalar conversions for the half types.
+// Element types the core understands (the scalar conversions for the half types are in
+// hvdc/elementwise/half.h, shared with the CUDA kernels).
 #pragma once
 #include <cstdint>
 #include <cstring>
 #include <string>
+
+#include "hvdc/elementwise/half.h"
 
 namespace hvdc {
 
@@ -53,35 +56,6 @@ inline bool is_half(DType t) { return t == DType::kFloat16 || t == DType::kBFloa
 inline bool is_integer(DType t) {
   return t == DType::kUInt8 || t == DType::kInt8 || t == DType::kInt16 || t == DType::kInt32 ||
          t == DType::kInt64;
-}
-
-// IEEE binary16 through the compiler's _Float16 (GCC >= 12 on x86-64, clang): exact conversions,
-// and F16C instructions where the target has them.
-inline float half_to_float(uint16_t h) {
-  _Float16 v;
-  std::memcpy(&v, &h, 2);
-  return static_cast<float>(v);
-}
-inline uint16_t float_to_half(float f) {
-  _Float16 v = static_cast<_Float16>(f);
-  uint16_t h;
-  std::memcpy(&h, &v, 2);
-  return h;
-}
-
-// bfloat16 is the top half of a float32; rounding to nearest-even, NaN kept quiet.
-inline float bf16_to_float(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
 }
 
 }  // namespace hvdc

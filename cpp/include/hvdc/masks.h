@@ -28,16 +28,15 @@
 #include <string>
 #include <vector>
 
+#include "hvdc/elementwise/mask.h"
 #include "hvdc/philox.h"
 
 namespace hvdc {
 
 enum class MaskKind : int32_t { kCyclic = 0, kBernoulli = 1 };
 
-// Philox streams of the masks (hvdc/philox.h: `stream` separates uses that share a seed).
-constexpr uint32_t kMaskPermutationStream = 0x4d41534bu;  // "MASK"
-constexpr uint32_t kMaskBernoulliStream = 0x4d41534cu;     // "MASL": hi_i, see above
-constexpr uint32_t kMaskBernoulliTieStream = 0x4d41534du;  // "MASM": lo_i, read on ties only
+// The Philox streams of the masks (kMaskPermutationStream, kMaskBernoulliStream,
+// kMaskBernoulliTieStream) and bernoulli_threshold are in hvdc/elementwise/mask.h.
 
 struct MaskSpec {
   int64_t numel = 0;  // the mask's index space [0, numel) (SLAMB: D, all parameters)
@@ -65,9 +64,6 @@ std::string check_mask_spec(const MaskSpec& spec);
 // per process, the last one used), as a chunk number per element, so that later steps, and any
 // range of them, are one streaming compare over the range only.
 void random_mask(const MaskSpec& spec, uint8_t* out);
-
-// T of a Bernoulli mask of `ratio`: ceil(float32(ratio) * 2^32), in [0, 2^32].
-uint64_t bernoulli_threshold(double ratio);
 
 // The Bernoulli draw of `spec` (its kind and `always` ranges are not read), elements
 // [first, first + length) into out[0, length), on `isa`'s Philox fill and compare (kAuto: the best

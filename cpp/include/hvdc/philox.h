@@ -18,11 +18,7 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define HVDC_HOST_DEVICE __host__ __device__
-#else
-#define HVDC_HOST_DEVICE
-#endif
+#include "hvdc/host_device.h"
 
 namespace hvdc {
 
@@ -63,6 +59,15 @@ HVDC_HOST_DEVICE inline PhiloxBlock philox_block(const PhiloxKey& key, uint64_t 
   const PhiloxBlock ctr{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
                          key.step, key.stream}};
   return philox4x32_10(ctr, static_cast<uint32_t>(key.seed), static_cast<uint32_t>(key.seed >> 32));
+}
+
+// Word `index` of `key`'s sequence, and its uniform: what the bulk fills below give at `index`, one
+// element at a time (the CUDA kernels draw this way, each thread its own elements).
+HVDC_HOST_DEVICE inline uint32_t philox_word(const PhiloxKey& key, uint64_t index) {
+  return philox_block(key, index >> 2).v[index & 3];
+}
+HVDC_HOST_DEVICE inline float philox_uniform(const PhiloxKey& key, uint64_t index) {
+  return philox_word_to_uniform(philox_word(key, index));
 }
 
 // Words [offset, offset + n) of `key`'s sequence into `out`. Vectorized on CPUs with AVX2 or
