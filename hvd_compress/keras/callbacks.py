@@ -20,6 +20,20 @@ def _distributed(optimizer: Any) -> Any:
     return optimizer
 
 
+class EitherKeras:
+    """Lets a Keras 3 callback of ours run in tf_keras's ``fit`` too, so that ``hck.callbacks`` serves whichever
+    Keras the model is (tf_keras's ``CallbackList`` asks these; none of our callbacks has batch hooks)."""
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return False
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return False
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return False
+
+
 class BroadcastMixin:
     """The body of both Keras flavours' ``BroadcastGlobalVariablesCallback`` (Keras 3 here, tf_keras in
     ``hvd_compress.keras.legacy``): only their ``Callback`` base differs."""
@@ -56,7 +70,7 @@ class SynchronizeParametersMixin:
             self._sync()
 
 
-class BroadcastGlobalVariablesCallback(BroadcastMixin, keras.callbacks.Callback):
+class BroadcastGlobalVariablesCallback(BroadcastMixin, EitherKeras, keras.callbacks.Callback):
     """At the start of training, every rank takes ``root_rank``'s model and optimizer variables.
 
     The optimizer is built first (on the model's trainable variables), so its variables (iterations, moments,
@@ -94,12 +108,12 @@ class MetricAverageMixin:
                 logs[k] = float(v)
 
 
-class MetricAverageCallback(MetricAverageMixin, keras.callbacks.Callback):
+class MetricAverageCallback(MetricAverageMixin, EitherKeras, keras.callbacks.Callback):
     """At the end of each epoch, every numeric metric in ``logs`` becomes its average over all ranks (as
     Horovod's); put it before callbacks that read the metrics."""
 
 
-class SynchronizeParametersCallback(SynchronizeParametersMixin, keras.callbacks.Callback):
+class SynchronizeParametersCallback(SynchronizeParametersMixin, EitherKeras, keras.callbacks.Callback):
     """Calls ``model.optimizer.synchronize_parameters()`` (SLAMB: one dense average of the parameters) at the end
     of training, and at the end of every epoch with ``every_epoch=True`` (so evaluation, checkpoints and other
     callbacks see the same parameters on every rank). Put it before callbacks that read the parameters. Other
