@@ -65,6 +65,24 @@ class Compressor:
             out["momentum_masking"] = self.momentum_masking
         return out
 
+    def compress(self, tensor: Any) -> tuple[Any, Any]:
+        """Horovod's ``Compressor.compress``: (the tensor as it would travel, the context ``decompress`` needs).
+        fp16/bf16 cast a floating tensor (torch or TensorFlow) to 16 bits, none returns it as it is. Top-k and
+        random-k keep error feedback per reduced buffer, so they have no stateless form: pass them as
+        ``compression=``."""
+        if self.stateful:
+            raise TypeError(f"{self!r} keeps error feedback per buffer and has no stateless compress(): pass it "
+                            "as compression= to allreduce or DistributedOptimizer")
+        if self.kind == "none" or not _is_floating(tensor):
+            return tensor, None
+        return _cast(tensor, self.kind), _dtype(tensor)
+
+    def decompress(self, tensor: Any, ctx: Any) -> Any:
+        """Horovod's ``Compressor.decompress``: back to the dtype ``compress`` recorded in ``ctx``."""
+        if self.stateful:
+            raise TypeError(f"{self!r} has no stateless decompress(): pass it as compression=")
+        return tensor if ctx is None else _cast(tensor, ctx)
+
     def __repr__(self) -> str:
         if self.kind == "topk":
             if self.momentum:
@@ -74,6 +92,31 @@ class Compressor:
         if self.kind == "randomk":
             return f"Compression.randomk({self.ratio!r}, seed={self.seed})"
         return f"Compression.{self.kind}"
+
+
+def _is_tensorflow(tensor: Any) -> bool:
+    return type(tensor).__module__.startswith("tensorflow")
+
+
+def _is_floating(tensor: Any) -> bool:
+    return bool(tensor.dtype.is_floating if _is_tensorflow(tensor) else tensor.is_floating_point())
+
+
+def _dtype(tensor: Any) -> Any:
+    return tensor.dtype
+
+
+def _cast(tensor: Any, dtype: Any) -> Any:
+    """``tensor`` as ``dtype``: a framework dtype, or "fp16"/"bf16" (torch or TensorFlow, by the tensor's type)."""
+    if _is_tensorflow(tensor):
+        import tensorflow as tf
+
+        return tf.cast(tensor, {"fp16": tf.float16, "bf16": tf.bfloat16}.get(dtype, dtype))
+    if dtype == "fp16":
+        return tensor.half()
+    if dtype == "bf16":
+        return tensor.bfloat16()
+    return tensor.to(dtype)
 
 
 def _check_ratio(ratio: Any) -> float:
