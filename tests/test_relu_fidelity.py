@@ -18,6 +18,10 @@ Other candidates measured on mlp 200/40: floor 0.001: 1-bit Adam 1.2448, 1-bit L
 both tasks (a unit revived after warm-up still has v = 0), and with the floor 0.01 it gave 1.3926 / 1.2471
 (mlp) and 0.1579 / 0.2288 (cnn), worse than compressing m.
 
+Since 2026-11-27 the floor is also at least 1% of the bucket's mean vh and 1-bit LAMB caps its floored elements
+too (hvd_compress.algorithms.onebit); seed 1, 4 ranks, one run: 1-bit LAMB +2.75% (mlp 200/40), +5.20% (600/120),
++2.08% (600/240); 1-bit Adam +2.47% (600/120); the cnn within 2%. The figures below are from before that change.
+
 OPEN, the longer horizon (2026-11-25; model seeds 1-5 via torch.manual_seed in make_model, seed 1 is the test's):
 at 600 steps, freeze_step 120, neither 1-bit optimizer is within 2%. Held-out loss, Adam / 1-bit Adam with the
 floor's cap (hvd_compress.algorithms.onebit_adam) / without it:
