@@ -146,7 +146,8 @@ for name, op, base, options in (
         o.synchronize()
         if name != "adasum" and step < 2:
             record["warmup_grads"].append([p.grad.detach().clone() for p in m.parameters()])
-        torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm=1.0)
+        if name != "adasum":  # Adasum's local steps consumed the gradients: an edit raises (test_clipping.py)
+            torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm=1.0)
         with o.skip_synchronize():
             o.step()
         record["hashes"].append(torch.cat([p.detach().reshape(-1) for p in m.parameters()]).clone())
