@@ -21,6 +21,7 @@
 #include "hvdc/onebit_lamb_bindings.h"
 #include "hvdc/onebit_bindings.h"
 #include "hvdc/random_bindings.h"
+#include "hvdc/mpi_communicator.h"
 #include "hvdc/runtime.h"
 #include "hvdc/sparse_bindings.h"
 
@@ -201,7 +202,9 @@ NB_MODULE(_core, m) {
             config.invalid = invalid;
             config.kernels = scalar_kernels ? KernelChoice::kScalar : KernelChoice::kAuto;
             nb::gil_scoped_release nogil;  // collective: waits for every rank
-            new (self) Runtime(reinterpret_cast<MPI_Comm>(comm_handle), config);
+            std::unique_ptr<MpiCommunicator> world = watched_world(reinterpret_cast<MPI_Comm>(comm_handle));
+            const MpiCommunicator* shared = world.get();
+            new (self) Runtime(std::move(world), config, [shared] { return shared->split_shared(); });
           },
           nb::arg("comm_handle"), nb::arg("timeout_s"), nb::arg("local_size") = 0,
           nb::arg("invalid") = "", nb::arg("scalar_kernels") = false,
