@@ -190,7 +190,8 @@ NB_MODULE(_core, m) {
     return d;
   });
 
-  nb::class_<Runtime>(m, "Runtime")
+  nb::class_<Runtime> runtime(m, "Runtime");
+  runtime
       .def(
           "__init__",
           [](Runtime* self, intptr_t comm_handle, double timeout_s, int local_size,
@@ -327,11 +328,11 @@ NB_MODULE(_core, m) {
            "Tell every peer that this process is exiting (before MPI is finalized).");
   hvdc::register_onebit(m);
   hvdc::register_random(m);
-  hvdc::register_masked(m);
+  hvdc::register_masked(m, runtime);
   hvdc::register_slamb(m);
   hvdc::register_onebit_lamb(m);
   hvdc::register_onebit_adam(m);
   hvdc::register_scaled_add(m);
-  hvdc::register_birder(m);
+  hvdc::register_birder(m, runtime);
   hvdc::register_sparse(m);
 }
