@@ -49,7 +49,7 @@ CPPTEST_OBJS_reduce_ops := dense_allreduce cast allgather
 CPPTEST_BINS += masks
 CPPTEST_OBJS_masks := masks masked_allreduce philox signature dense_allreduce cast stochastic_kernels
 CPPTEST_BINS += hierarchical
-CPPTEST_OBJS_hierarchical := hierarchical_allreduce stochastic_kernels philox compressed_allreduce onebit_kernels signature
+CPPTEST_OBJS_hierarchical = $(CPPTEST_OBJS_runtime)
 CPPTEST_BINS += slamb_kernels
 CPPTEST_OBJS_slamb_kernels := slamb_kernels masks philox
 CPPTEST_BINS += onebit_lamb_kernels
@@ -60,6 +60,9 @@ CPPTEST_BINS += scaled_add_kernels
 CPPTEST_OBJS_scaled_add_kernels := scaled_add_kernels
 CPPTEST_BINS += elementwise
 CPPTEST_OBJS_elementwise := onebit_kernels stochastic_kernels philox cast masks
+CPPTEST_BINS += runtime
+CPPTEST_OBJS_runtime := runtime adasum adasum_kernels allgather cast compressed_allreduce dense_allreduce \
+	hierarchical_allreduce masked_allreduce masks onebit_kernels philox signature sparse_allreduce stochastic_kernels
 CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
 # Every program runs, even after one failed, so that one run reports them all; then any failure

@@ -21,6 +21,7 @@
 #include "hvdc/onebit_lamb_bindings.h"
 #include "hvdc/onebit_bindings.h"
 #include "hvdc/random_bindings.h"
+#include "hvdc/mpi_communicator.h"
 #include "hvdc/runtime.h"
 #include "hvdc/sparse_bindings.h"
 
@@ -189,7 +190,8 @@ NB_MODULE(_core, m) {
     return d;
   });
 
-  nb::class_<Runtime>(m, "Runtime")
+  nb::class_<Runtime> runtime(m, "Runtime");
+  runtime
       .def(
           "__init__",
           [](Runtime* self, intptr_t comm_handle, double timeout_s, int local_size,
@@ -201,7 +203,9 @@ NB_MODULE(_core, m) {
             config.invalid = invalid;
             config.kernels = scalar_kernels ? KernelChoice::kScalar : KernelChoice::kAuto;
             nb::gil_scoped_release nogil;  // collective: waits for every rank
-            new (self) Runtime(reinterpret_cast<MPI_Comm>(comm_handle), config);
+            std::unique_ptr<MpiCommunicator> world = watched_world(reinterpret_cast<MPI_Comm>(comm_handle));
+            const MpiCommunicator* shared = world.get();
+            new (self) Runtime(std::move(world), config, [shared] { return shared->split_shared(); });
           },
           nb::arg("comm_handle"), nb::arg("timeout_s"), nb::arg("local_size") = 0,
           nb::arg("invalid") = "", nb::arg("scalar_kernels") = false,
@@ -324,11 +328,11 @@ NB_MODULE(_core, m) {
            "Tell every peer that this process is exiting (before MPI is finalized).");
   hvdc::register_onebit(m);
   hvdc::register_random(m);
-  hvdc::register_masked(m);
+  hvdc::register_masked(m, runtime);
   hvdc::register_slamb(m);
   hvdc::register_onebit_lamb(m);
   hvdc::register_onebit_adam(m);
   hvdc::register_scaled_add(m);
-  hvdc::register_birder(m);
+  hvdc::register_birder(m, runtime);
   hvdc::register_sparse(m);
 }

@@ -36,66 +36,61 @@ TensorView f32_view(nb::handle obj, const char* what) {
 
 }  // namespace
 
-void register_birder(nb::module_& m) {
-  nb::object runtime = m.attr("Runtime");
-  nb::setattr(runtime, "node_size",
-              nb::cpp_function([](const Runtime& rt) { return rt.node_size(); }, nb::scope(runtime),
-                               nb::name("node_size"), nb::is_method(),
-                               "Ranks in this rank's node (HVDC_LOCAL_SIZE or the shared-memory node)."));
-  nb::setattr(
-      runtime, "hierarchical_compressed_allreduce",
-      nb::cpp_function(
-          [](Runtime& rt, nb::handle tensor, nb::handle worker_error, nb::handle server_error,
-             int payload, bool hierarchical, uint64_t seed, uint32_t step, nb::handle m_buf,
-             nb::handle b_buf, double beta, double eps, nb::handle worker_uniforms,
-             nb::handle server_uniforms, const std::string& name) {
-            HierarchicalCall call;
-            try {
-              call.buffer = f32_view(tensor, "tensor");
-              call.worker_error = f32_view(worker_error, "worker error");
-              call.server_error = f32_view(server_error, "server error");
-              call.m = f32_view(m_buf, "moment m");
-              call.b = f32_view(b_buf, "moment b");
-              call.worker_uniforms = f32_view(worker_uniforms, "worker uniforms");
-              call.server_uniforms = f32_view(server_uniforms, "server uniforms");
-              if (tensor.is_none()) throw UsageError("hierarchical_compressed_allreduce: no tensor");
-              if (m_buf.is_none() != b_buf.is_none())
-                throw UsageError("hierarchical_compressed_allreduce: give both moments m and b, or neither");
-              if (worker_uniforms.is_none() != server_uniforms.is_none())
-                throw UsageError("hierarchical_compressed_allreduce: inject both worker and server uniforms, or neither");
-              if (!(beta >= 0 && beta < 1) || !(eps > 0) || !std::isfinite(eps))
-                throw UsageError("hierarchical_compressed_allreduce: need 0 <= beta < 1 and eps > 0");
-            } catch (const UsageError& e) {
-              nb::gil_scoped_release nogil;
-              rt.reject(kHierarchicalCompressedAllreduce, e.what(), name);
-            }
-            call.payload = static_cast<HierarchicalPayload>(payload);
-            call.key.seed = seed;
-            call.key.step = step;
-            call.has_moments = !m_buf.is_none();
-            call.beta = static_cast<float>(beta);
-            call.one_minus_beta = static_cast<float>(1.0 - beta);
-            call.eps = static_cast<float>(eps);
-            CommStats moved;
-            {
-              nb::gil_scoped_release nogil;
-              moved = rt.hierarchical_compressed_allreduce(call, hierarchical, name);
-            }
-            return binding_stats(moved);
-          },
-          nb::scope(runtime), nb::name("hierarchical_compressed_allreduce"), nb::is_method(),
-          nb::arg("tensor"), nb::arg("worker_error"), nb::arg("server_error"), nb::arg("payload") = 1,
-          nb::arg("hierarchical") = true, nb::arg("seed") = 0, nb::arg("step") = 0,
-          nb::arg("m").none() = nb::none(), nb::arg("b").none() = nb::none(), nb::arg("beta") = 0.95,
-          nb::arg("eps") = 1e-8, nb::arg("worker_uniforms").none() = nb::none(),
-          nb::arg("server_uniforms").none() = nb::none(), nb::arg("name") = "",
-          "In place: `tensor` (float32, d) becomes the Hierarchical-1-bit-All-Reduce of paper 004 "
-          "Section 4. payload 1: Birder's +/-1 (result +/-1.0), 2: the scaled 1-bit payload of "
-          "1-bit Adam/LAMB. worker_error: padded d / ranks per node; server_error: padded d / "
-          "world size (padded d = hierarchical_padded_numel(d, size)). m, b (with beta, eps): "
-          "Birder's moments of this rank's chunk, updated from the node-mean gradient ('grad' "
-          "mode). worker_uniforms (nodes x padded d) and server_uniforms (padded d): injected draws "
-          "instead of Philox (seed, step). Returns this call's bytes."));
+void register_birder(nb::module_& m, nb::class_<Runtime>& runtime) {
+  runtime.def("node_size", &Runtime::node_size,
+              "Ranks in this rank's node (HVDC_LOCAL_SIZE or the shared-memory node).");
+  runtime.def(
+      "hierarchical_compressed_allreduce",
+      [](Runtime& rt, nb::handle tensor, nb::handle worker_error, nb::handle server_error,
+         int payload, bool hierarchical, uint64_t seed, uint32_t step, nb::handle m_buf,
+         nb::handle b_buf, double beta, double eps, nb::handle worker_uniforms,
+         nb::handle server_uniforms, const std::string& name) {
+        HierarchicalCall call;
+        try {
+          call.buffer = f32_view(tensor, "tensor");
+          call.worker_error = f32_view(worker_error, "worker error");
+          call.server_error = f32_view(server_error, "server error");
+          call.m = f32_view(m_buf, "moment m");
+          call.b = f32_view(b_buf, "moment b");
+          call.worker_uniforms = f32_view(worker_uniforms, "worker uniforms");
+          call.server_uniforms = f32_view(server_uniforms, "server uniforms");
+          if (tensor.is_none()) throw UsageError("hierarchical_compressed_allreduce: no tensor");
+          if (m_buf.is_none() != b_buf.is_none())
+            throw UsageError("hierarchical_compressed_allreduce: give both moments m and b, or neither");
+          if (worker_uniforms.is_none() != server_uniforms.is_none())
+            throw UsageError("hierarchical_compressed_allreduce: inject both worker and server uniforms, or neither");
+          if (!(beta >= 0 && beta < 1) || !(eps > 0) || !std::isfinite(eps))
+            throw UsageError("hierarchical_compressed_allreduce: need 0 <= beta < 1 and eps > 0");
+        } catch (const UsageError& e) {
+          nb::gil_scoped_release nogil;
+          rt.reject(kHierarchicalCompressedAllreduce, e.what(), name);
+        }
+        call.payload = static_cast<HierarchicalPayload>(payload);
+        call.key.seed = seed;
+        call.key.step = step;
+        call.has_moments = !m_buf.is_none();
+        call.beta = static_cast<float>(beta);
+        call.one_minus_beta = static_cast<float>(1.0 - beta);
+        call.eps = static_cast<float>(eps);
+        CommStats moved;
+        {
+          nb::gil_scoped_release nogil;
+          moved = rt.hierarchical_compressed_allreduce(call, hierarchical, name);
+        }
+        return binding_stats(moved);
+      },
+      nb::arg("tensor"), nb::arg("worker_error"), nb::arg("server_error"), nb::arg("payload") = 1,
+      nb::arg("hierarchical") = true, nb::arg("seed") = 0, nb::arg("step") = 0,
+      nb::arg("m").none() = nb::none(), nb::arg("b").none() = nb::none(), nb::arg("beta") = 0.95,
+      nb::arg("eps") = 1e-8, nb::arg("worker_uniforms").none() = nb::none(),
+      nb::arg("server_uniforms").none() = nb::none(), nb::arg("name") = "",
+      "In place: `tensor` (float32, d) becomes the Hierarchical-1-bit-All-Reduce of paper 004 "
+      "Section 4. payload 1: Birder's +/-1 (result +/-1.0), 2: the scaled 1-bit payload of "
+      "1-bit Adam/LAMB. worker_error: padded d / ranks per node; server_error: padded d / "
+      "world size (padded d = hierarchical_padded_numel(d, size)). m, b (with beta, eps): "
+      "Birder's moments of this rank's chunk, updated from the node-mean gradient ('grad' "
+      "mode). worker_uniforms (nodes x padded d) and server_uniforms (padded d): injected draws "
+      "instead of Philox (seed, step). Returns this call's bytes.");
 
   m.def(
       "stochastic_quantize",

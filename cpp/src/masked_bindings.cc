@@ -39,7 +39,7 @@ MaskSpec spec_of(int64_t numel, double ratio, uint64_t seed, int64_t step, int k
 
 }  // namespace
 
-void register_masked(nb::module_& m) {
+void register_masked(nb::module_& m, nb::class_<Runtime>& runtime) {
   m.def(
       "random_mask",
       [](BoolFlat out, double ratio, uint64_t seed, int64_t step, int kind,
@@ -127,8 +127,8 @@ void register_masked(nb::module_& m) {
       nb::arg("c"), nb::arg("mask"), nb::arg("beta3"),
       "In place: c = 1 where mask, else beta3 * c (float32, SLAMB's freshness).");
 
-  nb::handle runtime = nb::type<Runtime>();
-  nb::cpp_function_def(
+  runtime.def(
+      "masked_allreduce",
       [](Runtime& rt, nb::handle tensor, double ratio, uint64_t seed, int64_t step,
                 int kind, std::vector<int64_t> always, std::optional<BoolFlat> mask_out,
                 bool check_finite, const std::string& name, int64_t offset, int64_t total) {
@@ -153,7 +153,7 @@ void register_masked(nb::module_& m) {
         }
         return binding_stats(moved);
       },
-      nb::scope(runtime), nb::name("masked_allreduce"), nb::is_method(), nb::arg("tensor"),
+      nb::arg("tensor"),
       nb::arg("ratio"), nb::arg("seed"), nb::arg("step"), nb::arg("kind") = 0,
       nb::arg("always") = std::vector<int64_t>{}, nb::arg("mask_out").none() = nb::none(),
       nb::arg("check_finite") = false, nb::arg("name") = "", nb::arg("offset") = 0,
@@ -164,7 +164,8 @@ void register_masked(nb::module_& m) {
       "whole). The mask's arguments are agreed (MismatchError on every rank if they differ). "
       "`mask_out` (bool, numel) receives the mask. `check_finite`: NaN/Inf on any rank raises "
       "UsageError on every rank, tensor unchanged. Returns this call's bytes.");
-  nb::cpp_function_def(
+  runtime.def(
+      "masked_gather",
       [](Runtime& rt, nb::handle tensor, nb::handle compact, double ratio, uint64_t seed, int64_t step, int kind,
          std::vector<int64_t> always, BoolFlat mask_out, bool check_finite, const std::string& name, int64_t offset,
          int64_t total) {
@@ -195,7 +196,7 @@ void register_masked(nb::module_& m) {
         d["count"] = count;
         return d;
       },
-      nb::scope(runtime), nb::name("masked_gather"), nb::is_method(), nb::arg("tensor"), nb::arg("compact").none(),
+      nb::arg("tensor"), nb::arg("compact").none(),
       nb::arg("ratio"), nb::arg("seed"), nb::arg("step"), nb::arg("kind") = 0,
       nb::arg("always") = std::vector<int64_t>{}, nb::arg("mask_out"), nb::arg("check_finite") = false,
       nb::arg("name") = "", nb::arg("offset") = 0, nb::arg("total") = -1,

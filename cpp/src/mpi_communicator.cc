@@ -530,4 +530,14 @@ std::unique_ptr<Communicator> MpiCommunicator::split_shared() const {
   return std::unique_ptr<Communicator>(new MpiCommunicator(out, Adopt{}, stall_, watch_));
 }
 
+void MpiCommunicator::leave(double timeout_s) {
+  if (watch_) watch_->leave(timeout_s);
+}
+
+std::unique_ptr<MpiCommunicator> watched_world(MPI_Comm world) {
+  std::unique_ptr<MpiCommunicator> comm(new MpiCommunicator(world));
+  comm->set_peer_watch(std::make_shared<PeerWatch>(world));
+  return comm;
+}
+
 }  // namespace hvdc

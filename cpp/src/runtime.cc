@@ -15,24 +15,26 @@
 namespace hvdc {
 namespace {
 
-// Bit set in the signature's op field of a hierarchical Adasum call, so that ranks that disagree
-// on the mode raise MismatchError ("op") instead of joining different communicators.
-constexpr int32_t kAdasumHierarchicalFlag = 0x100;
+// Modes set in the signature's op field above the op or payload itself (which stay below 0x100),
+// so that ranks that disagree on a mode raise MismatchError ("op") instead of joining different
+// communicators or posting different messages.
+constexpr int32_t kHierarchicalFlag = 0x100;     // over the node topology (Adasum, 1-bit)
+constexpr int32_t kMomentsFlag = 0x200;          // the 1-bit allreduce also updates moments
+constexpr int32_t kWorkerUniformsFlag = 0x400;   // ... from the caller's uniforms
 
 int adasum_op(bool hierarchical) {
-  return static_cast<int>(ReduceOp::kAdasum) | (hierarchical ? kAdasumHierarchicalFlag : 0);
+  return static_cast<int>(ReduceOp::kAdasum) | (hierarchical ? kHierarchicalFlag : 0);
 }
 
 }  // namespace
 
-Runtime::Runtime(MPI_Comm world, const RuntimeConfig& config)
-    : world_(new MpiCommunicator(world)),
+Runtime::Runtime(std::unique_ptr<Communicator> world, const RuntimeConfig& config,
+                 const NodeSplit& shared_node)
+    : world_(std::move(world)),
       timeout_s_(config.timeout_s),
       kernels_(config.kernels),
       onebit_pipeline_(config.onebit_pipeline) {
   world_->set_stall_timeout(timeout_s_);
-  // Before any split: the communicators split from the world watch for departed peers too.
-  world_->set_peer_watch(std::make_shared<PeerWatch>(world));
   // Every rank must split the same way: agree on the local size (and on every rank's settings
   // being valid) before any split.
   CallSignature settings;
@@ -45,8 +47,9 @@ Runtime::Runtime(MPI_Comm world, const RuntimeConfig& config)
   agree(settings, "hvd_compress init (HVDC_* settings)");
   adasum_plan_.reset(new AdasumPlan(*world_));
   const int k = config.local_size;
-  std::unique_ptr<Communicator> node =
-      k > 0 ? world_->split(rank() / k, rank()) : world_->split_shared();
+  std::unique_ptr<Communicator> node = k > 0        ? world_->split(rank() / k, rank())
+                                       : shared_node ? shared_node()
+                                                     : world_->split(0, rank());
   hierarchical_plan_.reset(new HierarchicalAdasumPlan(*world_, std::move(node)));
   hierarchical_onebit_plan_.reset(new HierarchicalOneBitPlan(*world_, hierarchical_plan_->node()));
   // Start-up traffic is no collective call of the user's: it stays out of stats().
@@ -264,8 +267,8 @@ CommStats Runtime::hierarchical_compressed_allreduce(const HierarchicalCall& cal
                                                     const std::string& name) {
   // Everything that must match across ranks rides in the signature: the payload and the modes in
   // `op`, the seed, step and moment constants in the layout hash (a mismatch raises everywhere).
-  const int op = static_cast<int>(call.payload) | (hierarchical ? 0x100 : 0) |
-                 (call.has_moments ? 0x200 : 0) | (call.worker_uniforms.data ? 0x400 : 0);
+  const int op = static_cast<int>(call.payload) | (hierarchical ? kHierarchicalFlag : 0) |
+                 (call.has_moments ? kMomentsFlag : 0) | (call.worker_uniforms.data ? kWorkerUniformsFlag : 0);
   CallSignature sig = signature_of(kHierarchicalCompressedAllreduce, call.buffer, op, name);
   const struct {
     uint64_t seed;
@@ -315,7 +318,7 @@ void Runtime::reject(Collective collective, const std::string& why, const std::s
 }
 
 void Runtime::leave(double timeout_s) {
-  if (PeerWatch* watch = world_->peer_watch()) watch->leave(timeout_s);
+  world_->leave(timeout_s);
 }
 
 CommStats Runtime::stats() const {

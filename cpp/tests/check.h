@@ -5,10 +5,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "hvdc/errors.h"
 
 namespace hvdc {
 
@@ -74,6 +77,25 @@ bool check_close(Failures& f, const std::string& what, const std::vector<double>
                                " differ from the reference, first at ", first, ": got ",
                                bad ? got[first] : 0.0, ", want ", bad ? want[first] : 0.0,
                                ", tolerance ", bad ? tol(first) : 0.0, " (max error ", worst, ")"));
+}
+
+// What a collective threw on one rank, by the core's exception classes (errors.h): the type and
+// the text ("" for none), so that each rank's outcome can be checked after the threads join.
+struct Outcome {
+  std::string type, message;
+};
+
+inline Outcome attempt(const std::function<void()>& call) {
+  try {
+    call();
+    return {"", ""};
+  } catch (const MismatchError& e) {
+    return {"MismatchError", e.what()};
+  } catch (const UsageError& e) {
+    return {"UsageError", e.what()};
+  } catch (const CommTimeoutError& e) {
+    return {"CommTimeoutError", e.what()};
+  }
 }
 
 // Same bytes (the ranks of a collective must hold identical results).

@@ -13,9 +13,9 @@
 //     (which the sentinel would change if it were read) still equal the reference;
 //   - identical result bits on every rank, and the bytes each group moved: inter-node 2 (n - 1)
 //     c2 / 8 per rank for the +/-1 payload (spec 4: 2 (n - 1) d_pad bits over all ranks);
-//   - nodes of unequal size, and a non-finite input on one rank: UsageError on every rank through
-//     the signature exchange (the protocol of Runtime::hierarchical_compressed_allreduce), with
-//     every buffer unchanged.
+//   - nodes of unequal size, and a non-finite input on one rank: the same UsageError on every rank
+//     from Runtime::hierarchical_compressed_allreduce (built over the thread ranks with nodes of
+//     HVDC_LOCAL_SIZE), with every buffer unchanged.
 //
 // Usage: test_hierarchical FIXTURES (written by cpp/tests/make_fixtures.py).
 #include <algorithm>
@@ -32,7 +32,7 @@
 #include "hvdc/compressed_allreduce.h"
 #include "hvdc/errors.h"
 #include "hvdc/hierarchical_allreduce.h"
-#include "hvdc/signature.h"
+#include "hvdc/runtime.h"
 #include "thread_communicator.h"
 
 namespace hvdc {
@@ -268,24 +268,6 @@ void run_case(Failures& f, const Fixtures& fx, const std::string& name) {
     run_case_with(f, fx, name, KernelChoice::kAuto, OneBitPipeline{32, 0});
 }
 
-// One call through the runtime's protocol (Runtime::hierarchical_compressed_allreduce): the plan's
-// verdict or hierarchical_check's reason rides in the signature, and every rank raises if any rank
-// rejected. Returns the text of the UsageError this rank got ("" if none).
-std::string protocol_call(Communicator& world, const HierarchicalOneBitPlan& plan, const HierarchicalCall& call) {
-  CallSignature sig = signature_of(kHierarchicalCompressedAllreduce, call.buffer,
-                                   static_cast<int>(call.payload) | 0x100, "h");
-  std::string why = plan.invalid();
-  if (why.empty()) why = hierarchical_check(plan.groups(), call);
-  if (!why.empty()) set_rejected(sig, why);
-  try {
-    agree_on_signature(world, sig, kHangS, "hierarchical_compressed_allreduce");
-    hierarchical_compressed_allreduce(plan.groups(), call);
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // `world` ranks in nodes of `local` consecutive ranks (the last node smaller) and, when `nan_rank`
 // >= 0, a NaN in that rank's input: every rank raises UsageError containing `expect`, and no buffer
 // changes.
@@ -293,16 +275,17 @@ void rejected_everywhere(Failures& f, int world_size, int local, int nan_rank, c
   f.ran();
   const std::string label = str("world ", world_size, ", nodes of ", local,
                                 nan_rank >= 0 ? str(", NaN on rank ", nan_rank) : std::string());
-  std::vector<std::string> messages(world_size), invalid(world_size);
+  std::vector<std::string> messages(world_size);
   ThreadWorld world(world_size, kHangS);
   const std::vector<std::string> failed = world.run([&](Communicator& comm) {
     const int r = comm.rank();
-    std::unique_ptr<Communicator> node = comm.split(r / local, r);
-    HierarchicalOneBitPlan plan(comm, *node);
-    invalid[r] = plan.invalid();
+    RuntimeConfig config;
+    config.timeout_s = kHangS;
+    config.local_size = local;
+    Runtime runtime(comm.split(0, r), config, nullptr);
     const int64_t d = 100, dpad = hierarchical_padded_numel(d, world_size);
     // Sizes that fit this rank's node, so that only the verdict being tested rejects the call.
-    const int64_t c1 = dpad / node->size(), c2 = dpad / world_size;
+    const int64_t c1 = dpad / runtime.node_size(), c2 = dpad / world_size;
     std::vector<float> x(d, 0.5f), werr(c1, 0.25f), serr(c2, -0.25f), m(c1, 0.125f), b(c1, 0.5f);
     if (r == nan_rank) x[7] = std::numeric_limits<float>::quiet_NaN();
     const std::vector<float> x0 = x, werr0 = werr, serr0 = serr, m0 = m, b0 = b;
@@ -313,7 +296,11 @@ void rejected_everywhere(Failures& f, int world_size, int local, int nan_rank, c
     call.has_moments = true;
     call.m = f32_view(m);
     call.b = f32_view(b);
-    messages[r] = protocol_call(comm, plan, call);
+    try {
+      runtime.hierarchical_compressed_allreduce(call, true, "h");
+    } catch (const UsageError& e) {
+      messages[r] = e.what();
+    }
     const std::string what = str(label, ": rank ", r);
     f.check(std::memcmp(x.data(), x0.data(), sizeof(float) * d) == 0, what + ": buffer changed");
     f.check(werr == werr0 && serr == serr0 && m == m0 && b == b0, what + ": errors or moments changed");
@@ -323,7 +310,7 @@ void rejected_everywhere(Failures& f, int world_size, int local, int nan_rank, c
     f.check(failed[r].empty(), what + " threw " + failed[r]);
     f.check(messages[r].find(expect) != std::string::npos,
             what + ": expected a UsageError containing '" + expect + "', got '" + messages[r] + "'");
-    f.check(invalid[r] == invalid[0], what + ": the plan's verdict differs from rank 0's");
+    f.check(messages[r] == messages[0], what + ": raised '" + messages[r] + "', rank 0 '" + messages[0] + "'");
   }
 }
 

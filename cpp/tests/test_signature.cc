@@ -29,22 +29,8 @@ CallSignature base_signature() {
   return signature_of(kAllreduce, t, 0, "grad");
 }
 
-// What agree_on_signature threw on one rank: the exception's type and text ("" for none).
-struct Outcome {
-  std::string type, message;
-};
-
 Outcome agree(Communicator& comm, const CallSignature& sig, double timeout_s) {
-  try {
-    agree_on_signature(comm, sig, timeout_s, "allreduce");
-    return {"", ""};
-  } catch (const MismatchError& e) {
-    return {"MismatchError", e.what()};
-  } catch (const UsageError& e) {
-    return {"UsageError", e.what()};
-  } catch (const CommTimeoutError& e) {
-    return {"CommTimeoutError", e.what()};
-  }
+  return attempt([&] { agree_on_signature(comm, sig, timeout_s, "allreduce"); });
 }
 
 // Runs one agreement at n ranks, rank r contributing sig_of(r), and checks that every rank's

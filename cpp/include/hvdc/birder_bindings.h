@@ -5,8 +5,11 @@
 
 namespace hvdc {
 
-// Adds Runtime.hierarchical_compressed_allreduce, _core.stochastic_quantize,
+class Runtime;  // hvdc/runtime.h
+
+// Adds the methods Runtime.node_size and Runtime.hierarchical_compressed_allreduce to `runtime`
+// (with .def, as bindings.cc adds the others), _core.stochastic_quantize,
 // _core.hierarchical_padded_numel and _core.stochastic_kernel_isa.
-void register_birder(nanobind::module_& m);
+void register_birder(nanobind::module_& m, nanobind::class_<Runtime>& runtime);
 
 }  // namespace hvdc

@@ -61,6 +61,15 @@ class Communicator {
   // Ranks with the same color form a new communicator, ordered by (key, rank).
   virtual std::unique_ptr<Communicator> split(int color, int key) const = 0;
 
+  // Seconds a wait inside a collective that every rank has joined may last (<= 0: forever), shared
+  // with the communicators split from this one later. The runtime sets its timeout here; a
+  // transport that detects hangs by other means ignores it.
+  virtual void set_stall_timeout(double /*s*/) {}
+  // This process is exiting: tell every peer, so that one waiting for this rank stops waiting
+  // (mpi_communicator.h, PeerWatch). Waits at most `timeout_s`. Nothing to do where ranks cannot
+  // outlive each other (the threads of one process).
+  virtual void leave(double /*timeout_s*/) {}
+
   CommStats& stats() { return stats_; }
   const CommStats& stats() const { return stats_; }
 

@@ -95,13 +95,13 @@ class MpiCommunicator final : public Communicator {
 
   static bool mpi_initialized();
 
-  // Seconds a wait inside an agreed collective may last before the job is aborted (<= 0: forever).
-  // Shared with every communicator split from this one.
-  void set_stall_timeout(double s) { stall_->store(s); }
+  // A wait inside an agreed collective that outlasts the stall timeout aborts the job (see above).
+  void set_stall_timeout(double s) override { stall_->store(s); }
   // Waits of this communicator and of those split from it later end when a peer has left (see
   // above). Null: they do not watch.
   void set_peer_watch(std::shared_ptr<PeerWatch> watch) { watch_ = std::move(watch); }
-  PeerWatch* peer_watch() const { return watch_.get(); }
+  // Says goodbye through the peer watch, if any (PeerWatch::leave).
+  void leave(double timeout_s) override;
 
  private:
   struct Adopt {};
@@ -124,5 +124,9 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<char[]> ring_scratch_;
   size_t ring_scratch_bytes_ = 0;
 };
+
+// The world communicator of a Runtime: a duplicate of `world` that watches for departed peers, set
+// before any split so that the communicators split from it watch too. Collective.
+std::unique_ptr<MpiCommunicator> watched_world(MPI_Comm world);
 
 }  // namespace hvdc

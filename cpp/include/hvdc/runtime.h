@@ -7,6 +7,7 @@
 // bad call raises on every rank instead of hanging the others; the call counted; and the bytes
 // this rank moved for it returned to the caller.
 #pragma once
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,7 +19,7 @@
 #include "hvdc/kernel_isa.h"
 #include "hvdc/masks.h"
 #include "hvdc/hierarchical_allreduce.h"
-#include "hvdc/mpi_communicator.h"
+#include "hvdc/communicator.h"
 #include "hvdc/reduce_op.h"
 #include "hvdc/signature.h"
 #include "hvdc/tensor.h"
@@ -31,7 +32,7 @@ struct SparseSpec;  // hvdc/sparse_allreduce.h
 struct RuntimeConfig {
   double timeout_s = 300;  // HVDC_TIMEOUT: seconds a collective waits for every rank to join
   // HVDC_LOCAL_SIZE=k: consecutive blocks of k ranks form a node (emulates nodes on one machine);
-  // 0 means the MPI shared-memory node.
+  // 0 means the node the transport reports (Runtime's `shared_node`; MPI: the shared-memory node).
   int local_size = 0;
   // HVDC_ONEBIT_KERNELS=scalar: the element-wise kernels of every call run the portable code.
   KernelChoice kernels = KernelChoice::kAuto;
@@ -45,10 +46,14 @@ struct RuntimeConfig {
 
 class Runtime {
  public:
-  // `world` is borrowed from mpi4py (or Horovod's world) and duplicated. Collective: agrees on the
-  // settings that must match (local size) and builds the node topology and the Adasum level
-  // groups once. Throws UsageError on every rank if some rank's config is invalid.
-  Runtime(MPI_Comm world, const RuntimeConfig& config);
+  // This rank's node communicator when config.local_size is 0, split off the world (collective).
+  using NodeSplit = std::function<std::unique_ptr<Communicator>()>;
+
+  // Over `world` (any transport: MPI in the extension, watched_world() in mpi_communicator.h;
+  // threads in the C++ tests). Collective: agrees on the settings that must match (local size),
+  // then builds the node topology and the Adasum level groups once. A null `shared_node` makes the
+  // whole world one node. Throws UsageError on every rank if some rank's config is invalid.
+  Runtime(std::unique_ptr<Communicator> world, const RuntimeConfig& config, const NodeSplit& shared_node);
 
   int rank() const { return world_->rank(); }
   int size() const { return world_->size(); }
@@ -148,7 +153,7 @@ class Runtime {
   // thread while the main thread may reduce a loss); the communicators and scratch buffers are
   // shared, so one collective runs at a time. Taken with the GIL released.
   std::mutex mu_;
-  std::unique_ptr<MpiCommunicator> world_;
+  std::unique_ptr<Communicator> world_;
   double timeout_s_;
   KernelChoice kernels_;
   OneBitPipeline onebit_pipeline_;
