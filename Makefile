@@ -9,7 +9,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export TF_CPP_MIN_LOG_LEVEL := 3
 # mpi_yield_when_idle: every rank's threads (main, Horovod's and hvd_compress's background threads) share few
 # cores here; Open MPI's blocking waits spin unless told to yield, which it does by itself only when it counts
-# more ranks than slots (see README, Performance).
+# more ranks than slots (see docs/benchmarks.md).
 MPIRUN := mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 -x PYTHONPATH -x OMP_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL
 
 .PHONY: install build test lint cpptest cudacheck demo bench bench-e2e bench-keras bench-two-nodes clean

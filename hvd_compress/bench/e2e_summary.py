@@ -1,5 +1,5 @@
-"""``python -m hvd_compress.bench.e2e_summary bench_results/e2e_*.json``: the condensed end-to-end tables of the
-README's "Performance" section, from the JSON files that ``make bench-e2e`` writes (no run, no MPI).
+"""``python -m hvd_compress.bench.e2e_summary bench_results/e2e_*.json``: the condensed end-to-end tables of
+docs/benchmarks.md, from the JSON files that ``make bench-e2e`` writes (no run, no MPI).
 
 One table per result file: a row per method that a user would choose between, a column per model, each cell
 the median step in ms followed by (Horovod's step of the same rule / this step) and, for the compressed

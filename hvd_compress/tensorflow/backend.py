@@ -217,7 +217,7 @@ class NumpyBackend:
     @staticmethod
     def norm(x: np.ndarray) -> float:
         # Accumulated in float64 and rounded to the dtype: the torch norm's float32 accumulation order is not
-        # reproducible here, so a norm may differ from torch's by an ulp of the dtype (see the README).
+        # reproducible here, so a norm may differ from torch's by an ulp of the dtype (docs/tensorflow-keras.md).
         if not x.size:
             return 0.0
         w = x.astype(np.float64)

@@ -5,8 +5,8 @@ as in Horovod.
 
 Horovod's expected value for parallel vectors (test_parallel, test_stability, test_stability_2) is their average,
 which a tree of pairwise Adasum steps gives only at a power-of-two size. hc also runs at other sizes by folding
-rank r >= p into rank r - p first (README, Adasum), which weights the folded ranks differently; at such sizes these
-tests compare with that fold (hvd_compress.reference.adasum) under Horovod's tolerance instead, and say so.
+rank r >= p into rank r - p first (docs/algorithms/adasum.md), which weights the folded ranks differently; at such
+sizes these tests compare with that fold (hvd_compress.reference.adasum) under Horovod's tolerance instead, and say so.
 
 argv: out_dir, mode ("hc": hc.init() alone; "hvd": hvd.init() first). Each rank saves {test name: "ok", "ok
 (...)" or what failed}.
