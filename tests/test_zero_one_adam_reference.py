@@ -212,7 +212,8 @@ def test_least_squares_at_four_ranks_ends_near_dense_adam() -> None:
 
 
 @pytest.mark.parametrize(("name", "value"), [("var_update_scaler", 0), ("local_step_scaler", -1),
-                                             ("local_step_clipper", 0), ("var_freeze_step", -1), ("eps", 0.0),
+                                             ("local_step_clipper", 0), ("var_freeze_step", -1),
+                                             ("var_update_scaler", 2.0), ("local_step_clipper", True), ("eps", 0.0),
                                              ("betas", (1.0, 0.999)), ("weight_decay", -0.1)])
 def test_bad_options_raise(name: str, value: object) -> None:
     with pytest.raises(ValueError, match=name.split("_", maxsplit=1)[0]):

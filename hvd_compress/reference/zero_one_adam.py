@@ -44,11 +44,11 @@ class Options:
             raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
         if not self.eps > 0 or self.weight_decay < 0:
             raise ValueError(f"eps must be > 0 and weight_decay >= 0, got {self.eps}, {self.weight_decay}")
-        if self.var_freeze_step < 0:
-            raise ValueError(f"var_freeze_step must be >= 0, got {self.var_freeze_step}")
-        for name in ("var_update_scaler", "local_step_scaler", "local_step_clipper"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)}")
+        for name, least in (("var_freeze_step", 0), ("var_update_scaler", 1), ("local_step_scaler", 1),
+                            ("local_step_clipper", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
 @dataclass
@@ -170,7 +170,7 @@ class Trace:
 
 
 def zero_one_adam(
-    x0: np.ndarray | Sequence[np.ndarray],
+    x0: np.ndarray | Sequence[np.ndarray] | None,
     grads: Sequence[Sequence[np.ndarray]],
     lr: float | Sequence[float] = 1e-3,
     state: ZeroOneAdamState | None = None,
