@@ -1,13 +1,13 @@
-"""make demo: data-parallel training of a small classifier on N ranks, once per reduction, side by side.
+"""The teacher task of the fidelity tests: data-parallel training on N ranks, once per reduction, side by side.
 
 Each rank trains on its own shard of a synthetic regression task (targets from a fixed random teacher
 network plus noise of variance NOISE^2, which is the lowest loss any model can reach), with
 ``hc.DistributedOptimizer``; per epoch it prints the global training loss, the held-out loss, and
 the bytes this rank's optimizer sent and received. The 1-bit optimizers and SLAMB run next to their dense
-counterparts (Adam and ``hc.Lamb`` with a dense average), and the demo reports each one's final loss
+counterparts (Adam and ``hc.Lamb`` with a dense average), and the task reports each one's final loss
 relative to its counterpart (the fidelity check: within 2%). With ``--out DIR`` it writes
-``results.json`` and ``loss_curves.png`` there. Launch: ``mpirun -np 4 python examples/demo.py``
-(or ``horovodrun -np 4 python examples/demo.py``).
+``results.json`` and ``loss_curves.png`` there. Launch: ``mpirun -np 4 python tests/workers/teacher_task.py``
+(tests/test_fidelity.py does).
 """
 
 from __future__ import annotations
