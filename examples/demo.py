@@ -1,0 +1,138 @@
+"""make demo: what hvd_compress is for. The same training job, once with Horovod's dense step and once with each
+hc op, each for the same wall-clock budget, side by side.
+
+Every rank trains a ReLU MLP of about a million parameters (a 4.4 MB gradient per step) on scikit-learn's
+handwritten digits, which ship with the package: Horovod's ``hvd.DistributedOptimizer`` around Adam, then
+``hc.DistributedOptimizer`` with ``op=`` Average and Adasum (around Adam), OneBitAdam (Adam), OneBitLamb and SLAMB
+(``hc.Lamb``) and Birder (``hc.Birder``), from the same weights on the same batches (the methods and the
+training loop of ``hvd_compress.bench.e2e``). It prints one table (step time, bytes per step, final loss,
+held-out accuracy, seconds to reach the loss Horovod's step reached in its budget) and writes under ``--out``
+the training loss against wall-clock seconds as a PNG, one line per op, with the table as Markdown and JSON.
+``make demo`` runs it on 4 ranks behind an emulated 100 Mbit/s link (tools/slow_link.sh: a network namespace
+whose loopback tc tbf limits, MPI over TCP) where the machine allows it, else on shared memory, and says which.
+By hand: ``mpirun -np 4 python examples/demo.py --out examples/out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import textwrap
+from pathlib import Path
+
+import horovod.torch as hvd
+import torch
+from mpi4py import MPI
+
+import hvd_compress.torch as hc
+from hvd_compress.bench.e2e import Run, methods, plot, smooth, summarize, train
+from hvd_compress.bench.models import build, digits
+
+HOROVOD = "Horovod Adam"
+# Losses are smoothed over this many steps: few, since a window of steps is seconds long for a dense step behind a
+# slow link, which would lag its curve and its time to the target behind the fast steps' by that much.
+WINDOW = 3
+OPS = (HOROVOD, "hc Average (Adam)", "hc Adasum (Adam)", "hc OneBitAdam", "hc OneBitLamb", "hc SLAMB", "hc Birder")
+
+
+def table(rows: list[dict], horovod_ms: float, target: float) -> str:
+    """The terminal table: one line per op."""
+    head = (f"| op | ms/step | Horovod ms / this | MB sent/step/rank | steps | final train loss | held-out loss "
+            f"| held-out accuracy | s to loss {target:.3f} |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["hc_bytes_per_step"] is not None:
+            sent = f"{r['hc_bytes_per_step'] / 1e6:.3f}"
+        elif r["wire_bytes_per_step"] is not None:
+            sent = f"{r['wire_bytes_per_step'] / 1e6:.3f} *"
+        else:
+            sent = "n/a"
+        reached = "not reached" if r["time_to_dense_loss_s"] is None else f"{r['time_to_dense_loss_s']:.1f}"
+        lines.append(
+            f"| {r['method']} | {r['median_step_ms']:.1f} | {horovod_ms / r['median_step_ms']:.1f}x | {sent} | "
+            f"{r['steps']} | {r['final_train_loss']:.4f} | {r['test_loss']:.4f} | {100 * r['test_accuracy']:.1f}% | "
+            f"{reached} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def notes(net: str, size: int, args: argparse.Namespace) -> str:
+    link = (f"an emulated {net} link (tc tbf on a network namespace's loopback, MPI over TCP)" if net
+            else "shared memory (no emulated slow link), so step times show compute and memory, not a network")
+    return textwrap.fill(
+        f"{size} ranks on {link}; each op trained for {args.seconds:g} s of wall-clock (at most {args.steps} steps), "
+        f"batch {args.batch} per rank, ms/step the median after step {args.warmup} (the 1-bit optimizers' dense "
+        f"warm-up, freeze_step) on the slowest rank. MB sent/step/rank: hvd_compress's own count; * what crossed "
+        f"the link, all traffic, per rank; n/a: Horovod's bytes are not counted on shared memory. Losses: training "
+        f"loss, mean over ranks, over the last {WINDOW} steps. Target: the training loss Horovod's dense step reached "
+        f"at the end of its budget.", width=116
+    ) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=25.0, help="wall-clock budget of each op")
+    parser.add_argument("--steps", type=int, default=2000, help="at most this many steps per op")
+    parser.add_argument("--warmup", type=int, default=4, help="the 1-bit optimizers' freeze_step; untimed")
+    parser.add_argument("--width", type=int, default=1024, help="the MLP's hidden width")
+    parser.add_argument("--depth", type=int, default=2, help="the MLP's hidden layers")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", default=",".join(OPS), help=f"comma-separated, any of {list(OPS)}")
+    parser.add_argument("--out", type=Path, default=None, help="write the PNG, .md and .json here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    hvd.init()
+    hc.init()
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    net = os.environ.get("HVDC_BENCH_NET", "")
+    wanted = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = sorted(set(wanted) - set(OPS))
+    if unknown or HOROVOD not in wanted:
+        parser.error(f"--only: {unknown or 'Horovod Adam is the baseline and must be in'}; known: {list(OPS)}")
+    data = digits(args.seed)
+    model = {"width": args.width, "depth": args.depth}
+    if rank == 0:
+        params = sum(p.numel() for p in build("mlp", **model).parameters())
+        print(f"[demo] {size} ranks, {'link ' + net if net else 'shared memory'}; digits "
+              f"({data.x_train.shape[0]} training, {data.x_test.shape[0]} held-out images), MLP of {params / 1e6:.2f}M "
+              f"parameters; {len(wanted)} ops x {args.seconds:g} s", flush=True)
+        if not net:
+            print("[demo] no emulated slow link (make demo sets one up where root and `ip netns` allow it): "
+                  "running on shared memory", flush=True)
+    by_name = {m.name: m for m in methods(args.warmup)}
+    # Untimed: the first op measured must not pay for page faults and cold caches.
+    train(by_name["floor Adam (no comm)"], "mlp", data, comm, argparse.Namespace(**{**vars(args), "steps": 5}),
+          **model)
+    runs: list[Run] = []
+    for name in wanted:
+        run = train(by_name[name], "mlp", data, comm, args, seconds=args.seconds, **model)
+        runs.append(run)
+        if rank == 0:
+            timed = run.step_ms[args.warmup:] or run.step_ms
+            print(f"[demo] {name}: {len(run.step_ms)} steps in {run.wall_s[-1]:.1f} s, median "
+                  f"{statistics.median(timed):.1f} ms/step, final loss {smooth(run.losses, WINDOW)[-1]:.4f}",
+                  flush=True)
+    if rank != 0:
+        return
+    target = smooth(runs[wanted.index(HOROVOD)].losses, WINDOW)[-1]
+    rows = summarize(runs, args.warmup, size, net, target=target, window=WINDOW)
+    horovod_ms = rows[wanted.index(HOROVOD)]["median_step_ms"]
+    text = table(rows, horovod_ms, target)
+    print("\n" + text + "\n" + notes(net, size, args))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = args.out / f"demo_{net or 'shm'}_np{size}"
+        stem.with_suffix(".md").write_text(text + "\n" + notes(net, size, args))
+        stem.with_suffix(".json").write_text(json.dumps({"net": net, "ranks": size, "target": target, "rows": rows,
+                                                          "runs": [r.__dict__ for r in runs]}, indent=1))
+        pngs = plot(runs, stem, window=WINDOW)
+        print(f"[demo] wrote {stem}.md, {stem}.json and {', '.join(str(p) for p in pngs)}")
+
+
+if __name__ == "__main__":
+    main()
