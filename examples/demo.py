@@ -73,7 +73,7 @@ def notes(net: str, size: int, args: argparse.Namespace) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=25.0, help="wall-clock budget of each op")
+    parser.add_argument("--seconds", type=float, default=20.0, help="wall-clock budget of each op")
     parser.add_argument("--steps", type=int, default=2000, help="at most this many steps per op")
     parser.add_argument("--warmup", type=int, default=4, help="the 1-bit optimizers' freeze_step; untimed")
     parser.add_argument("--width", type=int, default=1024, help="the MLP's hidden width")

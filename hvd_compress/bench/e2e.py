@@ -12,7 +12,7 @@ local optimizer and no communication at all), from the same initial weights and 
 - Horovod's ``DistributedOptimizer`` step of the same rule divided by it (the speed-up over Horovod);
 - bytes per step and rank: hvd_compress's own counts for ``hc`` ops; under ``NET=...`` also what crossed the
   namespace's loopback (every method, all traffic: MPI and gloo run over TCP there), divided by the ranks;
-- held-out loss at the end, and the wall-clock time at which the method's training loss (smoothed) first
+- held-out loss and accuracy at the end, and the wall-clock time at which the method's training loss (smoothed) first
   reached the dense run's final training loss.
 
 Writes ``e2e_<label>_np<n>.json``/``.md`` and one PNG per model (training loss against wall-clock time) under
