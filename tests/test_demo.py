@@ -43,6 +43,8 @@ def test_demo_prints_its_table_and_writes_a_png_at_two_ranks_on_shared_memory(tm
             assert sent == "n/a", sent  # Horovod's bytes are counted only on the emulated link
         else:
             assert float(sent) > 0, (op, sent)
+    for op in ("Horovod Adam", "hc Average (Adam)"):  # the target is Horovod's final loss; hc Average: the same step
+        assert rows[op][8] != "not reached", rows[op]
     dense = float(rows["hc Average (Adam)"][3])
     for op in ("hc OneBitAdam", "hc OneBitLamb", "hc Birder"):  # past freeze_step=1: 1 bit per element
         assert float(rows[op][3]) * 20 < dense, (op, rows[op][3], dense)
