@@ -1,7 +1,7 @@
-"""make demo, Keras part: the demo task of examples/demo.py (a fixed random teacher network plus noise of variance
-NOISE^2, the lowest loss any model can reach) trained with Keras 3 ``model.fit`` on N ranks through
-``hvd_compress.keras.DistributedOptimizer``: dense Adam, Adasum over each rank's own SGD step, 1-bit Adam, SLAMB
-and Birder.
+"""make demo, Keras part: a regression task (a fixed random teacher network plus noise of variance NOISE^2, the
+lowest loss any model can reach; the teacher task of tests/workers/teacher_task.py) trained with Keras 3
+``model.fit`` on N ranks through ``hvd_compress.keras.DistributedOptimizer``: dense Adam, Adasum over each rank's
+own SGD step, 1-bit Adam, SLAMB and Birder.
 Per reduction it prints the global training loss per epoch, the held-out loss, and whether every rank ends with
 the same parameters. Launch: ``mpirun -np 4 python examples/keras_demo.py``.
 """

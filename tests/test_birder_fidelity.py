@@ -4,8 +4,8 @@
 Measured (4 ranks on 2 loaded cores, same lr for Birder and its rule, cosine decay):
 
 | task                                                 | rule    | Birder flat       | Birder 2x2 hier. | Adam   |
-| demo task (examples/demo.py), 4 epochs, shard 4096   | 0.2797  | 0.2823 (+0.92%)   |                  | 0.2802 |
-| demo task, 2 epochs, shard 2048                      | 0.2901  | 0.2956 (+1.92%)   |                  | 0.2893 |
+| teacher task (teacher_task.py), 4 epochs, shard 4096 | 0.2797  | 0.2823 (+0.92%)   |                  | 0.2802 |
+| teacher task, 2 epochs, shard 2048                   | 0.2901  | 0.2956 (+1.92%)   |                  | 0.2893 |
 | relu mlp (relu_fidelity.py), 200 steps, lr 1e-3      | 1.3647  | 1.4187 (+3.96%)   | 1.4103 (+3.3%)   | 1.3659 |
 | relu mlp, 600 steps (2026-11-25)                     | 1.0017  | 1.2464 (+24.4%)   |                  | 0.9399 |
 | relu mlp, 1000 steps (2026-11-25)                    | 0.9582  | 1.0200 (+6.4%)    |                  | 0.8235 |

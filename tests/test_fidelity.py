@@ -1,18 +1,18 @@
-"""Fidelity (issue 4): on the demo's task with 4 ranks, each 1-bit optimizer's final held-out loss is
-within 2% of its uncompressed counterpart's (Adam, resp. hc.Lamb, with a dense average), and the
-demo writes the loss curves as a PNG."""
+"""Fidelity (issue 4): on the teacher task (tests/workers/teacher_task.py) with 4 ranks, each 1-bit optimizer's
+final held-out loss is within 2% of its uncompressed counterpart's (Adam, resp. hc.Lamb, with a dense average),
+and the task writes the loss curves as a PNG."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-from mpi_harness import ROOT, launch, mpi_env
+from mpi_harness import WORKERS, launch, mpi_env
 
 
 def test_onebit_optimizers_within_two_percent_of_dense(tmp_path) -> None:
     cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "4", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
-           sys.executable, str(ROOT / "examples" / "demo.py"), "--reductions", "Adam,OneBitAdam,Lamb,OneBitLamb",
+           sys.executable, str(WORKERS / "teacher_task.py"), "--reductions", "Adam,OneBitAdam,Lamb,OneBitLamb",
            "--out", str(tmp_path)]
     proc = launch(cmd, timeout=600, env=mpi_env())
     assert proc.returncode == 0, proc.stdout[-4000:]

@@ -1,14 +1,14 @@
 """SLAMB fidelity (issue 9 item 7), 4 ranks: with k = 0.1 the final held-out loss is within 2% of dense
-hc.Lamb's (or better) on the demo task (examples/demo.py) and on a ReLU CNN trained on real data (scikit-learn's
-digits, tests/workers/relu_fidelity.py ``cnn``), with the ranks' parameters identical after the final
+hc.Lamb's (or better) on the teacher task (tests/workers/teacher_task.py) and on a ReLU CNN trained on real data
+(scikit-learn's digits, tests/workers/relu_fidelity.py ``cnn``), with the ranks' parameters identical after the final
 ``synchronize_parameters()``.
 
 Measured (4 ranks, batch 16 per rank, cosine decay to 0, final held-out loss), SLAMB with the variance floor
 (hvd_compress.algorithms.slamb, step 7: a rank's local v of an element whose local gradient was 0, under an
-averaged m, gave u = m / eps; the paper's rule is +23.4% on the demo task and +21.4% on the MLP at 200 steps):
+averaged m, gave u = m / eps; the paper's rule is +23.4% on the teacher task and +21.4% on the MLP at 200 steps):
 
 | task                                          | steps | hc.Lamb | SLAMB k=0.1, H=100 |
-| demo task, 2 epochs x 32 steps (shard 1024)   |    64 | 0.3089  | 0.3148 (+1.9%)     |
+| teacher task, 2 epochs x 32 steps (shard 1024)|    64 | 0.3089  | 0.3148 (+1.9%)     |
 | digits ReLU CNN                               |   200 | 0.1587  | 0.1896 (+19.5%)    |
 | digits ReLU CNN                               |   400 | 0.0487  | 0.0478 (-1.8%)     |
 | digits ReLU CNN                               |   600 | 0.0413  | 0.0356 (-13.8%)    |

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs `python -m hvd_compress.bench` under mpirun. With a rate (e.g. `tools/bench.sh 1gbit`) the
-# ranks run inside a network namespace whose loopback is rate-limited by tc tbf, and MPI is forced
-# over TCP on that loopback; the namespace is removed afterwards, also on failure.
+# ranks run behind tools/slow_link.sh: inside a network namespace whose loopback is rate-limited by tc
+# tbf, MPI forced over TCP on that loopback; the namespace is removed afterwards, also on failure.
 #
 # BENCH_ENV="VAR=value ..." exports settings to every rank, for both our collectives and Horovod's
 # (e.g. BENCH_ENV=HOROVOD_CYCLE_TIME=20); the label, and so the result file, then names them.
@@ -35,12 +35,5 @@ if [ -z "$NET" ]; then
     "${mpi[@]}" "$PY" -m "$MODULE" --out "$out" --label "shm$suffix" "${args[@]}"
     exit 0
 fi
-ns="hvdc_bench_$$"
-cleanup() { ip netns del "$ns" 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
-ip netns add "$ns"
-ip netns exec "$ns" ip link set lo up
-ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$NET" burst 256kb latency 50ms
-echo "[bench] namespace $ns: loopback limited to $NET (tbf burst 256kb latency 50ms); MPI over TCP"
-ip netns exec "$ns" "${mpi[@]}" --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
-    -x HOROVOD_CPU_OPERATIONS=MPI "$PY" -m "$MODULE" --out "$out" --label "$NET$suffix" "${args[@]}"
+exec bash "$here/tools/slow_link.sh" "$NET" \
+    "${mpi[@]}" "$PY" -m "$MODULE" --out "$out" --label "$NET$suffix" "${args[@]}"

@@ -12,7 +12,7 @@ local optimizer and no communication at all), from the same initial weights and 
 - Horovod's ``DistributedOptimizer`` step of the same rule divided by it (the speed-up over Horovod);
 - bytes per step and rank: hvd_compress's own counts for ``hc`` ops; under ``NET=...`` also what crossed the
   namespace's loopback (every method, all traffic: MPI and gloo run over TCP there), divided by the ranks;
-- held-out loss at the end, and the wall-clock time at which the method's training loss (smoothed) first
+- held-out loss and accuracy at the end, and the wall-clock time at which the method's training loss (smoothed) first
   reached the dense run's final training loss.
 
 Writes ``e2e_<label>_np<n>.json``/``.md`` and one PNG per model (training loss against wall-clock time) under
@@ -64,6 +64,7 @@ class Run:
     hc_bytes_per_step: float | None = None
     wire_bytes_per_step: float | None = None
     test_loss: float = float("nan")
+    test_accuracy: float = float("nan")
 
 
 def _local_optimizer(rule: str, params, lr: float) -> torch.optim.Optimizer:
@@ -138,9 +139,12 @@ def _wire_bytes() -> int:
     return int((LO_STATS / "tx_bytes").read_text()) if LO_STATS.exists() else 0
 
 
-def train(method: Method, model_name: str, data: Data, comm, args) -> Run:
+def train(method: Method, model_name: str, data: Data, comm, args, seconds: float | None = None,
+          **model_options) -> Run:
+    """``args.steps`` steps of ``method``, or fewer where ``seconds`` of wall-clock (rank 0's, every rank stops
+    at the same step) run out first."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    model = build(model_name, seed=args.seed)
+    model = build(model_name, seed=args.seed, **model_options)
     opt = _local_optimizer(method.rule, model.parameters(), args.lr)
     model, opt = method.wrap(model, opt)
     loss_fn = nn.CrossEntropyLoss()
@@ -151,6 +155,8 @@ def train(method: Method, model_name: str, data: Data, comm, args) -> Run:
     comm.Barrier()
     start = time.perf_counter()
     for step in range(args.steps):
+        if seconds is not None and comm.bcast(time.perf_counter() - start >= seconds, root=0):
+            break
         if step == args.warmup:
             comm.Barrier()
             wire0 = _wire_bytes()
@@ -165,7 +171,7 @@ def train(method: Method, model_name: str, data: Data, comm, args) -> Run:
         run.losses.append(float(loss.detach()))
         run.wall_s.append(time.perf_counter() - start)
     comm.Barrier()
-    measured = max(args.steps - args.warmup, 1)
+    measured = max(len(run.step_ms) - args.warmup, 1)
     wire = _wire_bytes() - wire0
     hc_sent = hc.comm_stats()["bytes_sent"]
     if method.hc_bytes:
@@ -175,9 +181,13 @@ def train(method: Method, model_name: str, data: Data, comm, args) -> Run:
     # The slowest rank's time per step; the mean loss over ranks.
     run.step_ms = _reduce(comm, run.step_ms, MPI.MAX)
     run.losses = [v / size for v in _reduce(comm, run.losses, MPI.SUM)]
+    if hasattr(opt, "synchronize_parameters"):
+        opt.synchronize_parameters()  # SLAMB: the ranks' models differ between averages; evaluate their average
     with torch.no_grad():
         inner = model.module if hasattr(model, "module") else model
-        run.test_loss = float(loss_fn(inner(data.x_test), data.y_test))
+        logits = inner(data.x_test)
+        run.test_loss = float(loss_fn(logits, data.y_test))
+        run.test_accuracy = float((logits.argmax(1) == data.y_test).double().mean())
     return run
 
 
@@ -189,7 +199,7 @@ def _reduce(comm, values: list[float], op) -> list[float]:
     return recv.tolist()
 
 
-def _smooth(xs: list[float], k: int = 10) -> list[float]:
+def smooth(xs: list[float], k: int = 10) -> list[float]:
     out, acc = [], []
     for x in xs:
         acc.append(x)
@@ -207,9 +217,17 @@ def link_bits_per_s(net: str) -> float | None:
     return None
 
 
-def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "") -> list[dict]:
+def _median_step_ms(run: Run, warmup: int) -> float:
+    """The median step after ``warmup``, or over every step of a run that its time budget ended before."""
+    return statistics.median(run.step_ms[warmup:] or run.step_ms)
+
+
+def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "", target: float | None = None,
+              window: int = 10) -> list[dict]:
     """One row per run. Under ``net`` the physical limit of a step is max(floor, wire time): every rank's bytes
-    cross the namespace's one rate-limited loopback, so the wire time is all ranks' bytes over the link rate."""
+    cross the namespace's one rate-limited loopback, so the wire time is all ranks' bytes over the link rate.
+    Each run's loss target is ``target`` where given, else the final loss of the dense run of its rule; losses
+    are smoothed over ``window`` steps."""
     rate = link_bits_per_s(net)
     rows = []
     by_model: dict[str, list[Run]] = {}
@@ -219,19 +237,19 @@ def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "") -> lis
         floors, horovod, targets = {}, {}, {}
         for r in group:
             if r.method.startswith("floor"):
-                floors[r.rule] = statistics.median(r.step_ms[warmup:])
+                floors[r.rule] = _median_step_ms(r, warmup)
             elif r.method.startswith("Horovod"):
-                horovod[r.rule] = statistics.median(r.step_ms[warmup:])
+                horovod[r.rule] = _median_step_ms(r, warmup)
             elif r.method.startswith("hc Average") and r.rule not in targets:  # the dense run of the rule
-                targets[r.rule] = _smooth(r.losses)[-1]
+                targets[r.rule] = smooth(r.losses, window)[-1]
         for r in group:
-            med = statistics.median(r.step_ms[warmup:])
+            med = _median_step_ms(r, warmup)
             floor_ms = floors.get(r.rule, float("nan"))
-            target = targets.get(r.rule)
+            goal = target if target is not None else targets.get(r.rule)
             reached = None
-            if target is not None:
-                for t, loss in zip(r.wall_s, _smooth(r.losses), strict=True):
-                    if loss <= target:
+            if goal is not None:
+                for t, loss in zip(r.wall_s, smooth(r.losses, window), strict=True):
+                    if loss <= goal:
                         reached = t
                         break
             wire_ms = None
@@ -243,7 +261,8 @@ def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "") -> lis
                 "wire_ms": wire_ms, "ratio_to_limit": med / limit_ms,
                 "speedup_vs_horovod": horovod.get(r.rule, float("nan")) / med,
                 "hc_bytes_per_step": r.hc_bytes_per_step, "wire_bytes_per_step": r.wire_bytes_per_step,
-                "final_train_loss": _smooth(r.losses)[-1], "test_loss": r.test_loss, "time_to_dense_loss_s": reached,
+                "final_train_loss": smooth(r.losses, window)[-1], "test_loss": r.test_loss,
+                "test_accuracy": r.test_accuracy, "steps": len(r.step_ms), "time_to_dense_loss_s": reached,
             })
     return rows
 
@@ -272,7 +291,7 @@ def markdown(rows: list[dict], label: str, size: int, args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(runs: list[Run], stem: Path) -> list[Path]:
+def plot(runs: list[Run], stem: Path, window: int = 10) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -286,9 +305,9 @@ def plot(runs: list[Run], stem: Path) -> list[Path]:
         for i, r in enumerate(mine):
             # ours solid, the alternatives dotted, the no-communication floors dashed
             style = "--" if r.method.startswith("floor") else "-" if r.method.startswith("hc") else ":"
-            ax.plot(r.wall_s, _smooth(r.losses), label=r.method, color=colors(i % 20), linestyle=style)
+            ax.plot(r.wall_s, smooth(r.losses, window), label=r.method, color=colors(i % 20), linestyle=style)
         ax.set_xlabel("wall-clock s (rank 0)")
-        ax.set_ylabel("training loss (mean over ranks, smoothed over 10 steps)")
+        ax.set_ylabel(f"training loss (mean over ranks, smoothed over {window} steps)")
         ax.set_yscale("log")
         ax.set_title(f"{model}: {stem.name}")
         ax.legend(fontsize=7, ncol=2)
@@ -338,7 +357,7 @@ def main() -> None:
             runs.append(run)
             if comm.Get_rank() == 0:
                 print(f"[e2e] {model} / {method.name}: median {statistics.median(run.step_ms[args.warmup:]):.1f} "
-                      f"ms, final loss {_smooth(run.losses)[-1]:.4f}", flush=True)
+                      f"ms, final loss {smooth(run.losses)[-1]:.4f}", flush=True)
     if comm.Get_rank() == 0:
         rows = summarize(runs, args.warmup, comm.Get_size(), os.environ.get("HVDC_BENCH_NET", ""))
         out = Path(args.out)

@@ -83,7 +83,8 @@ class Transformer(nn.Module):
 MODELS = {"mlp": Mlp, "cnn": Cnn, "transformer": Transformer}
 
 
-def build(name: str, seed: int = 0) -> nn.Module:
-    """The model ``name`` with weights from ``seed`` (the same on every rank)."""
+def build(name: str, seed: int = 0, **options) -> nn.Module:
+    """The model ``name`` (built with ``options``, e.g. ``width``) with weights from ``seed`` (the same on every
+    rank)."""
     torch.manual_seed(seed)
-    return MODELS[name]()
+    return MODELS[name](**options)
