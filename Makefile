@@ -97,13 +97,59 @@ $(CPPTEST_DIR)/test_%: $(CPPTEST_DIR)/obj/test_%.o $(CPPTEST_DIR)/obj/thread_com
 # errors, sm_80 and sm_90 and PTX) wherever nvcc is, GPU or not; skipped with a note where it is not.
 NVCC ?= nvcc
 CUDACHECK_DIR := build/cudacheck
+KCHECK_DIR := build/kcheck
 CUDA_SOURCES := $(wildcard cpp/cuda/*.cu)
+# With them the GPU kernel check (cpp/tests/test_cuda_kernels.cu) compiles too, and runs where
+# nvidia-smi lists a GPU (make gpu-kernel-check); its CPU fixtures are written (and so the CPU side
+# of every case runs) everywhere, at the small sizes (tools/gpu_check.sh writes all of them).
+.PHONY: gpu-kernel-check gpu-wheels
 ifneq ($(shell command -v $(NVCC) 2>/dev/null),)
-cudacheck: $(patsubst cpp/cuda/%.cu,$(CUDACHECK_DIR)/%.o,$(CUDA_SOURCES))
+cudacheck: $(patsubst cpp/cuda/%.cu,$(CUDACHECK_DIR)/%.o,$(CUDA_SOURCES)) $(KCHECK_DIR)/test_cuda_kernels \
+		$(KCHECK_DIR)/fixtures_small.txt
+	@if nvidia-smi -L >/dev/null 2>&1; then $(MAKE) --no-print-directory gpu-kernel-check; \
+	else echo "cudacheck: no GPU here, the kernel check is compiled, not run"; fi
 else
-cudacheck:
+cudacheck: $(KCHECK_DIR)/fixtures_small.txt
 	@echo "cudacheck: no $(NVCC) on PATH, CUDA sources not compiled"
 endif
+
+# The GPU kernel check: CPU kernels built with the core's exactness flags (no contraction), the
+# device kernels of cudacheck, the check's cases (cpp/tests/kernel_cases.h).
+KCHECK_SIZES ?= 1,7,8,4095,16777219
+KCHECK_CPU := onebit_kernels stochastic_kernels philox cast masks adasum_kernels onebit_adam_kernels \
+	onebit_lamb_kernels
+KCHECK_CPU_OBJS := $(patsubst %,$(KCHECK_DIR)/obj/%.o,$(KCHECK_CPU))
+KCHECK_CXXFLAGS := -std=c++17 -O2 -fPIC -ffp-contract=off -Wall -Werror -Wno-psabi -pthread -Icpp/include \
+	-Icpp/tests -MMD -MP
+
+$(KCHECK_DIR)/obj/%.o: cpp/src/%.cc Makefile
+	@mkdir -p $(@D)
+	$(CPPTEST_CXX) $(KCHECK_CXXFLAGS) -c $< -o $@
+
+$(KCHECK_DIR)/write_kernel_fixtures: cpp/tests/write_kernel_fixtures.cc $(KCHECK_CPU_OBJS) cpp/tests/kernel_cases.h
+	@mkdir -p $(@D)
+	$(CPPTEST_CXX) $(KCHECK_CXXFLAGS) $(filter %.cc %.o,$^) -o $@
+
+$(KCHECK_DIR)/fixtures_small.txt: $(KCHECK_DIR)/write_kernel_fixtures
+	$< $@ 1,7,8,4095
+
+$(KCHECK_DIR)/fixtures.txt: $(KCHECK_DIR)/write_kernel_fixtures
+	$< $@ $(KCHECK_SIZES)
+
+$(KCHECK_DIR)/test_cuda_kernels.o: cpp/tests/test_cuda_kernels.cu cpp/cuda/nvcc_flags Makefile \
+		$(wildcard cpp/tests/*.h cpp/include/hvdc/*.h cpp/include/hvdc/elementwise/*.h cpp/include/hvdc/cuda/*.h)
+	@mkdir -p $(@D)
+	$(NVCC) $(shell cat cpp/cuda/nvcc_flags) -Icpp/include -Icpp/tests -c $< -o $@
+
+$(KCHECK_DIR)/test_cuda_kernels: $(KCHECK_DIR)/test_cuda_kernels.o \
+		$(patsubst cpp/cuda/%.cu,$(CUDACHECK_DIR)/%.o,$(CUDA_SOURCES)) $(KCHECK_CPU_OBJS)
+	$(NVCC) $(filter -gencode arch=%,$(shell cat cpp/cuda/nvcc_flags)) $^ -o $@
+
+-include $(wildcard $(KCHECK_DIR)/obj/*.d)
+
+# Every kernel on the GPU against the CPU core and its fixtures, byte for byte (needs a GPU).
+gpu-kernel-check: $(KCHECK_DIR)/test_cuda_kernels $(KCHECK_DIR)/fixtures.txt
+	$(KCHECK_DIR)/test_cuda_kernels --fixtures $(KCHECK_DIR)/fixtures.txt --sizes $(KCHECK_SIZES)
 
 $(CUDACHECK_DIR)/%.o: cpp/cuda/%.cu cpp/cuda/nvcc_flags Makefile $(wildcard cpp/cuda/*.cuh) \
 		$(wildcard cpp/include/hvdc/*.h cpp/include/hvdc/elementwise/*.h cpp/include/hvdc/cuda/*.h)
