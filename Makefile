@@ -60,8 +60,10 @@ CPPTEST_BINS += scaled_add_kernels
 CPPTEST_OBJS_scaled_add_kernels := scaled_add_kernels
 CPPTEST_BINS += elementwise
 CPPTEST_OBJS_elementwise := onebit_kernels stochastic_kernels philox cast masks
+CPPTEST_BINS += dlpack_view
+CPPTEST_OBJS_dlpack_view := dlpack_view
 CPPTEST_BINS += runtime
-CPPTEST_OBJS_runtime := runtime adasum adasum_kernels allgather cast compressed_allreduce dense_allreduce \
+CPPTEST_OBJS_runtime := runtime dlpack_view adasum adasum_kernels allgather cast compressed_allreduce dense_allreduce \
 	hierarchical_allreduce masked_allreduce masks onebit_kernels philox signature sparse_allreduce stochastic_kernels
 CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
