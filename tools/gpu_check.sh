@@ -30,6 +30,29 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HVDC_TIMEOUT=${HVDC_TIMEOUT:-30}
 if [ $dry = 1 ]; then sizes=${KCHECK_SIZES:-1,7,8,4095}; else sizes=${KCHECK_SIZES:-1,7,8,4095,16777219}; fi
 
+# The kernel check's programs: through make (the Makefile's rules), or, on a machine without make, the same
+# commands by hand (CPU objects in parallel, then the two programs).
+kcheck_build() {
+  if command -v make >/dev/null; then make -s -j"$cores" "$@"; return; fi
+  local cxx="g++ -std=c++17 -O2 -fPIC -ffp-contract=off -Wall -Werror -Wno-psabi -pthread -Icpp/include -Icpp/tests"
+  local objs="" s
+  mkdir -p build/kcheck/obj build/cudacheck
+  for s in onebit_kernels stochastic_kernels philox cast masks adasum_kernels onebit_adam_kernels onebit_lamb_kernels; do
+    objs="$objs build/kcheck/obj/$s.o"; $cxx -c "cpp/src/$s.cc" -o "build/kcheck/obj/$s.o" &
+  done
+  wait
+  $cxx cpp/tests/write_kernel_fixtures.cc $objs -o build/kcheck/write_kernel_fixtures || return 1
+  case "$*" in *test_cuda_kernels*) ;; *) return 0;; esac
+  local flags cu cuobjs=""
+  flags=$(cat cpp/cuda/nvcc_flags)
+  for cu in cpp/cuda/*.cu cpp/tests/test_cuda_kernels.cu; do
+    cuobjs="$cuobjs build/cudacheck/$(basename "$cu" .cu).o"
+    nvcc $flags -Icpp/include -Icpp/tests -c "$cu" -o "build/cudacheck/$(basename "$cu" .cu).o" &
+  done
+  wait
+  nvcc $(echo "$flags" | grep -o -- '-gencode arch=[^ ]*' | tr '\n' ' ') $cuobjs $objs -o build/kcheck/test_cuda_kernels
+}
+
 row() { printf 'ROW\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "${3:--}" "$4" "$5" >> "$ROWS"; }
 step() { echo "=== $* ($(date +%T))"; }
 # The last line of a log, for a row's detail.
@@ -80,11 +103,11 @@ else
   row build core - SKIP "no MPI to build against"
 fi
 $PY -m hvd_compress --check-build > "$OUT/check_build.log" 2>&1
-cuda_line=$(grep -i "_cuda" "$OUT/check_build.log" | head -n 1 | sed 's/^ *//')
+cuda_line=$(grep "_cuda" "$OUT/check_build.log" | head -n 1 | sed 's/^ *//')
 row build "check-build _cuda" - INFO "${cuda_line:-no _cuda line in python -m hvd_compress --check-build}"
 
 step kernel fixtures
-if make -s build/kcheck/write_kernel_fixtures > "$OUT/fixtures.log" 2>&1 &&
+if kcheck_build build/kcheck/write_kernel_fixtures > "$OUT/fixtures.log" 2>&1 &&
    build/kcheck/write_kernel_fixtures "$OUT/fixtures.txt" "$sizes" >> "$OUT/fixtures.log" 2>&1; then
   row fixtures "CPU core" "$sizes" PASS "$(last "$OUT/fixtures.log")"
 else
@@ -94,7 +117,7 @@ fi
 step kernel check
 if ! command -v nvcc >/dev/null; then
   row kernel all - SKIP "no nvcc"
-elif ! make -s -j"$cores" build/kcheck/test_cuda_kernels > "$OUT/kernel_build.log" 2>&1; then
+elif ! kcheck_build build/kcheck/test_cuda_kernels > "$OUT/kernel_build.log" 2>&1; then
   row kernel all - FAIL "nvcc build of cpp/tests/test_cuda_kernels.cu: $(last "$OUT/kernel_build.log")"
 elif [ $has_gpu = 0 ]; then
   row kernel all - SKIP "no GPU (cpp/tests/test_cuda_kernels.cu built)"

@@ -143,7 +143,7 @@ Result gpu_case(const std::string& name, int64_t n, cudaStream_t st) {
     out("out", y);
   } else if (base == "narrow_from_float") {
     Dev f(kcase::floats(kcase::kSeed + 20, n, -70000.0f, 70000.0f)), y(2 * n);
-    hvdc::cuda::narrow_from_float(f.as<float>(), 0.001953125f, y.p, dt, n, st);
+    hvdc::cuda::narrow_from_float(f.as<float>(), kcase::kNarrowScale, y.p, dt, n, st);
     out("out", y);
   } else if (base == "onebit_local_momentum") {
     const kcase::UpdateInputs in = kcase::update_inputs(n);
