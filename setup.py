@@ -62,6 +62,28 @@ def cuda_architectures(flags: list[str]) -> list[str]:
     return [g.split("code=", 1)[1] for g in flags if g.startswith("arch=")]
 
 
+def parallel_compile(compiler, jobs: int):
+    """compiler.compile with the sources of one extension compiled `jobs` at a time (HVDC_BUILD_JOBS: setuptools
+    compiles them one after the other, which a GPU machine's 16 cores and a one-call check cannot afford)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def compile_all(sources, output_dir=None, macros=None, include_dirs=None, debug=0, extra_preargs=None,
+                    extra_postargs=None, depends=None):
+        macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+        def one(obj):
+            src, ext = build[obj]
+            compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        with ThreadPoolExecutor(jobs) as pool:
+            list(pool.map(one, objects))  # list(): an exception in any job is raised here
+        return objects
+
+    return compile_all
+
+
 class BuildExt(build_ext):
     """build_ext that hands .cu files to nvcc and everything else to the C++ compiler."""
 
@@ -79,6 +101,9 @@ class BuildExt(build_ext):
 
         compiler.src_extensions.append(".cu")
         compiler._compile = compile_one
+        jobs = int(os.environ.get("HVDC_BUILD_JOBS", "1"))
+        if jobs > 1:
+            compiler.compile = parallel_compile(compiler, jobs)
         # One extension after the other, each into a folder of its own (build_extension): both
         # compile nanobind's nb_combined.cpp and cpp/src/onebit_kernels.cc, with different macros,
         # and one object path per source would be shared, and raced for under -j.

@@ -35,6 +35,13 @@ def check_build() -> list[str]:
         lines.append("    [X] _kernel_bench (kernel self-check and micro-benchmark)")
     except ImportError:
         lines.append("    [ ] _kernel_bench")
+    try:
+        from hvd_compress import _cuda
+
+        lines.append(f"    [X] _cuda (CUDA kernels for {' '.join(_cuda.architectures())}; "
+                     f"{_cuda.device_count()} device(s) visible; no op uses them yet)")
+    except ImportError as e:
+        lines.append(f"    [ ] _cuda: {e} (built only where nvcc is on PATH)")
     lines += ["", "Frameworks:"]
     for name, dist in (("PyTorch", "torch"), ("TensorFlow", "tensorflow")):
         v = _version(dist)

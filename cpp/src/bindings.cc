@@ -14,6 +14,7 @@
 
 #include "hvdc/binding_views.h"
 #include "hvdc/birder_bindings.h"
+#include "hvdc/dlpack_view.h"
 #include "hvdc/errors.h"
 #include "hvdc/masked_bindings.h"
 #include "hvdc/onebit_adam_bindings.h"
@@ -30,67 +31,34 @@ using namespace hvdc;
 
 namespace {
 
-const char* const kSupported = "hvd_compress reduces float16, bfloat16, float32 and float64";
-const char* const kSupportedWithInts =
-    "this collective takes float16, bfloat16, float32, float64, uint8, int8, int16, int32 and int64";
-
-// `allow_ints`: the integer types too (dense allreduce, allgather).
-DType to_dtype(const nb::dlpack::dtype& dt, bool allow_bytes, bool allow_ints = false) {
-  using Code = nb::dlpack::dtype_code;
-  if (dt.lanes == 1 && allow_ints) {
-    if (dt.code == static_cast<uint8_t>(Code::UInt) && dt.bits == 8) return DType::kUInt8;
-    if (dt.code == static_cast<uint8_t>(Code::Int) && dt.bits == 8) return DType::kInt8;
-    if (dt.code == static_cast<uint8_t>(Code::Int) && dt.bits == 16) return DType::kInt16;
-    if (dt.code == static_cast<uint8_t>(Code::Int) && dt.bits == 32) return DType::kInt32;
-    if (dt.code == static_cast<uint8_t>(Code::Int) && dt.bits == 64) return DType::kInt64;
-  }
-  if (dt.lanes == 1) {
-    if (dt.code == static_cast<uint8_t>(Code::Float) && dt.bits == 16) return DType::kFloat16;
-    if (dt.code == static_cast<uint8_t>(Code::Float) && dt.bits == 32) return DType::kFloat32;
-    if (dt.code == static_cast<uint8_t>(Code::Float) && dt.bits == 64) return DType::kFloat64;
-    if (dt.code == static_cast<uint8_t>(Code::Bfloat) && dt.bits == 16) return DType::kBFloat16;
-    if (allow_bytes && dt.code == static_cast<uint8_t>(Code::UInt) && dt.bits == 8)
-      return DType::kUInt8;
-  }
-  static const char* kinds[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
-  const std::string kind = dt.code < 7 ? kinds[dt.code] : "code" + std::to_string(dt.code);
-  throw UsageError("unsupported dtype " + kind + std::to_string(dt.bits) + ": " +
-                   (allow_ints ? kSupportedWithInts : kSupported));
-}
-
-// The one translation from a DLPack object to a core view, shape included; UsageError, prefixed
-// with `what` when given, for anything the core cannot address. `allow_bytes`: uint8 too (the
-// broadcast of pickled objects); `allow_ints`: every integer type (to_dtype).
+// The one translation from a DLPack object to a core view (hvdc/dlpack_view.h reads the fields,
+// decides the device and refuses what the core cannot address); UsageError, prefixed with `what`
+// when given. `allow_bytes`: uint8 too (the broadcast of pickled objects); `allow_ints`: every
+// integer type.
 TensorView view_of(nb::handle obj, const std::string& what = "", bool allow_bytes = false,
                    bool allow_ints = false) {
-  const std::string prefix = what.empty() ? "" : what + ": ";
   nb::ndarray<> a;
   try {
     a = nb::cast<nb::ndarray<>>(obj);
   } catch (const std::exception&) {
-    throw UsageError(prefix + "argument is not a tensor that supports DLPack");
+    throw UsageError((what.empty() ? "" : what + ": ") + "argument is not a tensor that supports DLPack");
   }
-  TensorView v;
-  try {
-    v.dtype = to_dtype(a.dtype(), allow_bytes, allow_ints);
-  } catch (const UsageError& e) {
-    throw UsageError(prefix + e.what());
+  std::vector<int64_t> shape(a.ndim()), strides(a.ndim());
+  for (size_t d = 0; d < a.ndim(); ++d) {
+    shape[d] = static_cast<int64_t>(a.shape(d));
+    strides[d] = a.stride(d);
   }
-  if (a.device_type() != nb::device::cpu::value)
-    throw UsageError(prefix + "tensor is on device type " + std::to_string(a.device_type()) +
-                     "; this build of hvd_compress._core handles CPU tensors only (move it to the "
-                     "CPU, or rebuild with nvcc on PATH for CUDA)");
-  int64_t expect = 1;
-  for (size_t d = a.ndim(); d-- > 0;) {
-    if (a.shape(d) != 1 && a.stride(d) != expect)
-      throw UsageError(prefix + "tensor is not contiguous; call .contiguous() first");
-    expect *= a.shape(d);
-  }
-  for (size_t d = 0; d < a.ndim(); ++d) v.shape.push_back(static_cast<int64_t>(a.shape(d)));
-  v.numel = static_cast<int64_t>(a.size());
-  v.data = a.data();
-  v.device = Device::kCPU;
-  return v;
+  DLPackFields t;
+  t.data = a.data();
+  t.device_type = a.device_type();
+  t.device_id = a.device_id();
+  t.code = a.dtype().code;
+  t.bits = a.dtype().bits;
+  t.lanes = a.dtype().lanes;
+  t.ndim = static_cast<int32_t>(a.ndim());
+  t.shape = shape.data();
+  t.strides = strides.data();
+  return dlpack_view(t, what, allow_bytes, allow_ints);
 }
 
 // `make()` (the call's views), or, if this rank cannot read its input, the call rejected on every

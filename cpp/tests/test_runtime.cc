@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "check.h"
+#include "hvdc/dlpack_view.h"
 #include "hvdc/errors.h"
 #include "hvdc/runtime.h"
 #include "hvdc/signature.h"
@@ -193,6 +194,24 @@ void rejections(Failures& f, int n) {
   });
   rejection(f, n, 0, "Adasum: tensor sizes", [](Runtime& rt, std::vector<float>& x, bool bad) {
     rt.adasum(f32_view(x), {32, bad ? 31 : 32}, false, "x");
+  });
+  // A rank whose tensor is in CUDA memory (a hand-made DLPack tensor): the translation refuses it,
+  // the binding's pattern (views_or_reject) joins the call as a rejecting rank, every rank raises.
+  rejection(f, n, n - 1, "x: tensor is on cuda:1", [](Runtime& rt, std::vector<float>& x, bool bad) {
+    const int64_t shape[1] = {static_cast<int64_t>(x.size())};
+    DLPackFields t;
+    t.data = x.data();
+    t.device_type = bad ? kDLCUDA : kDLCPU;
+    t.device_id = 1;
+    t.ndim = 1;
+    t.shape = shape;
+    TensorView v;
+    try {
+      v = dlpack_view(t, "x");
+    } catch (const UsageError& e) {
+      rt.reject(kAllreduce, e.what(), "x");
+    }
+    rt.allreduce(v, ReduceOp::kSum, "x");
   });
   rejection(f, n, n / 2, "tensor is not contiguous", [](Runtime& rt, std::vector<float>& x, bool bad) {
     if (bad) rt.reject(kAllreduce, "tensor is not contiguous", "x");

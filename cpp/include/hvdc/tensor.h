@@ -14,6 +14,7 @@ struct TensorView {
   int64_t numel = 0;
   DType dtype = DType::kFloat32;
   Device device = Device::kCPU;
+  int32_t device_id = 0;  // the CUDA device's ordinal (DLPack's device_id); 0 on the CPU
   // The framework's dims, read only for the call signature: ranks whose tensors hold the same
   // number of elements in different shapes (2x3 vs 3x2) must raise, as Horovod does, instead of
   // reducing unrelated elements together. Empty means a flat buffer of `numel` elements (what the
