@@ -81,8 +81,8 @@ class _DistributedMixin(SynchronizeProtocol):
         self._hvdc_meter = CommMeter()
         self._hvdc_names = names
         # Without sparse_as_dense, a sparse gradient stays sparse (Horovod's allgather); with it, it accumulates
-        # into its dense view like any other gradient.
-        before = None if sparse_as_dense else self._hvdc_grads.keep_sparse
+        # into its dense view like any other gradient (and is noted, for SparseAdam: see synchronize).
+        before = self._hvdc_grads.note_densified if sparse_as_dense else self._hvdc_grads.keep_sparse
         hook_gradients(self._hvdc_grads.params, self._hvdc_count_pass, before)
         # compression=: one error-feedback state per fused buffer (top-k/random-k), in state_dict(). Top-k
         # selects over the whole buffer, not per parameter as Horovod's per-tensor compressors would: on the
@@ -156,6 +156,8 @@ class _DistributedMixin(SynchronizeProtocol):
             if id(p) in sparse:
                 name = f"DistributedOptimizer.sparse.{self._hvdc_names.get(id(p), '?')}"
                 p.grad = self._hvdc_meter.run(sparse_allreduce, p.grad, p, sparse[id(p)], self._hvdc_op, name)
+        if isinstance(self, torch.optim.SparseAdam):  # takes sparse gradients only; any other gets them dense
+            self._hvdc_grads.resparsify()
         self._hvdc_passes.reset()
         self._hvdc_mark_synchronized()
 
