@@ -71,9 +71,11 @@ class _Subset:
         self.ranks = ranks
         self.core = None
         if world.Get_rank() in ranks:
-            group = world.Get_group().Incl(list(ranks))
+            whole = world.Get_group()
+            group = whole.Incl(list(ranks))
             comm = world.Create_group(group, _TAG)
             group.Free()
+            whole.Free()
             self.core = runtime.new_subset(comm)
             comm.Free()  # the runtime holds its own duplicate
 
@@ -151,14 +153,15 @@ def add_process_set(process_set: Any) -> ProcessSet:
     differing list, or for a set already added). The set of every rank returns the global set."""
     ranks = getattr(process_set, "ranks", process_set)
     world = runtime.world()
+    # After the collectives submitted before (an allreduce, then this set's communicator), on every rank alike;
+    # waited for outside the lock, which a background collective may need.
+    agreed = _agree(ranks, _problem(ranks, world.Get_size()))
     with _lock:
         registry = _current()
-        agreed = _agree(ranks, _problem(ranks, world.Get_size()))
         if len(agreed) == world.Get_size():
             return global_process_set
         if agreed in registry.added:
             raise ValueError(f"add_process_set: a process set of ranks {list(agreed)} was added already")
-        runtime.get_in_order()  # after the collectives submitted before, on every member alike
         registry.added[agreed] = _Subset(agreed)
         ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(agreed)
         ps.ranks, ps.process_set_id = list(agreed), registry.next_id
@@ -172,13 +175,13 @@ def remove_process_set(process_set: Any) -> bool:
     ranks = getattr(process_set, "ranks", None)
     if ranks is None or not isinstance(process_set, ProcessSet) or process_set.process_set_id is None:
         return False
+    runtime.get_in_order()  # its collectives submitted before have finished
     with _lock:
         subset = _current().added.pop(tuple(ranks), None)
         if subset is None:
             return False
         process_set.process_set_id = None
         if subset.core is not None:
-            runtime.get_in_order()  # its collectives submitted before have finished
             runtime.drop_subset(subset.core)
         return True
 
@@ -212,17 +215,18 @@ def resolve(process_set: Any) -> Any:
 def _core_of(process_set: Any) -> Any:
     """This member's runtime of ``process_set`` (resolved, not global); made now for a set Horovod made."""
     key = tuple(sorted(process_set.ranks))
+    ours = isinstance(process_set, ProcessSet)
     with _lock:
         registry = _current()
-        subset = registry.added.get(key) if isinstance(process_set, ProcessSet) else None
-        if subset is None and not isinstance(process_set, ProcessSet):
-            subset = registry.added.get(key) or registry.horovods.get(key)
-            if subset is None:
-                runtime.get_in_order()
-                subset = registry.horovods[key] = _Subset(key)
-        if subset is None:
-            raise ValueError(f"{process_set!r} is not registered (or was removed): call add_process_set(...) with "
-                             "it on every rank first")
+        subset = registry.added.get(key) or (None if ours else registry.horovods.get(key))
+    if subset is None and ours:
+        raise ValueError(f"{process_set!r} is not registered (or was removed): call add_process_set(...) with it "
+                         "on every rank first")
+    if subset is None:
+        runtime.get_in_order()  # outside the lock, which a background collective may need
+        with _lock:
+            registry = _current()
+            subset = registry.horovods.get(key) or registry.horovods.setdefault(key, _Subset(key))
     return subset.core
 
 
@@ -259,6 +263,21 @@ def scope(process_set: Any) -> Iterator[Any]:
             raise
 
 
+def broadcast_in_set(buffer: Any, root_rank: int, name: str | None, process_set: Any) -> None:
+    """``broadcast_`` of ``buffer`` from world rank ``root_rank``, inside ``scope(process_set)`` (``process_set``
+    resolved): a root outside the set raises ValueError on every member that names it."""
+    from hvd_compress.ops.collectives import broadcast_
+
+    root = root_in_set(process_set, root_rank)
+    try:
+        broadcast_(buffer, root, name)
+    except CORE_ERRORS as e:
+        if root < 0 <= root_rank:
+            raise ValueError(f"broadcast root_rank {root_rank} is not part of {process_set!r} (every member "
+                             "raises)") from e
+        raise
+
+
 def root_in_set(process_set: Any, root_rank: int) -> int:
     """A broadcast's ``root_rank`` (a world rank, as in Horovod) as a rank of ``process_set`` (resolved); -1, which
     the core rejects on every member, when the set does not hold it."""
@@ -269,10 +288,11 @@ def root_in_set(process_set: Any, root_rank: int) -> int:
 
 
 def check_process_set(process_set: Any) -> None:
-    """For a face that runs on the world only (TensorFlow): accept the global set, raise ``ProcessSetError``
-    naming what works for any other."""
+    """For what runs on the world only (the TF/Keras optimizer wrappers): accept the global set, raise
+    ``ProcessSetError`` naming what works for any other."""
     if not _is_global(process_set):
         raise ProcessSetError(
-            f"process_set={process_set!r}: this face reduces over every rank only; process sets other than the "
-            "global one work in the PyTorch face (hvd_compress.torch), or run Horovod's own collectives there"
+            f"process_set={process_set!r}: the TensorFlow/Keras optimizer wrappers (DistributedGradientTape, "
+            "DistributedOptimizer) reduce over every rank only; a process set works with hc's collectives "
+            "(allreduce, grouped_allreduce, allgather, broadcast) and with the PyTorch DistributedOptimizer"
         )

@@ -1,8 +1,9 @@
-"""The process's one connection to the C++ core: created by ``init()``, used by every collective.
+"""The process's connection to the C++ core: created by ``init()``, used by every collective.
 
 The MPI world is the one ``mpirun``/``horovodrun`` started; Horovod, when it runs, shares it. The
 core receives that communicator's handle from mpi4py and duplicates it, so its messages never mix
-with Horovod's.
+with Horovod's. The members of a process set hold one more runtime each, over the set's ranks
+(``new_subset``); collectives issued inside ``scoped(core)`` run there.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from hvd_compress import ops
 from hvd_compress.ops import process_sets
 from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.ops.errors import CORE_ERRORS
 from hvd_compress.torch.context import ensure_init
 
 
@@ -140,23 +139,12 @@ def broadcast_(
         raise TypeError(f"broadcast_ expects a torch.Tensor, got {type(tensor).__name__}")
     staged = tensor.detach() if tensor.is_contiguous() else tensor.detach().contiguous()
     with process_sets.scope(process_set) as ps:
-        _broadcast_in_set(staged if staged.dtype in _FLOATS else staged.reshape(-1).view(torch.uint8), root_rank,
-                          name, ps)
+        buffer = staged if staged.dtype in _FLOATS else staged.reshape(-1).view(torch.uint8)
+        process_sets.broadcast_in_set(buffer, root_rank, name, ps)
     if staged.data_ptr() != tensor.data_ptr():
         with torch.no_grad():
             tensor.copy_(staged)
     return tensor
-
-
-def _broadcast_in_set(staged: torch.Tensor, root_rank: int, name: str | None, ps: Any) -> None:
-    """``ops.broadcast_`` inside ``process_sets.scope(ps)``: ``root_rank`` (a world rank) becomes the set's."""
-    root = process_sets.root_in_set(ps, root_rank)
-    try:
-        ops.broadcast_(staged, root, name)
-    except CORE_ERRORS as e:
-        if root < 0 <= root_rank:
-            raise ValueError(f"broadcast root_rank {root_rank} is not part of {ps!r} (every member raises)") from e
-        raise
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
@@ -171,10 +159,10 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, proc
             length = torch.tensor([payload.numel()], dtype=torch.float64)
         else:
             length = torch.zeros(1, dtype=torch.float64)
-        _broadcast_in_set(length, root_rank, f"{name or 'object'}.length", ps)
+        process_sets.broadcast_in_set(length, root_rank, f"{name or 'object'}.length", ps)
         if ops.rank() != root:
             payload = torch.empty(int(length.item()), dtype=torch.uint8)
-        _broadcast_in_set(payload, root_rank, f"{name or 'object'}.payload", ps)
+        process_sets.broadcast_in_set(payload, root_rank, f"{name or 'object'}.payload", ps)
         if ops.rank() == root:
             return obj
         return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
