@@ -186,6 +186,17 @@ def remove_process_set(process_set: Any) -> bool:
         return True
 
 
+def _describe(process_set: Any) -> str:
+    """A set in a message: its ranks, for ours and Horovod's alike (whose repr does not show them)."""
+    ranks = getattr(process_set, "ranks", None)
+    return f"ProcessSet(ranks={list(ranks)})" if ranks is not None else repr(process_set)
+
+
+def _not_registered(process_set: Any) -> ValueError:
+    return ValueError(f"{_describe(process_set)} is not registered (or was removed): call add_process_set(...) "
+                      "with it on every rank first")
+
+
 def _is_global(process_set: Any) -> bool:
     if process_set is None or process_set is global_process_set:
         return True
@@ -207,8 +218,7 @@ def resolve(process_set: Any) -> Any:
             "hc.add_process_set(ranks) or hvd.add_process_set(ranks) returned"
         )
     if getattr(process_set, "process_set_id", None) is None:
-        raise ValueError(f"{process_set!r} is not registered (or was removed): call add_process_set(...) with it "
-                         "on every rank first")
+        raise _not_registered(process_set)
     return process_set
 
 
@@ -220,8 +230,7 @@ def _core_of(process_set: Any) -> Any:
         registry = _current()
         subset = registry.added.get(key) or (None if ours else registry.horovods.get(key))
     if subset is None and ours:
-        raise ValueError(f"{process_set!r} is not registered (or was removed): call add_process_set(...) with it "
-                         "on every rank first")
+        raise _not_registered(process_set)
     if subset is None:
         runtime.get_in_order()  # outside the lock, which a background collective may need
         with _lock:
@@ -240,8 +249,8 @@ def require_member(process_set: Any) -> Any:
     ps = resolve(process_set)
     if not includes_me(ps):
         raise NotInProcessSetError(
-            f"rank {runtime.world().Get_rank()} called a collective with {ps!r}, which it is not part of: only "
-            "its members call collectives with it (as in Horovod)"
+            f"rank {runtime.world().Get_rank()} called a collective with {_describe(ps)}, which it is not part "
+            "of: only its members call collectives with it (as in Horovod)"
         )
     return ps
 
@@ -259,7 +268,7 @@ def scope(process_set: Any) -> Iterator[Any]:
             yield ps
         except CORE_ERRORS as e:  # the core numbers the set's ranks from 0: say so in the message
             if e.args and isinstance(e.args[0], str):
-                e.args = (f"{e.args[0]}\n  (on {ps!r}: rank k above is world rank {ps.ranks}[k])", *e.args[1:])
+                e.args = (f"{e.args[0]}\n  (on {_describe(ps)}: rank k above is world rank {ps.ranks}[k])", *e.args[1:])
             raise
 
 
@@ -273,7 +282,7 @@ def broadcast_in_set(buffer: Any, root_rank: int, name: str | None, process_set:
         broadcast_(buffer, root, name)
     except CORE_ERRORS as e:
         if root < 0 <= root_rank:
-            raise ValueError(f"broadcast root_rank {root_rank} is not part of {process_set!r} (every member "
+            raise ValueError(f"broadcast root_rank {root_rank} is not part of {_describe(process_set)} (every member "
                              "raises)") from e
         raise
 
@@ -292,7 +301,7 @@ def check_process_set(process_set: Any) -> None:
     ``ProcessSetError`` naming what works for any other."""
     if not _is_global(process_set):
         raise ProcessSetError(
-            f"process_set={process_set!r}: the TensorFlow/Keras optimizer wrappers (DistributedGradientTape, "
+            f"process_set={_describe(process_set)}: the TensorFlow/Keras optimizer wrappers (DistributedGradientTape, "
             "DistributedOptimizer) reduce over every rank only; a process set works with hc's collectives "
             "(allreduce, grouped_allreduce, allgather, broadcast) and with the PyTorch DistributedOptimizer"
         )

@@ -86,8 +86,9 @@ out["opt_adasum"] = outcome(lambda: hc.DistributedOptimizer(torch.optim.SGD(torc
                                                                             lr=0.1), op=hc.Adasum, process_set=mine))
 
 # Errors on every member (or every rank of the world for add_process_set).
-out["bad_shape"] = outcome(lambda: hc.allreduce(torch.ones(3 + mine.rank()), process_set=mine))
-out["bad_dtype"] = outcome(lambda: hc.allreduce(torch.ones(3, dtype=torch.bool if mine.rank() == 0 else
+me = mine.ranks.index(rank)
+out["bad_shape"] = outcome(lambda: hc.allreduce(torch.ones(3 + me), process_set=mine))
+out["bad_dtype"] = outcome(lambda: hc.allreduce(torch.ones(3, dtype=torch.bool if me == 0 else
                                                            torch.float32), process_set=mine))
 outside_root = (mine.ranks[0] + 1) % n
 out["bad_root"] = outcome(lambda: hc.broadcast(x, root_rank=outside_root, process_set=mine))
