@@ -126,7 +126,19 @@ def test_tf_ops_match_reference_eager_and_in_tf_function(out_dir: Path) -> None:
         assert got["tape/unknown"].startswith("TypeError"), got["tape/unknown"]
         assert got["tape/topk"].startswith("ValueError"), got["tape/topk"]
         np.testing.assert_array_equal(got["process_set/global"], [n, n, n])
-        assert got["process_set/subset"].startswith("ProcessSetError"), got["process_set/subset"]
+        assert got["process_set/unregistered"].startswith("ValueError"), got["process_set/unregistered"]
+        ends = [0, n - 1]
+        if r in ends:
+            xs = [_inputs(n, 5, 70)[k] for k in ends]
+            np.testing.assert_allclose(got["process_set/sum"], np.sum(xs, 0), rtol=1e-6, err_msg=f"set Sum rank {r}")
+            np.testing.assert_allclose(got["process_set/avg/graph"], np.mean(xs, 0), rtol=1e-6,
+                                       err_msg=f"set Average in tf.function rank {r}")
+            np.testing.assert_array_equal(got["process_set/bcast"], xs[-1], err_msg=f"set broadcast rank {r}")
+            np.testing.assert_array_equal(got["process_set/gather"], np.concatenate(
+                [np.full(k + 1, float(k), np.float32) for k in ends]), err_msg=f"set allgather rank {r}")
+        else:
+            assert got["process_set/outside"].startswith("NotInProcessSetError"), got["process_set/outside"]
+        assert got["process_set/tape"].startswith("ProcessSetError"), got["process_set/tape"]
         assert got["bad_shape"].startswith("MismatchError"), (r, got["bad_shape"])
         assert got["bad_numel"].startswith("MismatchError"), (r, got["bad_numel"])
         assert got["bad_dtype"].startswith(USAGE) and "bfloat16" in got["bad_dtype"], got["bad_dtype"]

@@ -25,7 +25,12 @@ class NotInitializedError(RuntimeError):
 
 
 class ProcessSetError(NotImplementedError):
-    """A process set other than the global one: hvd_compress runs every collective on all ranks of its world."""
+    """A process set where this face or op takes the global set only (the TensorFlow face; DistributedOptimizer
+    ops other than Average and Sum), or something that is no process set."""
+
+
+class NotInProcessSetError(ValueError):
+    """This rank called a collective with a process set it is not part of (only its members call them)."""
 
 
 class LaunchError(RuntimeError):

@@ -1,18 +1,20 @@
-"""The process's one connection to the C++ core: created by ``init()``, used by every collective.
+"""The process's connection to the C++ core: created by ``init()``, used by every collective.
 
 The MPI world is the one ``mpirun``/``horovodrun`` started; Horovod, when it runs, shares it. The
 core receives that communicator's handle from mpi4py and duplicates it, so its messages never mix
-with Horovod's.
+with Horovod's. The members of a process set hold one more runtime each, over the set's ranks
+(``new_subset``); collectives issued inside ``scoped(core)`` run there.
 """
 
 from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hvd_compress import _core
@@ -90,6 +92,13 @@ class _Session:
     worker: int | None = None  # that thread's ident
     pending: int = 0  # collectives submitted to it and not finished
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    # The runtimes of this rank's process sets (``hvd_compress.ops.process_sets``): each over a communicator of
+    # the set's ranks, counted in ``comm_stats``, told of ``set_timeout`` and of this process leaving.
+    subsets: list[Any] = dataclasses.field(default_factory=list)
+
+
+# The runtime that collectives issued by this thread run on, inside ``scoped`` (a process set's).
+_scope = threading.local()
 
 
 _session: _Session | None = None
@@ -169,10 +178,11 @@ def _leave() -> None:
     session = _session
     if session is None:
         return
-    try:
-        session.core.leave(LEAVE_TIMEOUT_S)
-    except Exception:
-        pass
+    for core in [*session.subsets, session.core]:
+        try:
+            core.leave(LEAVE_TIMEOUT_S)
+        except Exception:
+            pass
 
 
 def is_initialized() -> bool:
@@ -189,8 +199,47 @@ def _current() -> _Session:
 
 
 def get() -> _core.Runtime:
-    """The runtime; raises ``NotInitializedError`` before ``init()``."""
-    return _current().core
+    """The runtime (a process set's inside ``scoped``); raises ``NotInitializedError`` before ``init()``."""
+    session = _current()
+    return getattr(_scope, "core", None) or session.core
+
+
+def world() -> Any:
+    """The mpi4py communicator of the world ``init()`` connected to (process sets are subsets of its ranks)."""
+    return _current().world
+
+
+def new_subset(comm: Any) -> _core.Runtime:
+    """A runtime over ``comm`` (an mpi4py communicator of some ranks of the world; collective over them), with the
+    settings ``init()`` read; it lives until ``drop_subset``. Nodes are its ranks' shared-memory nodes
+    (``HVDC_LOCAL_SIZE`` counts world ranks)."""
+    from mpi4py import MPI
+
+    session = _current()
+    c = session.config
+    core = _core.Runtime(MPI._handleof(comm), session.core.timeout, 0, "", c.scalar_kernels, c.onebit_piece)
+    with session.lock:
+        session.subsets.append(core)
+    return core
+
+
+def drop_subset(core: _core.Runtime) -> None:
+    """Forget a runtime of ``new_subset`` (its communicator is freed with it)."""
+    session = _current()
+    with session.lock:
+        session.subsets.remove(core)
+
+
+@contextlib.contextmanager
+def scoped(core: _core.Runtime) -> Iterator[None]:
+    """Collectives that this thread issues inside run on ``core`` (a process set's runtime); so do those it
+    submits to the background thread (``submit``). ``rank()``/``size()`` are then the set's."""
+    previous = getattr(_scope, "core", None)
+    _scope.core = core
+    try:
+        yield
+    finally:
+        _scope.core = previous
 
 
 def config() -> Config:
@@ -234,9 +283,20 @@ def submit(fn: Any, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
         with session.lock:
             session.pending -= 1
 
+    core = getattr(_scope, "core", None)
+    if core is not None:  # the submitter's process set, in the background thread too
+        fn = _in_scope(core, fn)
     future = pool.submit(fn, *args, **kwargs)
     future.add_done_callback(done)
     return future
+
+
+def _in_scope(core: _core.Runtime, fn: Any) -> Any:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with scoped(core):
+            return fn(*args, **kwargs)
+
+    return run
 
 
 def get_in_order() -> _core.Runtime:
@@ -247,7 +307,7 @@ def get_in_order() -> _core.Runtime:
     session = _current()
     if session.pending and threading.get_ident() != session.worker:
         executor().submit(lambda: None).result()  # one worker, FIFO: everything before it has finished
-    return session.core
+    return getattr(_scope, "core", None) or session.core
 
 
 def rank() -> int:
@@ -262,16 +322,21 @@ def set_timeout(seconds: float) -> None:
     """Seconds a collective waits for all ranks to join before raising ``CommTimeoutError``; also the longest a
     transfer inside a collective that every rank joined may wait before the job is aborted (a stopped peer or a
     stuck MPI transport: its requests can be neither cancelled nor abandoned, so no exception can leave it)."""
-    get().timeout = float(seconds)
+    session = _current()
+    for core in [session.core, *session.subsets]:
+        core.timeout = float(seconds)
 
 
 def comm_stats(reset: bool = True) -> dict[str, int]:
     """Bytes this rank sent and received in all hvd_compress collectives of this process (every thread)
     since the last reset, and the number of calls. Per-call counts: ``hvd_compress.ops.traffic``."""
-    rt = get()
-    stats = dict(rt.stats())
-    if reset:
-        rt.reset_stats()
+    session = _current()
+    stats: dict[str, int] = {}
+    for core in [session.core, *session.subsets]:
+        for key, value in dict(core.stats()).items():
+            stats[key] = stats.get(key, 0) + int(value)
+        if reset:
+            core.reset_stats()
     return stats
 
 

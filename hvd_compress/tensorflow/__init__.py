@@ -25,11 +25,12 @@ from hvd_compress.ops.errors import (
     LaunchError,
     MismatchError,
     NotInitializedError,
+    NotInProcessSetError,
     PeerExitedError,
     ProcessSetError,
     UsageError,
 )
-from hvd_compress.ops.process_sets import ProcessSet, add_process_set, global_process_set
+from hvd_compress.ops.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from hvd_compress.ops.runtime import comm_stats, initialize_mpi_first, set_timeout
 from hvd_compress.tensorflow.context import init, rank, size
 from hvd_compress.tensorflow.functions import (
@@ -60,6 +61,7 @@ __all__ = [
     "Max",
     "Min",
     "MismatchError",
+    "NotInProcessSetError",
     "NotInitializedError",
     "OneBitAdam",
     "OneBitLamb",
@@ -84,6 +86,7 @@ __all__ = [
     "masked_allreduce",
     "random_mask",
     "rank",
+    "remove_process_set",
     "set_timeout",
     "size",
 ]

@@ -21,8 +21,8 @@ from hvd_compress import ops
 from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops import masks as mask_ops
 from hvd_compress.ops import onebit as onebit_ops
+from hvd_compress.ops import process_sets
 from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
-from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
 from hvd_compress.tensorflow.context import ensure_init
 
@@ -87,13 +87,15 @@ def check_group_compression(compression: Any, op: ReduceOp, name: str) -> Any:
     return compressor
 
 
-def _reduce_gradient(op: ReduceOp, name: str, compression: Any = None) -> Callable[..., list[tf.Tensor]]:
+def _reduce_gradient(op: ReduceOp, name: str, compression: Any = None,
+                     process_set: Any = None) -> Callable[..., list[tf.Tensor]]:
     """The gradient of a reduction: the same reduction of the upstream gradients (Sum, Average, Adasum), as
     Horovod's; Min, Max and Product have none (Horovod raises too)."""
     def grad(*upstream: tf.Tensor) -> list[tf.Tensor]:
         if op not in (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Adasum):
             raise NotImplementedError(f"{name}: the gradient of op={op.name} is not implemented (as in Horovod)")
-        return grouped_allreduce(upstream, op=op, name=f"{name}.grad", compression=compression)
+        return grouped_allreduce(upstream, op=op, name=f"{name}.grad", compression=compression,
+                                 process_set=process_set)
 
     return grad
 
@@ -137,9 +139,9 @@ def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None =
     Sum/Average: one fused buffer per dtype, with ``compression`` ``hc.Compression.none``/``fp16``/``bf16``
     (top-k/random-k keep error feedback per buffer: ``allreduce`` with a ``state``). Adasum: one exchange with
     per-tensor coefficients (one dtype). ``IndexedSlices`` are densified. Differentiable: the gradient is the
-    same reduction of the upstream gradients. ``process_set``: None or the global set (as every collective here)."""
-    check_process_set(process_set)
+    same reduction of the upstream gradients. ``process_set``: over its members only (Horovod's)."""
     ensure_init()
+    ps = process_sets.require_member(process_set)
     check_not_xla(name or "grouped_allreduce")
     op = _resolve_op(op)
     name = name or "grouped_allreduce"
@@ -151,14 +153,15 @@ def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None =
         check_reduce_dtype(t, name)
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        return reduce_group([aligned_copy(np.asarray(a)) for a in arrays], op, name, compressor)
+        with process_sets.scope(ps):  # here: TF may run this on a thread of its own
+            return reduce_group([aligned_copy(np.asarray(a)) for a in arrays], op, name, compressor)
 
     @tf.custom_gradient
     def reduce(*xs: tf.Tensor) -> Any:
         outs = numpy_call(run, xs, [x.dtype for x in xs], name)
         for o, x in zip(outs, xs, strict=True):
             o.set_shape(x.shape)
-        return outs, _reduce_gradient(op, name, compressor)
+        return outs, _reduce_gradient(op, name, compressor, ps)
 
     return list(reduce(*inputs))
 
@@ -170,22 +173,25 @@ def allreduce(tensor: Any, op: Any = None, name: str | None = None, prescale_fac
     whole tensor is one Adasum vector). Horovod's scale factors multiply the input before and the result after.
     ``compression`` (``hc.Compression.fp16``, ``topk(ratio)``, ``randomk(ratio, seed)``; Average/Sum, floating
     tensors) compresses what travels; top-k/random-k keep error feedback in ``state`` (``hc.CompressionState``,
-    one per tensor, kept across calls) and have no gradient (their error feedback is a state, not a function)."""
-    check_process_set(process_set)
+    one per tensor, kept across calls) and have no gradient (their error feedback is a state, not a function).
+    ``process_set``: over its members only (Horovod's)."""
     t = dense(tensor)
     if prescale_factor != 1.0:
         t = t * tf.cast(prescale_factor, t.dtype)
     if compression is not None and compression_ops.resolve(compression).kind != "none":
-        out = _compressed_allreduce(t, op, name or "allreduce", compression_ops.resolve(compression), state)
+        out = _compressed_allreduce(t, op, name or "allreduce", compression_ops.resolve(compression), state,
+                                    process_set)
     else:
-        out = grouped_allreduce([t], op=op, name=name or "allreduce")[0]
+        out = grouped_allreduce([t], op=op, name=name or "allreduce", process_set=process_set)[0]
     if postscale_factor != 1.0:
         out = out * tf.cast(postscale_factor, out.dtype)
     return out
 
 
-def _compressed_allreduce(t: tf.Tensor, op: Any, name: str, compressor: Any, state: Any) -> tf.Tensor:
+def _compressed_allreduce(t: tf.Tensor, op: Any, name: str, compressor: Any, state: Any,
+                          process_set: Any = None) -> tf.Tensor:
     ensure_init()
+    ps = process_sets.require_member(process_set)
     check_not_xla(name)
     op = _resolve_op(op)
     check_reduce_dtype(t, name)
@@ -195,7 +201,8 @@ def _compressed_allreduce(t: tf.Tensor, op: Any, name: str, compressor: Any, sta
 
     def run(x: np.ndarray) -> np.ndarray:
         out = aligned_copy(np.asarray(x))
-        ops.allreduce_(out, op=op, name=name, compression=compressor, state=state)
+        with process_sets.scope(ps):
+            ops.allreduce_(out, op=op, name=name, compression=compressor, state=state)
         return out
 
     def forward(x: tf.Tensor) -> tf.Tensor:
@@ -209,7 +216,7 @@ def _compressed_allreduce(t: tf.Tensor, op: Any, name: str, compressor: Any, sta
     @tf.custom_gradient
     def reduce(x: tf.Tensor) -> Any:
         def grad(upstream: tf.Tensor) -> tf.Tensor:
-            return _compressed_allreduce(upstream, op, f"{name}.grad", compressor, None)
+            return _compressed_allreduce(upstream, op, f"{name}.grad", compressor, None, ps)
 
         return forward(x), grad
 
@@ -229,9 +236,9 @@ def allgather(tensor: Any, name: str | None = None, process_set: Any = None) -> 
     """A new tensor: every rank's ``tensor`` concatenated on the first dim, in rank order (Horovod's allgather).
     The first dim may differ per rank; the other dims and the dtype must agree (``hc.MismatchError`` on every
     rank otherwise). Differentiable as Horovod's: the gradient is the average over ranks of the upstream
-    gradient, cut to this rank's rows."""
-    check_process_set(process_set)
+    gradient, cut to this rank's rows. ``process_set``: its members' tensors, in the order of their ranks."""
     ensure_init()
+    ps = process_sets.require_member(process_set)
     name = name or "allgather"
     check_not_xla(name)
     t = dense(tensor)
@@ -239,7 +246,8 @@ def allgather(tensor: Any, name: str | None = None, process_set: Any = None) -> 
         raise ValueError(f"{name}: allgather needs a tensor with at least one dimension")
 
     def run(x: np.ndarray) -> list[np.ndarray]:
-        data, rows = ops.allgather(aligned_copy(np.asarray(x)), name=name)
+        with process_sets.scope(ps):
+            data, rows = ops.allgather(aligned_copy(np.asarray(x)), name=name)
         out = aligned_empty(data.size, np.uint8)
         np.copyto(out, data)  # our own 64-byte aligned array: TF adopts it without a copy
         return [out.view(x.dtype).reshape(sum(rows), *x.shape[1:]), np.asarray(rows, np.int64)]
@@ -250,18 +258,23 @@ def allgather(tensor: Any, name: str | None = None, process_set: Any = None) -> 
         out.set_shape([None, *x.shape[1:]])
 
         def grad(upstream: tf.Tensor) -> tf.Tensor:
-            reduced = allreduce(upstream, op=ReduceOp.Average, name=f"{name}.grad")
-            start = tf.reduce_sum(rows[: ops.rank()])
-            return tf.reshape(reduced[start: start + rows[ops.rank()]], tf.shape(x))
+            reduced = allreduce(upstream, op=ReduceOp.Average, name=f"{name}.grad", process_set=ps)
+            with process_sets.scope(ps):
+                me = ops.rank()  # within the set
+            start = tf.reduce_sum(rows[:me])
+            return tf.reshape(reduced[start: start + rows[me]], tf.shape(x))
 
         return out, grad
 
     return gather(t)
 
 
-def broadcast_values(tensors: Sequence[Any], root_rank: int = 0, name: str | None = None) -> list[tf.Tensor]:
-    """New tensors holding root_rank's values of ``tensors`` (any dtype, copied as bytes), in one stateful call."""
+def broadcast_values(tensors: Sequence[Any], root_rank: int = 0, name: str | None = None,
+                     process_set: Any = None) -> list[tf.Tensor]:
+    """New tensors holding root_rank's values of ``tensors`` (any dtype, copied as bytes), in one stateful call.
+    ``process_set``: its members only; ``root_rank`` is a world rank in it (as in Horovod)."""
     ensure_init()
+    ps = process_sets.require_member(process_set)
     name = name or "broadcast"
     check_not_xla(name)
     inputs = [tf.convert_to_tensor(t) for t in tensors]
@@ -270,9 +283,10 @@ def broadcast_values(tensors: Sequence[Any], root_rank: int = 0, name: str | Non
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
         outs = [aligned_copy(np.asarray(a)) for a in arrays]
-        for i, o in enumerate(outs):
-            if o.size:  # as bytes: every dtype (int64 step counters, bool, bfloat16) travels alike
-                ops.broadcast_(o.reshape(-1).view(np.uint8), root_rank=int(root_rank), name=f"{name}.{i}")
+        with process_sets.scope(ps):
+            for i, o in enumerate(outs):
+                if o.size:  # as bytes: every dtype (int64 step counters, bool, bfloat16) travels alike
+                    process_sets.broadcast_in_set(o.reshape(-1).view(np.uint8), int(root_rank), f"{name}.{i}", ps)
         return outs
 
     outs = numpy_call(run, inputs, [t.dtype for t in inputs], name)
@@ -282,9 +296,8 @@ def broadcast_values(tensors: Sequence[Any], root_rank: int = 0, name: str | Non
 
 
 def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> tf.Tensor:
-    """A new tensor holding root_rank's value of ``tensor``."""
-    check_process_set(process_set)
-    return broadcast_values([tensor], root_rank, name)[0]
+    """A new tensor holding root_rank's value of ``tensor`` (``process_set``: as ``broadcast_values``)."""
+    return broadcast_values([tensor], root_rank, name, process_set)[0]
 
 
 def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, name: str | None = None,
@@ -292,9 +305,9 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, name: str 
     """Assign root_rank's values to ``variables`` (``tf.Variable`` or Keras variables) on every rank.
 
     Eager: done when it returns. In a ``tf.function``: returns the grouped assign op."""
-    check_process_set(process_set)
     variables = list(variables)
-    values = broadcast_values([tf.convert_to_tensor(v) for v in variables], root_rank, name or "broadcast_variables")
+    values = broadcast_values([tf.convert_to_tensor(v) for v in variables], root_rank, name or "broadcast_variables",
+                              process_set)
     assigns = [v.assign(x) for v, x in zip(variables, values, strict=True)]
     return tf.group(*[a for a in assigns if a is not None]) if not tf.executing_eagerly() else None
 

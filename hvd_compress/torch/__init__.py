@@ -23,12 +23,13 @@ from hvd_compress.ops.errors import (
     LaunchError,
     MismatchError,
     NotInitializedError,
+    NotInProcessSetError,
     PeerExitedError,
     ProcessSetError,
     RejectedInputError,
     UsageError,
 )
-from hvd_compress.ops.process_sets import ProcessSet, add_process_set, global_process_set
+from hvd_compress.ops.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from hvd_compress.ops.runtime import comm_stats, initialize_mpi_first, set_timeout
 from hvd_compress.torch.asynchronous import (
     allgather_async,
@@ -77,6 +78,7 @@ __all__ = [
     "Max",
     "Min",
     "MismatchError",
+    "NotInProcessSetError",
     "NotInitializedError",
     "OneBitAdam",
     "OneBitLamb",
@@ -119,6 +121,7 @@ __all__ = [
     "poll",
     "random_mask",
     "rank",
+    "remove_process_set",
     "set_timeout",
     "size",
     "synchronize",

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from hvd_compress.ops import runtime
+from hvd_compress.ops import process_sets, runtime
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce, allreduce_, broadcast, broadcast_
 from hvd_compress.torch.gather import allgather
@@ -27,6 +27,7 @@ Handle = concurrent.futures.Future
 
 def _submit(fn: Any, *args: Any, **kwargs: Any) -> Handle:
     ensure_init()
+    process_sets.require_member(kwargs.get("process_set"))  # raised here, as Horovod raises at enqueue
     return runtime.submit(fn, *args, **kwargs)
 
 

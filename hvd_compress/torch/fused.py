@@ -66,6 +66,22 @@ class FusedGradients:
         # id -> the gradient's sparse_dim. Their .grad stays a sparse tensor, reduced apart (Horovod's
         # allgather of indices and values), and their slot in the flat buffer stays zero.
         self.sparse: dict[int, int] = {}
+        # Parameters whose gradients arrived sparse while sparse_as_dense is on: reduced dense in their views, and
+        # given back sparse to a wrapped optimizer that takes only sparse gradients (``resparsify``).
+        self.densified: set[int] = set()
+
+    def note_densified(self, p: torch.Tensor, grad: torch.Tensor) -> None:
+        """Before ``grad`` accumulates into ``p.grad`` (sparse_as_dense): remember that ``p``'s gradient is sparse."""
+        if grad.is_sparse:
+            self.densified.add(id(p))
+
+    def resparsify(self) -> None:
+        """After the reduction: each densified parameter's ``.grad`` becomes its reduced view as a sparse tensor
+        (Horovod's ``to_sparse()`` under sparse_as_dense), for ``torch.optim.SparseAdam``, which refuses a dense
+        one. The views keep the values; ``zero_()`` and ``gather()`` restore them as ``.grad``."""
+        for p in self.params:
+            if id(p) in self.densified:
+                p.grad = self._views[id(p)].to_sparse()
 
     def keep_sparse(self, p: torch.Tensor, grad: torch.Tensor) -> None:
         """Before ``grad`` accumulates into ``p.grad``: a sparse ``grad`` makes ``p`` a sparse parameter, whose

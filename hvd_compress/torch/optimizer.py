@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from hvd_compress.algorithms.adasum_delta import AdasumOptions
 from hvd_compress.algorithms.birder import parse_options as parse_birder_options
 from hvd_compress.algorithms.onebit import parse_options
 from hvd_compress.algorithms.options import build_options, option_names
+from hvd_compress.ops import process_sets
 from hvd_compress.ops.buckets import (
     DEFAULT_BUCKET_MB,
     FIRST_BUCKET_MB,
@@ -25,9 +27,9 @@ from hvd_compress.ops.collectives import check_predivide, reject_allreduce
 from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.errors import ProcessSetError
 from hvd_compress.ops.horovod_args import NOTE, pop_horovod_defaults
 from hvd_compress.ops.passes import PassCounter
-from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.adasum_optimizer import AdasumMixin
 from hvd_compress.torch.backend import BACKEND
@@ -47,6 +49,20 @@ from hvd_compress.torch.wrapping import (
     hook_gradients,
     rewrap,
 )
+
+
+def _on_process_set(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method``'s collectives run on the optimizer's process set (``process_set=``); on a rank outside it, none
+    run (``synchronize`` leaves its gradients local, as Horovod's optimizer does there)."""
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self._hvdc_member:
+            return method(self, *args, **kwargs)
+        with process_sets.scope(self._hvdc_process_set):
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 class _DistributedMixin(SynchronizeProtocol):
@@ -71,9 +87,12 @@ class _DistributedMixin(SynchronizeProtocol):
         compression: Compressor = Compression.none,
         overlap: bool = True,
         bucket_mb: float = DEFAULT_BUCKET_MB,
+        process_set: Any = None,
     ) -> None:
         params = [p for g in self.param_groups for p in g["params"]]
         names = check_named_parameters(params, named_parameters)
+        self._hvdc_process_set = process_set  # resolved: None for the world
+        self._hvdc_member = process_sets.includes_me(process_set)
         self._hvdc_op = op
         self._hvdc_predivide = float(gradient_predivide_factor)
         self._hvdc_grads = FusedGradients(params)
@@ -81,8 +100,8 @@ class _DistributedMixin(SynchronizeProtocol):
         self._hvdc_meter = CommMeter()
         self._hvdc_names = names
         # Without sparse_as_dense, a sparse gradient stays sparse (Horovod's allgather); with it, it accumulates
-        # into its dense view like any other gradient.
-        before = None if sparse_as_dense else self._hvdc_grads.keep_sparse
+        # into its dense view like any other gradient (and is noted, for SparseAdam: see synchronize).
+        before = self._hvdc_grads.note_densified if sparse_as_dense else self._hvdc_grads.keep_sparse
         hook_gradients(self._hvdc_grads.params, self._hvdc_count_pass, before)
         # compression=: one error-feedback state per fused buffer (top-k/random-k), in state_dict(). Top-k
         # selects over the whole buffer, not per parameter as Horovod's per-tensor compressors would: on the
@@ -117,9 +136,12 @@ class _DistributedMixin(SynchronizeProtocol):
             self._hvdc_reductions.mark_ready(self._hvdc_bucket_of[id(p)])
             self._hvdc_reductions.launch_ready(self._hvdc_reduce_bucket)
 
+    @_on_process_set
     def _hvdc_reduce_bucket(self, index: int) -> None:
         """One bucket's allreduce (on the background thread). A failure before the core call is this rank's
         alone: it joins the call as a rejection, so the other ranks raise too instead of waiting for it."""
+        if not self._hvdc_member:
+            return
         buffer, flat = self._hvdc_buckets[index]
         f = self._hvdc_predivide
         # Horovod's split average with a predivide factor: 1/f before the sum, f/size after it.
@@ -129,14 +151,23 @@ class _DistributedMixin(SynchronizeProtocol):
             self._hvdc_meter.run(allreduce_, flat, op=op, name=name, prescale_factor=pre, postscale_factor=post,
                                  compression=self._hvdc_compression, state=self._hvdc_cstates[buffer])
 
+    @_on_process_set
     def synchronize(self) -> None:
-        """Reduce the accumulated gradients over all ranks into ``.grad`` (step() calls this unless it
-        runs inside ``skip_synchronize()``): clip or inspect the reduced gradients between the two.
+        """Reduce the accumulated gradients over all ranks (of the process set) into ``.grad`` (step() calls this
+        unless it runs inside ``skip_synchronize()``): clip or inspect the reduced gradients between the two.
 
         With overlap, the buckets whose gradients were final during backward are already being reduced in
         place: change ``.grad`` only after ``synchronize()`` (as with Horovod), or pass ``overlap=False``. An
         error in any rank's reduction raises here on every rank, after every started bucket has finished."""
         ensure_init()
+        if not self._hvdc_member:  # outside the process set: this rank's own gradients, as in Horovod
+            self._hvdc_check_momentum()
+            self._hvdc_reductions.drain()
+            self._hvdc_reductions.reset()
+            self._hvdc_grads.gather()
+            self._hvdc_passes.reset()
+            self._hvdc_mark_synchronized()
+            return
         try:
             self._hvdc_check_momentum()
         except ValueError as e:
@@ -156,6 +187,8 @@ class _DistributedMixin(SynchronizeProtocol):
             if id(p) in sparse:
                 name = f"DistributedOptimizer.sparse.{self._hvdc_names.get(id(p), '?')}"
                 p.grad = self._hvdc_meter.run(sparse_allreduce, p.grad, p, sparse[id(p)], self._hvdc_op, name)
+        if isinstance(self, torch.optim.SparseAdam):  # takes sparse gradients only; any other gets them dense
+            self._hvdc_grads.resparsify()
         self._hvdc_passes.reset()
         self._hvdc_mark_synchronized()
 
@@ -289,7 +322,9 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
 
     Sparse gradients (``nn.Embedding(sparse=True)``), with ``op=Average``/``Sum``: reduced as Horovod does (an
     allgather of indices and values, coalesced; Average divides by the world size), so ``torch.optim.SparseAdam``
-    works; ``sparse_as_dense=True`` densifies them instead. ``process_set``: the global set only.
+    works; ``sparse_as_dense=True`` densifies them instead. ``process_set`` (op=Average/Sum): the gradients are
+    reduced over its members (Average divides by its size); a rank outside it steps on its own gradients, as
+    Horovod's.
     Every op takes Horovod's other arguments at Horovod's defaults, so a Horovod script keeps its call
     (``compression=hvd.Compression.none``, ``gradient_predivide_factor=1.0``, ``num_groups=0``, ``groups=None``,
     ``sparse_as_dense=False``); a value an op does not interpret raises ``ValueError`` naming what it takes.
@@ -313,7 +348,16 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
         op = ReduceOp(op)
     except ValueError:
         raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
-    check_process_set(process_set)
+    if process_set is not None:
+        ensure_init()
+    process_set = process_sets.resolve(process_set)
+    if process_set is not None:
+        if op not in (ReduceOp.Average, ReduceOp.Sum):
+            raise ProcessSetError(
+                f"DistributedOptimizer(op={op.name}) reduces over the global set only; process_set={process_set!r} "
+                "works with op=hc.Average and op=hc.Sum"
+            )
+        algorithm_options["process_set"] = process_set
     compression = resolve_compression(algorithm_options.pop("compression", None))
     if compression.kind != "none":
         if op not in (ReduceOp.Average, ReduceOp.Sum):
@@ -336,6 +380,7 @@ def _dense(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp
     predivide = options.pop("gradient_predivide_factor", 1.0)
     sparse_as_dense = bool(options.pop("sparse_as_dense", False))
     compression = options.pop("compression", Compression.none)
+    process_set = options.pop("process_set", None)
     overlap = options.pop("overlap", None)
     bucket_mb = options.pop("bucket_mb", DEFAULT_BUCKET_MB)
     if options:
@@ -351,7 +396,8 @@ def _dense(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp
     overlap = not compression.stateful if overlap is None else overlap
     _check_no_second_momentum(optimizer, compression)
     wrapped = rewrap(optimizer, _DistributedMixin)
-    wrapped._hvdc_setup(named_parameters, op, passes, predivide, sparse_as_dense, compression, overlap, bucket_mb)
+    wrapped._hvdc_setup(named_parameters, op, passes, predivide, sparse_as_dense, compression, overlap, bucket_mb,
+                        process_set)
     return wrapped
 
 

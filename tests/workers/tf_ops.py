@@ -125,7 +125,19 @@ out["tape/groups"] = outcome(lambda: hc.DistributedGradientTape(tape, groups=2))
 out["tape/unknown"] = outcome(lambda: hc.DistributedGradientTape(tape, average=True))
 out["tape/topk"] = outcome(lambda: hc.DistributedGradientTape(tape, compression=hc.Compression.topk(0.5)))
 out["process_set/global"] = hc.allreduce(tf.ones(3), op=hc.Sum, process_set=hc.global_process_set).numpy()
-out["process_set/subset"] = outcome(lambda: hc.broadcast(tf.ones(3), process_set=hc.ProcessSet([0])))
+out["process_set/unregistered"] = outcome(lambda: hc.broadcast(tf.ones(3), process_set=hc.ProcessSet([0])))
+# A process set of the first and the last rank (every rank adds it): its collectives on its members, eager and in a
+# tf.function; the others raise; the optimizer wrappers take the global set only.
+ends = hc.add_process_set([0, n - 1])
+if ends.included():
+    ps_in = tf.constant(rank_input(r, 5, 70))
+    out["process_set/sum"] = hc.allreduce(ps_in, op=hc.Sum, process_set=ends).numpy()
+    out["process_set/avg/graph"] = tf.function(lambda t: hc.allreduce(t, process_set=ends))(ps_in).numpy()
+    out["process_set/bcast"] = hc.broadcast(ps_in, root_rank=n - 1, process_set=ends).numpy()
+    out["process_set/gather"] = hc.allgather(tf.fill([r + 1], float(r)), process_set=ends).numpy()
+else:
+    out["process_set/outside"] = outcome(lambda: hc.allreduce(tf.ones(3), process_set=ends))
+out["process_set/tape"] = outcome(lambda: hc.DistributedGradientTape(tape, process_set=ends))
 out["keras/adasum_fp16"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hck.Adasum,
                                                                     compression=hc.Compression.fp16))
 # Bad input: every rank raises, none hangs.
