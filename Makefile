@@ -23,7 +23,10 @@ build:
 lint: install
 	$(PY) -m ruff check .
 
-test: install lint cpptest cudacheck
+# The C++ and CUDA builds run one job per core (their objects are independent); pytest after both.
+JOBS ?= $(shell getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
+test: install lint
+	$(MAKE) --no-print-directory -j$(JOBS) cpptest cudacheck
 	$(PY) -m pytest -q -p no:cacheprovider -rxX --durations=25 tests
 
 # C++ tests of the collectives over the in-process thread communicator (cpp/tests), without MPI,

@@ -16,7 +16,9 @@ from mpi_harness import load_pickled_ranks, mpirun
 STEPS, BUCKETS = 3, 2  # the worker's model in ~1 KB buckets: [Dense3, Dense2], [Dense1]
 
 
-@pytest.mark.parametrize(("n", "legacy"), [(2, False), (3, False), (2, True)], ids=["2", "3", "2-tf_keras"])
+# Keras 3 at 3 ranks (an odd count, where averaging is not a power-of-two split) and tf_keras at 2: the worker's
+# checks do not depend on the rank count otherwise, so a third launch (Keras 3 at 2) would only repeat them.
+@pytest.mark.parametrize(("n", "legacy"), [(3, False), (2, True)], ids=["3", "2-tf_keras"])
 def test_tf_buckets_start_before_backward_ends_with_identical_results(n: int, legacy: bool, out_dir) -> None:
     mpirun("tf_overlap.py", n, out_dir, timeout=300, env={"TF_USE_LEGACY_KERAS": "1"} if legacy else None)
     ranks = load_pickled_ranks(out_dir, n)

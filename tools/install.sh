@@ -78,7 +78,9 @@ if ! (cd "$here" && "$PY" -c "import hvd_compress._core, hvd_compress._kernel_be
    [ -n "$(find "$here/cpp" "$here/setup.py" -newer "$here/hvd_compress/.core_built" 2>/dev/null | head -1)" ] || \
    [ ! -e "$here/hvd_compress/.core_built" ]; then
     log "building hvd_compress._core and hvd_compress._kernel_bench"
-    (cd "$here" && "$PY" setup.py -q build_ext --inplace >/dev/null)
+    # Each extension's sources compile side by side, one per core (setuptools alone compiles them in turn).
+    (cd "$here" && HVDC_BUILD_JOBS="${HVDC_BUILD_JOBS:-$(getconf _NPROCESSORS_ONLN)}" \
+        "$PY" setup.py -q build_ext --inplace >/dev/null)
     touch "$here/hvd_compress/.core_built"
 fi
 log "ok"
