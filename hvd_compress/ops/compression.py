@@ -13,7 +13,8 @@ lives; NumPy mirror: hvd_compress/reference/compression.py).
   momentum factor masking (Lin et al., ICLR 2018, Section 3.2): a velocity u = mu * u + x is accumulated into
   the error buffer (DGC's v = v + u), top-k of v is sent, and both u and v are zeroed where this rank sent (u
   only with ``momentum_masking``, the default). The momentum lives in the compression, so the wrapped optimizer
-  must not add its own (plain SGD, momentum 0).
+  must not add its own (plain SGD, momentum 0). ``clip_norm`` and ``warmup_steps``/``warmup_stages`` add DGC's
+  local gradient clipping and sparsity warm-up (``hvd_compress.ops.dgc``, Sections 3.2 and 3.3).
 - ``Compression.randomk(ratio, seed)``: k elements chosen by the core's counter-based RNG from (seed, step),
   the same on every rank, so only the k values travel (one dense allreduce of k floats); error feedback too.
 

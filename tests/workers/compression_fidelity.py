@@ -10,8 +10,9 @@ warmup_stages: ``dgc-nomask:0.01:warmup_steps=100``); the others wrap SGD(moment
 (default 1), each a model initialization and per-rank batch order; every: held-out loss every this many steps
 (default: only at the end); lr_warmup: steps of a linear learning-rate warm-up before the cosine decay, for
 every run (default 0). Saves per rank, for each run and seed (key ``<run>@<seed>``): the final held-out
-cross-entropy (``test_loss``), the held-out cross-entropy at each checkpoint (``checkpoints``: {step: loss}), the
-SHA-256 of the final parameters and the bytes this rank sent per step.
+cross-entropy (``test_loss``), the held-out cross-entropy at each checkpoint (``checkpoints``: {step: loss}) and
+the bytes this rank sent per step in the steps up to it (``window_bytes_per_step``), the SHA-256 of the final
+parameters and the bytes this rank sent per step over the run.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def train_run(run: str, seed: int) -> dict[str, object]:
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     order = torch.Generator().manual_seed(100 * seed + rank)
     opt.comm_stats()
-    checkpoints = {}
+    checkpoints, window_bytes, sent = {}, {}, 0
     for step in range(steps):
         idx = torch.randint(len(y), (BATCH,), generator=order)
         opt.zero_grad()
@@ -81,14 +82,18 @@ def train_run(run: str, seed: int) -> dict[str, object]:
         if EVERY and (step + 1) % EVERY == 0:
             with torch.no_grad():
                 checkpoints[step + 1] = torch.nn.functional.cross_entropy(model(x_test), y_test).item()
-    sent = opt.comm_stats()["bytes_sent"] / steps
+            window_bytes[step + 1] = opt.comm_stats()["bytes_sent"]
+            sent += window_bytes[step + 1]
+            window_bytes[step + 1] /= EVERY
+    sent = (sent + opt.comm_stats()["bytes_sent"]) / steps
     with torch.no_grad():
         loss = torch.nn.functional.cross_entropy(model(x_test), y_test).item()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     if rank == 0:
         print(f"{run:>12} seed {seed}: held-out loss {loss:.4f}, {sent:,.0f} bytes sent per step", flush=True)
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
-    return {"test_loss": loss, "checkpoints": checkpoints, "hash": digest, "bytes_per_step": sent}
+    return {"test_loss": loss, "checkpoints": checkpoints, "window_bytes_per_step": window_bytes, "hash": digest,
+            "bytes_per_step": sent}
 
 
 save(rank, {f"{run}@{seed}": train_run(run, seed) for run in runs for seed in SEEDS})
