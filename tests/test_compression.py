@@ -207,7 +207,7 @@ def test_bad_input_raises_on_every_rank_and_leaves_state_untouched(out_dir) -> N
         for case in ("seed", "ratio", "kind", "fp16_vs_none", "momentum", "masking"):
             assert rk[case].startswith("MismatchError"), f"{where} {case}: {rk[case]}"
         for bad in ("nan", "inf"):
-            for cname in ("topk", "randomk", "fp16", "topk_dgc"):
+            for cname in ("topk", "randomk", "fp16", "topk_dgc", "topk_dgc_clip"):
                 got = rk[f"{bad}.{cname}"]
                 ok = got.startswith(USAGE) and f"rank {n - 1} rejected" in got and bad in got
                 assert ok, f"{where}: {got}"
