@@ -67,11 +67,12 @@ def _reference_calls(cname: str, dname: str, numel: int, op: str, n: int, seed_o
 def test_compression_matches_reference_with_error_feedback_over_steps(n: int, out_dir) -> None:
     """One launch per n: the collective (every compressor, dtype, size, op; STEPS calls with one state), the
     optimizer on a known gradient, and (n = 4) the bytes of one call against dense."""
-    modes = "collective,optimizer" + (",bytes" if n == 4 else "")
+    modes = "collective,optimizer,dgc" + (",bytes" if n == 4 else "")
     mpirun("compression.py", n, out_dir, modes, timeout=300)
     ranks = load_ranks(out_dir, n)
     _check_collective(ranks, n)
     _check_optimizer(ranks, n)
+    _check_dgc(ranks, n)
     if n == 4:
         _check_bytes(ranks[0]["stats"])
 
@@ -122,6 +123,44 @@ def _check_optimizer(ranks: list[dict], n: int) -> None:
                               f"optimizer {cname} n={n} rank {r} step {step}", rtol)
 
 
+# Deep Gradient Compression's sparsity warm-up at ratio 0.05, 3 warm-up steps in 2 stages (Lin et al. Section 3.3,
+# with the official code's coefficient ratio ** (1 / (stages + 1))), and its local clipping threshold (Section 3.2):
+# 80 scaled by n ** -0.5. As the worker's "dgc" mode.
+DGC_RATIOS = [0.05 ** (1 / 3), 0.05 ** (1 / 3), 0.05 ** (2 / 3), 0.05]
+DGC_CLIP = 80.0
+
+
+def _check_dgc(ranks: list[dict], n: int) -> None:
+    """Momentum correction (no masking), local clipping and sparsity warm-up against the reference fed the
+    clipped inputs and the warm-up's ratios written out above (the clipping scale's norm is float32 in torch,
+    float64 here: a relative tolerance of 2**-18); a state resumed from a checkpoint mid-warm-up continues bit for
+    bit."""
+    for numel, sizes in ((1000, None), (sum(SEGMENTS), SEGMENTS)):
+        errors = [np.zeros(numel, np.float32) for _ in range(n)]
+        velocities = [np.zeros(numel, np.float32) for _ in range(n)]
+        clipped_any = unclipped_any = False
+        for step, ratio in enumerate(DGC_RATIOS):
+            xs = []
+            for r in range(n):
+                x = (rank_input(r, numel, torch.float32, seed=200 + step) * (step + 1)).numpy()
+                scale = min(1.0, DGC_CLIP / np.sqrt(n) / np.linalg.norm(x.astype(np.float64)))
+                clipped_any, unclipped_any = clipped_any or scale < 1.0, unclipped_any or scale == 1.0
+                xs.append((x * np.float32(scale)).astype(np.float32))
+            result, errors, velocities = ref.topk_momentum_allreduce(xs, errors, velocities, "Average", ratio, 0.9,
+                                                                     "float32", sizes, False)
+            for r in range(n):
+                y, err, velocity = ranks[r]["dgc"][numel]["calls"][step]
+                what = f"DGC numel={numel} n={n} rank {r} call {step} (ratio {ratio:.4f})"
+                _assert_equal(_np(y), result, what + " result", 2.0**-18)
+                _assert_equal(_np(err), errors[r].astype(np.float64), what + " error", 2.0**-18)
+                _assert_equal(_np(velocity), velocities[r].astype(np.float64), what + " velocity", 2.0**-18)
+        assert clipped_any and unclipped_any, "the DGC case should clip some calls and not others"
+        for r in range(n):
+            got = ranks[r]["dgc"][numel]
+            assert got["resumed_same"] == [True, True], f"DGC numel={numel} rank {r}: resumed calls differ"
+            assert got["describe"]["warmup_steps"] == 3 and got["describe"]["clip_norm"] == DGC_CLIP
+
+
 def _check_bytes(stats: dict) -> None:
     """One call of 2**16 float32 at 4 ranks: fp16/bf16 send half of the dense bytes, top-k 1% and random-k 1% a
     small fraction (payload model: top-k k 8-byte pairs to each of 3 peers, random-k a ring allreduce of k
@@ -168,7 +207,7 @@ def test_bad_input_raises_on_every_rank_and_leaves_state_untouched(out_dir) -> N
         for case in ("seed", "ratio", "kind", "fp16_vs_none", "momentum", "masking"):
             assert rk[case].startswith("MismatchError"), f"{where} {case}: {rk[case]}"
         for bad in ("nan", "inf"):
-            for cname in ("topk", "randomk", "fp16", "topk_dgc"):
+            for cname in ("topk", "randomk", "fp16", "topk_dgc", "topk_dgc_clip"):
                 got = rk[f"{bad}.{cname}"]
                 ok = got.startswith(USAGE) and f"rank {n - 1} rejected" in got and bad in got
                 assert ok, f"{where}: {got}"
@@ -299,3 +338,36 @@ def test_momentum_given_to_the_wrapped_optimizer_after_construction_raises_at_st
             assert rk[f"{case}.unchanged"], f"rank {r} of {n} {case}: parameters or compression state changed"
             for i, (a, b) in enumerate(zip(rk[f"{case}.retried"], ranks[0][f"{case}.retried"], strict=True)):
                 assert torch.equal(a, b), f"rank {r} of {n} {case}: param {i} after the retried step != rank 0"
+
+
+@pytest.mark.parametrize("options", [{"clip_norm": -1.0}, {"clip_norm": float("inf")}, {"clip_norm": float("nan")},
+                                     {"clip_norm": True}, {"clip_norm": "5"}, {"warmup_steps": -1},
+                                     {"warmup_steps": 2.0}, {"warmup_steps": True},
+                                     {"warmup_steps": 10, "warmup_stages": 0}])
+def test_topk_bad_dgc_options_are_refused(options) -> None:
+    from hvd_compress.ops.compression import Compression
+
+    key = next(iter(options)) if len(options) == 1 else "warmup_stages"
+    with pytest.raises(ValueError, match=f"topk {key} must be"):
+        Compression.topk(0.01, momentum=0.9, **options)
+
+
+def test_dgc_warmup_follows_the_papers_ramp_and_clipping_its_scaled_threshold() -> None:
+    """Lin et al. Section 3.3: density 25%, 6.25%, 1.5625%, 0.39% over four warm-up epochs, then 0.1% (the
+    official code's coefficient 0.001 ** (1/5) = 0.2512 gives them to within 0.5%); Section 3.2: each of N ranks
+    clips at the threshold times N ** -0.5. Defaults leave top-k and its checkpoint format as they were."""
+    from hvd_compress.ops import dgc
+    from hvd_compress.ops.compression import Compression
+
+    got = [dgc.warmup_ratio(0.001, 400, 4, step) for step in (0, 99, 100, 200, 300, 399, 400, 10**6)]
+    want = [0.25, 0.25, 0.0625, 0.015625, 0.00390625, 0.00390625, 0.001, 0.001]
+    np.testing.assert_allclose(got, want, rtol=0.02)
+    assert [dgc.warmup_ratio(0.01, 0, 4, s) for s in (0, 5)] == [0.01, 0.01]
+    assert dgc.local_clip_scale(10.0, 10.0, 4) == 0.5 and dgc.local_clip_scale(4.0, 10.0, 4) == 1.0
+    assert dgc.local_clip_scale(float("nan"), 10.0, 4) == 1.0
+    plain = Compression.topk(0.01, momentum=0.9)
+    assert "clip_norm" not in plain.describe() and "warmup_steps" not in plain.describe()
+    full = Compression.topk(0.01, momentum=0.9, momentum_masking=False, clip_norm=5.0, warmup_steps=300)
+    assert full.describe()["warmup_stages"] == 4 and full != plain
+    assert repr(full) == ("Compression.topk(0.01, momentum=0.9, momentum_masking=False, clip_norm=5.0, "
+                          "warmup_steps=300, warmup_stages=4)")

@@ -40,14 +40,20 @@ def _inputs(n: int, step: int) -> list[np.ndarray]:
 def _reference(case: str, n: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray] | None]:
     """(the reduced gradient of each step, each rank's final error, each rank's final velocity or None)."""
     zeros = [np.zeros(NUMEL + UNUSED, np.float32) for _ in range(n)]
-    errors, velocities, steps = list(zeros), list(zeros) if case == "dgc" else None, []
+    errors, velocities, steps = list(zeros), list(zeros) if case.startswith("dgc") else None, []
     for k in range(STEPS):
         xs = _inputs(n, k)
+        if case == "dgc_full":  # DGC's local clipping (threshold 6 / sqrt(n)), then the warm-up's ratio
+            xs = [(x * np.float32(min(1.0, 6.0 / np.sqrt(n) / float(np.float32(np.linalg.norm(x.astype(np.float64))))))
+                   ).astype(np.float32) for x in xs]
+            want, errors, velocities = ref_compression.topk_momentum_allreduce(
+                xs, errors, velocities, "Average", [0.25 ** (1 / 4), 0.25 ** (2 / 4), 0.25 ** (3 / 4)][k], 0.9,
+                "float32", None, False)
         if case == "topk":
             want, errors = ref_compression.sparse_allreduce(xs, errors, "topk", "Average", 0.25, 0, k, "float32")
         elif case == "randomk":
             want, errors = ref_compression.sparse_allreduce(xs, errors, "randomk", "Sum", 0.3, 5, k, "float32")
-        else:
+        elif case == "dgc":
             want, errors, velocities = ref_compression.topk_momentum_allreduce(xs, errors, velocities, "Average",
                                                                                0.25, 0.9, "float32")
         steps.append(want.astype(np.float32))
@@ -58,7 +64,7 @@ def _reference(case: str, n: int) -> tuple[list[np.ndarray], list[np.ndarray], l
 def test_keras_topk_randomk_dgc_equal_the_reference_with_error_feedback_in_variables(n: int, out_dir: Path) -> None:
     mpirun("tf_error_feedback.py", n, out_dir, timeout=300)
     ranks = load_pickled_ranks(out_dir, n)
-    for case in ("topk", "randomk", "dgc"):
+    for case in ("topk", "randomk", "dgc", "dgc_full"):
         steps, errors, velocities = _reference(case, n)
         for r, rk in enumerate(ranks):
             got = rk[case]
@@ -73,7 +79,8 @@ def test_keras_topk_randomk_dgc_equal_the_reference_with_error_feedback_in_varia
             else:
                 np.testing.assert_array_equal(got["velocity"], velocities[r], err_msg=f"{case}: velocity rank {r}")
             assert got["step"] == STEPS
-            want_per_rank = ["hvdc_compression_error"] + (["hvdc_compression_velocity"] if case == "dgc" else [])
+            want_per_rank = ["hvdc_compression_error"] + (["hvdc_compression_velocity"] if case.startswith("dgc")
+                                                          else [])
             assert got["per_rank"] == want_per_rank, got["per_rank"]
             assert got["comm"]["bytes_sent"] > 0
             # A NaN on the last rank: every rank raises, nothing changes, and the next step is alike everywhere.
@@ -86,6 +93,7 @@ def test_keras_topk_randomk_dgc_equal_the_reference_with_error_feedback_in_varia
     assert cfg["topk"]["config"] == {"kind": "topk", "ratio": 0.25, "seed": 0}
     assert cfg["randomk"]["repr"] == "Compression.randomk(0.3, seed=5)"
     assert cfg["dgc"]["repr"] == "Compression.topk(0.25, momentum=0.9)"
+    assert cfg["dgc_full"]["config"]["warmup_steps"] == 3 and cfg["dgc_full"]["config"]["clip_norm"] == 6.0
     for r, rk in enumerate(ranks):
         assert rk["bad/adasum"].startswith("ValueError") and "Average or Sum" in rk["bad/adasum"], (r, rk["bad/adasum"])
         for key in ("bad/second_momentum", "bad/adam_momentum"):

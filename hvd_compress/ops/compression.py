@@ -13,7 +13,8 @@ lives; NumPy mirror: hvd_compress/reference/compression.py).
   momentum factor masking (Lin et al., ICLR 2018, Section 3.2): a velocity u = mu * u + x is accumulated into
   the error buffer (DGC's v = v + u), top-k of v is sent, and both u and v are zeroed where this rank sent (u
   only with ``momentum_masking``, the default). The momentum lives in the compression, so the wrapped optimizer
-  must not add its own (plain SGD, momentum 0).
+  must not add its own (plain SGD, momentum 0). ``clip_norm`` and ``warmup_steps``/``warmup_stages`` add DGC's
+  local gradient clipping and sparsity warm-up (``hvd_compress.ops.dgc``, Sections 3.2 and 3.3).
 - ``Compression.randomk(ratio, seed)``: k elements chosen by the core's counter-based RNG from (seed, step),
   the same on every rank, so only the k values travel (one dense allreduce of k floats); error feedback too.
 
@@ -27,7 +28,7 @@ import dataclasses
 from typing import Any
 
 from hvd_compress import _core
-from hvd_compress.ops import runtime
+from hvd_compress.ops import dgc, runtime
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.tensors import as_core_buffer
@@ -42,14 +43,18 @@ _U64 = (1 << 64) - 1
 class Compressor:
     """What a reduction does to the values it sends: ``kind`` (none, fp16, bf16, topk, randomk), the fraction
     ``ratio`` of elements sent (topk/randomk), the RNG ``seed`` (randomk) and DGC's ``momentum`` (topk; 0: off)
-    and ``momentum_masking`` (with momentum: zero the velocity where this rank sent).
-    Framework-neutral and picklable."""
+    and ``momentum_masking`` (with momentum: zero the velocity where this rank sent), DGC's local gradient
+    clipping threshold ``clip_norm`` (topk; 0: off) and sparsity warm-up ``warmup_steps``/``warmup_stages``
+    (topk; 0 steps: off; ``hvd_compress.ops.dgc``). Framework-neutral and picklable."""
 
     kind: str
     ratio: float = 1.0
     seed: int = 0
     momentum: float = 0.0
     momentum_masking: bool = True
+    clip_norm: float = 0.0
+    warmup_steps: int = 0
+    warmup_stages: int = 4
 
     @property
     def stateful(self) -> bool:
@@ -63,6 +68,11 @@ class Compressor:
         if self.momentum:
             out["momentum"] = self.momentum
             out["momentum_masking"] = self.momentum_masking
+        if self.clip_norm:
+            out["clip_norm"] = self.clip_norm
+        if self.warmup_steps:
+            out["warmup_steps"] = self.warmup_steps
+            out["warmup_stages"] = self.warmup_stages
         return out
 
     def compress(self, tensor: Any) -> tuple[Any, Any]:
@@ -85,10 +95,12 @@ class Compressor:
 
     def __repr__(self) -> str:
         if self.kind == "topk":
-            if self.momentum:
-                masking = "" if self.momentum_masking else ", momentum_masking=False"
-                return f"Compression.topk({self.ratio!r}, momentum={self.momentum!r}{masking})"
-            return f"Compression.topk({self.ratio!r})"
+            extra = f", momentum={self.momentum!r}" if self.momentum else ""
+            extra += "" if self.momentum_masking else ", momentum_masking=False"
+            extra += f", clip_norm={self.clip_norm!r}" if self.clip_norm else ""
+            if self.warmup_steps:
+                extra += f", warmup_steps={self.warmup_steps}, warmup_stages={self.warmup_stages}"
+            return f"Compression.topk({self.ratio!r}{extra})"
         if self.kind == "randomk":
             return f"Compression.randomk({self.ratio!r}, seed={self.seed})"
         return f"Compression.{self.kind}"
@@ -133,7 +145,8 @@ class Compression:
     bf16 = Compressor("bf16")
 
     @staticmethod
-    def topk(ratio: float, momentum: float = 0.0, momentum_masking: bool = True) -> Compressor:
+    def topk(ratio: float, momentum: float = 0.0, momentum_masking: bool = True, clip_norm: float = 0.0,
+             warmup_steps: int = 0, warmup_stages: int = 4) -> Compressor:
         """Top-k with error feedback: ``ratio`` in (0, 1] of the elements, the largest |x + error|.
 
         ``momentum`` in (0, 1) turns on Deep Gradient Compression's momentum correction (Lin et al., ICLR 2018):
@@ -142,14 +155,27 @@ class Compression:
         ``torch.optim.SGD(..., momentum=0)`` (``DistributedOptimizer`` refuses an optimizer with its own momentum,
         which would apply it twice). 0 (the default) is plain top-k, bit for bit. ``momentum_masking=False``
         keeps the velocity where this rank sent (DGC's momentum factor masking off, as the official DGC code's
-        ``momentum_masking`` flag; see tests/test_compression_fidelity.py for why)."""
+        ``momentum_masking`` flag; docs/algorithms/compression.md for why).
+
+        The rest of DGC (``hvd_compress.ops.dgc``): ``clip_norm`` > 0 clips each rank's gradient, before it is
+        accumulated, to the 2-norm ``clip_norm / sqrt(size)`` (local gradient clipping; ``clip_norm`` is the
+        global threshold); ``warmup_steps`` > 0 sends a denser selection over the first ``warmup_steps`` calls,
+        ramping the density down exponentially to ``ratio`` in ``warmup_stages`` stages (sparsity warm-up)."""
         if (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
                 or not 0.0 <= float(momentum) < 1.0):
             raise ValueError(f"topk momentum must be a number in [0, 1), got {momentum!r}")
         if not isinstance(momentum_masking, bool):
             raise ValueError(f"topk momentum_masking must be True or False, got {momentum_masking!r}")
+        if (isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float))
+                or not 0.0 <= float(clip_norm) < float("inf")):
+            raise ValueError(f"topk clip_norm must be a finite number >= 0 (0: off), got {clip_norm!r}")
+        for key, value, low in (("warmup_steps", warmup_steps, 0), ("warmup_stages", warmup_stages, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"topk {key} must be an int >= {low}, got {value!r}")
         masking = momentum_masking or not momentum  # without momentum there is nothing to mask
-        return Compressor("topk", _check_ratio(ratio), momentum=float(momentum), momentum_masking=masking)
+        return Compressor("topk", _check_ratio(ratio), momentum=float(momentum), momentum_masking=masking,
+                          clip_norm=float(clip_norm), warmup_steps=warmup_steps,
+                          warmup_stages=warmup_stages if warmup_steps else 4)
 
     @staticmethod
     def randomk(ratio: float, seed: int = 0) -> Compressor:
@@ -286,15 +312,36 @@ def compressed_allreduce_(
     error = as_core_buffer(state.error) if compressor.stateful else None
     velocity = as_core_buffer(state.velocity) if compressor.stateful and state.velocity is not None else None
     step, sizes = (state.step, state.sizes) if compressor.stateful else (0, [])
-    counts = _core.sparse_allreduce(
-        runtime.get_in_order(), as_core_buffer(tensor), error, KINDS[compressor.kind], op_value,
-        compressor.ratio, compressor.seed, step, sizes, name or "", velocity=velocity, momentum=compressor.momentum,
-        momentum_masking=compressor.momentum_masking,
-    )
+    ratio = dgc.warmup_ratio(compressor.ratio, compressor.warmup_steps, compressor.warmup_stages, step)
+    original = _clip_locally(tensor, compressor, state)
+    try:
+        counts = _core.sparse_allreduce(
+            runtime.get_in_order(), as_core_buffer(tensor), error, KINDS[compressor.kind], op_value, ratio,
+            compressor.seed, step, sizes, name or "", velocity=velocity, momentum=compressor.momentum,
+            momentum_masking=compressor.momentum_masking,
+        )
+    except BaseException:
+        if original is not None:  # a rejected call leaves the tensor as it came
+            state.xp.copy_(tensor, original)
+        raise
     record(counts, traffic)
     if compressor.stateful:
         state.step += 1
     return tensor
+
+
+def _clip_locally(tensor: Any, compressor: Compressor, state: CompressionState | None) -> Any:
+    """DGC's local gradient clipping of ``tensor`` in place (``hvd_compress.ops.dgc``); returns a copy of the
+    tensor as it came when it was scaled (None when not)."""
+    if not compressor.clip_norm:
+        return None
+    xp, t = state.xp, as_core_buffer(tensor)
+    scale = dgc.local_clip_scale(xp.norm(t), compressor.clip_norm, runtime.size())
+    if scale == 1.0:
+        return None
+    original = xp.copy_(xp.zeros_like(t), t)
+    xp.mul_(t, scale)
+    return original
 
 
 def sparse_k(numel: int, ratio: float) -> int:

@@ -7,6 +7,10 @@ argv: out_dir modes (comma list of)
     (top-k with DGC momentum) velocities.
   optimizer: DistributedOptimizer(SGD(lr=1), compression=...) on one float32 parameter whose gradient is
     common.rank_input(seed = 50 + step); saves the parameter after every step.
+  dgc: top-k with all of Deep Gradient Compression (DGC_COMPRESSOR: momentum, local clipping, sparsity warm-up)
+    over DGC_STEPS calls of common.rank_input(seed = 200 + step) * (step + 1), float32, Average, on one tensor and
+    on SEGMENTS; saves each call's result, error and velocity, and whether the same calls resumed from a
+    state_dict() taken after call 2 into a fresh state gave the same bits.
   bytes: bytes this rank sent for one call of 2**16 float32 elements, dense and under every compressor.
 """
 
@@ -71,6 +75,31 @@ if "optimizer" in modes:
             params.append(w.detach().clone())
         out[cname] = params
     saved["params"] = out
+if "dgc" in modes:
+    comp = hc.Compression.topk(0.05, momentum=0.9, momentum_masking=False, clip_norm=80.0, warmup_steps=3,
+                               warmup_stages=2)
+    out = {}
+    for numel in (1000, sum(SEGMENTS)):
+        sizes = SEGMENTS if numel == sum(SEGMENTS) else None
+        state = hc.CompressionState(numel, comp, sizes=sizes)
+        calls, checkpoint = [], None
+        for step in range(4):
+            x = rank_input(r, numel, torch.float32, seed=200 + step) * (step + 1)
+            y = hc.allreduce(x, op=hc.Average, compression=comp, state=state, name=f"dgc.{numel}")
+            calls.append((y.clone(), state.error.clone(), state.velocity.clone()))
+            if step == 1:
+                checkpoint = {k: v.clone() if torch.is_tensor(v) else v for k, v in state.state_dict().items()}
+        resumed = hc.CompressionState(numel, comp, sizes=sizes)
+        resumed.load_state_dict(checkpoint)
+        same = []
+        for step in (2, 3):
+            x = rank_input(r, numel, torch.float32, seed=200 + step) * (step + 1)
+            y = hc.allreduce(x, op=hc.Average, compression=comp, state=resumed, name=f"dgc.{numel}")
+            want_y, want_error, want_velocity = calls[step]
+            same.append(torch.equal(y, want_y) and torch.equal(resumed.error, want_error)
+                        and torch.equal(resumed.velocity, want_velocity) and resumed.step == step + 1)
+        out[numel] = {"calls": calls, "resumed_same": same, "describe": comp.describe()}
+    saved["dgc"] = out
 if "bytes" in modes:
     numel = 1 << 16
     stats = {}

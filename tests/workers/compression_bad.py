@@ -37,7 +37,9 @@ res["masking"] = outcome(lambda: hc.allreduce(x, compression=masking, state=hc.C
 # NaN / Inf on the last rank only: UsageError on every rank, tensor, error and step untouched.
 for bad in ("nan", "inf"):
     cases = (("topk", topk), ("randomk", hc.Compression.randomk(0.1, seed=3)), ("fp16", hc.Compression.fp16),
-             ("topk_dgc", hc.Compression.topk(0.1, momentum=0.9)))
+             ("topk_dgc", hc.Compression.topk(0.1, momentum=0.9)),
+             # clipped on the finite ranks before the call is rejected: the tensor must come back as it was
+             ("topk_dgc_clip", hc.Compression.topk(0.1, momentum=0.9, clip_norm=1.0, warmup_steps=5)))
     for cname, comp in cases:
         st = hc.CompressionState(numel, comp) if comp.stateful else None
         if st is not None:  # one good call first, so that the error is not zero
