@@ -32,3 +32,15 @@ def build_options(options_cls: type, op_name: str, given: dict[str, Any],
     options = options_cls(**given)
     options.validate(op_name)
     return options
+
+
+def parse_options(options_cls: type, op_name: str, given: dict[str, Any],
+                  also: Sequence[str] = BUCKET_OPTIONS) -> Any:
+    """The one parser of every algorithm's options: ``options_cls`` built from ``DistributedOptimizer``'s keyword
+    options (``also``: the face's own options, listed with the algorithm's). A field without a default is
+    required: its absence raises ``TypeError`` with the hint of ``options_cls.REQUIRED`` (name -> what to give)."""
+    hints = getattr(options_cls, "REQUIRED", {})
+    for f in dataclasses.fields(options_cls):
+        if f.name not in given and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise TypeError(f"op={op_name} needs {f.name}={hints.get(f.name, '<value>')}")
+    return build_options(options_cls, op_name, given, also)

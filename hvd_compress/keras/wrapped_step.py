@@ -16,8 +16,8 @@ import tensorflow as tf
 
 from hvd_compress import algorithms, ops
 from hvd_compress.algorithms.adasum_delta import DEFAULT_BUCKET_MB, AdasumOptions, plan_buckets
-from hvd_compress.algorithms.onebit import OneBitAlgorithm, parse_options
-from hvd_compress.algorithms.options import BUCKET_OPTIONS, build_options, option_names
+from hvd_compress.algorithms.onebit import OneBitAlgorithm
+from hvd_compress.algorithms.options import BUCKET_OPTIONS, build_options, option_names, parse_options
 from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB as GRADIENT_BUCKET_MB
 from hvd_compress.ops.collectives import check_predivide
