@@ -1,10 +1,10 @@
 """``hc.DistributedOptimizer(op=hc.Adasum)``, the PyTorch face of ``hvd_compress.algorithms.adasum_delta``.
 
-The algorithm (paper 002, Section 4.1: step locally, then Adasum the parameter delta), its bucket plan and
-the in-order background reductions live in ``algorithms/adasum_delta.py``. This face does what needs torch:
-a post-accumulate hook on each parameter runs the wrapped optimizer's step for that parameter alone as
-soon as its gradient is final, writes the delta into a view of its bucket buffer and restores the
-parameter; ``step()`` finishes the rest, waits, and applies ``p = start + reduced delta``.
+The algorithm (paper 002, Section 4.1: step locally, then Adasum the parameter delta: the deltas, their
+buckets, the in-order background reductions and ``p = start + reduced delta``) is ``AdasumDelta`` of
+``algorithms/adasum_delta.py``. This face does what needs torch: the fused delta buffers, and a
+post-accumulate hook on each parameter that runs the wrapped optimizer's step for that parameter alone as
+soon as its gradient is final and hands it to ``AdasumDelta.gradient_final``; ``step()`` finishes the rest.
 
 Mixed precision: pass ``grad_scaler=`` (a ``torch.amp.GradScaler``) and call ``scaler.step(opt)``.
 Gradients are then still scaled when the hooks fire, so the local steps wait for ``step()``: it
@@ -15,43 +15,28 @@ moves the scale the same way). That path has no overlap.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from hvd_compress import ops
-from hvd_compress.algorithms.adasum_delta import AdasumOptions, DeltaReductions, plan_buckets
+from hvd_compress.algorithms.adasum_delta import AdasumDelta, AdasumOptions, DeltaBucket, plan_buckets
 from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.traffic import CommMeter
+from hvd_compress.torch.backend import BACKEND
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import flat_with_views
 from hvd_compress.torch.wrapping import Engine, any_rank_nonfinite, check_named_parameters, hook_gradients
 
 
-@dataclasses.dataclass
-class _Bucket:
-    """Parameters of one dtype whose deltas travel in one fused Adasum call."""
-
-    index: int
-    params: list[torch.nn.Parameter]
-    flat: torch.Tensor
-    views: list[torch.Tensor]
-
-    @property
-    def sizes(self) -> list[int]:
-        return [p.numel() for p in self.params]
-
-
-def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[_Bucket]:
+def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[DeltaBucket]:
     plan = plan_buckets([((p.dtype, p.device), p.numel() * p.element_size()) for p in params], bucket_bytes)
     buckets = []
     for members in plan:
         ps = [params[i] for i in members]
         flat, views = flat_with_views(ps)
-        buckets.append(_Bucket(len(buckets), ps, flat, views))
+        buckets.append(DeltaBucket(len(buckets), ps, flat, views, [p.numel() for p in ps]))
     return buckets
 
 
@@ -76,16 +61,14 @@ class AdasumEngine(Engine):
         super().__init__(optimizer, base)
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         check_named_parameters(params, named_parameters)
-        self.options = options
         self.params = params
         self.scaler = grad_scaler
-        self.buckets = _make_buckets(params, int(options.bucket_mb * (1 << 20)))
-        self.where = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
-        self.written: set[int] = set()  # parameters whose delta this step is in its bucket
-        self.reductions = DeltaReductions([len(b.params) for b in self.buckets])
-        self.passes = PassCounter(params, backward_passes_per_step)
         self.meter = CommMeter()
+        buckets = _make_buckets(params, int(options.bucket_mb * (1 << 20)))
+        self.alg = AdasumDelta(options, BACKEND, buckets, self.meter)
+        self.passes = PassCounter(params, backward_passes_per_step)
         hook_gradients(params, self.on_grad)
+
 
     # -- local step and delta ------------------------------------------------------------------
     def step_only(self, params: list[torch.nn.Parameter]) -> None:
@@ -102,16 +85,11 @@ class AdasumEngine(Engine):
                 g["params"] = ps
 
     def local_update(self, params: list[torch.nn.Parameter]) -> None:
-        """Step ``params`` locally, write each delta into its bucket view, restore the parameter."""
+        """Step ``params`` locally from where they are; the algorithm takes each delta and restores them."""
         with torch.no_grad():
             starts = [p.detach().clone() for p in params]
             self.step_only([p for p in params if p.grad is not None])
-            for p, start in zip(params, starts, strict=True):
-                bucket, i = self.where[id(p)]
-                torch.sub(p, start, out=bucket.views[i])
-                p.copy_(start)
-                self.written.add(id(p))
-                self.reductions.mark_ready(bucket.index)
+            self.alg.gradient_final(params, starts)
 
     def on_grad(self, p: torch.Tensor) -> None:
         self.protocol.synchronized = False
@@ -119,22 +97,6 @@ class AdasumEngine(Engine):
             return
         ensure_init()
         self.local_update([p])
-        self.launch_ready()
-
-    # -- communication -------------------------------------------------------------------------
-    def reduce_bucket(self, index: int) -> None:
-        b = self.buckets[index]
-        self.meter.run(
-            ops.adasum_fused_,
-            b.flat,
-            b.sizes,
-            name=f"DistributedOptimizer.adasum.{b.index}",
-            hierarchical=self.options.hierarchical,
-        )
-
-    def launch_ready(self) -> None:
-        """Start, in bucket order, every bucket whose deltas are all written."""
-        self.reductions.launch_ready(self.reduce_bucket)
 
     def synchronize(self) -> None:
         """Finish every local update, reduce all deltas and wait for them (step() calls this). The local steps
@@ -148,27 +110,19 @@ class AdasumEngine(Engine):
 
     def gradient_phase(self) -> None:
         ensure_init()
-        pending = [p for p in self.params if id(p) not in self.written]
+        pending = self.alg.pending(self.params)
         if pending:
             self.local_update(pending)
-        self.launch_ready()
         try:
-            self.reductions.drain()
+            self.alg.synchronize()
         except Exception:
             self.reset()
             raise
         self.protocol.mark_synchronized()
 
-    def apply(self) -> None:
-        with torch.no_grad():
-            for b in self.buckets:
-                for p, view in zip(b.params, b.views, strict=True):
-                    p.add_(view)
-
     def reset(self) -> None:
         self.protocol.step_done()
-        self.written.clear()
-        self.reductions.reset()
+        self.alg.abandon()
         self.passes.reset()
 
     def step(self, closure: Any = None, grad_scaler: Any = None) -> Any:
@@ -187,7 +141,9 @@ class AdasumEngine(Engine):
             if any_rank_nonfinite(grad_scaler, self.opt, "adasum.found_inf"):
                 self.reset()
                 return loss
-        if self.protocol.for_step(self.gradient_phase, self.consumed_gradients):
+        if self.protocol.for_step():
+            self.gradient_phase()
+        elif self.protocol.seen is not None and self.protocol.edited(self.consumed_gradients()):
             self.reset()
             raise UsageError(
                 "op=hc.Adasum: the gradients changed between synchronize() and step() on some rank (clipping "
@@ -195,7 +151,8 @@ class AdasumEngine(Engine):
                 "any rank (the wrapped optimizer's state has advanced). Adasum reduces parameter deltas, not "
                 "gradients: change gradients before backward() returns (a tensor hook), or use op=hc.Average"
             )
-        self.apply()
+        with torch.no_grad():
+            self.alg.step()
         self.reset()
         return loss
 

@@ -98,7 +98,7 @@ class BirderEngine(BucketedEngine):
     """
 
     exports = (*BucketedEngine.exports, "birder_step")
-    restarts_at_plain_step = False  # Birder's errors and moments cannot start afresh mid-run
+    mirrors_step = False  # hc.Birder keeps its own step; Birder's errors and moments cannot start afresh mid-run
 
     def build(self, param_groups: list[dict[str, Any]], algorithm: type[alg.BirderAlgorithm],
               options: alg.BirderOptions, bucket_mb: float

@@ -56,7 +56,7 @@ class BucketedEngine(Engine):
         self.meter = CommMeter()
         self.alg, segments, self.grads, order = self.build(optimizer.param_groups, algorithm, options, bucket_mb)
         self.alg.order, self.alg.overlap = order, bool(overlap)
-        if self.restarts_at_plain_step:
+        if self.mirrors_step:
             self.alg.t = self.plain_step(self.base.state_dict(optimizer))
         self.bind_state()
         trainable = [p for s in segments for p in s.params]
@@ -66,8 +66,9 @@ class BucketedEngine(Engine):
         hook_gradients(trainable, self.count_pass)
 
     # -- what an algorithm's engine supplies ------------------------------------------------------------
-    #: Whether a wrapped optimizer with steps taken starts the algorithm at that step (else at 0).
-    restarts_at_plain_step = True
+    #: Whether the wrapped optimizer's per-parameter ``state['step']`` mirrors the algorithm's step: the algorithm
+    #: starts at the step of a wrapped optimizer that has stepped, and ``step()`` writes the new step back.
+    mirrors_step = True
 
     def build(self, param_groups: list[dict[str, Any]], algorithm: type, options: Any,
               bucket_mb: float) -> tuple[Any, list[Any], list[FusedGradients], list[int]]:
@@ -77,9 +78,6 @@ class BucketedEngine(Engine):
 
     def bind_state(self) -> None:
         """Make the wrapped optimizer's per-parameter state views of the algorithm's buffers."""
-
-    def after_step(self, t: int) -> None:
-        """Bookkeeping of the wrapped optimizer's state after step ``t``."""
 
     # -- the gradient phase -----------------------------------------------------------------------------
     def count_pass(self, p: torch.Tensor) -> None:
@@ -140,7 +138,7 @@ class BucketedEngine(Engine):
                 loss = closure()
         rejected = None
         try:
-            edited = self.protocol.for_step(self.gradient_phase, self.consumed_gradients)
+            edited = self._gradient_phase_for_step()
         except UsageError as e:  # scaled gradients with inf/NaN: refused on every rank; the scaler decides below
             if grad_scaler is None:
                 raise
@@ -155,9 +153,18 @@ class BucketedEngine(Engine):
                 raise rejected
         if edited:  # reduce the gradients as they are now (the abandoned reductions' state restored)
             self.alg.abandon()
-        self.after_step(self.alg.step(self.opt.param_groups))
+        t = self.alg.step(self.opt.param_groups)
+        if self.mirrors_step:
+            self.fill_step(t)
         self.protocol.step_done()
         return loss
+
+    def _gradient_phase_for_step(self) -> bool:
+        """The gradient phase unless a ``synchronize()`` ran it; True where the gradients it consumed were edited."""
+        if self.protocol.for_step():
+            self.gradient_phase()
+            return False
+        return self.protocol.seen is not None and self.protocol.edited(self.consumed_gradients())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the fused gradient buffers in place (gradients stay views, never None); the count of backward
@@ -170,10 +177,12 @@ class BucketedEngine(Engine):
         self.passes.reset()
         self.protocol.step_done()
 
-    def fill_step(self, params: list[torch.Tensor], t: int) -> None:
+    def fill_step(self, t: int) -> None:
+        """Every parameter's ``state['step']`` of the wrapped optimizer at ``t`` (``mirrors_step``)."""
         state = self.opt.state
-        for p in params:
-            state[p]["step"].fill_(float(t))
+        for fused in self.grads:
+            for p in fused.params:
+                state[p]["step"].fill_(float(t))
 
     # -- checkpoints --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

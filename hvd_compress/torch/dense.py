@@ -177,7 +177,8 @@ class DenseEngine(Engine):
     def step(self, closure: Any = None) -> Any:
         if self.protocol.skip or self.protocol.synchronized:  # no reduction left in this step: the check is this
             self.check_momentum()  # rank's (inside skip_synchronize(), synchronize() ran before the change)
-        self.protocol.for_step(self.synchronize, list)  # else synchronize() checks, and a failure joins every rank's
+        if self.protocol.for_step():  # else synchronize() checks, and a failure joins every rank's
+            self.synchronize()
         out = self.base.step(self.opt, closure)
         self.protocol.step_done()
         return out

@@ -117,8 +117,6 @@ class OneBitEngine(BucketedEngine):
         """True once the steps use the 1-bit compressed allreduce (after ``freeze_step`` steps)."""
         return self.alg.compression_started
 
-    def after_step(self, t: int) -> None:
-        self.fill_step([p for seg in self.alg.segments for p in seg.params], t)
 
 
 def check_adam(optimizer: torch.optim.Optimizer) -> None:

@@ -114,8 +114,6 @@ class SlambEngine(BucketedEngine):
         self.alg.abandon()
         self.alg.synchronize_parameters()
 
-    def after_step(self, t: int) -> None:
-        self.fill_step(self.alg.buf.params, t)
 
 
 def check_lamb(optimizer: torch.optim.Optimizer) -> None:

@@ -131,8 +131,9 @@ SYNC_WARNING = (
 class SynchronizeProtocol:
     """Horovod's ``synchronize()`` / ``skip_synchronize()`` contract, one object per engine.
 
-    An engine's ``synchronize()`` ends the gradient phase and calls ``mark_synchronized``; its ``step()`` calls
-    ``for_step`` first. Unlike Horovod, a ``step()`` after ``synchronize()`` without ``skip_synchronize()``
+    An engine's ``synchronize()`` ends the gradient phase and calls ``mark_synchronized``; its ``step()`` asks
+    ``for_step`` first whether to run the gradient phase itself, else (``seen`` set) whether the gradients were
+    ``edited`` since. Unlike Horovod, a ``step()`` after ``synchronize()`` without ``skip_synchronize()``
     warns (Horovod's text) but does not reduce the same gradients a second time (Horovod does, which makes
     ``op=Sum`` steps n times larger); and ``step()`` inside ``skip_synchronize()`` with no ``synchronize()``
     since the last step raises instead of letting the ranks step on their local gradients and drift apart.
@@ -160,12 +161,9 @@ class SynchronizeProtocol:
         than reduced into ``.grad``), for ``for_step`` to compare."""
         self.seen = gradient_fingerprint(consumed) if consumed else None
 
-    def for_step(self, gradient_phase: Callable[[], None],
-                 consumed: Callable[[], list[torch.Tensor | None]]) -> bool:
-        """The gradient phase for ``step()`` (``gradient_phase()`` unless a ``synchronize()`` preceded it); True
-        when a user's ``synchronize()`` preceded it and any rank changed the gradients it consumed (``consumed()``)
-        since (clipping between ``synchronize()`` and ``step()``): every rank gets the same answer, so every rank
-        honours (or refuses) the change alike."""
+    def for_step(self) -> bool:
+        """At the start of ``step()``: True when no ``synchronize()`` preceded it, so ``step()`` runs the gradient
+        phase itself; raises inside ``skip_synchronize()`` without a ``synchronize()`` since the last step."""
         if self.skip:
             if not self.synchronized:
                 raise RuntimeError(
@@ -176,12 +174,15 @@ class SynchronizeProtocol:
             warnings.warn(SYNC_WARNING, stacklevel=4)
         else:
             self.seen = None
-            gradient_phase()
-            return False
+            return True
+        return False
+
+    def edited(self, consumed: list[torch.Tensor | None]) -> bool:
+        """After a user's ``synchronize()`` that remembered what it consumed (``seen`` is set): whether any rank
+        changed those gradients (``consumed``, as they are now) since (clipping between ``synchronize()`` and
+        ``step()``). Every rank gets the same answer, so every rank honours (or refuses) the change alike."""
         seen, self.seen = self.seen, None
-        if seen is None:
-            return False
-        return any_rank(gradient_fingerprint(consumed()) != seen, "DistributedOptimizer.gradients_edited")
+        return any_rank(gradient_fingerprint(consumed) != seen, "DistributedOptimizer.gradients_edited")
 
     def step_done(self) -> None:
         self.synchronized = False
