@@ -36,7 +36,7 @@ class AdasumOptions:
     bucket_mb: float = DEFAULT_BUCKET_MB
 
     def validate(self, op_name: str = "Adasum") -> None:
-        """``ValueError`` for a bad value (``build_options`` calls it)."""
+        """``ValueError`` for a bad value (``parse_options`` calls it)."""
         if isinstance(self.bucket_mb, bool) or not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):
             raise ValueError(f"op={op_name}: bucket_mb must be a positive number of MiB, got {self.bucket_mb!r}")
 

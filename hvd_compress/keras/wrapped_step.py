@@ -22,8 +22,7 @@ from hvd_compress.algorithms.adasum_delta import (
     DeltaBucket,
     plan_buckets,
 )
-from hvd_compress.algorithms.onebit import OneBitAlgorithm
-from hvd_compress.algorithms.options import BUCKET_OPTIONS, build_options, option_names, parse_options
+from hvd_compress.algorithms.options import BUCKET_OPTIONS, option_names, parse_options
 from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB as GRADIENT_BUCKET_MB
 from hvd_compress.ops.collectives import check_predivide
@@ -98,7 +97,7 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
         return OpConfig(op, bucket_mb=bucket_mb, overlap=overlap, predivide=predivide, average_passes=average_passes)
     if op == ReduceOp.Adasum:
         pop_horovod_defaults(options, what, takes=option_names(AdasumOptions, ()))
-        parsed = build_options(AdasumOptions, op.name, options, also=())
+        parsed = parse_options(AdasumOptions, op.name, options, also=())
         return OpConfig(op, bucket_mb=float(parsed.bucket_mb), hierarchical=parsed.hierarchical,
                         average_passes=average_passes)
     algorithm = algorithms.REGISTRY.get(op)
@@ -111,10 +110,7 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
     lamb_opts = {} if op == ReduceOp.Birder else {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()}
     buckets = {"bucket_mb": check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB)),
                "overlap": check_overlap(options.pop("overlap", True))}
-    if issubclass(algorithm, OneBitAlgorithm):
-        parsed = parse_options(algorithm.options_cls, algorithm.name, options, face_options)
-    else:
-        parsed = build_options(algorithm.options_cls, algorithm.name, options, face_options)
+    parsed = algorithms.parse(op, options, face_options)
     return OpConfig(op, algorithm=algorithm, options=parsed, lamb_opts=lamb_opts, average_passes=average_passes,
                     **buckets)
 

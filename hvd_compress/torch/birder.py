@@ -1,5 +1,5 @@
-"""PyTorch face of Birder (paper 004): the optimizer ``hc.Birder`` (the uncompressed rule) and the wrapper
-methods of ``hc.DistributedOptimizer(hc.Birder(...), op=hc.Birder)`` (the 1-bit algorithm).
+"""PyTorch face of Birder (paper 004): the optimizer ``hc.Birder`` (the uncompressed rule) and the engine of
+``hc.DistributedOptimizer(hc.Birder(...), op=hc.Birder)`` (the 1-bit algorithm).
 
 The math and the sequencing are ``hvd_compress.algorithms.birder``'s; this face keeps the tensors: per
 bucket of each param group one segment of flat float32 buffers (the fused gradient of which every ``.grad`` is a

@@ -10,7 +10,7 @@ import torch
 
 from hvd_compress import algorithms
 from hvd_compress.algorithms.adasum_delta import AdasumOptions
-from hvd_compress.algorithms.options import build_options, option_names
+from hvd_compress.algorithms.options import option_names, parse_options
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
 from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import ReduceOp
@@ -138,7 +138,7 @@ def _adasum(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceO
             options: dict[str, Any]) -> torch.optim.Optimizer:
     options = _horovod_defaults(options, op, option_names(AdasumOptions, _ADASUM_FACE))
     grad_scaler = options.pop("grad_scaler", None)
-    parsed = build_options(AdasumOptions, op.name, options, also=_ADASUM_FACE)
+    parsed = parse_options(AdasumOptions, op.name, options, also=_ADASUM_FACE)
     return compose(optimizer, AdasumEngine, named_parameters, passes, grad_scaler, parsed)
 
 
