@@ -38,7 +38,7 @@ def plan_segments(
 
 
 class BucketedEngine(Engine):
-    """The engine of a ``BucketedAlgorithm`` (``alg``). A subclass's ``segments`` gives the algorithm's segments
+    """The engine of a ``BucketedAlgorithm`` (``alg``). A subclass's ``build`` makes the algorithm, its segments
     and their ``FusedGradients``. With ``overlap`` the gradient hook that makes a parameter's gradient final (its
     last backward pass of ``backward_passes_per_step``) gathers it into its bucket's fused buffer and reports it
     (``gradient_final``); a complete bucket starts reducing on the background thread. ``synchronize()`` waits for
