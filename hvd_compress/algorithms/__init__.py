@@ -7,10 +7,14 @@ algorithms; both are valid ``op=`` values of ``DistributedOptimizer``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from hvd_compress.algorithms.birder import BirderAlgorithm
 from hvd_compress.algorithms.onebit import OneBitAlgorithm
 from hvd_compress.algorithms.onebit_adam import OneBitAdam
 from hvd_compress.algorithms.onebit_lamb import OneBitLamb
+from hvd_compress.algorithms.options import BUCKET_OPTIONS, parse_options
 from hvd_compress.algorithms.slamb import Slamb
 from hvd_compress.ops.constants import ReduceOp
 
@@ -28,4 +32,11 @@ def lookup(op: ReduceOp) -> type[OneBitAlgorithm] | type[Slamb] | type[BirderAlg
     return REGISTRY[op]
 
 
-__all__ = ["REGISTRY", "BirderAlgorithm", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "Slamb", "lookup"]
+def parse(op: ReduceOp, given: dict[str, Any], also: Sequence[str] = BUCKET_OPTIONS) -> Any:
+    """The validated options of ``op``'s algorithm from ``DistributedOptimizer``'s keyword options (``also``: the
+    face's own options, named in the error of an unknown one); every algorithm is built from such options."""
+    algorithm = lookup(op)
+    return parse_options(algorithm.options_cls, algorithm.name, given, also)
+
+
+__all__ = ["REGISTRY", "BirderAlgorithm", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "Slamb", "lookup", "parse"]

@@ -48,7 +48,6 @@ from typing import Any
 
 from hvd_compress import ops
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
-from hvd_compress.algorithms.options import BUCKET_OPTIONS, build_options
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
@@ -94,11 +93,6 @@ class BirderOptions:
             raise ValueError(f"op={op_name}: hierarchical must be True or False, got {self.hierarchical!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 1 << 64:
             raise ValueError(f"op={op_name}: seed must be an int in [0, 2**64), got {self.seed!r}")
-
-
-def parse_options(given: dict[str, Any], also: Sequence[str] = BUCKET_OPTIONS) -> BirderOptions:
-    """``BirderOptions`` from ``DistributedOptimizer``'s keyword options, with clear errors."""
-    return build_options(BirderOptions, "Birder", given, also)
 
 
 @dataclasses.dataclass
@@ -238,8 +232,14 @@ class BirderAlgorithm(BucketedAlgorithm):
                     raise ValueError(f"{what}: {key} is {self.xp.describe(s.get(key))}, expected "
                                      f"{self.xp.describe(target)}")
 
-    def load_state_dict(self, ours: dict[str, Any]) -> None:
-        """Restore ``state_dict()`` (call ``check_state_dict`` first); a step started but not taken is dropped."""
+    def check_plain_step(self, t: int, key: str) -> None:
+        """A plain checkpoint cannot start Birder mid-run: its errors, moments and RNG position are missing."""
+        self.check_state_dict(None)
+
+    def load_state_dict(self, ours: dict[str, Any], plain_step: int = 0) -> None:
+        """Restore ``state_dict()`` (call ``check_state_dict`` first); a step started but not taken is dropped.
+        ``plain_step``: unused (``check_plain_step`` refuses every plain checkpoint)."""
+        del plain_step
         self.abandon()  # no bucket of it may still be writing m, b or the errors
         self.t = int(ours["step"])
         self.seed = int(ours["seed"])

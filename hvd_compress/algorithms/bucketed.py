@@ -186,6 +186,10 @@ class BucketedAlgorithm:
         self._backed_up.clear()
 
     # -- checkpoints ---------------------------------------------------------------------------------
+    def check_plain_step(self, t: int, key: str) -> None:
+        """ValueError if a checkpoint without this algorithm's section ``key`` (a plain optimizer's, at step ``t``)
+        cannot start the algorithm there; every step can by default."""
+
     @staticmethod
     def layout_state(seg: Any) -> dict[str, Any]:
         """The bucket's layout in a checkpoint: its elements, param group and the elements of each parameter."""

@@ -86,11 +86,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from hvd_compress import ops
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
-from hvd_compress.algorithms.options import BUCKET_OPTIONS, build_options
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops import onebit_adam_kernels as momentum_ops
 from hvd_compress.ops.backend import Backend, Tensor
@@ -109,6 +108,9 @@ SEGMENT_SHARE = 0.01
 class OneBitOptions:
     """Options of both 1-bit optimizers: ``freeze_step`` dense warm-up steps (required), ``variance_floor``."""
 
+    #: What ``parse_options``'s error for a missing required option asks for.
+    REQUIRED: ClassVar[dict[str, str]] = {"freeze_step": "<number of dense warm-up steps>"}
+
     freeze_step: int
     variance_floor: float = DEFAULT_VARIANCE_FLOOR
     hierarchical: bool = False
@@ -125,15 +127,6 @@ class OneBitOptions:
             )
         if not isinstance(self.hierarchical, bool):
             raise ValueError(f"op={op_name}: hierarchical must be True or False, got {self.hierarchical!r}")
-
-
-def parse_options(options_cls: type, op_name: str, given: dict[str, Any],
-                  also: Sequence[str] = BUCKET_OPTIONS) -> Any:
-    """``options_cls`` built from ``DistributedOptimizer``'s keyword options, with clear errors (``also``: the
-    face's own options, listed with the algorithm's)."""
-    if "freeze_step" not in given:
-        raise TypeError(f"op={op_name} needs freeze_step=<number of dense warm-up steps>")
-    return build_options(options_cls, op_name, given, also)
 
 
 @dataclasses.dataclass

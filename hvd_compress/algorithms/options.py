@@ -20,12 +20,18 @@ def option_names(options_cls: type, also: Sequence[str] = BUCKET_OPTIONS) -> lis
     return names + [n for n in also if n not in names]
 
 
-def build_options(options_cls: type, op_name: str, given: dict[str, Any],
+def parse_options(options_cls: type, op_name: str, given: dict[str, Any],
                   also: Sequence[str] = BUCKET_OPTIONS) -> Any:
-    """``options_cls(**given)``, validated; ``TypeError`` naming unknown options and every option the call takes
-    (the fields, ``also`` taken by the face, Horovod's arguments at their defaults)."""
-    names = [f.name for f in dataclasses.fields(options_cls)]
-    unknown = sorted(set(given) - set(names))
+    """The one parser of every algorithm's options: ``options_cls(**given)``, validated. ``TypeError`` for unknown
+    options, naming every option the call takes (the fields, ``also`` taken by the face, Horovod's arguments at
+    their defaults), and for a missing required one (a field without a default; ``options_cls.REQUIRED`` maps its
+    name to what to give)."""
+    fields = dataclasses.fields(options_cls)
+    hints = getattr(options_cls, "REQUIRED", {})
+    for f in fields:
+        if f.name not in given and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise TypeError(f"op={op_name} needs {f.name}={hints.get(f.name, '<value>')}")
+    unknown = sorted(set(given) - {f.name for f in fields})
     if unknown:
         raise TypeError(f"op={op_name} got unknown options {unknown}; it takes "
                         f"{', '.join(option_names(options_cls, also))}, {NOTE}")

@@ -83,7 +83,6 @@ from typing import Any
 
 from hvd_compress import ops
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
-from hvd_compress.algorithms.options import BUCKET_OPTIONS, build_options
 from hvd_compress.ops import masks as mask_ops
 from hvd_compress.ops import slamb_kernels as fused_ops
 from hvd_compress.ops.backend import Backend, Tensor
@@ -136,11 +135,6 @@ class SlambOptions:
                              f"got {vf!r}")
         if not isinstance(self.sync_grad, bool):
             raise ValueError(f"op={op_name}: sync_grad must be True or False, got {self.sync_grad!r}")
-
-
-def parse_options(given: dict[str, Any], also: Sequence[str] = BUCKET_OPTIONS) -> SlambOptions:
-    """``SlambOptions`` from ``DistributedOptimizer``'s keyword options, with clear errors."""
-    return build_options(SlambOptions, "SLAMB", given, also)
 
 
 def ratio(a: float, b: float) -> float:
@@ -257,8 +251,10 @@ class Slamb(BucketedAlgorithm):
     name = "SLAMB"
     options_cls = SlambOptions
 
-    def __init__(self, options: SlambOptions, backend: Backend, buffers: SlambBuffers, world_size: int,
-                 meter: CommMeter | None = None, segments: Sequence[SlambSegment] | None = None) -> None:
+    def __init__(self, options: SlambOptions, backend: Backend, segments: Sequence[SlambSegment] | None,
+                 meter: CommMeter | None, *, buffers: SlambBuffers, world_size: int) -> None:
+        """As every algorithm (options, backend, segments, meter), over the face's flat ``buffers`` (``segments``
+        None: one per param group)."""
         self.options = options
         self.xp = backend
         self.buf = buffers

@@ -14,10 +14,15 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from hvd_compress import algorithms, ops
-from hvd_compress.algorithms.adasum_delta import DEFAULT_BUCKET_MB, AdasumOptions, plan_buckets
-from hvd_compress.algorithms.onebit import OneBitAlgorithm, parse_options
-from hvd_compress.algorithms.options import BUCKET_OPTIONS, build_options, option_names
+from hvd_compress import algorithms
+from hvd_compress.algorithms.adasum_delta import (
+    DEFAULT_BUCKET_MB,
+    AdasumDelta,
+    AdasumOptions,
+    DeltaBucket,
+    plan_buckets,
+)
+from hvd_compress.algorithms.options import BUCKET_OPTIONS, option_names, parse_options
 from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB as GRADIENT_BUCKET_MB
 from hvd_compress.ops.collectives import check_predivide
@@ -27,7 +32,7 @@ from hvd_compress.ops.horovod_args import NOTE, pop_horovod_defaults
 from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep
-from hvd_compress.tensorflow.backend import aligned_copy
+from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
 from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
 from hvd_compress.tensorflow.functions import check_group_compression, dense, numpy_call
@@ -92,7 +97,7 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
         return OpConfig(op, bucket_mb=bucket_mb, overlap=overlap, predivide=predivide, average_passes=average_passes)
     if op == ReduceOp.Adasum:
         pop_horovod_defaults(options, what, takes=option_names(AdasumOptions, ()))
-        parsed = build_options(AdasumOptions, op.name, options, also=())
+        parsed = parse_options(AdasumOptions, op.name, options, also=())
         return OpConfig(op, bucket_mb=float(parsed.bucket_mb), hierarchical=parsed.hierarchical,
                         average_passes=average_passes)
     algorithm = algorithms.REGISTRY.get(op)
@@ -105,10 +110,7 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
     lamb_opts = {} if op == ReduceOp.Birder else {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()}
     buckets = {"bucket_mb": check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB)),
                "overlap": check_overlap(options.pop("overlap", True))}
-    if issubclass(algorithm, OneBitAlgorithm):
-        parsed = parse_options(algorithm.options_cls, algorithm.name, options, face_options)
-    else:
-        parsed = build_options(algorithm.options_cls, algorithm.name, options, face_options)
+    parsed = algorithms.parse(op, options, face_options)
     return OpConfig(op, algorithm=algorithm, options=parsed, lamb_opts=lamb_opts, average_passes=average_passes,
                     **buckets)
 
@@ -187,33 +189,36 @@ def check_base_options(op_name: str, inner: Any) -> None:
 
 def adasum_delta_step(grads: list[tf.Tensor], variables: list[Any], apply_local: Callable[[list[Any], list[Any]], Any],
                       config: OpConfig, meter: CommMeter, name: str) -> None:
-    """Local step (``apply_local(grads, variables)``: the inner optimizer's), then Adasum of the parameter deltas
-    per bucket (paper 002, Section 4.1; buckets as ``algorithms.adasum_delta.plan_buckets``), applied to the
-    start values."""
+    """Local step (``apply_local(grads, variables)``: the inner optimizer's), then ``AdasumDelta`` (paper 002,
+    Section 4.1) over NumPy copies of the variables: each delta into its bucket (``plan_buckets``), Adasum per
+    bucket, start + reduced delta assigned back."""
     starts = [tf.identity(tf.convert_to_tensor(v)) for v in variables]
     with tf.control_dependencies(starts):
         apply_local(grads, variables)
-    deltas = [tf.convert_to_tensor(v) - s for v, s in zip(variables, starts, strict=True)]
+    afters = [tf.convert_to_tensor(v) for v in variables]
     items = [(v.dtype, int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size) for v in variables]
-    buckets = plan_buckets(items, int(config.bucket_mb * (1 << 20)))
-    hierarchical = config.hierarchical
+    plan = plan_buckets(items, int(config.bucket_mb * (1 << 20)))
+    options = AdasumOptions(hierarchical=config.hierarchical, bucket_mb=config.bucket_mb)
+    count = len(variables)
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        outs = [aligned_copy(np.asarray(a)) for a in arrays]
-        for b, members in enumerate(buckets):
-            flat = np.concatenate([outs[i].reshape(-1) for i in members])
-            ops.adasum_fused_(flat, [outs[i].size for i in members], name=f"{name}.{b}", hierarchical=hierarchical)
-            offsets = np.cumsum([0] + [outs[i].size for i in members])
-            for i, lo, hi in zip(members, offsets[:-1], offsets[1:], strict=True):
-                outs[i].reshape(-1)[...] = flat[lo:hi]
-        return outs
+        params = [aligned_copy(np.asarray(a)) for a in arrays[:count]]
+        buckets = []
+        for b, members in enumerate(plan):
+            sizes = [params[i].size for i in members]
+            flat = aligned_empty(sum(sizes), params[members[0]].dtype)
+            ends = np.cumsum(sizes)
+            views = [flat[end - n:end].reshape(params[i].shape) for i, n, end in zip(members, sizes, ends, strict=True)]
+            buckets.append(DeltaBucket(b, [params[i] for i in members], flat, views, sizes))
+        delta = AdasumDelta(options, BACKEND, buckets, meter, prefix=name)
+        delta.gradient_final(params, [np.asarray(a) for a in arrays[count:]])
+        delta.synchronize()
+        delta.step()
+        return params
 
-    def metered(*arrays: np.ndarray) -> list[np.ndarray]:
-        return meter.run(run, *arrays)
-
-    reduced = numpy_call(metered, deltas, [d.dtype for d in deltas], name)
-    for v, s, d in zip(variables, starts, reduced, strict=True):
-        v.assign(s + tf.reshape(d, s.shape))
+    result = numpy_call(run, afters + starts, [x.dtype for x in afters], name)
+    for v, x in zip(variables, result, strict=True):
+        v.assign(tf.reshape(x, v.shape))
 
 
 def accumulate_then_step(grads: Sequence[Any], variables: Sequence[Any], accumulators: Sequence[Any], pass_count: Any,

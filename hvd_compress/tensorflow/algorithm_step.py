@@ -405,8 +405,8 @@ class SlambStep(FusedStep):
         # ``params`` only count the members (the algorithm reads the flat buffers).
         segments = [SlambSegment(group=0, first=self.span(i)[0], sizes=self.sizes[lo:hi], params=list(range(lo, hi)))
                     for i, (lo, hi) in enumerate(self.ranges)]
-        self.algorithm = Slamb(options, BACKEND, self._buffers(BACKEND.float32_like(self.numel, None), None, {}),
-                               world_size, meter, segments=segments)
+        self.algorithm = Slamb(options, BACKEND, segments, meter, world_size=world_size,
+                               buffers=self._buffers(BACKEND.float32_like(self.numel, None), None, {}))
         self._attach(self.algorithm)
 
     def state_shapes(self) -> StateShapes:

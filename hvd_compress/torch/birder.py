@@ -1,5 +1,5 @@
-"""PyTorch face of Birder (paper 004): the optimizer ``hc.Birder`` (the uncompressed rule) and the wrapper
-methods of ``hc.DistributedOptimizer(hc.Birder(...), op=hc.Birder)`` (the 1-bit algorithm).
+"""PyTorch face of Birder (paper 004): the optimizer ``hc.Birder`` (the uncompressed rule) and the engine of
+``hc.DistributedOptimizer(hc.Birder(...), op=hc.Birder)`` (the 1-bit algorithm).
 
 The math and the sequencing are ``hvd_compress.algorithms.birder``'s; this face keeps the tensors: per
 bucket of each param group one segment of flat float32 buffers (the fused gradient of which every ``.grad`` is a
@@ -10,19 +10,15 @@ during backward (``overlap``, ``hvd_compress.torch.bucketed``), and the ``hvd_co
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from hvd_compress.algorithms import birder as alg
-from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
-from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.backend import BACKEND
-from hvd_compress.torch.bucketed import BucketedMixin, plan_segments
+from hvd_compress.torch.bucketed import BucketedEngine, plan_segments
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients, cached_views
-from hvd_compress.torch.wrapping import STATE_KEY, check_named_parameters
 
 
 class Birder(torch.optim.Optimizer):
@@ -87,8 +83,8 @@ def _segments(param_groups: list[dict[str, Any]], hierarchical: bool,
     return segments, grads, order
 
 
-class BirderMixin(BucketedMixin):
-    """Methods added to a wrapped ``hc.Birder`` for ``op=hc.Birder`` (paper 004 Alg. 1, 1-bit both ways).
+class BirderEngine(BucketedEngine):
+    """The engine of a wrapped ``hc.Birder`` under ``op=hc.Birder`` (paper 004 Alg. 1, 1-bit both ways).
 
     The parameters are cut into buckets (``bucket_mb``, as ``op=Average``), each one segment with its own m, b
     and error feedback (``hvd_compress.algorithms.birder``: segments are buckets). With ``overlap=True`` (the
@@ -101,35 +97,20 @@ class BirderMixin(BucketedMixin):
     enters the moments. Both modes make the same calls: bit-identical results.
     """
 
-    def _hvdc_setup(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
-                    backward_passes_per_step: int, algorithm: alg.BirderAlgorithm, overlap: bool = True,
-                    bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+    exports = (*BucketedEngine.exports, "birder_step")
+    mirrors_step = False  # hc.Birder keeps its own step; Birder's errors and moments cannot start afresh mid-run
+
+    def build(self, param_groups: list[dict[str, Any]], algorithm: type[alg.BirderAlgorithm],
+              options: alg.BirderOptions, bucket_mb: float
+              ) -> tuple[alg.BirderAlgorithm, list[alg.BirderSegment], list[FusedGradients], list[int]]:
         ensure_init()
-        params = [p for g in self.param_groups for p in g["params"]]
-        check_named_parameters(params, named_parameters)
-        segments, self._hvdc_grads, order = _segments(self.param_groups, algorithm.options.hierarchical, bucket_mb)
-        self._hvdc_meter = CommMeter()
-        algorithm.segments, algorithm.meter = segments, self._hvdc_meter
-        algorithm.order, algorithm.overlap = order, bool(overlap)
-        self._hvdc_alg = algorithm
-        self._hvdc_hook_buckets(backward_passes_per_step)
+        segments, grads, order = _segments(param_groups, options.hierarchical, bucket_mb)
+        return algorithm(options, BACKEND, segments, self.meter), segments, grads, order
 
     @property
     def birder_step(self) -> int:
         """Steps taken (with the seed, the RNG position)."""
-        return self._hvdc_alg.t
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a ``state_dict()`` of the same algorithm, world, node size and model; anything else (a plain
-        checkpoint included: Birder's errors and moments cannot start afresh mid-run) raises ``ValueError``
-        with the state untouched."""
-        state_dict = dict(state_dict)
-        ours = state_dict.pop(STATE_KEY, None)
-        if not hasattr(self, "_hvdc_alg"):  # rewrap() loading the wrapped optimizer's state
-            return super(self.__class__, self).load_state_dict(state_dict)
-        self._hvdc_alg.check_state_dict(ours)
-        super(self.__class__, self).load_state_dict(state_dict)
-        self._hvdc_alg.load_state_dict(ours)
+        return self.alg.t
 
 
 def check_birder(optimizer: torch.optim.Optimizer) -> None:

@@ -1,6 +1,9 @@
-"""The torch half of the algorithms whose segments are buckets (``hvd_compress.algorithms.bucketed``: 1-bit
-Adam/LAMB, Birder, SLAMB), written once: cutting the parameters into buckets, and the gradient hooks that report each
-parameter whose gradient is final so that its bucket's reduction starts while backward runs (``overlap``).
+"""The torch engine of every algorithm of ``hvd_compress.algorithms`` (1-bit Adam/LAMB, Birder, SLAMB), whose
+segments are buckets (``hvd_compress.algorithms.bucketed``), written once: cutting the parameters into buckets, the
+gradient hooks that report each parameter whose gradient is final so that its bucket's reduction starts while
+backward runs (``overlap``), counting backward passes, gathering the fused gradients, stepping the algorithm,
+zeroing the fused buffers, metering bytes and carrying the algorithm's section of ``state_dict()``. Each
+algorithm's engine adds its buffers (``segments``) and the views of the wrapped optimizer's state (``bind_state``).
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ from typing import Any
 import torch
 
 from hvd_compress.ops.buckets import plan_segments as plan_bucket_segments
+from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.passes import PassCounter
-from hvd_compress.torch.algorithm_mixin import AlgorithmMixin
+from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.context import ensure_init
-from hvd_compress.torch.wrapping import hook_gradients
+from hvd_compress.torch.fused import FusedGradients
+from hvd_compress.torch.wrapping import STATE_KEY, Engine, any_rank_nonfinite, check_named_parameters, hook_gradients
 
 
 def plan_segments(
@@ -24,55 +29,186 @@ def plan_segments(
     first bucket of each key 1 MiB).
 
     Returns each bucket's (param group, parameters) in registration order (the order of the checkpoint's segment
-    list: a model with one bucket per group keeps the layout it had before buckets) and the bucket indices in bucket
-    order (the order their reductions start)."""
+    list: a model with one bucket per group keeps the layout of one segment per group) and the bucket indices in
+    bucket order (the order their reductions start)."""
     trainable = [(gi, p) for gi, group in enumerate(param_groups) for p in group["params"] if p.requires_grad]
     items = [((gi, p.dtype, p.device), p.numel() * p.element_size()) for gi, p in trainable]
     segments, order = plan_bucket_segments(items, bucket_mb)
     return [(trainable[members[0]][0], [trainable[i][1] for i in members]) for members in segments], order
 
 
-class BucketedMixin(AlgorithmMixin):
-    """Methods of a wrapper whose algorithm is a ``BucketedAlgorithm``. With ``overlap`` the gradient hook that makes
-    a parameter's gradient final (its last backward pass of ``backward_passes_per_step``) gathers it into its
-    bucket's fused buffer and reports it (``gradient_final``); a complete bucket starts reducing on the background
-    thread. ``synchronize()`` waits for all; ``zero_grad()`` first drops a step started but not taken."""
+class BucketedEngine(Engine):
+    """The engine of a ``BucketedAlgorithm`` (``alg``). A subclass's ``build`` makes the algorithm, its segments
+    and their ``FusedGradients``. With ``overlap`` the gradient hook that makes a parameter's gradient final (its
+    last backward pass of ``backward_passes_per_step``) gathers it into its bucket's fused buffer and reports it
+    (``gradient_final``); a complete bucket starts reducing on the background thread. ``synchronize()`` waits for
+    all; ``zero_grad()`` first drops a step started but not taken."""
 
-    def _hvdc_hook_buckets(self, backward_passes_per_step: int) -> None:
-        """Count passes and hook every parameter of the algorithm's segments (``_hvdc_alg`` and ``_hvdc_grads``,
-        the ``FusedGradients`` that hold the segments' gradients, are set: one per segment, or one for all)."""
-        segments = self._hvdc_alg.segments
+    exports = ("overlap", "bucket_count")
+    amp_scaling = True
+
+    def __init__(self, optimizer: torch.optim.Optimizer, base: type, named_parameters: Any,
+                 backward_passes_per_step: int, algorithm: type, options: Any, overlap: bool,
+                 bucket_mb: float) -> None:
+        super().__init__(optimizer, base)
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        check_named_parameters(params, named_parameters)
+        self.meter = CommMeter()
+        self.alg, segments, self.grads, order = self.build(optimizer.param_groups, algorithm, options, bucket_mb)
+        self.alg.order, self.alg.overlap = order, bool(overlap)
+        if self.mirrors_step:
+            self.alg.t = self.plain_step(self.base.state_dict(optimizer))
+        self.bind_state()
         trainable = [p for s in segments for p in s.params]
-        self._hvdc_segment_of = {id(p): i for i, s in enumerate(segments) for p in s.params}
-        self._hvdc_fused_of = {id(p): fused for fused in self._hvdc_grads for p in fused.params}
-        self._hvdc_passes = PassCounter(trainable, backward_passes_per_step)
-        hook_gradients(trainable, self._hvdc_count_pass)
+        self.segment_of = {id(p): i for i, s in enumerate(segments) for p in s.params}
+        self.fused_of = {id(p): fused for fused in self.grads for p in fused.params}
+        self.passes = PassCounter(trainable, backward_passes_per_step)
+        hook_gradients(trainable, self.count_pass)
 
-    def _hvdc_count_pass(self, p: torch.Tensor) -> None:
-        passes = self._hvdc_passes.add(p)
-        self._hvdc_synchronized = False  # a new gradient after synchronize() starts another gradient phase
-        if self._hvdc_alg.overlap and passes == self._hvdc_passes.limit:
+    # -- what an algorithm's engine supplies ------------------------------------------------------------
+    #: Whether the wrapped optimizer's per-parameter ``state['step']`` mirrors the algorithm's step: the algorithm
+    #: starts at the step of a wrapped optimizer that has stepped, and ``step()`` writes the new step back.
+    mirrors_step = True
+
+    def build(self, param_groups: list[dict[str, Any]], algorithm: type, options: Any,
+              bucket_mb: float) -> tuple[Any, list[Any], list[FusedGradients], list[int]]:
+        """``algorithm(options, BACKEND, segments, self.meter)`` (the contract of ``hvd_compress.algorithms``), its
+        segments, the ``FusedGradients`` that hold their gradients, and the bucket order."""
+        raise NotImplementedError
+
+    def bind_state(self) -> None:
+        """Make the wrapped optimizer's per-parameter state views of the algorithm's buffers."""
+
+    # -- the gradient phase -----------------------------------------------------------------------------
+    def count_pass(self, p: torch.Tensor) -> None:
+        passes = self.passes.add(p)
+        self.protocol.synchronized = False  # a new gradient after synchronize() starts another gradient phase
+        if self.alg.overlap and passes == self.passes.limit:
             ensure_init()
-            i = self._hvdc_segment_of[id(p)]
-            self._hvdc_fused_of[id(p)].gather_one(p)  # a .grad set from outside (model.zero_grad()) into its view
-            self._hvdc_alg.gradient_final(i, self.param_groups)
+            i = self.segment_of[id(p)]
+            self.fused_of[id(p)].gather_one(p)  # a .grad set from outside (model.zero_grad()) into its view
+            self.alg.gradient_final(i, self.opt.param_groups)
 
     @property
     def overlap(self) -> bool:
         """Whether buckets are reduced during backward (``overlap=`` of ``DistributedOptimizer``)."""
-        return self._hvdc_alg.overlap
+        return self.alg.overlap
 
     @property
     def bucket_count(self) -> int:
         """Buckets (segments, each with its own per-bucket state) the parameters are cut into."""
-        return len(self._hvdc_alg.segments)
+        return len(self.alg.segments)
+
+    @torch.no_grad()
+    def synchronize(self) -> None:
+        """End the gradient phase: gather this rank's gradients into the fused buffers (and, with overlap or in a
+        1-bit warm-up, finish the buckets' reductions). Where the algorithm has already consumed the gradients as
+        they were (with overlap, a compressed stage), an edit of ``.grad`` before ``step()`` (Horovod's clipping
+        pattern) is honoured: ``step()`` drops this phase's reductions, state restored, and reduces the edited
+        gradients (a second exchange in that step; ``overlap=False`` clips at the cost of one)."""
+        self.gradient_phase()
+        self.protocol.remember(self.consumed_gradients())
+
+    def gradient_phase(self) -> None:
+        ensure_init()
+        for fused in self.grads:
+            fused.gather()
+        self.alg.synchronize(self.opt.param_groups)
+        self.passes.reset()
+        self.protocol.mark_synchronized()
+
+    def consumed_gradients(self) -> list[torch.Tensor | None]:
+        if not self.alg.consumes_gradients_in_synchronize():
+            return []
+        for fused in self.grads:
+            fused.gather()  # a ``.grad`` the user replaced instead of editing it in place
+        return [b for fused in self.grads for b in fused.buffers]
+
+    # -- the step -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure: Any = None, grad_scaler: Any = None) -> Any:
+        """The step, on every rank alike. Gradients edited after the algorithm consumed them (clipping after
+        ``synchronize()``) are reduced anew. With ``scaler.step(opt)`` the gradients are unscaled here, and the
+        step is skipped on every rank if any rank's held inf/NaN (the verdict written back into each scaler);
+        where the algorithm had consumed them still scaled (overlap, a compressed stage), they are reduced anew
+        once unscaled (pass ``overlap=False`` to reduce only once)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        rejected = None
+        try:
+            edited = self._gradient_phase_for_step()
+        except UsageError as e:  # scaled gradients with inf/NaN: refused on every rank; the scaler decides below
+            if grad_scaler is None:
+                raise
+            rejected, edited = e, True
+        if grad_scaler is not None:
+            edited = edited or self.alg.consumes_gradients_in_synchronize()
+            if any_rank_nonfinite(grad_scaler, self.opt, f"{self.alg.name}.found_inf"):
+                self.alg.abandon()
+                self.protocol.step_done()
+                return loss
+            if rejected is not None:
+                raise rejected
+        if edited:  # reduce the gradients as they are now (the abandoned reductions' state restored)
+            self.alg.abandon()
+        t = self.alg.step(self.opt.param_groups)
+        if self.mirrors_step:
+            self.fill_step(t)
+        self.protocol.step_done()
+        return loss
+
+    def _gradient_phase_for_step(self) -> bool:
+        """The gradient phase unless a ``synchronize()`` ran it; True where the gradients it consumed were edited."""
+        if self.protocol.for_step():
+            self.gradient_phase()
+            return False
+        return self.protocol.seen is not None and self.protocol.edited(self.consumed_gradients())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """As ``AlgorithmMixin.zero_grad``; a step whose buckets were started but not taken is dropped first
-        (their state restored), never zeroing a bucket that is still being reduced."""
-        self._hvdc_alg.abandon()
-        AlgorithmMixin.zero_grad(self, set_to_none)
+        """Zero the fused gradient buffers in place (gradients stay views, never None); the count of backward
+        passes starts again (also after a step that raised). A step whose buckets were started but not taken is
+        dropped first (their state restored), never zeroing a bucket that is still being reduced."""
+        del set_to_none  # views must survive for the fused reduction
+        self.alg.abandon()
+        for fused in self.grads:
+            fused.zero_()
+        self.passes.reset()
+        self.protocol.step_done()
 
-    def _hvdc_end_gradient_phase(self) -> None:
-        # with overlap: every bucket's reduction finished (1-bit warm-up: the dense average, also without overlap)
-        self._hvdc_alg.synchronize(self.param_groups)
+    def fill_step(self, t: int) -> None:
+        """Every parameter's ``state['step']`` of the wrapped optimizer at ``t`` (``mirrors_step``)."""
+        state = self.opt.state
+        for fused in self.grads:
+            for p in fused.params:
+                state[p]["step"].fill_(float(t))
+
+    # -- checkpoints --------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        out = self.base.state_dict(self.opt)
+        out[STATE_KEY] = self.alg.state_dict()
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a ``state_dict()``. One without the algorithm's section (a plain torch checkpoint of the
+        wrapped optimizer) starts the algorithm's own state afresh at that checkpoint's step, where the
+        algorithm allows it; a checkpoint of another algorithm, world size or model raises ValueError with
+        nothing changed."""
+        state_dict = dict(state_dict)
+        ours = state_dict.pop(STATE_KEY, None)
+        t = 0
+        if ours is not None:
+            self.alg.check_state_dict(ours)
+        else:
+            t = self.plain_step(state_dict)
+        self.base.load_state_dict(self.opt, state_dict)
+        self.alg.load_state_dict(ours, t)
+        self.bind_state()
+
+    def plain_step(self, state_dict: dict[str, Any]) -> int:
+        """The step of a plain checkpoint (the largest per-parameter ``step``), if the algorithm can start there."""
+        steps = [float(s["step"]) for s in state_dict.get("state", {}).values() if "step" in s]
+        t = int(max(steps)) if steps else 0
+        self.alg.check_plain_step(t, STATE_KEY)
+        return t

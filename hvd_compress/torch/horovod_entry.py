@@ -41,7 +41,9 @@ def _targets() -> Iterator[Target]:
 
 def _wrapped_by_us(given: dict[str, Any]) -> bool:
     """Whether Horovod's ``broadcast_optimizer_state`` was given an optimizer that hvd_compress wrapped."""
-    return bool(getattr(type(given.get("optimizer")), "_hvdc_wrapper", False))
+    from hvd_compress.torch.wrapping import wrapped_engine
+
+    return wrapped_engine(given.get("optimizer")) is not None
 
 
 def install_from_environment() -> None:

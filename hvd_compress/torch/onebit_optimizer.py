@@ -12,20 +12,17 @@ hooks that start a bucket's reduction during backward (``overlap``), and the ``h
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from hvd_compress.algorithms import OneBitAlgorithm
-from hvd_compress.algorithms.onebit import Segment
-from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
-from hvd_compress.ops.traffic import CommMeter
-from hvd_compress.torch.bucketed import BucketedMixin, plan_segments
+from hvd_compress.algorithms.onebit import OneBitOptions, Segment
+from hvd_compress.torch.backend import BACKEND
+from hvd_compress.torch.bucketed import BucketedEngine, plan_segments
 from hvd_compress.torch.fused import FusedGradients, cached_views, flat_with_views
 from hvd_compress.torch.lamb import Lamb
 from hvd_compress.torch.onebit import OneBitState
-from hvd_compress.torch.wrapping import check_named_parameters
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -64,8 +61,8 @@ def _segments(
     return segments, grads, order
 
 
-class OneBitMixin(BucketedMixin):
-    """Methods added to the wrapped optimizer's class for a 1-bit algorithm (``OneBitAdam``, ``OneBitLamb``).
+class OneBitEngine(BucketedEngine):
+    """The engine of a 1-bit algorithm (``OneBitAdam``, ``OneBitLamb``).
 
     The parameters are cut into buckets (``bucket_mb``, as ``op=Average``), each one segment of the algorithm
     with its own error feedback (``hvd_compress.algorithms.onebit``: segments are buckets).
@@ -88,54 +85,38 @@ class OneBitMixin(BucketedMixin):
     momentum is formed after.
     """
 
-    def _hvdc_setup(
-        self,
-        named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
-        backward_passes_per_step: int,
-        algorithm: OneBitAlgorithm,
-        overlap: bool = True,
-        bucket_mb: float = DEFAULT_BUCKET_MB,
-    ) -> None:
-        """Run ``algorithm`` (built with its options, no segments yet) on this optimizer's parameters."""
-        params = [p for g in self.param_groups for p in g["params"]]
-        check_named_parameters(params, named_parameters)
-        segments, self._hvdc_grads, order = _segments(
-            self.param_groups, fresh=algorithm.has_fresh_variance, bucket_mb=bucket_mb
-        )
-        self._hvdc_meter = CommMeter()
-        algorithm.segments, algorithm.meter = segments, self._hvdc_meter
-        algorithm.order, algorithm.overlap = order, bool(overlap)
-        self._hvdc_alg = algorithm
-        self._hvdc_alg.t = self._hvdc_plain_step(super(self.__class__, self).state_dict())
-        self._hvdc_bind_state()
-        self._hvdc_hook_buckets(backward_passes_per_step)
+    exports = (*BucketedEngine.exports, "freeze_step", "compression_started")
 
-    def _hvdc_bind_state(self) -> None:
+    def build(self, param_groups: list[dict[str, Any]], algorithm: type[OneBitAlgorithm], options: OneBitOptions,
+              bucket_mb: float) -> tuple[OneBitAlgorithm, list[Segment], list[FusedGradients], list[int]]:
+        segments, grads, order = _segments(param_groups, fresh=algorithm.has_fresh_variance, bucket_mb=bucket_mb)
+        return algorithm(options, BACKEND, segments, self.meter), segments, grads, order
+
+    def bind_state(self) -> None:
         """Make every parameter's state tensors views of the segment buffers, keeping their values."""
-        for seg in self._hvdc_alg.segments:
+        state = self.opt.state
+        for seg in self.alg.segments:
             keys = [("exp_avg", seg.exp_avg), ("exp_avg_sq", seg.exp_avg_sq)]
             if seg.fresh is not None:
                 keys.append(("exp_avg_sq_fresh", seg.fresh))
             for key, flat in keys:
                 for p, view in zip(seg.params, seg.views(flat), strict=True):
-                    old = self.state[p].get(key)
+                    old = state[p].get(key)
                     if old is not None and old.data_ptr() != view.data_ptr():
                         view.copy_(old)
-                    self.state[p][key] = view
+                    state[p][key] = view
             for p in seg.params:
-                self.state[p]["step"] = torch.tensor(float(self._hvdc_alg.t), dtype=torch.float32)
+                state[p]["step"] = torch.tensor(float(self.alg.t), dtype=torch.float32)
 
     @property
     def freeze_step(self) -> int:
-        return self._hvdc_alg.freeze_step
+        return self.alg.freeze_step
 
     @property
     def compression_started(self) -> bool:
         """True once the steps use the 1-bit compressed allreduce (after ``freeze_step`` steps)."""
-        return self._hvdc_alg.compression_started
+        return self.alg.compression_started
 
-    def _hvdc_after_step(self, t: int) -> None:
-        self._hvdc_fill_step([p for seg in self._hvdc_alg.segments for p in seg.params], t)
 
 
 def check_adam(optimizer: torch.optim.Optimizer) -> None:

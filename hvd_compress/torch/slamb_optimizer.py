@@ -13,21 +13,17 @@ start a bucket's masked momentum average while backward runs (``hvd_compress.tor
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from hvd_compress import ops
 from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions, SlambSegment
-from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
-from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.backend import BACKEND
-from hvd_compress.torch.bucketed import BucketedMixin, plan_segments
+from hvd_compress.torch.bucketed import BucketedEngine, plan_segments
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients, cached_views
 from hvd_compress.torch.lamb import Lamb
-from hvd_compress.torch.wrapping import check_named_parameters
 
 
 def _buffers(param_groups: list[dict[str, Any]]) -> tuple[SlambBuffers, FusedGradients]:
@@ -71,8 +67,8 @@ def _segments(param_groups: list[dict[str, Any]], buffers: SlambBuffers,
     return segments, order
 
 
-class SlambMixin(BucketedMixin):
-    """Methods added to the wrapped ``hc.Lamb``'s class for ``op=hc.SLAMB``.
+class SlambEngine(BucketedEngine):
+    """The engine of ``op=hc.SLAMB`` over a wrapped ``hc.Lamb``.
 
     The parameters are cut into buckets (``bucket_mb``, as ``op=Average``); with ``overlap=True`` (the default)
     the gradient hook that makes a bucket's last gradient final starts that bucket's steps 3 and 4 (m's new value
@@ -87,33 +83,27 @@ class SlambMixin(BucketedMixin):
     ``synchronize_parameters()``: call that before evaluating or saving.
     """
 
-    def _hvdc_setup(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
-                    backward_passes_per_step: int, options: SlambOptions, overlap: bool = True,
-                    bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
-        ensure_init()
-        params = [p for g in self.param_groups for p in g["params"]]
-        check_named_parameters(params, named_parameters)
-        buffers, fused = _buffers(self.param_groups)
-        segments, order = _segments(self.param_groups, buffers, bucket_mb)
-        self._hvdc_grads = [fused]
-        self._hvdc_meter = CommMeter()
-        self._hvdc_alg = Slamb(options, BACKEND, buffers, ops.size(), self._hvdc_meter, segments)
-        self._hvdc_alg.order, self._hvdc_alg.overlap = order, bool(overlap)
-        self._hvdc_alg.t = self._hvdc_plain_step(super(self.__class__, self).state_dict())
-        self._hvdc_bind_state()
-        self._hvdc_hook_buckets(backward_passes_per_step)
+    exports = (*BucketedEngine.exports, "synchronize_parameters")
 
-    def _hvdc_bind_state(self) -> None:
+    def build(self, param_groups: list[dict[str, Any]], algorithm: type[Slamb], options: SlambOptions,
+              bucket_mb: float) -> tuple[Slamb, list[SlambSegment], list[FusedGradients], list[int]]:
+        ensure_init()
+        buffers, fused = _buffers(param_groups)
+        segments, order = _segments(param_groups, buffers, bucket_mb)
+        built = algorithm(options, BACKEND, segments, self.meter, buffers=buffers, world_size=ops.size())
+        return built, segments, [fused], order
+
+    def bind_state(self) -> None:
         """Make every parameter's m and v views of the flat buffers, keeping their values."""
-        b = self._hvdc_alg.buf
+        b, state = self.alg.buf, self.opt.state
         for key, flat in (("exp_avg", b.exp_avg), ("exp_avg_sq", b.exp_avg_sq)):
             for p, view in zip(b.params, b.views(flat), strict=True):
-                old = self.state[p].get(key)
+                old = state[p].get(key)
                 if old is not None and old.data_ptr() != view.data_ptr():
                     view.copy_(old)
-                self.state[p][key] = view
+                state[p][key] = view
         for p in b.params:
-            self.state[p]["step"] = torch.tensor(float(self._hvdc_alg.t), dtype=torch.float32)
+            state[p]["step"] = torch.tensor(float(self.alg.t), dtype=torch.float32)
 
     @torch.no_grad()
     def synchronize_parameters(self) -> None:
@@ -121,11 +111,9 @@ class SlambMixin(BucketedMixin):
         evaluating or saving, where the last step was not a multiple of ``sync_interval``. A step whose buckets
         were started but not taken is dropped first (as by ``zero_grad()``)."""
         ensure_init()
-        self._hvdc_alg.abandon()
-        self._hvdc_alg.synchronize_parameters()
+        self.alg.abandon()
+        self.alg.synchronize_parameters()
 
-    def _hvdc_after_step(self, t: int) -> None:
-        self._hvdc_fill_step(self._hvdc_alg.buf.params, t)
 
 
 def check_lamb(optimizer: torch.optim.Optimizer) -> None:

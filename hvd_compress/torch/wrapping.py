@@ -1,11 +1,12 @@
-"""Plumbing shared by the torch optimizer wrappers: subclassing the wrapped optimizer's class (so that
-``isinstance``, LR schedulers and ``state_dict()`` keep working), the gradient hooks and Horovod's
-``synchronize()``/``skip_synchronize()`` protocol. Pass counting and byte metering are framework-neutral
+"""Plumbing shared by the torch optimizer wrappers: one subclass of the wrapped optimizer's class that delegates
+to an ``Engine`` (so that ``isinstance``, LR schedulers and ``state_dict()`` keep working), the gradient hooks and
+Horovod's ``synchronize()``/``skip_synchronize()`` protocol. Pass counting and byte metering are framework-neutral
 (``hvd_compress.ops.passes``, ``hvd_compress.ops.traffic``)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import warnings
 import weakref
@@ -21,27 +22,54 @@ from hvd_compress.torch.functions import allreduce
 STATE_KEY = "hvd_compress"  # the section of state_dict() that holds a wrapper's own state
 
 
-def rewrap(optimizer: torch.optim.Optimizer, mixin: type) -> torch.optim.Optimizer:
-    """A new optimizer of a subclass of ``type(optimizer)`` + ``mixin``'s methods, on the same param
-    groups and with the same state. As Horovod does, so ``isinstance(new, type(optimizer))`` holds.
+#: The methods every wrapped optimizer delegates to its engine; an engine adds its own in ``exports``.
+COMMON = ("synchronize", "skip_synchronize", "step", "zero_grad", "state_dict", "load_state_dict", "comm_stats",
+          "set_backward_passes_per_step")
 
-    Wrapping an hvd_compress wrapper again wraps the optimizer inside it (its own section of the state
-    is dropped): two layers would each reduce the gradients."""
-    base = optimizer.__class__
-    while getattr(base, "_hvdc_wrapper", False):
-        base = base.__bases__[0]
-    methods: dict[str, Any] = {"_hvdc_wrapper": True}
-    for klass in reversed(mixin.__mro__[:-1]):  # a mixin's own bases contribute too, nearest last
-        methods.update({k: v for k, v in vars(klass).items() if not (k.startswith("__") and k.endswith("__"))})
+
+def compose(optimizer: torch.optim.Optimizer, engine_cls: type[Engine], *args: Any,
+            **kwargs: Any) -> torch.optim.Optimizer:
+    """A new optimizer of one subclass of ``type(optimizer)``, on the same param groups and with the same state,
+    holding ``engine_cls(new, base, *args, **kwargs)`` as ``_hvdc``: its only attribute beside the base class's.
+    The subclass adds one delegate per name of ``COMMON`` and ``engine_cls.exports`` and nothing else, so
+    ``isinstance(new, type(optimizer))``, LR schedulers and ``state_dict()`` keep working (as Horovod's wrapper).
+
+    Wrapping an hvd_compress wrapper again wraps the optimizer inside it (its own section of the state is dropped):
+    two layers would each reduce the gradients."""
+    inner = wrapped_engine(optimizer)
+    base = inner.base if inner is not None else type(optimizer)
+    names = dict.fromkeys(COMMON + engine_cls.exports)
+    methods: dict[str, Any] = {name: _delegate(engine_cls, name) for name in names}
+    if engine_cls.amp_scaling:
+        methods["_step_supports_amp_scaling"] = True  # torch's GradScaler hands itself to step()
     cls = type(base.__name__, (base,), methods)
-    state = optimizer.state_dict()
-    state.pop(STATE_KEY, None)
+    state = base.state_dict(optimizer)
     wrapped = cls.__new__(cls)
     accepted = inspect.signature(base.__init__).parameters
-    kwargs = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    base.__init__(wrapped, optimizer.param_groups, **kwargs)
-    wrapped.load_state_dict(state)
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    base.__init__(wrapped, optimizer.param_groups, **defaults)
+    base.load_state_dict(wrapped, state)
+    wrapped._hvdc = engine_cls(wrapped, base, *args, **kwargs)
     return wrapped
+
+
+def wrapped_engine(optimizer: Any) -> Engine | None:
+    """The engine of an optimizer that ``compose`` built, else None."""
+    engine = vars(optimizer).get("_hvdc") if hasattr(optimizer, "__dict__") else None
+    return engine if isinstance(engine, Engine) else None
+
+
+def _delegate(engine_cls: type, name: str) -> Any:
+    """``name`` of the wrapped optimizer: the engine's property or method of that name, called on ``self._hvdc``."""
+    target = inspect.getattr_static(engine_cls, name)
+    if isinstance(target, property):
+        return property(lambda self: getattr(self._hvdc, name), doc=target.__doc__)
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._hvdc, name)(*args, **kwargs)
+
+    functools.update_wrapper(method, target)  # its name, docstring and signature (grad_scaler= for torch's scaler)
+    return method
 
 
 # The hvd_compress hook of each parameter, by id (checked against a weak reference: tensors compare
@@ -101,75 +129,102 @@ SYNC_WARNING = (
 
 
 class SynchronizeProtocol:
-    """Horovod's ``synchronize()`` / ``skip_synchronize()`` contract, shared by every wrapper.
+    """Horovod's ``synchronize()`` / ``skip_synchronize()`` contract, one object per engine.
 
-    ``synchronize()`` (each wrapper's own) ends the gradient phase and calls ``_hvdc_mark_synchronized``;
-    ``step()`` calls ``_hvdc_synchronize_for_step()`` first. Unlike Horovod, a ``step()`` after
-    ``synchronize()`` without ``skip_synchronize()`` warns (Horovod's text) but does not reduce the same
-    gradients a second time (Horovod does, which makes ``op=Sum`` steps n times larger); and ``step()``
-    inside ``skip_synchronize()`` with no ``synchronize()`` since the last step raises instead of
-    letting the ranks step on their local gradients and drift apart.
+    An engine's ``synchronize()`` ends the gradient phase and calls ``mark_synchronized``; its ``step()`` asks
+    ``for_step`` first whether to run the gradient phase itself, else (``seen`` set) whether the gradients were
+    ``edited`` since. Unlike Horovod, a ``step()`` after ``synchronize()`` without ``skip_synchronize()``
+    warns (Horovod's text) but does not reduce the same gradients a second time (Horovod does, which makes
+    ``op=Sum`` steps n times larger); and ``step()`` inside ``skip_synchronize()`` with no ``synchronize()``
+    since the last step raises instead of letting the ranks step on their local gradients and drift apart.
     """
 
-    _hvdc_synchronized = False
-    _hvdc_skip = False
-    _hvdc_seen: list[int] | None = None  # ``gradient_fingerprint`` of what a user's synchronize() consumed
+    def __init__(self) -> None:
+        self.synchronized = False
+        self.skip = False
+        self.seen: list[int] | None = None  # ``gradient_fingerprint`` of what a user's synchronize() consumed
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """``step()`` inside this context uses the gradients of the preceding ``synchronize()``."""
-        self._hvdc_skip = True
+        self.skip = True
         try:
             yield
         finally:
-            self._hvdc_skip = False
+            self.skip = False
 
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        """As Horovod's: from now on the gradients of ``passes`` backward passes make one step."""
-        self._hvdc_passes.set_limit(passes)
+    def mark_synchronized(self) -> None:
+        self.synchronized = True
 
-    def _hvdc_mark_synchronized(self) -> None:
-        self._hvdc_synchronized = True
+    def remember(self, consumed: list[torch.Tensor | None]) -> None:
+        """At the end of a user's ``synchronize()``: fingerprint the gradients it consumed as they were (rather
+        than reduced into ``.grad``), for ``for_step`` to compare."""
+        self.seen = gradient_fingerprint(consumed) if consumed else None
 
-    def _hvdc_gradient_phase(self) -> None:
-        """What ``step()`` runs when no ``synchronize()`` preceded it (a wrapper whose public ``synchronize()``
-        also remembers the gradients it consumed runs the phase alone here)."""
-        self.synchronize()
-
-    def _hvdc_consumed_gradients(self) -> list[torch.Tensor | None]:
-        """The gradients that this step's ``synchronize()`` has already consumed as they were (rather than reduced
-        into ``.grad``), so that an edit of them before ``step()`` would otherwise be lost; none by default."""
-        return []
-
-    def _hvdc_remember_gradients(self) -> None:
-        """At the end of a user's ``synchronize()``: fingerprint what it consumed, for ``step()`` to compare."""
-        consumed = self._hvdc_consumed_gradients()
-        self._hvdc_seen = gradient_fingerprint(consumed) if consumed else None
-
-    def _hvdc_synchronize_for_step(self) -> bool:
-        """The gradient phase for ``step()``; True when a user's ``synchronize()`` preceded it and any rank changed
-        the gradients it consumed since (clipping between ``synchronize()`` and ``step()``): every rank gets the
-        same answer, so every rank honours (or refuses) the change alike."""
-        if self._hvdc_skip:
-            if not self._hvdc_synchronized:
+    def for_step(self) -> bool:
+        """At the start of ``step()``: True when no ``synchronize()`` preceded it, so ``step()`` runs the gradient
+        phase itself; raises inside ``skip_synchronize()`` without a ``synchronize()`` since the last step."""
+        if self.skip:
+            if not self.synchronized:
                 raise RuntimeError(
                     "step() inside skip_synchronize() needs a synchronize() since the last step; without it "
                     "every rank would step on its own gradients and the ranks' parameters would diverge"
                 )
-        elif self._hvdc_synchronized:
-            warnings.warn(SYNC_WARNING, stacklevel=3)
+        elif self.synchronized:
+            warnings.warn(SYNC_WARNING, stacklevel=4)
         else:
-            self._hvdc_seen = None
-            self._hvdc_gradient_phase()
-            return False
-        seen, self._hvdc_seen = self._hvdc_seen, None
-        if seen is None:
-            return False
-        return any_rank(gradient_fingerprint(self._hvdc_consumed_gradients()) != seen,
-                        "DistributedOptimizer.gradients_edited")
+            self.seen = None
+            return True
+        return False
 
-    def _hvdc_step_done(self) -> None:
-        self._hvdc_synchronized = False
+    def edited(self, consumed: list[torch.Tensor | None]) -> bool:
+        """After a user's ``synchronize()`` that remembered what it consumed (``seen`` is set): whether any rank
+        changed those gradients (``consumed``, as they are now) since (clipping between ``synchronize()`` and
+        ``step()``). Every rank gets the same answer, so every rank honours (or refuses) the change alike."""
+        seen, self.seen = self.seen, None
+        return any_rank(gradient_fingerprint(consumed) != seen, "DistributedOptimizer.gradients_edited")
+
+    def step_done(self) -> None:
+        self.synchronized = False
+
+
+class Engine:
+    """What a wrapped optimizer holds as ``_hvdc`` and delegates ``COMMON`` and ``exports`` to: its buffers, hook
+    targets, pass counter, byte meter, algorithm and ``SynchronizeProtocol``. It calls the wrapped optimizer's base
+    class explicitly (``self.base.step(self.opt, closure)``) and holds the optimizer weakly (the optimizer holds
+    it), so dropping the optimizer frees both. A subclass sets ``passes`` and ``meter`` and supplies
+    ``synchronize`` and ``step``."""
+
+    exports: tuple[str, ...] = ()
+    amp_scaling = False  # whether ``step`` takes torch's ``grad_scaler=``
+
+    def __init__(self, optimizer: torch.optim.Optimizer, base: type) -> None:
+        self._opt = weakref.ref(optimizer)
+        self.base = base
+        self.protocol = SynchronizeProtocol()
+
+    @property
+    def opt(self) -> torch.optim.Optimizer:
+        """The wrapped optimizer."""
+        return self._opt()
+
+    def skip_synchronize(self) -> contextlib.AbstractContextManager[None]:
+        """``step()`` inside this context uses the gradients of the preceding ``synchronize()``."""
+        return self.protocol.skip_synchronize()
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """As Horovod's: from now on the gradients of ``passes`` backward passes make one step."""
+        self.passes.set_limit(passes)
+
+    def comm_stats(self) -> dict[str, int]:
+        """Bytes this rank sent and received for this optimizer since the last call."""
+        return self.meter.take()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.base.state_dict(self.opt)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.base.load_state_dict(self.opt, state_dict)
 
 
 def gradient_fingerprint(tensors: Iterable[torch.Tensor | None]) -> list[int]:

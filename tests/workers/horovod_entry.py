@@ -9,6 +9,7 @@ import torch
 from common import outcome, rank_input, save
 
 import hvd_compress.torch as hc
+from hvd_compress.torch.wrapping import wrapped_engine
 
 hvd.init()
 r = hvd.rank()
@@ -28,7 +29,7 @@ def train(make_opt) -> list[str]:
         opt.step()
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         hashes.append(hashlib.sha256(flat.numpy().tobytes()).hexdigest())
-    out.setdefault("types", []).append(type(opt).__mro__[0].__dict__.get("_hvdc_wrapper", False))
+    out.setdefault("types", []).append(wrapped_engine(opt) is not None)
     return hashes
 
 

@@ -60,6 +60,6 @@ for step in range(steps):
     hashes.append(hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest())
     stats.append(opt.comm_stats())
 sd = opt.state_dict()
-save(r, {"buckets": [seg.sizes for seg in opt._hvdc_alg.segments] if op != hc.Average else [],
+save(r, {"buckets": [seg.sizes for seg in opt._hvdc.alg.segments] if op != hc.Average else [],
          "trace": trace, "hashes": hashes, "lrs": lrs, "stats": stats, "state": sd,
          "exp_avg": torch.cat([sd["state"][i]["exp_avg"].reshape(-1) for i in range(len(params))])})

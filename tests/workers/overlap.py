@@ -14,7 +14,7 @@ import torch
 from common import save
 
 import hvd_compress.torch as hc
-import hvd_compress.torch.optimizer as face
+import hvd_compress.torch.dense as face
 
 steps = int(sys.argv[2])
 hc.init()
@@ -75,18 +75,18 @@ def train(op, passes, predivide, compression, model_zero, unused, overlap) -> di
         for micro in range(passes):
             x, y = batch(step, r, micro)
             x.requires_grad_(True)
-            x.register_hook(lambda g, seen=seen: seen.append(opt._hvdc_reductions.launched))
+            x.register_hook(lambda g, seen=seen: seen.append(opt._hvdc.reductions.launched))
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
-            per_pass.append(opt._hvdc_reductions.launched)
+            per_pass.append(opt._hvdc.reductions.launched)
         during.append(seen[-1])
-        after.append(opt._hvdc_reductions.launched)
+        after.append(opt._hvdc.reductions.launched)
         # A main-thread collective between backward and step: ordered after the buckets already started.
         loss_avg.append(hc.allreduce(loss.detach(), name="loss").item())
         opt.step()
         params.append([p.detach().clone() for p in model.parameters()])
     return {"params": params, "during": during, "after": after, "per_pass": per_pass, "loss_avg": loss_avg,
-            "buckets": len(opt._hvdc_buckets), "overlap": opt.overlap}
+            "buckets": len(opt._hvdc.buckets), "overlap": opt.overlap}
 
 
 out = {"results": {}}

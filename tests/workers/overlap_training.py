@@ -39,7 +39,7 @@ def backward(model, opt, step: int, micro: int, rank: int, seen: list[int] | Non
     x, y = batch(step, rank, micro)
     x.requires_grad_(True)
     if seen is not None:
-        x.register_hook(lambda g: seen.append(opt._hvdc_alg.launched))
+        x.register_hook(lambda g: seen.append(opt._hvdc.alg.launched))
     torch.nn.functional.mse_loss(model(x), y).backward()
 
 
@@ -108,7 +108,7 @@ def train(make_opt: Callable[[torch.nn.Module], torch.optim.Optimizer], state: C
         for micro in range(passes):
             backward(model, opt, step, micro, rank, seen)
         during.append(seen[-1])
-        after.append(opt._hvdc_alg.launched)
+        after.append(opt._hvdc.alg.launched)
         opt.step()
         params.append([p.detach().clone() for p in model.parameters()])
     return {"params": params, "during": during, "after": after, "buckets": opt.bucket_count,

@@ -90,7 +90,7 @@ if mode == "trace":
         opt.zero_grad()
         set_grads(params, t)
         opt.step()
-        b = opt._hvdc_alg.buf
+        b = opt._hvdc.alg.buf
         out["params"].append(flat(params))
         out["masks"].append(b.mask.clone())
         out["freshness"].append(b.freshness.clone())
@@ -157,13 +157,13 @@ elif mode == "bad":
         opt.zero_grad()
         set_grads(params, t)
         opt.step()
-    before = (flat(params), opt._hvdc_alg.buf.exp_avg.clone(), opt._hvdc_alg.buf.exp_avg_sq.clone(),
-              opt._hvdc_alg.buf.freshness.clone(), opt._hvdc_alg.t)
+    before = (flat(params), opt._hvdc.alg.buf.exp_avg.clone(), opt._hvdc.alg.buf.exp_avg_sq.clone(),
+              opt._hvdc.alg.buf.freshness.clone(), opt._hvdc.alg.t)
 
     def unchanged() -> bool:
-        b = opt._hvdc_alg.buf
+        b = opt._hvdc.alg.buf
         now = (flat(params), b.exp_avg, b.exp_avg_sq, b.freshness)
-        return all(torch.equal(x, y) for x, y in zip(now, before[:4], strict=True)) and opt._hvdc_alg.t == before[4]
+        return all(torch.equal(x, y) for x, y in zip(now, before[:4], strict=True)) and opt._hvdc.alg.t == before[4]
 
     def nan_step() -> None:
         opt.zero_grad()
@@ -176,7 +176,7 @@ elif mode == "bad":
     bad["nan_unchanged"] = unchanged()
     # A rank whose seed differs: its masks would differ, the signature exchange says so on every rank.
     other = slamb(model(), compress_ratio=0.25, sync_interval=4, seed=99 + (r == 0))
-    q = other._hvdc_alg.buf.params
+    q = other._hvdc.alg.buf.params
 
     def seed_step() -> None:
         set_grads(q, 0)

@@ -75,9 +75,9 @@ def mask_is_the_whole_one() -> bool:
     ok = True
     for step in range(2):
         run_steps(model, opt, step, step + 1, r)
-        b = opt._hvdc_alg.buf
+        b = opt._hvdc.alg.buf
         whole = mask_ops.random_mask_(torch.zeros(b.numel, dtype=torch.bool), OPTIONS["compress_ratio"],
-                                      OPTIONS["seed"], step + 1, "cyclic", opt._hvdc_alg.always)
+                                      OPTIONS["seed"], step + 1, "cyclic", opt._hvdc.alg.always)
         ok = ok and torch.equal(b.mask, whole) and 0 < int(whole.sum()) < b.numel
     return ok
 
@@ -85,7 +85,7 @@ def mask_is_the_whole_one() -> bool:
 def nan_in_bucket(overlap: bool, layer: int) -> dict:
     """A NaN on the last rank in ``model[layer].weight`` at step SYNC (a parameter-average step)."""
     got, opt = nan_step(functools.partial(make_opt, overlap=overlap), state_tensors, SYNC - 1, layer, r, n)
-    return {**got, "step": opt._hvdc_alg.t}
+    return {**got, "step": opt._hvdc.alg.t}
 
 
 # The resumed runs' layouts: 64-byte buckets (five), one bucket, and two of another split ([w1, b1], [w2, b2, w3, b3]).

@@ -1,0 +1,300 @@
+"""The engine of ``hc.DistributedOptimizer(op=hc.Average | hc.Sum)``: Horovod's gradient reduction, in buckets.
+
+The gradients live in fused buffers (``FusedGradients``), cut into buckets: contiguous slices of a buffer planned by
+``hvd_compress.ops.buckets.plan_buckets`` from the parameters in reverse registration order (the order backward makes
+them final), each closed at ``bucket_mb``. Every bucket is one allreduce call. With overlap (the default) the gradient
+hook of the last member of a bucket starts its allreduce on the background thread while backward continues; buckets
+start strictly in bucket order, so every rank issues the same calls in the same order. ``synchronize()`` starts what is
+left (parameters without a gradient this step count as zeros, as in Horovod) and waits for all. Without overlap it
+issues the same calls on the same slices after backward: the two give bit-identical results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from hvd_compress import ops
+from hvd_compress.ops import process_sets
+from hvd_compress.ops.buckets import (
+    DEFAULT_BUCKET_MB,
+    FIRST_BUCKET_MB,
+    BucketReductions,
+    failure_joins_as_rejection,
+    plan_buckets,
+)
+from hvd_compress.ops.collectives import check_predivide, reject_allreduce
+from hvd_compress.ops.compression import Compression, Compressor
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.horovod_args import NOTE, pop_horovod_defaults
+from hvd_compress.ops.passes import PassCounter
+from hvd_compress.ops.traffic import CommMeter
+from hvd_compress.torch.compression import CompressionState
+from hvd_compress.torch.context import ensure_init
+from hvd_compress.torch.functions import allreduce_
+from hvd_compress.torch.fused import FusedGradients
+from hvd_compress.torch.sparse import sparse_allreduce
+from hvd_compress.torch.wrapping import STATE_KEY, Engine, check_named_parameters, compose, hook_gradients
+
+#: What op=Average/Sum take beside Horovod's arguments at their defaults (and which of those they interpret).
+_DENSE_OPTIONS = ["compression", "gradient_predivide_factor", "sparse_as_dense", "overlap", "bucket_mb"]
+_DENSE_HOROVOD = ("gradient_predivide_factor", "sparse_as_dense")
+
+
+class DenseEngine(Engine):
+    """op=Average/Sum: reduce the gradients in buckets, then step the wrapped optimizer."""
+
+    exports = ("overlap",)
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        base: type,
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
+        op: ReduceOp,
+        backward_passes_per_step: int,
+        gradient_predivide_factor: float = 1.0,
+        sparse_as_dense: bool = False,
+        compression: Compressor = Compression.none,
+        overlap: bool = True,
+        bucket_mb: float = DEFAULT_BUCKET_MB,
+        process_set: Any = None,
+    ) -> None:
+        super().__init__(optimizer, base)
+        self.process_set = process_set  # resolved: None for the world
+        self.member = process_sets.includes_me(process_set)
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.names = check_named_parameters(params, named_parameters)
+        self.op = op
+        self.predivide = float(gradient_predivide_factor)
+        self.grads = FusedGradients(params)
+        self.passes = PassCounter(self.grads.params, backward_passes_per_step)
+        self.meter = CommMeter()
+        # Without sparse_as_dense, a sparse gradient stays sparse (Horovod's allgather); with it, it accumulates
+        # into its dense view like any other gradient (and is noted, for SparseAdam: see synchronize).
+        before = self.grads.note_densified if sparse_as_dense else self.grads.keep_sparse
+        hook_gradients(self.grads.params, self.count_pass, before)
+        # compression=: one error-feedback state per fused buffer (top-k/random-k), in state_dict(). Top-k
+        # selects over the whole buffer, not per parameter as Horovod's per-tensor compressors would (which
+        # trained worse in tests/test_compression_fidelity.py; hc.CompressionState(sizes=...) gives the
+        # per-tensor rule to the collective).
+        self.compression = compression
+        self.cstates = [
+            CompressionState(flat.numel(), compression, device=flat.device) if compression.stateful else None
+            for flat in self.grads.buffers
+        ]
+        # A stateful compressor's selection and error feedback are per whole buffer (and so is its checkpoint):
+        # each buffer is one bucket, reduced in step(). Every other reduction is element-wise, so buckets apply.
+        grads = self.grads.params
+        if compression.stateful:
+            plan = [[i for i, p in enumerate(grads) if self.grads.span([p])[0] == b]
+                    for b in range(len(self.grads.buffers))]
+        else:
+            cap = int(bucket_mb * (1 << 20))
+            items = [((p.dtype, p.device), p.numel() * p.element_size()) for p in grads]
+            plan = plan_buckets(items, cap, min(cap, int(FIRST_BUCKET_MB * (1 << 20))))
+        self._overlap = bool(overlap)
+        self.buckets = [self.grads.span([grads[i] for i in members]) for members in plan]
+        self.bucket_of = {id(grads[i]): b for b, members in enumerate(plan) for i in members}
+        self.reductions = BucketReductions([len(members) for members in plan])
+
+    def count_pass(self, p: torch.Tensor) -> None:
+        passes = self.passes.add(p)
+        self.protocol.synchronized = False  # a new gradient after synchronize() needs reducing again
+        if self._overlap and passes == self.passes.limit:
+            ensure_init()
+            self.grads.gather_one(p)  # a .grad set from outside (model.zero_grad()) into its view
+            self.reductions.mark_ready(self.bucket_of[id(p)])
+            self.reductions.launch_ready(self.reduce_bucket)
+
+    def reduce_bucket(self, index: int) -> None:
+        """One bucket's allreduce (on the background thread). A failure before the core call is this rank's
+        alone: it joins the call as a rejection, so the other ranks raise too instead of waiting for it. Outside
+        the optimizer's process set there is no call."""
+        if not self.member:
+            return
+        with process_sets.scope(self.process_set):
+            self._allreduce_bucket(index)
+
+    def _allreduce_bucket(self, index: int) -> None:
+        buffer, flat = self.buckets[index]
+        f = self.predivide
+        # Horovod's split average with a predivide factor: 1/f before the sum, f/size after it.
+        op, pre, post = (self.op, 1.0, 1.0) if f == 1.0 else (ReduceOp.Sum, 1.0 / f, f / ops.size())
+        name = f"DistributedOptimizer.grad.{index}"
+        with failure_joins_as_rejection(self.meter, name):
+            self.meter.run(allreduce_, flat, op=op, name=name, prescale_factor=pre, postscale_factor=post,
+                           compression=self.compression, state=self.cstates[buffer])
+
+    def synchronize(self) -> None:
+        """Reduce the accumulated gradients over all ranks (of the process set) into ``.grad`` (step() calls this
+        unless it runs inside ``skip_synchronize()``): clip or inspect the reduced gradients between the two.
+
+        With overlap, the buckets whose gradients were final during backward are already being reduced in
+        place: change ``.grad`` only after ``synchronize()`` (as with Horovod), or pass ``overlap=False``. An
+        error in any rank's reduction raises here on every rank, after every started bucket has finished."""
+        ensure_init()
+        if not self.member:  # outside the process set: this rank's own gradients, as in Horovod
+            self.check_momentum()
+            self.reductions.drain()
+            self.reductions.reset()
+            self.grads.gather()
+            self.passes.reset()
+            self.protocol.mark_synchronized()
+            return
+        with process_sets.scope(self.process_set):
+            self._synchronize_members()
+
+    def _synchronize_members(self) -> None:
+        try:
+            self.check_momentum()
+        except ValueError as e:
+            self.reject_reductions(f"{type(e).__name__}: {e}")
+            raise
+        self.grads.gather()  # only touches gradients that are not their views yet (none already reducing)
+        self.reductions.mark_all_ready()
+        self.reductions.launch_ready(self.reduce_bucket)
+        try:
+            self.reductions.drain()
+        except Exception:
+            self.passes.reset()
+            raise
+        self.reductions.reset()
+        sparse = self.grads.sparse
+        for p in self.grads.params:  # in parameter order: the same order on every rank
+            if id(p) in sparse:
+                name = f"DistributedOptimizer.sparse.{self.names.get(id(p), '?')}"
+                p.grad = self.meter.run(sparse_allreduce, p.grad, p, sparse[id(p)], self.op, name)
+        if isinstance(self.opt, torch.optim.SparseAdam):  # takes sparse gradients only; any other gets them dense
+            self.grads.resparsify()
+        self.passes.reset()
+        self.protocol.mark_synchronized()
+
+    @property
+    def overlap(self) -> bool:
+        """Whether gradient buckets are reduced during backward (``overlap=`` of ``DistributedOptimizer``)."""
+        return self._overlap
+
+    def check_momentum(self) -> None:
+        """The construction-time DGC guard again, for a momentum given to the wrapped optimizer later (a param
+        group's ``momentum`` set, ``add_param_group``). Cheap and local, run before this rank's reductions of the
+        step; ``synchronize()`` makes a failure every rank's (``reject_reductions``)."""
+        check_no_second_momentum(self.opt, self.compression,
+                                 " (given after DistributedOptimizer was built; this call changed nothing)")
+
+    def reject_reductions(self, why: str) -> None:
+        """This rank cannot take the step (``why``): each bucket not started yet joins its allreduce as a rejection,
+        in bucket order, so every other rank raises ``RejectedInputError`` from ``synchronize()`` instead of
+        waiting for calls that never come (a momentum set on one rank only); those started from the hooks finish.
+        The gradients and the compression state stay as they were (a rejected call changes nothing)."""
+        red = self.reductions
+        red.mark_all_ready()
+        red.launch_ready(lambda b: self.meter.run(reject_allreduce, why, f"DistributedOptimizer.grad.{b}"))
+        try:
+            red.drain()
+        except Exception:  # this rank's own rejections: the caller raises the reason itself
+            pass
+        red.reset()
+        self.passes.reset()
+
+    def step(self, closure: Any = None) -> Any:
+        if self.protocol.skip or self.protocol.synchronized:  # no reduction left in this step: the check is this
+            self.check_momentum()  # rank's (inside skip_synchronize(), synchronize() ran before the change)
+        if self.protocol.for_step():  # else synchronize() checks, and a failure joins every rank's
+            self.synchronize()
+        out = self.base.step(self.opt, closure)
+        self.protocol.step_done()
+        return out
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the fused gradient buffers in place (gradients stay views, never None)."""
+        del set_to_none  # views must survive for the fused reduction
+        self.reductions.drain()  # never zero a bucket that is still being reduced
+        self.reductions.reset()
+        self.grads.zero_()
+        self.protocol.step_done()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state, plus (top-k/random-k) this rank's error feedback and step."""
+        out = self.base.state_dict(self.opt)
+        if self.compression.stateful:
+            out[STATE_KEY] = {"compression": self.compression.describe(),
+                              "buffers": [st.state_dict() for st in self.cstates]}
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a ``state_dict()`` (each rank its own: the error feedback is per rank). One without the
+        compression section (a plain torch checkpoint) restarts the error feedback from zero."""
+        state_dict = dict(state_dict)
+        ours = state_dict.pop(STATE_KEY, None)
+        stateful = self.compression.stateful
+        if stateful and ours is not None:  # check everything before changing anything
+            want = self.compression.describe()
+            if ours.get("compression") != want or len(ours.get("buffers", ())) != len(self.cstates):
+                raise ValueError(
+                    f"load_state_dict: the checkpoint's compression is {ours.get('compression')!r} over "
+                    f"{len(ours.get('buffers', ()))} buffer(s); this optimizer has {want!r} over "
+                    f"{len(self.cstates)}"
+                )
+            for st, saved in zip(self.cstates, ours["buffers"], strict=True):
+                st.check_state_dict(saved)
+        self.base.load_state_dict(self.opt, state_dict)
+        if stateful:
+            for i, st in enumerate(self.cstates):
+                if ours is None:
+                    st.reset()
+                    st.step = 0
+                else:
+                    st.load_state_dict(ours["buffers"][i])
+
+    @classmethod
+    def wrap(cls, optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
+             options: dict[str, Any]) -> torch.optim.Optimizer:
+        """Validate op=Average/Sum's options and wrap ``optimizer``."""
+        options = dict(options)
+        pop_horovod_defaults(options, f"DistributedOptimizer(op={op.name})", _DENSE_HOROVOD, _DENSE_OPTIONS)
+        predivide = options.pop("gradient_predivide_factor", 1.0)
+        sparse_as_dense = bool(options.pop("sparse_as_dense", False))
+        compression = options.pop("compression", Compression.none)
+        process_set = options.pop("process_set", None)
+        overlap = options.pop("overlap", None)
+        bucket_mb = options.pop("bucket_mb", DEFAULT_BUCKET_MB)
+        if options:
+            raise TypeError(f"op={op.name} got unknown options {sorted(options)}; it takes "
+                            f"{', '.join(_DENSE_OPTIONS)}, {NOTE}")
+        check_predivide(predivide, op)
+        check_overlap_options(False if overlap is None else overlap, bucket_mb)
+        if overlap and compression.stateful:
+            raise ValueError(
+                f"overlap=True does not apply to compression={compression!r}: its selection and error feedback are "
+                "per whole buffer, reduced in step() (leave overlap unset)"
+            )
+        overlap = not compression.stateful if overlap is None else overlap
+        check_no_second_momentum(optimizer, compression)
+        return compose(optimizer, cls, named_parameters, op, passes, predivide, sparse_as_dense, compression,
+                       overlap, bucket_mb, process_set)
+
+
+def check_no_second_momentum(optimizer: torch.optim.Optimizer, compression: Compressor, when: str = "") -> None:
+    """With DGC momentum (``topk(ratio, momentum=mu)``) the reduced gradient already carries the momentum: a
+    wrapped optimizer with its own (SGD/RMSprop ``momentum``, Adam's beta1) would apply it a second time.
+    ``when``: added to the message (the step-time check says what was not done)."""
+    if not compression.momentum:
+        return
+    for i, group in enumerate(optimizer.param_groups):
+        own = group.get("momentum", 0.0) or (group.get("betas") or (0.0,))[0]
+        if own:
+            raise ValueError(
+                f"compression={compression!r} applies momentum {compression.momentum} inside the compression (DGC "
+                f"momentum correction); the wrapped {type(optimizer).__name__}'s param_groups[{i}] has its own "
+                f"momentum {own}, which would apply it twice: wrap torch.optim.SGD(..., momentum=0){when}"
+            )
+
+
+def check_overlap_options(overlap: Any, bucket_mb: Any) -> None:
+    if not isinstance(overlap, bool):
+        raise TypeError(f"overlap must be True or False, got {overlap!r}")
+    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
+        raise ValueError(f"bucket_mb must be a positive number of MiB, got {bucket_mb!r}")
