@@ -11,16 +11,16 @@ import torch
 from hvd_compress import algorithms
 from hvd_compress.algorithms.adasum_delta import AdasumOptions
 from hvd_compress.algorithms.options import option_names, parse_options
+from hvd_compress.ops import process_sets
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
 from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.ops.horovod_args import pop_horovod_defaults
-from hvd_compress.ops import process_sets
 from hvd_compress.ops.errors import ProcessSetError
+from hvd_compress.ops.horovod_args import pop_horovod_defaults
 from hvd_compress.torch.adasum_optimizer import AdasumEngine
 from hvd_compress.torch.birder import Birder, BirderEngine, check_birder
-from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.bucketed import BucketedEngine
+from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.dense import DenseEngine, check_overlap_options
 from hvd_compress.torch.onebit_optimizer import OneBitEngine, check_adam, check_lamb
 from hvd_compress.torch.slamb_optimizer import SlambEngine
