@@ -4,7 +4,7 @@
 
 status is PASS, FAIL, SKIP, REFUSED (the probe: the core refused a CUDA tensor) or INFO; in the speed section it is
 the median milliseconds. Kernel rows are folded into one line per kernel case over the sizes; speed rows get
-GB/s from their detail, the plain-torch figure they are set against and the target of issue 26 item 7.
+GB/s from their detail, the plain-torch figure they are set against and the target set for it in specs/gpu.md.
 Usage: gpu_check_table.py ROWS_FILE... ; exit status 1 when any row failed."""
 import re
 import sys

@@ -62,7 +62,7 @@ TensorView cuda_view_decision(TensorView v, int32_t device_type, int32_t device_
   (void)v;
   throw UsageError(prefix + "tensor is on " + device_name(device_type) + ":" + std::to_string(device_id) +
                    "; this build of hvd_compress._core handles CPU tensors only (move it to the CPU; the "
-                   "CUDA path of issue 26 is not wired into the runtime yet)");
+                   "CUDA path is not wired into the runtime yet)");
 }
 
 TensorView dlpack_view(const DLPackFields& t, const std::string& what, bool allow_bytes, bool allow_ints) {

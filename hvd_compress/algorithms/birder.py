@@ -11,7 +11,7 @@
   11-12, spec 3.6); every rank receives the same u in {+/-1}^d and applies x = x - lr u - lr wd x (line 13,
   spec 3.7), identically everywhere. No warm-up (spec 1). ``hierarchical=False``: every rank is a worker.
 
-Segments are buckets (issue 13), as 1-bit Adam/LAMB's (``hvd_compress.algorithms.onebit``): the face cuts each
+Segments are buckets, as 1-bit Adam/LAMB's (``hvd_compress.algorithms.onebit``): the face cuts each
 param group into buckets by bytes with the plan of ``op=Average`` (``ops.buckets.plan_buckets``, ``bucket_mb``, the
 first bucket 1 MiB); each bucket is one ``BirderSegment`` with its own shards of m, b and both errors, and one core
 call per step. Everything is element-wise (spec 4, B7), so the cut changes only who draws which random number:

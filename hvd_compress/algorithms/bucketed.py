@@ -1,4 +1,4 @@
-"""Segments that are buckets, reduced in bucket order while backward runs (issue 13, item 1): the mechanics that
+"""Segments that are buckets, reduced in bucket order while backward runs: the mechanics that
 1-bit Adam/LAMB (``onebit``), Birder (``birder``) and SLAMB (``slamb``) share, written once.
 
 An algorithm's segments are the buckets of its parameters (the face cuts them with

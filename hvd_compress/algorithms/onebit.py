@@ -31,7 +31,7 @@ mean within each node, then the 1-bit compressed allreduce among the ranks with 
 per node), then a gather within the node. The worker error then covers this rank's chunk of its node's
 mean (dpad / ranks per node entries), the server error dpad / world size; both are in ``state_dict()``.
 
-Segments are buckets (issue 13). Each (param group, dtype) is cut further into buckets by bytes with the plan of
+Segments are buckets. Each (param group, dtype) is cut further into buckets by bytes with the plan of
 ``op=Average`` (``hvd_compress.ops.buckets.plan_buckets``: reverse registration order, ``bucket_mb`` MiB, the
 first bucket of each (group, dtype) 1 MiB), and every bucket is one ``Segment`` with its own 1-bit error feedback
 (``OneBitState``: the worker error of its elements, the server error of its padded chunk) and its own LAMB

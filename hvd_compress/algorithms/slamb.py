@@ -30,7 +30,7 @@
 Hyper-parameters lr, betas, eps and weight_decay are read from each param group on every step (schedulers
 work); the spec's defaults (section 5): k = 0.1, H = 100, b3 = 0.95 (S11), clip 0.01 / 1000, threshold 9000.
 
-Buckets, overlapped with backward (issue 13, item 1; ``hvd_compress.algorithms.bucketed``, as 1-bit Adam/LAMB and
+Buckets, overlapped with backward (``hvd_compress.algorithms.bucketed``, as 1-bit Adam/LAMB and
 Birder): the face cuts the parameters into buckets (``SlambSegment``: consecutive parameters of one param group,
 so a contiguous range [first, end) of D) and each bucket runs steps 3 and 4 (Alg. 1 lines 7, 8 and 10) for its
 range alone, from the gradient hooks on the background thread (``overlap=True``), buckets in the same order on

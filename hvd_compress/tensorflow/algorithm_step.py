@@ -4,7 +4,7 @@ of a TF face's variables: the run-time half of ``hvd_compress.keras.DistributedO
 The state lives in framework variables (so checkpoints keep it). The variables are cut into buckets as the torch
 face cuts its parameters (``plan_bucket_ranges``: reverse variable order, ``bucket_mb`` MiB, the first 1 MiB), one
 segment of the algorithm per bucket, and each step is a chain of stateful ``tf.numpy_function`` ops, as
-``hvd_compress.tensorflow.bucketed`` does for Average/Sum (issue 13, item 1):
+``hvd_compress.tensorflow.bucketed`` does for Average/Sum:
 
 - a start op per bucket, in bucket order, whose inputs are that bucket's gradients, so that inside a
   ``tf.function`` TF runs it as soon as they exist, while it still computes the earlier layers' gradients. The

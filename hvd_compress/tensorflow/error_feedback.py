@@ -1,6 +1,6 @@
 """Top-k / random-k gradient reduction for the Keras wrappers (``hck.DistributedOptimizer(opt, op=Average,
 compression=hc.Compression.topk(ratio))`` or ``randomk(ratio, seed)``), with the error feedback kept in the
-optimizer's own variables, so that Keras checkpoints keep it (issue 9, item 5).
+optimizer's own variables, so that Keras checkpoints keep it.
 
 As the torch face's: one fused float32 buffer over all trainable variables (a variable without a gradient
 contributes zeros), one ``hvd_compress.ops.compression`` call per step, the selection over the whole buffer
