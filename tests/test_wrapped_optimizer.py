@@ -1,7 +1,6 @@
 """The wrapped optimizer of every op is one subclass of the user's optimizer class whose only added attribute is the
 engine (``_hvdc``) and whose class adds only the delegates of ``wrapping.COMMON`` and the engine's ``exports``:
-isinstance, LR schedulers and state_dict() keep working, zero_grad() sets the gradients to None (zeros with
-set_to_none=False, to the same parameters), ranks agree, and dropping the optimizer frees the engine."""
+isinstance, LR schedulers and state_dict() keep working, ranks agree, and dropping the optimizer frees the engine."""
 
 from __future__ import annotations
 
@@ -23,9 +22,6 @@ def test_every_op_wraps_into_one_delegating_subclass_holding_one_engine(out_dir)
             assert got["lr"] == got["lr0"] * 0.5**3, f"{where}: StepLR left lr at {got['lr']}, from {got['lr0']}"
             assert got["reloaded_lr"] == got["lr"], f"{where}: state_dict() carried lr {got['reloaded_lr']}"
             assert got["engine_freed"], f"{where}: the engine outlived the optimizer"
-            assert got["grads_none"], f"{where}: zero_grad() left a gradient that is not None"
-            assert got["grads_zero"], f"{where}: zero_grad(set_to_none=False) left a gradient None or not zero"
-            assert torch.equal(got["params"], got["twin_params"]), f"{where}: set_to_none=False stepped elsewhere"
     for name in ranks[0]:
         if name == "SLAMB":  # parameters agree only at sync steps
             continue

@@ -167,13 +167,13 @@ class BucketedEngine(Engine):
         return self.protocol.seen is not None and self.protocol.edited(self.consumed_gradients())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """As torch's (``.grad`` None by default, zeros in place with ``set_to_none=False``: the views of the fused
-        buffers kept, no copy of fresh gradients); the count of backward passes starts again (also after a step
-        that raised). A step whose buckets were started but not taken is dropped first (their state restored),
-        never zeroing a bucket that is still being reduced."""
+        """Zero the fused gradient buffers in place (gradients stay views, never None); the count of backward
+        passes starts again (also after a step that raised). A step whose buckets were started but not taken is
+        dropped first (their state restored), never zeroing a bucket that is still being reduced."""
+        del set_to_none  # views must survive for the fused reduction
         self.alg.abandon()
         for fused in self.grads:
-            fused.zero_(set_to_none)
+            fused.zero_()
         self.passes.reset()
         self.protocol.step_done()
 

@@ -209,11 +209,11 @@ class DenseEngine(Engine):
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """As torch's: ``.grad`` None (the default), or zeros in place with ``set_to_none=False``, which keeps the
-        gradients views of the fused buffers and so saves the copy of each fresh gradient into its bucket."""
+        """Zero the fused gradient buffers in place (gradients stay views, never None)."""
+        del set_to_none  # views must survive for the fused reduction
         self.reductions.drain()  # never zero a bucket that is still being reduced
         self.reductions.reset()
-        self.grads.zero_(set_to_none)
+        self.grads.zero_()
         self.protocol.step_done()
 
     def state_dict(self) -> dict[str, Any]:

@@ -128,10 +128,8 @@ class FusedGradients:
             raise ValueError("FusedGradients.span: the parameters are not consecutive in one buffer")
         return index, self.buffers[index][start:end]
 
-    def zero_(self, set_to_none: bool = False) -> None:
-        """Zero the buffers. ``set_to_none`` (torch's and Horovod's default in ``zero_grad``): every ``.grad`` becomes
-        None, and the next backward's fresh gradients are copied back in (``gather``); else each stays its view."""
+    def zero_(self) -> None:
         for flat in self.buffers:
             flat.zero_()
         for p in self.params:
-            p.grad = None if set_to_none or id(p) in self.sparse else self._views[id(p)]
+            p.grad = None if id(p) in self.sparse else self._views[id(p)]
