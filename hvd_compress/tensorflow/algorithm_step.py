@@ -2,28 +2,16 @@
 of a TF face's variables: the run-time half of ``hvd_compress.keras.DistributedOptimizer``.
 
 The state lives in framework variables (so checkpoints keep it). The variables are cut into buckets as the torch
-face cuts its parameters (``plan_bucket_ranges``: reverse variable order, ``bucket_mb`` MiB, the first 1 MiB), one
-segment of the algorithm per bucket, and each step is a chain of stateful ``tf.numpy_function`` ops, as
-``hvd_compress.tensorflow.bucketed`` does for Average/Sum:
-
-- a start op per bucket, in bucket order, whose inputs are that bucket's gradients, so that inside a
-  ``tf.function`` TF runs it as soon as they exist, while it still computes the earlier layers' gradients. The
-  first also takes the parameters and the state and makes the step's ``_Session``: fresh 64-byte aligned copies
-  (TF's inputs alias its buffers and are never written) over which ``bind`` lays the algorithm's segments (the
-  same code the torch face runs). Each copies its gradients into the session and reports its segment final
-  (``BucketedAlgorithm.gradient_final``), which starts that segment's reduction on the background thread, in
-  bucket order on every rank; the start ops form a chain through the session's token;
-- one finish op, which runs the algorithm's step (waiting for every bucket) and returns the new parameters and
-  state (TF adopts the arrays without a copy; they are never touched again here).
-
-``overlap=False`` gates every start op on every gradient: the same calls after backward, bit-identical results.
-A buffer the coming step only reads (the 1-bit ops' frozen v in the compression stage: ``read_only``) is not
-copied: the finish op gets TF's array and hands it to the algorithm marked read-only, and an empty array goes
-back, on which the variable is not assigned. Every step-dependent decision (warm-up or compression, trust-ratio
-clipping, SLAMB's masks and sync interval) is made at run time. Where the state is per bucket (1-bit, Birder) and
-there is more than one, it records the cut (``LAYOUT``), and a state of another cut (or none, past step 0) is
-refused. The subclasses
-below only say which buffers each algorithm keeps.
+face cuts its parameters (``plan_bucket_ranges``), one segment of the algorithm per bucket, and each step is a
+chain of stateful ``tf.numpy_function`` ops, as ``hvd_compress.tensorflow.bucketed`` does for Average/Sum: a start
+op per bucket, fed by that bucket's gradients only (so TF runs it while it still computes earlier layers'
+gradients), which reports its segment final (``BucketedAlgorithm.gradient_final``); the first also makes the
+step's ``_Session`` of fresh 64-byte aligned copies (TF's inputs alias its buffers and are never written) over
+which ``bind`` lays the segments. One finish op runs the algorithm's step and returns the new parameters and
+state. ``overlap=False`` gates every start op on every gradient: the same calls, bit-identical results. A buffer
+the step only reads (``read_only``) is not copied, and an empty array goes back for it. A per-bucket state of
+another cut (``LAYOUT``) is refused. Every step-dependent decision is made at run time. The subclasses below only
+say which buffers each algorithm keeps.
 """
 
 from __future__ import annotations
