@@ -193,8 +193,8 @@ class BucketedAlgorithm:
                 f"are the buckets of each param group and dtype: another model, param groups or bucket_mb; "
                 f"{self.layout_reason})"
             )
-        # Checkpoints written before segments were buckets lack the layout; their one segment per param group (and
-        # dtype) loads where that is also one bucket here (equal sizes above).
+        # A checkpoint without the layout has one segment per param group (and dtype); it loads where that is also
+        # one bucket here (equal sizes above), since then the per-bucket state means the same.
         layout = [(s.get("group", seg.group), list(s.get("sizes", seg.sizes)))
                   for s, seg in zip(saved, self.segments, strict=True)]
         if layout != [(seg.group, list(seg.sizes)) for seg in self.segments]:

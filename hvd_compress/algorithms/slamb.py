@@ -564,20 +564,20 @@ class Slamb(BucketedAlgorithm):
         step = ours.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"{what}: step {step!r} is not an int >= 0")
-        if "segments" in ours:  # a checkpoint before buckets has none
+        if "segments" in ours:  # optional: the state is over D, so a checkpoint without a layout still fits
             self.check_layout(ours["segments"])
 
     def check_layout(self, saved: Sequence[dict[str, Any]]) -> None:
         """ValueError, before anything changes, unless the checkpoint's segments ``saved`` cover this optimizer's
         parameters: the same param group and elements of each, in D's order, and the same shape where the
-        checkpoint records shapes (one written before them is checked by counts). The bucket cut itself may differ
+        checkpoint records shapes (one without shapes is checked by counts). The bucket cut itself may differ
         (the state is over D, a bucket is a range of it)."""
         if all("sizes" in s for s in saved):
             self._check_parameters(saved, "sizes", "elements", self.buf.sizes)
             if all("shapes" in s for s in saved):
                 self._check_parameters(saved, "shapes", "shape", self.buf.shapes)
             return
-        # The layout before buckets: one segment per param group, its elements only.
+        # A layout of one segment per param group records its element count only: compare those.
         got = [s.get("numel") for s in saved]
         want = [hi - lo for _, lo, hi in self.buf.groups()]
         if got != want:

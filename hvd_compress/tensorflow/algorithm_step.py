@@ -134,8 +134,8 @@ class FusedStep(FlatLayout):
         raise NotImplementedError
 
     def layout_shape(self) -> StateShapes:
-        """``LAYOUT``'s entry where the state is per bucket and there is more than one (one keeps the format of
-        before buckets)."""
+        """``LAYOUT``'s entry where the state is per bucket and there is more than one (with one bucket the
+        state needs no layout, so checkpoints without the entry still load)."""
         return {LAYOUT: ((len(self.ranges),), "int64", "zeros")} if len(self.ranges) > 1 else {}
 
     def group(self, hyper: np.ndarray, flags: dict[str, Any]) -> dict[str, Any]:
@@ -236,8 +236,8 @@ class FusedStep(FlatLayout):
 
     def _check_layout(self, saved: np.ndarray, step: int) -> None:
         """ValueError unless the state's bucket layout ``saved`` is this runner's; at step 0 (a fresh state: the
-        variable starts at zeros and each step writes it) any. A checkpoint of before buckets restored into these
-        variables by name (``tf.train.Checkpoint``) leaves it at zeros past step 0: refused too."""
+        variable starts at zeros and each step writes it) any. A checkpoint without the layout variable restored into
+        these by name (``tf.train.Checkpoint``) leaves it at zeros past step 0: refused too, as its cut is unknown."""
         mine = np.asarray(self.bucket_numels(), dtype=np.int64)
         if step == 0 or np.array_equal(saved, mine):
             return
