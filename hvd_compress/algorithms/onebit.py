@@ -11,9 +11,9 @@ Paper 003 Algorithm 1 and paper 001 Algorithm 1 have the same skeleton, written 
 
 Deviation, ``variance_floor`` (003 line 13, 001 lines 17 and 21; 0 is the papers' rule): the frozen vh is used
 as max(vh, variance_floor * max(mean(vh) over the layer, ``SEGMENT_SHARE`` * mean(vh) over its bucket)), and an
-element the floor lifted steps at most lr (``capped``). Invariants: one ``Segment`` per bucket, each with its own
-error feedback; overlap on and off make the same calls; a bucket refused on any rank leaves every state as it was.
-Why, and the bucket, overlap and checkpoint rules: docs/algorithms/onebit-adam.md, "How the algorithm runs".
+element the floor lifted steps at most lr (``caps_floored``). Invariants: one ``Segment`` per bucket, each with
+its own error feedback; overlap on and off make the same calls; a bucket refused on any rank leaves every state
+as it was. Why, buckets, overlap, checkpoints: docs/algorithms/onebit-adam.md, "How the algorithm runs".
 """
 
 from __future__ import annotations

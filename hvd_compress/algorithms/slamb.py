@@ -8,12 +8,11 @@
 7. u = mh / (sqrt(vh) + eps) + wd x (line 12). Deviation ``variance_floor`` (0 is the paper's rule):
    sqrt(vh) is at least sqrt(variance_floor * mean(vh)) over its layer.
 8. Per layer (lines 15-19, App. E): x -= phi eta u, phi = clip(c r(x[M], u[M]) + (1 - c) r(x[~M], u[~M])),
-   eta = c lr + (1 - c) lr / sqrt(n); ndim <= 1: x -= lr r(x, u) u. 9. t mod H == 0: x = mean of x (line 20).
+   eta = c lr + (1 - c) lr / sqrt(n); ndim <= 1: x -= lr r(x, u) u.    9. t mod H == 0: x = mean (line 20).
 
 Invariants: a bucket (``algorithms.bucketed``) runs steps 3-4 for its range of D under the one global mask M_t,
 so any cut is the same rule; m, v, c, x and t change only in ``step()``, so a bucket refused on any rank leaves
-every state tensor as it was. Why, the step on the wire and the checkpoint rules: docs/algorithms/slamb.md,
-"How the algorithm runs".
+every state as it was. Why, the step on the wire, checkpoints: docs/algorithms/slamb.md, "How the algorithm runs".
 """
 
 from __future__ import annotations
