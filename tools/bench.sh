@@ -20,8 +20,8 @@ mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL=3
 # mpi_yield_when_idle: as the Makefile's MPIRUN (docs/benchmarks.md): with 2 ranks on 2 cores Open MPI counts no
-# oversubscription and spins in every blocking wait, Horovod's idle background cycles included, which costs
-# every method's step (the local step without communication too) up to 10 ms; at 4 ranks it yields anyway.
+# oversubscription and spins in every blocking wait, Horovod's idle background cycles included, which slows
+# every method's step (the local step without communication too); at 4 ranks it yields anyway.
 export OMPI_MCA_mpi_yield_when_idle=1  # BENCH_ENV=OMPI_MCA_mpi_yield_when_idle=0 measures without it
 mpi=(mpirun --oversubscribe --bind-to none -x OMPI_MCA_mpi_yield_when_idle -np "$NP" -x PYTHONPATH -x OMP_NUM_THREADS=1 -x HVDC_BENCH_NET)
 suffix=""

@@ -6,13 +6,7 @@ local momentum of line 6 included).
 
     OMP_NUM_THREADS=1 mpirun -np 1 python3 tools/bench_onebit_lamb_step.py [--op OneBitAdam] [--adamw] [--backend]
 
-Measured (2-core shared machine, bench lock held, two runs each): OneBitLamb compressed() 21.4-25.9 ms before
-(main), 21.8-22.0 ms with ``--backend``, 5.5-5.6 ms fused; step() 86.7-88.8 ms before, 39.3-44.1 ms fused.
-OneBitAdam (Adam, weight_decay=0.01, so line 6 has the L2 term), ``--backend`` (= main's path) / fused, runs
-interleaved, machine loaded by other work (load ~7): compressed() 4.1-5.0 / 3.2-3.5 ms, local_momentum()
-5.9-10.8 / 3.0-3.6 ms, step() 44.1-74.4 / 34.6-42.3 ms. AdamW: compressed() 5.3-5.9 / 2.9-3.3 ms,
-local_momentum() 4.3-4.9 / 2.2-2.4 ms, step() 43.2-49.2 / 33.5-40.9 ms (step() is mostly the compressed
-allreduce and noisy here).
+Figures: docs/benchmarks.md, "Kernels".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two emulated nodes on one machine (issue 10, paper 004's hierarchical all-reduce): network namespaces A and B
+# Two emulated nodes on one machine (for paper 004's hierarchical all-reduce): network namespaces A and B
 # joined by a veth pair whose ends are each rate-limited by `tc qdisc ... tbf` (RATE, default 1gbit; netem is
 # not available here), 2 ranks per node: ranks 0-1 in A, 2-3 in B. Open MPI sees two hosts, 10.77.0.1 (A) and
 # 10.77.0.2 (B): mpirun runs in A, and starts B's daemon through tools/netns_rsh.sh, which enters B. Inside a

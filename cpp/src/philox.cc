@@ -6,11 +6,9 @@
 // registers, 32 blocks per iteration as four chains of eight, the two xors of a round one
 // vpternlogq, and two-source permutes for the sequence order. philox_fill_uniform's vector fills
 // convert the words to uniforms in registers, so a tile of uniforms is written once.
-// 4M words (philox_fill_u32, one thread, AMD EPYC Zen 4, 2026-11-26): portable 8.9 ms (1.9 GB/s
-// of words), AVX2 3.1 ms (5.4 GB/s; round-latency bound with two chains), AVX-512 1.6 ms
-// (10.4 GB/s; throughput bound: six chains gain another 5%, two lose 30%). Before the AVX2 fill an
-// auto-vectorized clone ran at ~1 GB/s and a one-chain 32-bit-lane version at ~3 GB/s. It is what
-// bounds the stochastic quantizer (stochastic_kernels.cc) and the Bernoulli mask (masks.cc).
+// Two chains hide the AVX2 round's latency; the AVX-512 fill is throughput bound, so more chains
+// gain little (figures: docs/benchmarks.md, "Kernels"). The fill is what bounds the stochastic
+// quantizer (stochastic_kernels.cc) and the Bernoulli mask (masks.cc).
 // Every fill computes the same words (cpp/tests/test_philox.cc checks each one this CPU runs,
 // through philox_fill_*_with, at every alignment against the block function); the auto choice,
 // the best one the CPU has, is made once.

@@ -70,8 +70,8 @@ SlambNorms direction(const float* m, const float* v, const float* x, const uint8
 // The same pass on 8-float vectors: every lane does the portable code's float operations in its order (no
 // FMA), and lane l of a block's norm accumulators sums elements b + l as mask_sum_squares' lane l does, so u
 // and the four sums are bit for bit the portable ones. The portable code is compute-bound here (three
-// divisions per element, and the byte mask turned into floats by scalar code): 12 ms for 4M elements against
-// about 1 ms for a copy of them.
+// divisions per element, and the byte mask turned into floats by scalar code), many times a copy of the same
+// bytes (docs/benchmarks.md, "Kernels").
 template <bool kFloor, bool kDecay>
 HVDC_AVX2_FMA SlambNorms direction_avx2(const float* m, const float* v, const float* x, const uint8_t* mask,
                                         bool factor, int64_t n, float sqrt_bc2, float floor, float eps, float bc1,
@@ -321,7 +321,7 @@ double local_moments(const float* g, const uint8_t* mask, int64_t n, float b1, f
 
 #if HVDC_AVX2_FMA_KERNELS
 // The same on 8-float vectors (no FMA; lane l sums what the portable lane l sums): the portable loop's select on
-// a mask byte keeps the compiler from vectorizing it, 8 ms for 4M elements.
+// a mask byte keeps the compiler from vectorizing it.
 HVDC_AVX2_FMA double local_moments_avx2(const float* g, const uint8_t* mask, int64_t n, float b1, float b2,
                                         float* m, float* v) {
   const __m256 vb1 = _mm256_set1_ps(b1), va1 = _mm256_set1_ps(1.0f - b1), vb2 = _mm256_set1_ps(b2),

@@ -11,33 +11,9 @@
   11-12, spec 3.6); every rank receives the same u in {+/-1}^d and applies x = x - lr u - lr wd x (line 13,
   spec 3.7), identically everywhere. No warm-up (spec 1). ``hierarchical=False``: every rank is a worker.
 
-Segments are buckets, as 1-bit Adam/LAMB's (``hvd_compress.algorithms.onebit``): the face cuts each
-param group into buckets by bytes with the plan of ``op=Average`` (``ops.buckets.plan_buckets``, ``bucket_mb``, the
-first bucket 1 MiB); each bucket is one ``BirderSegment`` with its own shards of m, b and both errors, and one core
-call per step. Everything is element-wise (spec 4, B7), so the cut changes only who draws which random number:
-each segment keys its draws with its own seed, ``ops.birder.segment_seed(seed, i)`` = seed XOR (i << 32) for
-segment i in registration order, since the core counts elements from 0 in every call and two buckets with one seed
-would otherwise reuse the same uniforms (segment 0 keeps ``seed``: a model of one bucket draws as before; a model
-of several param groups, one segment each before buckets, drew the same uniforms in every group and now does not).
-``overlap=False`` makes the very same calls, so overlap on and off give bit-identical parameters and state.
-
-Overlap with backward (``overlap=True``, the torch face's default; ``hvd_compress.algorithms.bucketed``): the
-core call takes the gradient itself (line 4 onwards), so a bucket's call starts on the background thread as soon
-as the face reports its gradients final (``gradient_final``), buckets in bucket order on every rank; ``step()``
-waits for all and applies line 13. State untouched on rejection: before its call each bucket copies aside what the
-call mutates (m, b, worker and server error); if any bucket fails on any rank (the core rejects a NaN/Inf gradient
-on every rank), every bucket's state is restored, ``step()`` raises ``UsageError`` on every rank, and the step t
-(the RNG position) does not advance; parameters change only after every bucket succeeded. With overlap the
-gradient enters the core from the hook: an edit of ``.grad`` after ``synchronize()`` (clipping) makes ``step()`` reduce
-the edited gradients again (``BucketedAlgorithm.consumes_gradients_in_synchronize``); ``overlap=False`` clips first.
-The TF/Keras faces have no hooks: one segment over all variables, run in ``step``.
-
-State per segment: the shards of m, b and the worker error (c1 = dpad / m_loc entries), the server error
-(c2 = dpad / N), and the step t, which with ``seed`` is the RNG position: the draws of step t are Philox
-(segment_seed(seed, i), t, stream, element). ``state_dict()`` holds all of it with each bucket's layout (param
-group, parameter sizes; exact resume); a checkpoint of another algorithm, world size, node size, mode or bucket
-layout is refused with a clear ``ValueError``; one written before buckets (one segment per param group) loads
-where the layout is the same.
+Invariants: one ``BirderSegment`` per bucket, its draws keyed by ``ops.birder.segment_seed(seed, i)``; overlap on
+and off make the same calls; a bucket refused on any rank restores every bucket's state and t does not advance.
+Buckets, overlap and checkpoints: docs/algorithms/birder.md, "How the algorithm runs".
 """
 
 from __future__ import annotations

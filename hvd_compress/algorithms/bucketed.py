@@ -1,30 +1,18 @@
 """Segments that are buckets, reduced in bucket order while backward runs: the mechanics that
 1-bit Adam/LAMB (``onebit``), Birder (``birder``) and SLAMB (``slamb``) share, written once.
 
-An algorithm's segments are the buckets of its parameters (the face cuts them with
-``hvd_compress.ops.buckets.plan_buckets``) and each holds its own per-bucket state. Per step every segment makes
-one collective call (``reduce_segment``, the subclass's). This class sequences those calls:
+Each segment is one bucket (cut by ``ops.buckets.plan_buckets``) with its own state and one collective call per
+step (``reduce_segment``, the subclass's). ``gradient_final`` (a face's gradient hook, ``overlap=True``) reduces a
+bucket whose members are all final on the process's one background thread, strictly in bucket order
+(``ops.buckets.BucketReductions``), so every rank issues the same collectives in the same order; ``reduce_all``
+starts the rest and awaits all, and ``overlap=False`` makes the very same calls there, so both agree bit for bit.
 
-- ``gradient_final`` (from a face's gradient hook, ``overlap=True``): a bucket whose members are all final is
-  reduced on the process's one background thread, buckets strictly in bucket order (``order``;
-  ``ops.buckets.BucketReductions``), so every rank issues the same collectives in the same order;
-- ``reduce_all``: the end of the gradient phase: every bucket not started yet starts (members without a gradient
-  count as final), then all are awaited. ``overlap=False`` makes the very same calls here, after backward, so
-  overlap on and off agree bit for bit;
-- state untouched on rejection: each segment copies aside what its call mutates (``mutable_state``) before its
-  collective (``backup``; needed only when a later bucket may still fail: several segments, or overlap). If any
-  bucket fails on any rank (the core rejects bad input on every rank; a Python error on one rank joins the call
-  as a rejection: ``ops.buckets.failure_joins_as_rejection``), every segment's state is restored from those
-  copies once all have finished, and the error is raised on every rank; ``abandon`` (a step given up before
-  ``step()``) restores the same way. The subclass's ``step()`` calls ``reduce_pending`` (``reduce_all`` if
-  needed, then this step's state stands).
-
-Checkpoints record the layout (``layout_state``: each bucket's param group and parameter sizes). Here
-``check_layout`` refuses another layout with ValueError before anything changes (the per-bucket state of 1-bit
-Adam/LAMB and Birder cannot move to another cut); a checkpoint written before segments were buckets (no layout
-keys) loads where its segments have the same sizes. SLAMB (``slamb.Slamb``) overrides ``check_layout``: its state
-is element-wise over all the parameters, so a checkpoint of any bucket layout loads where it holds the same
-parameters, and only other parameters are refused.
+State untouched on rejection: each segment copies aside what its call mutates (``mutable_state``, ``backup``);
+if any bucket fails on any rank (a Python error on one rank joins the call as a rejection:
+``ops.buckets.failure_joins_as_rejection``), every segment is restored once all have finished and the error is
+raised on every rank; ``abandon`` restores the same way. ``check_layout`` refuses a checkpoint of another bucket
+layout with ValueError before anything changes (per-bucket state cannot move to another cut); one without layout
+keys loads where its segments have the same sizes. SLAMB overrides it: its state is element-wise over D.
 """
 
 from __future__ import annotations
@@ -205,8 +193,8 @@ class BucketedAlgorithm:
                 f"are the buckets of each param group and dtype: another model, param groups or bucket_mb; "
                 f"{self.layout_reason})"
             )
-        # Checkpoints written before segments were buckets lack the layout; their one segment per param group (and
-        # dtype) loads where that is also one bucket here (equal sizes above).
+        # A checkpoint without the layout has one segment per param group (and dtype); it loads where that is also
+        # one bucket here (equal sizes above), since then the per-bucket state means the same.
         layout = [(s.get("group", seg.group), list(s.get("sizes", seg.sizes)))
                   for s, seg in zip(saved, self.segments, strict=True)]
         if layout != [(seg.group, list(seg.sizes)) for seg in self.segments]:

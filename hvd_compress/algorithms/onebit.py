@@ -9,76 +9,11 @@ Paper 003 Algorithm 1 and paper 001 Algorithm 1 have the same skeleton, written 
   error-compensated 1-bit compressed allreduce (lines 7-11/13, in the core), and every rank applies the
   same update with the result.
 
-Variance floor, option ``variance_floor`` (both optimizers; deviates from 003 line 13 and 001 lines 17
-and 21): in the compressed stage each layer's frozen vh is used as max(vh, floor), floor = variance_floor *
-max(mean(vh) over the layer, ``SEGMENT_SHARE`` * mean(vh) over its bucket); 1-bit LAMB floors its fresh vh by
-the same value in the ratio of line 17, so that the ratio still compares two estimates of one second moment.
-``variance_floor=0`` is the papers' exact rule; the default is 0.01. Why: the compressor gives every element of
-a chunk +/-the chunk's scale, so an element whose frozen v is far below that scale gets an update lr scale / d
-with d about eps: a ReLU unit dead through warm-up (v = 0), or a whole layer whose gradient is about zero, as
-the bias of a layer that feeds BatchNorm (v about 1e-19: BatchNorm removes the mean). Parameters then jump by
-orders of magnitude in one step (DeepSpeed's OnebitAdam/OnebitLamb share this); a bias before BatchNorm does
-so without any sign in the training loss, as BatchNorm cancels it until eval mode uses the running mean. The
-layer's own mean covers the first case; the bucket's share covers a layer that is quiet as a whole, since the
-chunk's scale comes from its bucket. Both optimizers also cap the step of an element the floor lifted: its d
-is raised to |mh| (``capped``), so it moves at most lr a step (1-bit LAMB: at most its layer's scaled lr), the
-step Adam takes on a steady gradient (mh^2 = vh) and about what Adam takes on a bias before BatchNorm (its
-noise is about eps). The floor is derived from the frozen v in the state, so checkpoints need nothing more.
-
-Hierarchical mode, option ``hierarchical=True`` (paper 004 Section 4, specs/birder.md section 4): the local
-momenta travel through the Hierarchical-1-bit-All-Reduce with the scaled 1-bit payload: a full-precision
-mean within each node, then the 1-bit compressed allreduce among the ranks with the same local index (one
-per node), then a gather within the node. The worker error then covers this rank's chunk of its node's
-mean (dpad / ranks per node entries), the server error dpad / world size; both are in ``state_dict()``.
-
-Segments are buckets. Each (param group, dtype) is cut further into buckets by bytes with the plan of
-``op=Average`` (``hvd_compress.ops.buckets.plan_buckets``: reverse registration order, ``bucket_mb`` MiB, the
-first bucket of each (group, dtype) 1 MiB), and every bucket is one ``Segment`` with its own 1-bit error feedback
-(``OneBitState``: the worker error of its elements, the server error of its padded chunk) and its own LAMB
-per-layer coefficients. The 1-bit scale is therefore ||x||_2 / sqrt(C) per server chunk of each bucket, not of
-the whole (group, dtype): a bucket is a compressed allreduce of its own, as DeepSpeed's 1-bit Adam compresses
-each parameter's momentum with its own worker/server error (``runtime/fp16/onebit/adam.py``); buckets keep the
-messages fused up to ``bucket_mb``. A model smaller than the first bucket has one segment per (group, dtype), as
-before buckets existed. ``overlap=False`` uses the very same segments, so overlap on and off give bit-identical
-parameters and state, and their checkpoints load into each other; a checkpoint of another layout (other
-``bucket_mb``, model or groups) is refused with ValueError before anything changes.
-
-Overlap with backward (``overlap=True``, the torch face's default; the bucket pipeline, the backups and the layout
-check are ``hvd_compress.algorithms.bucketed``'s, shared with Birder). The face reports each parameter whose gradient
-is final for the step (its last backward pass of ``backward_passes_per_step``) to ``gradient_final``; a bucket
-whose members are all final is reduced on the process's one background thread (``ops.runtime.submit``), buckets
-strictly in bucket order (``ops.buckets.BucketReductions``), so every rank issues the same collectives in the same
-order. What a bucket's reduction is depends on the stage of the coming step:
-
-- warm-up: the dense average of its gradients (line 2). At 3 or more ranks this sums in the order of
-  ``op=Average``'s bucketed path (one call per bucket); overlap on and off make the same calls, so they agree
-  bit for bit;
-- compression: m_r = b1 m + (1 - b1) g_r formed from ``.grad`` (003 Alg. 1 line 6) into the bucket's ``work``
-  buffer, then its error-compensated 1-bit allreduce (lines 7-13, the core). The momentum and the parameters
-  are written only by ``step()`` (line 12-13), which waits for every bucket first.
-
-State untouched on rejection: each bucket's error feedback is copied aside before its collective (when there
-are several segments or overlap is on). If any bucket fails on any rank (the core checks what enters each
-compressor on every rank: a NaN/Inf gradient is rejected everywhere; a Python error on one rank joins its call
-as a rejection), every bucket's error feedback is restored from those copies once all have finished, and
-``step()`` (or ``synchronize()``) raises on every rank: every error buffer, momentum and parameter is as before
-the step. A step abandoned before ``step()`` (``zero_grad()``, or a new gradient after ``synchronize()``)
-restores them the same way. Warm-up: the averaged gradients are checked in ``step()`` before any state changes
-(every rank holds the same average, so every rank reaches the same verdict).
-
-Clipping with overlap: the compression stage's momentum is formed from ``.grad`` in the hook, so an edit of
-``.grad`` between ``synchronize()`` and ``step()`` (Horovod's clipping pattern) comes too late for it; the face
-then reports it (``consumes_gradients_in_synchronize``: every rank agrees whether any rank edited), and the step
-abandons its reductions (error feedback restored) and reduces the edited gradients again, which costs a second
-exchange in that step; ``overlap=False`` clips before the only one. In warm-up ``synchronize()`` averages, and
-the clip acts on the average, as with Horovod. The hyper-parameters of line 6 (beta1, Adam's L2 weight decay) are read
-when the bucket is reduced, lr and the rest in ``step()``. Buckets are cut once, so overlap is coarse for a model
-of few large tensors; a parameter with no gradient holds back its bucket (and the later ones) until
-``synchronize()``. The TF/Keras faces have no hooks: they hand one segment over all variables to ``step``.
-
-State: one ``Segment`` per bucket of flat buffers that the face allocates (its framework's tensors, of
-which each parameter's state is a view), the step, and per segment the 1-bit error feedback and LAMB's
-per-layer coefficients. ``state_dict()`` is the one checkpoint schema every face writes.
+Deviation, ``variance_floor`` (003 line 13, 001 lines 17 and 21; 0 is the papers' rule): the frozen vh is used
+as max(vh, variance_floor * max(mean(vh) over the layer, ``SEGMENT_SHARE`` * mean(vh) over its bucket)), and an
+element the floor lifted steps at most lr (``caps_floored``). Invariants: one ``Segment`` per bucket, each with
+its own error feedback; overlap on and off make the same calls; a bucket refused on any rank leaves every state
+as it was. Why, buckets, overlap, checkpoints: docs/algorithms/onebit-adam.md, "How the algorithm runs".
 """
 
 from __future__ import annotations

@@ -6,21 +6,14 @@
   compressed average (lines 7-11, the core), m = that average (line 12), and
   x = x - lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^freeze_step)) + eps) with v frozen (line 13), whose
   denominator is therefore computed once and kept;
-- the variance floor's cap (deviates from line 13, with ``variance_floor`` > 0): an element whose frozen vh
-  the floor lifted (a unit dead through warm-up) has no measured variance, so its d is raised to |mh| where
-  that is larger: its step is at most lr, the step Adam itself takes on a steady gradient (mh^2 = vh there).
-  Without it a unit that revives after warm-up steps lr |mh| / sqrt(floor), many times Adam's. Measured on the
-  4-rank ReLU MLP, 600 steps, freeze_step 120, five seeds: held-out loss +2.5 / +5.2 / +5.3 / +5.1 / +0.2% off
-  Adam's with the cap, +3.6 / +23.8 / +14.2 / +3.6 / +1.2% without; on the digits CNN (three seeds) about one
-  point worse with it (+5.6 / +5.5 / +6.6% against +3.6 / +6.0 / +4.3%). The weights still grow past Adam's
-  (max |x| 1.2-1.3 against 0.16-0.18; 1.5-1.7 without the cap): elements just above the floor also step far
-  more than Adam would (tests/test_relu_fidelity.py has the figures and what else was tried).
+- the variance floor's cap (deviates from line 13, with ``variance_floor`` > 0): an element whose frozen vh the
+  floor lifted has no measured variance, so its d is raised to |mh| where that is larger: its step is at most lr,
+  the step Adam takes on a steady gradient (mh^2 = vh). Without it a unit that revives after warm-up steps
+  lr |mh| / sqrt(floor), many times Adam's (figures: docs/algorithms/onebit-adam.md, "Measured fidelity").
 
-On float32 CPU segments lines 6 and 12-13 each run as one fused pass in the core (``ops.onebit_adam_kernels``,
-cpp/include/hvdc/onebit_adam_kernels.h) with the backend path's float32 operations, so both give the same bits;
-other dtypes and devices take the backend's ops.
-
-The sequencing and the checkpoint schema are ``OneBitAlgorithm``'s (``algorithms/onebit.py``).
+On float32 CPU segments lines 6 and 12-13 each run as one fused pass in the core (``ops.onebit_adam_kernels``)
+with the backend path's float32 operations, so both give the same bits; other dtypes and devices take the
+backend's ops. The sequencing and the checkpoint schema are ``OneBitAlgorithm``'s (``algorithms/onebit.py``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ Per layer (= parameter tensor):
   DeepSpeed's form; vh, vh_fresh bias-corrected for freeze_step and t when the group has
   ``bias_correction``); r clipped to (1 -/+ factor_threshold) r_prev (line 18), then to
   [factor_min, factor_max] (line 19); x = x - lr r c_avg (mh / (sqrt(vh) + eps) + wd x) (lines 20-21).
-
 The sequencing and the checkpoint schema are ``OneBitAlgorithm``'s (``algorithms/onebit.py``).
 """
 

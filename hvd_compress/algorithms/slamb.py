@@ -1,76 +1,18 @@
 """SLAMB: paper 000 (Xu et al., ICML 2023), Algorithm 1 with the Appendix E simplification, as the spec
-``shared/specs/slamb.md`` fixes it (its recommended form, the authors' ``Slamb`` = "v1"). Per step t, rank i:
+``shared/specs/slamb.md`` fixes it (the authors' ``Slamb`` = "v1"). Per step t, rank i (spec section 2):
 
-1. g = the local gradient; no gradient allreduce (spec section 2 step 1, S6; App. E, Table 13). Option
-   ``sync_grad`` (Alg. 1 line 9) averages g[M_t] first.
-2. M_t = random_mask(D, k, seed, t) OR always, always = every tensor with ndim <= 1 or numel < grad_size_thr
-   (section 3; S8, S9). D = all trainable parameters in param-group order. Masks come from the core's Philox
-   keyed by (seed, t): the same on every rank, nothing sent, no framework generator touched.
-3. m = b1 m + (1 - b1) g (Alg. 1 line 7).
-4. m[M_t] = mean over ranks of m[M_t] (lines 8, 10; S1): one dense buffer of nnz(M_t) values, no index
-   (``ops.masks.masked_allreduce_``). It runs on m's new value in a scratch buffer, with the core's finite
-   check: a NaN/Inf gradient on any rank raises ``UsageError`` on every rank before any state changes.
-5. v = b2 v + (1 - b2) g^2 with the local g (line 11): v is never communicated.
-6. c = where(M_t, 1, b3 c), c_0 = 1 (freshness, "staleness" in the paper; lines 13-14).
-7. u = mh / (sqrt(vh) + eps) + wd x, bias correction with the global t (line 12; S2, S12). Deviation, option
-   ``variance_floor`` (default 0.01; 0 is the paper's rule): sqrt(vh) is at least sqrt(variance_floor * mean(vh))
-   over its layer. v is local (step 5) while m[M] is averaged over the ranks (step 4), so an element whose
-   local gradient has been 0 (a ReLU unit dead on this rank's batches, alive on others') has vh ~ 0 and an
-   averaged m != 0: its u is m / eps, which dominates the layer's ||u[M]||, shrinks phi_max for the whole
-   masked part, and at k = 1 made a ReLU MLP diverge (NaN at step 41) where dense LAMB trains. The same
-   floor as the 1-bit optimizers' (hvd_compress.algorithms.onebit), for the same reason.
-8. Per layer (lines 15-19, App. E; S3, S4, S5), r(a, b) = ||a|| / ||b||, or 1 if a norm is 0 or the slice empty:
-   ndim <= 1: x -= lr r(x, u) u, unclipped; otherwise phi_max = r(x[M], u[M]), phi_min = r(x[~M], u[~M]),
-   phi = clip(c phi_max + (1 - c) phi_min, clip_min, clip_max), eta = c lr + (1 - c) lr / sqrt(n) per element
-   (n = world size; S10), x -= phi * eta * u. A layer selected whole this step (c = 1 everywhere: k = 1 or a
-   forced small tensor) takes x -= lr clip(phi_max) u, the same value without the per-element blend.
-9. If t mod H == 0: x = mean over ranks of x, all trainable parameters densely (line 20; S7: the paper's
-   schedule, not the code's t mod H == 1); ``synchronize_parameters()`` for the end of training.
+1. g = the local gradient, no gradient allreduce (App. E); ``sync_grad`` (Alg. 1 line 9) averages g[M_t] first.
+2. M_t = random_mask(D, k, seed, t) OR always (ndim <= 1 or numel < grad_size_thr; spec 3): the core's Philox.
+3. m = b1 m + (1 - b1) g (line 7).    4. m[M_t] = mean over ranks of m[M_t] (lines 8, 10), no index sent.
+5. v = b2 v + (1 - b2) g^2, local (line 11).    6. c = where(M_t, 1, b3 c), c_0 = 1 (lines 13-14).
+7. u = mh / (sqrt(vh) + eps) + wd x (line 12). Deviation ``variance_floor`` (0 is the paper's rule):
+   sqrt(vh) is at least sqrt(variance_floor * mean(vh)) over its layer.
+8. Per layer (lines 15-19, App. E): x -= phi eta u, phi = clip(c r(x[M], u[M]) + (1 - c) r(x[~M], u[~M])),
+   eta = c lr + (1 - c) lr / sqrt(n); ndim <= 1: x -= lr r(x, u) u.    9. t mod H == 0: x = mean (line 20).
 
-Hyper-parameters lr, betas, eps and weight_decay are read from each param group on every step (schedulers
-work); the spec's defaults (section 5): k = 0.1, H = 100, b3 = 0.95 (S11), clip 0.01 / 1000, threshold 9000.
-
-Buckets, overlapped with backward (``hvd_compress.algorithms.bucketed``, as 1-bit Adam/LAMB and
-Birder): the face cuts the parameters into buckets (``SlambSegment``: consecutive parameters of one param group,
-so a contiguous range [first, end) of D) and each bucket runs steps 3 and 4 (Alg. 1 lines 7, 8 and 10) for its
-range alone, from the gradient hooks on the background thread (``overlap=True``), buckets in the same order on
-every rank; ``overlap=False`` makes the very same calls in ``step()``, so both give bit-identical results. This is
-the same rule, not a per-bucket variant: step 3 is element-wise, and step 4 is an element-wise mean under the one
-global mask M_t = random_mask(D, k, seed, t) OR always, so the masked mean of each range of m under M_t
-restricted to that range (spec section 2 step 4: the same elements averaged, the same values) together is the
-masked mean of the whole of m. The mask is never redefined per bucket: the core draws M_t's bits for [first, end)
-only (``ops.masks.masked_allreduce_`` with ``offset``/``total``: Philox element indices and the cyclic
-permutation of all D, computed once per (D, seed)), on the background thread inside the bucket's collective, into
-mask[first:end]; after the last bucket ``mask`` is M_t. What may differ: at 3+ ranks MPI may sum the
-elements of a shorter message in another order, so the last bit of m[M_t] may differ from one whole-buffer call
-(overlap on and off cut alike and agree bit for bit). A bucket writes only the scratch ``work`` and ``mask`` (and,
-with ``sync_grad``, averages its gradient): m, v, c, x and t change only in ``step()``, so a bucket that fails on any
-rank (the core's finite check) leaves every state tensor as it was with no copies (``mutable_state`` is empty) and
-``step()`` raises ``UsageError`` on every rank.
-
-The step on the wire (the core's fused float32 passes, both faces' case, without ``sync_grad``): a bucket's call is
-split at the ranks' agreement. ``_gather_segment`` agrees on the mask and on finite gradients (``masked_gather_``,
-which sends only the signature), forms step 3 on the selected elements only, gathered (``momentum_gather_``), and
-then averages that compact buffer (one dense allreduce: the values and bytes of ``masked_allreduce_``). Once every
-bucket is agreed on, nothing can refuse the step, and every rank's own elements need nothing from the others: so
-``step()`` (``_step_on_wire``) takes steps 3 and 5 on the elements kept local, step 6, and step 7 with the norms
-that need no average, while the averages are on the wire, and after them only m[M], u[M] with ||u[M]|| and step 8.
-The same rule and per-element rounding as the sequential path (``tests/test_slamb.py`` against the NumPy reference);
-||u[M]|| is summed in another order. Otherwise steps 5-9 run after every bucket. ``synchronize()`` with overlap
-waits for the agreement only (a refusal raises there). The TF/Keras faces start the buckets from their start ops
-and run ``step()`` in the finish op (``hvd_compress.tensorflow.algorithm_step``).
-
-State: m, v (the face binds them as the optimizer's per-parameter state), the freshness c, the step and the
-options that fix the masks (seed, k, kind); ``state_dict()`` is the checkpoint schema every face writes, with the
-bucket layout (each bucket's param group, parameter sizes and shapes). Every state tensor is element-wise over the whole
-of D and a bucket is only a range of D under the one global mask, so a checkpoint of any bucket layout (another
-``bucket_mb``, the TF/Keras faces' one segment per param group, one written before buckets) loads where it holds
-the same parameters (param group, elements and, where the checkpoint records it, shape of each, in D's order);
-another model (a parameter reshaped to the same element count included), param groups, world size, seed, k or
-mask kind is refused. The resumed run sums its masked averages in its own buckets: bit for bit the run
-never stopped at 2 ranks, and at 3+ wherever MPI sums each element in an order that does not depend on its place
-in the message (this machine's Open MPI below the ring threshold: ``MpiCommunicator::allreduce_sum``); a bucket
-large enough for the ring may differ in the last bit of m[M_t], as a run with that layout from the start would.
+Invariants: a bucket (``algorithms.bucketed``) runs steps 3-4 for its range of D under the one global mask M_t,
+so any cut is the same rule; m, v, c, x and t change only in ``step()``, so a bucket refused on any rank leaves
+every state as it was. Why, the step on the wire, checkpoints: docs/algorithms/slamb.md, "How the algorithm runs".
 """
 
 from __future__ import annotations
@@ -621,20 +563,20 @@ class Slamb(BucketedAlgorithm):
         step = ours.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"{what}: step {step!r} is not an int >= 0")
-        if "segments" in ours:  # a checkpoint before buckets has none
+        if "segments" in ours:  # optional: the state is over D, so a checkpoint without a layout still fits
             self.check_layout(ours["segments"])
 
     def check_layout(self, saved: Sequence[dict[str, Any]]) -> None:
         """ValueError, before anything changes, unless the checkpoint's segments ``saved`` cover this optimizer's
         parameters: the same param group and elements of each, in D's order, and the same shape where the
-        checkpoint records shapes (one written before them is checked by counts). The bucket cut itself may differ
+        checkpoint records shapes (one without shapes is checked by counts). The bucket cut itself may differ
         (the state is over D, a bucket is a range of it)."""
         if all("sizes" in s for s in saved):
             self._check_parameters(saved, "sizes", "elements", self.buf.sizes)
             if all("shapes" in s for s in saved):
                 self._check_parameters(saved, "shapes", "shape", self.buf.shapes)
             return
-        # The layout before buckets: one segment per param group, its elements only.
+        # A layout of one segment per param group records its element count only: compare those.
         got = [s.get("numel") for s in saved]
         want = [hi - lo for _, lo, hi in self.buf.groups()]
         if got != want:

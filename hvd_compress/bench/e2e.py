@@ -3,20 +3,12 @@ what a user would pick instead (``make bench-e2e``, ``make bench-e2e NET=1gbit``
 
 For each model of ``hvd_compress.bench.models`` and each method (every ``hc`` op, Horovod's
 ``DistributedOptimizer``, torch DDP, DDP with the PowerSGD hook of rank 4, and the floor: the same step with the
-local optimizer and no communication at all), from the same initial weights and the same per-rank batches:
-
-- median step time over the steps after ``--warmup`` (a 1-bit optimizer's compression stage), the slowest rank;
-- its ratio to the floor of its rule (Adam, LAMB or Birder's uncompressed rule, stepped locally with no
-  communication) and, under ``NET=...``, to the physical limit max(floor, wire time), the wire time being every
-  rank's bytes over the one rate-limited link that all ranks share;
-- Horovod's ``DistributedOptimizer`` step of the same rule divided by it (the speed-up over Horovod);
-- bytes per step and rank: hvd_compress's own counts for ``hc`` ops; under ``NET=...`` also what crossed the
-  namespace's loopback (every method, all traffic: MPI and gloo run over TCP there), divided by the ranks;
-- held-out loss and accuracy at the end, and the wall-clock time at which the method's training loss (smoothed) first
-  reached the dense run's final training loss.
-
-Writes ``e2e_<label>_np<n>.json``/``.md`` and one PNG per model (training loss against wall-clock time) under
-``--out``. Methods run one after another in one job, so they share the machine's state.
+local optimizer and no communication at all), from the same initial weights and the same per-rank batches: the
+median step time of the slowest rank after ``--warmup``, its ratio to the floor of its rule and, under ``NET=...``,
+to max(floor, wire time), the speed-up over Horovod's step of the same rule, bytes per step and rank (our counts,
+and under ``NET=...`` the namespace loopback's), held-out loss and accuracy, and the time to reach the dense
+run's final training loss. Writes ``e2e_<label>_np<n>.json``/``.md`` and one PNG per model under ``--out``.
+Methods run one after another in one job, so they share the machine's state. Columns: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,41 +1,13 @@
 """Single-thread throughput of the 1-bit kernels (cpp/src/onebit_kernels.cc) and of Birder's stochastic quantizer
 (cpp/src/stochastic_kernels.cc) against a plain memory copy.
 
-For each kernel K, ``_kernel_bench.onebit_kernel_bench`` (an extension of its own, not the shipped ``_core``)
-times K on one chunk and, right after it in every repetition,
-``memcpy`` (between two distinct buffers) of the bytes K streams element by element
-(cpp/include/hvdc/onebit_kernel_bench.h):
-
-================  =====================================================================  =====================
-kernel            what it does                                                           memcpy of
-================  =====================================================================  =====================
-compress          worker step, both passes: c = x + e, signs, scale, e = c -/+ scale     x + worker error
-compress_signs    its first pass (signs, sum of squares; reads only): collective step 1  x + worker error
-accumulate        acc += +/-scale (one received chunk)                                   acc (float32)
-server_compress   c = acc / 2 + e, signs, scale, e = c -/+ scale                         acc + server error
-server_fused      the server step the collective runs: 2 ranks' bits summed, averaged    server error
-                  and re-compressed in one kernel (no acc buffer)
-decompress        out = +/-scale in the buffer dtype                                     out
-error_decompress  the collective's last step: worker error pass 2 fused with decompress  x + worker error
-================  =====================================================================  =====================
-
-Birder's kernels (``_kernel_bench.stochastic_kernel_bench``, float32, uniforms drawn from Philox as in the
-collective; cpp/include/hvdc/stochastic_kernel_bench.h):
-
-===========================  ==========================================================  =================
-kernel                       what it does                                                memcpy of
-===========================  ==========================================================  =================
-stochastic_quantize          worker: y = x + e, bits = Q(y), e = y - Q(y) (issue target:  x + worker error
-                             at least 0.5)
-stochastic_quantize_moments  the same on Birder's updated ratio m / (b + eps)            x, m, b, error
-stochastic_server            2 ranks' bits counted, averaged, + e, Q                     server error
-sign_unpack                  bits to +/-1.0f                                             the result
-philox_fill                  the uniforms alone (what bounds the three above)            the uniforms
-===========================  ==========================================================  =================
-
-Times are the thread's CPU time (cpp/include/hvdc/kernel_timing.h), so that other jobs on a shared machine
-do not count. ``ratio = memcpy time / kernel time``: the kernel's throughput over those bytes as a fraction of memcpy's
-(1.0 = as fast as copying them once). Sizes are the buffer's bytes in its dtype (numel = MB / dtype size).
+For each kernel K, ``_kernel_bench.onebit_kernel_bench`` / ``stochastic_kernel_bench`` (an extension of its own,
+not the shipped ``_core``; cpp/include/hvdc/onebit_kernel_bench.h, stochastic_kernel_bench.h) times K on one chunk
+and, right after it in every repetition, ``memcpy`` between two distinct buffers of the bytes K streams element by
+element. Times are the thread's CPU time (cpp/include/hvdc/kernel_timing.h), so that other jobs on a shared machine
+do not count. ``ratio = memcpy time / kernel time`` (1.0 = as fast as copying those bytes once). Sizes are the
+buffer's bytes in its dtype. The rows, what each kernel does and which bytes its memcpy copies: docs/benchmarks.md,
+"Kernels".
 """
 
 from __future__ import annotations

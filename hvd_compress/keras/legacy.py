@@ -4,26 +4,14 @@ tf_keras optimizer returns this wrapper; ``BroadcastGlobalVariablesCallback``, `
 
 A wrapper as tf_keras's own ``LossScaleOptimizer`` is one: it holds the inner optimizer, delegates ``learning_rate``
 (schedules too) and ``iterations``, and adds its variables beside the inner ones. ``model.fit`` calls
-``apply_gradients`` (via ``minimize``), which is where the step runs, the same step as the Keras 3 wrapper's
-(``hvd_compress.keras.wrapped_step``, ``hvd_compress.tensorflow.algorithm_step``):
-
-- ``Average``/``Sum``: the gradients reduced in buckets while backward runs, then the inner optimizer's
-  ``apply_gradients``.
-- ``Adasum``: the inner optimizer steps on this rank's gradients, then the parameter deltas are Adasum-reduced.
-- ``OneBitAdam`` (wraps ``tf_keras.optimizers.Adam``/``AdamW``), ``OneBitLamb`` and ``SLAMB`` (tf_keras has no
-  LAMB: they wrap a tf_keras ``Adam``/``AdamW`` too, which only supplies LAMB's hyper-parameters lr, beta_1, beta_2,
-  epsilon and weight_decay; the update is the algorithm's LAMB, with ``min_coeff``/``max_coeff`` as options, as
-  the Keras 3 face's ``keras.optimizers.Lamb``, whose defaults are Adam's), ``Birder`` (wraps ``legacy.Birder``):
-  the algorithm's step over the fused segment, state in this optimizer's variables (so ``tf.train.Checkpoint``
-  keeps it).
-- ``backward_passes_per_step``: gradients summed locally over that many calls, the step on the last.
-- ``compression=`` ``hc.Compression.fp16``/``bf16`` (Average/Sum): the buckets send 16-bit values, as the Keras 3
-  wrapper's; ``topk(ratio)``/``randomk(ratio, seed)``: one fused reduction with the error feedback in this
-  optimizer's variables (``hvd_compress.tensorflow.error_feedback``), as the Keras 3 wrapper's.
+``apply_gradients`` (via ``minimize``), where the step runs: the same step per op as the Keras 3 wrapper's
+(``hvd_compress.keras.wrapped_step``, ``hvd_compress.tensorflow.algorithm_step``). tf_keras has no LAMB, so
+``OneBitLamb`` and ``SLAMB`` wrap a tf_keras ``Adam``/``AdamW`` that only supplies their hyper-parameters.
 
 Under mixed_float16 compile with ``legacy.LossScaleOptimizer(hck.DistributedOptimizer(...))``: tf_keras's dynamic
 loss scaling whose skip decision all ranks agree on (as ``hck.LossScaleOptimizer``); the plain tf_keras one, which
 ``model.compile`` puts around any optimizer under mixed_float16, is refused (a one-rank skip would deadlock).
+The ops, their options and their state: docs/tensorflow-keras.md.
 """
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ def segment_seed(seed: int, segment: int) -> int:
     The core keys a call's draws (seed, step, stream, element) with ``element`` the index in that call's padded
     buffer (spec 4; B7: the layout decides only who draws which number), so two segments (buckets) reduced at the
     same step with one seed would draw the same uniforms for their first elements. Each segment therefore keys
-    with its own seed: its index in the key's high word. Segment 0 keeps ``seed`` (a model of one segment draws as
-    before buckets); for seeds below 2**32 no two (seed, segment) pairs share a key.
+    with its own seed: its index in the key's high word. Segment 0 keeps ``seed``, so a model of one segment draws
+    what the unbucketed rule draws; for seeds below 2**32 no two (seed, segment) pairs share a key.
     """
     if not 0 <= segment < 1 << 32:
         raise ValueError(f"segment index must be in [0, 2**32), got {segment}")

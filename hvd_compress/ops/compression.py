@@ -1,25 +1,19 @@
 """Compression of the dense path, as Horovod users know it (``compression=`` on ``allreduce`` and on
-``DistributedOptimizer``): the description objects both faces use, the error-feedback state, and the
-call into the core's ``sparse_allreduce`` (cpp/include/hvdc/sparse_allreduce.h, the one place the math
-lives; NumPy mirror: hvd_compress/reference/compression.py).
+``DistributedOptimizer``): the description objects both faces use, the error-feedback state, and the call into the
+core's ``sparse_allreduce`` (cpp/include/hvdc/sparse_allreduce.h, the one place the math lives; NumPy mirror:
+hvd_compress/reference/compression.py).
 
-- ``Compression.none``: the plain dense reduction.
-- ``Compression.fp16`` / ``Compression.bf16``: Horovod's ``FP16Compressor`` semantics (compress before the
-  reduction, decompress after; the compressed value is what is reduced): 16-bit values on the wire, summed
-  in float32 by the server of each chunk and rounded to 16 bits once.
-- ``Compression.topk(ratio)``: the k = ratio * numel elements of largest |x + error| travel as (index, value)
-  pairs by allgather; the rest stays in the error buffer (error feedback, GRACE's "memory").
-- ``Compression.topk(ratio, momentum=mu)``, mu in (0, 1): Deep Gradient Compression's momentum correction and
-  momentum factor masking (Lin et al., ICLR 2018, Section 3.2): a velocity u = mu * u + x is accumulated into
-  the error buffer (DGC's v = v + u), top-k of v is sent, and both u and v are zeroed where this rank sent (u
-  only with ``momentum_masking``, the default). The momentum lives in the compression, so the wrapped optimizer
-  must not add its own (plain SGD, momentum 0). ``clip_norm`` and ``warmup_steps``/``warmup_stages`` add DGC's
-  local gradient clipping and sparsity warm-up (``hvd_compress.ops.dgc``, Sections 3.2 and 3.3).
-- ``Compression.randomk(ratio, seed)``: k elements chosen by the core's counter-based RNG from (seed, step),
-  the same on every rank, so only the k values travel (one dense allreduce of k floats); error feedback too.
+- ``none``: the plain dense reduction. ``fp16`` / ``bf16``: Horovod's ``FP16Compressor`` semantics: 16-bit values
+  on the wire, summed in float32 by the server of each chunk and rounded to 16 bits once.
+- ``topk(ratio)``: the k = ratio * numel elements of largest |x + error| travel as (index, value) pairs by
+  allgather; the rest stays in the error buffer (error feedback). With ``momentum=mu``: Deep Gradient
+  Compression's momentum correction and factor masking (Lin et al., ICLR 2018, Section 3.2), u = mu u + x, v += u,
+  top-k of v sent, u and v zeroed where this rank sent; ``clip_norm`` and ``warmup_steps``/``warmup_stages``:
+  Sections 3.2 and 3.3 (``hvd_compress.ops.dgc``). The wrapped optimizer must then add no momentum of its own.
+- ``randomk(ratio, seed)``: k elements chosen by the core's counter-based RNG from (seed, step), the same on
+  every rank, so only the k values travel (one dense allreduce of k floats); error feedback too.
 
-All mutable state of one buffer (the error, the velocity with DGC momentum, and the step) is one
-``CompressionState`` that ``state_dict()`` saves (the PowerSGDState idea), so a resumed run continues bit for bit.
+All mutable state of one buffer (error, DGC velocity, step) is one ``CompressionState`` that ``state_dict()`` saves.
 """
 
 from __future__ import annotations

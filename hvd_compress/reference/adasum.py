@@ -3,20 +3,17 @@
 Paper 002 (shared/papers/002_*.txt), Algorithm 1, ADASUMRVH (lines 1-25 of its algorithm box), and
 DESIGN.md's rule for rank counts that are not a power of two. The steps carry the C++ names:
 
-- fold-in: with p the largest power of two <= n, rank r >= p is folded into rank r - p as
-  Adasum(g[r-p], g[r]).
-- levels (lines 2-20): at distance d = 1, 2, ... < p, rank r and r ^ d split their common slice,
-  the lower rank keeping the first floor(len/2) elements (lines 2-13); per tensor, partial dot
-  product and squared norms (line 15) are summed over the 2d ranks that share the slice
-  (lines 16-17), then combine (line 18): x' = (1 - dot/(2|a|^2)) a + (1 - dot/(2|b|^2)) b, a being
-  the lower rank's half. A squared norm below sqrt(DBL_MIN) gives that side the coefficient 1.
-- allgather (lines 22-24): halves are swapped back, last level first.
-- fold-out: rank r >= p receives rank r - p's result.
+- fold-in: with p the largest power of two <= n, rank r >= p is folded into rank r - p as Adasum(g[r-p], g[r]).
+- levels (lines 2-20): at distance d = 1, 2, ... < p, rank r and r ^ d split their common slice, the lower rank
+  keeping the first floor(len/2) elements (lines 2-13); per tensor, partial dot product and squared norms (line
+  15) are summed over the 2d ranks that share the slice (lines 16-17), then combine (line 18):
+  x' = (1 - dot/(2|a|^2)) a + (1 - dot/(2|b|^2)) b, a the lower rank's half; a squared norm below sqrt(DBL_MIN)
+  gives that side the coefficient 1.
+- allgather (lines 22-24): halves are swapped back, last level first; fold-out: rank r >= p gets r - p's result.
 
-Arithmetic is float64 (dot products and the combine), rounded to the storage dtype after every
-combine, exactly where the core stores to its buffer; only the order of the float64 sums differs.
-``adasum_hierarchical`` mirrors ``adasum_hierarchical`` in the C++: node average, Adasum across the
-node leaders, result shared within the node.
+Arithmetic is float64 (dot products and the combine), rounded to the storage dtype after every combine, exactly
+where the core stores to its buffer; only the order of the float64 sums differs. ``adasum_hierarchical`` mirrors
+the C++'s: node average, Adasum across the node leaders, result shared within the node.
 """
 
 from __future__ import annotations

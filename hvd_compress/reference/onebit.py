@@ -1,31 +1,17 @@
 """Reference error-compensated 1-bit allreduce and the 1-bit Adam / 1-bit LAMB optimizers, n virtual ranks.
 
-Mirrors cpp/src/onebit_kernels.cc and cpp/src/compressed_allreduce.cc one to one, with the same step
-names (``compress``, ``accumulate``, ``server_compress``, ``decompress``, ``compressed_allreduce``):
+Mirrors cpp/src/onebit_kernels.cc and cpp/src/compressed_allreduce.cc one to one, with the same step names
+(``compress``, ``accumulate``, ``server_compress``, ``decompress``, ``compressed_allreduce``): paper 003
+Algorithm 1 lines 7, 10 and 13 and Section 6; paper 001 Algorithm 1 lines 7-13, Section 5, and its compressor
+C[x] = ||x||_2 / sqrt(numel) * Sign(x), a sign of 0 being +1. The buffer is padded to a multiple of 8 * n and cut
+into n chunks, chunk j served by rank j; padding counts in no scale, decompresses to nothing and has no error.
 
-- paper 003 (1-bit Adam), Algorithm 1: line 7 (worker compress, worker error), line 10 (server average,
-  server compress, server error), line 13 (every worker takes the server's result); Section 6 (gather by
-  alltoall, average, scatter by allgather);
-- paper 001 (1-bit LAMB), Algorithm 1, lines 7-13, Section 5, and its compressor
-  C[x] = ||x||_2 / sqrt(numel) * Sign(x), a sign of 0 being +1.
-
-The buffer of ``numel`` elements is padded to a multiple of 8 * n and cut into n chunks; chunk j is served by
-rank j. Padding is not data: it counts in no scale, decompresses to nothing, and has no error.
-
-Rounding points are those of the C++ (float64 arithmetic here, rounded to float32 where the C++ stores a
-float32; float64 is wide enough that this equals float32 arithmetic exactly): compensated value
-c = f32(x + e); scale = f32(sqrt(sum(c^2) / n_real)) with the sum in float64; error = f32(c -/+ scale);
-server sum of +/-scale_r in rank order in float32, then f32(sum / n). Errors are float32 for every buffer
-dtype. Only the order of the float64 sum of squares differs from the C++ (it cannot change the float32
-scale except in a tie at the last of 29 extra bits).
-
-The optimizers (``onebit_adam``, ``onebit_lamb``) are plain simulations of the papers' algorithm boxes over
-per-rank gradient sequences; their exact semantics are in their docstrings. Both take ``variance_floor``
-(default 0.01; 0 is the papers' exact rule): in the compressed stage each layer's frozen vh is used as
-max(vh, variance_floor * max(mean over the layer of vh, BUCKET_SHARE * mean over the segment)), and an element the
-floor lifted steps at most lr (its d raised to |mh|). Without it an element whose frozen v is 0 (a ReLU unit
-dead through warm-up) decompresses to +/-scale of its chunk and is updated by lr * scale / eps, which
-blows training up; with it such an element is preconditioned like a quiet element of its layer.
+Rounding points are those of the C++ (float64 here, rounded to float32 where the C++ stores a float32, which
+equals float32 arithmetic exactly): c = f32(x + e); scale = f32(sqrt(sum(c^2) / n_real)), the sum in float64;
+error = f32(c -/+ scale); the server sums +/-scale_r in rank order in float32, then f32(sum / n). Errors are
+float32 for every buffer dtype; only the order of the float64 sum of squares differs from the C++. The
+optimizers (``onebit_adam``, ``onebit_lamb``) simulate the papers' boxes with the same ``variance_floor`` as
+``hvd_compress.algorithms.onebit`` (why: docs/algorithms/onebit-adam.md).
 """
 
 from __future__ import annotations

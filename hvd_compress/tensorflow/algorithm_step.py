@@ -2,28 +2,16 @@
 of a TF face's variables: the run-time half of ``hvd_compress.keras.DistributedOptimizer``.
 
 The state lives in framework variables (so checkpoints keep it). The variables are cut into buckets as the torch
-face cuts its parameters (``plan_bucket_ranges``: reverse variable order, ``bucket_mb`` MiB, the first 1 MiB), one
-segment of the algorithm per bucket, and each step is a chain of stateful ``tf.numpy_function`` ops, as
-``hvd_compress.tensorflow.bucketed`` does for Average/Sum:
-
-- a start op per bucket, in bucket order, whose inputs are that bucket's gradients, so that inside a
-  ``tf.function`` TF runs it as soon as they exist, while it still computes the earlier layers' gradients. The
-  first also takes the parameters and the state and makes the step's ``_Session``: fresh 64-byte aligned copies
-  (TF's inputs alias its buffers and are never written) over which ``bind`` lays the algorithm's segments (the
-  same code the torch face runs). Each copies its gradients into the session and reports its segment final
-  (``BucketedAlgorithm.gradient_final``), which starts that segment's reduction on the background thread, in
-  bucket order on every rank; the start ops form a chain through the session's token;
-- one finish op, which runs the algorithm's step (waiting for every bucket) and returns the new parameters and
-  state (TF adopts the arrays without a copy; they are never touched again here).
-
-``overlap=False`` gates every start op on every gradient: the same calls after backward, bit-identical results.
-A buffer the coming step only reads (the 1-bit ops' frozen v in the compression stage: ``read_only``) is not
-copied: the finish op gets TF's array and hands it to the algorithm marked read-only, and an empty array goes
-back, on which the variable is not assigned. Every step-dependent decision (warm-up or compression, trust-ratio
-clipping, SLAMB's masks and sync interval) is made at run time. Where the state is per bucket (1-bit, Birder) and
-there is more than one, it records the cut (``LAYOUT``), and a state of another cut (or none, past step 0) is
-refused. The subclasses
-below only say which buffers each algorithm keeps.
+face cuts its parameters (``plan_bucket_ranges``), one segment of the algorithm per bucket, and each step is a
+chain of stateful ``tf.numpy_function`` ops, as ``hvd_compress.tensorflow.bucketed`` does for Average/Sum: a start
+op per bucket, fed by that bucket's gradients only (so TF runs it while it still computes earlier layers'
+gradients), which reports its segment final (``BucketedAlgorithm.gradient_final``); the first also makes the
+step's ``_Session`` of fresh 64-byte aligned copies (TF's inputs alias its buffers and are never written) over
+which ``bind`` lays the segments. One finish op runs the algorithm's step and returns the new parameters and
+state. ``overlap=False`` gates every start op on every gradient: the same calls, bit-identical results. A buffer
+the step only reads (``read_only``) is not copied, and an empty array goes back for it. A per-bucket state of
+another cut (``LAYOUT``) is refused. Every step-dependent decision is made at run time. The subclasses below only
+say which buffers each algorithm keeps.
 """
 
 from __future__ import annotations
@@ -146,8 +134,8 @@ class FusedStep(FlatLayout):
         raise NotImplementedError
 
     def layout_shape(self) -> StateShapes:
-        """``LAYOUT``'s entry where the state is per bucket and there is more than one (one keeps the format of
-        before buckets)."""
+        """``LAYOUT``'s entry where the state is per bucket and there is more than one (with one bucket the
+        state needs no layout, so checkpoints without the entry still load)."""
         return {LAYOUT: ((len(self.ranges),), "int64", "zeros")} if len(self.ranges) > 1 else {}
 
     def group(self, hyper: np.ndarray, flags: dict[str, Any]) -> dict[str, Any]:
@@ -248,8 +236,8 @@ class FusedStep(FlatLayout):
 
     def _check_layout(self, saved: np.ndarray, step: int) -> None:
         """ValueError unless the state's bucket layout ``saved`` is this runner's; at step 0 (a fresh state: the
-        variable starts at zeros and each step writes it) any. A checkpoint of before buckets restored into these
-        variables by name (``tf.train.Checkpoint``) leaves it at zeros past step 0: refused too."""
+        variable starts at zeros and each step writes it) any. A checkpoint without the layout variable restored into
+        these by name (``tf.train.Checkpoint``) leaves it at zeros past step 0: refused too, as its cut is unknown."""
         mine = np.asarray(self.bucket_numels(), dtype=np.int64)
         if step == 0 or np.array_equal(saved, mine):
             return

@@ -17,9 +17,7 @@
 //     16 bits) of word i >> 1 of (seed, step mod 2^32, kMaskBernoulliStream), lo_i the same half of
 //     the same word of kMaskBernoulliTieStream, and is selected iff (hi_i << 16 | lo_i) < T, i.e.
 //     hi_i < T >> 16, or hi_i == T >> 16 and lo_i < (T & 0xFFFF). The tie stream is read only on a
-//     tie (probability 2^-16), so a mask costs half a Philox word per element. (Before 2026-11-26
-//     it was uniform i of kMaskBernoulliStream < float32(ratio): masks of the same seed and step
-//     differ from those.)
+//     tie (probability 2^-16), so a mask costs half a Philox word per element.
 // `always` ranges (offset, length) are selected on every step whatever the draw (SLAMB step 2:
 // 1-D and small tensors). Masks are bytes: 1 selected, 0 not (the layout of a bool tensor).
 #pragma once
