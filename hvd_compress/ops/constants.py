@@ -24,6 +24,8 @@ class ReduceOp(enum.IntEnum):
     OneBitLamb = 17
     SLAMB = 18
     Birder = 19
+    # A gradient reduction of DistributedOptimizer with state across steps (not a core reduction).
+    PowerSGD = 20
 
 
 Sum = ReduceOp.Sum
@@ -36,6 +38,7 @@ OneBitAdam = ReduceOp.OneBitAdam
 OneBitLamb = ReduceOp.OneBitLamb
 SLAMB = ReduceOp.SLAMB
 Birder = ReduceOp.Birder
+PowerSGD = ReduceOp.PowerSGD
 
 # Element-wise reductions of one tensor in the core's dense allreduce (floating and integer dtypes).
 DENSE_OPS = (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Min, ReduceOp.Max, ReduceOp.Product)

@@ -23,6 +23,7 @@ from hvd_compress.torch.bucketed import BucketedEngine
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.dense import DenseEngine, check_overlap_options
 from hvd_compress.torch.onebit_optimizer import OneBitEngine, check_adam, check_lamb
+from hvd_compress.torch.powersgd import PowerSGDEngine
 from hvd_compress.torch.slamb_optimizer import SlambEngine
 from hvd_compress.torch.slamb_optimizer import check_lamb as check_slamb_lamb
 from hvd_compress.torch.wrapping import compose
@@ -180,4 +181,5 @@ _WRAPPERS = {
     ReduceOp.OneBitLamb: _algorithm(OneBitEngine, check_lamb),
     ReduceOp.SLAMB: _algorithm(SlambEngine, check_slamb_lamb),
     ReduceOp.Birder: _algorithm(BirderEngine, check_birder),
+    ReduceOp.PowerSGD: PowerSGDEngine.wrap,  # a reduction with state: any wrapped optimizer
 }
