@@ -1,0 +1,116 @@
+"""hc.DistributedOptimizer(op=hc.PowerSGD) (Vogels et al. 2019, Alg. 1 and 2) against torch's own powerSGD_hook on
+the same gradients, one process per rank (gloo beside MPI): the same reduced gradients, P, Q and error feedback over
+steps crossing start_powerSGD_iter with warm start; a run resumed from state_dict() continues bit for bit; overlap
+on and off agree to the bit; bad options raise on every rank."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+from mpi_harness import load_ranks, mpirun
+
+START, STEPS, RESUME_AT = 2, 6, 4  # as tests/workers/powersgd.py
+COMPRESSED_SHAPE_INDEX, RANK_R_SHAPE = 5, (20, 30)  # a parameter that is compressed at every rank tested
+
+
+def free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def close(got: torch.Tensor, want: torch.Tensor, exact: bool) -> tuple[bool, float]:
+    """Whether ``got`` matches ``want`` (bit for bit, or to 1e-5 of ``want``'s largest magnitude), and by how much
+    they differ."""
+    diff = float((got - want).abs().max()) if got.numel() else 0.0
+    if exact:
+        return torch.equal(got, want), diff
+    return diff <= 1e-5 * max(1.0, float(want.abs().max())), diff
+
+
+@pytest.fixture(scope="module", params=[(2, 2), (3, 3)], ids=["n2-gram-schmidt", "n3-qr"])
+def run(request, tmp_path_factory) -> tuple[int, int, list[dict]]:
+    """(world, r, what each rank saved) of one run of the worker: r = 2 orthogonalizes by Gram-Schmidt, r = 3 by
+    QR, as torch's hook does."""
+    world, rank_r = request.param
+    out = tmp_path_factory.mktemp(f"powersgd{world}")
+    mpirun("powersgd.py", world, out, free_port(), str(rank_r), timeout=150)
+    return world, rank_r, load_ranks(out, world)
+
+
+# At 2 ranks every sum over ranks is one (commutative) addition and the average's division by 2 is exact, so ours
+# and torch's hook, which run the same torch matrix calls, must agree to the bit. At 3 ranks the core and gloo add
+# the three terms in different orders and divide differently (one float32 rounding each), and that difference
+# passes through the orthogonalization and the error feedback of every later step: 1e-5 of the largest magnitude
+# (about 80 float32 ulps) bounds it over these 4 compressed steps (measured: below 1e-6).
+def test_powersgd_matches_torch_hook(run) -> None:
+    world, rank_r, ranks = run
+    exact = world == 2
+    for r, got in enumerate(ranks):
+        for t, (ours, theirs) in enumerate(zip(got["ours"], got["theirs"], strict=True)):
+            where = f"world {world}, rank {r}, step {t}"
+            for i, (a, b) in enumerate(zip(ours["grads"], theirs["grads"], strict=True)):
+                ok, diff = close(a, b, exact)
+                assert ok, f"{where}: reduced gradient {i} differs from torch's hook by {diff:.3g}"
+            for key in ("error", "p", "q"):
+                a, b = ours[key], theirs[key]
+                if t < START:
+                    assert a is None and b is None, f"{where}: {key} exists before start_powerSGD_iter"
+                    continue
+                assert a is not None and b is not None, f"{where}: no {key} after start_powerSGD_iter"
+                ok, diff = close(a, b, exact)
+                assert ok, f"{where}: {key} differs from torch's hook by {diff:.3g}"
+            if t >= START:  # compressed: the reduced matrix is of rank r at most
+                m = ours["grads"][COMPRESSED_SHAPE_INDEX]
+                assert m.shape == RANK_R_SHAPE and torch.linalg.matrix_rank(m) <= rank_r, where
+            for i, (a, b) in enumerate(zip(ours["params"], ranks[0]["ours"][t]["params"], strict=True)):
+                assert torch.equal(a, b), f"{where}: parameter {i} differs from rank 0's"
+
+
+def test_powersgd_resumes_bit_for_bit_and_overlap_changes_nothing(run) -> None:
+    """A run resumed from a state_dict() (saved, loaded with weights_only=True) continues as the uninterrupted one;
+    a model trained by backward passes (1 and 2 per step) gets the same bits with overlap on and off."""
+    world, _, ranks = run
+    for r, got in enumerate(ranks):
+        for t, (a, b) in enumerate(zip(got["resumed"], got["ours"][RESUME_AT:], strict=True)):
+            where = f"world {world}, rank {r}, resumed at step {RESUME_AT}, step {RESUME_AT + t}"
+            for key in ("grads", "params"):
+                for i, (x, y) in enumerate(zip(a[key], b[key], strict=True)):
+                    assert torch.equal(x, y), f"{where}: {key}[{i}] differs by {float((x - y).abs().max()):.3g}"
+            for key in ("error", "p", "q"):
+                assert torch.equal(a[key], b[key]), f"{where}: {key} differs"
+        for (overlap, passes), steps in got["trained"].items():
+            where = f"world {world}, rank {r}, overlap {overlap}, passes {passes}"
+            other = got["trained"][(not overlap, passes)]
+            for t, (a, b) in enumerate(zip(steps, other, strict=True)):
+                assert torch.equal(a, b), f"{where}, step {t}: overlap on and off differ"
+                assert torch.equal(a, ranks[0]["trained"][(overlap, passes)][t]), \
+                    f"{where}, step {t}: parameters differ from rank 0's"
+
+
+BAD = {
+    "rank0": ("ValueError", "matrix_approximation_rank"),
+    "rank_float": ("ValueError", "matrix_approximation_rank"),
+    "start_negative": ("ValueError", "start_powerSGD_iter"),
+    "rate_negative": ("ValueError", "min_compression_rate"),
+    "feedback_str": ("ValueError", "use_error_feedback"),
+    "warm_none": ("ValueError", "warm_start"),
+    "eps_nan": ("ValueError", "orthogonalization_epsilon"),
+    "seed_negative": ("ValueError", "random_seed"),
+    "unknown": ("TypeError", "matrix_approximation_rank, start_powerSGD_iter"),
+    "predivide": ("ValueError", "gradient_predivide_factor"),
+    "topk": ("ValueError", "compresses its own way"),
+    "bucket": ("ValueError", "bucket_mb"),
+    "load_other_options": ("ValueError", "PowerSGD options"),
+    "allreduce": ("ValueError", "DistributedOptimizer(opt, op=PowerSGD"),
+}
+
+
+def test_powersgd_bad_options_raise_on_every_rank(run) -> None:
+    world, _, ranks = run
+    for r, got in enumerate(ranks):
+        for case, (kind, text) in BAD.items():
+            outcome = got["bad"][case]
+            assert outcome.startswith(kind) and text in outcome, f"world {world}, rank {r}, {case}: {outcome}"
