@@ -76,6 +76,12 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       during backward with ``overlap=True`` (the default; ``overlap=False``: after it, bit-identical results; with
       overlap a ``.grad`` edited after ``synchronize()`` is reduced again in ``step()``).
 
+    - ``op=hc.PowerSGD`` (wraps any optimizer): op=Average's buckets, each reduced by PowerSGD (rank-r power
+      iteration with warm start and error feedback, as torch's ``powerSGD_hook``; see
+      ``hvd_compress.torch.powersgd``), then the wrapped optimizer steps; options as torch's ``PowerSGDState``:
+      ``matrix_approximation_rank``, ``start_powerSGD_iter``, ``min_compression_rate``, ``use_error_feedback``,
+      ``warm_start``, ``orthogonalization_epsilon``, ``random_seed``; and ``bucket_mb``, ``overlap`` as Average's.
+
     Sparse gradients (``nn.Embedding(sparse=True)``), with ``op=Average``/``Sum``: reduced as Horovod does (an
     allgather of indices and values, coalesced; Average divides by the world size), so ``torch.optim.SparseAdam``
     works; ``sparse_as_dense=True`` densifies them instead. ``process_set`` (op=Average/Sum): the gradients are
