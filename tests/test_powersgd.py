@@ -45,28 +45,41 @@ def run(request, tmp_path_factory) -> tuple[int, int, list[dict]]:
 # the three terms in different orders and divide differently (one float32 rounding each), and that difference
 # passes through the orthogonalization and the error feedback of every later step: 1e-5 of the largest magnitude
 # (about 80 float32 ulps) bounds it over these 4 compressed steps (measured: below 1e-6).
-def test_powersgd_matches_torch_hook(run) -> None:
-    world, rank_r, ranks = run
+def check_against_hook(world: int, rank_r: int, ranks: list[dict], ours_key: str, theirs_key: str) -> None:
     exact = world == 2
     for r, got in enumerate(ranks):
-        for t, (ours, theirs) in enumerate(zip(got["ours"], got["theirs"], strict=True)):
-            where = f"world {world}, rank {r}, step {t}"
+        buckets = len(got["spans" if ours_key == "ours" else "small_spans"])
+        for t, (ours, theirs) in enumerate(zip(got[ours_key], got[theirs_key], strict=True)):
+            where = f"world {world}, {buckets} bucket(s), rank {r}, step {t}"
             for i, (a, b) in enumerate(zip(ours["grads"], theirs["grads"], strict=True)):
                 ok, diff = close(a, b, exact)
                 assert ok, f"{where}: reduced gradient {i} differs from torch's hook by {diff:.3g}"
             for key in ("error", "p", "q"):
-                a, b = ours[key], theirs[key]
-                if t < START:
-                    assert a is None and b is None, f"{where}: {key} exists before start_powerSGD_iter"
-                    continue
-                assert a is not None and b is not None, f"{where}: no {key} after start_powerSGD_iter"
-                ok, diff = close(a, b, exact)
-                assert ok, f"{where}: {key} differs from torch's hook by {diff:.3g}"
+                want = set(range(buckets)) if t >= START else set()
+                assert set(ours[key]) == set(theirs[key]) == want, \
+                    f"{where}: {key} of buckets {sorted(ours[key])}, torch's hook {sorted(theirs[key])}"
+                for b in want:
+                    ok, diff = close(ours[key][b], theirs[key][b], exact)
+                    assert ok, f"{where}: {key} of bucket {b} differs from torch's hook by {diff:.3g}"
             if t >= START:  # compressed: the reduced matrix is of rank r at most
                 m = ours["grads"][COMPRESSED_SHAPE_INDEX]
                 assert m.shape == RANK_R_SHAPE and torch.linalg.matrix_rank(m) <= rank_r, where
-            for i, (a, b) in enumerate(zip(ours["params"], ranks[0]["ours"][t]["params"], strict=True)):
+            for i, (a, b) in enumerate(zip(ours["params"], ranks[0][ours_key][t]["params"], strict=True)):
                 assert torch.equal(a, b), f"{where}: parameter {i} differs from rank 0's"
+
+
+def test_powersgd_matches_torch_hook(run) -> None:
+    world, rank_r, ranks = run
+    assert len(ranks[0]["spans"]) == 1
+    check_against_hook(world, rank_r, ranks, "ours", "theirs")
+
+
+def test_powersgd_matches_torch_hook_over_several_buckets(run) -> None:
+    """Buckets of 2 KiB: each bucket keeps its own error, P and Q, and draws its first Q in bucket order, as torch's
+    hook does over DDP's buckets."""
+    world, rank_r, ranks = run
+    assert len(ranks[0]["small_spans"]) >= 3, ranks[0]["small_spans"]
+    check_against_hook(world, rank_r, ranks, "small", "small_theirs")
 
 
 def test_powersgd_resumes_bit_for_bit_and_overlap_changes_nothing(run) -> None:
@@ -80,7 +93,7 @@ def test_powersgd_resumes_bit_for_bit_and_overlap_changes_nothing(run) -> None:
                 for i, (x, y) in enumerate(zip(a[key], b[key], strict=True)):
                     assert torch.equal(x, y), f"{where}: {key}[{i}] differs by {float((x - y).abs().max()):.3g}"
             for key in ("error", "p", "q"):
-                assert torch.equal(a[key], b[key]), f"{where}: {key} differs"
+                assert torch.equal(a[key][0], b[key][0]), f"{where}: {key} differs"
         for (overlap, passes), steps in got["trained"].items():
             where = f"world {world}, rank {r}, overlap {overlap}, passes {passes}"
             other = got["trained"][(not overlap, passes)]

@@ -23,10 +23,11 @@ STEPS, START, RESUME_AT = 6, 2, 4
 
 
 class Bucket:
-    """What powerSGD_hook reads of a dist.GradBucket (which has no Python constructor): one bucket, index 0,
-    holding the parameters' gradients in order, as our engine's one bucket holds them."""
+    """What powerSGD_hook reads of a dist.GradBucket (which has no Python constructor): bucket ``index`` of
+    ``count``, holding the gradients in order, as our engine's bucket of that index holds them."""
 
-    def __init__(self, grads: list[torch.Tensor]) -> None:
+    def __init__(self, grads: list[torch.Tensor], index: int, count: int) -> None:
+        self._index, self._count = index, count
         self._buffer = torch.cat([g.reshape(-1) for g in grads])
         self._views, offset = [], 0
         for g in grads:
@@ -40,10 +41,10 @@ class Bucket:
         return self._views
 
     def index(self) -> int:
-        return 0
+        return self._index
 
     def is_last(self) -> bool:
-        return True
+        return self._index == self._count - 1
 
 
 def gradients(rank: int, step: int) -> list[torch.Tensor]:
@@ -62,10 +63,13 @@ def options(rank_r: int) -> dict:
             "use_error_feedback": True, "warm_start": True, "orthogonalization_epsilon": 0, "random_seed": 7}
 
 
-def ours(rank: int, rank_r: int, params: list[torch.nn.Parameter], steps: range,
-         state: dict | None = None) -> tuple[list[dict], dict | None]:
+def ours(rank: int, rank_r: int, params: list[torch.nn.Parameter], steps: range, state: dict | None = None,
+         bucket_mb: float = 25.0) -> tuple[list[dict], dict | None, list[list[int]]]:
+    """Our steps; the checkpoint taken at RESUME_AT; the parameter indices of each bucket (the engine's plan)."""
     opt = hc.DistributedOptimizer(torch.optim.SGD(params, lr=0.1, momentum=0.9), op=hc.PowerSGD,
-                                  overlap=False, **options(rank_r))
+                                  overlap=False, bucket_mb=bucket_mb, **options(rank_r))
+    bucket_of = opt._hvdc.bucket_of
+    spans = [[i for i, p in enumerate(params) if bucket_of[id(p)] == b] for b in range(len(opt._hvdc.buckets))]
     if state is not None:
         opt.load_state_dict(state)
     out, saved = [], None
@@ -79,27 +83,30 @@ def ours(rank: int, rank_r: int, params: list[torch.nn.Parameter], steps: range,
         opt.synchronize()
         st = opt.powersgd_state
         out.append({"grads": [p.grad.clone() for p in params],
-                    "error": st.errors[0].clone() if 0 in st.errors else None,
-                    "p": st.p_memory[0].clone() if 0 in st.p_memory else None,
-                    "q": st.q_memory[0].clone() if 0 in st.q_memory else None})
+                    **{key: {b: v.clone() for b, v in d.items()}
+                       for key, d in (("error", st.errors), ("p", st.p_memory), ("q", st.q_memory))}})
         with opt.skip_synchronize():
             opt.step()
         out[-1]["params"] = [p.detach().clone() for p in params]
         opt.zero_grad()
-    return out, saved
+    return out, saved, spans
 
 
-def theirs(rank: int, rank_r: int) -> list[dict]:
+def theirs(rank: int, rank_r: int, spans: list[list[int]]) -> list[dict]:
+    """torch's hook on the same gradients, over buckets holding the parameters of ``spans``, in bucket order."""
     state = PowerSGDState(process_group=None, **options(rank_r))
     out = []
     for t in range(STEPS):
         grads = gradients(rank, t)
-        bucket = Bucket(grads)
-        reduced = powerSGD_hook(state, bucket).wait()
-        out.append({"grads": [v.clone() for v in bucket.gradients()], "flat": reduced.clone(),
-                    "error": state.error_dict[0].clone() if 0 in state.error_dict else None,
-                    "p": state.p_memory_dict[0].clone() if 0 in state.p_memory_dict else None,
-                    "q": state.q_memory_dict[0].clone() if 0 in state.q_memory_dict else None})
+        reduced: list[torch.Tensor | None] = [None] * len(grads)
+        for b, span in enumerate(spans):
+            bucket = Bucket([grads[i] for i in span], b, len(spans))
+            powerSGD_hook(state, bucket).wait()
+            for i, v in zip(span, bucket.gradients(), strict=True):
+                reduced[i] = v.clone()
+        out.append({"grads": reduced,
+                    **{key: {b: v.clone() for b, v in d.items()} for key, d in
+                       (("error", state.error_dict), ("p", state.p_memory_dict), ("q", state.q_memory_dict))}})
     return out
 
 
@@ -162,13 +169,17 @@ def main() -> None:
     torch.manual_seed(0)
     init = [torch.randn(s) for s in SHAPES]
     params = [torch.nn.Parameter(x.clone()) for x in init]
-    runs, saved = ours(rank, rank_r, params, range(STEPS))
+    runs, saved, spans = ours(rank, rank_r, params, range(STEPS))
     # Resume: fresh parameters equal to the run's after step RESUME_AT - 1, the checkpoint taken then.
     params2 = [torch.nn.Parameter(x.clone()) for x in runs[RESUME_AT - 1]["params"]]
-    resumed, _ = ours(rank, rank_r, params2, range(RESUME_AT, STEPS), state=saved)
-    hook = theirs(rank, rank_r)
+    resumed, _, _ = ours(rank, rank_r, params2, range(RESUME_AT, STEPS), state=saved)
+    # Buckets of 2 KiB: several, each with its own error, P and Q, their random Q drawn in bucket order.
+    params3 = [torch.nn.Parameter(x.clone()) for x in init]
+    small, _, small_spans = ours(rank, rank_r, params3, range(STEPS), bucket_mb=2 / 1024)
     runs_trained = {(overlap, passes): trained(rank, overlap, passes) for overlap in (True, False) for passes in (1, 2)}
-    save(rank, {"ours": runs, "theirs": hook, "resumed": resumed, "trained": runs_trained, "bad": bad_options()})
+    save(rank, {"ours": runs, "theirs": theirs(rank, rank_r, spans), "spans": spans, "resumed": resumed,
+                "small": small, "small_theirs": theirs(rank, rank_r, small_spans), "small_spans": small_spans,
+                "trained": runs_trained, "bad": bad_options()})
     dist.destroy_process_group()
 
 
