@@ -179,7 +179,7 @@ def main() -> None:
     runs_trained = {(overlap, passes): trained(rank, overlap, passes) for overlap in (True, False) for passes in (1, 2)}
     save(rank, {"ours": runs, "theirs": theirs(rank, rank_r, spans), "spans": spans, "resumed": resumed,
                 "small": small, "small_theirs": theirs(rank, rank_r, small_spans), "small_spans": small_spans,
-                "trained": runs_trained, "bad": bad_options()})
+                "trained": runs_trained, "bad": bad_options(), "inputs": [gradients(rank, t) for t in range(STEPS)]})
     dist.destroy_process_group()
 
 
