@@ -77,6 +77,17 @@ def test_powersgd_matches_torch_hook(run) -> None:
     check_against_hook(world, rank_r, ranks, "ours", "theirs")
 
 
+def test_powersgd_sends_p_q_and_the_small_tensors_only(run) -> None:
+    """From start_powerSGD_iter on a step sends (rows + cols) r numbers per compressed matrix and the small tensors
+    dense: 384 of 1708 numbers here at r = 2 (three calls instead of one, each with the core's fixed bytes)."""
+    world, _, ranks = run
+    for r, got in enumerate(ranks):
+        sent = [step["bytes"]["bytes_sent"] for step in got["ours"]]
+        assert sent[0] > 0 and sent[0] == sent[START - 1], f"world {world}, rank {r}: dense steps sent {sent}"
+        for t in range(START, STEPS):
+            assert 0 < sent[t] <= 0.5 * sent[0], f"world {world}, rank {r}, step {t}: sent {sent[t]} of {sent[0]}"
+
+
 def test_powersgd_matches_torch_hook_over_several_buckets(run) -> None:
     """Buckets of 2 KiB: each bucket keeps its own error, P and Q, and draws its first Q in bucket order, as torch's
     hook does over DDP's buckets."""

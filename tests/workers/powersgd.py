@@ -80,9 +80,10 @@ def ours(rank: int, rank_r: int, params: list[torch.nn.Parameter], steps: range,
             saved = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
         for p, g in zip(params, gradients(rank, t), strict=True):
             p.grad = g
+        opt.comm_stats()
         opt.synchronize()
         st = opt.powersgd_state
-        out.append({"grads": [p.grad.clone() for p in params],
+        out.append({"grads": [p.grad.clone() for p in params], "bytes": opt.comm_stats(),
                     **{key: {b: v.clone() for b, v in d.items()}
                        for key, d in (("error", st.errors), ("p", st.p_memory), ("q", st.q_memory))}})
         with opt.skip_synchronize():
