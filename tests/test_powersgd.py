@@ -149,6 +149,18 @@ def test_powersgd_matches_numpy_reference(run) -> None:
             near(ours["q"][0], np.concatenate([q.reshape(-1) for q in ref.qs]), f"rank {r}, step {t}, Q")
 
 
+def test_hvd_distributed_optimizer_runs_hc_powersgd(run) -> None:
+    """After hvd.init(), Horovod's hvd.DistributedOptimizer(op=hc.PowerSGD) returns hc's wrapper and trains as
+    hc.DistributedOptimizer does, bit for bit, every rank alike."""
+    world, _, ranks = run
+    for r, got in enumerate(ranks):
+        via_hvd, via_hc, wrapped = got["horovod"]
+        assert wrapped, f"world {world}, rank {r}: hvd.DistributedOptimizer did not return hc's wrapper"
+        for t, (a, b) in enumerate(zip(via_hvd, via_hc, strict=True)):
+            assert torch.equal(a, b), f"world {world}, rank {r}, step {t}: hvd's and hc's runs differ"
+            assert torch.equal(a, ranks[0]["horovod"][0][t]), f"world {world}, rank {r}, step {t}: differs from rank 0"
+
+
 BAD = {
     "rank0": ("ValueError", "matrix_approximation_rank"),
     "rank_float": ("ValueError", "matrix_approximation_rank"),

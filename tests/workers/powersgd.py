@@ -1,7 +1,8 @@
 """hc.DistributedOptimizer(op=hc.PowerSGD) beside torch's own powerSGD_hook on the same gradients, one process per
-rank: torch.distributed (gloo) is initialised beside MPI from the MPI rank and size. Per step each rank saves the
-reduced gradients, P, Q and error of both; then a run resumed from a mid-run state_dict(), and the outcome of bad
-options. argv: out_dir, port, matrix_approximation_rank."""
+rank: torch.distributed (gloo) is initialised beside MPI from the MPI rank and size. Each rank saves, per step, the
+reduced gradients, P, Q and error of both (one bucket, and 2 KiB buckets), bytes sent; a run resumed from a mid-run
+state_dict(); a model trained with overlap on and off; hvd.DistributedOptimizer(op=hc.PowerSGD); the outcome of
+bad options. argv: out_dir, port, matrix_approximation_rank."""
 
 from __future__ import annotations
 
@@ -132,6 +133,33 @@ def trained(rank: int, overlap: bool, passes: int) -> list[torch.Tensor]:
     return out
 
 
+def via_horovod(rank: int) -> tuple[list[torch.Tensor], list[torch.Tensor], bool]:
+    """Horovod's own entry point after hvd.init(): hvd.DistributedOptimizer(op=hc.PowerSGD) runs hc's, so a
+    Horovod script changes its op only. (parameters per step through hvd, through hc, whether hvd returned ours)"""
+    import horovod.torch as hvd
+
+    from hvd_compress.torch.wrapping import wrapped_engine
+
+    hvd.init()
+    runs, wrapped = [], False
+    for make in (hvd.DistributedOptimizer, hc.DistributedOptimizer):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+        opt = make(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(),
+                   op=hc.PowerSGD, matrix_approximation_rank=1, start_powerSGD_iter=1)
+        wrapped = wrapped or (make is hvd.DistributedOptimizer and wrapped_engine(opt) is not None)
+        gen = torch.Generator().manual_seed(rank)
+        steps = []
+        for _ in range(3):
+            x, y = torch.randn(8, 12, generator=gen), torch.randn(8, 3, generator=gen)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            steps.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        runs.append(steps)
+    return runs[0], runs[1], wrapped
+
+
 def bad_options() -> dict[str, str]:
     def wrap(**kw):
         p = torch.nn.Parameter(torch.zeros(8, 8))
@@ -178,9 +206,11 @@ def main() -> None:
     params3 = [torch.nn.Parameter(x.clone()) for x in init]
     small, _, small_spans = ours(rank, rank_r, params3, range(STEPS), bucket_mb=2 / 1024)
     runs_trained = {(overlap, passes): trained(rank, overlap, passes) for overlap in (True, False) for passes in (1, 2)}
-    save(rank, {"ours": runs, "theirs": theirs(rank, rank_r, spans), "spans": spans, "resumed": resumed,
-                "small": small, "small_theirs": theirs(rank, rank_r, small_spans), "small_spans": small_spans,
-                "trained": runs_trained, "bad": bad_options(), "inputs": [gradients(rank, t) for t in range(STEPS)]})
+    save(rank, {
+        "ours": runs, "theirs": theirs(rank, rank_r, spans), "spans": spans, "resumed": resumed, "small": small,
+        "small_theirs": theirs(rank, rank_r, small_spans), "small_spans": small_spans, "trained": runs_trained,
+        "horovod": via_horovod(rank), "bad": bad_options(), "inputs": [gradients(rank, t) for t in range(STEPS)],
+    })
     dist.destroy_process_group()
 
 
