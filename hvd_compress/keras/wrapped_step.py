@@ -23,6 +23,7 @@ from hvd_compress.algorithms.adasum_delta import (
     plan_buckets,
 )
 from hvd_compress.algorithms.options import BUCKET_OPTIONS, option_names, parse_options
+from hvd_compress.algorithms.powersgd import PowerSGDOptions
 from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB as GRADIENT_BUCKET_MB
 from hvd_compress.ops.collectives import check_predivide
@@ -36,6 +37,7 @@ from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
 from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
 from hvd_compress.tensorflow.functions import check_group_compression, dense, numpy_call
+from hvd_compress.tensorflow.powersgd import PowerSGDReduction
 
 LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
 #: Options of the base optimizer that an algorithm's own step would silently ignore: refused instead.
@@ -100,6 +102,10 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
         parsed = parse_options(AdasumOptions, op.name, options, also=())
         return OpConfig(op, bucket_mb=float(parsed.bucket_mb), hierarchical=parsed.hierarchical,
                         average_passes=average_passes)
+    if op == ReduceOp.PowerSGD:  # a reduction with state, over one bucket (``tensorflow.powersgd``)
+        pop_horovod_defaults(options, what, takes=option_names(PowerSGDOptions, ()))
+        return OpConfig(op, options=parse_options(PowerSGDOptions, op.name, options, also=()),
+                        average_passes=average_passes)
     algorithm = algorithms.REGISTRY.get(op)
     if algorithm is None:
         raise NotImplementedError(f"hck.DistributedOptimizer(op={op.name}) is not in {face} yet")
@@ -143,6 +149,15 @@ def parse_compression(compression: Any, config: OpConfig, inner: Any, name: str)
         raise ValueError(f"{name}: gradient_predivide_factor does not apply to compression={compressor!r}")
     check_inner_momentum(compressor, inner)
     return None, compressor
+
+
+def stateful_reduction(config: OpConfig, compressor: Compressor | None, shapes: Sequence[tuple[int, ...]],
+                       meter: CommMeter) -> ErrorFeedbackReduction | PowerSGDReduction | None:
+    """The gradient reduction of a wrapper that keeps state in its variables (``state_shapes``): top-k/random-k's
+    error feedback (``compressor``), or op=PowerSGD; None for the others."""
+    if config.op == ReduceOp.PowerSGD:
+        return PowerSGDReduction(config.options, shapes, meter)
+    return None if compressor is None else ErrorFeedbackReduction(compressor, config.op, shapes, meter)
 
 
 def compression_config(compressor: Compressor) -> Any:
