@@ -171,6 +171,11 @@ def _algorithm(engine: type[BucketedEngine], check: Any) -> Any:
     return wrap
 
 
+def check_sgd(optimizer: torch.optim.Optimizer) -> None:
+    if not isinstance(optimizer, torch.optim.SGD):
+        raise TypeError(f"op=SignSGD wraps torch.optim.SGD, got {type(optimizer).__name__}")
+
+
 #: The engine of each op: reductions (Average, Sum, Adasum) and the algorithms of ``hvd_compress.algorithms``.
 _WRAPPERS = {
     ReduceOp.Average: DenseEngine.wrap,
@@ -180,4 +185,5 @@ _WRAPPERS = {
     ReduceOp.OneBitLamb: _algorithm(OneBitEngine, check_lamb),
     ReduceOp.SLAMB: _algorithm(SlambEngine, check_slamb_lamb),
     ReduceOp.Birder: _algorithm(BirderEngine, check_birder),
+    ReduceOp.SignSGD: _algorithm(BirderEngine, check_sgd),  # Birder's flat segments carry the vote
 }
