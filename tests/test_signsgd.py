@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from mpi_harness import USAGE, load_ranks, mpirun
+from mpi_harness import USAGE, load_pickled_ranks, load_ranks, mpirun
 
 from hvd_compress.algorithms.signsgd import TIE_UNIFORM
 from hvd_compress.reference import birder as birder_ref
@@ -90,3 +90,28 @@ def test_signsgd_optimizer_on_every_rank(n: int, overlap: str, bucket_mb: str, o
         assert "TypeError" in ranks[r]["not_sgd"] and "SGD" in ranks[r]["not_sgd"]
         assert "ValueError" in ranks[r]["other_algorithm"] and "Birder" in ranks[r]["other_algorithm"]
         assert "ValueError" in ranks[r]["other_world"] and "world_size" in ranks[r]["other_world"]
+
+
+@pytest.mark.parametrize(("n", "legacy", "bucket_mb"), [(3, "0", "0.0001"), (2, "1", "25")],
+                         ids=["keras3-n3-buckets", "tf_keras-n2"])
+def test_signsgd_keras_on_every_rank(n: int, legacy: str, bucket_mb: str, out_dir) -> None:
+    """Keras 3 and tf_keras: the same rule through ``tensorflow.algorithm_step`` (a custom loop), replayed through
+    the reference; a tf.train.Checkpoint resume bit for bit; bad options raising on every rank."""
+    mpirun("keras_signsgd.py", n, out_dir, bucket_mb, timeout=400, env={"TF_USE_LEGACY_KERAS": legacy})
+    ranks = load_pickled_ranks(out_dir, n)
+    x = ranks[0]["initial"]
+    e = [[np.zeros_like(a) for a in x] for _ in range(n)]
+    for t in range(len(ranks[0]["params"])):
+        x, e = ref.step(x, [ranks[r]["grads"][t] for r in range(n)], e, 0.05)
+        for r in range(n):
+            for k, (a, b) in enumerate(zip(ranks[r]["params"][t], x, strict=True)):
+                np.testing.assert_array_equal(a, ranks[0]["params"][t][k], err_msg=f"rank {r} step {t + 1}")
+                np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7, err_msg=f"rank {r} step {t + 1} param {k}")
+    for r in range(n):
+        for t, (got, want) in enumerate(zip(ranks[r]["resumed"], ranks[r]["params"][2:], strict=True)):
+            for a, b in zip(got, want, strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"rank {r}: resumed run differs at step {t + 3}")
+        assert "TypeError" in ranks[r]["unknown_option"] and "seed" in ranks[r]["unknown_option"]
+        assert "TypeError" in ranks[r]["lamb_option"] and "min_coeff" in ranks[r]["lamb_option"]
+        assert "ValueError" in ranks[r]["momentum"] and "momentum" in ranks[r]["momentum"]
+        assert "TypeError" in ranks[r]["not_sgd"] and "SGD" in ranks[r]["not_sgd"]

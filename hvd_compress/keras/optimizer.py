@@ -33,6 +33,7 @@ from hvd_compress.keras.wrapped_step import (
     adasum_delta_step,
     check_base_options,
     check_passes,
+    check_sgd,
     compression_config,
     compression_from_config,
     error_feedback_step,
@@ -87,6 +88,9 @@ def _hyper_flags(op_name: str, inner: keras.optimizers.Optimizer, lamb_opts: dic
     weight_decay), Birder's (beta, eps, weight_decay); and the rule's flags. Translation only: the update rule is
     the algorithm's (torch's Adam form: eps added to sqrt(v_hat))."""
     check_base_options(op_name, inner)
+    if op_name == "SignSGD":
+        check_sgd(op_name, inner, keras.optimizers.SGD)
+        return [], {}
     if op_name == "Birder":
         if not isinstance(inner, Birder):
             raise TypeError(f"op=Birder wraps hck.Birder, got {type(inner).__name__}")
