@@ -1,8 +1,9 @@
-"""EF-signSGD with majority vote (``op=hc.SignSGD``, docs/algorithms/signsgd.md): the worker step of Karimireddy et
-al. (ICML 2019, Alg. 1 lines 4-6) per rank, the vote of Bernstein et al. (ICLR 2019, Alg. 1) across ranks.
+"""EF-signSGD with majority vote (``op=hc.SignSGD``, docs/algorithms/signsgd.md, the rule's steps 1-7): the worker
+step of Karimireddy et al. (ICML 2019, Alg. 1, EF-signSGD) per rank, the vote of Bernstein et al. (ICLR 2019,
+Alg. 1) across ranks.
 
 Per step, bucket and parameter k of d_k elements, on rank r (lr of the wrapped ``torch.optim.SGD``):
-p = lr g_r + e_r; s = sign(p) (0 -> +1); c_r = ||p||_1 / d_k; e_r = p - c_r s (EF line 6: the rank's own compressor
+p = lr g_r + e_r; s = sign(p) (0 -> +1); c_r = ||p||_1 / d_k; e_r = p - c_r s (the rank's own compressor
 error); v = sign(sum_r s) (the vote, a tie -> +1); c = mean_r c_r; x = x - c v, alike on every rank.
 
 The core has no majority-vote collective; the closest is Birder's flat sign allreduce

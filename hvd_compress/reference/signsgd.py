@@ -1,5 +1,5 @@
 """NumPy reference of EF-signSGD with majority vote (docs/algorithms/signsgd.md), written from the papers: the
-worker rule of Karimireddy et al. (ICML 2019, Alg. 1 lines 4-6) on each rank, the majority vote of Bernstein et
+worker rule of Karimireddy et al. (ICML 2019, Alg. 1) on each rank, the majority vote of Bernstein et
 al. (ICLR 2019, Alg. 1) across ranks, float32 as the optimizer computes it.
 
 Per parameter k (d_k elements), rank r: p = lr g + e; s = sign(p) with sign(0) = +1; c_r = ||p||_1 / d_k;
@@ -26,7 +26,7 @@ def majority_vote(signs: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def worker(g: np.ndarray, e: np.ndarray, lr: float) -> tuple[np.ndarray, float, np.ndarray]:
-    """One rank's (s, c_r, new e) for one parameter (Karimireddy Alg. 1 lines 4-6)."""
+    """One rank's (s, c_r, new e) for one parameter (steps 1-4 of docs/algorithms/signsgd.md)."""
     p = (g.astype(F32) * F32(lr)).astype(F32) + e.astype(F32)
     s = sign(p)
     c = float(np.abs(p).astype(np.float64).mean()) if p.size else 0.0
