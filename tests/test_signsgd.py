@@ -65,7 +65,7 @@ def _replay(ranks: list[dict], n: int) -> list[list[np.ndarray]]:
     return out
 
 
-@pytest.mark.parametrize(("n", "overlap", "bucket_mb"), [(2, "1", "25"), (3, "0", "0.001"), (4, "1", "0.001")],
+@pytest.mark.parametrize(("n", "overlap", "bucket_mb"), [(2, "1", "25"), (3, "0", "0.0001"), (4, "1", "0.0001")],
                          ids=["n2-overlap", "n3-buckets", "n4-overlap-buckets"])
 def test_signsgd_optimizer_on_every_rank(n: int, overlap: str, bucket_mb: str, out_dir) -> None:
     mpirun("signsgd_optimizer.py", n, out_dir, overlap, bucket_mb, timeout=240)
