@@ -1,6 +1,7 @@
 """Birder's benchmark rows (paper 004): a Birder step against Horovod's Adam step, 1-bit Adam through the
 hierarchical all-reduce against the flat one, and the collectives alone (Birder's +/-1 payload, the scaled 1-bit
-payload; flat and hierarchical) against Horovod's Average allreduce of the same buffer. The stochastic quantizer
+payload; flat and hierarchical) against Horovod's Average allreduce of the same buffer; EF-signSGD with majority
+vote (``op=hc.SignSGD``, its vote on Birder's flat collective) against Horovod's SGD step. The stochastic quantizer
 against a memcpy of the bytes it streams is a kernel row
 (hvd_compress/bench/kernels.py, ``python -m hvd_compress.bench.kernels``)."""
 
@@ -39,6 +40,12 @@ def birder_cases(hvd) -> list[Case]:
         return lambda p: hc.DistributedOptimizer(hc.Birder([p]), named_parameters=[("p", p)], op=hc.Birder,
                                                  hierarchical=hierarchical)
 
+    def hvd_sgd(p: torch.nn.Parameter) -> torch.optim.Optimizer:
+        return hvd.DistributedOptimizer(torch.optim.SGD([p], lr=1e-3), named_parameters=[("p", p)])
+
+    def signsgd(p: torch.nn.Parameter) -> torch.optim.Optimizer:
+        return hc.DistributedOptimizer(torch.optim.SGD([p], lr=1e-3), named_parameters=[("p", p)], op=hc.SignSGD)
+
     def onebit_adam(hierarchical: bool):
         return lambda p: hc.DistributedOptimizer(torch.optim.Adam([p], lr=1e-3), named_parameters=[("p", p)],
                                                  op=hc.OneBitAdam, freeze_step=1, hierarchical=hierarchical)
@@ -53,6 +60,9 @@ def birder_cases(hvd) -> list[Case]:
               "floor: local Birder rule": _stepper(lambda p: hc.Birder([p]), 0)}),
         Case("Birder hierarchical step", _stepper(birder(True), 0),
              {"Birder flat step": _stepper(birder(False), 0), "hvd Adam step": _stepper(hvd_adam, 1)}),
+        # The vote's extra cost over Birder's flat step: the scale allreduce (one float per parameter).
+        Case("SignSGD step", _stepper(signsgd, 0),
+             {"hvd SGD step": _stepper(hvd_sgd, 1), "Birder flat step": _stepper(birder(False), 0)}),
         Case("OneBitAdam flat vs hierarchical", _stepper(onebit_adam(True), 1),
              {"OneBitAdam flat step": _stepper(onebit_adam(False), 1)}),
         Case("Birder collective", _collective(birder_ops.PAYLOAD_SIGN, False),

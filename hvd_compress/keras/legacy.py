@@ -33,6 +33,7 @@ from hvd_compress.keras.wrapped_step import (
     adasum_delta_step,
     check_base_options,
     check_passes,
+    check_sgd,
     compression_config,
     compression_from_config,
     error_feedback_step,
@@ -100,6 +101,9 @@ def _hyper_flags(op_name: str, inner: Any, lamb_opts: dict[str, Any]) -> tuple[l
     """The hyper-parameters after lr as read from ``inner`` and the rule's flags (translation only, as the Keras 3
     face's ``_hyper_flags``)."""
     check_base_options(op_name, inner)
+    if op_name == "SignSGD":
+        check_sgd(op_name, inner, tf_keras.optimizers.SGD)
+        return [], {}
     if op_name == "Birder":
         if not isinstance(inner, Birder):
             raise TypeError(f"op=Birder under tf_keras wraps hvd_compress.keras.legacy.Birder, got "

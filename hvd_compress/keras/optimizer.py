@@ -32,6 +32,7 @@ from hvd_compress.keras.wrapped_step import (
     adasum_delta_step,
     check_base_options,
     check_passes,
+    check_sgd,
     compression_config,
     compression_from_config,
     error_feedback_step,
@@ -86,6 +87,9 @@ def _hyper_flags(op_name: str, inner: keras.optimizers.Optimizer, lamb_opts: dic
     weight_decay), Birder's (beta, eps, weight_decay); and the rule's flags. Translation only: the update rule is
     the algorithm's (torch's Adam form: eps added to sqrt(v_hat))."""
     check_base_options(op_name, inner)
+    if op_name == "SignSGD":
+        check_sgd(op_name, inner, keras.optimizers.SGD)
+        return [], {}
     if op_name == "Birder":
         if not isinstance(inner, Birder):
             raise TypeError(f"op=Birder wraps hck.Birder, got {type(inner).__name__}")
@@ -110,9 +114,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     ``op``: ``Average`` (default), ``Sum``, ``Adasum``, ``OneBitAdam`` (wraps ``Adam``/``AdamW``), ``OneBitLamb``
     and ``SLAMB`` (wrap ``Lamb``; options ``min_coeff``/``max_coeff`` clip its trust ratio, defaults 0.01/10 as
-    ``hc.Lamb``), ``Birder`` (wraps ``hck.Birder``), with the algorithm's options (``freeze_step``,
-    ``variance_floor``, SLAMB's ``compress_ratio``, ``sync_interval``, ``beta3``, ``seed``, ...; Birder's
-    ``hierarchical``, ``seed``). SLAMB's parameters are alike on every rank only after a step t with
+    ``hc.Lamb``), ``Birder`` (wraps ``hck.Birder``), ``SignSGD`` (wraps ``SGD`` without momentum), with the
+    algorithm's options (``freeze_step``, ``variance_floor``, SLAMB's ``compress_ratio``, ``sync_interval``,
+    ``beta3``, ``seed``, ...; Birder's ``hierarchical``, ``seed``). SLAMB's parameters are alike on every rank only
+    after a step t with
     t % sync_interval == 0 and after ``synchronize_parameters()`` (``hck.callbacks.SynchronizeParametersCallback``).
     ``backward_passes_per_step``: gradients are summed locally over that many calls of ``apply`` and the step runs
     on the last. ``compression`` (``Average``/``Sum``): ``hc.Compression.none``, ``fp16`` or ``bf16`` on the wire

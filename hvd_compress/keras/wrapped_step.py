@@ -105,9 +105,10 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
         raise NotImplementedError(f"hck.DistributedOptimizer(op={op.name}) is not in {face} yet")
     # The wrapped LAMB's trust-ratio bounds (op=OneBitLamb, SLAMB) and the algorithm's buckets, reduced while
     # backward runs (``tensorflow.algorithm_step``), cut as op=Average's: the face's options beside the algorithm's.
-    face_options = (*(() if op == ReduceOp.Birder else tuple(LAMB_DEFAULTS)), *BUCKET_OPTIONS)
+    lamb = op not in (ReduceOp.Birder, ReduceOp.SignSGD)
+    face_options = (*(tuple(LAMB_DEFAULTS) if lamb else ()), *BUCKET_OPTIONS)
     pop_horovod_defaults(options, what, takes=option_names(algorithm.options_cls, face_options))
-    lamb_opts = {} if op == ReduceOp.Birder else {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()}
+    lamb_opts = {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()} if lamb else {}
     buckets = {"bucket_mb": check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB)),
                "overlap": check_overlap(options.pop("overlap", True))}
     parsed = algorithms.parse(op, options, face_options)
@@ -179,6 +180,18 @@ def error_feedback_step(reduction: ErrorFeedbackReduction, state: dict[str, Any]
     reduced = reduction.reduce(ordered, built_with, state, f"{name}.grad")
     pairs = [(r, v) for r, v, g in zip(reduced, built_with, ordered, strict=True) if g is not None]
     apply_inner([r for r, _ in pairs], [v for _, v in pairs])
+
+
+def check_sgd(op_name: str, inner: Any, sgd: type) -> None:
+    """op=SignSGD's inner optimizer: ``sgd`` (the face's SGD) without momentum or weight decay, which EF-signSGD
+    does not have (``algorithms.signsgd``)."""
+    if not isinstance(inner, sgd):
+        raise TypeError(f"op={op_name} wraps {sgd.__module__.split('.')[0]}.optimizers.SGD, got {type(inner).__name__}")
+    for name in ("momentum", "weight_decay"):
+        if float(getattr(inner, name, 0) or 0) != 0:
+            raise ValueError(f"op={op_name}: wrap SGD with {name}=0 (EF-signSGD has no {name})")
+    if getattr(inner, "nesterov", False):
+        raise ValueError(f"op={op_name}: wrap SGD with nesterov=False")
 
 
 def check_base_options(op_name: str, inner: Any) -> None:

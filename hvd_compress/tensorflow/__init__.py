@@ -17,6 +17,7 @@ from hvd_compress.ops.constants import (
     OneBitLamb,
     Product,
     ReduceOp,
+    SignSGD,
     Sum,
 )
 from hvd_compress.ops.errors import (
@@ -71,6 +72,7 @@ __all__ = [
     "ProcessSetError",
     "Product",
     "ReduceOp",
+    "SignSGD",
     "Sum",
     "UsageError",
     "add_process_set",

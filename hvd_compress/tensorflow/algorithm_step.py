@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from hvd_compress.algorithms.birder import BirderAlgorithm, BirderOptions, BirderSegment
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, Segment
+from hvd_compress.algorithms.signsgd import SignSGD
 from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions, SlambSegment
 from hvd_compress.ops import runtime
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, plan_segments
@@ -436,9 +437,9 @@ class BirderStep(FusedStep):
     per_rank = ("m", "b", "worker_error", "server_error")
 
     def __init__(self, options: BirderOptions, shapes: Sequence[tuple[int, ...]], meter: CommMeter,
-                 bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
-        super().__init__(BirderAlgorithm(options, BACKEND, [], meter), shapes, bucket_mb)
-        numels = [BirderAlgorithm.state_numels(n, options.hierarchical) for n in self.bucket_numels()]
+                 bucket_mb: float = DEFAULT_BUCKET_MB, algorithm: type = BirderAlgorithm) -> None:
+        super().__init__(algorithm(options, BACKEND, [], meter), shapes, bucket_mb)
+        numels = [algorithm.state_numels(n, options.hierarchical) for n in self.bucket_numels()]
         self._state_cuts = [list(itertools.accumulate((0, *(c[k] for c in numels)))) for k in (0, 1)]
         self._update = BACKEND.float32_like(self.numel, None)  # the gradient's copy each step: made once
 
@@ -470,6 +471,14 @@ class BirderStep(FusedStep):
         return {"step": np.asarray(self._step(session), dtype=np.int64)}
 
 
+class SignSGDStep(BirderStep):
+    """EF-signSGD with majority vote (``hvd_compress.algorithms.signsgd``) on Birder's flat segments, whose ``m``
+    holds the error feedback; its one hyper-parameter is lr."""
+
+    def group(self, hyper: np.ndarray, flags: dict[str, Any]) -> dict[str, Any]:
+        return {"lr": float(np.asarray(hyper, dtype=np.float64)[0]), **flags}
+
+
 def make_step(op_algorithm: type, options: Any, shapes: Sequence[tuple[int, ...]], world_size: int,
               meter: CommMeter, bucket_mb: float = DEFAULT_BUCKET_MB) -> FusedStep:
     """The ``FusedStep`` for an algorithm class of ``hvd_compress.algorithms.REGISTRY`` with parsed ``options``,
@@ -480,6 +489,8 @@ def make_step(op_algorithm: type, options: Any, shapes: Sequence[tuple[int, ...]
         return SlambStep(options, shapes, world_size, meter, bucket_mb)
     if issubclass(op_algorithm, BirderAlgorithm):
         return BirderStep(options, shapes, meter, bucket_mb)
+    if issubclass(op_algorithm, SignSGD):
+        return SignSGDStep(options, shapes, meter, bucket_mb, SignSGD)
     raise NotImplementedError(f"{op_algorithm.__name__} has no TF step")
 
 

@@ -15,6 +15,7 @@ from hvd_compress.ops.constants import (
     OneBitLamb,
     Product,
     ReduceOp,
+    SignSGD,
     Sum,
 )
 from hvd_compress.ops.errors import (
@@ -89,6 +90,7 @@ __all__ = [
     "Product",
     "ReduceOp",
     "RejectedInputError",
+    "SignSGD",
     "Sum",
     "UsageError",
     "add_process_set",

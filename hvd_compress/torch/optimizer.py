@@ -74,6 +74,8 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       each bucket keeps its own m, b and error feedback and draws from its own Philox key) whose core call starts
       during backward with ``overlap=True`` (the default; ``overlap=False``: after it, bit-identical results; with
       overlap a ``.grad`` edited after ``synchronize()`` is reduced again in ``step()``).
+    - ``op=hc.SignSGD`` (wraps ``torch.optim.SGD`` without momentum or weight decay, for its lr): EF-signSGD with
+      majority vote (docs/algorithms/signsgd.md), 1 bit per element each way; buckets and overlap as Birder's.
 
     Sparse gradients (``nn.Embedding(sparse=True)``), with ``op=Average``/``Sum``: reduced as Horovod does (an
     allgather of indices and values, coalesced; Average divides by the world size), so ``torch.optim.SparseAdam``
@@ -171,6 +173,11 @@ def _algorithm(engine: type[BucketedEngine], check: Any) -> Any:
     return wrap
 
 
+def check_sgd(optimizer: torch.optim.Optimizer) -> None:
+    if not isinstance(optimizer, torch.optim.SGD):
+        raise TypeError(f"op=SignSGD wraps torch.optim.SGD, got {type(optimizer).__name__}")
+
+
 #: The engine of each op: reductions (Average, Sum, Adasum) and the algorithms of ``hvd_compress.algorithms``.
 _WRAPPERS = {
     ReduceOp.Average: DenseEngine.wrap,
@@ -180,4 +187,5 @@ _WRAPPERS = {
     ReduceOp.OneBitLamb: _algorithm(OneBitEngine, check_lamb),
     ReduceOp.SLAMB: _algorithm(SlambEngine, check_slamb_lamb),
     ReduceOp.Birder: _algorithm(BirderEngine, check_birder),
+    ReduceOp.SignSGD: _algorithm(BirderEngine, check_sgd),  # Birder's flat segments carry the vote
 }
