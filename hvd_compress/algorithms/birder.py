@@ -23,10 +23,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvd_compress import ops
+from hvd_compress.algorithms import contract
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
+from hvd_compress.ops.constants import AlgorithmOp
 from hvd_compress.ops.traffic import CommMeter
 
 DEFAULTS = {"lr": 1e-3, "beta": 0.95, "eps": 1e-8, "weight_decay": 0.0}  # spec 5
@@ -105,6 +107,9 @@ class BirderAlgorithm(BucketedAlgorithm):
 
     name = "Birder"
     options_cls = BirderOptions
+    op = AlgorithmOp("Birder", 19)
+    buffers = "flat"
+    wraps = contract.BIRDER
 
     def __init__(self, options: BirderOptions, backend: Backend, segments: Sequence[BirderSegment],
                  meter: CommMeter | None) -> None:

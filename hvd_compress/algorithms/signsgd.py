@@ -24,12 +24,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from hvd_compress import ops
+from hvd_compress.algorithms import contract
 from hvd_compress.algorithms.birder import BirderSegment
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
 from hvd_compress.ops import birder as birder_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
-from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
 from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.traffic import CommMeter
 
@@ -65,6 +66,9 @@ class SignSGD(BucketedAlgorithm):
 
     name = "SignSGD"
     options_cls = SignSGDOptions
+    op = AlgorithmOp("SignSGD", 20)
+    buffers = "flat"  # Birder's segments: m holds e, b the signs and then the vote
+    wraps = contract.SGD
 
     def __init__(self, options: SignSGDOptions, backend: Backend, segments: Sequence[BirderSegment],
                  meter: CommMeter | None) -> None:
