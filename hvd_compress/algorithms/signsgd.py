@@ -7,10 +7,10 @@ p = lr g_r + e_r; s = sign(p) (0 -> +1); c_r = ||p||_1 / d_k; e_r = p - c_r s (t
 error); v = sign(sum_r s) (the vote, a tie -> +1); c = mean_r c_r; x = x - c v, alike on every rank.
 
 The core has no majority-vote collective; the closest is Birder's flat sign allreduce
-(``ops.birder.hierarchical_compressed_allreduce_``, 1 bit up, 1 bit down), whose server quantizes the mean of the
-signs stochastically. Given s exactly +/-1, a zero worker error and server error, and injected uniforms of
-``TIE_UNIFORM`` (just below 1/2), its quantizer is deterministic and returns v. The scales c_r travel in one dense
-float32 allreduce per bucket (one float per parameter), which also shows a non-finite gradient to every rank.
+(``ops.hierarchical_onebit.hierarchical_compressed_allreduce_``, 1 bit up, 1 bit down), whose server quantizes
+the mean of the signs stochastically. Given s exactly +/-1, a zero worker error and server error, and injected
+uniforms of ``TIE_UNIFORM`` (just below 1/2), its quantizer is deterministic and returns v. The scales c_r travel
+in one dense float32 allreduce per bucket (one float per parameter), which shows a non-finite gradient to every rank.
 The segments are Birder's (``BirderSegment``, flat): ``m`` holds e (first numel), ``b`` s and then v.
 """
 
@@ -27,7 +27,7 @@ from hvd_compress import ops
 from hvd_compress.algorithms import contract
 from hvd_compress.algorithms.birder import BirderSegment
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
-from hvd_compress.ops import birder as birder_ops
+from hvd_compress.ops import hierarchical_onebit
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
 from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
@@ -84,13 +84,13 @@ class SignSGD(BucketedAlgorithm):
     @staticmethod
     def state_numels(numel: int, hierarchical: bool) -> tuple[int, int]:
         """(c1, c2) of a segment (Birder's flat sizes: ``m`` and ``b`` hold numel <= c1 elements)."""
-        return birder_ops.state_numels(numel, False)
+        return hierarchical_onebit.state_numels(numel, False)
 
     def mutable_state(self, seg: BirderSegment) -> list[Tensor]:
         return [seg.m]
 
     def _tie_uniforms(self, seg: BirderSegment) -> tuple[Tensor, Tensor]:
-        dpad = birder_ops.padded_numel(seg.numel, ops.size())
+        dpad = hierarchical_onebit.padded_numel(seg.numel, ops.size())
         if dpad not in self._uniforms:
             uw = self.xp.add_(self.xp.float32_like(dpad * ops.size(), seg.grad), TIE_UNIFORM)
             us = self.xp.add_(self.xp.float32_like(dpad, seg.grad), TIE_UNIFORM)
@@ -128,8 +128,8 @@ class SignSGD(BucketedAlgorithm):
         xp.zero_(seg.server_error)
         uw, us = self._tie_uniforms(seg)
         self.meter.run(
-            birder_ops.hierarchical_compressed_allreduce_, s, seg.worker_error, seg.server_error,
-            payload=birder_ops.PAYLOAD_SIGN, hierarchical=False, uniforms=(uw, us), name=f"{name}.vote",
+            hierarchical_onebit.hierarchical_compressed_allreduce_, s, seg.worker_error, seg.server_error,
+            payload=hierarchical_onebit.PAYLOAD_SIGN, hierarchical=False, uniforms=(uw, us), name=f"{name}.vote",
         )
         xp.copy_(e, p)
         self._scales[i] = mean

@@ -12,7 +12,7 @@ import torch
 import hvd_compress.torch as hc
 from hvd_compress.bench.cases import Case, horovod_average
 from hvd_compress.bench.optimizer_cases import _stepper
-from hvd_compress.ops import birder as birder_ops
+from hvd_compress.ops import hierarchical_onebit
 
 
 def _collective(payload: int, hierarchical: bool):
@@ -22,11 +22,11 @@ def _collective(payload: int, hierarchical: bool):
 
     def run(t: torch.Tensor) -> torch.Tensor:
         if t.numel() not in states:
-            c1, c2 = birder_ops.state_numels(t.numel(), hierarchical)
+            c1, c2 = hierarchical_onebit.state_numels(t.numel(), hierarchical)
             states[t.numel()] = (torch.zeros(c1), torch.zeros(c2), [0])
         werr, serr, step = states[t.numel()]
         step[0] += 1
-        return birder_ops.hierarchical_compressed_allreduce_(
+        return hierarchical_onebit.hierarchical_compressed_allreduce_(
             t, werr, serr, payload=payload, hierarchical=hierarchical, seed=1, step=step[0], name="bench.birder")
 
     return run
@@ -65,12 +65,12 @@ def birder_cases(hvd) -> list[Case]:
              {"hvd SGD step": _stepper(hvd_sgd, 1), "Birder flat step": _stepper(birder(False), 0)}),
         Case("OneBitAdam flat vs hierarchical", _stepper(onebit_adam(True), 1),
              {"OneBitAdam flat step": _stepper(onebit_adam(False), 1)}),
-        Case("Birder collective", _collective(birder_ops.PAYLOAD_SIGN, False),
+        Case("Birder collective", _collective(hierarchical_onebit.PAYLOAD_SIGN, False),
              {"hvd Average": horovod_average(hvd)}),
-        Case("Birder collective hierarchical", _collective(birder_ops.PAYLOAD_SIGN, True),
-             {"Birder collective flat": _collective(birder_ops.PAYLOAD_SIGN, False),
+        Case("Birder collective hierarchical", _collective(hierarchical_onebit.PAYLOAD_SIGN, True),
+             {"Birder collective flat": _collective(hierarchical_onebit.PAYLOAD_SIGN, False),
               "hvd Average": horovod_average(hvd)}),
-        Case("1-bit collective hierarchical", _collective(birder_ops.PAYLOAD_SCALED, True),
-             {"1-bit collective flat": _collective(birder_ops.PAYLOAD_SCALED, False),
+        Case("1-bit collective hierarchical", _collective(hierarchical_onebit.PAYLOAD_SCALED, True),
+             {"1-bit collective flat": _collective(hierarchical_onebit.PAYLOAD_SCALED, False),
               "hvd Average": horovod_average(hvd)}),
     ]

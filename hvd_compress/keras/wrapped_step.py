@@ -16,7 +16,6 @@ import tensorflow as tf
 
 from hvd_compress import algorithms
 from hvd_compress.algorithms.adasum_delta import (
-    DEFAULT_BUCKET_MB,
     AdasumDelta,
     AdasumOptions,
     DeltaBucket,
@@ -24,7 +23,7 @@ from hvd_compress.algorithms.adasum_delta import (
 )
 from hvd_compress.algorithms.options import BUCKET_OPTIONS, option_names, parse_options
 from hvd_compress.ops import compression as compression_ops
-from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB as GRADIENT_BUCKET_MB
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
 from hvd_compress.ops.collectives import check_predivide
 from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
@@ -88,7 +87,7 @@ def parse_op(op: Any, algorithm_options: dict[str, Any]) -> OpConfig:
     if op in (ReduceOp.Average, ReduceOp.Sum):
         takes = ["bucket_mb", "overlap", "gradient_predivide_factor", "sparse_as_dense", "compression"]
         pop_horovod_defaults(options, what, keep=("gradient_predivide_factor",), takes=takes)
-        bucket_mb = check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB))
+        bucket_mb = check_bucket_mb(options.pop("bucket_mb", DEFAULT_BUCKET_MB))
         overlap = check_overlap(options.pop("overlap", True))
         predivide = check_predivide(options.pop("gradient_predivide_factor", 1.0), op)
         if options:
@@ -106,7 +105,7 @@ def parse_op(op: Any, algorithm_options: dict[str, Any]) -> OpConfig:
     face_options = (*(tuple(LAMB_DEFAULTS) if lamb else ()), *BUCKET_OPTIONS)
     pop_horovod_defaults(options, what, takes=option_names(algorithm.options_cls, face_options))
     lamb_opts = {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()} if lamb else {}
-    buckets = {"bucket_mb": check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB)),
+    buckets = {"bucket_mb": check_bucket_mb(options.pop("bucket_mb", DEFAULT_BUCKET_MB)),
                "overlap": check_overlap(options.pop("overlap", True))}
     parsed = algorithms.parse(op, options, face_options)
     return OpConfig(op, algorithm=algorithm, options=parsed, lamb_opts=lamb_opts, average_passes=average_passes,
