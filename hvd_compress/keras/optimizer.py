@@ -129,10 +129,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     ``op``: ``Average`` (default), ``Sum``, ``Adasum``, ``OneBitAdam`` (wraps ``Adam``/``AdamW``), ``OneBitLamb``
     and ``SLAMB`` (wrap ``Lamb``; options ``min_coeff``/``max_coeff`` clip its trust ratio, defaults 0.01/10 as
-    ``hc.Lamb``), ``Birder`` (wraps ``hck.Birder``), ``SignSGD`` (wraps ``SGD`` without momentum), with the
-    algorithm's options (``freeze_step``, ``variance_floor``, SLAMB's ``compress_ratio``, ``sync_interval``,
-    ``beta3``, ``seed``, ...; Birder's ``hierarchical``, ``seed``). SLAMB's parameters are alike on every rank only
-    after a step t with
+    ``hc.Lamb``), ``Birder`` (wraps ``hck.Birder``), or any other algorithm of ``hvd_compress.algorithms.REGISTRY``
+    (its page in docs/algorithms/ says what it wraps), with the algorithm's options (``freeze_step``,
+    ``variance_floor``, SLAMB's ``compress_ratio``, ``sync_interval``, ``beta3``, ``seed``, ...; Birder's
+    ``hierarchical``, ``seed``). SLAMB's parameters are alike on every rank only after a step t with
     t % sync_interval == 0 and after ``synchronize_parameters()`` (``hck.callbacks.SynchronizeParametersCallback``).
     ``backward_passes_per_step``: gradients are summed locally over that many calls of ``apply`` and the step runs
     on the last. ``compression`` (``Average``/``Sum``): ``hc.Compression.none``, ``fp16`` or ``bf16`` on the wire

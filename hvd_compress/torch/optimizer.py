@@ -74,8 +74,8 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       each bucket keeps its own m, b and error feedback and draws from its own Philox key) whose core call starts
       during backward with ``overlap=True`` (the default; ``overlap=False``: after it, bit-identical results; with
       overlap a ``.grad`` edited after ``synchronize()`` is reduced again in ``step()``).
-    - ``op=hc.SignSGD`` (wraps ``torch.optim.SGD`` without momentum or weight decay, for its lr): EF-signSGD with
-      majority vote (docs/algorithms/signsgd.md), 1 bit per element each way; buckets and overlap as Birder's.
+    - any other algorithm of ``hvd_compress.algorithms.REGISTRY`` (``hc.<name>``): its page in docs/algorithms/
+      says which optimizer it wraps and its options; ``bucket_mb`` and ``overlap`` as above.
 
     Sparse gradients (``nn.Embedding(sparse=True)``), with ``op=Average``/``Sum``: reduced as Horovod does (an
     allgather of indices and values, coalesced; Average divides by the world size), so ``torch.optim.SparseAdam``
