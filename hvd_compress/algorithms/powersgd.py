@@ -22,7 +22,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hvd_compress.algorithms import contract
 from hvd_compress.ops.backend import Tensor
+from hvd_compress.ops.constants import AlgorithmOp
 
 _SEED_BOUND = 1_000_000_000  # torch's hook seeds each random Q draw with rng.randint(10**9)
 
@@ -62,6 +64,17 @@ class PowerSGDOptions:
             raise ValueError(f"op={op_name}: orthogonalization_epsilon must be a finite number >= 0, got {eps!r}")
         if not integer(self.random_seed) or not 0 <= self.random_seed < 1 << 32:
             raise ValueError(f"op={op_name}: random_seed must be an int in [0, 2**32), got {self.random_seed!r}")
+
+
+class PowerSGD:
+    """The declaration the faces build ``op=PowerSGD`` from (``algorithms.contract``): a reduction over op=Average's
+    buckets with per-bucket state (``lowrank``), under any optimizer."""
+
+    name = "PowerSGD"
+    options_cls = PowerSGDOptions
+    op = AlgorithmOp("PowerSGD", 21)
+    buffers = "lowrank"
+    wraps = contract.ANY
 
 
 def should_compress(rows: int, cols: int, rank: int, min_compression_rate: float) -> bool:

@@ -14,14 +14,12 @@ from typing import Any
 import torch
 
 from hvd_compress.algorithms import powersgd
-from hvd_compress.algorithms.options import BUCKET_OPTIONS, option_names, parse_options
-from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, failure_joins_as_rejection
+from hvd_compress.ops.buckets import failure_joins_as_rejection
 from hvd_compress.ops.compression import Compression
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.ops.horovod_args import pop_horovod_defaults
-from hvd_compress.torch.dense import DenseEngine, check_overlap_options
+from hvd_compress.torch.dense import DenseEngine
 from hvd_compress.torch.functions import allreduce_
-from hvd_compress.torch.wrapping import STATE_KEY, compose
+from hvd_compress.torch.wrapping import STATE_KEY
 
 
 class TorchMatrices:
@@ -96,17 +94,14 @@ class TorchMatrices:
         return out
 
 
-#: What op=PowerSGD takes: PowerSGD's options (torch's names), then the buckets'.
-_TAKES = option_names(powersgd.PowerSGDOptions, BUCKET_OPTIONS)
-
-
 class PowerSGDEngine(DenseEngine):
     """op=PowerSGD: the gradient buckets of op=Average, each reduced by PowerSGD, then the wrapped optimizer steps."""
 
     exports = ("overlap", "powersgd_state")
 
     def __init__(self, optimizer: torch.optim.Optimizer, base: type, named_parameters: Any, passes: int,
-                 options: powersgd.PowerSGDOptions, overlap: bool, bucket_mb: float) -> None:
+                 algorithm: type, options: powersgd.PowerSGDOptions, overlap: bool, bucket_mb: float) -> None:
+        del algorithm  # powersgd.PowerSGD: the rule is this module's calls of hvd_compress.algorithms.powersgd
         # Sparse gradients (nn.Embedding(sparse=True)) stay op=Average's: gathered, not compressed.
         super().__init__(optimizer, base, named_parameters, ReduceOp.Average, passes, 1.0, False, Compression.none,
                          overlap, bucket_mb, None)
@@ -158,15 +153,3 @@ class PowerSGDEngine(DenseEngine):
             return tensor.detach().to(device=self.buckets[bucket][1].device).clone()
 
         self.state.load_state_dict(ours, copy)
-
-    @classmethod
-    def wrap(cls, optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
-             options: dict[str, Any]) -> torch.optim.Optimizer:
-        """Validate op=PowerSGD's options and wrap ``optimizer`` (any ``torch.optim.Optimizer``)."""
-        options = dict(options)
-        what = f"DistributedOptimizer(op={op.name})"
-        pop_horovod_defaults(options, what, takes=_TAKES)
-        overlap, bucket_mb = options.pop("overlap", True), options.pop("bucket_mb", DEFAULT_BUCKET_MB)
-        check_overlap_options(overlap, bucket_mb)
-        parsed = parse_options(powersgd.PowerSGDOptions, op.name, options)
-        return compose(optimizer, cls, named_parameters, passes, parsed, overlap, bucket_mb)
