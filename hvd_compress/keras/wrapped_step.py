@@ -290,7 +290,7 @@ def synchronize_parameters(runner: FusedStep | None, variables: Sequence[Any], n
 
 def reset_error_feedback(state: dict[str, Any]) -> None:
     """Zero the per-rank error feedback in ``state``: worker and server error of 1-bit Adam/LAMB and Birder, or
-    top-k/random-k's error (and DGC velocity)."""
-    for key in ("worker_error", "server_error", *ErrorFeedbackReduction.per_rank):
+    top-k/random-k's error (and DGC velocity), or PowerSGD's error."""
+    for key in ("worker_error", "server_error", *ErrorFeedbackReduction.per_rank, *PowerSGDReduction.per_rank):
         if key in state:
             state[key].assign(tf.zeros_like(state[key]))
