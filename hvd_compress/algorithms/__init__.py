@@ -16,18 +16,20 @@ from hvd_compress.algorithms.onebit_adam import OneBitAdam
 from hvd_compress.algorithms.onebit_lamb import OneBitLamb
 from hvd_compress.algorithms.options import BUCKET_OPTIONS, parse_options
 from hvd_compress.algorithms.slamb import Slamb
+from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam
 from hvd_compress.ops.constants import ReduceOp
 
 #: Optimizer algorithms by op: the class that runs it over a face's segments.
-REGISTRY: dict[ReduceOp, type[OneBitAlgorithm] | type[Slamb] | type[BirderAlgorithm]] = {
+REGISTRY: dict[ReduceOp, type[OneBitAlgorithm] | type[Slamb] | type[BirderAlgorithm] | type[ZeroOneAdam]] = {
     ReduceOp.OneBitAdam: OneBitAdam,
     ReduceOp.OneBitLamb: OneBitLamb,
     ReduceOp.SLAMB: Slamb,
     ReduceOp.Birder: BirderAlgorithm,
+    ReduceOp.ZeroOneAdam: ZeroOneAdam,
 }
 
 
-def lookup(op: ReduceOp) -> type[OneBitAlgorithm] | type[Slamb] | type[BirderAlgorithm]:
+def lookup(op: ReduceOp) -> type[OneBitAlgorithm] | type[Slamb] | type[BirderAlgorithm] | type[ZeroOneAdam]:
     """The algorithm registered for ``op``; ``KeyError`` if ``op`` is a plain reduction."""
     return REGISTRY[op]
 
@@ -39,4 +41,5 @@ def parse(op: ReduceOp, given: dict[str, Any], also: Sequence[str] = BUCKET_OPTI
     return parse_options(algorithm.options_cls, algorithm.name, given, also)
 
 
-__all__ = ["REGISTRY", "BirderAlgorithm", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "Slamb", "lookup", "parse"]
+__all__ = ["REGISTRY", "BirderAlgorithm", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "Slamb", "ZeroOneAdam",
+           "lookup", "parse"]

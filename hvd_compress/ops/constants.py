@@ -24,6 +24,7 @@ class ReduceOp(enum.IntEnum):
     OneBitLamb = 17
     SLAMB = 18
     Birder = 19
+    ZeroOneAdam = 20
 
 
 Sum = ReduceOp.Sum
@@ -36,7 +37,9 @@ OneBitAdam = ReduceOp.OneBitAdam
 OneBitLamb = ReduceOp.OneBitLamb
 SLAMB = ReduceOp.SLAMB
 Birder = ReduceOp.Birder
+ZeroOneAdam = ReduceOp.ZeroOneAdam
 
 # Element-wise reductions of one tensor in the core's dense allreduce (floating and integer dtypes).
 DENSE_OPS = (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Min, ReduceOp.Max, ReduceOp.Product)
-OPTIMIZER_OPS = (ReduceOp.OneBitAdam, ReduceOp.OneBitLamb, ReduceOp.SLAMB, ReduceOp.Birder)
+OPTIMIZER_OPS = (ReduceOp.OneBitAdam, ReduceOp.OneBitLamb, ReduceOp.SLAMB, ReduceOp.Birder,
+                 ReduceOp.ZeroOneAdam)

@@ -16,6 +16,7 @@ from hvd_compress.ops.constants import (
     Product,
     ReduceOp,
     Sum,
+    ZeroOneAdam,
 )
 from hvd_compress.ops.errors import (
     CommError,
@@ -91,6 +92,7 @@ __all__ = [
     "RejectedInputError",
     "Sum",
     "UsageError",
+    "ZeroOneAdam",
     "add_process_set",
     "allgather",
     "allgather_async",

@@ -26,6 +26,8 @@ from hvd_compress.torch.onebit_optimizer import OneBitEngine, check_adam, check_
 from hvd_compress.torch.slamb_optimizer import SlambEngine
 from hvd_compress.torch.slamb_optimizer import check_lamb as check_slamb_lamb
 from hvd_compress.torch.wrapping import compose
+from hvd_compress.torch.zero_one_adam import ZeroOneAdamEngine
+from hvd_compress.torch.zero_one_adam import check_adam as check_zero_one_adam
 
 
 def DistributedOptimizer(  # noqa: N802  (Horovod's name)
@@ -74,6 +76,9 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       each bucket keeps its own m, b and error feedback and draws from its own Philox key) whose core call starts
       during backward with ``overlap=True`` (the default; ``overlap=False``: after it, bit-identical results; with
       overlap a ``.grad`` edited after ``synchronize()`` is reduced again in ``step()``).
+    - ``op=hc.ZeroOneAdam`` (wraps ``torch.optim.AdamW``, or ``Adam`` without weight decay): 0/1 Adam (see
+      ``hvd_compress.torch.zero_one_adam``, docs/algorithms/zero-one-adam.md); options ``var_freeze_step``,
+      ``var_update_scaler``, ``local_step_scaler``, ``local_step_clipper``; buckets and overlap as 1-bit Adam's.
 
     Sparse gradients (``nn.Embedding(sparse=True)``), with ``op=Average``/``Sum``: reduced as Horovod does (an
     allgather of indices and values, coalesced; Average divides by the world size), so ``torch.optim.SparseAdam``
@@ -180,4 +185,5 @@ _WRAPPERS = {
     ReduceOp.OneBitLamb: _algorithm(OneBitEngine, check_lamb),
     ReduceOp.SLAMB: _algorithm(SlambEngine, check_slamb_lamb),
     ReduceOp.Birder: _algorithm(BirderEngine, check_birder),
+    ReduceOp.ZeroOneAdam: _algorithm(ZeroOneAdamEngine, check_zero_one_adam),
 }
