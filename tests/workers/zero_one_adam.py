@@ -3,8 +3,10 @@ sum_i <P_i, G_i(step, rank)> makes every gradient exactly G_i, so the test feeds
 NumPy reference. Two param groups (two segments, each with its own error feedback, u, x_anchor and lrs).
 
 argv: out_dir mode steps sizes(comma list; the last one is group 2) options(k=v,...) [overlap(1|0)]
-mode: "match" saves every step's parameters, hashes, kinds and lrs; "resume" also restarts from checkpoints saved
-at the steps in option ``stops`` (fresh objects, torch.load) and saves both runs' hashes.
+mode: "match" saves every step's parameters, hashes, kinds, lrs and bytes; "match+bad" also runs
+zero_one_adam_bad.py's checks.
+``stops=a:b:...`` among the options: the run saves a checkpoint before each of those steps and restarts from each
+(fresh objects, torch.load), saving the resumed runs' hashes and final state.
 """
 
 import hashlib
@@ -18,9 +20,10 @@ import hvd_compress.torch as hc
 
 mode, steps = sys.argv[2], int(sys.argv[3])
 sizes = [int(s) for s in sys.argv[4].split(",")]
-options = {k: int(v) for k, v in (kv.split("=") for kv in sys.argv[5].split(",") if kv)}
+options = dict(kv.split("=") for kv in sys.argv[5].split(",") if kv)
+stops = [int(s) for s in options.pop("stops", "").split(":") if s]
+options = {k: int(v) for k, v in options.items()}
 overlap = sys.argv[6] != "0" if len(sys.argv) > 6 else True
-stops = [int(s) for s in str(options.pop("stops", "")).split(":") if s] if "stops" in options else []
 hc.init()
 r = hc.rank()
 torch.set_num_threads(1)
@@ -87,4 +90,8 @@ for stop, blob in checkpoints.items():
     b = {"kinds": [], "lrs": [], "trace": [], "hashes": [], "stats": []}
     run(params, opt, sched, stop, b)
     result["resumed"][stop] = {"hashes": b["hashes"], "kinds": b["kinds"], "final_state": state_digest(opt)}
-save(r, {k: v for k, v in result.items() if mode == "match" or k != "trace"})
+if mode == "match+bad":
+    from zero_one_adam_bad import bad_cases
+
+    result["bad"] = bad_cases(r, hc.size())
+save(r, result)
