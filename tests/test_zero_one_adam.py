@@ -1,7 +1,8 @@
 """hc.DistributedOptimizer(op=ZeroOneAdam) on real MPI processes (2, 3 and 4 ranks) against the NumPy reference
 hvd_compress.reference.zero_one_adam, element by element at every step, over variance steps, 1-bit gradient steps,
 the freeze and three doublings of the local-step interval; checkpoint resume bit for bit; bad input refused on
-every rank. One launch per rank count serves all tests of that count (module-scoped)."""
+every rank. One launch per rank count serves all tests of that count (module-scoped). The Keras 3 and tf_keras faces
+at 2 ranks against the same reference."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import load_pickled_ranks, load_ranks, mpirun
 from workers.common import rank_input
 
 from hvd_compress.reference import zero_one_adam as z
@@ -59,6 +60,21 @@ def _reference(n: int, lrs: list[float]) -> tuple[np.ndarray, list[str]]:
     return want, trace.kinds
 
 
+def _assert_matches(got: np.ndarray, want: np.ndarray, what: str, kinds: list[str]) -> None:
+    """float32 against float64, element by element at every step: a few roundings per step taken, in ulps of the
+    element (at least 0.1: x_anchor - ubar / d cancels near zero, lr 0.01 times m / d up to ~10 without bias
+    correction); an element near 0 also carries a rounding of the step's largest terms, up to 4 ulps of its largest
+    |x| (x_anchor - ubar / d, the decay). The error stays bounded over the run; a wrong rule is off by > 1e-4."""
+    for t in range(len(want)):
+        floor = 4.0 * ulp(np.abs(want[t]).max(), "float32")
+        tol = np.maximum(4.0 * (t + 1) * ulp(np.maximum(np.abs(want[t]), 0.1), "float32"), floor)
+        err = np.abs(got[t] - want[t])
+        bad = np.flatnonzero(err > tol)
+        assert bad.size == 0, (
+            f"{what} step {t + 1} ({kinds[t]}): {bad.size} element(s) off the reference, first {bad[0]}: "
+            f"got {got[t][bad[0]]!r}, reference {want[t][bad[0]]!r} (tolerance {tol[bad[0]]:.3g})")
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_every_step_matches_the_reference_on_every_rank(runs, n: int) -> None:
     ranks = runs(n)
@@ -68,17 +84,7 @@ def test_every_step_matches_the_reference_on_every_rank(runs, n: int) -> None:
     assert ranks[0]["kinds"] == kinds
     assert {"variance", "onebit", "sync", "local"} == set(kinds)
     for r, rk in enumerate(ranks):
-        got = torch.stack(rk["trace"]).double().numpy()
-        for t in range(STEPS):
-            # float32 against float64: a few roundings per step taken, in ulps of the element or of the terms that
-            # cancel near zero (x_anchor - ubar / d: lr 0.01 times m / d up to ~10 without bias correction, summed
-            # over an interval), whichever is larger. The error stays bounded; a wrong rule is off by > 1e-4.
-            tol = 4.0 * (t + 1) * ulp(np.maximum(np.abs(want[t, r]), 0.1), "float32")
-            err = np.abs(got[t] - want[t, r])
-            bad = np.flatnonzero(err > tol)
-            assert bad.size == 0, (
-                f"n={n} rank {r} step {t + 1} ({kinds[t]}): {bad.size} element(s) off the reference, first "
-                f"{bad[0]}: torch {got[t][bad[0]]!r}, reference {want[t, r][bad[0]]!r} (tolerance {tol[bad[0]]:.3g})")
+        _assert_matches(torch.stack(rk["trace"]).double().numpy(), want[:, r], f"n={n} rank {r}", kinds)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -145,3 +151,33 @@ def test_bad_input_raises_on_every_rank_and_changes_nothing(runs) -> None:
             assert got[f"{key}_unchanged"] == "True", f"rank {r}, {key}: the state changed"
         assert got["step"] == 11, f"rank {r}: {got['step']} steps taken, 11 good ones given"
         assert torch.equal(got["final"], ranks[0]["bad"]["final"]), f"rank {r}: parameters differ from rank 0's"
+
+
+def _f32(a: float) -> float:
+    return float(np.float32(a))
+
+
+@pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
+def test_keras_faces_match_the_reference_at_two_ranks(flavour: str, out_dir: Path) -> None:
+    """keras.optimizers.AdamW (or tf_keras's) under hck.DistributedOptimizer(op=hck.ZeroOneAdam), given gradients.
+    The TF faces hand the hyper-parameters over as float64 casts of float32 tensors: the reference takes those."""
+    n, total = 2, sum(SIZES)
+    opts = ",".join(f"{k}={v}" for k, v in OPTIONS.items())
+    mpirun("keras_zero_one_adam.py", n, out_dir, str(STEPS), ",".join(map(str, SIZES)), opts, timeout=300,
+           env={"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else None)
+    ranks = load_pickled_ranks(out_dir, n)
+    assert ranks[0]["legacy"] == (flavour == "tf_keras")
+
+    def given(seed: int, rank: int) -> np.ndarray:
+        return np.random.default_rng(1000 * seed + rank).standard_normal(total).astype(np.float32).astype(np.float64)
+
+    grads = [[given(t + 1, r) for r in range(n)] for t in range(STEPS)]
+    # One segment: the TF faces cut one bucket of all variables below 1 MiB.
+    trace = z.zero_one_adam(given(777, 0), grads, _f32(0.01), betas=(_f32(0.9), _f32(0.999)), eps=_f32(1e-8),
+                            weight_decay=_f32(0.05), **OPTIONS)
+    for t, kind in enumerate(trace.kinds):
+        distinct = len({rk["hashes"][t] for rk in ranks})
+        assert distinct == (n if kind == "local" else 1), f"{flavour} step {t + 1} ({kind}): {distinct} parameter sets"
+    for r, rk in enumerate(ranks):
+        want = np.stack([p[r] for p in trace.params])
+        _assert_matches(np.stack(rk["trace"]).astype(np.float64), want, f"{flavour} rank {r}", trace.kinds)

@@ -106,13 +106,15 @@ def _hyper_flags(op_name: str, inner: Any, lamb_opts: dict[str, Any]) -> tuple[l
                             f"{type(inner).__name__}")
         return [inner.beta, inner.epsilon, inner.birder_weight_decay], {}
     if not isinstance(inner, (tf_keras.optimizers.Adam, tf_keras.optimizers.AdamW)):
-        lamb = "" if op_name == "OneBitAdam" else " (tf_keras has no LAMB: Adam supplies LAMB's hyper-parameters)"
+        lamb = ("" if op_name in ("OneBitAdam", "ZeroOneAdam")
+                else " (tf_keras has no LAMB: Adam supplies LAMB's hyper-parameters)")
         raise TypeError(f"op={op_name} wraps tf_keras.optimizers.Adam/AdamW{lamb}, got {type(inner).__name__}")
     if inner.amsgrad:
         raise ValueError(f"op={op_name} does not support amsgrad=True")
     hyper = [inner.beta_1, inner.beta_2, inner.epsilon, inner.weight_decay or 0.0]
     # tf_keras applies Adam's weight_decay decoupled (as AdamW); LAMB's sits in its update (the algorithm's).
-    flags = {"decoupled_weight_decay": True} if op_name == "OneBitAdam" else dict(lamb_opts)
+    adam = op_name in ("OneBitAdam", "ZeroOneAdam")
+    flags = {"decoupled_weight_decay": True} if adam else dict(lamb_opts)
     return hyper, flags
 
 

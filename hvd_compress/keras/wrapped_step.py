@@ -105,9 +105,10 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
         raise NotImplementedError(f"hck.DistributedOptimizer(op={op.name}) is not in {face} yet")
     # The wrapped LAMB's trust-ratio bounds (op=OneBitLamb, SLAMB) and the algorithm's buckets, reduced while
     # backward runs (``tensorflow.algorithm_step``), cut as op=Average's: the face's options beside the algorithm's.
-    face_options = (*(() if op == ReduceOp.Birder else tuple(LAMB_DEFAULTS)), *BUCKET_OPTIONS)
+    no_lamb = op in (ReduceOp.Birder, ReduceOp.ZeroOneAdam)
+    face_options = (*(() if no_lamb else tuple(LAMB_DEFAULTS)), *BUCKET_OPTIONS)
     pop_horovod_defaults(options, what, takes=option_names(algorithm.options_cls, face_options))
-    lamb_opts = {} if op == ReduceOp.Birder else {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()}
+    lamb_opts = {} if no_lamb else {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()}
     buckets = {"bucket_mb": check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB)),
                "overlap": check_overlap(options.pop("overlap", True))}
     parsed = algorithms.parse(op, options, face_options)

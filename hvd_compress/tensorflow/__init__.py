@@ -18,6 +18,7 @@ from hvd_compress.ops.constants import (
     Product,
     ReduceOp,
     Sum,
+    ZeroOneAdam,
 )
 from hvd_compress.ops.errors import (
     CommError,
@@ -73,6 +74,7 @@ __all__ = [
     "ReduceOp",
     "Sum",
     "UsageError",
+    "ZeroOneAdam",
     "add_process_set",
     "allgather",
     "allreduce",
