@@ -108,9 +108,10 @@ def _hyper_flags(op_name: str, inner: keras.optimizers.Optimizer, lamb_opts: dic
 class DistributedOptimizer(keras.optimizers.Optimizer):
     """Data-parallel training over all ranks around ``optimizer`` (a Keras 3 optimizer).
 
-    ``op``: ``Average`` (default), ``Sum``, ``Adasum``, ``OneBitAdam`` (wraps ``Adam``/``AdamW``), ``OneBitLamb``
-    and ``SLAMB`` (wrap ``Lamb``; options ``min_coeff``/``max_coeff`` clip its trust ratio, defaults 0.01/10 as
-    ``hc.Lamb``), ``Birder`` (wraps ``hck.Birder``), with the algorithm's options (``freeze_step``,
+    ``op``: ``Average`` (default), ``Sum``, ``Adasum``, ``OneBitAdam`` and ``ZeroOneAdam`` (wrap ``Adam``/``AdamW``;
+    0/1 Adam's options ``var_freeze_step``, ``var_update_scaler``, ``local_step_scaler``, ``local_step_clipper``),
+    ``OneBitLamb`` and ``SLAMB`` (wrap ``Lamb``; options ``min_coeff``/``max_coeff`` clip its trust ratio, defaults
+    0.01/10 as ``hc.Lamb``), ``Birder`` (wraps ``hck.Birder``), with the algorithm's options (``freeze_step``,
     ``variance_floor``, SLAMB's ``compress_ratio``, ``sync_interval``, ``beta3``, ``seed``, ...; Birder's
     ``hierarchical``, ``seed``). SLAMB's parameters are alike on every rank only after a step t with
     t % sync_interval == 0 and after ``synchronize_parameters()`` (``hck.callbacks.SynchronizeParametersCallback``).
