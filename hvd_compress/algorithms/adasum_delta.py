@@ -19,12 +19,10 @@ from typing import Any
 
 from hvd_compress import ops
 from hvd_compress.ops.backend import Backend, Tensor
-from hvd_compress.ops.buckets import BucketReductions, plan_buckets
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, BucketReductions, plan_buckets
 from hvd_compress.ops.traffic import CommMeter
 
-__all__ = ["DEFAULT_BUCKET_MB", "AdasumDelta", "AdasumOptions", "DeltaBucket", "plan_buckets"]
-
-DEFAULT_BUCKET_MB = 16.0
+__all__ = ["AdasumDelta", "AdasumOptions", "DeltaBucket", "plan_buckets"]
 
 
 @dataclasses.dataclass(frozen=True)

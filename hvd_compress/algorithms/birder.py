@@ -5,14 +5,15 @@
   (line 6, spec 3.3; no sqrt(v), no bias correction); x = x - lr m / (b + eps) - lr wd x (spec 3.7, B3, B4:
   eps in the denominator, decoupled decay).
 - ``BirderAlgorithm``: ``op=hc.Birder``, the 1-bit algorithm. Per step and segment one core call, the
-  Hierarchical-1-bit-All-Reduce (hvd_compress.ops.birder, spec 4) in "grad" mode (B5): the node-mean gradient
+  Hierarchical-1-bit-All-Reduce (``ops.hierarchical_onebit``, spec 4) in "grad" mode (B5): the node-mean gradient
   updates this rank's shard of m and b, the ratio r = m / (b + eps) (lines 5-7, spec 3.4) plus the worker
   error is quantized (lines 8-9, spec 3.5), the server averages, adds its error and re-quantizes (lines
   11-12, spec 3.6); every rank receives the same u in {+/-1}^d and applies x = x - lr u - lr wd x (line 13,
   spec 3.7), identically everywhere. No warm-up (spec 1). ``hierarchical=False``: every rank is a worker.
 
-Invariants: one ``BirderSegment`` per bucket, its draws keyed by ``ops.birder.segment_seed(seed, i)``; overlap on
-and off make the same calls; a bucket refused on any rank restores every bucket's state and t does not advance.
+Invariants: one ``BirderSegment`` per bucket, its draws keyed by ``hierarchical_onebit.segment_seed(seed, i)``;
+overlap on and off make the same calls; a bucket refused on any rank restores every bucket's state and t does not
+advance.
 Buckets, overlap and checkpoints: docs/algorithms/birder.md, "How the algorithm runs".
 """
 
@@ -23,10 +24,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvd_compress import ops
+from hvd_compress.algorithms import contract
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
-from hvd_compress.ops import birder as birder_ops
+from hvd_compress.ops import hierarchical_onebit
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
+from hvd_compress.ops.constants import AlgorithmOp
 from hvd_compress.ops.traffic import CommMeter
 
 DEFAULTS = {"lr": 1e-3, "beta": 0.95, "eps": 1e-8, "weight_decay": 0.0}  # spec 5
@@ -105,6 +108,9 @@ class BirderAlgorithm(BucketedAlgorithm):
 
     name = "Birder"
     options_cls = BirderOptions
+    op = AlgorithmOp("Birder", 19)
+    buffers = "flat"
+    wraps = contract.BIRDER
 
     def __init__(self, options: BirderOptions, backend: Backend, segments: Sequence[BirderSegment],
                  meter: CommMeter | None) -> None:
@@ -119,7 +125,7 @@ class BirderAlgorithm(BucketedAlgorithm):
     @staticmethod
     def state_numels(numel: int, hierarchical: bool) -> tuple[int, int]:
         """(c1, c2) of a segment of ``numel`` elements on this world."""
-        return birder_ops.state_numels(numel, hierarchical)
+        return hierarchical_onebit.state_numels(numel, hierarchical)
 
     def mutable_state(self, seg: BirderSegment) -> list[Tensor]:
         """What the core call updates: the shards of m and b (lines 5-6), the worker and server error (9, 12)."""
@@ -140,9 +146,9 @@ class BirderAlgorithm(BucketedAlgorithm):
             self.xp.copy_(seg.update, seg.grad)
             self.backup(i)  # a later bucket may still fail: keep a way back
         self.meter.run(
-            birder_ops.hierarchical_compressed_allreduce_, seg.update, seg.worker_error, seg.server_error,
-            payload=birder_ops.PAYLOAD_SIGN, hierarchical=self.options.hierarchical,
-            seed=birder_ops.segment_seed(self.seed, i), step=t, moments=(seg.m, seg.b), beta=group["beta"],
+            hierarchical_onebit.hierarchical_compressed_allreduce_, seg.update, seg.worker_error, seg.server_error,
+            payload=hierarchical_onebit.PAYLOAD_SIGN, hierarchical=self.options.hierarchical,
+            seed=hierarchical_onebit.segment_seed(self.seed, i), step=t, moments=(seg.m, seg.b), beta=group["beta"],
             eps=group["eps"], name=name,
         )
 
@@ -173,7 +179,7 @@ class BirderAlgorithm(BucketedAlgorithm):
         """What a checkpoint must match: world and node size, mode."""
         return {
             "world_size": ops.size(),
-            "node_size": birder_ops.node_size(self.options.hierarchical),
+            "node_size": hierarchical_onebit.node_size(self.options.hierarchical),
             "hierarchical": self.options.hierarchical,
         }
 

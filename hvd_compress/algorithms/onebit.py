@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from hvd_compress import ops
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
-from hvd_compress.ops import birder as birder_ops
+from hvd_compress.ops import hierarchical_onebit
 from hvd_compress.ops import onebit_adam_kernels as momentum_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
@@ -160,8 +160,8 @@ class OneBitAlgorithm(BucketedAlgorithm):
             self.backup(i)  # a later bucket may still fail: keep a way back
         if self.options.hierarchical:
             self.meter.run(
-                birder_ops.hierarchical_compressed_allreduce_, seg.work, *errors,
-                payload=birder_ops.PAYLOAD_SCALED, hierarchical=True, name=name,
+                hierarchical_onebit.hierarchical_compressed_allreduce_, seg.work, *errors,
+                payload=hierarchical_onebit.PAYLOAD_SCALED, hierarchical=True, name=name,
             )
         else:
             self.meter.run(compressed_allreduce_, seg.work, *errors, name=name)
@@ -207,13 +207,13 @@ class OneBitAlgorithm(BucketedAlgorithm):
         allreduce uses: the hierarchical pair (``hierarchical_errors``), else its elements and the padded chunk
         this rank serves (``OneBitState``'s)."""
         if self.options.hierarchical:
-            return birder_ops.state_numels(numel, True)
+            return hierarchical_onebit.state_numels(numel, True)
         return numel, server_error_numel(numel, world_size)
 
     def hierarchical_errors(self, seg: Segment) -> tuple[Tensor, Tensor]:
         """The segment's (worker, server) error of the hierarchical mode, zeros when first asked for."""
         if seg.hierarchical_errors is None:
-            c1, c2 = birder_ops.state_numels(seg.numel, True)
+            c1, c2 = hierarchical_onebit.state_numels(seg.numel, True)
             seg.hierarchical_errors = (self.xp.float32_like(c1, seg.work), self.xp.float32_like(c2, seg.work))
         return seg.hierarchical_errors
 

@@ -21,9 +21,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from hvd_compress.algorithms import contract
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitOptions, Segment
 from hvd_compress.ops import onebit_adam_kernels as fused_ops
 from hvd_compress.ops.backend import Tensor
+from hvd_compress.ops.constants import AlgorithmOp
 
 
 class OneBitAdam(OneBitAlgorithm):
@@ -31,6 +33,9 @@ class OneBitAdam(OneBitAlgorithm):
 
     name = "OneBitAdam"
     options_cls = OneBitOptions
+    op = AlgorithmOp("OneBitAdam", 16)
+    buffers = "onebit"
+    wraps = contract.ADAM
 
     @staticmethod
     def decoupled(group: dict[str, Any]) -> bool:

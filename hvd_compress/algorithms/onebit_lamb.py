@@ -20,10 +20,12 @@ import dataclasses
 import math
 from typing import Any
 
+from hvd_compress.algorithms import contract
 from hvd_compress.algorithms.lamb import trust_ratio
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitOptions, Segment
 from hvd_compress.ops import onebit_lamb_kernels as fused_ops
 from hvd_compress.ops.backend import Tensor
+from hvd_compress.ops.constants import AlgorithmOp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,9 @@ class OneBitLamb(OneBitAlgorithm):
 
     name = "OneBitLamb"
     options_cls = OneBitLambOptions
+    op = AlgorithmOp("OneBitLamb", 17)
+    buffers = "onebit"
+    wraps = contract.LAMB
     needs_section_after_warmup = True
     has_fresh_variance = True
     options: OneBitLambOptions

@@ -24,12 +24,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvd_compress import ops
+from hvd_compress.algorithms import contract
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
 from hvd_compress.ops import masks as mask_ops
 from hvd_compress.ops import slamb_kernels as fused_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
-from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 
 
@@ -192,6 +193,9 @@ class Slamb(BucketedAlgorithm):
 
     name = "SLAMB"
     options_cls = SlambOptions
+    op = AlgorithmOp("SLAMB", 18)
+    buffers = "slamb"
+    wraps = contract.SLAMB_LAMB
 
     def __init__(self, options: SlambOptions, backend: Backend, segments: Sequence[SlambSegment] | None,
                  meter: CommMeter | None, *, buffers: SlambBuffers, world_size: int) -> None:

@@ -22,11 +22,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvd_compress import ops
+from hvd_compress.algorithms import contract
 from hvd_compress.algorithms.agreement import nonfinite_everywhere
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
-from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
 from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.onebit import compressed_allreduce_
 from hvd_compress.ops.traffic import CommMeter
@@ -53,7 +54,11 @@ class ZeroOneAdamOptions:
 
 
 def check_hyperparameters(op_name: str, group: dict[str, Any]) -> None:
-    """ValueError for a param group's values the rule cannot take (read every step: schedulers may change them)."""
+    """ValueError for a param group's values the rule cannot take (read every step: schedulers may change them). The
+    decay is decoupled (Z3): a group whose optimizer adds it to the gradient instead (torch's Adam) is refused."""
+    if group["weight_decay"] and not group.get("decoupled_weight_decay", True):
+        raise ValueError(f"op={op_name} decays weights decoupled (as AdamW; 0/1 Adam spec Z3): wrap "
+                         "torch.optim.AdamW, or Adam with weight_decay=0")
     b1, b2 = group["betas"]
     if not (0 <= b1 < 1 and 0 <= b2 < 1):
         raise ValueError(f"op={op_name}: betas must lie in [0, 1), got {group['betas']}")
@@ -97,6 +102,9 @@ class ZeroOneAdam(BucketedAlgorithm):
 
     name = "ZeroOneAdam"
     options_cls = ZeroOneAdamOptions
+    op = AlgorithmOp("ZeroOneAdam", 21)
+    buffers = "zeroone"
+    wraps = contract.ADAM
 
     def __init__(self, options: ZeroOneAdamOptions, backend: Backend, segments: Sequence[ZeroOneSegment],
                  meter: CommMeter | None) -> None:

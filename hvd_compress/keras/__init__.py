@@ -8,22 +8,19 @@ Under mixed_float16 compile with ``hck.LossScaleOptimizer(hck.DistributedOptimiz
 then skips the step on every rank). SLAMB: add ``hck.callbacks.SynchronizeParametersCallback()``.
 """
 
+from hvd_compress.algorithms import OPS as _ALGORITHM_OPS
 from hvd_compress.keras import callbacks
 from hvd_compress.keras.birder import Birder
 from hvd_compress.keras.horovod_entry import horovod_entry, install_from_environment
 from hvd_compress.keras.loss_scale import LossScaleOptimizer
 from hvd_compress.keras.optimizer import DistributedOptimizer
 from hvd_compress.tensorflow import (
-    SLAMB,
     Adasum,
     Average,
     Compression,
-    OneBitAdam,
-    OneBitLamb,
     ReduceOp,
     Sum,
     UsageError,
-    ZeroOneAdam,
     allreduce,
     broadcast_variables,
     global_process_set,
@@ -33,19 +30,15 @@ from hvd_compress.tensorflow import (
 )
 
 __all__ = [
-    "SLAMB",
     "Adasum",
     "Average",
     "Birder",
     "Compression",
     "DistributedOptimizer",
     "LossScaleOptimizer",
-    "OneBitAdam",
-    "OneBitLamb",
     "ReduceOp",
     "Sum",
     "UsageError",
-    "ZeroOneAdam",
     "allreduce",
     "broadcast_variables",
     "callbacks",
@@ -55,5 +48,10 @@ __all__ = [
     "rank",
     "size",
 ]
+
+# Every registered algorithm's ``op=`` constant as ``<face>.<name>`` (``algorithms.OPS``); a face class of that name
+# (``Birder``, the optimizer) stays, and names its algorithm as ``op=`` through its ``hvdc_op``.
+globals().update({name: op for name, op in _ALGORITHM_OPS.items() if name not in globals()})
+__all__ += [name for name in _ALGORITHM_OPS if name not in __all__]
 
 install_from_environment()

@@ -22,6 +22,8 @@ class Birder(keras.optimizers.Optimizer):
     """m and b moving averages of g and |g| with one ``beta``; x = x - lr m / (b + epsilon) - lr weight_decay x
     (decoupled, on the old x). Defaults: specs/birder.md section 5. float32 variables."""
 
+    hvdc_op = alg.BirderAlgorithm.op  # as op=, the class names its algorithm
+
     def __init__(self, learning_rate: Any = 1e-3, beta: float = 0.95, epsilon: float = 1e-8,
                  weight_decay: float = 0.0, name: str = "birder", **kwargs: Any) -> None:
         lr = learning_rate if isinstance(learning_rate, (int, float)) else alg.DEFAULTS["lr"]

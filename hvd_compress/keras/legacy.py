@@ -16,6 +16,7 @@ The ops, their options and their state: docs/tensorflow-keras.md.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import tensorflow as tf
@@ -33,6 +34,7 @@ from hvd_compress.keras.wrapped_step import (
     adasum_delta_step,
     check_base_options,
     check_passes,
+    check_sgd,
     compression_config,
     compression_from_config,
     error_feedback_step,
@@ -61,6 +63,8 @@ class Birder(tf_keras.optimizers.Optimizer):
     ``hck.Birder`` (same update, ``hvd_compress.keras.birder.update_variable``). Wrapped by
     ``hck.DistributedOptimizer(legacy.Birder(...), op=hck.Birder)`` it supplies the 1-bit algorithm's
     hyper-parameters. float32 variables."""
+
+    hvdc_op = birder_alg.BirderAlgorithm.op  # as op=, the class names its algorithm
 
     def __init__(self, learning_rate: Any = 1e-3, beta: float = 0.95, epsilon: float = 1e-8,
                  weight_decay: float = 0.0, name: str = "birder", **kwargs: Any) -> None:
@@ -96,26 +100,40 @@ class Birder(tf_keras.optimizers.Optimizer):
         return config
 
 
-def _hyper_flags(op_name: str, inner: Any, lamb_opts: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-    """The hyper-parameters after lr as read from ``inner`` and the rule's flags (translation only, as the Keras 3
-    face's ``_hyper_flags``)."""
-    check_base_options(op_name, inner)
-    if op_name == "Birder":
-        if not isinstance(inner, Birder):
-            raise TypeError(f"op=Birder under tf_keras wraps hvd_compress.keras.legacy.Birder, got "
-                            f"{type(inner).__name__}")
-        return [inner.beta, inner.epsilon, inner.birder_weight_decay], {}
+def _adam(op_name: str, inner: Any, lamb_opts: dict[str, Any], lamb: bool = False) -> tuple[list[Any], dict[str, Any]]:
+    """(beta1, beta2, eps, weight_decay) of a tf_keras Adam/AdamW and the rule's flags."""
     if not isinstance(inner, (tf_keras.optimizers.Adam, tf_keras.optimizers.AdamW)):
-        lamb = ("" if op_name in ("OneBitAdam", "ZeroOneAdam")
-                else " (tf_keras has no LAMB: Adam supplies LAMB's hyper-parameters)")
-        raise TypeError(f"op={op_name} wraps tf_keras.optimizers.Adam/AdamW{lamb}, got {type(inner).__name__}")
+        note = " (tf_keras has no LAMB: Adam supplies LAMB's hyper-parameters)" if lamb else ""
+        raise TypeError(f"op={op_name} wraps tf_keras.optimizers.Adam/AdamW{note}, got {type(inner).__name__}")
     if inner.amsgrad:
         raise ValueError(f"op={op_name} does not support amsgrad=True")
-    hyper = [inner.beta_1, inner.beta_2, inner.epsilon, inner.weight_decay or 0.0]
     # tf_keras applies Adam's weight_decay decoupled (as AdamW); LAMB's sits in its update (the algorithm's).
-    adam = op_name in ("OneBitAdam", "ZeroOneAdam")
-    flags = {"decoupled_weight_decay": True} if adam else dict(lamb_opts)
-    return hyper, flags
+    flags = dict(lamb_opts) if lamb else {"decoupled_weight_decay": True}
+    return [inner.beta_1, inner.beta_2, inner.epsilon, inner.weight_decay or 0.0], flags
+
+
+def _birder(op_name: str, inner: Any, lamb_opts: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    if not isinstance(inner, Birder):
+        raise TypeError(f"op={op_name} under tf_keras wraps hvd_compress.keras.legacy.Birder, got "
+                        f"{type(inner).__name__}")
+    return [inner.beta, inner.epsilon, inner.birder_weight_decay], {}
+
+
+#: Per kind an algorithm wraps (``algorithms.contract.Wraps``), as the Keras 3 face's ``_READERS``.
+_READERS = {
+    "adam": _adam,
+    "lamb": functools.partial(_adam, lamb=True),
+    "slamb-lamb": functools.partial(_adam, lamb=True),
+    "birder": _birder,
+    "sgd": lambda op_name, inner, lamb_opts: check_sgd(op_name, inner, tf_keras.optimizers.SGD),
+}
+
+
+def _hyper_flags(algorithm: type, inner: Any, lamb_opts: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """The hyper-parameters after lr as read from ``inner`` and the rule's flags (translation only, as the Keras 3
+    face's ``_hyper_flags``)."""
+    check_base_options(algorithm.name, inner)
+    return _READERS[algorithm.wraps.kind](algorithm.name, inner, lamb_opts)
 
 
 class DistributedOptimizer(tf_keras.optimizers.Optimizer):
@@ -131,9 +149,7 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
             optimizer = optimizer.inner_optimizer
         if not is_tf_keras_optimizer(optimizer):
             raise TypeError(f"expected a tf_keras optimizer, got {type(optimizer).__name__}")
-        if op is Birder or op is keras_birder.Birder:  # the optimizer class as op=, as the Keras 3 face
-            op = ReduceOp.Birder
-        config = parse_op(op, algorithm_options, face="the tf_keras face")
+        config = parse_op(op, algorithm_options)
         check_passes(backward_passes_per_step)
         compressor, stateful = parse_compression(compression, config, optimizer, "hck.DistributedOptimizer")
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}", jit_compile=False)
@@ -151,7 +167,7 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
         self._buckets = BucketStats()  # Average/Sum: the gradient buckets started so far
         self._runner: FusedStep | None = None
         if config.algorithm is not None:
-            self._hyper, self._flags = _hyper_flags(config.op.name, optimizer, config.lamb_opts)
+            self._hyper, self._flags = _hyper_flags(config.algorithm, optimizer, config.lamb_opts)
 
     # -- delegation, as LossScaleOptimizer --------------------------------------------------------------
     @property

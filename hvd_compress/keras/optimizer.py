@@ -17,6 +17,7 @@ program order, and every step-dependent decision is taken at run time, not at tr
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
@@ -32,6 +33,7 @@ from hvd_compress.keras.wrapped_step import (
     adasum_delta_step,
     check_base_options,
     check_passes,
+    check_sgd,
     compression_config,
     compression_from_config,
     error_feedback_step,
@@ -80,18 +82,11 @@ def _check_inner(optimizer: Any) -> None:
         )
 
 
-def _hyper_flags(op_name: str, inner: keras.optimizers.Optimizer, lamb_opts: dict[str, Any]) -> tuple[
+def _adam_or_lamb(op_name: str, inner: Any, lamb_opts: dict[str, Any], lamb_only: bool = False) -> tuple[
         list[Any], dict[str, Any]]:
-    """The hyper-parameters after lr as read from ``inner`` (lr at run time: schedules act): (beta1, beta2, eps,
-    weight_decay), Birder's (beta, eps, weight_decay); and the rule's flags. Translation only: the update rule is
-    the algorithm's (torch's Adam form: eps added to sqrt(v_hat))."""
-    check_base_options(op_name, inner)
-    if op_name == "Birder":
-        if not isinstance(inner, Birder):
-            raise TypeError(f"op=Birder wraps hck.Birder, got {type(inner).__name__}")
-        return [inner.beta, inner.epsilon, inner.birder_weight_decay], {}
-    if op_name == "SLAMB" and not isinstance(inner, keras.optimizers.Lamb):
-        raise TypeError(f"op=SLAMB wraps keras.optimizers.Lamb, got {type(inner).__name__}")
+    """(beta1, beta2, eps, weight_decay) of a Keras Adam/AdamW or Lamb and the rule's flags."""
+    if lamb_only and not isinstance(inner, keras.optimizers.Lamb):
+        raise TypeError(f"op={op_name} wraps keras.optimizers.Lamb, got {type(inner).__name__}")
     if isinstance(inner, keras.optimizers.Adam):
         if inner.amsgrad:
             raise ValueError(f"op={op_name} does not support amsgrad=True")
@@ -100,18 +95,42 @@ def _hyper_flags(op_name: str, inner: keras.optimizers.Optimizer, lamb_opts: dic
         flags = dict(lamb_opts)
     else:
         raise TypeError(f"op={op_name} wraps keras.optimizers.Adam/AdamW or Lamb, got {type(inner).__name__}")
-    hyper = [inner.beta_1, inner.beta_2, inner.epsilon, inner.weight_decay or 0.0]
-    return hyper, flags
+    return [inner.beta_1, inner.beta_2, inner.epsilon, inner.weight_decay or 0.0], flags
+
+
+def _birder(op_name: str, inner: Any, lamb_opts: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    if not isinstance(inner, Birder):
+        raise TypeError(f"op={op_name} wraps hck.Birder, got {type(inner).__name__}")
+    return [inner.beta, inner.epsilon, inner.birder_weight_decay], {}
+
+
+#: Per kind an algorithm wraps (``algorithms.contract.Wraps``): its Keras 3 optimizers' hyper-parameters after lr
+#: (``Wraps.hyper``, in order) and the rule's flags, or a TypeError/ValueError for an optimizer of another kind.
+_READERS = {
+    "adam": _adam_or_lamb,
+    "lamb": _adam_or_lamb,
+    "slamb-lamb": functools.partial(_adam_or_lamb, lamb_only=True),
+    "birder": _birder,
+    "sgd": lambda op_name, inner, lamb_opts: check_sgd(op_name, inner, keras.optimizers.SGD),
+}
+
+
+def _hyper_flags(algorithm: type, inner: keras.optimizers.Optimizer, lamb_opts: dict[str, Any]) -> tuple[
+        list[Any], dict[str, Any]]:
+    """The hyper-parameters after lr as read from ``inner`` (lr at run time: schedules act) and the rule's flags.
+    Translation only: the update rule is the algorithm's (torch's Adam form: eps added to sqrt(v_hat))."""
+    check_base_options(algorithm.name, inner)
+    return _READERS[algorithm.wraps.kind](algorithm.name, inner, lamb_opts)
 
 
 @keras.saving.register_keras_serializable(package="hvd_compress")
 class DistributedOptimizer(keras.optimizers.Optimizer):
     """Data-parallel training over all ranks around ``optimizer`` (a Keras 3 optimizer).
 
-    ``op``: ``Average`` (default), ``Sum``, ``Adasum``, ``OneBitAdam`` and ``ZeroOneAdam`` (wrap ``Adam``/``AdamW``;
-    0/1 Adam's options ``var_freeze_step``, ``var_update_scaler``, ``local_step_scaler``, ``local_step_clipper``),
-    ``OneBitLamb`` and ``SLAMB`` (wrap ``Lamb``; options ``min_coeff``/``max_coeff`` clip its trust ratio, defaults
-    0.01/10 as ``hc.Lamb``), ``Birder`` (wraps ``hck.Birder``), with the algorithm's options (``freeze_step``,
+    ``op``: ``Average`` (default), ``Sum``, ``Adasum``, ``OneBitAdam`` (wraps ``Adam``/``AdamW``), ``OneBitLamb``
+    and ``SLAMB`` (wrap ``Lamb``; options ``min_coeff``/``max_coeff`` clip its trust ratio, defaults 0.01/10 as
+    ``hc.Lamb``), ``Birder`` (wraps ``hck.Birder``), or any other algorithm of ``hvd_compress.algorithms.REGISTRY``
+    (its page in docs/algorithms/ says what it wraps), with the algorithm's options (``freeze_step``,
     ``variance_floor``, SLAMB's ``compress_ratio``, ``sync_interval``, ``beta3``, ``seed``, ...; Birder's
     ``hierarchical``, ``seed``). SLAMB's parameters are alike on every rank only after a step t with
     t % sync_interval == 0 and after ``synchronize_parameters()`` (``hck.callbacks.SynchronizeParametersCallback``).
@@ -141,8 +160,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer.inner_optimizer  # re-wrapping wraps the optimizer inside (as the torch face)
         _check_inner(optimizer)
-        if op is Birder:  # hck.Birder is the optimizer class and, as op=, the algorithm (as in the torch face)
-            op = ReduceOp.Birder
         config = parse_op(op, algorithm_options)
         check_passes(backward_passes_per_step)
         compressor, stateful = parse_compression(compression, config, optimizer, "hck.DistributedOptimizer")
@@ -161,7 +178,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._config: OpConfig = config
         self._algorithm: type | None = config.algorithm
         if config.algorithm is not None:
-            self._hyper, self._flags = _hyper_flags(config.op.name, optimizer, config.lamb_opts)
+            self._hyper, self._flags = _hyper_flags(config.algorithm, optimizer, config.lamb_opts)
             self._options = config.options
 
     # -- delegation, as LossScaleOptimizer --------------------------------------------------------------

@@ -16,7 +16,6 @@ import tensorflow as tf
 
 from hvd_compress import algorithms
 from hvd_compress.algorithms.adasum_delta import (
-    DEFAULT_BUCKET_MB,
     AdasumDelta,
     AdasumOptions,
     DeltaBucket,
@@ -24,10 +23,10 @@ from hvd_compress.algorithms.adasum_delta import (
 )
 from hvd_compress.algorithms.options import BUCKET_OPTIONS, option_names, parse_options
 from hvd_compress.ops import compression as compression_ops
-from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB as GRADIENT_BUCKET_MB
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
 from hvd_compress.ops.collectives import check_predivide
 from hvd_compress.ops.compression import Compression, Compressor
-from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
 from hvd_compress.ops.horovod_args import NOTE, pop_horovod_defaults
 from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.ops.traffic import CommMeter
@@ -38,6 +37,8 @@ from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check
 from hvd_compress.tensorflow.functions import check_group_compression, dense, numpy_call
 
 LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
+#: The kinds (``algorithms.contract.Wraps``) whose Keras optimizer may be a Lamb, so take ``LAMB_DEFAULTS``' options.
+LAMB_KINDS = ("adam", "lamb", "slamb-lamb")
 #: Options of the base optimizer that an algorithm's own step would silently ignore: refused instead.
 BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_accumulation_steps",
              "loss_scale_factor")
@@ -50,7 +51,7 @@ class OpConfig:
     Adasum's bucket size and hierarchy, or the gradient buckets of Average/Sum (``bucket_mb``, ``overlap``:
     ``hvd_compress.tensorflow.bucketed``; Horovod's ``gradient_predivide_factor`` as ``predivide``)."""
 
-    op: ReduceOp
+    op: ReduceOp | AlgorithmOp
     algorithm: type | None = None
     options: Any = None
     lamb_opts: dict[str, Any] = field(default_factory=dict)
@@ -68,16 +69,13 @@ def check_passes(backward_passes_per_step: Any) -> int:
     return backward_passes_per_step
 
 
-def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras face") -> OpConfig:
-    """Validate ``op`` (a ``ReduceOp`` or its value) and its options; raises TypeError/ValueError on bad ones.
+def parse_op(op: Any, algorithm_options: dict[str, Any]) -> OpConfig:
+    """Validate ``op`` (``algorithms.resolve_op``) and its options; raises TypeError/ValueError on bad ones.
     Horovod's ``process_set`` (the global set only), ``average_aggregated_gradients``, ``sparse_as_dense`` (the
     Keras faces densify ``IndexedSlices`` either way) and its other arguments at their defaults
     (``ops.horovod_args``) are taken with every op; ``gradient_predivide_factor`` other than 1.0 with Average
     only. Every message names all the options the op takes."""
-    try:
-        op = ReduceOp(op)
-    except ValueError:
-        raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
+    op = algorithms.resolve_op(op)
     options = dict(algorithm_options)
     check_process_set(options.pop("process_set", None))
     average_passes = options.pop("average_aggregated_gradients", False)
@@ -89,7 +87,7 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
     if op in (ReduceOp.Average, ReduceOp.Sum):
         takes = ["bucket_mb", "overlap", "gradient_predivide_factor", "sparse_as_dense", "compression"]
         pop_horovod_defaults(options, what, keep=("gradient_predivide_factor",), takes=takes)
-        bucket_mb = check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB))
+        bucket_mb = check_bucket_mb(options.pop("bucket_mb", DEFAULT_BUCKET_MB))
         overlap = check_overlap(options.pop("overlap", True))
         predivide = check_predivide(options.pop("gradient_predivide_factor", 1.0), op)
         if options:
@@ -100,16 +98,14 @@ def parse_op(op: Any, algorithm_options: dict[str, Any], face: str = "the Keras 
         parsed = parse_options(AdasumOptions, op.name, options, also=())
         return OpConfig(op, bucket_mb=float(parsed.bucket_mb), hierarchical=parsed.hierarchical,
                         average_passes=average_passes)
-    algorithm = algorithms.REGISTRY.get(op)
-    if algorithm is None:
-        raise NotImplementedError(f"hck.DistributedOptimizer(op={op.name}) is not in {face} yet")
-    # The wrapped LAMB's trust-ratio bounds (op=OneBitLamb, SLAMB) and the algorithm's buckets, reduced while
+    algorithm = algorithms.lookup(op)
+    # The wrapped LAMB's trust-ratio bounds (kinds that may wrap a Lamb) and the algorithm's buckets, reduced while
     # backward runs (``tensorflow.algorithm_step``), cut as op=Average's: the face's options beside the algorithm's.
-    no_lamb = op in (ReduceOp.Birder, ReduceOp.ZeroOneAdam)
-    face_options = (*(() if no_lamb else tuple(LAMB_DEFAULTS)), *BUCKET_OPTIONS)
+    lamb = algorithm.wraps.kind in LAMB_KINDS
+    face_options = (*(tuple(LAMB_DEFAULTS) if lamb else ()), *BUCKET_OPTIONS)
     pop_horovod_defaults(options, what, takes=option_names(algorithm.options_cls, face_options))
-    lamb_opts = {} if no_lamb else {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()}
-    buckets = {"bucket_mb": check_bucket_mb(options.pop("bucket_mb", GRADIENT_BUCKET_MB)),
+    lamb_opts = {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()} if lamb else {}
+    buckets = {"bucket_mb": check_bucket_mb(options.pop("bucket_mb", DEFAULT_BUCKET_MB)),
                "overlap": check_overlap(options.pop("overlap", True))}
     parsed = algorithms.parse(op, options, face_options)
     return OpConfig(op, algorithm=algorithm, options=parsed, lamb_opts=lamb_opts, average_passes=average_passes,
@@ -180,6 +176,19 @@ def error_feedback_step(reduction: ErrorFeedbackReduction, state: dict[str, Any]
     reduced = reduction.reduce(ordered, built_with, state, f"{name}.grad")
     pairs = [(r, v) for r, v, g in zip(reduced, built_with, ordered, strict=True) if g is not None]
     apply_inner([r for r, _ in pairs], [v for _, v in pairs])
+
+
+def check_sgd(op_name: str, inner: Any, sgd: type) -> tuple[list[Any], dict[str, Any]]:
+    """The "sgd" kind (``algorithms.contract.SGD``): ``sgd`` (the face's SGD) with lr alone, as the algorithm reads
+    nothing else (momentum, nesterov or weight decay would be silently dropped). No hyper-parameters after lr."""
+    if not isinstance(inner, sgd):
+        raise TypeError(f"op={op_name} wraps {sgd.__module__.split('.')[0]}.optimizers.SGD, got {type(inner).__name__}")
+    for name in ("momentum", "weight_decay"):
+        if float(getattr(inner, name, 0) or 0) != 0:
+            raise ValueError(f"op={op_name}: wrap SGD with {name}=0 (op={op_name} reads only lr)")
+    if getattr(inner, "nesterov", False):
+        raise ValueError(f"op={op_name}: wrap SGD with nesterov=False")
+    return [], {}
 
 
 def check_base_options(op_name: str, inner: Any) -> None:

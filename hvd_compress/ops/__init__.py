@@ -9,7 +9,7 @@ from hvd_compress.ops.collectives import (
     reject_allreduce,
 )
 from hvd_compress.ops.compression import Compression, CompressionState, Compressor
-from hvd_compress.ops.constants import Adasum, Average, Max, Min, OneBitAdam, OneBitLamb, Product, ReduceOp, Sum
+from hvd_compress.ops.constants import Adasum, AlgorithmOp, Average, Max, Min, Product, ReduceOp, Sum
 from hvd_compress.ops.errors import (
     CommError,
     CommTimeoutError,
@@ -27,6 +27,7 @@ from hvd_compress.ops.traffic import Traffic, counting
 
 __all__ = [
     "Adasum",
+    "AlgorithmOp",
     "Average",
     "CommError",
     "CommTimeoutError",
@@ -40,8 +41,6 @@ __all__ = [
     "MismatchError",
     "NotInProcessSetError",
     "NotInitializedError",
-    "OneBitAdam",
-    "OneBitLamb",
     "PeerExitedError",
     "ProcessSetError",
     "Product",

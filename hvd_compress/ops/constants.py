@@ -1,4 +1,5 @@
-"""Reduction ops understood by hvd_compress; the values match ``hvdc::ReduceOp`` in cpp/.
+"""Reduction ops understood by hvd_compress (the values match ``hvdc::ReduceOp`` in cpp/), and the type of the
+``op=`` values that name an optimizer algorithm of ``hvd_compress.algorithms`` instead.
 
 The reductions carry Horovod's own values (``hvd.Average == 0``, ``hvd.Sum == 1``, ``hvd.Adasum == 2``,
 ``hvd.Min == 3``, ``hvd.Max == 4``, ``hvd.Product == 5``: horovod/common/common.h), so a Horovod constant passed
@@ -7,6 +8,7 @@ as ``op=`` means in hvd_compress what it means in Horovod.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 
 
@@ -19,12 +21,6 @@ class ReduceOp(enum.IntEnum):
     Min = 3
     Max = 4
     Product = 5
-    # Optimizer algorithms (DistributedOptimizer only): not reductions of one tensor.
-    OneBitAdam = 16
-    OneBitLamb = 17
-    SLAMB = 18
-    Birder = 19
-    ZeroOneAdam = 20
 
 
 Sum = ReduceOp.Sum
@@ -33,13 +29,29 @@ Adasum = ReduceOp.Adasum
 Min = ReduceOp.Min
 Max = ReduceOp.Max
 Product = ReduceOp.Product
-OneBitAdam = ReduceOp.OneBitAdam
-OneBitLamb = ReduceOp.OneBitLamb
-SLAMB = ReduceOp.SLAMB
-Birder = ReduceOp.Birder
-ZeroOneAdam = ReduceOp.ZeroOneAdam
 
 # Element-wise reductions of one tensor in the core's dense allreduce (floating and integer dtypes).
 DENSE_OPS = (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Min, ReduceOp.Max, ReduceOp.Product)
-OPTIMIZER_OPS = (ReduceOp.OneBitAdam, ReduceOp.OneBitLamb, ReduceOp.SLAMB, ReduceOp.Birder,
-                 ReduceOp.ZeroOneAdam)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmOp:
+    """``op=`` of ``DistributedOptimizer`` naming an optimizer algorithm (``hc.OneBitAdam``, ...): not a reduction of
+    one tensor, so the collectives refuse it. Each algorithm class declares its own (``hvd_compress.algorithms``);
+    ``value`` is what a Keras config stores, apart from the reductions' values."""
+
+    name: str
+    value: int
+
+    def __post_init__(self) -> None:
+        if self.value in ReduceOp._value2member_map_:
+            raise ValueError(f"AlgorithmOp {self.name}: value {self.value} is a reduction's")
+
+    def __int__(self) -> int:
+        return self.value
+
+    def __index__(self) -> int:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"hvd_compress.{self.name}"

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
+from hvd_compress.ops.constants import DENSE_OPS, AlgorithmOp, ReduceOp
 
 Adapt = Callable[[inspect.Signature, dict[str, Any]], dict[str, Any]]
 #: Which calls go to hvd_compress: a test of the arguments Horovod's function was given, by its parameter names.
@@ -52,8 +52,8 @@ def ours(op: Any) -> bool:
     hvd_compress optimizer class named for its algorithm (``hc.Birder`` is the optimizer and, as ``op=``, the
     algorithm)."""
     if isinstance(op, type):
-        return op.__module__.startswith("hvd_compress.") and op.__name__ in ReduceOp.__members__
-    return isinstance(op, ReduceOp) and op not in DENSE_OPS
+        return op.__module__.startswith("hvd_compress.") and isinstance(getattr(op, "hvdc_op", None), AlgorithmOp)
+    return isinstance(op, AlgorithmOp) or (isinstance(op, ReduceOp) and op not in DENSE_OPS)
 
 
 def _op_is_ours(given: dict[str, Any]) -> bool:

@@ -42,7 +42,7 @@ def quantize(y: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def segment_seed(seed: int, segment: int) -> int:
     """The Philox key of the optimizer's segment (bucket) ``segment`` under ``seed``: seed XOR (segment << 32)
-    (``hvd_compress.ops.birder.segment_seed``: every call counts elements from 0, so each bucket needs a key)."""
+    (``ops.hierarchical_onebit.segment_seed``: every call counts elements from 0, so each bucket needs a key)."""
     return seed ^ (segment << 32)
 
 

@@ -5,20 +5,16 @@ Use after ``hvd.init()`` (``horovod.tensorflow``), or ``hc.init()`` in a job wit
 ``jit_compile=True``). Keras optimizers: ``hvd_compress.keras``.
 """
 
+from hvd_compress.algorithms import OPS as _ALGORITHM_OPS
 from hvd_compress.ops.compression import Compression
 from hvd_compress.ops.constants import (
-    SLAMB,
     Adasum,
     Average,
-    Birder,
     Max,
     Min,
-    OneBitAdam,
-    OneBitLamb,
     Product,
     ReduceOp,
     Sum,
-    ZeroOneAdam,
 )
 from hvd_compress.ops.errors import (
     CommError,
@@ -49,7 +45,6 @@ from hvd_compress.tensorflow.functions import (
 from hvd_compress.tensorflow.gradient_tape import DistributedGradientTape
 
 __all__ = [
-    "SLAMB",
     "Adasum",
     "Average",
     "Birder",
@@ -64,8 +59,6 @@ __all__ = [
     "MismatchError",
     "NotInProcessSetError",
     "NotInitializedError",
-    "OneBitAdam",
-    "OneBitLamb",
     "OneBitState",
     "PeerExitedError",
     "ProcessSet",
@@ -74,7 +67,6 @@ __all__ = [
     "ReduceOp",
     "Sum",
     "UsageError",
-    "ZeroOneAdam",
     "add_process_set",
     "allgather",
     "allreduce",
@@ -92,5 +84,10 @@ __all__ = [
     "set_timeout",
     "size",
 ]
+
+# Every registered algorithm's ``op=`` constant as ``<face>.<name>`` (``algorithms.OPS``); a face class of that name
+# (``Birder``, the optimizer) stays, and names its algorithm as ``op=`` through its ``hvdc_op``.
+globals().update({name: op for name, op in _ALGORITHM_OPS.items() if name not in globals()})
+__all__ += [name for name in _ALGORITHM_OPS if name not in __all__]
 
 initialize_mpi_first()  # before hvd.init(): see hvd_compress.ops.runtime

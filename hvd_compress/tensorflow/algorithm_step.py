@@ -1,4 +1,4 @@
-"""One step of an algorithm of ``hvd_compress.algorithms`` (1-bit Adam/LAMB, 0/1 Adam, SLAMB, Birder) on NumPy copies
+"""One step of an algorithm of ``hvd_compress.algorithms`` (1-bit Adam, 1-bit LAMB, SLAMB, Birder) on NumPy copies
 of a TF face's variables: the run-time half of ``hvd_compress.keras.DistributedOptimizer``.
 
 The state lives in framework variables (so checkpoints keep it). The variables are cut into buckets as the torch
@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_compress.algorithms.birder import BirderAlgorithm, BirderOptions, BirderSegment
+from hvd_compress.algorithms.contract import Wraps
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, Segment
 from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions, SlambSegment
 from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam, ZeroOneSegment
@@ -117,6 +118,8 @@ class FusedStep(FlatLayout):
     per_rank: tuple[str, ...] = ()
     #: State buffers that some steps only read (``read_only``): not copied in, and not assigned back then.
     may_be_read_only: tuple[str, ...] = ()
+    #: The kind the algorithm wraps: how the face's hyper-parameters become its param group (``make_step`` sets it).
+    wraps: Wraps
 
     def __init__(self, algorithm: Any, shapes: Sequence[tuple[int, ...]], bucket_mb: float) -> None:
         super().__init__(shapes)
@@ -141,9 +144,8 @@ class FusedStep(FlatLayout):
         return {LAYOUT: ((len(self.ranges),), "int64", "zeros")} if len(self.ranges) > 1 else {}
 
     def group(self, hyper: np.ndarray, flags: dict[str, Any]) -> dict[str, Any]:
-        """(lr, beta1, beta2, eps, weight_decay) as a param group of the torch face's Adam/LAMB."""
-        lr, b1, b2, eps, wd = (float(h) for h in np.asarray(hyper, dtype=np.float64))
-        return {"lr": lr, "betas": (b1, b2), "eps": eps, "weight_decay": wd, **flags}
+        """(lr, *the wrapped kind's hyper-parameters) as the param group the algorithm reads (``Wraps.group``)."""
+        return self.wraps.group(np.asarray(hyper, dtype=np.float64), flags)
 
     def read_only(self, saved: dict[str, np.ndarray]) -> frozenset[str]:
         """The names of ``may_be_read_only`` that the coming step (state ``saved``) does not write."""
@@ -443,7 +445,7 @@ class SlambStep(FusedStep):
     per_rank = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, options: SlambOptions, shapes: Sequence[tuple[int, ...]], world_size: int,
-                 meter: CommMeter, bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+                 meter: CommMeter, bucket_mb: float = DEFAULT_BUCKET_MB, algorithm: type = Slamb) -> None:
         super().__init__(None, shapes, bucket_mb)
         # Working buffers, made once as the torch face's (state comes from the variables every step).
         self._work = BACKEND.float32_like(self.numel, None)
@@ -452,8 +454,8 @@ class SlambStep(FusedStep):
         # ``params`` only count the members (the algorithm reads the flat buffers).
         segments = [SlambSegment(group=0, first=self.span(i)[0], sizes=self.sizes[lo:hi], params=list(range(lo, hi)))
                     for i, (lo, hi) in enumerate(self.ranges)]
-        self.algorithm = Slamb(options, BACKEND, segments, meter, world_size=world_size,
-                               buffers=self._buffers(BACKEND.float32_like(self.numel, None), None, {}))
+        self.algorithm = algorithm(options, BACKEND, segments, meter, world_size=world_size,
+                                   buffers=self._buffers(BACKEND.float32_like(self.numel, None), None, {}))
         self._attach(self.algorithm)
 
     def state_shapes(self) -> StateShapes:
@@ -495,9 +497,9 @@ class BirderStep(FusedStep):
     per_rank = ("m", "b", "worker_error", "server_error")
 
     def __init__(self, options: BirderOptions, shapes: Sequence[tuple[int, ...]], meter: CommMeter,
-                 bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
-        super().__init__(BirderAlgorithm(options, BACKEND, [], meter), shapes, bucket_mb)
-        numels = [BirderAlgorithm.state_numels(n, options.hierarchical) for n in self.bucket_numels()]
+                 bucket_mb: float = DEFAULT_BUCKET_MB, algorithm: type = BirderAlgorithm) -> None:
+        super().__init__(algorithm(options, BACKEND, [], meter), shapes, bucket_mb)
+        numels = [algorithm.state_numels(n, options.hierarchical) for n in self.bucket_numels()]
         self._state_cuts = [list(itertools.accumulate((0, *(c[k] for c in numels)))) for k in (0, 1)]
         self._update = BACKEND.float32_like(self.numel, None)  # the gradient's copy each step: made once
 
@@ -506,11 +508,6 @@ class BirderStep(FusedStep):
         return {"m": ((c1,), "float32", "zeros"), "b": ((c1,), "float32", "zeros"),
                 "worker_error": ((c1,), "float32", "zeros"), "server_error": ((c2,), "float32", "zeros"),
                 "step": ((), "int64", "zeros"), **self.layout_shape()}
-
-    def group(self, hyper: np.ndarray, flags: dict[str, Any]) -> dict[str, Any]:
-        """(lr, beta, eps, weight_decay) as a param group of ``hc.Birder``."""
-        lr, beta, eps, wd = (float(h) for h in np.asarray(hyper, dtype=np.float64))
-        return {"lr": lr, "beta": beta, "eps": eps, "weight_decay": wd, **flags}
 
     def bind(self, session: _Session) -> None:
         (c1, c2), bufs, segments = self._state_cuts, session.bufs, []
@@ -531,17 +528,21 @@ class BirderStep(FusedStep):
 
 def make_step(op_algorithm: type, options: Any, shapes: Sequence[tuple[int, ...]], world_size: int,
               meter: CommMeter, bucket_mb: float = DEFAULT_BUCKET_MB) -> FusedStep:
-    """The ``FusedStep`` for an algorithm class of ``hvd_compress.algorithms.REGISTRY`` with parsed ``options``,
-    cut into buckets of ``bucket_mb`` MiB."""
-    if issubclass(op_algorithm, OneBitAlgorithm):
-        return OneBitStep(op_algorithm(options, BACKEND, [], meter), shapes, world_size, bucket_mb)
-    if issubclass(op_algorithm, Slamb):
-        return SlambStep(options, shapes, world_size, meter, bucket_mb)
-    if issubclass(op_algorithm, BirderAlgorithm):
-        return BirderStep(options, shapes, meter, bucket_mb)
-    if issubclass(op_algorithm, ZeroOneAdam):
-        return ZeroOneStep(op_algorithm(options, BACKEND, [], meter), shapes, world_size, bucket_mb)
-    raise NotImplementedError(f"{op_algorithm.__name__} has no TF step")
+    """The ``FusedStep`` of the buffers an algorithm class of ``hvd_compress.algorithms.REGISTRY`` declares, with
+    parsed ``options``, cut into buckets of ``bucket_mb`` MiB."""
+    step: FusedStep
+    if op_algorithm.buffers == "onebit":
+        step = OneBitStep(op_algorithm(options, BACKEND, [], meter), shapes, world_size, bucket_mb)
+    elif op_algorithm.buffers == "slamb":
+        step = SlambStep(options, shapes, world_size, meter, bucket_mb, op_algorithm)
+    elif op_algorithm.buffers == "flat":
+        step = BirderStep(options, shapes, meter, bucket_mb, op_algorithm)
+    elif op_algorithm.buffers == "zeroone":
+        step = ZeroOneStep(op_algorithm(options, BACKEND, [], meter), shapes, world_size, bucket_mb)
+    else:
+        raise NotImplementedError(f"{op_algorithm.__name__}: no TF step for buffers {op_algorithm.buffers!r}")
+    step.wraps = op_algorithm.wraps
+    return step
 
 
 def apply_algorithm_step(runner: FusedStep, state: dict[str, Any], variables: Sequence[Any], grads: dict[int, Any],

@@ -5,18 +5,15 @@ Use after ``hvd.init()`` (or ``hc.init()`` in a job without Horovod, started by 
     opt = hc.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hc.Average)
 """
 
+from hvd_compress.algorithms import OPS as _ALGORITHM_OPS
 from hvd_compress.ops.constants import (
-    SLAMB,
     Adasum,
     Average,
     Max,
     Min,
-    OneBitAdam,
-    OneBitLamb,
     Product,
     ReduceOp,
     Sum,
-    ZeroOneAdam,
 )
 from hvd_compress.ops.errors import (
     CommError,
@@ -64,7 +61,6 @@ from hvd_compress.torch.onebit import OneBitState, compressed_allreduce, compres
 from hvd_compress.torch.optimizer import DistributedOptimizer
 
 __all__ = [
-    "SLAMB",
     "Adasum",
     "Average",
     "Birder",
@@ -81,8 +77,6 @@ __all__ = [
     "MismatchError",
     "NotInProcessSetError",
     "NotInitializedError",
-    "OneBitAdam",
-    "OneBitLamb",
     "OneBitState",
     "PeerExitedError",
     "ProcessSet",
@@ -92,7 +86,6 @@ __all__ = [
     "RejectedInputError",
     "Sum",
     "UsageError",
-    "ZeroOneAdam",
     "add_process_set",
     "allgather",
     "allgather_async",
@@ -128,6 +121,11 @@ __all__ = [
     "size",
     "synchronize",
 ]
+
+# Every registered algorithm's ``op=`` constant as ``<face>.<name>`` (``algorithms.OPS``); a face class of that name
+# (``Birder``, the optimizer) stays, and names its algorithm as ``op=`` through its ``hvdc_op``.
+globals().update({name: op for name, op in _ALGORITHM_OPS.items() if name not in globals()})
+__all__ += [name for name in _ALGORITHM_OPS if name not in __all__]
 
 install_from_environment()
 

@@ -28,6 +28,8 @@ class Birder(torch.optim.Optimizer):
     Wrapped by ``hc.DistributedOptimizer(..., op=hc.Birder)`` it becomes the 1-bit algorithm; under
     ``op=hc.Average`` it steps on the averaged gradient."""
 
+    hvdc_op = alg.BirderAlgorithm.op  # as op=, the class names its algorithm
+
     def __init__(self, params: Any, lr: float = 1e-3, beta: float = 0.95, eps: float = 1e-8,
                  weight_decay: float = 0.0) -> None:
         alg.check_hyperparameters(lr, beta, eps, weight_decay)
@@ -111,8 +113,3 @@ class BirderEngine(BucketedEngine):
     def birder_step(self) -> int:
         """Steps taken (with the seed, the RNG position)."""
         return self.alg.t
-
-
-def check_birder(optimizer: torch.optim.Optimizer) -> None:
-    if not isinstance(optimizer, Birder):
-        raise TypeError(f"op=Birder wraps hc.Birder, got {type(optimizer).__name__}")

@@ -21,7 +21,6 @@ from hvd_compress.algorithms.onebit import OneBitOptions, Segment
 from hvd_compress.torch.backend import BACKEND
 from hvd_compress.torch.bucketed import BucketedEngine, plan_segments
 from hvd_compress.torch.fused import FusedGradients, cached_views, flat_with_views
-from hvd_compress.torch.lamb import Lamb
 from hvd_compress.torch.onebit import OneBitState
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -116,18 +115,3 @@ class OneBitEngine(BucketedEngine):
     def compression_started(self) -> bool:
         """True once the steps use the 1-bit compressed allreduce (after ``freeze_step`` steps)."""
         return self.alg.compression_started
-
-
-
-def check_adam(optimizer: torch.optim.Optimizer) -> None:
-    if not isinstance(optimizer, torch.optim.Adam):
-        raise TypeError(f"op=OneBitAdam wraps torch.optim.Adam or AdamW, got {type(optimizer).__name__}")
-    for group in optimizer.param_groups:
-        for flag in ("amsgrad", "maximize"):
-            if group.get(flag):
-                raise ValueError(f"op=OneBitAdam does not support {flag}=True")
-
-
-def check_lamb(optimizer: torch.optim.Optimizer) -> None:
-    if not isinstance(optimizer, Lamb):
-        raise TypeError(f"op=OneBitLamb wraps hc.Lamb, got {type(optimizer).__name__}")

@@ -14,20 +14,19 @@ from hvd_compress.algorithms.options import option_names, parse_options
 from hvd_compress.ops import process_sets
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
 from hvd_compress.ops.compression import resolve as resolve_compression
-from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
 from hvd_compress.ops.errors import ProcessSetError
 from hvd_compress.ops.horovod_args import pop_horovod_defaults
 from hvd_compress.torch.adasum_optimizer import AdasumEngine
-from hvd_compress.torch.birder import Birder, BirderEngine, check_birder
+from hvd_compress.torch.birder import BirderEngine
 from hvd_compress.torch.bucketed import BucketedEngine
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.dense import DenseEngine, check_overlap_options
-from hvd_compress.torch.onebit_optimizer import OneBitEngine, check_adam, check_lamb
+from hvd_compress.torch.inner import check_inner
+from hvd_compress.torch.onebit_optimizer import OneBitEngine
 from hvd_compress.torch.slamb_optimizer import SlambEngine
-from hvd_compress.torch.slamb_optimizer import check_lamb as check_slamb_lamb
 from hvd_compress.torch.wrapping import compose
 from hvd_compress.torch.zero_one_adam import ZeroOneAdamEngine
-from hvd_compress.torch.zero_one_adam import check_adam as check_zero_one_adam
 
 
 def DistributedOptimizer(  # noqa: N802  (Horovod's name)
@@ -76,9 +75,8 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       each bucket keeps its own m, b and error feedback and draws from its own Philox key) whose core call starts
       during backward with ``overlap=True`` (the default; ``overlap=False``: after it, bit-identical results; with
       overlap a ``.grad`` edited after ``synchronize()`` is reduced again in ``step()``).
-    - ``op=hc.ZeroOneAdam`` (wraps ``torch.optim.AdamW``, or ``Adam`` without weight decay): 0/1 Adam (see
-      ``hvd_compress.torch.zero_one_adam``, docs/algorithms/zero-one-adam.md); options ``var_freeze_step``,
-      ``var_update_scaler``, ``local_step_scaler``, ``local_step_clipper``; buckets and overlap as 1-bit Adam's.
+    - any other algorithm of ``hvd_compress.algorithms.REGISTRY`` (``hc.<name>``): its page in docs/algorithms/
+      says which optimizer it wraps and its options; ``bucket_mb`` and ``overlap`` as above.
 
     Sparse gradients (``nn.Embedding(sparse=True)``), with ``op=Average``/``Sum``: reduced as Horovod does (an
     allgather of indices and values, coalesced; Average divides by the world size), so ``torch.optim.SparseAdam``
@@ -102,12 +100,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if op is Birder:  # hc.Birder is the optimizer class and, as op=, the algorithm
-        op = ReduceOp.Birder
-    try:
-        op = ReduceOp(op)
-    except ValueError:
-        raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
+    op = algorithms.resolve_op(op)
     if process_set is not None:
         ensure_init()
     process_set = process_sets.resolve(process_set)
@@ -125,9 +118,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
                 f"compression={compression!r} applies to op=Average or Sum; op={op.name} compresses its own way"
             )
         algorithm_options["compression"] = compression
-    wrap = _WRAPPERS.get(op)
-    if wrap is None:
-        raise NotImplementedError(f"DistributedOptimizer(op={op.name}) is not available yet")
+    wrap = _WRAPPERS.get(op) or _algorithm
     # Horovod's sparse_as_dense: interpreted by Average/Sum, refused by the other ops unless at its default.
     algorithm_options = {**algorithm_options, "sparse_as_dense": sparse_as_dense}
     return wrap(optimizer, named_parameters, op, backward_passes_per_step, algorithm_options)
@@ -160,30 +151,27 @@ def _adasum(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceO
     return compose(optimizer, AdasumEngine, named_parameters, passes, grad_scaler, parsed)
 
 
-def _algorithm(engine: type[BucketedEngine], check: Any) -> Any:
-    """The wrapper of an algorithm of ``hvd_compress.algorithms`` run by ``engine`` over a wrapped torch optimizer
-    that ``check`` accepts."""
-
-    def wrap(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,
-             options: dict[str, Any]) -> torch.optim.Optimizer:
-        check(optimizer)
-        algorithm = algorithms.lookup(op)
-        options = _horovod_defaults(options, op, option_names(algorithm.options_cls))
-        options, overlap, bucket_mb = _bucket_options(options)
-        parsed = algorithms.parse(op, options)
-        return compose(optimizer, engine, named_parameters, passes, algorithm, parsed, overlap, bucket_mb)
-
-    return wrap
+#: The torch engine of each buffer set an algorithm declares (``algorithms.contract.BUFFERS``).
+_ENGINES: dict[str, type[BucketedEngine]] = {"onebit": OneBitEngine, "slamb": SlambEngine, "flat": BirderEngine,
+                                             "zeroone": ZeroOneAdamEngine}
 
 
-#: The engine of each op: reductions (Average, Sum, Adasum) and the algorithms of ``hvd_compress.algorithms``.
+def _algorithm(optimizer: torch.optim.Optimizer, named_parameters: Any, op: AlgorithmOp, passes: int,
+               options: dict[str, Any]) -> torch.optim.Optimizer:
+    """The wrapper of an algorithm of ``hvd_compress.algorithms``, from its declaration: the engine of its buffers
+    over a wrapped torch optimizer of the kind it wraps (``inner.check``)."""
+    algorithm = algorithms.lookup(op)
+    check_inner(optimizer, algorithm)
+    options = _horovod_defaults(options, op, option_names(algorithm.options_cls))
+    options, overlap, bucket_mb = _bucket_options(options)
+    parsed = algorithms.parse(op, options)
+    return compose(optimizer, _ENGINES[algorithm.buffers], named_parameters, passes, algorithm, parsed, overlap,
+                   bucket_mb)
+
+
+#: The engines of the reductions; every other op is an algorithm of ``hvd_compress.algorithms`` (``_algorithm``).
 _WRAPPERS = {
     ReduceOp.Average: DenseEngine.wrap,
     ReduceOp.Sum: DenseEngine.wrap,
     ReduceOp.Adasum: _adasum,
-    ReduceOp.OneBitAdam: _algorithm(OneBitEngine, check_adam),
-    ReduceOp.OneBitLamb: _algorithm(OneBitEngine, check_lamb),
-    ReduceOp.SLAMB: _algorithm(SlambEngine, check_slamb_lamb),
-    ReduceOp.Birder: _algorithm(BirderEngine, check_birder),
-    ReduceOp.ZeroOneAdam: _algorithm(ZeroOneAdamEngine, check_zero_one_adam),
 }

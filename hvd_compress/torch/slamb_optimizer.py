@@ -23,7 +23,6 @@ from hvd_compress.torch.backend import BACKEND
 from hvd_compress.torch.bucketed import BucketedEngine, plan_segments
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients, cached_views
-from hvd_compress.torch.lamb import Lamb
 
 
 def _buffers(param_groups: list[dict[str, Any]]) -> tuple[SlambBuffers, FusedGradients]:
@@ -113,9 +112,3 @@ class SlambEngine(BucketedEngine):
         ensure_init()
         self.alg.abandon()
         self.alg.synchronize_parameters()
-
-
-
-def check_lamb(optimizer: torch.optim.Optimizer) -> None:
-    if not isinstance(optimizer, Lamb):
-        raise TypeError(f"op=SLAMB wraps hc.Lamb, got {type(optimizer).__name__}")

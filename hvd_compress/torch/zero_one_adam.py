@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam, ZeroOneAdamOptions, ZeroOneSegment
+from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam, ZeroOneAdamOptions, ZeroOneSegment, check_hyperparameters
 from hvd_compress.torch.backend import BACKEND
 from hvd_compress.torch.bucketed import BucketedEngine, plan_segments
 from hvd_compress.torch.fused import FusedGradients, cached_views, flat_with_views
@@ -61,6 +61,8 @@ class ZeroOneAdamEngine(BucketedEngine):
 
     def build(self, param_groups: list[dict[str, Any]], algorithm: type[ZeroOneAdam], options: ZeroOneAdamOptions,
               bucket_mb: float) -> tuple[ZeroOneAdam, list[ZeroOneSegment], list[FusedGradients], list[int]]:
+        for group in param_groups:  # refused at construction, not at the first step (and again every step)
+            check_hyperparameters(algorithm.name, group)
         segments, grads, order = _segments(param_groups, bucket_mb)
         return algorithm(options, BACKEND, segments, self.meter), segments, grads, order
 
@@ -82,15 +84,3 @@ class ZeroOneAdamEngine(BucketedEngine):
         """What the coming step does: "variance", "onebit", "local" or "sync" (spec section 3)."""
         return self.alg.step_kind()
 
-
-def check_adam(optimizer: torch.optim.Optimizer) -> None:
-    """op=ZeroOneAdam wraps Adam or AdamW; its decay is decoupled, so Adam's L2 weight decay is refused."""
-    if not isinstance(optimizer, torch.optim.Adam):
-        raise TypeError(f"op=ZeroOneAdam wraps torch.optim.Adam or AdamW, got {type(optimizer).__name__}")
-    for group in optimizer.param_groups:
-        for flag in ("amsgrad", "maximize"):
-            if group.get(flag):
-                raise ValueError(f"op=ZeroOneAdam does not support {flag}=True")
-        if group["weight_decay"] and not group.get("decoupled_weight_decay", False):
-            raise ValueError("op=ZeroOneAdam decays weights decoupled (as AdamW; 0/1 Adam spec Z3): wrap "
-                             "torch.optim.AdamW, or Adam with weight_decay=0")

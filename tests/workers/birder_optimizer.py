@@ -13,7 +13,7 @@ from common import outcome, save
 
 import hvd_compress.torch as hc
 from hvd_compress import ops
-from hvd_compress.ops import birder as birder_ops
+from hvd_compress.ops import hierarchical_onebit
 
 hc.init()
 r, n = hc.rank(), hc.size()
@@ -112,9 +112,9 @@ result["dense_bytes_per_step"] = dense.comm_stats()["bytes_sent"] / 2
 # bytes of one call on 2^18 float32s: Birder's +/-1 allreduce vs the dense allreduce
 
 d = 1 << 18
-c1, c2 = birder_ops.state_numels(d, hierarchical)
+c1, c2 = hierarchical_onebit.state_numels(d, hierarchical)
 sign, dense_t = ops.Traffic(), ops.Traffic()
-birder_ops.hierarchical_compressed_allreduce_(torch.randn(d), torch.zeros(c1), torch.zeros(c2),
+hierarchical_onebit.hierarchical_compressed_allreduce_(torch.randn(d), torch.zeros(c1), torch.zeros(c2),
                                               hierarchical=hierarchical, traffic=sign)
 ops.allreduce_(torch.randn(d), op=hc.Average, traffic=dense_t)
 result["call_bytes"] = (sign.snapshot()["bytes_sent"], dense_t.snapshot()["bytes_sent"])

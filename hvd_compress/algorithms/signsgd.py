@@ -1,0 +1,194 @@
+"""EF-signSGD with majority vote (``op=hc.SignSGD``, docs/algorithms/signsgd.md, the rule's steps 1-7): the worker
+step of Karimireddy et al. (ICML 2019, Alg. 1, EF-signSGD) per rank, the vote of Bernstein et al. (ICLR 2019,
+Alg. 1) across ranks.
+
+Per step, bucket and parameter k of d_k elements, on rank r (lr of the wrapped ``torch.optim.SGD``):
+p = lr g_r + e_r; s = sign(p) (0 -> +1); c_r = ||p||_1 / d_k; e_r = p - c_r s (the rank's own compressor
+error); v = sign(sum_r s) (the vote, a tie -> +1); c = mean_r c_r; x = x - c v, alike on every rank.
+
+The core has no majority-vote collective; the closest is Birder's flat sign allreduce
+(``ops.hierarchical_onebit.hierarchical_compressed_allreduce_``, 1 bit up, 1 bit down), whose server quantizes
+the mean of the signs stochastically. Given s exactly +/-1, a zero worker error and server error, and injected
+uniforms of ``TIE_UNIFORM`` (just below 1/2), its quantizer is deterministic and returns v. The scales c_r travel
+in one dense float32 allreduce per bucket (one float per parameter), which shows a non-finite gradient to every rank.
+The segments are Birder's (``BirderSegment``, flat): ``m`` holds e (first numel), ``b`` s and then v.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from hvd_compress import ops
+from hvd_compress.algorithms import contract
+from hvd_compress.algorithms.birder import BirderSegment
+from hvd_compress.algorithms.bucketed import BucketedAlgorithm
+from hvd_compress.ops import hierarchical_onebit
+from hvd_compress.ops.backend import Backend, Tensor
+from hvd_compress.ops.buckets import failure_joins_as_rejection
+from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
+from hvd_compress.ops.errors import UsageError
+from hvd_compress.ops.traffic import CommMeter
+
+#: The injected uniform u of Birder's quantizer Q(y) = +1 iff u < (y + 1) / 2: just below 1/2, so that the server's
+#: mean vote y = 0 (a tie) gives +1 and any y <= -1/n gives -1 (n < 2**23 ranks); y = +/-1 gives +/-1 for any u.
+TIE_UNIFORM = float(np.nextafter(np.float32(0.5), np.float32(0)))
+
+
+def check_hyperparameters(group: dict[str, Any]) -> None:
+    """ValueError for a param group of the wrapped SGD that the rule does not take."""
+    if not group.get("lr", -1) >= 0:
+        raise ValueError(f"SignSGD: lr must be >= 0, got {group.get('lr')}")
+    for key in ("momentum", "weight_decay", "dampening"):
+        if group.get(key, 0) != 0:
+            raise ValueError(f"SignSGD: wrap SGD with {key}=0 (EF-signSGD has no {key}), got {group[key]}")
+    for key in ("nesterov", "maximize"):
+        if group.get(key, False):
+            raise ValueError(f"SignSGD: wrap SGD with {key}=False, got {group[key]}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SignSGDOptions:
+    """EF-signSGD with majority vote takes no options of its own beside the buckets."""
+
+    hierarchical: ClassVar[bool] = False  # the vote is flat: every rank a worker (Birder's segments read it)
+
+    def validate(self, op_name: str) -> None:
+        del op_name
+
+
+class SignSGD(BucketedAlgorithm):
+    """EF-signSGD with majority vote over the face's segments (buckets); lr read when a bucket is reduced."""
+
+    name = "SignSGD"
+    options_cls = SignSGDOptions
+    op = AlgorithmOp("SignSGD", 20)
+    buffers = "flat"  # Birder's segments: m holds e, b the signs and then the vote
+    wraps = contract.SGD
+
+    def __init__(self, options: SignSGDOptions, backend: Backend, segments: Sequence[BirderSegment],
+                 meter: CommMeter | None) -> None:
+        self.options = options
+        self.xp = backend
+        self.segments = list(segments)
+        self.meter = meter if meter is not None else CommMeter()
+        self.t = 0
+        self._scales: dict[int, list[float]] = {}  # segment -> this step's c of each parameter
+        self._uniforms: dict[int, tuple[Tensor, Tensor]] = {}  # padded numel -> (worker, server) uniforms
+        self._init_buckets()
+
+    @staticmethod
+    def state_numels(numel: int, hierarchical: bool) -> tuple[int, int]:
+        """(c1, c2) of a segment (Birder's flat sizes: ``m`` and ``b`` hold numel <= c1 elements)."""
+        return hierarchical_onebit.state_numels(numel, False)
+
+    def mutable_state(self, seg: BirderSegment) -> list[Tensor]:
+        return [seg.m]
+
+    def _tie_uniforms(self, seg: BirderSegment) -> tuple[Tensor, Tensor]:
+        dpad = hierarchical_onebit.padded_numel(seg.numel, ops.size())
+        if dpad not in self._uniforms:
+            uw = self.xp.add_(self.xp.float32_like(dpad * ops.size(), seg.grad), TIE_UNIFORM)
+            us = self.xp.add_(self.xp.float32_like(dpad, seg.grad), TIE_UNIFORM)
+            self._uniforms[dpad] = (uw, us)
+        return self._uniforms[dpad]
+
+    def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """Segment ``i`` for step ``t``: p, s, c_r and the new e (kept aside in ``update``), the scales' mean, the
+        vote; e is committed only once every rank's vote succeeded."""
+        xp, seg = self.xp, self.segments[i]
+        n = seg.numel
+        e, s, p = seg.m[:n], seg.b[:n], seg.update
+        name = f"{self.name}.{i}"
+        with failure_joins_as_rejection(self.meter, f"{name}.scale"):
+            if groups is None:
+                raise ValueError(f"{self.name}: reducing a bucket needs the param groups")
+            group = groups[seg.group]
+            check_hyperparameters(group)
+            xp.add_(xp.mul_(xp.copy_(p, seg.grad), group["lr"]), e)  # p = lr g + e
+            xp.copy_(s, p >= 0)
+            xp.add_(xp.mul_(s, 2.0), -1.0)  # s = sign(p), 0 -> +1
+            xp.abs(p, out=seg.worker_error[:n])
+            local = xp.foreach_mean(seg.views(seg.worker_error[:n]))  # c_r = ||p||_1 / d per parameter
+            scales = xp.float32_like(len(local), seg.grad)
+            for k, c in enumerate(local):
+                scales[k] = c
+            self.backup(i)
+        self.meter.run(ops.allreduce_, scales, op=ReduceOp.Average, name=f"{name}.scale")
+        mean = [float(c) for c in scales.tolist()]
+        if not all(math.isfinite(c) for c in mean):
+            raise UsageError(f"{self.name}: non-finite gradient on some rank (bucket {i}); state unchanged")
+        for pk, sk, c in zip(seg.views(p), seg.views(s), local, strict=True):
+            xp.sub(pk, sk, alpha=c, out=pk)  # e_r = p - c_r s, committed after the vote
+        xp.zero_(seg.worker_error)
+        xp.zero_(seg.server_error)
+        uw, us = self._tie_uniforms(seg)
+        self.meter.run(
+            hierarchical_onebit.hierarchical_compressed_allreduce_, s, seg.worker_error, seg.server_error,
+            payload=hierarchical_onebit.PAYLOAD_SIGN, hierarchical=False, uniforms=(uw, us), name=f"{name}.vote",
+        )
+        xp.copy_(e, p)
+        self._scales[i] = mean
+
+    def step(self, groups: Sequence[dict[str, Any]]) -> int:
+        """x = x - c v on every segment (reducing the buckets not reduced yet); returns the new step count."""
+        for group in groups:
+            try:
+                check_hyperparameters(group)
+            except ValueError:
+                self.abandon()
+                raise
+        self.reduce_pending(groups)
+        for i, seg in enumerate(self.segments):
+            votes = seg.views(seg.b[: seg.numel])
+            for x, v, c in zip(seg.params, votes, self._scales[i], strict=True):
+                self.xp.add_(x, v, alpha=-c)
+        self.t += 1
+        return self.t
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        xp = self.xp
+        return {
+            "algorithm": self.name,
+            "step": self.t,
+            "world_size": ops.size(),
+            "segments": [{**self.layout_state(seg), "error": xp.copy_(xp.float32_like(seg.numel, seg.m),
+                                                                       seg.m[: seg.numel])}
+                         for seg in self.segments],
+        }
+
+    def check_state_dict(self, ours: dict[str, Any] | None) -> None:
+        """A clear ValueError, before anything changes, if ``ours`` cannot be loaded here."""
+        what = f"{self.name}.load_state_dict"
+        if ours is None:
+            raise ValueError(f"{what}: the checkpoint has no SignSGD state (error feedback)")
+        if ours.get("algorithm") != self.name:
+            raise ValueError(f"{what}: the checkpoint is for {ours.get('algorithm')!r}, not {self.name}")
+        if ours.get("world_size") != ops.size():
+            raise ValueError(f"{what}: checkpoint world_size {ours.get('world_size')!r} != this run's {ops.size()}")
+        saved = ours.get("segments", [])
+        self.check_layout(saved)
+        for seg, s in zip(self.segments, saved, strict=True):
+            if self.xp.describe(s.get("error")) != ("float32", seg.numel):
+                raise ValueError(f"{what}: error is {self.xp.describe(s.get('error'))}, expected float32 x "
+                                 f"{seg.numel}")
+
+    def check_plain_step(self, t: int, key: str) -> None:
+        """A plain SGD checkpoint starts EF-signSGD with zero error only at step 0."""
+        if t > 0:
+            self.check_state_dict(None)
+
+    def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int = 0) -> None:
+        """Restore ``state_dict()`` (``check_state_dict`` first); None: zero error at ``plain_step``."""
+        self.abandon()
+        for i, seg in enumerate(self.segments):
+            if ours is None:
+                self.xp.zero_(seg.m)
+            else:
+                self.xp.copy_(seg.m[: seg.numel], ours["segments"][i]["error"])
+        self.t = plain_step if ours is None else int(ours["step"])

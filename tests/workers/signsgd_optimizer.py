@@ -1,0 +1,97 @@
+"""hc.DistributedOptimizer(torch.optim.SGD(...), op=hc.SignSGD) on a small MLP: each rank's gradients and the
+parameters after every step (the test replays them through the NumPy reference), exact resume from a mid-run
+state_dict, a NaN gradient on the last rank, bad options and refused checkpoints. Saves one dict per rank.
+
+argv: out_dir, overlap (0/1), bucket_mb.
+"""
+
+import copy
+import sys
+
+import torch
+from common import outcome, save
+
+import hvd_compress.torch as hc
+
+hc.init()
+r, n = hc.rank(), hc.size()
+overlap, bucket_mb = sys.argv[2] == "1", float(sys.argv[3])
+STEPS, RESUME_AT, LR = 6, 3, 0.05
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + r)
+    return torch.randn(8, 10, generator=g), torch.randint(0, 3, (8,), generator=g)
+
+
+def flat(net: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().flatten().clone() for p in net.parameters()]
+
+
+def train(net: torch.nn.Module, opt: torch.optim.Optimizer, steps: range) -> tuple[list, list]:
+    params, grads = [], []
+    for t in steps:
+        x, y = batch(t)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        grads.append([p.grad.detach().flatten().clone() for p in net.parameters()])
+        opt.step()
+        params.append(flat(net))
+    return params, grads
+
+
+def wrapped(net: torch.nn.Module, **options) -> torch.optim.Optimizer:
+    return hc.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=LR), named_parameters=net.named_parameters(),
+                                   op=hc.SignSGD, overlap=overlap, bucket_mb=bucket_mb, **options)
+
+
+result = {"initial": flat(model())}
+net = model()
+opt = wrapped(net)
+result["buckets"] = opt.bucket_count
+params, grads = train(net, opt, range(RESUME_AT))
+ckpt = copy.deepcopy(opt.state_dict())
+more, more_grads = train(net, opt, range(RESUME_AT, STEPS))
+result["params"], result["grads"] = params + more, grads + more_grads
+
+net2 = model()
+opt2 = wrapped(net2)
+opt2.load_state_dict(ckpt)
+with torch.no_grad():
+    for p, q in zip(net2.parameters(), result["params"][RESUME_AT - 1], strict=True):
+        p.copy_(q.view_as(p))
+result["resumed"], _ = train(net2, opt2, range(RESUME_AT, STEPS))
+
+# A NaN gradient on the last rank: every rank raises, nothing changes.
+before_state = copy.deepcopy(opt.state_dict())
+before = flat(net)
+x, y = batch(99)
+if r == n - 1:  # in the input, so backward makes the NaN gradient (with overlap, .grad is read during backward)
+    x[0, 0] = float("nan")
+opt.zero_grad()
+torch.nn.functional.cross_entropy(net(x), y).backward()
+result["nan"] = outcome(opt.step)
+after_state = opt.state_dict()["hvd_compress"]
+result["nan_state_unchanged"] = all(
+    torch.equal(a["error"], b["error"])
+    for a, b in zip(before_state["hvd_compress"]["segments"], after_state["segments"], strict=True)
+) and after_state["step"] == before_state["hvd_compress"]["step"]
+result["nan_params_unchanged"] = all(torch.equal(a, b) for a, b in zip(before, flat(net), strict=True))
+
+# Bad options and a bad wrapped optimizer: every rank raises before anything is set up.
+result["unknown_option"] = outcome(lambda: wrapped(model(), seed=3))
+result["momentum"] = outcome(lambda: hc.DistributedOptimizer(
+    torch.optim.SGD(model().parameters(), lr=0.1, momentum=0.9), op=hc.SignSGD).step())
+result["not_sgd"] = outcome(lambda: hc.DistributedOptimizer(torch.optim.Adam(model().parameters()), op=hc.SignSGD))
+other = copy.deepcopy(ckpt)
+other["hvd_compress"]["algorithm"] = "Birder"
+result["other_algorithm"] = outcome(lambda: wrapped(model()).load_state_dict(other))
+other = copy.deepcopy(ckpt)
+other["hvd_compress"]["world_size"] = n + 1
+result["other_world"] = outcome(lambda: wrapped(model()).load_state_dict(other))
+save(r, result)
