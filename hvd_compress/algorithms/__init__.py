@@ -22,6 +22,7 @@ from hvd_compress.algorithms.onebit_lamb import OneBitLamb
 from hvd_compress.algorithms.options import BUCKET_OPTIONS, parse_options
 from hvd_compress.algorithms.signsgd import SignSGD
 from hvd_compress.algorithms.slamb import Slamb
+from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam
 from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
 
 
@@ -32,7 +33,8 @@ def _registry(*classes: type) -> dict[AlgorithmOp, type]:
 
 
 #: Optimizer algorithms by op: the class that runs it over a face's segments.
-REGISTRY: dict[AlgorithmOp, type[Any]] = _registry(OneBitAdam, OneBitLamb, Slamb, BirderAlgorithm, SignSGD)
+REGISTRY: dict[AlgorithmOp, type[Any]] = _registry(OneBitAdam, OneBitLamb, Slamb, BirderAlgorithm, SignSGD,
+                                               ZeroOneAdam)
 
 #: The ``op=`` constants the faces export, by name (``hc.OneBitAdam``, ...).
 OPS: dict[str, AlgorithmOp] = {op.name: op for op in REGISTRY}
@@ -70,5 +72,5 @@ def parse(op: AlgorithmOp, given: dict[str, Any], also: Sequence[str] = BUCKET_O
 
 __all__ = [
     "OPS", "REGISTRY", "BirderAlgorithm", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "SignSGD", "Slamb",
-    "lookup", "parse", "resolve_op",
+    "ZeroOneAdam", "lookup", "parse", "resolve_op",
 ]
