@@ -23,18 +23,22 @@ from hvd_compress.algorithms.options import BUCKET_OPTIONS, parse_options
 from hvd_compress.algorithms.powersgd import PowerSGD
 from hvd_compress.algorithms.signsgd import SignSGD
 from hvd_compress.algorithms.slamb import Slamb
+from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam
 from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
 
 
 def _registry(*classes: type) -> dict[AlgorithmOp, type]:
     for algorithm in classes:
         check_declared(algorithm)
+    values = [algorithm.op.value for algorithm in classes]
+    if len(set(values)) != len(values):  # a Keras config stores the value: two algorithms may not share one
+        raise TypeError(f"two registered algorithms share an AlgorithmOp value: {sorted(values)}")
     return {algorithm.op: algorithm for algorithm in classes}
 
 
 #: Optimizer algorithms by op: the class that runs it over a face's segments.
 REGISTRY: dict[AlgorithmOp, type[Any]] = _registry(OneBitAdam, OneBitLamb, Slamb, BirderAlgorithm, SignSGD,
-                                              PowerSGD)
+                                              ZeroOneAdam, PowerSGD)
 
 #: The ``op=`` constants the faces export, by name (``hc.OneBitAdam``, ...).
 OPS: dict[str, AlgorithmOp] = {op.name: op for op in REGISTRY}
@@ -72,6 +76,5 @@ def parse(op: AlgorithmOp, given: dict[str, Any], also: Sequence[str] = BUCKET_O
 
 __all__ = [
     "OPS", "REGISTRY", "BirderAlgorithm", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "PowerSGD", "SignSGD",
-    "Slamb",
-    "lookup", "parse", "resolve_op",
+    "Slamb", "ZeroOneAdam", "lookup", "parse", "resolve_op",
 ]

@@ -72,7 +72,7 @@ class PowerSGD:
 
     name = "PowerSGD"
     options_cls = PowerSGDOptions
-    op = AlgorithmOp("PowerSGD", 21)
+    op = AlgorithmOp("PowerSGD", 22)
     buffers = "lowrank"
     wraps = contract.ANY
 

@@ -109,6 +109,10 @@ def methods(freeze: int) -> list[Method]:
         Method("hc Adasum (Adam)", "adam", _hc(hc.Adasum), True),
         Method("hc OneBitAdam", "adam", _hc(hc.OneBitAdam, freeze_step=freeze), True),
         Method("hc OneBitAdam no overlap", "adam", _hc(hc.OneBitAdam, freeze_step=freeze, overlap=False), True),
+        # Dense variance steps up to the freeze, then a 1-bit sync every 16 steps (once the interval has doubled
+        # up to the clipper: the tutorial's constant interval).
+        Method("hc ZeroOneAdam", "adam", _hc(hc.ZeroOneAdam, var_freeze_step=freeze, local_step_scaler=1,
+                                             local_step_clipper=16), True),
         Method("hc Average (Lamb)", "lamb", _hc(hc.Average), True),
         Method("Horovod Lamb", "lamb", _hvd),
         Method("hc OneBitLamb", "lamb", _hc(hc.OneBitLamb, freeze_step=freeze), True),

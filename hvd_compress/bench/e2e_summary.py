@@ -21,6 +21,7 @@ METHODS = (
     "hc Average (Adam)",
     "hc OneBitAdam",
     "hc OneBitAdam no overlap",
+    "hc ZeroOneAdam",
     "Horovod Lamb",
     "hc OneBitLamb",
     "hc SLAMB",
@@ -30,7 +31,7 @@ METHODS = (
     "floor Lamb (no comm)",
     "floor Birder (no comm)",
 )
-COMPRESSED = ("hc OneBitAdam", "hc OneBitAdam no overlap", "hc OneBitLamb", "hc SLAMB", "hc Birder",
+COMPRESSED = ("hc OneBitAdam", "hc OneBitAdam no overlap", "hc ZeroOneAdam", "hc OneBitLamb", "hc SLAMB", "hc Birder",
               "DDP+PowerSGD r4 Adam")
 
 

@@ -38,8 +38,8 @@ def _stepper(make: Callable[[torch.nn.Parameter], torch.optim.Optimizer], warm_s
 
 
 def optimizer_cases(hvd) -> list[Case]:
-    """1-bit Adam and 1-bit LAMB steps against Horovod's step of the same uncompressed rule (Adam,
-    resp. ``hc.Lamb``) on the same parameter."""
+    """1-bit Adam, 0/1 Adam (a sync step) and 1-bit LAMB steps against Horovod's step of the same uncompressed rule
+    (Adam, resp. ``hc.Lamb``) on the same parameter."""
 
     def hvd_adam(p: torch.nn.Parameter) -> torch.optim.Optimizer:
         return hvd.DistributedOptimizer(torch.optim.Adam([p], lr=1e-3), named_parameters=[("p", p)])
@@ -50,9 +50,15 @@ def optimizer_cases(hvd) -> list[Case]:
     def onebit(base: Callable[[list], torch.optim.Optimizer], op) -> Callable[[torch.nn.Parameter], object]:
         return lambda p: hc.DistributedOptimizer(base([p]), named_parameters=[("p", p)], op=op, freeze_step=1)
 
+    def zero_one(p: torch.nn.Parameter) -> torch.optim.Optimizer:
+        """0/1 Adam with every step a sync step (the sync interval clipped at 1): its costliest kind of step."""
+        return hc.DistributedOptimizer(torch.optim.Adam([p], lr=1e-3), named_parameters=[("p", p)],
+                                       op=hc.ZeroOneAdam, var_freeze_step=0, local_step_clipper=1)
+
     adam = onebit(lambda ps: torch.optim.Adam(ps, lr=1e-3), hc.OneBitAdam)
     lamb = onebit(lambda ps: hc.Lamb(ps, lr=1e-3), hc.OneBitLamb)
     return [
         Case("OneBitAdam step", _stepper(adam, 1), {"hvd Adam step": _stepper(hvd_adam, 1)}),
+        Case("ZeroOneAdam sync step", _stepper(zero_one, 1), {"hvd Adam step": _stepper(hvd_adam, 1)}),
         Case("OneBitLamb step", _stepper(lamb, 1), {"hvd Lamb step": _stepper(hvd_lamb, 1)}),
     ]

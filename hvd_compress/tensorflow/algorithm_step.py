@@ -30,9 +30,11 @@ from hvd_compress.algorithms.birder import BirderAlgorithm, BirderOptions, Birde
 from hvd_compress.algorithms.contract import Wraps
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, Segment
 from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions, SlambSegment
+from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam, ZeroOneSegment
 from hvd_compress.ops import runtime
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, plan_segments
 from hvd_compress.ops.collectives import reject_allreduce
+from hvd_compress.ops.onebit import server_error_numel
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.backend import BACKEND, aligned_empty
 from hvd_compress.tensorflow.functions import dense, numpy_call
@@ -376,6 +378,63 @@ class _Errors:
         self.worker_error = worker_error
         self.server_error = server_error
 
+    def reset(self) -> None:
+        self.worker_error[:] = 0
+        self.server_error[:] = 0
+
+
+class ZeroOneStep(FusedStep):
+    """0/1 Adam (``hvd_compress.algorithms.zero_one_adam``): m and v, u and x_anchor over all variables; each bucket's
+    error feedback and sum of lr since the last sync; the step and the four schedule counters. m, u and the errors
+    are per rank (after the freeze the ranks step on their own gradients between syncs)."""
+
+    scalars = ("step", "counters", "lrs", LAYOUT)
+    per_rank = ("exp_avg", "u", "worker_error", "server_error")
+    FRESH_COUNTERS = (1, 0, 1, 0)  # var_interval, var_counter, local_step_interval, local_step_counter at step 0
+
+    def __init__(self, algorithm: ZeroOneAdam, shapes: Sequence[tuple[int, ...]], world_size: int,
+                 bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+        super().__init__(algorithm, shapes, bucket_mb)
+        # Working buffers, every element written before it is read in a step: made once, not per step.
+        self._work, self._scratch, self._denom = (BACKEND.float32_like(self.numel, None) for _ in range(3))
+        errors = [(n, server_error_numel(n, world_size)) for n in self.bucket_numels()]
+        self._error_cuts = [list(itertools.accumulate((0, *(e[k] for e in errors)))) for k in (0, 1)]
+
+    def state_shapes(self) -> StateShapes:
+        n, buckets = self.numel, len(self.ranges)
+        return {"exp_avg": ((n,), "float32", "zeros"), "exp_avg_sq": ((n,), "float32", "zeros"),
+                "u": ((n,), "float32", "zeros"), "anchor": ((n,), "float32", "zeros"),
+                "worker_error": ((self._error_cuts[0][-1],), "float32", "zeros"),
+                "server_error": ((self._error_cuts[1][-1],), "float32", "zeros"),
+                "step": ((), "int64", "zeros"), "counters": ((4,), "int64", "zeros"),
+                "lrs": ((buckets,), "float64", "zeros"), **self.layout_shape()}
+
+    def bind(self, session: _Session) -> None:
+        alg, bufs, saved, (w, s) = self.algorithm, session.bufs, session.saved, self._error_cuts
+        alg.t = int(saved["step"])
+        counters = self.FRESH_COUNTERS if alg.t == 0 else (int(c) for c in saved["counters"])
+        alg.var_interval, alg.var_counter, alg.local_step_interval, alg.local_step_counter = counters
+        lrs = np.asarray(saved["lrs"], dtype=np.float64)
+        segments = []
+        for i, layout in enumerate(self.layouts):
+            a, b = self.span(i)
+            segments.append(ZeroOneSegment(
+                group=0, params=layout.views(session.x[a:b]), sizes=list(layout.sizes), grad=session.g[a:b],
+                exp_avg=bufs["exp_avg"][a:b], exp_avg_sq=bufs["exp_avg_sq"][a:b], u=bufs["u"][a:b],
+                anchor=bufs["anchor"][a:b], work=self._work[a:b], scratch=self._scratch[a:b],
+                denom=self._denom[a:b], onebit=_Errors(bufs["worker_error"][w[i]:w[i + 1]],
+                                                       bufs["server_error"][s[i]:s[i + 1]]),
+                views=layout.views, lrs=float(lrs[i]),
+            ))
+        alg.segments = segments
+
+    def finish_state(self, session: _Session) -> dict[str, np.ndarray]:
+        alg, segments = self.algorithm, list(self.algorithm.segments)
+        t = self._step(session)
+        counters = [alg.var_interval, alg.var_counter, alg.local_step_interval, alg.local_step_counter]
+        return {"step": np.asarray(t, dtype=np.int64), "counters": _fresh_copy(np.asarray(counters, np.int64)),
+                "lrs": _fresh_copy(np.asarray([seg.lrs for seg in segments], dtype=np.float64))}
+
 
 class SlambStep(FusedStep):
     """SLAMB (``hvd_compress.algorithms.slamb``): m, v and the freshness c over all variables. m[~M] and v are
@@ -478,6 +537,8 @@ def make_step(op_algorithm: type, options: Any, shapes: Sequence[tuple[int, ...]
         step = SlambStep(options, shapes, world_size, meter, bucket_mb, op_algorithm)
     elif op_algorithm.buffers == "flat":
         step = BirderStep(options, shapes, meter, bucket_mb, op_algorithm)
+    elif op_algorithm.buffers == "zeroone":
+        step = ZeroOneStep(op_algorithm(options, BACKEND, [], meter), shapes, world_size, bucket_mb)
     else:
         raise NotImplementedError(f"{op_algorithm.__name__}: no TF step for buffers {op_algorithm.buffers!r}")
     step.wraps = op_algorithm.wraps

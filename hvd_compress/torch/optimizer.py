@@ -27,6 +27,7 @@ from hvd_compress.torch.onebit_optimizer import OneBitEngine
 from hvd_compress.torch.powersgd import PowerSGDEngine
 from hvd_compress.torch.slamb_optimizer import SlambEngine
 from hvd_compress.torch.wrapping import compose
+from hvd_compress.torch.zero_one_adam import ZeroOneAdamEngine
 
 
 def DistributedOptimizer(  # noqa: N802  (Horovod's name)
@@ -153,7 +154,8 @@ def _adasum(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceO
 
 #: The torch engine of each buffer set an algorithm declares (``algorithms.contract.BUFFERS``).
 _ENGINES: dict[str, type[BucketedEngine] | type[PowerSGDEngine]] = {
-    "onebit": OneBitEngine, "slamb": SlambEngine, "flat": BirderEngine, "lowrank": PowerSGDEngine}
+    "onebit": OneBitEngine, "slamb": SlambEngine, "flat": BirderEngine, "zeroone": ZeroOneAdamEngine,
+    "lowrank": PowerSGDEngine}
 
 
 def _algorithm(optimizer: torch.optim.Optimizer, named_parameters: Any, op: AlgorithmOp, passes: int,

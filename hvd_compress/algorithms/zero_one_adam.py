@@ -1,0 +1,359 @@
+"""0/1 Adam: Lu et al., ICLR 2023 (arXiv 2202.06009), Algorithm 1, as DeepSpeed's ``zoadam.py`` instantiates it
+and docs/algorithms/zero-one-adam-spec.md fixes it (lines P1-P5 and L1-L6 of its section 2, schedules S1-S3).
+
+- phase 1, t <= var_freeze_step: on a variance step (s = t + 1 a multiple of var_interval) the gradients are
+  averaged densely and v is updated (P1, P2); on the other steps the gradients go through the error-compensated
+  1-bit allreduce (P1', Z5); then m = b1 m + (1 - b1) g and x -= lr m / (sqrt(v) + eps) (P3, P4). The errors are
+  zeroed and x_anchor = x at the end of step var_freeze_step (P5, Z7).
+- phase 2: each rank steps on its own gradient with v frozen, u += lr m, lrs += lr (L1-L3); on a sync step (s a
+  multiple of local_step_interval) u goes through the 1-bit allreduce, m = ubar / lrs and
+  x = x_anchor - ubar / d - wd lrs x_anchor on every rank alike (L4-L6, Z3, Z4).
+
+Weight decay is decoupled (Z3); no bias correction (Z2). The step kind depends on t and the options only, so a
+bucket's collective is chosen before backward ends (overlap). Errors, u, x_anchor and lrs are per bucket segment;
+the counters are the algorithm's. All of it is in ``state_dict()`` (nothing is reset on load: Z13). The NumPy
+twin is ``hvd_compress.reference.zero_one_adam``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hvd_compress import ops
+from hvd_compress.algorithms import contract
+from hvd_compress.algorithms.agreement import nonfinite_everywhere
+from hvd_compress.algorithms.bucketed import BucketedAlgorithm
+from hvd_compress.ops.backend import Backend, Tensor
+from hvd_compress.ops.buckets import failure_joins_as_rejection
+from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
+from hvd_compress.ops.errors import UsageError
+from hvd_compress.ops.onebit import compressed_allreduce_
+from hvd_compress.ops.traffic import CommMeter
+
+#: Step kinds (spec section 3): dense variance step, 1-bit gradient step, local step, 1-bit sync of u.
+VARIANCE, ONEBIT, LOCAL, SYNC = "variance", "onebit", "local", "sync"
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroOneAdamOptions:
+    """DeepSpeed's names and defaults (spec section 5; ``local_step_scaler`` keeps its 32678: Z9)."""
+
+    var_freeze_step: int = 100000
+    var_update_scaler: int = 16
+    local_step_scaler: int = 32678
+    local_step_clipper: int = 16
+
+    def validate(self, op_name: str) -> None:
+        for name, least in (("var_freeze_step", 0), ("var_update_scaler", 1), ("local_step_scaler", 1),
+                            ("local_step_clipper", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"op={op_name}: {name} must be an int >= {least}, got {value!r}")
+
+
+def check_hyperparameters(op_name: str, group: dict[str, Any]) -> None:
+    """ValueError for a param group's values the rule cannot take (read every step: schedulers may change them). The
+    decay is decoupled (Z3): a group whose optimizer adds it to the gradient instead (torch's Adam) is refused."""
+    if group["weight_decay"] and not group.get("decoupled_weight_decay", True):
+        raise ValueError(f"op={op_name} decays weights decoupled (as AdamW; 0/1 Adam spec Z3): wrap "
+                         "torch.optim.AdamW, or Adam with weight_decay=0")
+    b1, b2 = group["betas"]
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise ValueError(f"op={op_name}: betas must lie in [0, 1), got {group['betas']}")
+    if not group["lr"] >= 0 or not group["eps"] > 0 or not group["weight_decay"] >= 0:
+        raise ValueError(f"op={op_name}: need lr >= 0, eps > 0, weight_decay >= 0; got lr {group['lr']}, eps "
+                         f"{group['eps']}, weight_decay {group['weight_decay']}")
+
+
+@dataclasses.dataclass
+class ZeroOneSegment:
+    """The float32 parameters of one bucket (of one param group) with the face's flat buffers.
+
+    ``grad`` (each ``.grad`` a view), ``exp_avg`` (m) and ``exp_avg_sq`` (v, views of the wrapped optimizer's state);
+    ``u`` and ``anchor`` (x_anchor); ``work`` (the collective's buffer), ``scratch`` and ``denom`` (d while v is
+    frozen); ``onebit``: the error feedback (``OneBitState``); ``lrs``: the sum of lr since the last sync."""
+
+    group: int
+    params: list[Tensor]
+    sizes: list[int]
+    grad: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    u: Tensor
+    anchor: Tensor
+    work: Tensor
+    scratch: Tensor
+    denom: Tensor
+    onebit: Any
+    views: Callable[[Tensor], list[Tensor]]
+    lrs: float = 0.0
+    denom_key: float | None = None  # the eps ``denom`` holds d for (None: to compute)
+
+    @property
+    def numel(self) -> int:
+        return sum(self.sizes)
+
+
+class ZeroOneAdam(BucketedAlgorithm):
+    """0/1 Adam over the face's segments (buckets); lr, betas, eps and weight_decay read from the groups every step.
+    The buckets' pipeline, backups and layout check are ``BucketedAlgorithm``'s."""
+
+    name = "ZeroOneAdam"
+    options_cls = ZeroOneAdamOptions
+    op = AlgorithmOp("ZeroOneAdam", 21)
+    buffers = "zeroone"
+    wraps = contract.ADAM
+
+    def __init__(self, options: ZeroOneAdamOptions, backend: Backend, segments: Sequence[ZeroOneSegment],
+                 meter: CommMeter | None) -> None:
+        self.options = options
+        self.xp = backend
+        self.segments = list(segments)
+        self.meter = meter if meter is not None else CommMeter()
+        self.t = 0
+        self.var_interval, self.var_counter = 1, 0
+        self.local_step_interval, self.local_step_counter = 1, 0
+        self._init_buckets()
+
+    # -- the schedules (spec S1-S3; zoadam.py l.268-292) -----------------------------------------------
+    def step_kind(self) -> str:
+        """What step t = self.t + 1 does; DeepSpeed's counter is s = t + 1 (Z1)."""
+        t = self.t + 1
+        if t <= self.options.var_freeze_step:
+            return VARIANCE if (t + 1) % self.var_interval == 0 else ONEBIT
+        return SYNC if (t + 1) % self.local_step_interval == 0 else LOCAL
+
+    def _advance(self, t: int, kind: str) -> None:
+        """The counters after step ``t`` of ``kind``."""
+        if t <= self.options.var_freeze_step:
+            if kind == VARIANCE:
+                self.var_counter += 1
+                if self.var_counter == self.options.var_update_scaler:
+                    self.var_counter, self.var_interval = 0, self.var_interval * 2
+        else:
+            self.local_step_counter += 1
+            if self.local_step_counter == self.options.local_step_scaler:
+                self.local_step_counter = 0
+                self.local_step_interval = min(self.options.local_step_clipper, self.local_step_interval * 2)
+
+    def _replay(self, t: int) -> None:
+        """The counters of a run at step ``t`` (they follow from t and the options)."""
+        self.var_interval, self.var_counter, self.local_step_interval, self.local_step_counter = 1, 0, 1, 0
+        self.t = 0
+        while self.t < t:
+            self._advance(self.t + 1, self.step_kind())
+            self.t += 1
+
+    # -- the buckets of a step -------------------------------------------------------------------------
+    def rejection_is_the_step(self, t: int) -> bool:
+        return self.step_kind() != VARIANCE  # the dense average of a NaN is refused in ``step`` (check_finite)
+
+    def mutable_state(self, seg: ZeroOneSegment) -> tuple[Tensor, Tensor]:
+        return seg.onebit.worker_error, seg.onebit.server_error
+
+    def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """Segment ``i``'s collective for step ``t``: the dense average of the gradients (P1), the 1-bit average of
+        the gradients (P1') or of u + lr m_r, this rank's u after L1 and L3 (L4), in ``work``; none on local steps."""
+        kind = self.step_kind()
+        if kind == LOCAL:
+            return
+        seg, xp = self.segments[i], self.xp
+        name = f"{self.name}.{kind}.{i}"
+        with failure_joins_as_rejection(self.meter, name):
+            if kind == VARIANCE:
+                self.meter.run(ops.allreduce_, seg.grad, op=ReduceOp.Average, name=name)
+                return
+            if kind == ONEBIT:
+                xp.copy_(seg.work, seg.grad)
+            else:
+                if groups is None:
+                    raise ValueError(f"{self.name}: a sync step needs the param groups")
+                group = groups[seg.group]
+                self._local_momentum(seg, group, seg.scratch)
+                xp.add_(xp.copy_(seg.work, seg.u), seg.scratch, alpha=group["lr"])
+            self.backup(i)  # a later bucket may still fail: keep a way back
+        self.meter.run(compressed_allreduce_, seg.work, *self.mutable_state(seg), name=name)
+
+    def synchronize(self, groups: Sequence[dict[str, Any]] | None = None) -> None:
+        """A variance step averages ``grad`` densely here (as Horovod: an edit after it acts on the average); the
+        other kinds never average a gradient (with overlap the buckets started from the hooks are finished)."""
+        if self.step_kind() == VARIANCE:
+            if not self._done:
+                self.reduce_all(groups)
+        else:
+            BucketedAlgorithm.synchronize(self, groups)
+
+    def consumes_gradients_in_synchronize(self) -> bool:
+        return self.overlap and self.step_kind() != VARIANCE
+
+    # -- the step --------------------------------------------------------------------------------------
+    def step(self, groups: Sequence[dict[str, Any]]) -> int:
+        """One step on every segment (reducing the buckets not reduced yet); returns the new step count. Nothing
+        changes if the hyper-parameters are refused or any bucket or gradient is refused on any rank."""
+        t, kind = self.t + 1, self.step_kind()
+        try:
+            for group in groups:
+                check_hyperparameters(self.name, group)
+        except ValueError:
+            self.abandon()
+            raise
+        self.reduce_pending(groups)
+        if kind == VARIANCE:
+            self._check_finite()
+        elif kind == LOCAL:  # no collective to refuse a bad gradient: agree on it first (Z16)
+            bad = nonfinite_everywhere(self.xp, [seg.grad for seg in self.segments], self.meter,
+                                       f"{self.name}.local")
+            if bad:
+                raise UsageError(f"{self.name}: non-finite gradient on some rank at step {t} (a local step); step "
+                                 "not taken, state unchanged")
+        if self.t == 0 and self.options.var_freeze_step == 0:
+            self._anchor()  # all of the run is phase 2: x_anchor is the starting point
+        for seg in self.segments:
+            group = groups[seg.group]
+            if kind in (VARIANCE, ONEBIT):
+                self._phase1(seg, group, kind)
+            else:
+                self._phase2(seg, group, kind)
+        if t == self.options.var_freeze_step:  # P5: errors restart in u's units (Z7)
+            for seg in self.segments:
+                seg.onebit.reset()
+            self._anchor()
+        self._advance(t, kind)
+        self.t = t
+        return t
+
+    def _anchor(self) -> None:
+        """x_anchor = x (P5: the parameters every rank holds alike where phase 2 starts)."""
+        for seg in self.segments:
+            for a, p in zip(seg.views(seg.anchor), seg.params, strict=True):
+                self.xp.copy_(a, p)
+
+    def _check_finite(self) -> None:
+        # Every rank holds the same averaged gradients, so every rank reaches the same verdict.
+        for seg in self.segments:
+            bad = self.xp.first_nonfinite(seg.grad)
+            if bad is not None:
+                raise UsageError(f"{self.name}: non-finite averaged gradient at step {self.t + 1} (element {bad[0]} "
+                                 f"of param group {seg.group}: value {bad[1]}); step not taken, state unchanged")
+
+    def _local_momentum(self, seg: ZeroOneSegment, group: dict[str, Any], out: Tensor) -> Tensor:
+        """out = b1 m + (1 - b1) g_r, this rank's gradient (L1), leaving m as it is."""
+        b1 = group["betas"][0]
+        return self.xp.add_(self.xp.mul_(self.xp.copy_(out, seg.grad), 1 - b1), seg.exp_avg, alpha=b1)
+
+    def _decay(self, seg: ZeroOneSegment, factor: float) -> None:
+        if factor != 1.0:
+            self.xp.foreach_mul_(seg.params, factor)
+
+    def _phase1(self, seg: ZeroOneSegment, group: dict[str, Any], kind: str) -> None:
+        """P2-P4 on the dense (``grad``) or 1-bit (``work``) average of the gradients."""
+        xp = self.xp
+        (b1, b2), lr = group["betas"], group["lr"]
+        gbar = seg.grad if kind == VARIANCE else seg.work
+        if kind == VARIANCE:
+            xp.addcmul_(xp.mul_(seg.exp_avg_sq, b2), gbar, gbar, value=1 - b2)  # P2
+        xp.add_(xp.mul_(seg.exp_avg, b1), gbar, alpha=1 - b1)  # P3
+        d = xp.add_(xp.sqrt(seg.exp_avg_sq, out=seg.scratch), group["eps"])
+        seg.denom_key = None
+        self._decay(seg, 1 - lr * group["weight_decay"])  # P4, decoupled (Z3)
+        xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), seg.views(d), value=-lr)
+
+    def _frozen_denom(self, seg: ZeroOneSegment, eps: float) -> Tensor:
+        """d = sqrt(v) + eps of the frozen v, computed once per eps."""
+        if seg.denom_key != float(eps):
+            self.xp.add_(self.xp.sqrt(seg.exp_avg_sq, out=seg.denom), eps)
+            seg.denom_key = float(eps)
+        return seg.denom
+
+    def _phase2(self, seg: ZeroOneSegment, group: dict[str, Any], kind: str) -> None:
+        """L1-L3 on a local step; L5-L6 on a sync step (``work`` holds ubar, the 1-bit average of u: L4)."""
+        xp = self.xp
+        b1, lr, wd = group["betas"][0], group["lr"], group["weight_decay"]
+        d = self._frozen_denom(seg, group["eps"])
+        seg.lrs += lr
+        if kind == LOCAL:
+            xp.add_(xp.mul_(seg.exp_avg, b1), seg.grad, alpha=1 - b1)  # L1
+            xp.add_(seg.u, seg.exp_avg, alpha=lr)  # L3
+            self._decay(seg, 1 - lr * wd)  # L2
+            xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), seg.views(d), value=-lr)
+            return
+        if seg.lrs > 0:  # L5 (with no lr in the interval no local step moved: m stays)
+            xp.div_(xp.copy_(seg.exp_avg, seg.work), seg.lrs)
+        for p, a in zip(seg.params, seg.views(seg.anchor), strict=True):  # L6 from x_anchor (Z4)
+            xp.copy_(p, a)
+        self._decay(seg, 1 - seg.lrs * wd)
+        xp.foreach_addcdiv_(seg.params, seg.views(seg.work), seg.views(d), value=-1.0)
+        for a, p in zip(seg.views(seg.anchor), seg.params, strict=True):
+            xp.copy_(a, p)
+        xp.zero_(seg.u)
+        seg.lrs = 0.0
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def _copy(self, x: Tensor) -> Tensor:
+        return self.xp.copy_(self.xp.zeros_like(x), x)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The ``hvd_compress`` section (spec section 6; m and v are the wrapped optimizer's state)."""
+        return {
+            "algorithm": self.name,
+            "step": self.t,
+            "world_size": ops.size(),
+            "options": dataclasses.asdict(self.options),
+            "counters": [self.var_interval, self.var_counter, self.local_step_interval, self.local_step_counter],
+            "segments": [
+                {**self.layout_state(seg), "onebit": seg.onebit.state_dict(), "u": self._copy(seg.u),
+                 "anchor": self._copy(seg.anchor), "lrs": float(seg.lrs)}
+                for seg in self.segments
+            ],
+        }
+
+    def check_state_dict(self, ours: dict[str, Any]) -> None:
+        """A clear ValueError, before anything changes, if ``ours`` cannot be loaded here."""
+        what = f"{self.name}.load_state_dict"
+        if ours.get("algorithm") != self.name:
+            raise ValueError(f"{what}: the checkpoint is for {ours.get('algorithm')!r}")
+        if ours.get("world_size") != ops.size():
+            raise ValueError(f"{what}: checkpoint world size {ours.get('world_size')} != {ops.size()} (the error "
+                             "feedback and the local state are per rank)")
+        counters = ours.get("counters")
+        if not isinstance(counters, list) or len(counters) != 4:
+            raise ValueError(f"{what}: the checkpoint's schedule counters are {counters!r}")
+        saved = ours.get("segments", [])
+        self.check_layout(saved)
+        for seg, s in zip(self.segments, saved, strict=True):
+            seg.onebit.check_state_dict(s["onebit"])
+            for key in ("u", "anchor"):
+                if self.xp.describe(s.get(key)) != self.xp.describe(getattr(seg, key)):
+                    raise ValueError(f"{what}: {key} is {self.xp.describe(s.get(key))}, expected "
+                                     f"{self.xp.describe(getattr(seg, key))}")
+
+    def check_plain_step(self, t: int, key: str) -> None:
+        """A plain checkpoint (no ``key`` section) starts phase 1 with fresh errors; phase 2 needs u and x_anchor."""
+        if t > self.options.var_freeze_step:
+            raise ValueError(f"{self.name}: the optimizer state (step {t}) has no '{key}' section, which is needed "
+                             f"after var_freeze_step={self.options.var_freeze_step} (u, x_anchor, error feedback)")
+
+    def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int = 0) -> None:
+        """Restore ``state_dict()``, or start a plain checkpoint's step ``plain_step`` (call the checks first); a step
+        started but not taken is dropped first. The saved counters stand even where the options changed."""
+        self.abandon()
+        for seg in self.segments:
+            seg.denom_key = None
+        if ours is None:
+            self._replay(plain_step)
+            for seg in self.segments:
+                seg.onebit.reset()
+                self.xp.zero_(seg.u)
+                seg.lrs = 0.0
+            self._anchor()
+            return
+        self.t = int(ours["step"])
+        self.var_interval, self.var_counter, self.local_step_interval, self.local_step_counter = (
+            int(c) for c in ours["counters"])
+        for seg, saved in zip(self.segments, ours["segments"], strict=True):
+            seg.onebit.load_state_dict(saved["onebit"])
+            self.xp.copy_(seg.u, saved["u"])
+            self.xp.copy_(seg.anchor, saved["anchor"])
+            seg.lrs = float(saved["lrs"])

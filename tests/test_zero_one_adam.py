@@ -1,0 +1,183 @@
+"""hc.DistributedOptimizer(op=ZeroOneAdam) on real MPI processes (2, 3 and 4 ranks) against the NumPy reference
+hvd_compress.reference.zero_one_adam, element by element at every step, over variance steps, 1-bit gradient steps,
+the freeze and three doublings of the local-step interval; checkpoint resume bit for bit; bad input refused on
+every rank. One launch per rank count serves all tests of that count (module-scoped). The Keras 3 and tf_keras faces
+at 2 ranks against the same reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mpi_harness import load_pickled_ranks, load_ranks, mpirun
+from workers.common import rank_input
+
+from hvd_compress.reference import zero_one_adam as z
+from hvd_compress.reference.dtypes import ulp
+
+SIZES = [13, 30, 7]  # 50 elements: not a multiple of 8 * n; the 7 are a second param group (segment)
+SEGMENTS = [slice(0, 43), slice(43, 50)]
+STEPS = 32
+# Variance steps 1, 2, 3, 5, 7, 1-bit steps 4, 6, 8-10, freeze after 10; syncs at 11, 12, 13, 15, 23, 31 (the
+# interval doubles 1 -> 2 -> 4 -> 8, clipped there); local steps in between.
+OPTIONS = {"var_freeze_step": 10, "var_update_scaler": 2, "local_step_scaler": 2, "local_step_clipper": 8}
+# n -> (overlap, the step the run restarts from its checkpoint after, whether the bad-input checks run)
+LAUNCHES = {2: ("1", 7, False), 3: ("0", 10, True), 4: ("1", 17, False)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict]]:
+    done: dict[int, list[dict]] = {}
+
+    def get(n: int) -> list[dict]:
+        if n not in done:
+            overlap, stop, bad = LAUNCHES[n]
+            out: Path = tmp_path_factory.mktemp(f"zero_one_adam{n}")
+            opts = ",".join(f"{k}={v}" for k, v in OPTIONS.items()) + f",stops={stop}"
+            mpirun("zero_one_adam.py", n, out, "match+bad" if bad else "match", str(STEPS),
+                   ",".join(map(str, SIZES)), opts, overlap, timeout=300)
+            done[n] = load_ranks(out, n)
+        return done[n]
+
+    return get
+
+
+def _reference(n: int, lrs: list[float]) -> tuple[np.ndarray, list[str]]:
+    """Every rank's parameters after every step (steps x n x numel), each segment its own run, and the kinds."""
+    total = sum(SIZES)
+    x0 = rank_input(0, total, torch.float32, seed=777).double().numpy()
+    grads = [[rank_input(r, total, torch.float32, seed=t + 1).double().numpy() for r in range(n)]
+             for t in range(STEPS)]
+    want = np.zeros((STEPS, n, total))
+    for sl in SEGMENTS:
+        trace = z.zero_one_adam(x0[sl], [[g[sl] for g in step] for step in grads], lrs, weight_decay=0.05,
+                                **OPTIONS)
+        for t in range(STEPS):
+            for r in range(n):
+                want[t, r, sl] = trace.params[t][r]
+    return want, trace.kinds
+
+
+def _assert_matches(got: np.ndarray, want: np.ndarray, what: str, kinds: list[str]) -> None:
+    """float32 against float64, element by element at every step: a few roundings per step taken, in ulps of the
+    element (at least 0.1: x_anchor - ubar / d cancels near zero, lr 0.01 times m / d up to ~10 without bias
+    correction); an element near 0 also carries a rounding of the step's largest terms, up to 4 ulps of its largest
+    |x| (x_anchor - ubar / d, the decay). The error stays bounded over the run; a wrong rule is off by > 1e-4."""
+    for t in range(len(want)):
+        floor = 4.0 * ulp(np.abs(want[t]).max(), "float32")
+        tol = np.maximum(4.0 * (t + 1) * ulp(np.maximum(np.abs(want[t]), 0.1), "float32"), floor)
+        err = np.abs(got[t] - want[t])
+        bad = np.flatnonzero(err > tol)
+        assert bad.size == 0, (
+            f"{what} step {t + 1} ({kinds[t]}): {bad.size} element(s) off the reference, first {bad[0]}: "
+            f"got {got[t][bad[0]]!r}, reference {want[t][bad[0]]!r} (tolerance {tol[bad[0]]:.3g})")
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_every_step_matches_the_reference_on_every_rank(runs, n: int) -> None:
+    ranks = runs(n)
+    lrs = ranks[0]["lrs"]
+    assert lrs[0] > lrs[-1], "the LR scheduler did not act"
+    want, kinds = _reference(n, lrs)
+    assert ranks[0]["kinds"] == kinds
+    assert {"variance", "onebit", "sync", "local"} == set(kinds)
+    for r, rk in enumerate(ranks):
+        _assert_matches(torch.stack(rk["trace"]).double().numpy(), want[:, r], f"n={n} rank {r}", kinds)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ranks_hold_identical_parameters_after_every_step_but_local_ones(runs, n: int) -> None:
+    ranks = runs(n)
+    for t, kind in enumerate(ranks[0]["kinds"]):
+        distinct = len({rk["hashes"][t] for rk in ranks})
+        if kind == "local":  # each rank stepped on its own gradient
+            assert distinct == n, f"n={n} step {t + 1} (local): only {distinct} distinct parameter sets"
+        else:
+            assert distinct == 1, f"n={n} step {t + 1} ({kind}): ranks differ"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_resume_from_a_checkpoint_is_bit_identical(runs, n: int) -> None:
+    """Restarted after step 7 (phase 1), 10 (the freeze; the next step is the first sync) or 17 (inside a local
+    interval) in fresh objects: every later step's parameters, and the final m, u, x_anchor, errors and lrs."""
+    ranks = runs(n)
+    stop = LAUNCHES[n][1]
+    for r, rk in enumerate(ranks):
+        resumed = rk["resumed"][stop]
+        assert resumed["kinds"] == rk["kinds"][stop:], f"rank {r}: the schedule did not resume"
+        for t, (a, b) in enumerate(zip(rk["hashes"][stop:], resumed["hashes"], strict=True)):
+            assert a == b, f"n={n} rank {r}: the run resumed after step {stop} differs at step {stop + t + 1}"
+        assert resumed["final_state"] == rk["final_state"], f"n={n} rank {r}: the resumed run's state differs"
+
+
+def test_bytes_per_step_follow_the_step_kind(runs) -> None:
+    """A local step sends only the finite agreement; 1-bit gradient and sync steps the same 1-bit payload; a
+    variance step the dense average."""
+    rk = runs(2)[0]
+    sent: dict[str, set[int]] = {}
+    for kind, stats in zip(rk["kinds"], rk["stats"], strict=True):
+        sent.setdefault(kind, set()).add(stats["bytes_sent"])
+    assert all(len(v) == 1 for v in sent.values()), sent
+    assert sent["onebit"] == sent["sync"]
+    assert min(sent["local"]) < min(sent["onebit"]) < min(sent["variance"]), sent
+
+
+def test_bad_input_raises_on_every_rank_and_changes_nothing(runs) -> None:
+    ranks = runs(3)
+    expected = {
+        "unknown_option": "TypeError: op=ZeroOneAdam got unknown options ['freeze_step']; it takes var_freeze_step",
+        "negative_freeze": "ValueError: op=ZeroOneAdam: var_freeze_step must be an int >= 0",
+        "zero_clipper": "ValueError: op=ZeroOneAdam: local_step_clipper must be an int >= 1",
+        "float_scaler": "ValueError: op=ZeroOneAdam: var_update_scaler must be an int >= 1",
+        "sgd": "TypeError: op=ZeroOneAdam wraps torch.optim.Adam or AdamW",
+        "adam_l2": "ValueError: op=ZeroOneAdam decays weights decoupled",
+        "amsgrad": "ValueError: op=ZeroOneAdam does not support amsgrad",
+        "onebit_checkpoint": "ValueError: ZeroOneAdam.load_state_dict: the checkpoint is for 'OneBitAdam'",
+        "nan_variance": "UsageError: ZeroOneAdam: non-finite averaged gradient at step 1",
+        "nan_onebit": "UsageError: ZeroOneAdam: step 4 rejected on every rank",
+        "nan_sync": "UsageError: ZeroOneAdam: step 5 rejected on every rank",
+        "nan_local": "UsageError: ZeroOneAdam: non-finite gradient on some rank at step 6",
+        "negative_lr": "ValueError: op=ZeroOneAdam: need lr >= 0",
+        "plain_checkpoint_phase2": "ValueError: ZeroOneAdam: the optimizer state (step 9) has no 'hvd_compress'",
+        "after": "no error",
+    }
+    for r, rk in enumerate(ranks):
+        got = rk["bad"]
+        for key, prefix in expected.items():
+            assert got[key].startswith(prefix), f"rank {r}, {key}: {got[key]}"
+        for key in ("nan_variance", "nan_onebit", "nan_sync", "nan_local", "negative_lr"):
+            assert got[f"{key}_unchanged"] == "True", f"rank {r}, {key}: the state changed"
+        assert got["step"] == 11, f"rank {r}: {got['step']} steps taken, 11 good ones given"
+        assert torch.equal(got["final"], ranks[0]["bad"]["final"]), f"rank {r}: parameters differ from rank 0's"
+
+
+def _f32(a: float) -> float:
+    return float(np.float32(a))
+
+
+@pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
+def test_keras_faces_match_the_reference_at_two_ranks(flavour: str, out_dir: Path) -> None:
+    """keras.optimizers.AdamW (or tf_keras's) under hck.DistributedOptimizer(op=hck.ZeroOneAdam), given gradients.
+    The TF faces hand the hyper-parameters over as float64 casts of float32 tensors: the reference takes those."""
+    n, total = 2, sum(SIZES)
+    opts = ",".join(f"{k}={v}" for k, v in OPTIONS.items())
+    mpirun("keras_zero_one_adam.py", n, out_dir, str(STEPS), ",".join(map(str, SIZES)), opts, timeout=300,
+           env={"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else None)
+    ranks = load_pickled_ranks(out_dir, n)
+    assert ranks[0]["legacy"] == (flavour == "tf_keras")
+
+    def given(seed: int, rank: int) -> np.ndarray:
+        return np.random.default_rng(1000 * seed + rank).standard_normal(total).astype(np.float32).astype(np.float64)
+
+    grads = [[given(t + 1, r) for r in range(n)] for t in range(STEPS)]
+    # One segment: the TF faces cut one bucket of all variables below 1 MiB.
+    trace = z.zero_one_adam(given(777, 0), grads, _f32(0.01), betas=(_f32(0.9), _f32(0.999)), eps=_f32(1e-8),
+                            weight_decay=_f32(0.05), **OPTIONS)
+    for t, kind in enumerate(trace.kinds):
+        distinct = len({rk["hashes"][t] for rk in ranks})
+        assert distinct == (n if kind == "local" else 1), f"{flavour} step {t + 1} ({kind}): {distinct} parameter sets"
+    for r, rk in enumerate(ranks):
+        want = np.stack([p[r] for p in trace.params])
+        _assert_matches(np.stack(rk["trace"]).astype(np.float64), want, f"{flavour} rank {r}", trace.kinds)

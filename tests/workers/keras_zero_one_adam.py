@@ -1,0 +1,47 @@
+"""hck.DistributedOptimizer(op=ZeroOneAdam) around Keras 3's AdamW, or tf_keras's with TF_USE_LEGACY_KERAS=1, with
+given per-rank gradients (``apply_gradients``), for the test to feed the same ones to the NumPy reference: every
+step's parameters and their hash.
+
+argv: out_dir steps sizes(comma list) options(k=v,...)
+"""
+
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+from tf_common import digest, save
+
+import hvd_compress.keras as hck
+
+legacy = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
+if legacy:
+    keras = tf.keras
+    assert keras.__name__.startswith("tf_keras"), keras.__name__
+else:
+    import keras
+steps = int(sys.argv[2])
+sizes = [int(s) for s in sys.argv[3].split(",")]
+options = {k: int(v) for k, v in (kv.split("=") for kv in sys.argv[4].split(",") if kv)}
+hck.init()
+r = hck.rank()
+total = sum(sizes)
+
+
+def given(seed: int, rank: int) -> np.ndarray:
+    """The test's inputs: float32 normal draws from (seed, rank)."""
+    return np.random.default_rng(1000 * seed + rank).standard_normal(total).astype(np.float32)
+
+
+x0 = np.split(given(777, 0), np.cumsum(sizes)[:-1])
+variables = [tf.Variable(x) if legacy else keras.Variable(x) for x in x0]
+inner = keras.optimizers.AdamW(learning_rate=0.01, weight_decay=0.05, epsilon=1e-8)
+opt = hck.DistributedOptimizer(inner, op=hck.ZeroOneAdam, **options)
+trace, hashes = [], []
+for step in range(steps):
+    grads = np.split(given(step + 1, r), np.cumsum(sizes)[:-1])
+    opt.apply_gradients(zip([tf.constant(g) for g in grads], variables, strict=True))
+    flat = np.concatenate([np.asarray(v.numpy()).reshape(-1) for v in variables])
+    trace.append(flat)
+    hashes.append(digest([flat]))
+save(r, {"trace": trace, "hashes": hashes, "legacy": legacy})

@@ -1,0 +1,97 @@
+"""hc.DistributedOptimizer(op=ZeroOneAdam) on parameters whose gradients are given inputs: the loss
+sum_i <P_i, G_i(step, rank)> makes every gradient exactly G_i, so the test feeds the same per-rank gradients to the
+NumPy reference. Two param groups (two segments, each with its own error feedback, u, x_anchor and lrs).
+
+argv: out_dir mode steps sizes(comma list; the last one is group 2) options(k=v,...) [overlap(1|0)]
+mode: "match" saves every step's parameters, hashes, kinds, lrs and bytes; "match+bad" also runs
+zero_one_adam_bad.py's checks.
+``stops=a:b:...`` among the options: the run saves a checkpoint before each of those steps and restarts from each
+(fresh objects, torch.load), saving the resumed runs' hashes and final state.
+"""
+
+import hashlib
+import io
+import sys
+
+import torch
+from common import rank_input, save
+
+import hvd_compress.torch as hc
+
+mode, steps = sys.argv[2], int(sys.argv[3])
+sizes = [int(s) for s in sys.argv[4].split(",")]
+options = dict(kv.split("=") for kv in sys.argv[5].split(",") if kv)
+stops = [int(s) for s in options.pop("stops", "").split(":") if s]
+options = {k: int(v) for k, v in options.items()}
+overlap = sys.argv[6] != "0" if len(sys.argv) > 6 else True
+hc.init()
+r = hc.rank()
+torch.set_num_threads(1)
+total = sum(sizes)
+
+
+def make() -> tuple[list[torch.nn.Parameter], torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    x0 = rank_input(0, total, torch.float32, seed=777)  # the same on every rank
+    params = [torch.nn.Parameter(p.clone()) for p in x0.split(sizes)]
+    base = torch.optim.AdamW([{"params": params[:-1]}, {"params": params[-1:]}], lr=0.01, weight_decay=0.05)
+    opt = hc.DistributedOptimizer(base, named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
+                                  op=hc.ZeroOneAdam, overlap=overlap, **options)
+    return params, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.7)
+
+
+def flat(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def run(params, opt, sched, first: int, out: dict, checkpoints: dict | None = None) -> None:
+    for step in range(first, steps):
+        if checkpoints is not None and step in stops:
+            buf = io.BytesIO()
+            torch.save({"params": [p.detach().clone() for p in params], "opt": opt.state_dict(),
+                        "sched": sched.state_dict()}, buf)
+            checkpoints[step] = buf.getvalue()
+        opt.zero_grad()
+        out["kinds"].append(opt.step_kind)
+        grads = rank_input(r, total, torch.float32, seed=step + 1).split(sizes)
+        sum((p * g).sum() for p, g in zip(params, grads, strict=True)).backward()
+        out["lrs"].append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+        out["trace"].append(flat(params).clone())
+        out["hashes"].append(digest(flat(params)))
+        out["stats"].append(opt.comm_stats())
+
+
+def state_digest(opt) -> str:
+    ours = opt.state_dict()["hvd_compress"]
+    parts = [t for seg in ours["segments"] for t in (seg["u"], seg["anchor"], seg["onebit"]["worker_error"],
+                                                     seg["onebit"]["server_error"])]
+    m = [s["exp_avg"].reshape(-1) for s in opt.state_dict()["state"].values()]
+    return digest(torch.cat([t.reshape(-1) for t in parts + m])) + repr([s["lrs"] for s in ours["segments"]])
+
+
+params, opt, sched = make()
+a = {"kinds": [], "lrs": [], "trace": [], "hashes": [], "stats": []}
+checkpoints: dict[int, bytes] = {}
+run(params, opt, sched, 0, a, checkpoints)
+result = {**a, "state": opt.state_dict(), "final_state": state_digest(opt), "resumed": {}}
+for stop, blob in checkpoints.items():
+    params, opt, sched = make()
+    saved = torch.load(io.BytesIO(blob), weights_only=False)
+    with torch.no_grad():
+        for p, v in zip(params, saved["params"], strict=True):
+            p.copy_(v)
+    opt.load_state_dict(saved["opt"])
+    sched.load_state_dict(saved["sched"])
+    b = {"kinds": [], "lrs": [], "trace": [], "hashes": [], "stats": []}
+    run(params, opt, sched, stop, b)
+    result["resumed"][stop] = {"hashes": b["hashes"], "kinds": b["kinds"], "final_state": state_digest(opt)}
+if mode == "match+bad":
+    from zero_one_adam_bad import bad_cases
+
+    result["bad"] = bad_cases(r, hc.size())
+save(r, result)
