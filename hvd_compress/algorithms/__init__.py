@@ -20,6 +20,7 @@ from hvd_compress.algorithms.onebit import OneBitAlgorithm
 from hvd_compress.algorithms.onebit_adam import OneBitAdam
 from hvd_compress.algorithms.onebit_lamb import OneBitLamb
 from hvd_compress.algorithms.options import BUCKET_OPTIONS, parse_options
+from hvd_compress.algorithms.powersgd import PowerSGD
 from hvd_compress.algorithms.signsgd import SignSGD
 from hvd_compress.algorithms.slamb import Slamb
 from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam
@@ -29,12 +30,15 @@ from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
 def _registry(*classes: type) -> dict[AlgorithmOp, type]:
     for algorithm in classes:
         check_declared(algorithm)
+    values = [algorithm.op.value for algorithm in classes]
+    if len(set(values)) != len(values):  # a Keras config stores the value: two algorithms may not share one
+        raise TypeError(f"two registered algorithms share an AlgorithmOp value: {sorted(values)}")
     return {algorithm.op: algorithm for algorithm in classes}
 
 
 #: Optimizer algorithms by op: the class that runs it over a face's segments.
 REGISTRY: dict[AlgorithmOp, type[Any]] = _registry(OneBitAdam, OneBitLamb, Slamb, BirderAlgorithm, SignSGD,
-                                               ZeroOneAdam)
+                                              ZeroOneAdam, PowerSGD)
 
 #: The ``op=`` constants the faces export, by name (``hc.OneBitAdam``, ...).
 OPS: dict[str, AlgorithmOp] = {op.name: op for op in REGISTRY}
@@ -71,6 +75,6 @@ def parse(op: AlgorithmOp, given: dict[str, Any], also: Sequence[str] = BUCKET_O
 
 
 __all__ = [
-    "OPS", "REGISTRY", "BirderAlgorithm", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "SignSGD", "Slamb",
-    "ZeroOneAdam", "lookup", "parse", "resolve_op",
+    "OPS", "REGISTRY", "BirderAlgorithm", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "PowerSGD", "SignSGD",
+    "Slamb", "ZeroOneAdam", "lookup", "parse", "resolve_op",
 ]

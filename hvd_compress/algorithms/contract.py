@@ -17,8 +17,10 @@ from hvd_compress.ops.constants import AlgorithmOp
 #: The buffer sets the faces allocate, one engine each: "onebit" (per-bucket m, v and error feedback:
 #: ``algorithms.onebit``), "slamb" (element-wise m, v, c over all parameters plus the masks: ``algorithms.slamb``),
 #: "flat" (per-bucket flat buffers ``m``, ``b`` and the 1-bit exchange's error: ``algorithms.birder.BirderSegment``),
-#: "zeroone" (per-bucket m, v, u, x_anchor, error feedback and sum of lr: ``algorithms.zero_one_adam.ZeroOneSegment``).
-BUFFERS = ("onebit", "slamb", "flat", "zeroone")
+#: "zeroone" (per-bucket m, v, u, x_anchor, error feedback and sum of lr: ``algorithms.zero_one_adam.ZeroOneSegment``),
+#: "lowrank" (op=Average's gradient buckets, each with its error, P and Q: ``algorithms.powersgd``; a reduction:
+#: the wrapped optimizer steps on what it returns).
+BUFFERS = ("onebit", "slamb", "flat", "zeroone", "lowrank")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +44,7 @@ ADAM = Wraps("adam", ("beta1", "beta2", "eps", "weight_decay"))  # torch Adam/Ad
 LAMB = Wraps("lamb", ("beta1", "beta2", "eps", "weight_decay"))  # hc.Lamb; Keras Lamb (tf_keras: Adam/AdamW)
 SLAMB_LAMB = Wraps("slamb-lamb", ("beta1", "beta2", "eps", "weight_decay"))  # as LAMB, Keras 3's Lamb only
 BIRDER = Wraps("birder", ("beta", "eps", "weight_decay"))  # hc.Birder / hck.Birder
+ANY = Wraps("any", ())  # a reduction: any optimizer steps on the reduced gradients (the face reads nothing of it)
 SGD = Wraps("sgd", ())  # plain SGD: lr only (the algorithm's ``check_group`` refuses momentum and decay)
 
 

@@ -42,6 +42,7 @@ from hvd_compress.keras.wrapped_step import (
     parse_op,
     per_rank_variables,
     reset_error_feedback,
+    stateful_reduction,
     synchronize_parameters,
 )
 from hvd_compress.ops.compression import Compression, Compressor
@@ -52,6 +53,7 @@ from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce
 from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction
 from hvd_compress.tensorflow.functions import check_not_xla, dense
+from hvd_compress.tensorflow.powersgd import PowerSGDReduction
 
 
 def is_tf_keras_optimizer(optimizer: Any) -> bool:
@@ -155,7 +157,7 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}", jit_compile=False)
         self._compressor = compressor
         self._stateful_compressor: Compressor | None = stateful
-        self._error_feedback: ErrorFeedbackReduction | None = None
+        self._error_feedback: ErrorFeedbackReduction | PowerSGDReduction | None = None
         self.compression = stateful or compressor or Compression.none
         self.inner_optimizer = optimizer
         self.op = config.op
@@ -232,12 +234,14 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
                                                                    variable_name="hvdc_accumulated_grad")
                                   for v in var_list]
         algorithm = self._config.algorithm
-        if self._stateful_compressor is not None:
+        if self._stateful_compressor is not None or self._config.reduction is not None:
             bad = [v.name for v in var_list if v.dtype != tf.float32]
             if bad:
-                raise ValueError(f"compression={self._stateful_compressor!r} supports float32 variables, not {bad}")
-            self._error_feedback = ErrorFeedbackReduction(self._stateful_compressor, self.op,
-                                                          [tuple(v.shape) for v in var_list], self._meter)
+                what = f"op={self.op.name}" if self._stateful_compressor is None else \
+                    f"compression={self._stateful_compressor!r}"
+                raise ValueError(f"{what} supports float32 variables, not {bad}")
+            self._error_feedback = stateful_reduction(self._config, self._stateful_compressor,
+                                                      [tuple(v.shape) for v in var_list], self._meter)
             self._state = {}
             for key, (shape, dtype, init) in self._error_feedback.state_shapes().items():
                 self._state[key] = self.add_variable(shape=list(shape), dtype=dtype,

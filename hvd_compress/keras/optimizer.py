@@ -41,6 +41,7 @@ from hvd_compress.keras.wrapped_step import (
     parse_op,
     per_rank_variables,
     reset_error_feedback,
+    stateful_reduction,
     synchronize_parameters,
 )
 from hvd_compress.ops.compression import Compression, Compressor
@@ -51,6 +52,7 @@ from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce
 from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction
 from hvd_compress.tensorflow.functions import dense
+from hvd_compress.tensorflow.powersgd import PowerSGDReduction
 
 
 def _in_xla() -> bool:
@@ -166,7 +168,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name or f"Distributed{type(optimizer).__name__}")
         self._compressor = compressor
         self._stateful_compressor: Compressor | None = stateful
-        self._error_feedback: ErrorFeedbackReduction | None = None
+        self._error_feedback: ErrorFeedbackReduction | PowerSGDReduction | None = None
         self.compression = stateful or compressor or Compression.none
         self.inner_optimizer = optimizer
         self.op = config.op
@@ -221,7 +223,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if self.backward_passes_per_step > 1:
             self._pass_count = self.add_variable(shape=(), dtype="int64", initializer="zeros", name="hvdc_passes")
             self._accumulators = [self.add_variable_from_reference(v, name="hvdc_accumulated_grad") for v in var_list]
-        if self._stateful_compressor is not None:
+        if self._stateful_compressor is not None or self._config.reduction is not None:
             self._build_error_feedback(var_list)
         if self._algorithm is None:
             self.inner_optimizer.build(var_list)
@@ -239,10 +241,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def _build_error_feedback(self, var_list: list[Any]) -> None:
         bad = [v.path for v in var_list if v.dtype != "float32"]
         if bad:
-            raise ValueError(f"compression={self._stateful_compressor!r} supports float32 variables (mixed_float16 "
-                             f"keeps them), not {bad}")
-        self._error_feedback = ErrorFeedbackReduction(self._stateful_compressor, self.op,
-                                                      [tuple(v.shape) for v in var_list], self._meter)
+            what = f"op={self.op.name}" if self._stateful_compressor is None else \
+                f"compression={self._stateful_compressor!r}"
+            raise ValueError(f"{what} supports float32 variables (mixed_float16 keeps them), not {bad}")
+        self._error_feedback = stateful_reduction(self._config, self._stateful_compressor,
+                                                  [tuple(v.shape) for v in var_list], self._meter)
         self._state = {key: self.add_variable(shape=shape, dtype=dtype, initializer=init, name=f"hvdc_{key}")
                        for key, (shape, dtype, init) in self._error_feedback.state_shapes().items()}
 

@@ -35,6 +35,7 @@ from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
 from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
 from hvd_compress.tensorflow.functions import check_group_compression, dense, numpy_call
+from hvd_compress.tensorflow.powersgd import PowerSGDReduction
 
 LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
 #: The kinds (``algorithms.contract.Wraps``) whose Keras optimizer may be a Lamb, so take ``LAMB_DEFAULTS``' options.
@@ -60,6 +61,7 @@ class OpConfig:
     overlap: bool = True
     predivide: float = 1.0
     average_passes: bool = False
+    reduction: type | None = None  # an algorithm that is a reduction with state (``stateful_reduction``)
 
 
 def check_passes(backward_passes_per_step: Any) -> int:
@@ -99,6 +101,10 @@ def parse_op(op: Any, algorithm_options: dict[str, Any]) -> OpConfig:
         return OpConfig(op, bucket_mb=float(parsed.bucket_mb), hierarchical=parsed.hierarchical,
                         average_passes=average_passes)
     algorithm = algorithms.lookup(op)
+    if algorithm.buffers == "lowrank":  # a reduction with state over one bucket (``stateful_reduction``)
+        pop_horovod_defaults(options, what, takes=option_names(algorithm.options_cls, ()))
+        return OpConfig(op, reduction=algorithm, options=algorithms.parse(op, options, ()),
+                        average_passes=average_passes)
     # The wrapped LAMB's trust-ratio bounds (kinds that may wrap a Lamb) and the algorithm's buckets, reduced while
     # backward runs (``tensorflow.algorithm_step``), cut as op=Average's: the face's options beside the algorithm's.
     lamb = algorithm.wraps.kind in LAMB_KINDS
@@ -140,6 +146,15 @@ def parse_compression(compression: Any, config: OpConfig, inner: Any, name: str)
         raise ValueError(f"{name}: gradient_predivide_factor does not apply to compression={compressor!r}")
     check_inner_momentum(compressor, inner)
     return None, compressor
+
+
+def stateful_reduction(config: OpConfig, compressor: Compressor | None, shapes: Sequence[tuple[int, ...]],
+                       meter: CommMeter) -> ErrorFeedbackReduction | PowerSGDReduction | None:
+    """The gradient reduction of a wrapper that keeps state in its variables (``state_shapes``): top-k/random-k's
+    error feedback (``compressor``), or an algorithm of ``lowrank`` buffers (op=PowerSGD); None for the others."""
+    if config.reduction is not None:
+        return PowerSGDReduction(config.options, shapes, meter)
+    return None if compressor is None else ErrorFeedbackReduction(compressor, config.op, shapes, meter)
 
 
 def compression_config(compressor: Compressor) -> Any:
@@ -275,7 +290,7 @@ def synchronize_parameters(runner: FusedStep | None, variables: Sequence[Any], n
 
 def reset_error_feedback(state: dict[str, Any]) -> None:
     """Zero the per-rank error feedback in ``state``: worker and server error of 1-bit Adam/LAMB and Birder, or
-    top-k/random-k's error (and DGC velocity)."""
-    for key in ("worker_error", "server_error", *ErrorFeedbackReduction.per_rank):
+    top-k/random-k's error (and DGC velocity), or PowerSGD's error."""
+    for key in ("worker_error", "server_error", *ErrorFeedbackReduction.per_rank, *PowerSGDReduction.per_rank):
         if key in state:
             state[key].assign(tf.zeros_like(state[key]))

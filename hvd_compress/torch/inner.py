@@ -17,6 +17,7 @@ _CLASSES: dict[str, tuple[type, str]] = {
     "slamb-lamb": (Lamb, "hc.Lamb"),
     "birder": (Birder, "hc.Birder"),
     "sgd": (torch.optim.SGD, "torch.optim.SGD"),
+    "any": (torch.optim.Optimizer, "a torch.optim.Optimizer"),
 }
 _REFUSED_FLAGS = {"adam": ("amsgrad", "maximize")}
 

@@ -24,6 +24,7 @@ from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.dense import DenseEngine, check_overlap_options
 from hvd_compress.torch.inner import check_inner
 from hvd_compress.torch.onebit_optimizer import OneBitEngine
+from hvd_compress.torch.powersgd import PowerSGDEngine
 from hvd_compress.torch.slamb_optimizer import SlambEngine
 from hvd_compress.torch.wrapping import compose
 from hvd_compress.torch.zero_one_adam import ZeroOneAdamEngine
@@ -152,8 +153,9 @@ def _adasum(optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceO
 
 
 #: The torch engine of each buffer set an algorithm declares (``algorithms.contract.BUFFERS``).
-_ENGINES: dict[str, type[BucketedEngine]] = {"onebit": OneBitEngine, "slamb": SlambEngine, "flat": BirderEngine,
-                                             "zeroone": ZeroOneAdamEngine}
+_ENGINES: dict[str, type[BucketedEngine] | type[PowerSGDEngine]] = {
+    "onebit": OneBitEngine, "slamb": SlambEngine, "flat": BirderEngine, "zeroone": ZeroOneAdamEngine,
+    "lowrank": PowerSGDEngine}
 
 
 def _algorithm(optimizer: torch.optim.Optimizer, named_parameters: Any, op: AlgorithmOp, passes: int,

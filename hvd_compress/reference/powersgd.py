@@ -1,0 +1,86 @@
+"""Reference PowerSGD over n virtual ranks, one bucket, in float64 (Vogels et al., NeurIPS 2019, arXiv 1905.13727).
+
+Per step, as ``hvd_compress.algorithms.powersgd.reduce_bucket`` and torch's ``powerSGD_hook`` run it: the first
+``start`` steps a dense average; then per rank M_i = g_i + e_i (Alg. 2 line 3); each parameter as a (first dim) x
+(rest) matrix, compressed when (rows + cols) r min_rate < rows cols, else averaged; for the compressed ones Alg. 1:
+Q from the last step (warm start) or drawn, orthogonalized (Gram-Schmidt for r <= 2, else QR); P = sum_i M_i Q
+(lines 3-4); P orthogonalized (line 5); Q = mean_i M_i^T P (lines 6-7); result P Q^T (line 8); e_i = M_i - result
+(Alg. 2 line 5). The random first Q comes from ``draw(seed, shapes)`` (the test gives torch's generator), the seeds
+from ``np.random.RandomState(random_seed).randint(10**9)``, one per draw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+
+def orthogonalize(m: np.ndarray, eps: float) -> np.ndarray:
+    """Orthonormal columns of ``m``: Gram-Schmidt with ``eps`` added to each norm for r <= 2, else QR."""
+    m = m.copy()
+    r = m.shape[1]
+    if r > 2:
+        return np.linalg.qr(m)[0]
+    for i in range(r):
+        m[:, i] /= np.linalg.norm(m[:, i]) + eps
+        for j in range(i + 1, r):
+            m[:, j] -= np.dot(m[:, i], m[:, j]) * m[:, i]
+    return m
+
+
+class PowerSGD:
+    """One bucket of parameters of ``shapes`` on ``n`` virtual ranks; ``step`` reduces one step's gradients."""
+
+    def __init__(self, n: int, shapes: Sequence[tuple[int, ...]], rank: int, start: int, min_rate: float = 2,
+                 error_feedback: bool = True, warm_start: bool = True, eps: float = 0.0, random_seed: int = 0,
+                 draw: Callable[[int, list[tuple[int, int]]], list[np.ndarray]] | None = None) -> None:
+        self.n, self.shapes, self.start, self.eps = n, [tuple(s) for s in shapes], start, eps
+        self.error_feedback, self.warm_start = error_feedback, warm_start
+        self.draw = draw
+        self.rng = np.random.RandomState(random_seed)
+        self.iter = 0
+        self.errors: list[list[np.ndarray]] | None = None
+        self.qs: list[np.ndarray] | None = None
+        self.ps: list[np.ndarray] = []
+        self.compressed, self.dense = [], []
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, s in enumerate(self.shapes):
+            rows = s[0] if s else 1
+            cols = int(np.prod(s)) // rows
+            r = min(rows, cols, rank)
+            if (rows + cols) * r * min_rate < rows * cols:
+                groups.setdefault((rows, cols), []).append(i)
+            else:
+                self.dense.append(i)
+        for (rows, cols), members in groups.items():  # the order the random Q are drawn in
+            self.compressed += [(i, rows, cols, min(rows, cols, rank)) for i in members]
+
+    def step(self, grads: list[list[np.ndarray]]) -> list[np.ndarray]:
+        """``grads[rank][param]``: the reduced gradient of each parameter (alike on every rank)."""
+        ms = [[np.asarray(g, dtype=np.float64).copy() for g in rank] for rank in grads]
+        if self.iter < self.start:
+            self.iter += 1
+            return [sum(m[i] for m in ms) / self.n for i in range(len(self.shapes))]
+        if self.error_feedback and self.errors is not None:
+            ms = [[m + e for m, e in zip(rank, errs, strict=True)] for rank, errs in zip(ms, self.errors, strict=True)]
+        out: list[np.ndarray] = [np.empty(0)] * len(self.shapes)
+        for i in self.dense:
+            out[i] = sum(m[i] for m in ms) / self.n
+        if self.compressed:
+            if self.qs is None or not self.warm_start:
+                seed = int(self.rng.randint(1_000_000_000))
+                self.qs = [np.asarray(q, dtype=np.float64) for q in self.draw(seed, [(c, r) for _, _, c, r in
+                                                                                     self.compressed])]
+            self.ps = []
+            for k, (i, rows, cols, _) in enumerate(self.compressed):
+                q = orthogonalize(self.qs[k], self.eps)
+                p = orthogonalize(sum(m[i].reshape(rows, cols) @ q for m in ms), self.eps)
+                q = sum(m[i].reshape(rows, cols).T @ p for m in ms) / self.n
+                self.ps.append(p)
+                self.qs[k] = q
+                out[i] = (p @ q.T).reshape(self.shapes[i])
+        if self.error_feedback:
+            self.errors = [[m - o for m, o in zip(rank, out, strict=True)] for rank in ms]
+        self.iter += 1
+        return out

@@ -1,0 +1,155 @@
+"""The engine of ``hc.DistributedOptimizer(op=hc.PowerSGD)``: op=Average's buckets, each reduced by PowerSGD.
+
+The rule, its state and its schedule are ``hvd_compress.algorithms.powersgd``; this module gives it torch's matrix
+work (``TorchMatrices``: the same torch calls as torch's ``powerSGD_hook``, so both round alike) and the core's
+allreduce, and keeps the one ``PowerSGDState`` in ``state_dict()``. Everything else (fused gradient buffers, buckets
+reduced during backward with ``overlap``, ``synchronize()``, gradient accumulation) is ``DenseEngine``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hvd_compress.algorithms import powersgd
+from hvd_compress.ops.buckets import failure_joins_as_rejection
+from hvd_compress.ops.compression import Compression
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.torch.dense import DenseEngine
+from hvd_compress.torch.functions import allreduce_
+from hvd_compress.torch.wrapping import STATE_KEY
+
+
+class TorchMatrices:
+    """``powersgd.MatrixBackend`` as torch ops: batched products and orthogonalization on (1, n, r) views, as
+    torch's hook computes them (torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py)."""
+
+    @staticmethod
+    def empty_like(numel: int, like: torch.Tensor) -> torch.Tensor:
+        return torch.empty(numel, dtype=like.dtype, device=like.device)
+
+    @staticmethod
+    def clone(x: torch.Tensor) -> torch.Tensor:
+        return x.detach().clone()
+
+    @staticmethod
+    def add_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x.add_(y)
+
+    @staticmethod
+    def sub(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a - b
+
+    @staticmethod
+    def view(flat: torch.Tensor, offset: int, shape: Sequence[int]) -> torch.Tensor:
+        numel = 1
+        for n in shape:
+            numel *= int(n)
+        return flat[offset : offset + numel].view(*shape)
+
+    @staticmethod
+    def cat(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t.reshape(-1) for t in tensors]) if tensors else like.new_empty(0)
+
+    @staticmethod
+    def split_(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+    @staticmethod
+    def randn_(seed: int, outs: Sequence[torch.Tensor]) -> None:
+        # torch's hook: manual_seed(seed), then one CPU randn per Q in order, copied to Q's device.
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        for q in outs:
+            q.copy_(torch.randn(1, *q.shape, generator=gen, dtype=q.dtype, device="cpu")[0])
+
+    @staticmethod
+    def orthogonalize_(x: torch.Tensor, epsilon: float) -> None:
+        matrices = x.unsqueeze(0)
+        rank = matrices.shape[2]
+        if rank <= 2 or matrices.dtype in (torch.float16, torch.bfloat16):
+            for i in range(rank):  # Gram-Schmidt, in torch's hook's order of operations
+                col = matrices[:, :, i : i + 1]
+                if epsilon == 0:
+                    col /= torch.norm(col, dim=1, keepdim=True)
+                else:
+                    col /= torch.norm(col, dim=1, keepdim=True) + epsilon
+                if i + 1 < rank:
+                    rest = matrices[:, :, i + 1 :]
+                    rest -= torch.sum(col * rest, dim=1, keepdim=True) * col
+        else:
+            r = torch.empty(1, rank, rank, device=x.device, dtype=x.dtype)
+            torch.linalg.qr(matrices, out=(matrices, r))
+
+    @staticmethod
+    def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, transpose_a: bool = False,
+               transpose_b: bool = False) -> torch.Tensor:
+        a3, b3 = a.unsqueeze(0), b.unsqueeze(0)
+        torch.bmm(a3.transpose(1, 2) if transpose_a else a3, b3.transpose(1, 2) if transpose_b else b3,
+                  out=out.unsqueeze(0))
+        return out
+
+
+class PowerSGDEngine(DenseEngine):
+    """op=PowerSGD: the gradient buckets of op=Average, each reduced by PowerSGD, then the wrapped optimizer steps."""
+
+    exports = ("overlap", "powersgd_state")
+
+    def __init__(self, optimizer: torch.optim.Optimizer, base: type, named_parameters: Any, passes: int,
+                 algorithm: type, options: powersgd.PowerSGDOptions, overlap: bool, bucket_mb: float) -> None:
+        del algorithm  # powersgd.PowerSGD: the rule is this module's calls of hvd_compress.algorithms.powersgd
+        # Sparse gradients (nn.Embedding(sparse=True)) stay op=Average's: gathered, not compressed.
+        super().__init__(optimizer, base, named_parameters, ReduceOp.Average, passes, 1.0, False, Compression.none,
+                         overlap, bucket_mb, None)
+        self.state = powersgd.PowerSGDState(options)
+        self.matrices = TorchMatrices()
+        self.shapes: list[list[tuple[int, ...]]] = [[] for _ in self.buckets]
+        for p in self.grads.params:  # in buffer order within each bucket
+            self.shapes[self.bucket_of[id(p)]].append(tuple(p.shape))
+
+    @property
+    def powersgd_state(self) -> powersgd.PowerSGDState:
+        """The PowerSGD state (errors, P and Q by bucket, ``iter``, the seed stream), torch's ``PowerSGDState``."""
+        return self.state
+
+    def _allreduce_bucket(self, index: int) -> None:
+        _, flat = self.buckets[index]
+        name = f"DistributedOptimizer.powersgd.{index}"  # each of the bucket's calls; a failure joins the next
+
+        def allreduce(tensor: torch.Tensor, average: bool, what: str) -> None:
+            self.meter.run(allreduce_, tensor, op=ReduceOp.Average if average else ReduceOp.Sum, name=name)
+
+        with failure_joins_as_rejection(self.meter, name), torch.no_grad():
+            powersgd.reduce_bucket(self.matrices, self.state, index, flat, self.shapes[index], allreduce)
+
+    def _synchronize_members(self) -> None:
+        super()._synchronize_members()
+        self.state.step_done()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state, plus this rank's PowerSGD state (``PowerSGDState.state_dict``)."""
+        out = self.base.state_dict(self.opt)
+        out[STATE_KEY] = {"powersgd": self.state.state_dict(lambda t: t.detach().clone())}
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a ``state_dict()`` (each rank its own: the error feedback is per rank). One without the PowerSGD
+        section (a plain torch checkpoint) restarts PowerSGD from step 0 with no error and no warm start."""
+        state_dict = dict(state_dict)
+        ours = (state_dict.pop(STATE_KEY, None) or {}).get("powersgd")
+        if ours is not None:  # check everything before changing anything
+            sizes = [flat.numel() for _, flat in self.buckets]
+            self.state.check_state_dict(ours, sizes, lambda t: t.numel())
+        self.base.load_state_dict(self.opt, state_dict)
+        if ours is None:
+            self.state = powersgd.PowerSGDState(self.state.options)
+            return
+
+        def copy(bucket: int, tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.detach().to(device=self.buckets[bucket][1].device).clone()
+
+        self.state.load_state_dict(ours, copy)

@@ -1,0 +1,68 @@
+"""hck.DistributedOptimizer(op=hck.PowerSGD) in Keras 3 and tf_keras on real MPI processes against
+hvd_compress.reference.powersgd (float64, n virtual ranks) on the same gradients: the reduced gradients, every rank's
+error, P and Q over steps crossing start_powerSGD_iter with warm start; a resume from the optimizer's variables bit
+for bit; bad options raising on every rank."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi_harness import load_pickled_ranks, mpirun
+
+from hvd_compress.reference.powersgd import PowerSGD
+
+pytest.importorskip("tensorflow")
+
+START, STEPS, RESUME_AT = 2, 5, 3  # as tests/workers/powersgd_keras.py
+
+
+def numpy_draw(seed: int, shapes: list[tuple[int, int]]) -> list[np.ndarray]:
+    """The Keras faces' first Q: NumPy's default_rng(seed), one float32 standard normal per Q in order."""
+    gen = np.random.default_rng(seed)
+    return [gen.standard_normal(s, dtype=np.float32).astype(np.float64) for s in shapes]
+
+
+# The reduced gradient is read back as (variable before) - (variable after) through SGD(learning_rate=1): one more
+# float32 rounding of the variable's magnitude. With the float32 products and orthogonalizations carried by the error
+# feedback over 3 compressed steps, 2e-5 of the largest magnitude bounds it (measured: below 4e-7).
+@pytest.mark.parametrize(("flavour", "rank_r"), [("keras", 2), ("tf_keras", 3)])
+def test_keras_powersgd_matches_numpy_reference(flavour: str, rank_r: int, out_dir) -> None:
+    env = {"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else None
+    mpirun("powersgd_keras.py", 2, out_dir, str(rank_r), env=env, timeout=240)
+    ranks = load_pickled_ranks(out_dir, 2)
+    shapes = [a.shape for a in ranks[0]["inputs"][0]]
+    ref = PowerSGD(2, shapes, rank_r, START, random_seed=7, draw=numpy_draw)
+
+    def near(got: np.ndarray, want: np.ndarray, what: str) -> None:
+        got = np.asarray(got, np.float64).reshape(-1)[: want.size].reshape(want.shape)
+        diff = float(np.abs(got - want).max()) if want.size else 0.0
+        assert diff <= 2e-5 * max(1.0, float(np.abs(want).max())), f"{flavour}: {what} off by {diff:.3g}"
+
+    for t in range(STEPS):
+        reduced = ref.step([[g.astype(np.float64) for g in got["inputs"][t]] for got in ranks])
+        for r, got in enumerate(ranks):
+            step = got["steps"][t]
+            assert int(step["powersgd_iter"]) == t + 1, f"{flavour}, rank {r}: step count {step['powersgd_iter']}"
+            for i, want in enumerate(reduced):
+                near(step["reduced"][i], want, f"rank {r}, step {t}, gradient {i}")
+            if t >= START:
+                flat = [np.concatenate([x.reshape(-1) for x in xs]) for xs in (ref.errors[r], ref.ps, ref.qs)]
+                for key, want in zip(("powersgd_error", "powersgd_p", "powersgd_q"), flat, strict=True):
+                    near(step[key], want, f"rank {r}, step {t}, {key}")
+            for i, (a, b) in enumerate(zip(step["values"], ranks[0]["steps"][t]["values"], strict=True)):
+                assert np.array_equal(a, b), f"{flavour}, step {t}: rank {r} variable {i} differs from rank 0's"
+    for r, got in enumerate(ranks):
+        assert got["per_rank"] == ["hvdc_powersgd_error"] or all("powersgd_error" in n for n in got["per_rank"]), \
+            f"{flavour}, rank {r}: per-rank variables {got['per_rank']}"
+        for t, (a, b) in enumerate(zip(got["resumed"], got["steps"][RESUME_AT:], strict=True)):
+            where = f"{flavour}, rank {r}, resumed at step {RESUME_AT}, step {RESUME_AT + t}"
+            for i, (x, y) in enumerate(zip(a["values"], b["values"], strict=True)):
+                assert np.array_equal(x, y), f"{where}: variable {i} differs by {float(np.abs(x - y).max()):.3g}"
+            for key in ("powersgd_error", "powersgd_p", "powersgd_q", "powersgd_rng"):
+                assert np.array_equal(a[key], b[key]), f"{where}: {key} differs"
+        bad = got["bad"]
+        for case, (kind, text) in {"rank0": ("ValueError", "matrix_approximation_rank"),
+                                   "unknown": ("TypeError", "start_powerSGD_iter"),
+                                   "bucket_mb": ("TypeError", "bucket_mb"),
+                                   "topk": ("ValueError", "needs op=Average or Sum")}.items():
+            assert bad[case].startswith(kind) and text in bad[case], f"{flavour}, rank {r}, {case}: {bad[case]}"
