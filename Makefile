@@ -36,15 +36,14 @@ test: install lint
 CPPTEST_DIR := build/cpptest
 CPPTEST_CXX ?= g++
 CPPTEST_FLAGS := -std=c++17 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
-	-fno-sanitize-recover=all -ffp-contract=off -Wall -Wno-psabi -pthread -Icpp/include -Icpp/tests -MMD -MP \
-	-DHVDC_ONEBIT_SELF_CHECK=1
+	-fno-sanitize-recover=all -ffp-contract=off -Wall -Wno-psabi -pthread -Icpp/include -Icpp/tests -MMD -MP
 # One line per test program (and its core objects), so that new programs merge without conflict.
 CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature onebit_kernels
 CPPTEST_OBJS_thread_communicator :=
 CPPTEST_OBJS_adasum := adasum adasum_kernels
 CPPTEST_OBJS_compressed_allreduce := compressed_allreduce onebit_kernels signature
 CPPTEST_OBJS_signature := signature
-CPPTEST_OBJS_onebit_kernels := onebit_kernels
+CPPTEST_OBJS_onebit_kernels := onebit_kernels onebit_self_check
 CPPTEST_BINS += philox
 CPPTEST_OBJS_philox := philox
 CPPTEST_BINS += reduce_ops
@@ -86,6 +85,10 @@ $(CPPTEST_DIR)/obj/%.o: cpp/src/%.cc Makefile
 	$(CPPTEST_CXX) $(CPPTEST_FLAGS) -c $< -o $@
 
 $(CPPTEST_DIR)/obj/%.o: cpp/tests/%.cc Makefile
+	@mkdir -p $(@D)
+	$(CPPTEST_CXX) $(CPPTEST_FLAGS) -c $< -o $@
+
+$(CPPTEST_DIR)/obj/%.o: cpp/bench/%.cc Makefile
 	@mkdir -p $(@D)
 	$(CPPTEST_CXX) $(CPPTEST_FLAGS) -c $< -o $@
 

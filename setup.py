@@ -105,8 +105,8 @@ class BuildExt(build_ext):
         if jobs > 1:
             compiler.compile = parallel_compile(compiler, jobs)
         # One extension after the other, each into a folder of its own (build_extension): both
-        # compile nanobind's nb_combined.cpp and cpp/src/onebit_kernels.cc, with different macros,
-        # and one object path per source would be shared, and raced for under -j.
+        # compile nanobind's nb_combined.cpp and cpp/src/onebit_kernels.cc, and one object path per
+        # source would be shared, and raced for under -j.
         self.parallel = False
         super().build_extensions()
 
@@ -148,15 +148,15 @@ def core_extension() -> Extension:
 
 
 def kernel_bench_extension() -> Extension:
-    """The 1-bit kernels with their self-check compiled in, Birder's stochastic kernels, the benchmarks, and
-    their bindings; no MPI."""
+    """The 1-bit kernels and Birder's stochastic kernels, with the benchmarks and the 1-bit self-check
+    (cpp/bench) and their bindings; no MPI."""
     sources = ["cpp/src/onebit_kernels.cc", "cpp/src/stochastic_kernels.cc", "cpp/src/philox.cc",
                *sorted(glob.glob("cpp/bench/*.cc")), NANOBIND_SOURCE]
     return Extension(
         "hvd_compress._kernel_bench",
         sources=sources,
         include_dirs=["cpp/include", *NANOBIND_INCLUDES],
-        define_macros=[("NDEBUG", "1"), ("HVDC_ONEBIT_SELF_CHECK", "1")],
+        define_macros=[("NDEBUG", "1")],
         extra_compile_args=COMPILE_ARGS,
         language="c++",
     )

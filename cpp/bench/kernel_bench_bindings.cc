@@ -2,8 +2,8 @@
 // (hvdc/onebit_kernel_bench.h) and that of Birder's stochastic quantizer
 // (hvdc/stochastic_kernel_bench.h), a small extension of their own so that the shipped
 // hvd_compress._core carries no test or benchmark hook. It holds its own copy of the kernels
-// (cpp/src/onebit_kernels.cc, compiled with HVDC_ONEBIT_SELF_CHECK), which choose their
-// implementation exactly as _core's do (CPU features, HVDC_ONEBIT_KERNELS).
+// (cpp/src/onebit_kernels.cc, compiled as for _core), which choose their implementation exactly
+// as _core's do (CPU features, HVDC_ONEBIT_KERNELS).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>

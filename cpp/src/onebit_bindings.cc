@@ -1,6 +1,7 @@
 // _core.onebit_padded_numel (see hvdc/compressed_allreduce.h) and the kernels' ISA. The kernel
-// self-check and benchmark live in hvd_compress._kernel_bench (cpp/bench). The collective itself is Runtime.compressed_allreduce (bindings.cc, runtime.h), on the protocol
-// every collective shares.
+// self-check and benchmark are not shipped: they live in hvd_compress._kernel_bench
+// (cpp/bench/onebit_self_check.cc, onebit_kernel_bench.cc). The collective itself is
+// Runtime.compressed_allreduce (bindings.cc, runtime.h), on the protocol every collective shares.
 #include "hvdc/onebit_bindings.h"
 
 #include "hvdc/compressed_allreduce.h"

@@ -29,11 +29,10 @@ namespace hvdc {
 // memcpy_K / K is the kernel's throughput relative to memcpy over the same bytes. Also "numel".
 std::map<std::string, double> onebit_kernel_bench(int64_t numel, DType dtype, int reps);
 
-// Runs every kernel of hvdc/onebit_kernels.h with both implementations (where this CPU has AVX2)
-// on `numel` pseudo-random elements of `dtype` drawn from `seed` (with zeros of both signs, tiny
-// and huge values) and compares the outputs byte for byte. "" if identical (or no AVX2 here), else
-// what differed where. Defined in cpp/src/onebit_kernels.cc (it needs both private
-// implementations), compiled only with HVDC_ONEBIT_SELF_CHECK.
+// Runs every kernel of hvdc/onebit_kernels.h with KernelChoice::kScalar and kAuto (where this CPU
+// has AVX2) on `numel` pseudo-random elements of `dtype` drawn from `seed` (with zeros of both
+// signs, tiny and huge values) and compares the outputs byte for byte. "" if identical (or no AVX2
+// here), else what differed where. Defined in cpp/bench/onebit_self_check.cc.
 std::string onebit_kernels_self_check(int64_t numel, DType dtype, uint64_t seed);
 
 }  // namespace hvdc

@@ -28,8 +28,7 @@
 // Implementation: every kernel has a portable scalar version and an AVX2 (+F16C, FMA) version
 // chosen at run time (__builtin_cpu_supports; the caller's KernelChoice, the runtime's
 // HVDC_ONEBIT_KERNELS read at init, can force the portable one); both produce identical bytes
-// (onebit_kernels_self_check, in
-// hvdc/onebit_kernel_bench.h).
+// (checked through this API by onebit_kernels_self_check, hvdc/onebit_kernel_bench.h).
 // The worker and server steps are two passes over a chunk, because the scale needs the whole sum
 // of squares before any error can be written: pass 1 (`*_signs`) reads only and writes the bits,
 // pass 2 (`*_error`) recomputes c (the same float32 operations, so the same value) and writes the
