@@ -12,12 +12,17 @@ from typing import Any
 from hvd_compress.ops import runtime
 from hvd_compress.ops.compression import compressed_allreduce_
 from hvd_compress.ops.compression import resolve as resolve_compression
-from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
+from hvd_compress.ops.constants import DENSE_OPS, AlgorithmOp, ReduceOp
 from hvd_compress.ops.tensors import as_core_buffer
 from hvd_compress.ops.traffic import Traffic, record
 
 
 def _check_op(op: Any) -> ReduceOp:
+    if isinstance(op, AlgorithmOp):
+        raise ValueError(
+            f"op {op.name} is an optimizer algorithm, not a reduction of one tensor: use "
+            f"DistributedOptimizer(opt, op={op.name}, ...) (or compressed_allreduce for the 1-bit collective)"
+        )
     try:
         op = ReduceOp(op)
     except ValueError:
@@ -65,12 +70,7 @@ def allreduce_(
     if op in DENSE_OPS:
         record(rt.allreduce(as_core_buffer(tensor), int(op), name or ""), traffic)
         return tensor
-    if op == ReduceOp.Adasum:
-        return adasum_fused_(tensor, [], name=name, traffic=traffic)
-    raise ValueError(
-        f"op {op.name} is an optimizer algorithm, not a reduction of one tensor: use "
-        f"DistributedOptimizer(opt, op={op.name}, ...) (or compressed_allreduce for the 1-bit collective)"
-    )
+    return adasum_fused_(tensor, [], name=name, traffic=traffic)  # _check_op leaves no other op
 
 
 def reject_allreduce(why: str, name: str | None = None) -> None:

@@ -22,7 +22,7 @@ from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops import masks as mask_ops
 from hvd_compress.ops import onebit as onebit_ops
 from hvd_compress.ops import process_sets
-from hvd_compress.ops.constants import DENSE_OPS, ReduceOp
+from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
 from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
 from hvd_compress.tensorflow.context import ensure_init
 
@@ -64,13 +64,12 @@ def check_not_xla(what: str) -> None:
 
 
 def _resolve_op(op: Any) -> ReduceOp:
+    if isinstance(op, AlgorithmOp):
+        raise ValueError(f"op {op.name} is an optimizer algorithm: use hvd_compress.keras.DistributedOptimizer")
     try:
-        op = ReduceOp(Average if op is None else op)
+        return ReduceOp(Average if op is None else op)
     except ValueError:
         raise ValueError(f"unknown reduction op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
-    if op not in DENSE_OPS and op != ReduceOp.Adasum:
-        raise ValueError(f"op {op.name} is an optimizer algorithm: use hvd_compress.keras.DistributedOptimizer")
-    return op
 
 
 def check_group_compression(compression: Any, op: ReduceOp, name: str) -> Any:
