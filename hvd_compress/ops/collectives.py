@@ -41,7 +41,7 @@ def check_predivide(factor: Any, op: Any) -> float:
     """Horovod's ``gradient_predivide_factor`` of a dense gradient reduction (op=Average only): a number > 0."""
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
         raise ValueError(f"gradient_predivide_factor must be a number > 0, got {factor!r}")
-    if factor != 1.0 and ReduceOp(op) != ReduceOp.Average:
+    if factor != 1.0 and op != ReduceOp.Average:
         raise ValueError("gradient_predivide_factor is supported with op=Average only (as in Horovod)")
     return float(factor)
 

@@ -54,12 +54,12 @@ class DistributedGradientTape:
                  bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True, *, compression: Any = None,
                  sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0, process_set: Any = None,
                  **horovod_options: Any):
-        op = ReduceOp(op)
         if op not in (ReduceOp.Average, ReduceOp.Sum):
             raise ValueError(
-                f"DistributedGradientTape supports op=Average or Sum, got {op.name}; for Adasum and the "
-                "compressed optimizers wrap the optimizer: hvd_compress.keras.DistributedOptimizer"
+                f"DistributedGradientTape supports op=Average or Sum, got {getattr(op, 'name', op)}; for Adasum and "
+                "the compressed optimizers wrap the optimizer: hvd_compress.keras.DistributedOptimizer"
             )
+        op = ReduceOp(op)
         horovod_options = dict(horovod_options)
         pop_horovod_defaults(horovod_options, "DistributedGradientTape")
         if horovod_options:
