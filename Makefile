@@ -208,7 +208,7 @@ bench-kernels: install
 TWO_NODES_RATE ?= 1gbit
 TWO_NODES_ARGS ?= --sizes 1,16,64 --only "Birder step,Birder hierarchical step,OneBitAdam flat vs hierarchical,Birder collective,Birder collective hierarchical,1-bit collective hierarchical"
 bench-two-nodes: install
-	BENCH_ARGS='$(TWO_NODES_ARGS)' PY=$(PY) bash tools/two_nodes.sh $(TWO_NODES_RATE)
+	SAVE=$(SAVE) BENCH_ARGS='$(TWO_NODES_ARGS)' PY=$(PY) bash tools/two_nodes.sh $(TWO_NODES_RATE)
 
 # docs/benchmarks.md from docs/bench-data/*.json and the page's template docs/bench-data/benchmarks.md.in
 # (hvd_compress/bench/report.py; no run, no MPI). tests/test_bench_docs.py fails when the page is out of date.
