@@ -112,3 +112,13 @@ def test_stamp_names_this_commit_and_machine_without_the_hostname(monkeypatch) -
     assert s["machine"]["cores"] == os.cpu_count() and s["machine"]["memory_gib"] > 0
     assert (s["net"], s["ranks"], s["bench_env"]) == ("100mbit", 3, "HOROVOD_CYCLE_TIME=20")
     assert socket.gethostname() not in s["machine"].values() and "hostname" not in json.dumps(s)
+
+
+def test_report_writes_the_page_and_check_fails_once_it_is_edited(tmp_path: Path) -> None:
+    (tmp_path / "benchmarks.md.in").write_text(TEMPLATE)
+    (tmp_path / "e2e_1gbit_np4.json").write_text(json.dumps(e2e_fixture()))
+    page = tmp_path / "page.md"
+    assert report.main(["--data", str(tmp_path), "--out", str(page)]) == 0
+    assert report.main(["--data", str(tmp_path), "--out", str(page), "--check"]) == 0
+    page.write_text(page.read_text().replace("| Horovod Adam | 100 | 50 |", "| Horovod Adam | 99 | 50 |"))
+    assert report.main(["--data", str(tmp_path), "--out", str(page), "--check"]) == 1
