@@ -47,6 +47,8 @@ def stamp_line(stamp: dict, name: str) -> str:
     env = f", `BENCH_ENV={stamp['bench_env']}`" if stamp.get("bench_env") else ""
     settings = ", ".join(f"{k}={v}" for k, v in sorted(stamp.get("settings", {}).items()))
     settings = f", settings {settings}" if settings else ""
+    if stamp.get("loadavg"):
+        settings += ", load average {:g} / {:g} / {:g} (1 / 5 / 15 min) at the end".format(*stamp["loadavg"])
     return (f"Measured {stamp['date']} at {commit} on {machine}, {ranks}, {network(stamp['net'])}{env}{settings}: "
             f"`{shlex.join(stamp['command'])}` ([{name}](bench-data/{name}))")
 

@@ -89,4 +89,7 @@ def stamp(kind: str, module: str, ranks: int) -> dict:
         "command": ["python", "-m", module, *_command(sys.argv[1:])],
         "settings": {k: os.environ[k] for k in SETTINGS if k in os.environ},
         "bench_env": os.environ.get("HVDC_BENCH_ENV", ""),
+        # Other work on the machine during the run (the 15-minute figure spans most runs): a shared machine's
+        # figures are read with it.
+        "loadavg": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
     }
