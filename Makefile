@@ -3,6 +3,8 @@ PY ?= python3
 NP ?= 4
 NET ?=
 BENCH_NP ?= 2
+# SAVE=1: the bench targets copy their stamped JSON into docs/bench-data/ (make bench-docs renders it).
+SAVE ?=
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
@@ -12,7 +14,7 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 # more ranks than slots (see docs/benchmarks.md).
 MPIRUN := mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 -x PYTHONPATH -x OMP_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL
 
-.PHONY: install build test lint cpptest cudacheck demo bench bench-e2e bench-keras bench-two-nodes clean
+.PHONY: install build test lint cpptest cudacheck demo bench bench-e2e bench-keras bench-kernels bench-two-nodes bench-docs clean
 
 install:
 	bash tools/install.sh
@@ -186,16 +188,22 @@ demo: install
 	$(MPIRUN) -np $(NP) $(PY) examples/keras_demo.py --out examples/out
 
 bench: install
-	NP=$(BENCH_NP) PY=$(PY) bash tools/bench.sh $(NET)
+	SAVE=$(SAVE) NP=$(BENCH_NP) PY=$(PY) bash tools/bench.sh $(NET)
 
 # End-to-end training steps of three models with every method (hvd_compress/bench/e2e.py); NP ranks.
 bench-e2e: install
-	BENCH_MODULE=hvd_compress.bench.e2e NP=$(NP) PY=$(PY) bash tools/bench.sh $(NET)
+	SAVE=$(SAVE) BENCH_MODULE=hvd_compress.bench.e2e NP=$(NP) PY=$(PY) bash tools/bench.sh $(NET)
 
 # Keras 3 model.fit steps of every algorithm op with its buckets overlapped and not, and the floor
 # (hvd_compress/bench/keras_steps.py); BENCH_NP ranks.
 bench-keras: install
-	BENCH_MODULE=hvd_compress.bench.keras_steps NP=$(BENCH_NP) PY=$(PY) bash tools/bench.sh $(NET)
+	SAVE=$(SAVE) BENCH_MODULE=hvd_compress.bench.keras_steps NP=$(BENCH_NP) PY=$(PY) bash tools/bench.sh $(NET)
+
+# Single-thread throughput of the 1-bit and stochastic kernels against memcpy (hvd_compress/bench/kernels.py); one
+# process, no MPI. BENCH_ARGS passes on, e.g. "--sizes 1,16 --dtypes float32".
+bench-kernels: install
+	$(PY) -m hvd_compress.bench.kernels --out bench_results --label local $(BENCH_ARGS)
+	@if [ "$(SAVE)" = 1 ]; then mkdir -p docs/bench-data && cp -v bench_results/kernels_local.json docs/bench-data/; fi
 
 # Two emulated nodes of 2 ranks (tools/two_nodes.sh: network namespaces, veth rate-limited by tc tbf to
 # TWO_NODES_RATE, shared memory inside a node, TCP between them), Birder's and 1-bit Adam's rows against
@@ -203,7 +211,12 @@ bench-keras: install
 TWO_NODES_RATE ?= 1gbit
 TWO_NODES_ARGS ?= --sizes 1,16,64 --only "Birder step,Birder hierarchical step,OneBitAdam flat vs hierarchical,Birder collective,Birder collective hierarchical,1-bit collective hierarchical"
 bench-two-nodes: install
-	BENCH_ARGS='$(TWO_NODES_ARGS)' PY=$(PY) bash tools/two_nodes.sh $(TWO_NODES_RATE)
+	SAVE=$(SAVE) BENCH_ARGS='$(TWO_NODES_ARGS)' PY=$(PY) bash tools/two_nodes.sh $(TWO_NODES_RATE)
+
+# docs/benchmarks.md from docs/bench-data/*.json and the page's template docs/bench-data/benchmarks.md.in
+# (hvd_compress/bench/report.py; no run, no MPI). tests/test_bench_docs.py fails when the page is out of date.
+bench-docs:
+	$(PY) -m hvd_compress.bench.report
 
 clean:
 	rm -rf build hvd_compress/_core*.so hvd_compress/_kernel_bench*.so hvd_compress/_cuda*.so hvd_compress/.core_built bench_results examples/out

@@ -8,13 +8,15 @@
 # BENCH_ARGS="..." is passed on to the benchmark (e.g. BENCH_ARGS='--only "allreduce Adasum"').
 # BENCH_MODULE picks the benchmark: hvd_compress.bench (collectives, the default) or hvd_compress.bench.e2e
 # (end-to-end training steps; `make bench-e2e`).
+# SAVE=1 copies the JSON the run wrote into docs/bench-data/, from which `make bench-docs` builds
+# docs/benchmarks.md; each JSON is stamped with the commit, machine, network and ranks (hvd_compress/bench/stamp.py).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-python3}
 NP=${NP:-2}
 NET=${1:-}
 MODULE=${BENCH_MODULE:-hvd_compress.bench}
-export HVDC_BENCH_NET="$NET"
+export HVDC_BENCH_NET="$NET" HVDC_BENCH_ENV="${BENCH_ENV:-}"
 out="$here/bench_results"
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
@@ -23,7 +25,8 @@ export TF_CPP_MIN_LOG_LEVEL=3
 # oversubscription and spins in every blocking wait, Horovod's idle background cycles included, which slows
 # every method's step (the local step without communication too); at 4 ranks it yields anyway.
 export OMPI_MCA_mpi_yield_when_idle=1  # BENCH_ENV=OMPI_MCA_mpi_yield_when_idle=0 measures without it
-mpi=(mpirun --oversubscribe --bind-to none -x OMPI_MCA_mpi_yield_when_idle -np "$NP" -x PYTHONPATH -x OMP_NUM_THREADS=1 -x HVDC_BENCH_NET)
+mpi=(mpirun --oversubscribe --bind-to none -x OMPI_MCA_mpi_yield_when_idle -np "$NP" -x PYTHONPATH -x OMP_NUM_THREADS=1 -x HVDC_BENCH_NET
+     -x HVDC_BENCH_ENV)
 suffix=""
 for kv in ${BENCH_ENV:-}; do
     export "${kv?}"
@@ -31,9 +34,15 @@ for kv in ${BENCH_ENV:-}; do
     suffix+="_${kv//=/}"
 done
 eval "args=(${BENCH_ARGS:-})"
+marker=$(mktemp)
+trap 'rm -f "$marker"' EXIT
 if [ -z "$NET" ]; then
     "${mpi[@]}" "$PY" -m "$MODULE" --out "$out" --label "shm$suffix" "${args[@]}"
-    exit 0
+else
+    bash "$here/tools/slow_link.sh" "$NET" \
+        "${mpi[@]}" "$PY" -m "$MODULE" --out "$out" --label "$NET$suffix" "${args[@]}"
 fi
-exec bash "$here/tools/slow_link.sh" "$NET" \
-    "${mpi[@]}" "$PY" -m "$MODULE" --out "$out" --label "$NET$suffix" "${args[@]}"
+if [ "${SAVE:-}" = 1 ]; then
+    mkdir -p "$here/docs/bench-data"
+    find "$out" -maxdepth 1 -name '*.json' -newer "$marker" -exec cp -v {} "$here/docs/bench-data/" \;
+fi

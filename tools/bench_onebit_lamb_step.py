@@ -6,7 +6,7 @@ local momentum of line 6 included).
 
     OMP_NUM_THREADS=1 mpirun -np 1 python3 tools/bench_onebit_lamb_step.py [--op OneBitAdam] [--adamw] [--backend]
 
-Figures: docs/benchmarks.md, "Kernels".
+It prints its figures and writes no result file, so docs/benchmarks.md holds none of them.
 """
 
 from __future__ import annotations

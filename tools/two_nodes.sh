@@ -67,3 +67,8 @@ for k in $(seq 1 "$REPEATS"); do
     in_a "${mpi[@]}" "$PY" -m hvd_compress.bench --out "$out" --label "$label" --kernel-dtypes '' "${args[@]}"
 done
 "$PY" -m hvd_compress.bench.repeats --out "$out/bench_2nodes-${RATE}_np4.md" "${labels[@]}"
+# SAVE=1: each run's stamped JSON into docs/bench-data/ (make bench-docs renders it; the medians are derived).
+if [ "${SAVE:-}" = 1 ]; then
+    mkdir -p "$here/docs/bench-data"
+    cp -v "${labels[@]}" "$here/docs/bench-data/"
+fi

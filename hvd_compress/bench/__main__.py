@@ -19,9 +19,11 @@ import torch
 from mpi4py import MPI
 
 import hvd_compress.torch as hc
+from hvd_compress.bench import tables
 from hvd_compress.bench.cases import Case, cases
-from hvd_compress.bench.kernels import kernel_markdown, run_kernels
-from hvd_compress.bench.slamb_cases import mask_kernel_markdown, mask_kernel_rows
+from hvd_compress.bench.kernels import kernel_isa, run_kernels
+from hvd_compress.bench.slamb_cases import mask_kernel_rows
+from hvd_compress.bench.stamp import stamp
 
 MB = 1 << 20
 
@@ -73,23 +75,6 @@ def run_case(case: Case, size_mb: float, comm, min_reps: int, max_reps: int, bud
     }
 
 
-def markdown(rows: list[dict], label: str) -> str:
-    lines = [
-        f"Benchmark `{label}`, {rows[0]['ranks']} ranks, float32, median ms (slowest rank) and ratio ours / baseline",
-        "",
-        "| collective | MB | ours ms | baseline(s) ms | ratio(s) | bytes sent / call (ours) | reps |",
-        "|---|---:|---:|---|---|---:|---:|",
-    ]
-    for r in rows:
-        base = ", ".join(f"{k} {v:.2f}" for k, v in r["median_ms"].items() if k != "ours")
-        ratios = ", ".join(f"{r['median_ms']['ours'] / r['median_ms'][k]:.2f} vs {k}" for k in r["ratio_vs"])
-        lines.append(
-            f"| {r['collective']} | {r['size_mb']:g} | {r['median_ms']['ours']:.2f} | {base} | {ratios} | "
-            f"{r['bytes_sent_per_call']:,} | {r['reps']} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1,4,16,64", help="buffer sizes in MB")
@@ -128,10 +113,12 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         stem = out / f"bench_{args.label}_np{hc.size()}"
-        result = {"label": args.label, "rows": rows, "kernels": krows, "mask_kernels": mrows}
+        result = {"stamp": stamp("collectives", "hvd_compress.bench", hc.size()), "label": args.label,
+                  "rows": rows, "kernels": krows, "kernel_isa": kernel_isa(), "mask_kernels": mrows}
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-        table = markdown(rows, args.label) + ("\n" + kernel_markdown(krows) if krows else "")
-        table += "\n" + mask_kernel_markdown(mrows)
+        table = tables.collectives(rows, args.label)
+        table += "\n" + tables.kernels(krows, result["kernel_isa"]) if krows else ""
+        table += "\n" + tables.mask_kernels(mrows)
         stem.with_suffix(".md").write_text(table)
         print(table)
         print(f"[bench] wrote {stem}.json and {stem}.md")

@@ -31,6 +31,7 @@ from torch import nn
 
 import hvd_compress.torch as hc
 from hvd_compress.bench.models import MODELS, Data, build, digits
+from hvd_compress.bench.stamp import stamp
 
 LO_STATS = Path("/sys/class/net/lo/statistics")
 
@@ -359,8 +360,9 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         stem = out / f"e2e_{args.label}_np{comm.Get_size()}"
-        stem.with_suffix(".json").write_text(json.dumps({"label": args.label, "rows": rows,
-                                                          "runs": [r.__dict__ for r in runs]}, indent=1))
+        result = {"stamp": stamp("e2e", "hvd_compress.bench.e2e", comm.Get_size()), "label": args.label,
+                  "args": vars(args), "rows": rows, "runs": [r.__dict__ for r in runs]}
+        stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
         table = markdown(rows, args.label, comm.Get_size(), args)
         stem.with_suffix(".md").write_text(table)
         pngs = plot(runs, stem)

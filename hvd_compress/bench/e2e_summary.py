@@ -69,7 +69,7 @@ def table(result: dict, ranks: int) -> str:
 def main(paths: list[str]) -> None:
     for path in paths:
         result = json.loads(Path(path).read_text())
-        ranks = int(Path(path).stem.rsplit("_np", 1)[1])
+        ranks = result["stamp"]["ranks"] if "stamp" in result else int(Path(path).stem.rsplit("_np", 1)[1])
         print(table(result, ranks))
 
 

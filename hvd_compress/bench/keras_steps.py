@@ -25,7 +25,9 @@ import numpy as np
 from mpi4py import MPI
 
 import hvd_compress.keras as hck
+from hvd_compress.bench import tables
 from hvd_compress.bench.models import digits
+from hvd_compress.bench.stamp import stamp
 
 OPS = {"Average": "adam", "OneBitAdam": "adam", "OneBitLamb": "lamb", "SLAMB": "lamb", "Birder": "birder"}
 
@@ -102,17 +104,14 @@ def main() -> None:
         rows.append({"method": f"floor {rule}", "step_ms": 1e3 * run(f"floor {rule}", args, x, y)})
     if rank != 0:
         return
-    params = 64 * args.width + args.width * args.width + args.width * 10 + 2 * args.width + 10
-    lines = [f"Keras 3 model.fit, `{args.label}`, {size} ranks: ReLU MLP of {params / 1e6:.1f}M parameters, batch "
-             f"{args.batch} per rank; median step over {args.steps - args.warmup} steps, slowest rank", "",
-             "| method | step ms |", "|---|---:|"]
-    lines += [f"| {r['method']} | {r['step_ms']:.1f} |" for r in rows]
+    table = tables.keras_steps(rows, vars(args), args.label, size)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"keras_{args.label}_np{size}"
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    stem.with_suffix(".json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
-    print("\n".join(lines), flush=True)
+    stem.with_suffix(".md").write_text(table)
+    stem.with_suffix(".json").write_text(json.dumps({"stamp": stamp("keras", "hvd_compress.bench.keras_steps", size),
+                                                     "label": args.label, "args": vars(args), "rows": rows}, indent=1))
+    print(table, flush=True)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,14 @@ buffer's bytes in its dtype. The rows, what each kernel does and which bytes its
 
 from __future__ import annotations
 
+import argparse
+import json
 import time
+from pathlib import Path
 
 from hvd_compress import _kernel_bench
+from hvd_compress.bench import tables
+from hvd_compress.bench.stamp import stamp
 
 MB = 1 << 20
 KERNELS = (
@@ -73,22 +78,32 @@ def run_kernels(comm, sizes_mb: list[float], dtypes: list[str], reps: int = 9) -
     return rows
 
 
-def kernel_markdown(rows: list[dict]) -> str:
-    lines = [
-        f"1-bit kernels ({_kernel_bench.onebit_kernel_isa()}) and Birder's stochastic kernels "
-        f"({_kernel_bench.stochastic_kernel_isa()}) on one thread, median CPU ms, and ratio memcpy / kernel "
-        "(memcpy of the bytes each kernel streams: see hvd_compress/bench/kernels.py)",
-        "",
-        "| kernel | dtype | MB | numel | kernel ms | memcpy ms | kernel / memcpy throughput |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['kernel']} | {r['dtype']} | {r['size_mb']:g} | {r['numel']:,} | {r['kernel_ms']:.3f} | "
-            f"{r['memcpy_ms']:.3f} | {r['ratio']:.2f} |"
-        )
-    return "\n".join(lines) + "\n"
+def kernel_isa() -> dict:
+    """The code path (portable, avx2, ...) each kernel family of this build runs on this machine."""
+    return {"onebit": _kernel_bench.onebit_kernel_isa(), "stochastic": _kernel_bench.stochastic_kernel_isa()}
 
 
-if __name__ == "__main__":  # python -m hvd_compress.bench.kernels: this process only, no MPI
-    print(kernel_markdown(kernel_rows([1, 4, 16, 64], ["float32", "float16", "bfloat16"])))
+def main() -> None:
+    """This process only, no MPI: prints the table and writes ``kernels_<label>.json``/``.md`` under ``--out``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1,4,16,64", help="buffer sizes in MB")
+    parser.add_argument("--dtypes", default="float32,float16,bfloat16")
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--out", default="bench_results")
+    parser.add_argument("--label", default="local")
+    args = parser.parse_args()
+    rows = kernel_rows([float(s) for s in args.sizes.split(",")], args.dtypes.split(","), args.reps)
+    result = {"stamp": stamp("kernels", "hvd_compress.bench.kernels", 1), "label": args.label, "kernels": rows,
+              "kernel_isa": kernel_isa()}
+    table = tables.kernels(rows, result["kernel_isa"])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"kernels_{args.label}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text(table)
+    print(table)
+    print(f"[kernels] wrote {stem}.json and {stem}.md")
+
+
+if __name__ == "__main__":
+    main()

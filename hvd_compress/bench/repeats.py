@@ -61,7 +61,10 @@ def main() -> None:
     runs = [json.loads(Path(p).read_text()) for p in args.runs]
     table = markdown(median_rows(runs), [run["label"] for run in runs])
     Path(args.out).write_text(table)
-    Path(args.out).with_suffix(".json").write_text(json.dumps(median_rows(runs), indent=1))
+    # The runs' own stamps (commit, machine, network: hvd_compress/bench/stamp.py) travel with their medians.
+    result = {"stamps": [run.get("stamp") for run in runs], "labels": [run["label"] for run in runs],
+              "rows": median_rows(runs)}
+    Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=1))
     print(table)
 
 

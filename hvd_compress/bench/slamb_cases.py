@@ -94,11 +94,3 @@ def mask_kernel_rows(sizes_mb: list[float], reps: int = 9, ratio: float = 0.1) -
     """One row per (size, kernel) on float32 buffers of ``size`` MB: the kernel's median time and that of a
     memcpy (numpy copyto between distinct buffers) of the float32 buffer's bytes; ratio = memcpy / kernel."""
     return [row for mb in sizes_mb for row in _size_rows(mb, reps, ratio)]
-
-
-def mask_kernel_markdown(rows: list[dict]) -> str:
-    lines = ["Mask kernels (k = 0.1) on one thread, median ms, ratio = memcpy of the float32 buffer / kernel", "",
-             "| kernel | MB | kernel ms | memcpy ms | ratio |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['kernel']} | {r['size_mb']:g} | {r['kernel_ms']:.3f} | {r['memcpy_ms']:.3f} | {r['ratio']:.2f} |"
-              for r in rows]
-    return "\n".join(lines) + "\n"

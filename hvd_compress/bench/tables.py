@@ -1,0 +1,83 @@
+"""Markdown tables of benchmark results, from their JSON alone: the bench entry points print and write these, and
+docs/benchmarks.md is built from the same functions (hvd_compress/bench/report.py). No MPI, torch or core module
+is imported here, so the page can be rebuilt anywhere.
+"""
+
+from __future__ import annotations
+
+
+def collectives(rows: list[dict], label: str) -> str:
+    """``python -m hvd_compress.bench``: each collective of ours against Horovod's on the same buffer."""
+    lines = [
+        f"Benchmark `{label}`, {rows[0]['ranks']} ranks, float32, median ms (slowest rank) and ratio ours / baseline",
+        "",
+        "| collective | MB | ours ms | baseline(s) ms | ratio(s) | bytes sent / call (ours) | reps |",
+        "|---|---:|---:|---|---|---:|---:|",
+    ]
+    for r in rows:
+        base = ", ".join(f"{k} {v:.2f}" for k, v in r["median_ms"].items() if k != "ours")
+        ratios = ", ".join(f"{r['median_ms']['ours'] / r['median_ms'][k]:.2f} vs {k}" for k in r["ratio_vs"])
+        lines.append(
+            f"| {r['collective']} | {r['size_mb']:g} | {r['median_ms']['ours']:.2f} | {base} | {ratios} | "
+            f"{r['bytes_sent_per_call']:,} | {r['reps']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def kernels(rows: list[dict], isa: dict) -> str:
+    """The 1-bit and stochastic kernels against memcpy; ``isa`` names the code path each family ran."""
+    lines = [
+        f"1-bit kernels ({isa.get('onebit', '?')}) and Birder's stochastic kernels ({isa.get('stochastic', '?')}) "
+        "on one thread, median CPU ms, and ratio memcpy / kernel "
+        "(memcpy of the bytes each kernel streams: see hvd_compress/bench/kernels.py)",
+        "",
+        "| kernel | dtype | MB | numel | kernel ms | memcpy ms | kernel / memcpy throughput |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['kernel']} | {r['dtype']} | {r['size_mb']:g} | {r['numel']:,} | {r['kernel_ms']:.3f} | "
+            f"{r['memcpy_ms']:.3f} | {r['ratio']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def mask_kernels(rows: list[dict]) -> str:
+    """SLAMB's mask kernels against a memcpy of the float32 buffer."""
+    lines = ["Mask kernels (k = 0.1) on one thread, median ms, ratio = memcpy of the float32 buffer / kernel", "",
+             "| kernel | MB | kernel ms | memcpy ms | ratio |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['kernel']} | {r['size_mb']:g} | {r['kernel_ms']:.3f} | {r['memcpy_ms']:.3f} | {r['ratio']:.2f} |"
+              for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def keras_steps(rows: list[dict], args: dict, label: str, ranks: int) -> str:
+    """``python -m hvd_compress.bench.keras_steps``: one row per method, its median step."""
+    w = args["width"]
+    params = 64 * w + w * w + w * 10 + 2 * w + 10
+    lines = [f"Keras 3 model.fit, `{label}`, {ranks} ranks: ReLU MLP of {params / 1e6:.1f}M parameters, batch "
+             f"{args['batch']} per rank; median step over {args['steps'] - args['warmup']} steps, slowest rank", "",
+             "| method | step ms |", "|---|---:|"]
+    lines += [f"| {r['method']} | {r['step_ms']:.1f} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def e2e_bytes(rows: list[dict]) -> str:
+    """Bytes per step and rank of each end-to-end method that counts them, and its losses, a column per model."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    by_key = {(r["model"], r["method"]): r for r in rows}
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows)
+               if any(by_key.get((mo, m), {}).get("hc_bytes_per_step") is not None for mo in models)]
+    lines = ["MB sent per step and rank (hvd_compress's counters), final training loss / held-out loss", "",
+             "| method | " + " | ".join(models) + " |", "|---|" + "---:|" * len(models)]
+    for method in methods:
+        cells = []
+        for model in models:
+            r = by_key.get((model, method))
+            if r is None or r.get("hc_bytes_per_step") is None:
+                cells.append("")
+            else:
+                cells.append(f"{r['hc_bytes_per_step'] / 1e6:.3f} MB, {r['final_train_loss']:.3f} / "
+                             f"{r['test_loss']:.3f}")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
