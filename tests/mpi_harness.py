@@ -128,21 +128,21 @@ class Cases:
 
     ``cases`` maps a rank count to its cases, each a tuple of the worker's arguments after out_dir, or a pair
     (arguments, environment) for a worker that reads os.environ (what the runtime reads at init comes from the first
-    case at n, so give it alike to every case at n). ``ranks(n, case)`` (a case as given) launches every
-    case at n on the first request and returns what each rank saved for ``case``; a failed launch fails each case
-    at n without relaunching."""
+    case at n, so give it alike to every case at n), or a triple (arguments, environment, another worker).
+    ``ranks(n, case)`` (a case as given) launches every case at n on the first request and returns what each rank
+    saved for ``case``; a failed launch fails each case at n without relaunching."""
 
     def __init__(self, worker: str, cases: dict[int, list], base: Path, timeout_per_case: float = 60,
                  env: dict[str, str] | None = None) -> None:
         self.worker, self.cases, self.base, self.timeout_per_case, self.env = worker, cases, base, timeout_per_case, env
         self._done: dict[int, Path | AssertionError] = {}
 
-    def ranks(self, n: int, case: tuple | tuple[tuple, dict[str, str]]) -> list[dict[str, Any]]:
+    def ranks(self, n: int, case: tuple) -> list[dict[str, Any]]:
         if n not in self._done:
             out = self.base / f"{Path(self.worker).stem}_n{n}"
             out.mkdir(parents=True, exist_ok=True)
-            specs = [json.dumps({"args": list(c[0]), "env": c[1]} if isinstance(c[0], tuple)
-                                else {"args": list(c), "env": {}}) for c in self.cases[n]]
+            specs = [json.dumps(dict(zip(("args", "env", "worker"), c if isinstance(c[0], tuple) else (c,),
+                                         strict=False))) for c in self.cases[n]]
             try:
                 mpirun("../mpi_harness.py", n, out, self.worker, *specs,
                        timeout=120 + self.timeout_per_case * len(specs), env=self.env)
@@ -161,10 +161,11 @@ def _run_cases(out: Path, worker: str, specs: list[str]) -> None:
     environ = dict(os.environ)
     for i, spec in enumerate(specs):
         case = json.loads(spec)
+        script = WORKERS / case.get("worker", worker)
         (out / f"case{i}").mkdir(exist_ok=True)
-        os.environ.update(case["env"])
-        sys.argv = [str(WORKERS / worker), str(out / f"case{i}"), *case["args"]]
-        runpy.run_path(str(WORKERS / worker), run_name="__main__")
+        os.environ.update(case.get("env", {}))
+        sys.argv = [str(script), str(out / f"case{i}"), *case["args"]]
+        runpy.run_path(str(script), run_name="__main__")
         os.environ.clear()
         os.environ.update(environ)
 
