@@ -8,7 +8,7 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-from mpi_harness import Cases, load_ranks, mpirun
+from mpi_harness import Cases
 from workers.common import DTYPES, rank_input
 
 from hvd_compress.reference import onebit as ref
@@ -38,15 +38,29 @@ def _bucketed_case(algo: str, overlap: str) -> tuple[str, ...]:
     return _case(algo, "float32", "floor", str(64 / (1 << 20)), overlap)  # 64 bytes: a bucket per parameter
 
 
-# Every case of the three tests below at one rank count runs in one launch.
+RESUME = ("adamw", "lamb")  # 4 ranks
+BAD = {2: "1", 3: "2"}  # rank count: parameter groups
+
+
+def _resume_case(algo: str) -> tuple:
+    return (algo, "300", "150", "50"), {}, "onebit_resume.py"
+
+
+def _bad_case(n: int) -> tuple:
+    return (BAD[n],), {}, "onebit_optimizer_bad.py"
+
+
+# Every case of this file at one rank count runs in one launch; the bad input last, after which nothing else runs.
 CASES = {n: [_case(a, d, rule) for a, d, m in MATCH if m == n for rule in RULES]
          + [_bucketed_case(a, o) for a, m, o in BUCKETED if m == n]
-         + ([_case("lamb-dense", "float32", "paper")] if n in PLAIN else []) for n in (2, 3, 4)}
+         + ([_case("lamb-dense", "float32", "paper")] if n in PLAIN else [])
+         + ([_resume_case(algo) for algo in RESUME] if n == 4 else [])
+         + ([_bad_case(n)] if n in BAD else []) for n in (2, 3, 4)}
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> Cases:
-    return Cases("onebit_optimizer.py", CASES, tmp_path_factory.mktemp("onebit_optimizer"))
+    return Cases("onebit_optimizer.py", CASES, tmp_path_factory.mktemp("onebit_optimizer"), timeout_per_case=90)
 
 
 def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int], freeze: int = FREEZE,
@@ -146,13 +160,11 @@ def test_plain_lamb_behind_dense_average_matches_reference(n: int, launched) -> 
     _assert_matches(got, want, "float32", f"hc.Lamb + Average n={n}")
 
 
-@pytest.mark.parametrize("algo", ["adamw", "lamb"])
-def test_resume_from_checkpoint_is_bit_identical(algo: str, out_dir) -> None:
+@pytest.mark.parametrize("algo", RESUME)
+def test_resume_from_checkpoint_is_bit_identical(algo: str, launched) -> None:
     """4 ranks, 300 steps (dense warm-up for 50), stopped at 150 and resumed from a checkpoint in new
     objects: the final parameters and error buffers equal those of the run never stopped, bit for bit."""
-    n = 4
-    mpirun("onebit_resume.py", n, out_dir, algo, "300", "150", "50", timeout=420)
-    ranks = load_ranks(out_dir, n)
+    ranks = launched.ranks(4, _resume_case(algo))
     assert len({rk["final_a"] for rk in ranks}) == 1, "ranks differ at the end of the uninterrupted run"
     for r, rk in enumerate(ranks):
         assert rk["final_b"] == rk["final_a"], f"rank {r}: the resumed run ended with other parameters"
@@ -164,10 +176,9 @@ def test_resume_from_checkpoint_is_bit_identical(algo: str, out_dir) -> None:
     assert onebit * 30 <= dense, f"compressed step sent {onebit} bytes, dense warm-up step {dense}"
 
 
-@pytest.mark.parametrize(("n", "groups"), [(2, 1), (3, 2)])
-def test_bad_input_raises_on_every_rank_and_changes_nothing(n: int, groups: int, out_dir) -> None:
-    mpirun("onebit_optimizer_bad.py", n, out_dir, str(groups), timeout=240)
-    ranks = load_ranks(out_dir, n)
+@pytest.mark.parametrize("n", BAD)
+def test_bad_input_raises_on_every_rank_and_changes_nothing(n: int, launched) -> None:
+    ranks = launched.ranks(n, _bad_case(n))
     expected = {
         "no_freeze": "TypeError: op=OneBitAdam needs freeze_step",
         "unknown_option": "TypeError: op=OneBitAdam got unknown options ['beta3']",
