@@ -123,8 +123,8 @@ def relu_fidelity_runs(out_dir: Path, n: int, task: str, steps: int, runs: list[
 
 
 class Cases:
-    """The cases of one torch worker, run in one launch per rank count: a worker process spends more time importing
-    torch than on a case, and a worker's cases build their own objects, so one process can run them in turn.
+    """The cases of one worker, run in one launch per rank count: a worker process spends more time importing torch
+    or TensorFlow than on a case, and a worker's cases build their own objects, so one process can run them in turn.
 
     ``cases`` maps a rank count to its cases, each a tuple of the worker's arguments after out_dir, or a pair
     (arguments, environment) for a worker that reads os.environ (what the runtime reads at init comes from the first
@@ -133,8 +133,9 @@ class Cases:
     saved for ``case``; a failed launch fails each case at n without relaunching."""
 
     def __init__(self, worker: str, cases: dict[int, list], base: Path, timeout_per_case: float = 60,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, pickled: bool = False) -> None:
         self.worker, self.cases, self.base, self.timeout_per_case, self.env = worker, cases, base, timeout_per_case, env
+        self._load = load_pickled_ranks if pickled else load_ranks  # pickled: TF workers' rank{r}.pkl
         self._done: dict[int, Path | AssertionError] = {}
 
     def ranks(self, n: int, case: tuple) -> list[dict[str, Any]]:
@@ -151,7 +152,7 @@ class Cases:
                 self._done[n] = e
         if isinstance(self._done[n], AssertionError):
             raise self._done[n]
-        return load_ranks(self._done[n] / f"case{self.cases[n].index(case)}", n)
+        return self._load(self._done[n] / f"case{self.cases[n].index(case)}", n)
 
 
 def _run_cases(out: Path, worker: str, specs: list[str]) -> None:
