@@ -1,20 +1,21 @@
 """Runs a worker script on n real MPI processes under a hard timeout, and loads what each rank saved.
 
 Workers write ``rank{r}.pt`` into the directory given as their first argument; a hung or failed
-job fails the calling test with the job's output, it never hangs the test run.
+job fails the calling test with the job's output, it never hangs the test run. ``Cases`` runs many cases of one
+worker in one launch per rank count (this file is then the script each rank runs).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import runpy
 import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -85,6 +86,8 @@ def horovodrun(
 
 def load_ranks(out_dir: Path, n: int) -> list[dict[str, Any]]:
     """What each rank saved, in rank order; fails if a rank saved nothing."""
+    import torch  # here: this file also runs as the script of ``Cases``' launches, some without torch
+
     results = []
     for r in range(n):
         path = out_dir / f"rank{r}.pt"
@@ -117,3 +120,56 @@ def relu_fidelity_runs(out_dir: Path, n: int, task: str, steps: int, runs: list[
     for run in runs:
         assert len({rk[run]["hash"] for rk in ranks}) == 1, f"{task} {run}: parameters differ across {n} ranks"
     return ranks[0]
+
+
+class Cases:
+    """The cases of one worker, run in one launch per rank count: a worker process spends more time importing torch
+    or TensorFlow than on a case, and a worker's cases build their own objects, so one process can run them in turn.
+
+    ``cases`` maps a rank count to its cases, each a tuple of the worker's arguments after out_dir, or a pair
+    (arguments, environment) for a worker that reads os.environ (what the runtime reads at init comes from the first
+    case at n, so give it alike to every case at n), or a triple (arguments, environment, another worker).
+    ``ranks(n, case)`` (a case as given) launches every case at n on the first request and returns what each rank
+    saved for ``case``; a failed launch fails each case at n without relaunching."""
+
+    def __init__(self, worker: str, cases: dict[int, list], base: Path, timeout_per_case: float = 60,
+                 env: dict[str, str] | None = None, pickled: bool = False) -> None:
+        self.worker, self.cases, self.base, self.timeout_per_case, self.env = worker, cases, base, timeout_per_case, env
+        self._load = load_pickled_ranks if pickled else load_ranks  # pickled: TF workers' rank{r}.pkl
+        self._done: dict[int, Path | AssertionError] = {}
+
+    def ranks(self, n: int, case: tuple) -> list[dict[str, Any]]:
+        if n not in self._done:
+            out = self.base / f"{Path(self.worker).stem}_n{n}"
+            out.mkdir(parents=True, exist_ok=True)
+            specs = [json.dumps(dict(zip(("args", "env", "worker"), c if isinstance(c[0], tuple) else (c,),
+                                         strict=False))) for c in self.cases[n]]
+            try:
+                mpirun("../mpi_harness.py", n, out, self.worker, *specs,
+                       timeout=120 + self.timeout_per_case * len(specs), env=self.env)
+                self._done[n] = out
+            except AssertionError as e:
+                self._done[n] = e
+        if isinstance(self._done[n], AssertionError):
+            raise self._done[n]
+        return self._load(self._done[n] / f"case{self.cases[n].index(case)}", n)
+
+
+def _run_cases(out: Path, worker: str, specs: list[str]) -> None:
+    """On each rank of a ``Cases`` launch: the worker's script once per case, as its own launch would run it, case i
+    saving into out/case{i}."""
+    sys.path.insert(0, str(WORKERS))
+    environ = dict(os.environ)
+    for i, spec in enumerate(specs):
+        case = json.loads(spec)
+        script = WORKERS / case.get("worker", worker)
+        (out / f"case{i}").mkdir(exist_ok=True)
+        os.environ.update(case.get("env", {}))
+        sys.argv = [str(script), str(out / f"case{i}"), *case["args"]]
+        runpy.run_path(str(script), run_name="__main__")
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+if __name__ == "__main__":
+    _run_cases(Path(sys.argv[1]), sys.argv[2], sys.argv[3:])

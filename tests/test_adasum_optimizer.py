@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import Cases
 
 from hvd_compress import reference
 
@@ -14,6 +14,20 @@ OPTIMIZERS = {
     "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),
 }
+
+
+MATCH = [(2, "sgd"), (3, "adam"), (4, "adamw"), (3, "accum")]
+HALF = ["bfloat16", "float16"]
+SCALER = [2, 3]
+# Every case at one rank count in one launch.
+CASES = {2: [("sgd", "6"), *[(dtype, "10") for dtype in HALF], ("scaler", "6")],
+         3: [("adam", "6"), ("accum", "6"), ("train", "50"), ("scaler", "6")],
+         4: [("adamw", "6")]}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Cases:
+    return Cases("adasum_optimizer.py", CASES, tmp_path_factory.mktemp("adasum_optimizer"), timeout_per_case=60)
 
 
 def _model() -> torch.nn.Module:
@@ -49,11 +63,10 @@ def _simulate(init, n: int, name: str, steps: int, passes: int) -> list[list[tor
     return history
 
 
-@pytest.mark.parametrize(("n", "name"), [(2, "sgd"), (3, "adam"), (4, "adamw"), (3, "accum")])
-def test_adasum_optimizer_matches_simulation_and_ranks_stay_identical(n, name, out_dir) -> None:
+@pytest.mark.parametrize(("n", "name"), MATCH)
+def test_adasum_optimizer_matches_simulation_and_ranks_stay_identical(n, name, launched) -> None:
     steps = 6
-    mpirun("adasum_optimizer.py", n, out_dir, name, str(steps))
-    ranks = load_ranks(out_dir, n)
+    ranks = launched.ranks(n, (name, str(steps)))
     for r in range(1, n):
         for step, (h0, hr) in enumerate(zip(ranks[0]["hashes"], ranks[r]["hashes"], strict=True)):
             assert h0 == hr, f"n={n} {name}: rank {r} parameters differ from rank 0 after step {step}"
@@ -71,28 +84,24 @@ def test_adasum_optimizer_matches_simulation_and_ranks_stay_identical(n, name, o
         assert rk["buckets"] == 4 and rk["launched"] == [rk["buckets"]] * steps, f"rank {r}: {rk['launched']}"
 
 
-def test_adasum_optimizer_keeps_ranks_identical_for_50_steps_and_lowers_the_loss(out_dir) -> None:
-    n = 3
-    mpirun("adasum_optimizer.py", n, out_dir, "train", "50")
-    ranks = load_ranks(out_dir, n)
+def test_adasum_optimizer_keeps_ranks_identical_for_50_steps_and_lowers_the_loss(launched) -> None:
+    ranks = launched.ranks(3, ("train", "50"))
     assert len({rk["hash"] for rk in ranks}) == 1, "ranks hold different parameters after 50 steps"
     losses = ranks[0]["losses"]
     assert np.mean(losses[-5:]) < 0.9 * losses[0], f"loss went {losses[0]:.4f} -> {np.mean(losses[-5:]):.4f}"
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_adasum_optimizer_with_half_precision_parameters(dtype, out_dir) -> None:
-    mpirun("adasum_optimizer.py", 2, out_dir, dtype, "10")
-    ranks = load_ranks(out_dir, 2)
+@pytest.mark.parametrize("dtype", HALF)
+def test_adasum_optimizer_with_half_precision_parameters(dtype, launched) -> None:
+    ranks = launched.ranks(2, (dtype, "10"))
     assert ranks[0]["dtypes"] == [f"torch.{dtype}"] * 4
     assert ranks[0]["hashes"] == ranks[1]["hashes"], f"{dtype}: ranks diverged"
     assert len(set(ranks[0]["hashes"])) == 10, f"{dtype}: parameters did not move every step"
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_grad_scaler_overflow_on_one_rank_skips_the_step_on_every_rank(n, out_dir) -> None:
-    mpirun("adasum_optimizer.py", n, out_dir, "scaler", "6")
-    ranks = load_ranks(out_dir, n)
+@pytest.mark.parametrize("n", SCALER)
+def test_grad_scaler_overflow_on_one_rank_skips_the_step_on_every_rank(n, launched) -> None:
+    ranks = launched.ranks(n, ("scaler", "6"))
     for r, rk in enumerate(ranks):
         assert rk["hashes"] == ranks[0]["hashes"], f"rank {r} diverged from rank 0"
         assert rk["scales"] == ranks[0]["scales"], f"rank {r} scales {rk['scales']} vs {ranks[0]['scales']}"

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import Cases
 
 from hvd_compress import reference
 
 # (1 << 18) + 5: from 64 KiB per rank a float sum runs as the core's ring (cpp/src/mpi_communicator.cc), here
 # with chunks of unequal length at 3 and 4 ranks.
 SIZES = [0, 1, 7, 4097, (1 << 18) + 5]
+ALL, NONCONTIG, STATS = (",".join(map(str, SIZES)),), ("1",), ("4097",)
+# The cases at one rank count in one launch (each case's comm_stats() resets the counts it saves).
+CASES = {1: [ALL], 2: [ALL, NONCONTIG, STATS], 3: [ALL, NONCONTIG, STATS], 4: [ALL, STATS]}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Cases:
+    return Cases("allreduce.py", CASES, tmp_path_factory.mktemp("allreduce"))
 
 
 def _tolerance(expected: np.ndarray, inputs: list[np.ndarray], dtype: str, n: int) -> np.ndarray:
@@ -23,9 +31,8 @@ def _tolerance(expected: np.ndarray, inputs: list[np.ndarray], dtype: str, n: in
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_allreduce_matches_reference_for_every_dtype_and_size(n: int, out_dir) -> None:
-    mpirun("allreduce.py", n, out_dir, ",".join(map(str, SIZES)))
-    ranks = load_ranks(out_dir, n)
+def test_allreduce_matches_reference_for_every_dtype_and_size(n: int, launched) -> None:
+    ranks = launched.ranks(n, ALL)
     keys = [k for k in ranks[0]["results"] if isinstance(k, tuple)]
     assert len(keys) == 2 * 4 * len(SIZES)
     for key in keys:
@@ -50,9 +57,8 @@ def test_allreduce_matches_reference_for_every_dtype_and_size(n: int, out_dir) -
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_allreduce_in_place_on_noncontiguous_tensor_keeps_layout(n: int, out_dir) -> None:
-    mpirun("allreduce.py", n, out_dir, "1")
-    ranks = load_ranks(out_dir, n)
+def test_allreduce_in_place_on_noncontiguous_tensor_keeps_layout(n: int, launched) -> None:
+    ranks = launched.ranks(n, NONCONTIG)
     inputs = [rk["results"]["noncontig"][0].numpy().T for rk in ranks]
     want = np.sum(inputs, axis=0)
     for r, rk in enumerate(ranks):
@@ -61,9 +67,8 @@ def test_allreduce_in_place_on_noncontiguous_tensor_keeps_layout(n: int, out_dir
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_comm_stats_count_ring_bytes_of_each_call(n: int, out_dir) -> None:
-    mpirun("allreduce.py", n, out_dir, "4097")
-    ranks = load_ranks(out_dir, n)
+def test_comm_stats_count_ring_bytes_of_each_call(n: int, launched) -> None:
+    ranks = launched.ranks(n, STATS)
     for r, rk in enumerate(ranks):
         stats = rk["stats"]
         # 2 ops x 4 dtypes x (allreduce + allreduce_) of 4097 elements; halves travel as float32.

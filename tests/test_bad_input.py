@@ -7,11 +7,20 @@ import sys
 import time
 
 import pytest
-from mpi_harness import ROOT, horovodrun, load_ranks, mpi_env, mpirun
+from mpi_harness import ROOT, Cases, horovodrun, load_ranks, mpi_env, mpirun
+
+# The cases that end with a working collective, at one rank count in one launch.
+CASES = {2: [("dtype",), ("shape",), ("shape_2d",)], 3: [("dtype",), ("device",), ("shape",), ("shape_2d",)],
+         4: [("shape",)]}
 
 
-def _caught(out_dir, n):
-    return [rk["caught"] for rk in load_ranks(out_dir, n)]
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Cases:
+    return Cases("bad_input.py", CASES, tmp_path_factory.mktemp("bad_input"), timeout_per_case=60)
+
+
+def _caught(launched: Cases, n: int, case: str) -> list[dict[str, str]]:
+    return [rk["caught"] for rk in launched.ranks(n, (case,))]
 
 
 def _recovered(caught, n):
@@ -21,9 +30,8 @@ def _recovered(caught, n):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_unsupported_dtype_on_one_rank_raises_on_every_rank(n: int, out_dir) -> None:
-    mpirun("bad_input.py", n, out_dir, "dtype", timeout=120)
-    caught = _caught(out_dir, n)
+def test_unsupported_dtype_on_one_rank_raises_on_every_rank(n: int, launched) -> None:
+    caught = _caught(launched, n, "dtype")
     for r, c in enumerate(caught):
         # RejectedInputError: a UsageError (ValueError) and a RuntimeError.
         assert c["dtype"].startswith("RejectedInputError"), f"rank {r}: {c['dtype']}"
@@ -33,18 +41,16 @@ def test_unsupported_dtype_on_one_rank_raises_on_every_rank(n: int, out_dir) -> 
     _recovered(caught, n)
 
 
-def test_tensor_on_unsupported_device_raises_on_every_rank(out_dir) -> None:
-    mpirun("bad_input.py", 3, out_dir, "device", timeout=120)
-    caught = _caught(out_dir, 3)
+def test_tensor_on_unsupported_device_raises_on_every_rank(launched) -> None:
+    caught = _caught(launched, 3, "device")
     for r, c in enumerate(caught):
         assert c["device"].startswith("RejectedInputError") and "rank 1 rejected its input" in c["device"], f"{r}: {c}"
     _recovered(caught, 3)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_mismatched_shape_dtype_op_raise_mismatch_on_every_rank(n: int, out_dir) -> None:
-    mpirun("bad_input.py", n, out_dir, "shape", timeout=120)
-    caught = _caught(out_dir, n)
+def test_mismatched_shape_dtype_op_raise_mismatch_on_every_rank(n: int, launched) -> None:
+    caught = _caught(launched, n, "shape")
     for r, c in enumerate(caught):
         assert c["numel"].startswith("MismatchError"), f"rank {r}: {c['numel']}"
         assert "numel: rank 0=4; rank 1=5;" in c["numel"], f"rank {r}: {c['numel']}"
@@ -55,9 +61,8 @@ def test_mismatched_shape_dtype_op_raise_mismatch_on_every_rank(n: int, out_dir)
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_same_numel_in_different_shapes_raises_mismatch_naming_each_rank_shape(n: int, out_dir) -> None:
-    mpirun("bad_input.py", n, out_dir, "shape_2d", timeout=120)
-    caught = _caught(out_dir, n)
+def test_same_numel_in_different_shapes_raises_mismatch_naming_each_rank_shape(n: int, launched) -> None:
+    caught = _caught(launched, n, "shape_2d")
     shapes = ["[2, 3]" if r % 2 == 0 else "[3, 2]" for r in range(n)]
     want = {
         "allreduce": "shape:" + "".join(f" rank {r}={s};" for r, s in enumerate(shapes)),
@@ -108,7 +113,7 @@ def test_peer_that_stops_inside_a_collective_ends_the_job_not_hang(case: str, tr
 
 def test_gil_is_released_while_the_core_waits(out_dir) -> None:
     mpirun("bad_input.py", 2, out_dir, "gil", timeout=60)
-    c1 = _caught(out_dir, 2)[1]
+    c1 = load_ranks(out_dir, 2)[1]["caught"]
     assert int(c1["ticks"]) > 200, f"a Python thread ran only {c1['ticks']} ticks during a 1.5 s wait"
 
 

@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from mpi_harness import USAGE, load_ranks, mpirun
+from mpi_harness import USAGE, Cases, load_ranks, mpirun
 
 import hvd_compress.torch as hc
 from hvd_compress.reference import birder as ref
@@ -71,19 +71,31 @@ def _alg1_grads(t: int, world: int, numel: int) -> np.ndarray:
                      for r in range(world)])
 
 
-@pytest.mark.parametrize(("world", "local", "bucket_mb"), [(3, 0, None), (4, 2, None), (3, 0, 2048), (4, 2, 2048)],
-                         ids=["n3", "2x2", "n3-buckets", "2x2-buckets"])
+def _alg1_case(local: int, bucket_mb: int | None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """birder_alg1.py's arguments and environment (HVDC_LOCAL_SIZE: nodes of ``local`` ranks; 0: flat)."""
+    extra = (str(bucket_mb / (1 << 20)),) if bucket_mb else ()
+    return ("1" if local else "0", *extra), ({"HVDC_LOCAL_SIZE": str(local)} if local else {})
+
+
+ALG1 = [(3, 0, None), (4, 2, None), (3, 0, 2048), (4, 2, 2048)]
+
+
+@pytest.fixture(scope="module")
+def alg1(tmp_path_factory) -> Cases:
+    """The cases of a world size in one launch (each size has one node layout, read at init)."""
+    cases = {world: [_alg1_case(local, mb) for w, local, mb in ALG1 if w == world] for world in (3, 4)}
+    return Cases("birder_alg1.py", cases, tmp_path_factory.mktemp("birder_alg1"), timeout_per_case=120)
+
+
+@pytest.mark.parametrize(("world", "local", "bucket_mb"), ALG1, ids=["n3", "2x2", "n3-buckets", "2x2-buckets"])
 def test_optimizer_equals_algorithm_1_element_by_element(world: int, local: int, bucket_mb: int | None,
-                                                         out_dir) -> None:
+                                                         alg1: Cases) -> None:
     """8 steps of op=hc.Birder against Alg. 1 written out here in NumPy, unsharded (spec 3, lines 4-13): each
     worker's m, b from its (node-mean, when hierarchical) gradient, r = m / (b + eps), the element-wise worker and
     server quantization of hvd_compress.reference.birder with the core's Philox draws, x -= lr u. Exact. With
     ``bucket_mb`` (bytes here) the optimizer's segments are [p0, p1] and [p2]: Alg. 1 runs on each segment alone,
     its own padding, and its own key ``ref.segment_seed(seed, i)``."""
-    env = {"HVDC_LOCAL_SIZE": str(local)} if local else None
-    extra = [str(bucket_mb / (1 << 20))] if bucket_mb else []
-    mpirun("birder_alg1.py", world, out_dir, "1" if local else "0", *extra, env=env, timeout=240)
-    ranks = load_ranks(out_dir, world)
+    ranks = alg1.ranks(world, _alg1_case(local, bucket_mb))
     m_loc = local or 1
     workers = world // m_loc
     segments = ranks[0]["segments"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from mpi_harness import USAGE, load_ranks, mpirun
+from mpi_harness import USAGE, Cases, load_ranks, mpirun
 from workers.common import DTYPES, rank_input
 
 from hvd_compress.reference import onebit as ref
@@ -15,6 +15,16 @@ from hvd_compress.reference.dtypes import round_to
 SIZES = [1, 13, 1000, 4099, 2400, 1 << 18]  # 2400 is a multiple of 8 * n for n = 2, 3, 4
 HALF_SIZES = [13, 4099, 2400]
 STEPS = 3
+FLOAT32 = (",".join(map(str, SIZES)), "float32", str(STEPS))
+HALF = (",".join(map(str, HALF_SIZES)), "float16,bfloat16", str(STEPS))
+BAD = ((), {}, "compressed_bad.py")
+# The cases of the default configuration at one rank count in one launch, the bad input last.
+CASES = {2: [FLOAT32, HALF, BAD], 3: [FLOAT32, HALF, BAD], 4: [FLOAT32]}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Cases:
+    return Cases("compressed.py", CASES, tmp_path_factory.mktemp("compressed"), timeout_per_case=90)
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -35,18 +45,16 @@ def _assert_close(got: np.ndarray, want: np.ndarray, what: str, rtol: float = 2.
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_compressed_allreduce_matches_reference_at_every_call(n: int, out_dir) -> None:
-    mpirun("compressed.py", n, out_dir, ",".join(map(str, SIZES)), "float32", str(STEPS), timeout=240)
-    ranks = load_ranks(out_dir, n)
+def test_compressed_allreduce_matches_reference_at_every_call(n: int, launched) -> None:
+    ranks = launched.ranks(n, FLOAT32)
     _compare(ranks, n, "float32", SIZES)
     _check_error_feedback(ranks, n)
     _check_bytes(ranks, n)
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_compressed_allreduce_half_buffers_match_reference(n: int, out_dir) -> None:
-    mpirun("compressed.py", n, out_dir, ",".join(map(str, HALF_SIZES)), "float16,bfloat16", str(STEPS), timeout=240)
-    ranks = load_ranks(out_dir, n)
+def test_compressed_allreduce_half_buffers_match_reference(n: int, launched) -> None:
+    ranks = launched.ranks(n, HALF)
     _compare(ranks, n, "float16", HALF_SIZES)
     _compare(ranks, n, "bfloat16", HALF_SIZES)
 
@@ -123,9 +131,8 @@ def _check_bytes(ranks: list[dict], n: int) -> None:
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_bad_input_raises_on_every_rank_with_state_unchanged(n: int, out_dir) -> None:
-    mpirun("compressed_bad.py", n, out_dir, timeout=180)
-    ranks = load_ranks(out_dir, n)
+def test_bad_input_raises_on_every_rank_with_state_unchanged(n: int, launched) -> None:
+    ranks = launched.ranks(n, BAD)
     expect = {
         "nan": (USAGE, [f"rank {n - 1} rejected", "element 5 is nan"]),
         "inf_half": (USAGE, ["rank 0 rejected", "element 999 is -inf"]),

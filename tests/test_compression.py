@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from mpi_harness import USAGE, load_ranks, mpirun
+from mpi_harness import USAGE, Cases
 from workers.common import DTYPES, rank_input
 
 from hvd_compress.reference import compression as ref
@@ -63,13 +63,26 @@ def _reference_calls(cname: str, dname: str, numel: int, op: str, n: int, seed_o
     return out
 
 
+def _modes(n: int) -> tuple[str]:
+    return ("collective,optimizer,dgc" + (",bytes" if n == 4 else ""),)
+
+
+RESUME, BAD, LATE = (2, 4), ((), {}, "compression_bad.py"), ((), {}, "compression_late_momentum.py")
+# The workers' cases at one rank count in one launch, the bad input last (3 ranks).
+CASES = {n: [_modes(n)] + ([((), {}, "compression_resume.py")] if n in RESUME else [])
+         + ([LATE, BAD] if n == 3 else []) for n in (2, 3, 4)}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Cases:
+    return Cases("compression.py", CASES, tmp_path_factory.mktemp("compression"), timeout_per_case=90)
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_compression_matches_reference_with_error_feedback_over_steps(n: int, out_dir) -> None:
-    """One launch per n: the collective (every compressor, dtype, size, op; STEPS calls with one state), the
+def test_compression_matches_reference_with_error_feedback_over_steps(n: int, launched) -> None:
+    """At each n: the collective (every compressor, dtype, size, op; STEPS calls with one state), the
     optimizer on a known gradient, and (n = 4) the bytes of one call against dense."""
-    modes = "collective,optimizer,dgc" + (",bytes" if n == 4 else "")
-    mpirun("compression.py", n, out_dir, modes, timeout=300)
-    ranks = load_ranks(out_dir, n)
+    ranks = launched.ranks(n, _modes(n))
     _check_collective(ranks, n)
     _check_optimizer(ranks, n)
     _check_dgc(ranks, n)
@@ -173,10 +186,9 @@ def _check_bytes(stats: dict) -> None:
     assert ratio["randomk"] <= 0.02, ratio
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_stopped_and_resumed_run_is_bit_identical(n: int, out_dir) -> None:
-    mpirun("compression_resume.py", n, out_dir, timeout=240)
-    ranks = load_ranks(out_dir, n)
+@pytest.mark.parametrize("n", RESUME)
+def test_stopped_and_resumed_run_is_bit_identical(n: int, launched) -> None:
+    ranks = launched.ranks(n, ((), {}, "compression_resume.py"))
     for name in ("topk", "randomk", "topk_dgc"):
         for r, rk in enumerate(ranks):
             (p1, s1), (p2, s2) = rk[name]["straight"], rk[name]["resumed"]
@@ -196,10 +208,9 @@ def test_stopped_and_resumed_run_is_bit_identical(n: int, out_dir) -> None:
             assert torch.equal(ranks[r][name]["straight"][0], p0), f"{name} n={n}: rank {r}'s parameters differ"
 
 
-def test_bad_input_raises_on_every_rank_and_leaves_state_untouched(out_dir) -> None:
+def test_bad_input_raises_on_every_rank_and_leaves_state_untouched(launched) -> None:
     n = 3
-    mpirun("compression_bad.py", n, out_dir, timeout=180)
-    ranks = load_ranks(out_dir, n)
+    ranks = launched.ranks(n, BAD)
     for r, rk in enumerate(ranks):
         where = f"rank {r} of {n}"
         assert rk["adasum"].startswith(USAGE) and "Average or Sum" in rk["adasum"], f"{where}: {rk['adasum']}"
@@ -315,15 +326,14 @@ def test_topk_momentum_masking_must_be_a_bool() -> None:
     assert off.describe()["momentum_masking"] is False and "momentum_masking=False" in repr(off)
 
 
-def test_momentum_given_to_the_wrapped_optimizer_after_construction_raises_at_step_on_every_rank(out_dir) -> None:
+def test_momentum_given_to_the_wrapped_optimizer_after_construction_raises_at_step_on_every_rank(launched) -> None:
     """DGC momentum in the compression: a momentum set in a param group, or a group added with one, after
     DistributedOptimizer was built raises ValueError at step()/synchronize() (also step() inside skip_synchronize())
     on every rank before any collective, parameters and compression state unchanged; undone, the same call takes the
     step with the same gradients, alike on every rank. Set on rank 1 only, rank 1 raises ValueError and the others
     RejectedInputError with its reason (no wait for rank 1's calls), nothing changed on any rank."""
     n = 3
-    mpirun("compression_late_momentum.py", n, out_dir, timeout=120)
-    ranks = load_ranks(out_dir, n)
+    ranks = launched.ranks(n, LATE)
     for r, rk in enumerate(ranks):
         for case in ("group_step", "group_synchronize", "group_skip_synchronize", "added_group_step",
                      "one_rank_step", "one_rank_synchronize"):

@@ -8,7 +8,7 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import Cases
 from workers.common import DTYPES, rank_input
 
 from hvd_compress.reference import onebit as ref
@@ -21,6 +21,46 @@ OPTIONS = {"betas": (0.9, 0.999), "weight_decay": 0.05}
 # as a dead ReLU unit leaves: the floor acts, and the gradients they get afterwards test a unit that revives),
 # and 0, the papers' exact rule (on gradients without such elements: with them it diverges by design).
 RULES = {"floor": (0.01, [2, 20, 45]), "paper": (0.0, [])}
+MATCH = [("adam", "float32", 2), ("adamw", "float32", 3), ("lamb", "float32", 4), ("lamb", "float32", 3),
+         ("adamw", "float16", 4), ("lamb", "bfloat16", 2)]
+BUCKETED = [("adamw", 3, "1"), ("lamb", 2, "1"), ("lamb", 3, "0")]
+PLAIN = [2, 3]
+
+
+def _case(algo: str, dtype: str, rule: str, *more: str) -> tuple[str, ...]:
+    """The worker's arguments for one case."""
+    floor, dead = RULES[rule]
+    return (algo, dtype, str(STEPS), str(FREEZE), ",".join(map(str, SIZES)), str(floor), ",".join(map(str, dead)),
+            *more)
+
+
+def _bucketed_case(algo: str, overlap: str) -> tuple[str, ...]:
+    return _case(algo, "float32", "floor", str(64 / (1 << 20)), overlap)  # 64 bytes: a bucket per parameter
+
+
+RESUME = ("adamw", "lamb")  # 4 ranks
+BAD = {2: "1", 3: "2"}  # rank count: parameter groups
+
+
+def _resume_case(algo: str) -> tuple:
+    return (algo, "300", "150", "50"), {}, "onebit_resume.py"
+
+
+def _bad_case(n: int) -> tuple:
+    return (BAD[n],), {}, "onebit_optimizer_bad.py"
+
+
+# Every case of this file at one rank count runs in one launch; the bad input last, after which nothing else runs.
+CASES = {n: [_case(a, d, rule) for a, d, m in MATCH if m == n for rule in RULES]
+         + [_bucketed_case(a, o) for a, m, o in BUCKETED if m == n]
+         + ([_case("lamb-dense", "float32", "paper")] if n in PLAIN else [])
+         + ([_resume_case(algo) for algo in RESUME] if n == 4 else [])
+         + ([_bad_case(n)] if n in BAD else []) for n in (2, 3, 4)}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Cases:
+    return Cases("onebit_optimizer.py", CASES, tmp_path_factory.mktemp("onebit_optimizer"), timeout_per_case=90)
 
 
 def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int], freeze: int = FREEZE,
@@ -44,19 +84,12 @@ def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int]
 
 
 @pytest.mark.parametrize("rule", ["floor", "paper"])
-@pytest.mark.parametrize(
-    ("algo", "dtype", "n"),
-    [("adam", "float32", 2), ("adamw", "float32", 3), ("lamb", "float32", 4), ("lamb", "float32", 3),
-     ("adamw", "float16", 4), ("lamb", "bfloat16", 2)],
-)
-def test_onebit_optimizer_matches_reference_every_step(algo: str, dtype: str, n: int, rule: str, out_dir) -> None:
+@pytest.mark.parametrize(("algo", "dtype", "n"), MATCH)
+def test_onebit_optimizer_matches_reference_every_step(algo: str, dtype: str, n: int, rule: str, launched) -> None:
     # (adamw, float16, 4, floor) failed until the torch backend kept scalars in float32 on half tensors
     # (hvd_compress/torch/backend.py): torch rounded 1 - beta1 to float16 in add_(alpha=...), one ulp of the
     # momentum in warm-up, which the error feedback turned into a flipped sign at step 9.
-    floor, dead = RULES[rule]
-    mpirun("onebit_optimizer.py", n, out_dir, algo, dtype, str(STEPS), str(FREEZE), ",".join(map(str, SIZES)),
-           str(floor), ",".join(map(str, dead)), timeout=240)
-    ranks = load_ranks(out_dir, n)
+    ranks = launched.ranks(n, _case(algo, dtype, rule))
     for step in range(STEPS):  # identical parameters on every rank after every step
         assert len({rk["hashes"][step] for rk in ranks}) == 1, f"ranks differ after step {step + 1}"
     lrs = ranks[0]["lrs"]
@@ -99,15 +132,12 @@ def _check_bytes(stats: list[dict[str, int]]) -> None:
     assert all(s["bytes_sent"] == stats[FREEZE]["bytes_sent"] > 0 for s in stats[FREEZE:])
 
 
-@pytest.mark.parametrize(("algo", "n", "overlap"), [("adamw", 3, "1"), ("lamb", 2, "1"), ("lamb", 3, "0")])
+@pytest.mark.parametrize(("algo", "n", "overlap"), BUCKETED)
 def test_optimizer_cut_into_buckets_matches_reference_over_the_same_segments(algo: str, n: int, overlap: str,
-                                                                             out_dir) -> None:
+                                                                             launched) -> None:
     """bucket_mb of 64 bytes cuts the 13 + 30 | 7 elements into a bucket per parameter, each with its own error
     feedback (and 1-bit scales): the reference run over those three segments, with overlap on and off."""
-    floor, dead = RULES["floor"]
-    mpirun("onebit_optimizer.py", n, out_dir, algo, "float32", str(STEPS), str(FREEZE), ",".join(map(str, SIZES)),
-           str(floor), ",".join(map(str, dead)), str(64 / (1 << 20)), overlap, timeout=240)
-    ranks = load_ranks(out_dir, n)
+    ranks = launched.ranks(n, _bucketed_case(algo, overlap))
     assert ranks[0]["buckets"] == [[13], [30], [7]], f"buckets {ranks[0]['buckets']}"
     for step in range(STEPS):
         assert len({rk["hashes"][step] for rk in ranks}) == 1, f"ranks differ after step {step + 1}"
@@ -119,12 +149,10 @@ def test_optimizer_cut_into_buckets_matches_reference_over_the_same_segments(alg
     assert np.abs(whole[-1] - want[-1]).max() > 1e-5
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_plain_lamb_behind_dense_average_matches_reference(n: int, out_dir) -> None:
+@pytest.mark.parametrize("n", PLAIN)
+def test_plain_lamb_behind_dense_average_matches_reference(n: int, launched) -> None:
     """hc.Lamb, the rule 1-bit LAMB compresses, with op=Average: the reference run never leaving warm-up."""
-    mpirun("onebit_optimizer.py", n, out_dir, "lamb-dense", "float32", str(STEPS), str(FREEZE),
-           ",".join(map(str, SIZES)), "0", "", timeout=240)
-    ranks = load_ranks(out_dir, n)
+    ranks = launched.ranks(n, _case("lamb-dense", "float32", "paper"))
     for step in range(STEPS):
         assert len({rk["hashes"][step] for rk in ranks}) == 1, f"ranks differ after step {step + 1}"
     want = _reference("lamb", "float32", n, ranks[0]["lrs"], SIZES, freeze=STEPS)
@@ -132,13 +160,11 @@ def test_plain_lamb_behind_dense_average_matches_reference(n: int, out_dir) -> N
     _assert_matches(got, want, "float32", f"hc.Lamb + Average n={n}")
 
 
-@pytest.mark.parametrize("algo", ["adamw", "lamb"])
-def test_resume_from_checkpoint_is_bit_identical(algo: str, out_dir) -> None:
+@pytest.mark.parametrize("algo", RESUME)
+def test_resume_from_checkpoint_is_bit_identical(algo: str, launched) -> None:
     """4 ranks, 300 steps (dense warm-up for 50), stopped at 150 and resumed from a checkpoint in new
     objects: the final parameters and error buffers equal those of the run never stopped, bit for bit."""
-    n = 4
-    mpirun("onebit_resume.py", n, out_dir, algo, "300", "150", "50", timeout=420)
-    ranks = load_ranks(out_dir, n)
+    ranks = launched.ranks(4, _resume_case(algo))
     assert len({rk["final_a"] for rk in ranks}) == 1, "ranks differ at the end of the uninterrupted run"
     for r, rk in enumerate(ranks):
         assert rk["final_b"] == rk["final_a"], f"rank {r}: the resumed run ended with other parameters"
@@ -150,10 +176,9 @@ def test_resume_from_checkpoint_is_bit_identical(algo: str, out_dir) -> None:
     assert onebit * 30 <= dense, f"compressed step sent {onebit} bytes, dense warm-up step {dense}"
 
 
-@pytest.mark.parametrize(("n", "groups"), [(2, 1), (3, 2)])
-def test_bad_input_raises_on_every_rank_and_changes_nothing(n: int, groups: int, out_dir) -> None:
-    mpirun("onebit_optimizer_bad.py", n, out_dir, str(groups), timeout=240)
-    ranks = load_ranks(out_dir, n)
+@pytest.mark.parametrize("n", BAD)
+def test_bad_input_raises_on_every_rank_and_changes_nothing(n: int, launched) -> None:
+    ranks = launched.ranks(n, _bad_case(n))
     expected = {
         "no_freeze": "TypeError: op=OneBitAdam needs freeze_step",
         "unknown_option": "TypeError: op=OneBitAdam got unknown options ['beta3']",

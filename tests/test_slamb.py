@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from mpi_harness import USAGE, load_ranks, mpirun
+from mpi_harness import USAGE, Cases
 from workers.common import rank_input
 
 from hvd_compress.reference import slamb as ref
@@ -16,6 +16,27 @@ from hvd_compress.reference import slamb as ref
 SHAPES = [(12, 25), (25,), (8, 30), (5, 6), (7,)]
 NUMEL = sum(math.prod(s) for s in SHAPES)
 LAMB = {"lr": 0.01, "weight_decay": 0.01, "eps": 1e-6}
+TRACE_STEPS = 11
+TRACES = [(2, 0.25, 3, "cyclic", True), (3, 0.1, 4, "bernoulli", False), (3, 0.1, 4, "bernoulli", True),
+          (4, 0.1, 5, "cyclic", True)]
+
+
+def _trace_case(ratio: float, interval: int, kind: str, fused: bool) -> tuple[tuple[str, ...], dict[str, str]]:
+    return (("trace", str(ratio), str(interval), kind, str(TRACE_STEPS)),
+            {"SLAMB_WORKER_BACKEND_OPS": "0" if fused else "1"})
+
+
+# Every case at one rank count in one launch. The backend-ops trace runs last at its count: the worker switches the
+# fused passes off for the rest of its process.
+CASES = {2: [_trace_case(*TRACES[0][1:]), ("identity", "8"), ("reshaped",)],
+         3: [_trace_case(*TRACES[2][1:]), ("identity", "8"), ("resume", "9", "5"), ("bad",), ("reshaped",),
+             _trace_case(*TRACES[1][1:])],
+         4: [_trace_case(*TRACES[3][1:])]}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Cases:
+    return Cases("slamb_optimizer.py", CASES, tmp_path_factory.mktemp("slamb_optimizer"), timeout_per_case=60)
 
 
 def _x0() -> np.ndarray:
@@ -24,15 +45,11 @@ def _x0() -> np.ndarray:
 
 
 # fused: the core's fused float32 passes (what both faces run); False: the backend's tensor ops.
-@pytest.mark.parametrize(("n", "ratio", "interval", "kind", "fused"), [
-    (2, 0.25, 3, "cyclic", True), (3, 0.1, 4, "bernoulli", False), (3, 0.1, 4, "bernoulli", True),
-    (4, 0.1, 5, "cyclic", True)])
+@pytest.mark.parametrize(("n", "ratio", "interval", "kind", "fused"), TRACES)
 def test_slamb_matches_reference_every_step_on_every_rank(n: int, ratio: float, interval: int, kind: str,
-                                                          fused: bool, out_dir) -> None:
-    steps = 11
-    mpirun("slamb_optimizer.py", n, out_dir, "trace", str(ratio), str(interval), kind, str(steps), timeout=240,
-           env={"SLAMB_WORKER_BACKEND_OPS": "0" if fused else "1"})
-    ranks = load_ranks(out_dir, n)
+                                                          fused: bool, launched) -> None:
+    steps = TRACE_STEPS
+    ranks = launched.ranks(n, _trace_case(ratio, interval, kind, fused))
     grads = [[rank_input(r, NUMEL, torch.float32, seed=t + 1).double().numpy() for r in range(n)]
              for t in range(steps)]
     want = ref.slamb(_x0(), grads, SHAPES, compress_ratio=ratio, sync_interval=interval, mask=kind, seed=99,
@@ -65,25 +82,21 @@ def test_slamb_matches_reference_every_step_on_every_rank(n: int, ratio: float, 
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_slamb_k1_h1_sync_grad_equals_lamb_on_averaged_gradients(n: int, out_dir) -> None:
-    mpirun("slamb_optimizer.py", n, out_dir, "identity", "8", timeout=180)
-    for r, rk in enumerate(load_ranks(out_dir, n)):
+def test_slamb_k1_h1_sync_grad_equals_lamb_on_averaged_gradients(n: int, launched) -> None:
+    for r, rk in enumerate(launched.ranks(n, ("identity", "8"))):
         worst = max(rk["diffs"])
         # Equal up to the float32 rounding of the dense parameter average of identical parameters.
         assert worst <= 4e-7 * rk["scale"], f"rank {r} of {n}: SLAMB(k=1, H=1) differs from LAMB by {worst}"
 
 
-def test_slamb_resumed_run_is_bit_identical(out_dir) -> None:
-    mpirun("slamb_optimizer.py", 3, out_dir, "resume", "9", "5", timeout=180)
-    for r, rk in enumerate(load_ranks(out_dir, 3)):
+def test_slamb_resumed_run_is_bit_identical(launched) -> None:
+    for r, rk in enumerate(launched.ranks(3, ("resume", "9", "5"))):
         assert torch.equal(rk["straight"], rk["resumed"]), f"rank {r}: resumed run differs from the straight one"
         assert rk["step"] == 9
 
 
-def test_slamb_bad_input_raises_on_every_rank_with_state_untouched(out_dir) -> None:
-    n = 3
-    mpirun("slamb_optimizer.py", n, out_dir, "bad", timeout=180)
-    ranks = load_ranks(out_dir, n)
+def test_slamb_bad_input_raises_on_every_rank_with_state_untouched(launched) -> None:
+    ranks = launched.ranks(3, ("bad",))
     for r, rk in enumerate(ranks):
         for key in ("compress_ratio=0.0", "compress_ratio=1.5", "sync_interval=0", "mask=x"):
             assert rk[key].startswith("ValueError"), f"rank {r} {key}: {rk[key]}"
@@ -99,12 +112,11 @@ def test_slamb_bad_input_raises_on_every_rank_with_state_untouched(out_dir) -> N
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_slamb_checkpoint_of_a_same_count_reshaped_parameter_is_refused_with_nothing_changed(n: int, out_dir) -> None:
+def test_slamb_checkpoint_of_a_same_count_reshaped_parameter_is_refused_with_nothing_changed(n: int, launched) -> None:
     """A (5, 6) parameter saved, loaded where it is (6, 5): the element counts agree, the shapes do not. ValueError
     on every rank before anything loads (the wrapped LAMB's state included); a checkpoint without the recorded
     shapes (the schema before them) still loads, checked by counts."""
-    mpirun("slamb_optimizer.py", n, out_dir, "reshaped", timeout=180)
-    for r, rk in enumerate(load_ranks(out_dir, n)):
+    for r, rk in enumerate(launched.ranks(n, ("reshaped",))):
         assert rk["error"].startswith("ValueError: SLAMB.load_state_dict"), f"n={n} rank {r}: {rk['error']}"
         assert "shape" in rk["error"] and "(6, 5)" in rk["error"], f"n={n} rank {r}: {rk['error']}"
         assert rk["changed"] == [], (

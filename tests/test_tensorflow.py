@@ -1,6 +1,7 @@
 """The TensorFlow and Keras faces on real MPI processes: ops against the NumPy reference, the same run through the
 torch and Keras faces, model.fit with every op (Keras 3, with checkpoints), mixed_float16 overflow agreement and
-tf_keras. TF costs seconds per process to import, so each worker run checks many things; five launches in all."""
+tf_keras. TF costs seconds per process to import, so each worker run checks many things, and the Keras 3 workers of
+one rank count run in one launch: three launches in all."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mpi_harness import USAGE, load_pickled_ranks, mpirun
+from mpi_harness import USAGE, Cases, load_pickled_ranks, mpirun
 
 from hvd_compress.reference import adasum as ref_adasum
 from hvd_compress.reference import compression as ref_compression
@@ -17,6 +18,17 @@ from hvd_compress.reference import onebit as ref_onebit
 from hvd_compress.reference.allreduce import allreduce as ref_allreduce
 
 pytest.importorskip("tensorflow")
+
+FIT_OPS = ["Average", "Sum", "Adasum", "OneBitAdam", "OneBitLamb", "SLAMB", "Birder", "TopK", "RandomK"]
+OPS, PARITY = ((), {}, "tf_ops.py"), (("8", "3"), {}, "tf_parity.py")
+FIT, MIXED = ((",".join(FIT_OPS),), {}, "keras_fit.py"), ((), {}, "keras_mixed.py")
+# The Keras 3 workers at one rank count in one launch; keras_mixed last, as it sets Keras's global dtype policy.
+CASES = {3: [OPS, PARITY], 2: [FIT, MIXED]}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Cases:
+    return Cases("tf_ops.py", CASES, tmp_path_factory.mktemp("keras3"), timeout_per_case=300, pickled=True)
 
 
 def _inputs(n: int, numel: int, seed: int, dtype: str = "float32") -> list[np.ndarray]:
@@ -32,10 +44,9 @@ def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(ia - ib)
 
 
-def test_tf_ops_match_reference_eager_and_in_tf_function(out_dir: Path) -> None:
+def test_tf_ops_match_reference_eager_and_in_tf_function(launched: Cases) -> None:
     n = 3
-    mpirun("tf_ops.py", n, out_dir, timeout=300)
-    ranks = load_pickled_ranks(out_dir, n)
+    ranks = launched.ranks(n, OPS)
     for r, got in enumerate(ranks):
         for dtype in ("float16", "float32", "float64"):
             xs = _inputs(n, 37, 1, dtype)
@@ -159,10 +170,9 @@ PARITY_ULPS = {"Average/sgd": 1, "Sum/sgd": 64, "Adasum/sgd": 8, "OneBitAdam/ada
 SYNCED_STEPS = {"SLAMB/lamb": [2, 5]}
 
 
-def test_torch_and_keras_faces_give_the_same_parameters(out_dir: Path) -> None:
+def test_torch_and_keras_faces_give_the_same_parameters(launched: Cases) -> None:
     n = 3
-    mpirun("tf_parity.py", n, out_dir, "8", "3", timeout=420)
-    ranks = load_pickled_ranks(out_dir, n)
+    ranks = launched.ranks(n, PARITY)
     for name, bound in PARITY_ULPS.items():
         keras_0 = np.stack(ranks[0]["traces"][name]["keras"])
         rows = SYNCED_STEPS.get(name, slice(None))
@@ -178,10 +188,9 @@ def test_torch_and_keras_faces_give_the_same_parameters(out_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("n", [2])
-def test_keras_fit_every_op_identical_ranks_and_exact_resume_from_file_and_checkpoint(n: int, out_dir: Path) -> None:
-    ops = ["Average", "Sum", "Adasum", "OneBitAdam", "OneBitLamb", "SLAMB", "Birder", "TopK", "RandomK"]
-    mpirun("keras_fit.py", n, out_dir, ",".join(ops), timeout=600)
-    ranks = load_pickled_ranks(out_dir, n)
+def test_keras_fit_every_op_identical_ranks_and_exact_resume_from_file_and_checkpoint(n: int, launched: Cases) -> None:
+    ops = FIT_OPS
+    ranks = launched.ranks(n, FIT)
     for op in ops:
         runs = [rk[op] for rk in ranks]
         for epoch in range(len(runs[0]["hashes"])):
@@ -211,10 +220,9 @@ def test_keras_fit_every_op_identical_ranks_and_exact_resume_from_file_and_check
             assert rk[f"{op}/after_nan"] == ranks[0][f"{op}/after_nan"], f"{op}: rank {r} differs after the retry"
 
 
-def test_keras_mixed_float16_overflow_on_one_rank_skips_the_step_on_every_rank(out_dir: Path) -> None:
+def test_keras_mixed_float16_overflow_on_one_rank_skips_the_step_on_every_rank(launched: Cases) -> None:
     n = 2
-    mpirun("keras_mixed.py", n, out_dir, timeout=300)
-    ranks = load_pickled_ranks(out_dir, n)
+    ranks = launched.ranks(n, MIXED)
     for op in ("Average", "OneBitAdam"):
         runs = [rk[op] for rk in ranks]
         assert len({run["hash"] for run in runs}) == 1, f"{op}: parameters differ between ranks at n={n}"

@@ -45,18 +45,20 @@ def shard(rank: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class SlowGradient(keras.layers.Layer):
-    """Identity forward; backward sleeps 0.3 s, then records ``probe()`` (buckets started by then)."""
+    """Identity forward; backward sleeps 0.3 s, then records ``probe()`` (buckets started by then). Without a
+    probe it does not sleep: the runs that record nothing need no late gradient, only the same graph."""
 
     def __init__(self, probe, seen: list[int]) -> None:
         super().__init__()
-        self._record = lambda: seen.append(probe())  # a list attribute would be copied by Keras's tracking
+        self._delay = 0.3 if probe is not None else 0.0
+        self._record = (lambda: seen.append(probe())) if probe is not None else (lambda: None)
 
     def call(self, x):
         @tf.custom_gradient
         def ident(t):
             def grad(dy):
                 def slow(d):
-                    time.sleep(0.3)
+                    time.sleep(self._delay)
                     self._record()
                     return d
 
@@ -69,7 +71,7 @@ class SlowGradient(keras.layers.Layer):
         return ident(x)
 
 
-def model(probe, seen: list[int]) -> keras.Model:
+def model(probe=None, seen: list[int] | None = None) -> keras.Model:
     keras.utils.set_random_seed(7)  # the same start on every rank
     return keras.Sequential([keras.Input((12,)), keras.layers.Dense(32), SlowGradient(probe, seen),
                              keras.layers.ReLU(), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(3)])
@@ -136,7 +138,7 @@ def resumed(op: str) -> bool:
     its own, and 3 more steps end bit-identical to 6 steps never stopped (two buckets: per-bucket state and the cut
     restored)."""
     def make() -> tuple[keras.Model, object]:
-        net = model(lambda: 0, [])
+        net = model()
         opt = hck.DistributedOptimizer(inner(op), op=getattr(hck, op), bucket_mb=BUCKET_MB, **ALGORITHMS[op])
         net.compile(optimizer=opt, loss="mse", jit_compile=False)
         return net, opt
@@ -164,7 +166,7 @@ def birder_other_layout() -> dict[str, object]:
     """A Birder state whose recorded bucket cut is not the optimizer's (a checkpoint of another bucket_mb), or that
     records none past step 0: the next step raises on every rank, state and parameters unchanged; with the cut put
     back, the step after runs."""
-    net = model(lambda: 0, [])
+    net = model()
     opt = hck.DistributedOptimizer(inner("Birder"), op=hck.Birder, bucket_mb=BUCKET_MB, **ALGORITHMS["Birder"])
     net.compile(optimizer=opt, loss="mse", jit_compile=False)
     x, y = shard(r)
@@ -187,7 +189,7 @@ def birder_other_layout() -> dict[str, object]:
 
 def fit_steps_per_execution() -> list[np.ndarray]:
     """model.fit running all STEPS train steps in one tf.function call (steps_per_execution): the final parameters."""
-    net = model(lambda: 0, [])
+    net = model()
     opt = hck.DistributedOptimizer(keras.optimizers.SGD(LR), op=hck.Average, bucket_mb=BUCKET_MB)
     net.compile(optimizer=opt, loss="mse", jit_compile=False, steps_per_execution=STEPS)
     x, y = shard(r)
@@ -221,7 +223,7 @@ def tape(overlap: bool) -> dict[str, object]:
 
 def simulate() -> list[list[np.ndarray]]:
     """SGD on the gradient averaged over every rank's batch, computed here without communication."""
-    net = model(lambda: 0, [])
+    net = model()
     shards = [shard(k) for k in range(n)]
     params = []
     for s in range(STEPS):
