@@ -27,6 +27,7 @@
 #include "hvdc/onebit_kernels.h"
 #include "hvdc/onebit_lamb_kernels.h"
 #include "hvdc/slamb_kernels.h"
+#include "hvdc/sparse_allreduce.h"
 #include "hvdc/stochastic_kernels.h"
 
 namespace kcase {
@@ -245,6 +246,16 @@ inline double slamb_sum_v(const std::vector<float>& v, double kernel_sum, Result
   return pinned;
 }
 
+// The top-k case's c: values on a grid of 1/16 (many equal magnitudes, +0 and -0: the tie rule) and
+// k = ceil(n / 2); the random-k case's k = n / 10 + 1, at an offset in a larger buffer.
+inline std::vector<float> topk_input(int64_t n) {
+  std::vector<float> c = floats(kSeed + 27, n, -2.0f, 2.0f);
+  for (auto& x : c) x = static_cast<float>(static_cast<int>(x * 16.0f)) / 16.0f;
+  return c;
+}
+inline int64_t topk_k(int64_t n) { return (n + 1) / 2; }
+inline int64_t randomk_k(int64_t n) { return n / 10 + 1 < n ? n / 10 + 1 : n; }
+
 // The names of the cases, in the order the check runs them.
 inline std::vector<std::string> case_names() {
   return {"onebit_compress/f32",  "onebit_compress/f16",  "onebit_compress/bf16",
@@ -261,7 +272,8 @@ inline std::vector<std::string> case_names() {
           "cyclic_mask",          "mask_gather/f16",      "mask_gather/f32",
           "mask_gather/f64",      "mask_scatter/f16",     "mask_scatter/f32",
           "mask_scatter/f64",     "slamb_momentum",       "slamb_momentum_gather",
-          "slamb_moments",        "slamb_local_moments",  "slamb_apply"};
+          "slamb_moments",        "slamb_local_moments",  "slamb_apply",
+          "topk_select",          "randomk_select"};
 }
 inline DType dtype_of(const std::string& name) {
   const auto slash = name.find('/');
@@ -520,6 +532,15 @@ inline Result cpu_case(const std::string& name, int64_t n) {
     hvdc::slamb_apply(in.u.data(), in.c.data(), n, kSlambDphi, kSlambPhiMin, kSlambClipMin, kSlambClipMax,
                       kSlambDeta, kSlambEtaMin, in.x.data());
     out("x", bytes_of(in.x));
+  } else if (base == "topk_select") {
+    const std::vector<float> c = topk_input(n);
+    std::vector<uint32_t> idx(static_cast<size_t>(topk_k(n)));
+    hvdc::topk_select(c.data(), n, topk_k(n), idx.data());
+    out("idx", bytes_of(idx));
+  } else if (base == "randomk_select") {
+    std::vector<uint32_t> idx(static_cast<size_t>(randomk_k(n)));
+    hvdc::randomk_select(n, randomk_k(n), kMaskSeed, static_cast<uint32_t>(kMaskStep), idx.data(), kPhiloxOffset);
+    out("idx", bytes_of(idx));
   } else {
     throw std::invalid_argument("unknown kernel case " + name);
   }

@@ -259,6 +259,16 @@ Result gpu_case(const std::string& name, int64_t n, cudaStream_t st) {
                             kcase::kSlambClipMin, kcase::kSlambClipMax, kcase::kSlambDeta, kcase::kSlambEtaMin,
                             x.as<float>(), st);
     out("x", x);
+  } else if (base == "topk_select" || base == "randomk_select") {
+    const bool top = base == "topk_select";
+    const int64_t k = top ? kcase::topk_k(n) : kcase::randomk_k(n);
+    Dev c(kcase::topk_input(n)), idx(4 * k), ws(hvdc::cuda::select_workspace_bytes(n));
+    if (top)
+      hvdc::cuda::topk_select(c.as<float>(), n, k, idx.as<uint32_t>(), ws.p, st);
+    else
+      hvdc::cuda::randomk_select(n, k, kcase::kMaskSeed, static_cast<uint32_t>(kcase::kMaskStep), idx.as<uint32_t>(),
+                                 kcase::kPhiloxOffset, ws.p, st);
+    out("idx", idx);
   } else {
     throw std::invalid_argument("unknown kernel case " + name);
   }
@@ -370,6 +380,7 @@ void bench(cudaStream_t st) {
   Dev ranks(4 * n), copy_src(24 * n), copy_dst(24 * n), lws(4 * hvdc::cuda::onebit_lamb_workspace_floats(n));
   Dev half(2 * n), aws(8 * hvdc::cuda::adasum_workspace_doubles(n));
   Dev mws(8 * hvdc::cuda::mask_workspace_int64(n)), cnt(8), sws(8 * hvdc::cuda::slamb_workspace_doubles(n)), sv(8);
+  Dev sel_ws(hvdc::cuda::select_workspace_bytes(n));
   hvdc::UniformSource u;
   u.key = kcase::philox_key();
   hvdc::BirderMoments mom;
@@ -430,6 +441,12 @@ void bench(cudaStream_t st) {
       {"slamb_apply", 4 * f, [&] {
          hvdc::cuda::slamb_apply(w.as<float>(), den.as<float>(), n, 0.8f, 0.1f, 0.2f, 0.7f, -1e-9f, 0.0f,
                                  x.as<float>(), st);
+       }},
+      {"topk_select k=0.01", 4.0 * f, [&] {
+         hvdc::cuda::topk_select(x.as<float>(), n, n / 100, ranks.as<uint32_t>(), sel_ws.p, st);
+       }},
+      {"randomk_select k=0.01", 2.0 * n, [&] {
+         hvdc::cuda::randomk_select(n, n / 100, 7, 3, ranks.as<uint32_t>(), 0, sel_ws.p, st);
        }},
       {"narrow_from_float bf16", f + 2.0 * n, [&] {
          hvdc::cuda::narrow_from_float(x.as<float>(), 1.0f, half.p, DType::kBFloat16, n, st);

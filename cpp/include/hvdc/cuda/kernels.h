@@ -186,5 +186,16 @@ void slamb_apply(const float* u, const float* c, int64_t n, float dphi, float ph
                  float clip_min, float clip_max, float deta, float eta_min, float* x,
                  cudaStream_t stream);
 
+// ---- Top-k / random-k selection (hvdc/sparse_allreduce.h) ------------------------------------
+// idx[0, k) = the ascending indices the CPU's topk_select / randomk_select give (keys and tie rule
+// of hvdc/elementwise/select.h; c finite). `workspace` holds select_workspace_bytes(numel) bytes of
+// device memory (256-byte aligned).
+
+int64_t select_workspace_bytes(int64_t numel);
+void topk_select(const float* c, int64_t numel, int64_t k, uint32_t* idx, void* workspace,
+                 cudaStream_t stream);
+void randomk_select(int64_t numel, int64_t k, uint64_t seed, uint32_t step, uint32_t* idx,
+                    uint64_t offset, void* workspace, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace hvdc
