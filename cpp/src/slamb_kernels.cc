@@ -3,6 +3,7 @@
 #pragma GCC optimize("fp-contract=off")
 #include "hvdc/slamb_kernels.h"
 
+#include "hvdc/elementwise/slamb.h"
 #include "hvdc/mask_lanes.h"
 
 #if defined(__SSE2__)
@@ -226,7 +227,7 @@ int64_t momentum_gather_portable(const float* m, const float* g, const uint8_t* 
   for (; i < n; ++i) {
     if (!mask[i]) continue;
     if (j == capacity) return -1;
-    out[j++] = m[i] * b1 + a * g[i];
+    out[j++] = slamb_momentum_of(m[i], g[i], b1, a);
   }
   return j;
 }
@@ -272,7 +273,7 @@ MaskedDirection slamb_masked_direction(const float* m_avg, int64_t count, const 
 
 void slamb_momentum(const float* m, const float* g, int64_t n, float b1, float* work) {
   const float a = 1.0f - b1;
-  for (int64_t i = 0; i < n; ++i) work[i] = m[i] * b1 + a * g[i];
+  for (int64_t i = 0; i < n; ++i) work[i] = slamb_momentum_of(m[i], g[i], b1, a);
 }
 
 namespace {
@@ -291,7 +292,7 @@ double moments_pass(const float* g, int64_t n, float b2, float* v, UpdateM&& upd
       for (int l = 0; l < kLanes; ++l) {
         const int64_t k = i + b + l;
         update_m(k);
-        const float nv = v[k] * b2 + a * (g[k] * g[k]);
+        const float nv = slamb_variance_of(v[k], g[k], b2, a);
         v[k] = nv;
         lane[l] += nv;
       }
@@ -300,7 +301,7 @@ double moments_pass(const float* g, int64_t n, float b2, float* v, UpdateM&& upd
   }
   for (; i < n; ++i) {
     update_m(i);
-    v[i] = v[i] * b2 + a * (g[i] * g[i]);
+    v[i] = slamb_variance_of(v[i], g[i], b2, a);
     total += v[i];
   }
   return total;
@@ -313,7 +314,7 @@ double local_moments(const float* g, const uint8_t* mask, int64_t n, float b1, f
   return moments_pass(
       g, n, b2, v,
       [&](int64_t k) {
-        const float nm = m[k] * b1 + a1 * g[k];
+        const float nm = slamb_momentum_of(m[k], g[k], b1, a1);
         m[k] = mask[k] ? m[k] : nm;
       },
       i, total);
@@ -379,9 +380,7 @@ SlambNorms slamb_direction_local(const float* m, const float* v, const float* x,
 void slamb_apply(const float* u, const float* c, int64_t n, float dphi, float phi_min, float clip_min,
                  float clip_max, float deta, float eta_min, float* x) {
   for (int64_t i = 0; i < n; ++i) {
-    const float phi = std::min(std::max(c[i] * dphi + phi_min, clip_min), clip_max);
-    const float eta = c[i] * deta + eta_min;
-    x[i] = x[i] - (u[i] * phi) * eta;
+    x[i] = slamb_apply_of(u[i], c[i], x[i], dphi, phi_min, clip_min, clip_max, deta, eta_min);
   }
 }
 

@@ -60,9 +60,10 @@ std::string describe_value(float v) {
 bool sparse(SparseKind kind) { return kind == SparseKind::kTopK || kind == SparseKind::kRandomK; }
 
 // Indices (ascending) of the k smallest keys, ties to the lower index: the k-th smallest key found by
-// nth_element on a copy, then one ordered scan takes every key below it and the first ones equal to it.
-template <typename Key>
-void select_smallest(const std::vector<Key>& keys, int64_t k, uint32_t* idx) {
+// nth_element on a copy, then one ordered scan takes every key below it and the first ones equal to it
+// (select_keeps, the rule the CUDA kernels apply too).
+void select_smallest(const std::vector<uint32_t>& keys, int64_t k, uint32_t* idx) {
+  using Key = uint32_t;
   const auto numel = static_cast<int64_t>(keys.size());
   if (k <= 0) return;
   if (k >= numel) {
@@ -74,10 +75,12 @@ void select_smallest(const std::vector<Key>& keys, int64_t k, uint32_t* idx) {
   const Key threshold = copy[static_cast<size_t>(k - 1)];
   int64_t below = 0;
   for (const Key& v : keys) below += v < threshold;
-  int64_t equal_left = k - below, out = 0;
+  const int64_t equal_left = k - below;
+  int64_t equal_before = 0, out = 0;
   for (int64_t i = 0; i < numel && out < k; ++i) {
     const Key v = keys[static_cast<size_t>(i)];
-    if (v < threshold || (v == threshold && equal_left-- > 0)) idx[out++] = static_cast<uint32_t>(i);
+    if (select_keeps(v, threshold, equal_before, equal_left)) idx[out++] = static_cast<uint32_t>(i);
+    equal_before += v == threshold;
   }
 }
 
@@ -198,19 +201,15 @@ std::string sparse_check_input(const TensorView& buffer, const TensorView& error
 }
 
 void topk_select(const float* c, int64_t numel, int64_t k, uint32_t* idx) {
-  // Largest |c| first = smallest -|c|; -0.0 == 0.0 compares equal, as the reference's does.
-  std::vector<float> keys(static_cast<size_t>(numel));
-  for (int64_t i = 0; i < numel; ++i) keys[i] = -std::fabs(c[i]);
+  // Largest |c| first = smallest key; -0.0 and 0.0 have one key, as the reference's -|c| compare equal.
+  std::vector<uint32_t> keys(static_cast<size_t>(numel));
+  for (int64_t i = 0; i < numel; ++i) keys[i] = topk_key(c[i]);
   select_smallest(keys, k, idx);
 }
 
 void randomk_select(int64_t numel, int64_t k, uint64_t seed, uint32_t step, uint32_t* idx, uint64_t offset) {
   std::vector<uint32_t> words(static_cast<size_t>(numel));
-  PhiloxKey key;
-  key.seed = seed;
-  key.step = step;
-  key.stream = kRandomKStream;
-  philox_fill_u32(key, offset, numel, words.data());
+  philox_fill_u32(randomk_philox_key(seed, step), offset, numel, words.data());  // word i = philox_word(key, offset + i)
   select_smallest(words, k, idx);
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,8 @@
 #include "hvdc/onebit_adam_kernels.h"
 #include "hvdc/onebit_kernels.h"
 #include "hvdc/onebit_lamb_kernels.h"
+#include "hvdc/slamb_kernels.h"
+#include "hvdc/sparse_allreduce.h"
 #include "hvdc/stochastic_kernels.h"
 
 namespace kcase {
@@ -135,6 +138,9 @@ constexpr float kLambBc1 = 0.4f, kLambWd = 0.01f, kLambScale = -0.002f;
 constexpr double kMaskRatio = 0.1;
 constexpr uint64_t kMaskSeed = 77;
 constexpr int64_t kMaskStep = 13;
+constexpr float kSlambB1 = 0.9f, kSlambB2 = 0.999f;
+constexpr float kSlambDphi = 0.8f, kSlambPhiMin = 0.1f, kSlambClipMin = 0.2f, kSlambClipMax = 0.7f;
+constexpr float kSlambDeta = -0.01f, kSlambEtaMin = 0.001f;
 constexpr float kNarrowScale = 2.0f;  // narrow_from_float: inputs up to 140000, past float16's 65504
 
 // The inputs of the 1-bit worker cases.
@@ -190,6 +196,66 @@ inline UpdateInputs update_inputs(int64_t n) {
   return in;
 }
 
+// The mask of the SLAMB and gather/scatter cases: the Bernoulli mask of kMaskRatio over [0, n), with
+// a run of selected elements from n / 2 (whole tiles selected, and tiles with none, at the large n).
+inline std::vector<uint8_t> case_mask(int64_t n) {
+  hvdc::MaskSpec s;
+  s.numel = n;
+  s.ratio = kMaskRatio;
+  s.seed = kMaskSeed + 1;
+  s.step = kMaskStep;
+  s.kind = hvdc::MaskKind::kBernoulli;
+  std::vector<uint8_t> mask(static_cast<size_t>(n));
+  hvdc::random_mask(s, mask.data());
+  const int64_t run = n / 4 < 10000 ? n / 4 : 10000;
+  for (int64_t i = n / 2; i < n / 2 + run; ++i) mask[static_cast<size_t>(i)] = 1;
+  return mask;
+}
+inline int64_t count_of(const std::vector<uint8_t>& mask) {
+  return hvdc::mask_count(mask.data(), static_cast<int64_t>(mask.size()));
+}
+// The SLAMB inputs: update_inputs' g, m and work, v >= 0, u and the freshness c in [0, 1].
+struct SlambInputs {
+  std::vector<float> g, m, work, v, u, c, x;
+  std::vector<uint8_t> mask;
+};
+inline SlambInputs slamb_inputs(int64_t n) {
+  const UpdateInputs up = update_inputs(n);
+  SlambInputs in;
+  in.g = up.g;
+  in.m = up.m;
+  in.work = up.work;
+  in.v = up.fresh;
+  in.x = up.x;
+  in.u = floats(kSeed + 22, n, -1.0f, 1.0f);
+  in.c = floats(kSeed + 23, n, 0.0f, 1.0f);
+  in.mask = case_mask(n);
+  return in;
+}
+// The sum of the new v in the device's order (block_sum.h), and a note on the CPU kernel's own sum.
+inline double slamb_sum_v(const std::vector<float>& v, double kernel_sum, Result& r) {
+  const double pinned =
+      hvdc::blocked_sum(static_cast<int64_t>(v.size()), [&](int64_t i) { return static_cast<double>(v[i]); });
+  if (std::memcmp(&pinned, &kernel_sum, 8) == 0) {
+    r.notes.push_back("CPU kernel's sum of v equal");
+  } else {
+    char rel[32];
+    std::snprintf(rel, sizeof rel, "%.2e", pinned != 0 ? std::fabs(kernel_sum - pinned) / std::fabs(pinned) : 0.0);
+    r.notes.push_back(std::string("CPU kernel's sum of v (float lanes) differs, rel ") + rel);
+  }
+  return pinned;
+}
+
+// The top-k case's c: values on a grid of 1/16 (many equal magnitudes, +0 and -0: the tie rule) and
+// k = ceil(n / 2); the random-k case's k = n / 10 + 1, at an offset in a larger buffer.
+inline std::vector<float> topk_input(int64_t n) {
+  std::vector<float> c = floats(kSeed + 27, n, -2.0f, 2.0f);
+  for (auto& x : c) x = static_cast<float>(static_cast<int>(x * 16.0f)) / 16.0f;
+  return c;
+}
+inline int64_t topk_k(int64_t n) { return (n + 1) / 2; }
+inline int64_t randomk_k(int64_t n) { return n / 10 + 1 < n ? n / 10 + 1 : n; }
+
 // The names of the cases, in the order the check runs them.
 inline std::vector<std::string> case_names() {
   return {"onebit_compress/f32",  "onebit_compress/f16",  "onebit_compress/bf16",
@@ -203,7 +269,11 @@ inline std::vector<std::string> case_names() {
           "adasum_dot_norms/f32", "adasum_dot_norms/f16", "adasum_dot_norms/f64",
           "adasum_combine/f32",   "adasum_combine/bf16",  "adasum_combine/f64",
           "widen_to_double/f16",  "narrow_from_double/bf16", "bernoulli_mask",
-          "cyclic_mask"};
+          "cyclic_mask",          "mask_gather/f16",      "mask_gather/f32",
+          "mask_gather/f64",      "mask_scatter/f16",     "mask_scatter/f32",
+          "mask_scatter/f64",     "slamb_momentum",       "slamb_momentum_gather",
+          "slamb_moments",        "slamb_local_moments",  "slamb_apply",
+          "topk_select",          "randomk_select"};
 }
 inline DType dtype_of(const std::string& name) {
   const auto slash = name.find('/');
@@ -416,6 +486,61 @@ inline Result cpu_case(const std::string& name, int64_t n) {
     std::vector<uint8_t> mask(static_cast<size_t>(n));
     hvdc::random_mask(s, mask.data());
     out("mask", mask);
+  } else if (base == "mask_gather" || base == "mask_scatter") {
+    const std::vector<uint8_t> mask = case_mask(n);
+    const int64_t count = count_of(mask);
+    const size_t es = elem_size(dt);
+    if (base == "mask_gather") {
+      const std::vector<uint8_t> src = random_bytes(kSeed + 24, n * static_cast<int64_t>(es));
+      std::vector<uint8_t> dst(static_cast<size_t>(count) * es);
+      const int64_t got = hvdc::mask_gather(src.data(), mask.data(), n, count, es, dst.data());
+      out("dst", dst);
+      out("count", bytes_of(&got, 1));
+    } else {
+      const std::vector<uint8_t> compact = random_bytes(kSeed + 25, count * static_cast<int64_t>(es));
+      std::vector<uint8_t> dst = random_bytes(kSeed + 26, n * static_cast<int64_t>(es));
+      const int64_t used = hvdc::mask_scatter(compact.data(), mask.data(), n, count, es, dst.data());
+      out("dst", dst);
+      out("used", bytes_of(&used, 1));
+    }
+  } else if (base == "slamb_momentum") {
+    const SlambInputs in = slamb_inputs(n);
+    std::vector<float> work(static_cast<size_t>(n));
+    hvdc::slamb_momentum(in.m.data(), in.g.data(), n, kSlambB1, work.data());
+    out("work", bytes_of(work));
+  } else if (base == "slamb_momentum_gather") {
+    const SlambInputs in = slamb_inputs(n);
+    const int64_t count = count_of(in.mask);
+    std::vector<float> o(static_cast<size_t>(count));
+    const int64_t got =
+        hvdc::slamb_momentum_gather(in.m.data(), in.g.data(), in.mask.data(), n, kSlambB1, o.data(), count);
+    out("out", bytes_of(o));
+    out("count", bytes_of(&got, 1));
+  } else if (base == "slamb_moments" || base == "slamb_local_moments") {
+    SlambInputs in = slamb_inputs(n);
+    const double kernel_sum =
+        base == "slamb_moments"
+            ? hvdc::slamb_moments(in.work.data(), in.g.data(), n, kSlambB2, in.m.data(), in.v.data())
+            : hvdc::slamb_local_moments(in.g.data(), in.mask.data(), n, kSlambB1, kSlambB2, in.m.data(),
+                                        in.v.data());
+    const double sum_v = slamb_sum_v(in.v, kernel_sum, r);
+    out("m", bytes_of(in.m));
+    out("v", bytes_of(in.v));
+    out("sum_v", bytes_of(&sum_v, 1));
+  } else if (base == "slamb_apply") {
+    SlambInputs in = slamb_inputs(n);
+    hvdc::slamb_apply(in.u.data(), in.c.data(), n, kSlambDphi, kSlambPhiMin, kSlambClipMin, kSlambClipMax,
+                      kSlambDeta, kSlambEtaMin, in.x.data());
+    out("x", bytes_of(in.x));
+  } else if (base == "topk_select") {
+    const std::vector<float> c = topk_input(n);
+    std::vector<uint32_t> idx(static_cast<size_t>(topk_k(n)));
+    hvdc::topk_select(c.data(), n, topk_k(n), idx.data());
+    out("idx", bytes_of(idx));
+  } else if (base == "randomk_select") {
+    std::vector<uint32_t> idx(static_cast<size_t>(randomk_k(n)));
+    hvdc::randomk_select(n, randomk_k(n), kMaskSeed, static_cast<uint32_t>(kMaskStep), idx.data(), kPhiloxOffset);
+    out("idx", bytes_of(idx));
   } else {
     throw std::invalid_argument("unknown kernel case " + name);
   }

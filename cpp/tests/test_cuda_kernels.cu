@@ -212,6 +212,63 @@ Result gpu_case(const std::string& name, int64_t n, cudaStream_t st) {
     hvdc::cuda::cyclic_mask_compare(dranks.as<uint32_t>(), static_cast<uint32_t>(lo),
                                     static_cast<uint32_t>(len), n, mask.as<uint8_t>(), st);
     out("mask", mask);
+  } else if (base == "mask_gather" || base == "mask_scatter") {
+    const std::vector<uint8_t> hmask = kcase::case_mask(n);
+    const int64_t count = kcase::count_of(hmask);
+    const int64_t es = static_cast<int64_t>(kcase::elem_size(dt));
+    Dev mask(hmask), got(8), ws(8 * hvdc::cuda::mask_workspace_int64(n));
+    if (base == "mask_gather") {
+      Dev src(kcase::random_bytes(kcase::kSeed + 24, n * es)), dst(count * es);
+      hvdc::cuda::mask_gather(src.p, mask.as<uint8_t>(), n, count, static_cast<size_t>(es), dst.p,
+                              got.as<int64_t>(), ws.as<int64_t>(), st);
+      out("dst", dst), out("count", got);
+    } else {
+      Dev compact(kcase::random_bytes(kcase::kSeed + 25, count * es));
+      Dev dst(kcase::random_bytes(kcase::kSeed + 26, n * es));
+      hvdc::cuda::mask_scatter(compact.p, mask.as<uint8_t>(), n, count, static_cast<size_t>(es), dst.p,
+                               got.as<int64_t>(), ws.as<int64_t>(), st);
+      out("dst", dst), out("used", got);
+    }
+  } else if (base == "slamb_momentum") {
+    const kcase::SlambInputs in = kcase::slamb_inputs(n);
+    Dev m(in.m), g(in.g), work(4 * n);
+    hvdc::cuda::slamb_momentum(m.as<float>(), g.as<float>(), n, kcase::kSlambB1, work.as<float>(), st);
+    out("work", work);
+  } else if (base == "slamb_momentum_gather") {
+    const kcase::SlambInputs in = kcase::slamb_inputs(n);
+    const int64_t count = kcase::count_of(in.mask);
+    Dev m(in.m), g(in.g), mask(in.mask), o(4 * count), got(8), ws(8 * hvdc::cuda::mask_workspace_int64(n));
+    hvdc::cuda::slamb_momentum_gather(m.as<float>(), g.as<float>(), mask.as<uint8_t>(), n, kcase::kSlambB1,
+                                      o.as<float>(), count, got.as<int64_t>(), ws.as<int64_t>(), st);
+    out("out", o), out("count", got);
+  } else if (base == "slamb_moments" || base == "slamb_local_moments") {
+    const kcase::SlambInputs in = kcase::slamb_inputs(n);
+    Dev work(in.work), g(in.g), mask(in.mask), m(in.m), v(in.v), sum(8);
+    Dev ws(8 * hvdc::cuda::slamb_workspace_doubles(n));
+    if (base == "slamb_moments")
+      hvdc::cuda::slamb_moments(work.as<float>(), g.as<float>(), n, kcase::kSlambB2, m.as<float>(), v.as<float>(),
+                                sum.as<double>(), ws.as<double>(), st);
+    else
+      hvdc::cuda::slamb_local_moments(g.as<float>(), mask.as<uint8_t>(), n, kcase::kSlambB1, kcase::kSlambB2,
+                                      m.as<float>(), v.as<float>(), sum.as<double>(), ws.as<double>(), st);
+    out("m", m), out("v", v), out("sum_v", sum);
+  } else if (base == "slamb_apply") {
+    const kcase::SlambInputs in = kcase::slamb_inputs(n);
+    Dev u(in.u), c(in.c), x(in.x);
+    hvdc::cuda::slamb_apply(u.as<float>(), c.as<float>(), n, kcase::kSlambDphi, kcase::kSlambPhiMin,
+                            kcase::kSlambClipMin, kcase::kSlambClipMax, kcase::kSlambDeta, kcase::kSlambEtaMin,
+                            x.as<float>(), st);
+    out("x", x);
+  } else if (base == "topk_select" || base == "randomk_select") {
+    const bool top = base == "topk_select";
+    const int64_t k = top ? kcase::topk_k(n) : kcase::randomk_k(n);
+    Dev c(kcase::topk_input(n)), idx(4 * k), ws(hvdc::cuda::select_workspace_bytes(n));
+    if (top)
+      hvdc::cuda::topk_select(c.as<float>(), n, k, idx.as<uint32_t>(), ws.p, st);
+    else
+      hvdc::cuda::randomk_select(n, k, kcase::kMaskSeed, static_cast<uint32_t>(kcase::kMaskStep), idx.as<uint32_t>(),
+                                 kcase::kPhiloxOffset, ws.p, st);
+    out("idx", idx);
   } else {
     throw std::invalid_argument("unknown kernel case " + name);
   }
@@ -322,6 +379,8 @@ void bench(cudaStream_t st) {
   Dev bits(np / 8), sc(4), ss(8), ws(8 * hvdc::cuda::onebit_workspace_doubles(np)), mask(n), dots(24);
   Dev ranks(4 * n), copy_src(24 * n), copy_dst(24 * n), lws(4 * hvdc::cuda::onebit_lamb_workspace_floats(n));
   Dev half(2 * n), aws(8 * hvdc::cuda::adasum_workspace_doubles(n));
+  Dev mws(8 * hvdc::cuda::mask_workspace_int64(n)), cnt(8), sws(8 * hvdc::cuda::slamb_workspace_doubles(n)), sv(8);
+  Dev sel_ws(hvdc::cuda::select_workspace_bytes(n));
   hvdc::UniformSource u;
   u.key = kcase::philox_key();
   hvdc::BirderMoments mom;
@@ -369,6 +428,25 @@ void bench(cudaStream_t st) {
        }},
       {"adasum_dot_norms f32", 2 * f, [&] {
          hvdc::cuda::adasum_dot_norms(x.p, w.p, DType::kFloat32, n, dots.as<double>(), aws.as<double>(), st);
+       }},
+      {"bernoulli_mask + mask_gather f32 k=0.1", 2.0 * n + 0.2 * f, [&] {
+         hvdc::cuda::bernoulli_mask_draw(7, 3, 0.1, 0, n, mask.as<uint8_t>(), st);
+         hvdc::cuda::mask_gather(x.p, mask.as<uint8_t>(), n, n, 4, copy_dst.p, cnt.as<int64_t>(),
+                                 mws.as<int64_t>(), st);
+       }},
+      {"slamb_local_moments k=0.1", 5 * f + n, [&] {
+         hvdc::cuda::slamb_local_moments(w.as<float>(), mask.as<uint8_t>(), n, 0.9f, 0.999f, m.as<float>(),
+                                         b.as<float>(), sv.as<double>(), sws.as<double>(), st);
+       }},
+      {"slamb_apply", 4 * f, [&] {
+         hvdc::cuda::slamb_apply(w.as<float>(), den.as<float>(), n, 0.8f, 0.1f, 0.2f, 0.7f, -1e-9f, 0.0f,
+                                 x.as<float>(), st);
+       }},
+      {"topk_select k=0.01", 4.0 * f, [&] {
+         hvdc::cuda::topk_select(x.as<float>(), n, n / 100, ranks.as<uint32_t>(), sel_ws.p, st);
+       }},
+      {"randomk_select k=0.01", 2.0 * n, [&] {
+         hvdc::cuda::randomk_select(n, n / 100, 7, 3, ranks.as<uint32_t>(), 0, sel_ws.p, st);
        }},
       {"narrow_from_float bf16", f + 2.0 * n, [&] {
          hvdc::cuda::narrow_from_float(x.as<float>(), 1.0f, half.p, DType::kBFloat16, n, st);

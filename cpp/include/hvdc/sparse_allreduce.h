@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "hvdc/communicator.h"
+#include "hvdc/elementwise/select.h"
 #include "hvdc/reduce_op.h"
 #include "hvdc/tensor.h"
 
@@ -46,8 +47,8 @@ enum class SparseKind : int32_t { kFloat16 = 1, kBFloat16 = 2, kTopK = 3, kRando
 
 const char* sparse_kind_name(SparseKind kind);
 
-// The Philox stream of random-k's index draws (hvdc/philox.h), apart from every other use.
-constexpr uint32_t kRandomKStream = 0x524b5031u;  // "RKP1"
+// kRandomKStream, random-k's Philox stream, and the keys and tie rule of the selections are in
+// hvdc/elementwise/select.h (the CUDA kernels share them).
 
 struct SparseSpec {
   SparseKind kind = SparseKind::kTopK;

@@ -15,6 +15,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 
@@ -151,6 +152,50 @@ void bernoulli_mask_draw(uint64_t seed, int64_t step, double ratio, int64_t firs
 // what masks.cc draws and caches on the host), base = c * cs and width the chunk's length.
 void cyclic_mask_compare(const uint32_t* ranks, uint32_t base, uint32_t width, int64_t n,
                          uint8_t* out, cudaStream_t stream);
+
+// ---- SLAMB's masked gather and scatter (hvdc/masks.h) ---------------------------------------
+// The j-th selected element (mask byte != 0, index order) pairs with compact element j, as on the
+// CPU. The count is not known on the host: `count` / `used` (device int64, may be null) get the
+// number selected, or -1 when it exceeds `capacity` / `count` (then only that many are moved).
+// `workspace` holds mask_workspace_int64(n) int64 of device memory. `elem`: 2, 4 or 8 bytes.
+
+int64_t mask_workspace_int64(int64_t n);
+void mask_gather(const void* src, const uint8_t* mask, int64_t n, int64_t capacity, size_t elem,
+                 void* dst, int64_t* count, int64_t* workspace, cudaStream_t stream);
+void mask_scatter(const void* compact, const uint8_t* mask, int64_t n, int64_t count, size_t elem,
+                  void* dst, int64_t* used, int64_t* workspace, cudaStream_t stream);
+
+// ---- SLAMB's fused passes (hvdc/slamb_kernels.h) ---------------------------------------------
+// The moments passes write the sum of the new v to *sum_v (device double) in the block order of
+// block_sum.h (the CPU sums in float lanes per block of 1024, then in double: see the kernel
+// check's note); `workspace` holds slamb_workspace_doubles(n) doubles. slamb_momentum_gather's
+// *count and workspace are those of mask_gather (mask_workspace_int64(n) int64).
+
+int64_t slamb_workspace_doubles(int64_t n);
+void slamb_momentum(const float* m, const float* g, int64_t n, float b1, float* work,
+                    cudaStream_t stream);
+void slamb_momentum_gather(const float* m, const float* g, const uint8_t* mask, int64_t n,
+                           float b1, float* out, int64_t capacity, int64_t* count,
+                           int64_t* workspace, cudaStream_t stream);
+void slamb_moments(const float* work, const float* g, int64_t n, float b2, float* m, float* v,
+                   double* sum_v, double* workspace, cudaStream_t stream);
+void slamb_local_moments(const float* g, const uint8_t* mask, int64_t n, float b1, float b2,
+                         float* m, float* v, double* sum_v, double* workspace,
+                         cudaStream_t stream);
+void slamb_apply(const float* u, const float* c, int64_t n, float dphi, float phi_min,
+                 float clip_min, float clip_max, float deta, float eta_min, float* x,
+                 cudaStream_t stream);
+
+// ---- Top-k / random-k selection (hvdc/sparse_allreduce.h) ------------------------------------
+// idx[0, k) = the ascending indices the CPU's topk_select / randomk_select give (keys and tie rule
+// of hvdc/elementwise/select.h; c finite). `workspace` holds select_workspace_bytes(numel) bytes of
+// device memory (256-byte aligned).
+
+int64_t select_workspace_bytes(int64_t numel);
+void topk_select(const float* c, int64_t numel, int64_t k, uint32_t* idx, void* workspace,
+                 cudaStream_t stream);
+void randomk_select(int64_t numel, int64_t k, uint64_t seed, uint32_t step, uint32_t* idx,
+                    uint64_t offset, void* workspace, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace hvdc
