@@ -175,7 +175,7 @@ BAD = {
     "topk": ("ValueError", "compresses its own way"),
     "bucket": ("ValueError", "bucket_mb"),
     "load_other_options": ("ValueError", "PowerSGD options"),
-    "allreduce": ("ValueError", "unknown reduction op hvd_compress.PowerSGD"),
+    "allreduce": ("ValueError", "op PowerSGD is an optimizer algorithm"),
 }
 
 
