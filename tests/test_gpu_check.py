@@ -2,6 +2,7 @@
 and renders the table with every GPU step skipped (so that the first GPU run measures instead of debugging), and
 the table's rules (kernel rows folded per case, failures kept, speed targets judged against plain torch)."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -75,7 +76,11 @@ def test_dry_run_writes_cpu_fixtures_and_skips_gpu_steps(tmp_path):
     assert "| probe" in table and "| missing" in table
     lines = [x.split() for x in (out / "fixtures.txt").read_text().splitlines() if not x.startswith("#")]
     cases = {x[0] for x in lines}
-    assert len(cases) == 32 and {int(x[1]) for x in lines} == {1, 7, 8, 4095}
+    with open(os.path.join(ROOT, "cpp", "tests", "kernel_cases.h")) as f:
+        header = f.read()
+    declared = set(re.findall(r'"([^"]+)"', header.split("case_names() {")[1].split("};")[0]))
+    assert len(declared) >= 45 and cases == declared, sorted(declared ^ cases)  # every case of the check, no other
+    assert {int(x[1]) for x in lines} == {1, 7, 8, 4095}
     # One digest recomputed here: bfloat16 -> float32 is the 16 bits shifted up, NaN payloads kept.
     raw = _splitmix_bytes(20261127 + 19, 2 * 4095).view("<u2").astype(np.uint32) << 16
     want = _fnv1a(raw.astype("<u4").tobytes())
