@@ -114,13 +114,8 @@ class BirderAlgorithm(BucketedAlgorithm):
 
     def __init__(self, options: BirderOptions, backend: Backend, segments: Sequence[BirderSegment],
                  meter: CommMeter | None) -> None:
-        self.options = options
-        self.xp = backend
-        self.segments = list(segments)
-        self.meter = meter if meter is not None else CommMeter()
-        self.t = 0
+        super().__init__(options, backend, segments, meter)
         self.seed = options.seed
-        self._init_buckets()
 
     @staticmethod
     def state_numels(numel: int, hierarchical: bool) -> tuple[int, int]:

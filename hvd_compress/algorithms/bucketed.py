@@ -37,6 +37,16 @@ class BucketedAlgorithm:
     segments: list[Any]
     t: int
 
+    def __init__(self, options: Any, backend: Backend, segments: Sequence[Any], meter: CommMeter | None) -> None:
+        """The fields every flat-bucket algorithm starts from; one with its own layout (1-bit, SLAMB) sets them
+        itself and calls ``_init_buckets``."""
+        self.options = options
+        self.xp = backend
+        self.segments = list(segments)
+        self.meter = meter if meter is not None else CommMeter()
+        self.t = 0
+        self._init_buckets()
+
     def _init_buckets(self) -> None:
         #: Reduce buckets from the face's gradient hooks (``gradient_final``) while backward runs.
         self.overlap = False

@@ -72,14 +72,9 @@ class SignSGD(BucketedAlgorithm):
 
     def __init__(self, options: SignSGDOptions, backend: Backend, segments: Sequence[BirderSegment],
                  meter: CommMeter | None) -> None:
-        self.options = options
-        self.xp = backend
-        self.segments = list(segments)
-        self.meter = meter if meter is not None else CommMeter()
-        self.t = 0
+        super().__init__(options, backend, segments, meter)
         self._scales: dict[int, list[float]] = {}  # segment -> this step's c of each parameter
         self._uniforms: dict[int, tuple[Tensor, Tensor]] = {}  # padded numel -> (worker, server) uniforms
-        self._init_buckets()
 
     @staticmethod
     def state_numels(numel: int, hierarchical: bool) -> tuple[int, int]:

@@ -108,14 +108,9 @@ class ZeroOneAdam(BucketedAlgorithm):
 
     def __init__(self, options: ZeroOneAdamOptions, backend: Backend, segments: Sequence[ZeroOneSegment],
                  meter: CommMeter | None) -> None:
-        self.options = options
-        self.xp = backend
-        self.segments = list(segments)
-        self.meter = meter if meter is not None else CommMeter()
-        self.t = 0
+        super().__init__(options, backend, segments, meter)
         self.var_interval, self.var_counter = 1, 0
         self.local_step_interval, self.local_step_counter = 1, 0
-        self._init_buckets()
 
     # -- the schedules (spec S1-S3; zoadam.py l.268-292) -----------------------------------------------
     def step_kind(self) -> str:
