@@ -50,7 +50,7 @@ def check_build() -> list[str]:
     try:
         from mpi4py import MPI
 
-        lib = MPI.Get_library_version().splitlines()[0].strip()
+        lib = MPI.Get_library_version().replace("\0", "").splitlines()[0].strip()  # Open MPI ends it with a NUL
         lines.append(f"    [X] MPI: {lib} (mpi4py {_version('mpi4py')})")
     except ImportError:
         lines.append("    [ ] MPI: mpi4py is not installed")

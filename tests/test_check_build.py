@@ -20,6 +20,7 @@ def test_check_build_names_extensions_kernels_mpi_and_frameworks() -> None:
     assert "[X] _core (CUDA: no)" in out and f"1-bit kernels: {_core.onebit_kernel_isa()}" in out, out
     assert "[X] _kernel_bench" in out and "[X] PyTorch 2.13.0" in out, out
     assert "[X] MPI: Open MPI" in out and "[X] Horovod 0.28.1" in out, out
+    assert "\0" not in out, "a NUL byte makes grep call the output binary"
     try:
         from hvd_compress import _cuda
     except ImportError:
