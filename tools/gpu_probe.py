@@ -60,7 +60,8 @@ def main():
     attempt("allreduce fp16 compression",
             lambda: float(hc.allreduce(full(r + 1), op=hc.Average, compression=hc.Compression.fp16)[0]))
     attempt("allreduce top-k compression",
-            lambda: float(hc.allreduce(full(r + 1), op=hc.Average, compression=hc.Compression.topk(0.01)).sum()))
+            lambda: float(hc.allreduce(full(r + 1), op=hc.Average, compression=hc.Compression.topk(0.01),
+                                       state=hc.CompressionState(1 << 20, hc.Compression.topk(0.01), "cuda")).sum()))
     attempt("allreduce_async", lambda: float(hc.synchronize(hc.allreduce_async(full(r + 1)))[0]))
     attempt("compressed_allreduce", lambda: float(hc.compressed_allreduce(
         full(r + 1), hc.OneBitState(1 << 20, torch.float32, device="cuda"))[0]))

@@ -66,6 +66,9 @@ Result gpu_case(const std::string& name, int64_t n, cudaStream_t st) {
   const std::string base = kcase::base_of(name);
   const int64_t np = kcase::padded(n);
   auto out = [&](const char* what, const Dev& d) { r.outputs.push_back({what, d.get()}); };
+  auto out_nan = [&](const char* what, const Dev& d) {
+    r.outputs.push_back({what, kcase::nan_canonical_f32(d.get())});
+  };
   if (base == "onebit_compress") {
     const kcase::OneBitInputs in = kcase::onebit_inputs(n, dt);
     Dev x(in.x), e(in.error), bits(np / 8), scale(4), sumsq(8);
@@ -157,7 +160,7 @@ Result gpu_case(const std::string& name, int64_t n, cudaStream_t st) {
     hvdc::cuda::onebit_adam_apply(work.as<float>(), denom.as<float>(), n, kcase::kAdamDecay,
                                   kcase::kAdamValue, kcase::kAdamFloor, kcase::kAdamCap, m.as<float>(),
                                   x.as<float>(), st);
-    out("m", m), out("x", x);
+    out("m", m), out_nan("x", x);
   } else if (base == "onebit_lamb_moments") {
     const kcase::UpdateInputs in = kcase::update_inputs(n);
     Dev work(in.work), denom(in.denom), m(in.m), fresh(in.fresh), rmax(4);
@@ -172,7 +175,7 @@ Result gpu_case(const std::string& name, int64_t n, cudaStream_t st) {
     Dev m(in.m), denom(in.denom), x(in.x);
     hvdc::cuda::onebit_lamb_apply(m.as<float>(), denom.as<float>(), n, kcase::kLambBc1, kcase::kLambWd,
                                   kcase::kLambScale, x.as<float>(), st);
-    out("x", x);
+    out_nan("x", x);
   } else if (base == "adasum_dot_norms") {
     const kcase::AdasumInputs in = kcase::adasum_inputs(n, dt);
     Dev l(in.left), rt(in.right), dots(24), ws(8 * hvdc::cuda::adasum_workspace_doubles(n));

@@ -30,8 +30,11 @@ def _buffers(param_groups: list[dict[str, Any]]) -> tuple[SlambBuffers, FusedGra
     for gi, group in enumerate(param_groups):
         for p in group["params"]:
             if p.requires_grad:
-                if p.dtype != torch.float32 or p.device.type != "cpu":
-                    raise ValueError(f"op=SLAMB supports float32 CPU parameters, got {p.dtype} on {p.device}")
+                if p.device.type != "cpu":
+                    raise ValueError(f"op=SLAMB: a parameter is on {p.device}; this build of hvd_compress handles "
+                                     "CPU tensors only (move the model to the CPU)")
+                if p.dtype != torch.float32:
+                    raise ValueError(f"op=SLAMB supports float32 parameters, got {p.dtype}")
                 params.append(p)
                 group_of.append(gi)
     fused = FusedGradients(params)
