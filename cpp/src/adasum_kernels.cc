@@ -78,8 +78,8 @@ void combine(const typename A::T* a, double ca, const typename A::T* b, double c
 // arithmetic in the same order as the templates above (lane j of the kLanes accumulators still
 // sums elements i = j mod kLanes), so every version gives the same bits; only how many lanes one
 // instruction handles differs: W doubles per hardware vector (W = 4: SSE2 pairs or AVX2; W = 8:
-// AVX-512), kLanes / W vectors per accumulator. Memory-bound on large slices, where the
-// vectors still beat the scalar loop (docs/benchmarks.md, "Kernels").
+// AVX-512), kLanes / W vectors per accumulator. Memory-bound on large slices; the vectors
+// keep the loop from being bound by its additions on small ones.
 template <int W>
 struct Vec;
 template <>

@@ -7,7 +7,7 @@
 // vpternlogq, and two-source permutes for the sequence order. philox_fill_uniform's vector fills
 // convert the words to uniforms in registers, so a tile of uniforms is written once.
 // Two chains hide the AVX2 round's latency; the AVX-512 fill is throughput bound, so more chains
-// gain little (figures: docs/benchmarks.md, "Kernels"). The fill is what bounds the stochastic
+// would add registers, not speed. The fill is what bounds the stochastic
 // quantizer (stochastic_kernels.cc) and the Bernoulli mask (masks.cc).
 // Every fill computes the same words (cpp/tests/test_philox.cc checks each one this CPU runs,
 // through philox_fill_*_with, at every alignment against the block function); the auto choice,

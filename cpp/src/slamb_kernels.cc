@@ -71,8 +71,7 @@ SlambNorms direction(const float* m, const float* v, const float* x, const uint8
 // The same pass on 8-float vectors: every lane does the portable code's float operations in its order (no
 // FMA), and lane l of a block's norm accumulators sums elements b + l as mask_sum_squares' lane l does, so u
 // and the four sums are bit for bit the portable ones. The portable code is compute-bound here (three
-// divisions per element, and the byte mask turned into floats by scalar code), many times a copy of the same
-// bytes (docs/benchmarks.md, "Kernels").
+// divisions per element, and the byte mask turned into floats by scalar code).
 template <bool kFloor, bool kDecay>
 HVDC_AVX2_FMA SlambNorms direction_avx2(const float* m, const float* v, const float* x, const uint8_t* mask,
                                         bool factor, int64_t n, float sqrt_bc2, float floor, float eps, float bc1,

@@ -25,8 +25,7 @@ namespace {
 
 // Elements per tile: the uniforms of one tile live in a 1 KiB stack buffer, in L1 while used. Small
 // tiles keep the streaming of the data (prefetched one tile ahead, prefetch_next_tile) close to the
-// Philox work in time, so that the two overlap (256 with the prefetch beat 1024 without it on
-// hvd_compress/bench/kernels.py's worker pass: docs/benchmarks.md, "Kernels").
+// Philox work in time, so that the two overlap (`make bench-kernels` times the worker pass).
 constexpr int64_t kTile = 256;
 
 // AVX2 where the CPU has it, unless the caller's choice (the runtime's configuration,

@@ -43,8 +43,7 @@
 // results, worker and server errors are bit for bit those of the unpipelined run, and the bytes
 // counted are the same (block * (n - 1) each way per phase). Below min_numel (default 2^20
 // elements: 4 MB of float32) the unpipelined run's two collective calls cost less than the
-// 3 * S * (n - 1) messages and there is little compute to hide (docs/benchmarks.md, "Kernels", has the
-// figure).
+// 3 * S * (n - 1) messages and there is little compute to hide.
 #pragma once
 #include <cstdint>
 #include <memory>
