@@ -16,6 +16,7 @@ of the parameters and BatchNorm buffers, the bytes this rank sent, and the error
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 
 import horovod.torch as hvd
@@ -26,7 +27,7 @@ import hvd_compress.torch as hc
 
 arch, steps, freeze, runs = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5].split(",")
 BATCH = 32  # per rank
-LR = {"Adam": 1e-3, "Lamb": 1e-2, "SGD": 0.05, "SignSGD": 0.05}
+LR = {"Adam": 1e-3, "Lamb": 1e-2, "SGD": 0.05, "SignSGD": 0.02}
 
 hvd.init()
 torch.set_num_threads(1)
@@ -47,7 +48,7 @@ class Block(torch.nn.Module):
 
 
 def make_model() -> torch.nn.Module:
-    torch.manual_seed(1)
+    torch.manual_seed(int(os.environ.get("MODEL_SEED", "1")))  # the tests' seed 1; others to measure a spread
     nn = torch.nn
     if arch == "cnn":
         return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
@@ -60,17 +61,18 @@ def make_model() -> torch.nn.Module:
 
 def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
     name, *extra = run.split(":")
-    if name in ("SGD", "SignSGD"):
-        base = torch.optim.SGD(model.parameters(), lr=LR[name], momentum=0.9 if name == "SGD" else 0.0)
-    elif name.endswith("Lamb"):
-        base = hc.Lamb(model.parameters(), lr=LR["Lamb"])
-    else:
-        base = torch.optim.Adam(model.parameters(), lr=LR["Adam"])
     options = {"op": getattr(hc, name) if name not in ("Adam", "Lamb", "SGD") else hc.Average}
     if name.startswith("OneBit"):
         options.update(freeze_step=freeze, **({"variance_floor": float(extra[0])} if extra else {}))
     else:
         options.update({k: float(v) if "." in v or "e" in v else int(v) for k, v in (kv.split("=") for kv in extra)})
+    lr = options.pop("lr", LR.get(name, LR["Adam"]))  # lr=...: the wrapped optimizer's
+    if name in ("SGD", "SignSGD"):
+        base = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9 if name == "SGD" else 0.0)
+    elif name.endswith("Lamb"):
+        base = hc.Lamb(model.parameters(), lr=LR["Lamb"])
+    else:
+        base = torch.optim.Adam(model.parameters(), lr=lr)
     if name == "ZeroOneAdam":
         options.setdefault("var_freeze_step", freeze)
     return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), **options)

@@ -14,9 +14,10 @@ argv: out_dir task(mlp|cnn) steps runs
   runs: comma list of Adam, Lamb (dense average), OneBitAdam:<variance_floor>:<freeze_step> and
   OneBitLamb:<variance_floor>:<freeze_step> (variance_floor 0: the papers' exact rule),
   SLAMB:<compress_ratio>:<sync_interval>, ZeroOneAdam:<var_freeze_step>:<var_update_scaler>:<local_step_scaler>:
-  <local_step_clipper>[:<variance_floor>] (op=hc.ZeroOneAdam over the same Adam), Birder[:<seed>] (op=hc.Birder),
-  BirderHier (hierarchical=True), BirderDense (hc.Birder behind op=hc.Average) and BirderExact (Alg. 1 with its
-  quantization left out: ``ExactMeanBirder``), run after another from the same initial model and data order.
+  <local_step_clipper>[:<variance_floor>[:<bucket_mb>]] (op=hc.ZeroOneAdam over the same Adam), Birder[:<seed>]
+  (op=hc.Birder), BirderHier (hierarchical=True), BirderDense (hc.Birder behind op=hc.Average) and BirderExact
+  (Alg. 1 with its quantization left out: ``ExactMeanBirder``), run one after another from the same initial model
+  and data order. MODEL_SEED in the environment: the model's seed (default 1).
 
 Saves per rank, for each run: the final held-out loss (NaN if the run raised or diverged), the error it
 raised if any, the largest |parameter| right after the first compressed step and at the end, the SHA-256
@@ -61,7 +62,7 @@ def mlp_task() -> tuple[torch.Tensor, ...]:
 
 
 def make_model() -> torch.nn.Module:
-    torch.manual_seed(1)
+    torch.manual_seed(int(os.environ.get("MODEL_SEED", "1")))  # the tests' seed 1; others to measure a spread
     relu = torch.nn.ReLU
     if task == "mlp":
         return torch.nn.Sequential(torch.nn.Linear(256, 256), relu(), torch.nn.Linear(256, 256), relu(),
@@ -104,9 +105,10 @@ def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
     options = {"op": hc.Average} if not name.startswith("OneBit") else {
         "op": getattr(hc, name), "freeze_step": int(freeze), "variance_floor": float(floor)}
     if name == "ZeroOneAdam":  # in ZeroOneAdamOptions' order; the variance floor optional
-        keys = ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper", "variance_floor")
-        options = {"op": hc.ZeroOneAdam, **{k: float(v) if k == "variance_floor" else int(v)
-                                            for k, v in zip(keys, run.split(":")[1:], strict=False)}}
+        keys = ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper", "variance_floor",
+                "bucket_mb")
+        options = {"op": hc.ZeroOneAdam, **{k: int(v) if i < 4 else float(v)
+                                            for i, (k, v) in enumerate(zip(keys, run.split(":")[1:], strict=False))}}
     if name == "SLAMB":  # SLAMB:<compress_ratio>:<sync_interval>
         options = {"op": hc.SLAMB, "compress_ratio": float(floor), "sync_interval": int(freeze), "seed": 5}
     return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), **options)
