@@ -9,6 +9,7 @@ argv: out_dir arch(cnn|resnet) steps freeze_step runs
   runs: comma list of Adam, Lamb, OneBitAdam, OneBitLamb, or OneBitAdam:<variance_floor>; SGD (momentum 0.9) and
   SignSGD over plain SGD; ZeroOneAdam (var_freeze_step = freeze_step) and PowerSGD over Adam, each optionally
   with options as :name=value (integers or floats); each from the same initial model and data order.
+MODEL_SEED in the environment: the model's seed (default 1).
 Saves per rank, per run: eval-mode accuracy and loss on 500 held-out images, the largest |parameter|, the SHA-256
 of the parameters and BatchNorm buffers, the bytes this rank sent, and the error raised if any.
 """
