@@ -2,7 +2,8 @@
 variance floor, each 1-bit optimizer's final held-out loss is within 2% of its dense counterpart's (Adam,
 resp. hc.Lamb, behind a dense average) or better, with identical parameters on every rank; on the MLP the
 papers' exact rule (variance_floor=0) fails. Three horizons: the MLP at 200 and 600 steps, the CNN at 150
-(freeze_step a fifth of them).
+(freeze_step a fifth of them). 0/1 Adam at 2 ranks on both tasks: the tests at the end (the comment above
+ZERO_ONE).
 
 Measured (4 ranks on 2 loaded cores, cosine LR decay, held-out cross-entropy; see the worker):
 
