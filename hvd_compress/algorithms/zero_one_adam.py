@@ -10,11 +10,11 @@ and docs/algorithms/zero-one-adam-spec.md fixes it (lines P1-P5 and L1-L6 of its
   x = x_anchor - ubar / d - wd lrs x_anchor on every rank alike (L4-L6, Z3, Z4).
 
 Weight decay is decoupled (Z3); no bias correction (Z2). Deviation, ``variance_floor`` (Z12; 0 is DeepSpeed's
-rule): d = max(sqrt(v), sqrt(floor)) + eps per layer with 1-bit Adam's floor, and an element it lifted moves at
-most lr (``hvd_compress.algorithms.onebit``). The step kind depends on t and the options only, so a
-bucket's collective is chosen before backward ends (overlap). Errors, u, x_anchor and lrs are per bucket segment;
-the counters are the algorithm's. All of it is in ``state_dict()`` (nothing is reset on load: Z13). The NumPy
-twin is ``hvd_compress.reference.zero_one_adam``.
+rule): d = max(sqrt(v), sqrt(floor)) + eps per layer with 1-bit Adam's floor, and an element it lifted moves at most
+lr (``hvd_compress.algorithms.onebit``). The step kind depends on t and the options only, so a bucket's collective
+is chosen before backward ends (overlap). Errors, u, x_anchor and lrs are per bucket segment; the counters are the
+algorithm's. All of it is in ``state_dict()`` (nothing is reset on load: Z13). The NumPy twin is
+``hvd_compress.reference.zero_one_adam``.
 """
 
 from __future__ import annotations
