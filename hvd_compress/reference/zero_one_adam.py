@@ -1,14 +1,14 @@
 """NumPy simulation of 0/1 Adam over n virtual ranks, written from docs/algorithms/zero-one-adam-spec.md
 (section 2, lines P1-P5 and L1-L6; schedules of section 3; ambiguities Z1-Z16), independently of any framework.
 
-Lu et al., ICLR 2023 (arXiv 2202.06009), Algorithm 1, as DeepSpeed's ``runtime/fp16/onebit/zoadam.py``
-instantiates it: variance updated from the dense average on an exponentially sparser schedule up to
-``var_freeze_step``, 1-bit compressed gradients in between; then local steps whose accumulated update u is
-1-bit averaged on a doubling schedule; d with the variance floor and its cap of Z12. The 1-bit exchange is ``reference.onebit.compressed_allreduce`` (through
-``CompressorState``), the same worker and server error feedback as 1-bit Adam. Everything a resumed run needs
-is in ``ZeroOneAdamState``; ``state_dict``/``load_state_dict`` round-trip it. Inputs and outputs are lists with
-one array per virtual rank; float64, except that the compressor rounds to float32 as the core does.
-"""
+Lu et al., ICLR 2023 (arXiv 2202.06009), Algorithm 1, as DeepSpeed's ``runtime/fp16/onebit/zoadam.py`` instantiates
+it: variance updated from the dense average on an exponentially sparser schedule up to ``var_freeze_step``, 1-bit
+compressed gradients in between; then local steps whose accumulated update u is 1-bit averaged on a doubling
+schedule; d with the variance floor and its cap of Z12. The 1-bit exchange is
+``reference.onebit.compressed_allreduce`` (through ``CompressorState``), the same worker and server error feedback
+as 1-bit Adam. Everything a resumed run needs is in ``ZeroOneAdamState``; ``state_dict``/``load_state_dict`` round-
+trip it. Inputs and outputs are lists with one array per virtual rank; float64, except that the compressor rounds to
+float32 as the core does."""
 
 from __future__ import annotations
 
