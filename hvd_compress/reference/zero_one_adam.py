@@ -6,9 +6,9 @@ it: variance updated from the dense average on an exponentially sparser schedule
 compressed gradients in between; then local steps whose accumulated update u is 1-bit averaged on a doubling
 schedule; d with the variance floor and its cap of Z12. The 1-bit exchange is
 ``reference.onebit.compressed_allreduce`` (through ``CompressorState``), the same worker and server error feedback
-as 1-bit Adam. Everything a resumed run needs is in ``ZeroOneAdamState``; ``state_dict``/``load_state_dict`` round-
-trip it. Inputs and outputs are lists with one array per virtual rank; float64, except that the compressor rounds to
-float32 as the core does."""
+as 1-bit Adam. Everything a resumed run needs is in ``ZeroOneAdamState``; ``state_dict``/``load_state_dict``
+round-trip it. Inputs and outputs are lists with one array per virtual rank; float64, except that the compressor
+rounds to float32 as the core does."""
 
 from __future__ import annotations
 
