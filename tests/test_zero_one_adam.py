@@ -19,6 +19,7 @@ from hvd_compress.reference.dtypes import ulp
 
 SIZES = [13, 30, 7]  # 50 elements: not a multiple of 8 * n; the 7 are a second param group (segment)
 SEGMENTS = [slice(0, 43), slice(43, 50)]
+LAYERS = [SIZES[:-1], SIZES[-1:]]  # the variance floor's layers in each segment
 STEPS = 32
 # Variance steps 1, 2, 3, 5, 7, 1-bit steps 4, 6, 8-10, freeze after 10; syncs at 11, 12, 13, 15, 23, 31 (the
 # interval doubles 1 -> 2 -> 4 -> 8, clipped there); local steps in between.
@@ -51,9 +52,9 @@ def _reference(n: int, lrs: list[float]) -> tuple[np.ndarray, list[str]]:
     grads = [[rank_input(r, total, torch.float32, seed=t + 1).double().numpy() for r in range(n)]
              for t in range(STEPS)]
     want = np.zeros((STEPS, n, total))
-    for sl in SEGMENTS:
+    for sl, layers in zip(SEGMENTS, LAYERS, strict=True):
         trace = z.zero_one_adam(x0[sl], [[g[sl] for g in step] for step in grads], lrs, weight_decay=0.05,
-                                **OPTIONS)
+                                sizes=layers, **OPTIONS)
         for t in range(STEPS):
             for r in range(n):
                 want[t, r, sl] = trace.params[t][r]
@@ -131,6 +132,7 @@ def test_bad_input_raises_on_every_rank_and_changes_nothing(runs) -> None:
         "negative_freeze": "ValueError: op=ZeroOneAdam: var_freeze_step must be an int >= 0",
         "zero_clipper": "ValueError: op=ZeroOneAdam: local_step_clipper must be an int >= 1",
         "float_scaler": "ValueError: op=ZeroOneAdam: var_update_scaler must be an int >= 1",
+        "negative_floor": "ValueError: op=ZeroOneAdam: variance_floor must be a finite number >= 0",
         "sgd": "TypeError: op=ZeroOneAdam wraps torch.optim.Adam or AdamW",
         "adam_l2": "ValueError: op=ZeroOneAdam decays weights decoupled",
         "amsgrad": "ValueError: op=ZeroOneAdam does not support amsgrad",
@@ -174,7 +176,7 @@ def test_keras_faces_match_the_reference_at_two_ranks(flavour: str, out_dir: Pat
     grads = [[given(t + 1, r) for r in range(n)] for t in range(STEPS)]
     # One segment: the TF faces cut one bucket of all variables below 1 MiB.
     trace = z.zero_one_adam(given(777, 0), grads, _f32(0.01), betas=(_f32(0.9), _f32(0.999)), eps=_f32(1e-8),
-                            weight_decay=_f32(0.05), **OPTIONS)
+                            weight_decay=_f32(0.05), sizes=SIZES, **OPTIONS)
     for t, kind in enumerate(trace.kinds):
         distinct = len({rk["hashes"][t] for rk in ranks})
         assert distinct == (n if kind == "local" else 1), f"{flavour} step {t + 1} ({kind}): {distinct} parameter sets"

@@ -39,6 +39,36 @@ DEFAULT_VARIANCE_FLOOR = 0.01
 SEGMENT_SHARE = 0.01
 
 
+def floor_roots(xp: Backend, v_views: Sequence[Tensor], sizes: Sequence[int], ratio: float,
+                bc: float = 1.0) -> list[float]:
+    """Per layer sqrt(ratio * max(mean v over the layer, ``SEGMENT_SHARE`` * mean v over the bucket) / bc): the least
+    root of v an element of the layer steps with under the variance floor (0 for an empty layer)."""
+    means = xp.foreach_mean(v_views)
+    bucket = SEGMENT_SHARE * sum(m * n for m, n in zip(means, sizes, strict=True)) / max(sum(sizes), 1)
+    return [math.sqrt(ratio * max(mean, bucket) / bc) if n else 0.0 for mean, n in zip(means, sizes, strict=True)]
+
+
+def floor_denoms(xp: Backend, roots: Sequence[float], like: Tensor, eps: float) -> list[float]:
+    """Each layer's d = sqrt(floor) + eps as a floored denominator rounds it (the same backend ops on one element), so
+    that ``d <= floor_denoms[i]`` finds exactly the elements the floor lifted."""
+    one = xp.float32_like(1, like)
+    out = []
+    for floor in roots:
+        xp.zero_(one)
+        out.append(xp.max(xp.add_(xp.clamp_min_(one, floor), eps)))
+    return out
+
+
+def capped_views(xp: Backend, views: Callable[[Tensor], list[Tensor]], denom: Tensor, m: Tensor, out: Tensor,
+                 cap: float, denoms: Sequence[float] | None, sizes: Sequence[int]) -> list[Tensor]:
+    """Per layer ``denom`` where the floor did not lift it, else max(d, |m| cap), in ``out`` (``denoms`` from
+    ``floor_denoms``; None: no floor, ``denom``'s views as they are)."""
+    if denoms is None:
+        return views(denom)
+    return [xp.raise_floored(d, mi, cap, floor, out=o) if n else d
+            for d, mi, o, floor, n in zip(views(denom), views(m), views(out), denoms, sizes, strict=True)]
+
+
 @dataclasses.dataclass(frozen=True)
 class OneBitOptions:
     """Options of both 1-bit optimizers: ``freeze_step`` dense warm-up steps (required), ``variance_floor``."""
@@ -271,10 +301,7 @@ class OneBitAlgorithm(BucketedAlgorithm):
             if bc != 1.0:
                 xp.div_(out, math.sqrt(bc))
             ratio = self.options.variance_floor
-            means = xp.foreach_mean(seg.views(seg.exp_avg_sq))
-            bucket = SEGMENT_SHARE * sum(m * n for m, n in zip(means, seg.sizes, strict=True)) / max(seg.numel, 1)
-            sizes = zip(means, seg.sizes, strict=True)
-            seg.floor_roots = [math.sqrt(ratio * max(mean, bucket) / bc) if size else 0.0 for mean, size in sizes]
+            seg.floor_roots = floor_roots(xp, seg.views(seg.exp_avg_sq), seg.sizes, ratio, bc)
             self.floor(seg, out)
             xp.add_(out, group["eps"])
             capped = ratio > 0 and self.caps_floored
@@ -283,15 +310,7 @@ class OneBitAlgorithm(BucketedAlgorithm):
         return out
 
     def _floor_denoms(self, seg: Segment, like: Tensor, eps: float) -> list[float]:
-        """Each layer's d = sqrt(floor) + eps as ``frozen_denom`` rounds it (the same backend ops on one element), so
-        that ``d <= floor_denoms[i]`` finds exactly the elements the floor lifted."""
-        xp = self.xp
-        one = xp.float32_like(1, like)
-        out = []
-        for floor in seg.floor_roots:
-            xp.zero_(one)
-            out.append(xp.max(xp.add_(xp.clamp_min_(one, floor), eps)))
-        return out
+        return floor_denoms(self.xp, seg.floor_roots, like, eps)
 
     def floor(self, seg: Segment, root: Tensor) -> None:
         """root = max(root, sqrt(floor)) per layer, with the floors of the kept frozen denominator."""
@@ -310,13 +329,7 @@ class OneBitAlgorithm(BucketedAlgorithm):
     def capped(self, seg: Segment, denom: Tensor, cap: float) -> list[Tensor]:
         """The frozen ``denom`` per layer with the variance floor's cap (see the top): where the floor lifted d, d =
         max(d, |m| cap), in ``work`` (free once m was copied out of it); the kept ``denom`` is not changed."""
-        views = seg.views(denom)
-        if seg.floor_denoms is None:
-            return views
-        out = seg.views(seg.work)
-        m = seg.views(seg.exp_avg)
-        return [self.xp.raise_floored(d, mi, cap, floor, out=o) if n else d
-                for d, mi, o, floor, n in zip(views, m, out, seg.floor_denoms, seg.sizes, strict=True)]
+        return capped_views(self.xp, seg.views, denom, seg.exp_avg, seg.work, cap, seg.floor_denoms, seg.sizes)
 
     def denom_buffer(self, seg: Segment) -> Tensor:
         raise NotImplementedError

@@ -9,15 +9,18 @@ and docs/algorithms/zero-one-adam-spec.md fixes it (lines P1-P5 and L1-L6 of its
   multiple of local_step_interval) u goes through the 1-bit allreduce, m = ubar / lrs and
   x = x_anchor - ubar / d - wd lrs x_anchor on every rank alike (L4-L6, Z3, Z4).
 
-Weight decay is decoupled (Z3); no bias correction (Z2). The step kind depends on t and the options only, so a
-bucket's collective is chosen before backward ends (overlap). Errors, u, x_anchor and lrs are per bucket segment;
-the counters are the algorithm's. All of it is in ``state_dict()`` (nothing is reset on load: Z13). The NumPy
-twin is ``hvd_compress.reference.zero_one_adam``.
+Weight decay is decoupled (Z3); no bias correction (Z2). Deviation, ``variance_floor`` (Z12; 0 is DeepSpeed's
+rule): d = max(sqrt(v), sqrt(floor)) + eps per layer with 1-bit Adam's floor, and an element it lifted moves at most
+lr (``hvd_compress.algorithms.onebit``). The step kind depends on t and the options only, so a bucket's collective
+is chosen before backward ends (overlap). Errors, u, x_anchor and lrs are per bucket segment; the counters are the
+algorithm's. All of it is in ``state_dict()`` (nothing is reset on load: Z13). The NumPy twin is
+``hvd_compress.reference.zero_one_adam``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +28,7 @@ from hvd_compress import ops
 from hvd_compress.algorithms import contract
 from hvd_compress.algorithms.agreement import nonfinite_everywhere
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
+from hvd_compress.algorithms.onebit import DEFAULT_VARIANCE_FLOOR, capped_views, floor_denoms, floor_roots
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
 from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
@@ -44,8 +48,13 @@ class ZeroOneAdamOptions:
     var_update_scaler: int = 16
     local_step_scaler: int = 32678
     local_step_clipper: int = 16
+    variance_floor: float = DEFAULT_VARIANCE_FLOOR
 
     def validate(self, op_name: str) -> None:
+        floor = self.variance_floor
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor < math.inf:
+            raise ValueError(f"op={op_name}: variance_floor must be a finite number >= 0 (0: DeepSpeed's rule; "
+                             f"default {DEFAULT_VARIANCE_FLOOR}), got {floor!r}")
         for name, least in (("var_freeze_step", 0), ("var_update_scaler", 1), ("local_step_scaler", 1),
                             ("local_step_clipper", 1)):
             value = getattr(self, name)
@@ -90,6 +99,7 @@ class ZeroOneSegment:
     views: Callable[[Tensor], list[Tensor]]
     lrs: float = 0.0
     denom_key: float | None = None  # the eps ``denom`` holds d for (None: to compute)
+    floor_denoms: list[float] | None = None  # per layer the d of an element the variance floor lifted (None: no floor)
 
     @property
     def numel(self) -> int:
@@ -249,37 +259,50 @@ class ZeroOneAdam(BucketedAlgorithm):
         gbar = seg.grad if kind == VARIANCE else seg.work
         if kind == VARIANCE:
             xp.addcmul_(xp.mul_(seg.exp_avg_sq, b2), gbar, gbar, value=1 - b2)  # P2
+            seg.denom_key = None
         xp.add_(xp.mul_(seg.exp_avg, b1), gbar, alpha=1 - b1)  # P3
-        d = xp.add_(xp.sqrt(seg.exp_avg_sq, out=seg.scratch), group["eps"])
-        seg.denom_key = None
+        d = self._denom(seg, group["eps"], seg.exp_avg)
         self._decay(seg, 1 - lr * group["weight_decay"])  # P4, decoupled (Z3)
-        xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), seg.views(d), value=-lr)
+        xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), d, value=-lr)
 
-    def _frozen_denom(self, seg: ZeroOneSegment, eps: float) -> Tensor:
-        """d = sqrt(v) + eps of the frozen v, computed once per eps."""
+    def _denom(self, seg: ZeroOneSegment, eps: float, m: Tensor) -> list[Tensor]:
+        """Per layer d = max(sqrt(v), sqrt(floor)) + eps, and where the floor lifted it max(d, |m|), in ``scratch``
+        (Z12: 1-bit Adam's variance floor and cap, with no bias correction: such an element steps at most lr). The
+        floored d is computed again only when v (a variance step) or eps changed."""
+        xp = self.xp
         if seg.denom_key != float(eps):
-            self.xp.add_(self.xp.sqrt(seg.exp_avg_sq, out=seg.denom), eps)
+            root = xp.sqrt(seg.exp_avg_sq, out=seg.denom)
+            ratio = self.options.variance_floor
+            seg.floor_denoms = None
+            if ratio > 0:
+                roots = floor_roots(xp, seg.views(seg.exp_avg_sq), seg.sizes, ratio)
+                for view, floor in zip(seg.views(root), roots, strict=True):
+                    xp.clamp_min_(view, floor)
+            xp.add_(root, eps)
+            if ratio > 0:
+                seg.floor_denoms = floor_denoms(xp, roots, seg.denom, eps)
             seg.denom_key = float(eps)
-        return seg.denom
+        return capped_views(xp, seg.views, seg.denom, m, seg.scratch, 1.0, seg.floor_denoms, seg.sizes)
 
     def _phase2(self, seg: ZeroOneSegment, group: dict[str, Any], kind: str) -> None:
         """L1-L3 on a local step; L5-L6 on a sync step (``work`` holds ubar, the 1-bit average of u: L4)."""
         xp = self.xp
         b1, lr, wd = group["betas"][0], group["lr"], group["weight_decay"]
-        d = self._frozen_denom(seg, group["eps"])
         seg.lrs += lr
         if kind == LOCAL:
             xp.add_(xp.mul_(seg.exp_avg, b1), seg.grad, alpha=1 - b1)  # L1
             xp.add_(seg.u, seg.exp_avg, alpha=lr)  # L3
             self._decay(seg, 1 - lr * wd)  # L2
-            xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), seg.views(d), value=-lr)
+            d = self._denom(seg, group["eps"], seg.exp_avg)
+            xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), d, value=-lr)
             return
         if seg.lrs > 0:  # L5 (with no lr in the interval no local step moved: m stays)
             xp.div_(xp.copy_(seg.exp_avg, seg.work), seg.lrs)
         for p, a in zip(seg.params, seg.views(seg.anchor), strict=True):  # L6 from x_anchor (Z4)
             xp.copy_(p, a)
         self._decay(seg, 1 - seg.lrs * wd)
-        xp.foreach_addcdiv_(seg.params, seg.views(seg.work), seg.views(d), value=-1.0)
+        d = self._denom(seg, group["eps"], seg.exp_avg)  # the cap: |ubar / d| <= lrs where the floor lifted d
+        xp.foreach_addcdiv_(seg.params, seg.views(seg.work), d, value=-1.0)
         for a, p in zip(seg.views(seg.anchor), seg.params, strict=True):
             xp.copy_(a, p)
         xp.zero_(seg.u)

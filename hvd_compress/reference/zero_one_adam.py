@@ -1,24 +1,24 @@
 """NumPy simulation of 0/1 Adam over n virtual ranks, written from docs/algorithms/zero-one-adam-spec.md
 (section 2, lines P1-P5 and L1-L6; schedules of section 3; ambiguities Z1-Z16), independently of any framework.
 
-Lu et al., ICLR 2023 (arXiv 2202.06009), Algorithm 1, as DeepSpeed's ``runtime/fp16/onebit/zoadam.py``
-instantiates it: variance updated from the dense average on an exponentially sparser schedule up to
-``var_freeze_step``, 1-bit compressed gradients in between; then local steps whose accumulated update u is
-1-bit averaged on a doubling schedule. The 1-bit exchange is ``reference.onebit.compressed_allreduce`` (through
-``CompressorState``), the same worker and server error feedback as 1-bit Adam. Everything a resumed run needs
-is in ``ZeroOneAdamState``; ``state_dict``/``load_state_dict`` round-trip it. Inputs and outputs are lists with
-one array per virtual rank; float64, except that the compressor rounds to float32 as the core does.
-"""
+Lu et al., ICLR 2023 (arXiv 2202.06009), Algorithm 1, as DeepSpeed's ``runtime/fp16/onebit/zoadam.py`` instantiates
+it: variance updated from the dense average on an exponentially sparser schedule up to ``var_freeze_step``, 1-bit
+compressed gradients in between; then local steps whose accumulated update u is 1-bit averaged on a doubling
+schedule; d with the variance floor and its cap of Z12. The 1-bit exchange is
+``reference.onebit.compressed_allreduce`` (through ``CompressorState``), the same worker and server error feedback
+as 1-bit Adam. Everything a resumed run needs is in ``ZeroOneAdamState``; ``state_dict``/``load_state_dict``
+round-trip it. Inputs and outputs are lists with one array per virtual rank; float64, except that the compressor
+rounds to float32 as the core does."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from hvd_compress.reference.onebit import CompressorState
+from hvd_compress.reference.onebit import CompressorState, _capped, _floored_root, _layers
 
 #: Step kinds (spec section 3): dense variance step, 1-bit gradient step, local step, 1-bit sync of u.
 VARIANCE, ONEBIT, LOCAL, SYNC = "variance", "onebit", "local", "sync"
@@ -36,6 +36,7 @@ class Options:
     var_update_scaler: int = 16
     local_step_scaler: int = 32678
     local_step_clipper: int = 16
+    variance_floor: float = 0.01
     compress: bool = True
 
     def __post_init__(self) -> None:
@@ -49,6 +50,8 @@ class Options:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        if not 0 <= self.variance_floor < np.inf:
+            raise ValueError(f"variance_floor must be a finite number >= 0, got {self.variance_floor}")
 
 
 @dataclass
@@ -120,25 +123,39 @@ def _average(state: ZeroOneAdamState, per_rank: list[np.ndarray], opts: Options)
     return state.comp.allreduce(per_rank) if opts.compress else np.mean(per_rank, axis=0)
 
 
-def step(state: ZeroOneAdamState, grads: Sequence[np.ndarray], lr: float, opts: Options) -> str:
-    """One step of every virtual rank on its gradient ``grads[r]``; returns the step's kind."""
+def _denominator(v: np.ndarray, layers: Sequence[slice], opts: Options) -> Callable[[np.ndarray], np.ndarray]:
+    """m -> the d that m is divided by (Z10, Z12): max(sqrt(v), sqrt(floor)) + eps per layer, 1-bit Adam's variance
+    floor without bias correction (floor = variance_floor * max(mean v over the layer, a share of mean v over the
+    segment)), and where the floor lifted d, max(d, |m|): such an element steps at most lr."""
+    same = lambda a: a  # noqa: E731 (float64 throughout)
+    root, floors = _floored_root(v, layers, 1.0, opts.variance_floor, same, same)
+    d = root + opts.eps
+    if opts.variance_floor == 0:
+        return lambda m: d
+    return lambda m: _capped(d, m, layers, floors, opts.eps, 1.0, same)
+
+
+def step(state: ZeroOneAdamState, grads: Sequence[np.ndarray], lr: float, opts: Options,
+         sizes: Sequence[int] | None = None) -> str:
+    """One step of every virtual rank on its gradient ``grads[r]``; returns the step's kind. ``sizes``: the layers
+    of the parameters, which the variance floor is taken over (default: one layer)."""
     b1, b2 = opts.betas
+    layers = _layers(sizes if sizes is not None else [state.v.size], state.v.size)
     lam = opts.weight_decay
     n = len(state.x)
     g = [np.asarray(gr, dtype=np.float64) for gr in grads]
     kind = step_kind(state, opts)
     state.t += 1
-    d = np.sqrt(state.v) + opts.eps  # P4 / L2: the denominator (eps outside the root: Z10)
     if kind == VARIANCE:
         gbar = np.mean(g, axis=0)  # P1: dense average
         state.v = b2 * state.v + (1 - b2) * gbar * gbar  # P2
         state.m = [b1 * state.m[0] + (1 - b1) * gbar for _ in range(n)]  # P3
-        d = np.sqrt(state.v) + opts.eps
     elif kind == ONEBIT:
         gbar = _average(state, g, opts)  # P1': 1-bit average of the gradients (Z5)
         state.m = [b1 * state.m[0] + (1 - b1) * gbar for _ in range(n)]  # P3
+    d = _denominator(state.v, layers, opts)  # P4 / L2: the denominator of this step's v
     if kind in (VARIANCE, ONEBIT):
-        state.x = [x - lr * state.m[0] / d - lr * lam * x for x in state.x]  # P4 (decoupled decay: Z3)
+        state.x = [x - lr * state.m[0] / d(state.m[0]) - lr * lam * x for x in state.x]  # P4 (decoupled decay: Z3)
         if state.t == opts.var_freeze_step:  # P5: the switch; errors restart in u's units (Z7)
             state.comp = CompressorState.zeros(state.x[0].size, n)
             state.anchor = state.x[0].copy()
@@ -147,11 +164,11 @@ def step(state: ZeroOneAdamState, grads: Sequence[np.ndarray], lr: float, opts: 
         for r in range(n):
             state.m[r] = b1 * state.m[r] + (1 - b1) * g[r]  # L1
             state.u[r] = state.u[r] + lr * state.m[r]  # L3
-            state.x[r] = state.x[r] - lr * state.m[r] / d - lr * lam * state.x[r]  # L2
+            state.x[r] = state.x[r] - lr * state.m[r] / d(state.m[r]) - lr * lam * state.x[r]  # L2
         if kind == SYNC:
             ubar = _average(state, state.u, opts)  # L4
             state.m = [ubar / state.lrs for _ in range(n)]  # L5
-            x = state.anchor - ubar / d - state.lrs * lam * state.anchor  # L6 (Z3, Z4)
+            x = state.anchor - ubar / d(state.m[0]) - state.lrs * lam * state.anchor  # L6 (Z3, Z4)
             state.x = [x.copy() for _ in range(n)]
             state.anchor = x.copy()
             state.u = [np.zeros_like(x) for _ in range(n)]
@@ -174,15 +191,17 @@ def zero_one_adam(
     grads: Sequence[Sequence[np.ndarray]],
     lr: float | Sequence[float] = 1e-3,
     state: ZeroOneAdamState | None = None,
+    sizes: Sequence[int] | None = None,
     **options: object,
 ) -> Trace:
     """Run ``len(grads)`` steps (``grads[i][r]``: rank r's gradient at the i-th step of this call), from ``x0``
-    or from ``state`` (a resumed run: ``x0`` is then ignored); ``lr`` is a constant or one value per step."""
+    or from ``state`` (a resumed run: ``x0`` is then ignored); ``lr`` is a constant or one value per step;
+    ``sizes`` the layers (``step``)."""
     opts = Options(**options)
     st = state if state is not None else ZeroOneAdamState.zeros(x0, len(grads[0]))
     params, kinds = [], []
     for i, step_grads in enumerate(grads):
-        kinds.append(step(st, step_grads, float(lr[i]) if isinstance(lr, Sequence) else float(lr), opts))
+        kinds.append(step(st, step_grads, float(lr[i]) if isinstance(lr, Sequence) else float(lr), opts, sizes))
         params.append([x.copy() for x in st.x])
     return Trace(params, kinds, st)
 

@@ -6,15 +6,18 @@ about zero while the compressed momentum gives it +/-the scale of its chunk: the
 BatchNorm's running statistics follow the biases in training mode, so a runaway bias shows in eval mode only.
 
 argv: out_dir arch(cnn|resnet) steps freeze_step runs
-  runs: comma list of Adam, Lamb, OneBitAdam, OneBitLamb, or OneBitAdam:<variance_floor> (each from the same
-  initial model and data order).
+  runs: comma list of Adam, Lamb, OneBitAdam, OneBitLamb, or OneBitAdam:<variance_floor>; SGD (momentum 0.9) and
+  SignSGD over plain SGD; ZeroOneAdam (var_freeze_step = freeze_step) and PowerSGD over Adam, each optionally
+  with options as :name=value (integers or floats); each from the same initial model and data order.
+MODEL_SEED in the environment: the model's seed (default 1).
 Saves per rank, per run: eval-mode accuracy and loss on 500 held-out images, the largest |parameter|, the SHA-256
-of the parameters and BatchNorm buffers, and the error raised if any.
+of the parameters and BatchNorm buffers, the bytes this rank sent, and the error raised if any.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 
 import horovod.torch as hvd
@@ -25,7 +28,7 @@ import hvd_compress.torch as hc
 
 arch, steps, freeze, runs = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5].split(",")
 BATCH = 32  # per rank
-LR = {"Adam": 1e-3, "Lamb": 1e-2}
+LR = {"Adam": 1e-3, "Lamb": 1e-2, "SGD": 0.05, "SignSGD": 0.02}
 
 hvd.init()
 torch.set_num_threads(1)
@@ -46,7 +49,7 @@ class Block(torch.nn.Module):
 
 
 def make_model() -> torch.nn.Module:
-    torch.manual_seed(1)
+    torch.manual_seed(int(os.environ.get("MODEL_SEED", "1")))  # the tests' seed 1; others to measure a spread
     nn = torch.nn
     if arch == "cnn":
         return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
@@ -57,16 +60,29 @@ def make_model() -> torch.nn.Module:
                          nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(16 * 4, 10))
 
 
+def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
+    name, *extra = run.split(":")
+    options = {"op": getattr(hc, name) if name not in ("Adam", "Lamb", "SGD") else hc.Average}
+    if name.startswith("OneBit"):
+        options.update(freeze_step=freeze, **({"variance_floor": float(extra[0])} if extra else {}))
+    else:
+        options.update({k: float(v) if "." in v or "e" in v else int(v) for k, v in (kv.split("=") for kv in extra)})
+    lr = options.pop("lr", LR.get(name, LR["Adam"]))  # lr=...: the wrapped optimizer's
+    if name in ("SGD", "SignSGD"):
+        base = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9 if name == "SGD" else 0.0)
+    elif name.endswith("Lamb"):
+        base = hc.Lamb(model.parameters(), lr=LR["Lamb"])
+    else:
+        base = torch.optim.Adam(model.parameters(), lr=lr)
+    if name == "ZeroOneAdam":
+        options.setdefault("var_freeze_step", freeze)
+    return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), **options)
+
+
 def train(run: str, xs: tuple[torch.Tensor, ...]) -> dict[str, object]:
     x, y, x_test, y_test = xs
     model = make_model()
-    base = (torch.optim.Adam(model.parameters(), lr=LR["Adam"]) if run.partition(":")[0].endswith("Adam")
-            else hc.Lamb(model.parameters(), lr=LR["Lamb"]))
-    name, _, floor = run.partition(":")
-    options = {"op": getattr(hc, name), "freeze_step": freeze} if name.startswith("OneBit") else {"op": hc.Average}
-    if floor:
-        options["variance_floor"] = float(floor)
-    opt = hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), **options)
+    opt = make_optimizer(run, model)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     order = torch.Generator().manual_seed(100 + rank)
     out: dict[str, object] = {"error": None}
@@ -92,9 +108,10 @@ def train(run: str, xs: tuple[torch.Tensor, ...]) -> dict[str, object]:
     state = [p.detach().reshape(-1) for p in model.parameters()]
     out["max_abs"] = float(torch.cat(state).abs().max())
     out["hash"] = hashlib.sha256(torch.cat(state).numpy().tobytes()).hexdigest()
+    out["bytes_sent"] = opt.comm_stats()["bytes_sent"]
     if rank == 0:
         print(f"{arch} {run:>10} {size} ranks: eval accuracy {out['accuracy']:.3f} loss {out['loss']:.4f} "
-              f"max|x| {out['max_abs']:.3g} {out['error'] or ''}", flush=True)
+              f"max|x| {out['max_abs']:.3g} sent {out['bytes_sent'] / 1e6:.2f} MB {out['error'] or ''}", flush=True)
     return out
 
 

@@ -13,13 +13,15 @@ Two tasks, each rank training on its own shard and every rank scoring the same h
 argv: out_dir task(mlp|cnn) steps runs
   runs: comma list of Adam, Lamb (dense average), OneBitAdam:<variance_floor>:<freeze_step> and
   OneBitLamb:<variance_floor>:<freeze_step> (variance_floor 0: the papers' exact rule),
-  SLAMB:<compress_ratio>:<sync_interval>, Birder[:<seed>] (op=hc.Birder), BirderHier (hierarchical=True), BirderDense
-  (hc.Birder behind op=hc.Average) and BirderExact (Alg. 1 with its quantization left out: ``ExactMeanBirder``),
-  run one after another from the same initial model and data order.
+  SLAMB:<compress_ratio>:<sync_interval>, ZeroOneAdam:<var_freeze_step>:<var_update_scaler>:<local_step_scaler>:
+  <local_step_clipper>[:<variance_floor>[:<bucket_mb>]] (op=hc.ZeroOneAdam over the same Adam), Birder[:<seed>]
+  (op=hc.Birder), BirderHier (hierarchical=True), BirderDense (hc.Birder behind op=hc.Average) and BirderExact
+  (Alg. 1 with its quantization left out: ``ExactMeanBirder``), run one after another from the same initial model
+  and data order. MODEL_SEED in the environment: the model's seed (default 1).
 
 Saves per rank, for each run: the final held-out loss (NaN if the run raised or diverged), the error it
-raised if any, the largest |parameter| right after the first compressed step and at the end, and the SHA-256
-of the final parameters.
+raised if any, the largest |parameter| right after the first compressed step and at the end, the SHA-256
+of the final parameters, the bytes this rank sent, and the kind of 0/1 Adam's last step.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def mlp_task() -> tuple[torch.Tensor, ...]:
 
 
 def make_model() -> torch.nn.Module:
-    torch.manual_seed(1)
+    torch.manual_seed(int(os.environ.get("MODEL_SEED", "1")))  # the tests' seed 1; others to measure a spread
     relu = torch.nn.ReLU
     if task == "mlp":
         return torch.nn.Sequential(torch.nn.Linear(256, 256), relu(), torch.nn.Linear(256, 256), relu(),
@@ -102,6 +104,11 @@ def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
         base = hc.Lamb(model.parameters(), lr=LR["Lamb"])
     options = {"op": hc.Average} if not name.startswith("OneBit") else {
         "op": getattr(hc, name), "freeze_step": int(freeze), "variance_floor": float(floor)}
+    if name == "ZeroOneAdam":  # in ZeroOneAdamOptions' order; the variance floor optional
+        keys = ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper", "variance_floor",
+                "bucket_mb")
+        options = {"op": hc.ZeroOneAdam, **{k: int(v) if i < 4 else float(v)
+                                            for i, (k, v) in enumerate(zip(keys, run.split(":")[1:], strict=False))}}
     if name == "SLAMB":  # SLAMB:<compress_ratio>:<sync_interval>
         options = {"op": hc.SLAMB, "compress_ratio": float(floor), "sync_interval": int(freeze), "seed": 5}
     return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), **options)
@@ -109,7 +116,8 @@ def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
 
 def train(run: str, data: tuple[torch.Tensor, ...]) -> dict[str, object]:
     x, y, x_test, y_test = data
-    freeze = int(run.split(":")[2]) if run.startswith("OneBit") else 0
+    at = {"OneBit": 2, "ZeroOneAdam": 1}  # where a run names its last warm-up step
+    freeze = next((int(run.split(":")[i]) for k, i in at.items() if run.startswith(k)), 0)
     model = make_model()
     hc.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = make_optimizer(run, model)
@@ -122,10 +130,12 @@ def train(run: str, data: tuple[torch.Tensor, ...]) -> dict[str, object]:
     try:
         for step in range(1, steps + 1):
             idx = torch.randint(len(y), (BATCH,), generator=order)
+            kind = getattr(opt, "step_kind", None)
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
             opt.step()
             sched.step()
+            out["last_kind"] = kind
             if step == freeze + 1:
                 out["max_abs_after_freeze"] = max(float(p.detach().abs().max()) for p in model.parameters())
     except hc.UsageError as e:  # non-finite values reached the optimizer: the run failed
@@ -139,9 +149,11 @@ def train(run: str, data: tuple[torch.Tensor, ...]) -> dict[str, object]:
     out["hash"] = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
     out["max_abs_final"] = float(flat.abs().max())
     out["seconds"] = time.perf_counter() - start
+    out["bytes_sent"] = opt.comm_stats()["bytes_sent"] if hasattr(opt, "comm_stats") else 0
     if rank == 0:
         print(f"{task} {run:>26}: held-out loss {test:.4f}  max|x| after freeze "
-              f"{out['max_abs_after_freeze']:.3g}  {out['seconds']:.1f} s  {out['error'] or ''}", flush=True)
+              f"{out['max_abs_after_freeze']:.3g}  {out['bytes_sent'] / 1e6:.2f} MB sent  {out['seconds']:.1f} s  "
+              f"{out['error'] or ''}", flush=True)
     return out
 
 
