@@ -23,6 +23,9 @@ Since 2026-11-27 the floor is also at least 1% of the bucket's mean vh and 1-bit
 too (hvd_compress.algorithms.onebit); seed 1, 4 ranks, one run: 1-bit LAMB +2.75% (mlp 200/40), +5.20% (600/120),
 +2.08% (600/240); 1-bit Adam +2.47% (600/120); the cnn within 2%. The figures below are from before that change.
 
+1-bit LAMB's gap is its rule's own: docs/algorithms/onebit-lamb.md restates Algorithm 1 line by line against the
+code and measures the parts of the box apart (seeds 1-5); the 1-bit LAMB figures below are older.
+
 OPEN, the longer horizon (2026-11-25; model seeds 1-5 via torch.manual_seed in make_model, seed 1 is the test's):
 at 600 steps, freeze_step 120, neither 1-bit optimizer is within 2%. Held-out loss, Adam / 1-bit Adam with the
 floor's cap (hvd_compress.algorithms.onebit_adam) / without it:
@@ -75,6 +78,8 @@ N = 4
 # which brings both optimizers within about 2% there (module docstring)
 TASKS = [("mlp", 200, 40), ("cnn", 150, 30), ("mlp", 600, 120), ("mlp", 600, 240)]
 COUNTERPARTS = {"OneBitAdam": "Adam", "OneBitLamb": "Lamb"}
+# 1-bit LAMB is paper 001's box as written but for documented departures; what in the box drives its gap, part by part:
+LAMB_GAP = "docs/algorithms/onebit-lamb.md, 'Where the gap to LAMB comes from'"
 
 
 @pytest.mark.parametrize(("task", "steps", "freeze"), TASKS, ids=[f"{t}{n}-freeze{f}" for t, n, f in TASKS])
@@ -109,7 +114,9 @@ def test_onebit_optimizers_on_relu_networks_within_two_percent_of_dense(task: st
         print(f"{task}{steps}: max |x| 1-bit Adam / Adam = {grown:.1f}")
         assert grown < 9, f"{task}{steps}: 1-bit Adam's weights grew to {grown:.1f}x Adam's largest"
     if gaps:  # open (module docstring): reported with the figures as an expected failure
-        pytest.xfail(f"open on this machine: {task}{steps} freeze_step {freeze}: " + "; ".join(gaps))
+        lamb = any(gap.startswith("OneBitLamb") for gap in gaps)
+        pytest.xfail(f"open on this machine: {task}{steps} freeze_step {freeze}: " + "; ".join(gaps)
+                     + (f"; 1-bit LAMB's is its rule's own: {LAMB_GAP}" if lamb else ""))
 
 
 # 0/1 Adam (issue 29) at 2 ranks, one launch for both tasks: 255 steps (s = 256, a multiple of the sync interval 16,

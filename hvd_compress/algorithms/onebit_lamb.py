@@ -10,8 +10,10 @@ Per layer (= parameter tensor):
   r = max over the layer of (sqrt(vh) + eps) / (sqrt(vh_fresh) + eps) (line 17, garbled in the text:
   DeepSpeed's form; vh, vh_fresh bias-corrected for freeze_step and t when the group has
   ``bias_correction``); r clipped to (1 -/+ factor_threshold) r_prev (line 18), then to
-  [factor_min, factor_max] (line 19); x = x - lr r c_avg (mh / (sqrt(vh) + eps) + wd x) (lines 20-21).
-The sequencing and the checkpoint schema are ``OneBitAlgorithm``'s (``algorithms/onebit.py``).
+  [factor_min, factor_max] (line 19; DeepSpeed's reverse order gives the same r while 1 is in that range);
+  x = x - lr r c_avg (mh / (sqrt(vh) + eps) + wd x) (lines 20-21).
+The sequencing and the checkpoint schema are ``OneBitAlgorithm``'s (``algorithms/onebit.py``). The box line by
+line against this code, where DeepSpeed differs, and the rule's own gap to LAMB: docs/algorithms/onebit-lamb.md.
 """
 
 from __future__ import annotations

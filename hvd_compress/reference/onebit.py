@@ -338,7 +338,8 @@ def onebit_lamb(
       in the text: DeepSpeed's form; with ``bias_correction`` v_frozen / (1 - b2^freeze_step) and
       v_fresh / (1 - b2^t), so that both estimate the same second moment);
       r = clip(r, (1 - factor_threshold) r_prev, (1 + factor_threshold) r_prev) (line 18, r_prev starts at 1),
-      then r = clip(r, factor_min, factor_max) (line 19; DeepSpeed clips in the other order);
+      then r = clip(r, factor_min, factor_max) (line 19; DeepSpeed clips in the other order, the same r while 1 is
+      in [factor_min, factor_max]);
       c = r * c_avg (line 20); u = mh / (sqrt(vh_frozen) + eps) + weight_decay * x;
       x = x - lr * c * u (line 21). DeepSpeed's weight-decay adjustment of r and its per-tensor momentum
       scaling before fusion are not part of the paper and not simulated.
