@@ -19,6 +19,7 @@ METHODS = (
     "DDP Adam",
     "DDP+PowerSGD r4 Adam",
     "hc Average (Adam)",
+    "hc PowerSGD r4 (Adam)",
     "hc OneBitAdam",
     "hc OneBitAdam no overlap",
     "hc ZeroOneAdam",
@@ -32,10 +33,12 @@ METHODS = (
     "floor Birder (no comm)",
 )
 COMPRESSED = ("hc OneBitAdam", "hc OneBitAdam no overlap", "hc ZeroOneAdam", "hc OneBitLamb", "hc SLAMB", "hc Birder",
-              "DDP+PowerSGD r4 Adam")
+              "DDP+PowerSGD r4 Adam", "hc PowerSGD r4 (Adam)")
 
 
 def _cell(row: dict, networked: bool) -> str:
+    if row.get("skipped"):
+        return f"skipped: {row['skipped']}"
     out = f"{row['median_step_ms']:.0f}"
     speedup = row.get("speedup_vs_horovod")
     if speedup is not None and not math.isnan(speedup) and not row["method"].startswith("Horovod"):
