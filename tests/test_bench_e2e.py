@@ -94,3 +94,13 @@ def test_e2e_runs_at_2_ranks_without_horovod_and_tensorflow(tmp_path: Path) -> N
     # PowerSGD from step 2: the 3 measured steps send P, Q and the biases, about 1% of the dense gradient.
     dense, low_rank = rows["hc Average (Adam)"]["hc_bytes_per_step"], rows["hc PowerSGD r4 (Adam)"]["hc_bytes_per_step"]
     assert 0 < low_rank <= 0.05 * dense, (low_rank, dense)
+
+
+def test_the_summary_takes_the_network_from_the_stamp_not_the_label() -> None:
+    """A run behind a 100 Mbit/s link labelled by hand still shows [this / max(floor, wire time)]."""
+    row = {"model": "mlp", "method": "hc PowerSGD r4 (Adam)", "median_step_ms": 50.0, "speedup_vs_horovod": 2.0,
+           "ratio_to_limit": 1.25}
+    networked = e2e_summary.table({"label": "shm", "rows": [row], "stamp": {"net": "100mbit"}}, 4)
+    assert "| hc PowerSGD r4 (Adam) | 50 (2.0x) [1.25] |" in networked, networked
+    local = e2e_summary.table({"label": "mine", "rows": [row], "stamp": {"net": ""}}, 4)
+    assert "| hc PowerSGD r4 (Adam) | 50 (2.0x) |" in local, local

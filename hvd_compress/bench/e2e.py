@@ -378,7 +378,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench_results")
-    parser.add_argument("--label", default="shm")
+    parser.add_argument("--label", default=os.environ.get("HVDC_BENCH_NET") or "shm",
+                        help="names the result files (default: the emulated link's rate, else shm)")
     args = parser.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models or set(models) - set(MODELS):  # every rank stops here alike, before any collective

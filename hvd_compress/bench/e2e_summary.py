@@ -52,7 +52,10 @@ def table(result: dict, ranks: int) -> str:
     """The condensed markdown table of one ``e2e_<label>_np<n>.json``."""
     rows = result["rows"]
     models = list(dict.fromkeys(r["model"] for r in rows))
-    networked = result["label"] != "shm" and not result["label"].startswith("shm_")
+    if "stamp" in result:  # the network the ranks ran behind, whatever the label says
+        networked = bool(result["stamp"]["net"])
+    else:
+        networked = result["label"] != "shm" and not result["label"].startswith("shm_")
     by_key = {(r["model"], r["method"]): r for r in rows}
     lines = [
         f"`{result['label']}`, {ranks} ranks: median step ms (Horovod's step of the same rule / this)"
