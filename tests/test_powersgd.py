@@ -1,7 +1,7 @@
 """hc.DistributedOptimizer(op=hc.PowerSGD) (Vogels et al. 2019, Alg. 1 and 2) against torch's own powerSGD_hook on
-the same gradients, one process per rank (gloo beside MPI): the same reduced gradients, P, Q and error feedback over
-steps crossing start_powerSGD_iter with warm start; a run resumed from state_dict() continues bit for bit; overlap
-on and off agree to the bit; bad options raise on every rank."""
+the same gradients, one process per rank (gloo beside MPI), at 2, 3 and 4 ranks: the same reduced gradients, P, Q and
+error feedback over steps crossing start_powerSGD_iter with warm start; a run resumed from state_dict() continues bit
+for bit; overlap on and off agree to the bit; bad options raise on every rank."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import socket
 import numpy as np
 import pytest
 import torch
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import Cases
 
 from hvd_compress.reference.powersgd import PowerSGD
 
@@ -33,21 +33,29 @@ def close(got: torch.Tensor, want: torch.Tensor, exact: bool) -> tuple[bool, flo
     return diff <= 1e-5 * max(1.0, float(want.abs().max())), diff
 
 
-@pytest.fixture(scope="module", params=[(2, 2), (3, 3)], ids=["n2-gram-schmidt", "n3-qr"])
-def run(request, tmp_path_factory) -> tuple[int, int, list[dict]]:
-    """(world, r, what each rank saved) of one run of the worker: r = 2 orthogonalizes by Gram-Schmidt, r = 3 by
-    QR, as torch's hook does."""
+#: world -> r: r = 1 (torch's default) and 2 orthogonalize by Gram-Schmidt, r = 3 by QR, as torch's hook does.
+RUNS = {2: 2, 3: 3, 4: 1}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Cases:
+    """One launch of the worker per rank count, each with its own gloo port."""
+    cases = {world: [(free_port(), str(rank_r))] for world, rank_r in RUNS.items()}
+    return Cases("powersgd.py", cases, tmp_path_factory.mktemp("powersgd"), timeout_per_case=150)
+
+
+@pytest.fixture(scope="module", params=list(RUNS.items()), ids=["n2-gram-schmidt", "n3-qr", "n4-gram-schmidt-r1"])
+def run(request, launched) -> tuple[int, int, list[dict]]:
+    """(world, r, what each rank saved) of the worker's run at ``world`` ranks and rank ``r``."""
     world, rank_r = request.param
-    out = tmp_path_factory.mktemp(f"powersgd{world}")
-    mpirun("powersgd.py", world, out, free_port(), str(rank_r), timeout=150)
-    return world, rank_r, load_ranks(out, world)
+    return world, rank_r, launched.ranks(world, launched.cases[world][0])
 
 
 # At 2 ranks every sum over ranks is one (commutative) addition and the average's division by 2 is exact, so ours
-# and torch's hook, which run the same torch matrix calls, must agree to the bit. At 3 ranks the core and gloo add
-# the three terms in different orders and divide differently (one float32 rounding each), and that difference
+# and torch's hook, which run the same torch matrix calls, must agree to the bit. At 3 and 4 ranks the core and gloo
+# add the terms in different orders and divide differently (one float32 rounding each), and that difference
 # passes through the orthogonalization and the error feedback of every later step: 1e-5 of the largest magnitude
-# (about 80 float32 ulps) bounds it over these 4 compressed steps (measured: below 1e-6).
+# (about 80 float32 ulps) bounds it over these 4 compressed steps.
 def check_against_hook(world: int, rank_r: int, ranks: list[dict], ours_key: str, theirs_key: str) -> None:
     exact = world == 2
     for r, got in enumerate(ranks):

@@ -2,18 +2,22 @@
 what a user would pick instead (``make bench-e2e``, ``make bench-e2e NET=1gbit``).
 
 For each model of ``hvd_compress.bench.models`` and each method (every ``hc`` op, Horovod's
-``DistributedOptimizer``, torch DDP, DDP with the PowerSGD hook of rank 4, and the floor: the same step with the
-local optimizer and no communication at all), from the same initial weights and the same per-rank batches: the
-median step time of the slowest rank after ``--warmup``, its ratio to the floor of its rule and, under ``NET=...``,
-to max(floor, wire time), the speed-up over Horovod's step of the same rule, bytes per step and rank (our counts,
-and under ``NET=...`` the namespace loopback's), held-out loss and accuracy, and the time to reach the dense
-run's final training loss. Writes ``e2e_<label>_np<n>.json``/``.md`` and one PNG per model under ``--out``.
-Methods run one after another in one job, so they share the machine's state. Columns: docs/benchmarks.md.
+``DistributedOptimizer``, torch DDP, DDP with the PowerSGD hook of rank 4 beside ``hc.PowerSGD`` with the same
+options, and the floor: the same step with the local optimizer and no communication at all), from the same initial
+weights and the same per-rank batches: the median step time of the slowest rank after ``--warmup``, its ratio to the
+floor of its rule and, under ``NET=...``, to max(floor, wire time), the speed-up over Horovod's step of the same
+rule, bytes per step and rank (our counts, and under ``NET=...`` the namespace loopback's), held-out loss and
+accuracy, and the time to reach the dense run's final training loss. Writes ``e2e_<label>_np<n>.json``/``.md`` and
+one PNG per model under ``--out``. Methods run one after another in one job, so they share the machine's state.
+Without Horovod its rows say "skipped: no Horovod"; DDP runs over gloo on CPU tensors on any machine.
+``--models``, ``--only`` (names or shell patterns) and ``--budget`` (seconds per run) size a run. Columns:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import statistics
@@ -22,16 +26,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
 from torch import nn
 
 import hvd_compress.torch as hc
 from hvd_compress.bench.models import MODELS, Data, build, digits
 from hvd_compress.bench.stamp import stamp
+
+try:
+    import horovod.torch as hvd
+except ImportError:  # a machine without Horovod: its methods' rows say so
+    hvd = None
 
 LO_STATS = Path("/sys/class/net/lo/statistics")
 
@@ -44,6 +51,7 @@ class Method:
     rule: str  # "adam", "lamb" or "birder": the local optimizer it is built on
     wrap: Callable[[nn.Module, torch.optim.Optimizer], tuple[nn.Module, torch.optim.Optimizer]]
     hc_bytes: bool = False  # hvd_compress counts its bytes
+    needs_horovod: bool = False
 
 
 @dataclass
@@ -58,6 +66,7 @@ class Run:
     wire_bytes_per_step: float | None = None
     test_loss: float = float("nan")
     test_accuracy: float = float("nan")
+    skipped: str | None = None  # why the method did not run here ("no Horovod")
 
 
 def _local_optimizer(rule: str, params, lr: float) -> torch.optim.Optimizer:
@@ -77,6 +86,11 @@ def _hvd(model, opt):
     return model, hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
 
 
+#: The PowerSGD of both PowerSGD rows (torch's hook under DDP and hc.PowerSGD): torch's option names; the other
+#: options keep torch's defaults in both.
+POWERSGD = {"matrix_approximation_rank": 4, "start_powerSGD_iter": 2}
+
+
 def _ddp(powersgd: bool) -> Callable:
     def wrap(model, opt):
         from torch.nn.parallel import DistributedDataParallel
@@ -88,7 +102,7 @@ def _ddp(powersgd: bool) -> Callable:
         if powersgd:
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
-            state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2)
+            state = psgd.PowerSGDState(process_group=None, **POWERSGD)
             ddp.register_comm_hook(state, psgd.powerSGD_hook)
         return ddp, opt
 
@@ -104,9 +118,11 @@ def methods(freeze: int) -> list[Method]:
     out = [
         Method("hc Average (Adam)", "adam", _hc(hc.Average), True),
         Method("hc Average no overlap (Adam)", "adam", _hc(hc.Average, overlap=False), True),
-        Method("Horovod Adam", "adam", _hvd),
+        Method("Horovod Adam", "adam", _hvd, needs_horovod=True),
         Method("DDP Adam", "adam", _ddp(False)),
-        Method("DDP+PowerSGD r4 Adam", "adam", _ddp(True)),
+        Method(f"DDP+PowerSGD r{POWERSGD['matrix_approximation_rank']} Adam", "adam", _ddp(True)),
+        Method(f"hc PowerSGD r{POWERSGD['matrix_approximation_rank']} (Adam)", "adam", _hc(hc.PowerSGD, **POWERSGD),
+               True),
         Method("hc Adasum (Adam)", "adam", _hc(hc.Adasum), True),
         Method("hc OneBitAdam", "adam", _hc(hc.OneBitAdam, freeze_step=freeze), True),
         Method("hc OneBitAdam no overlap", "adam", _hc(hc.OneBitAdam, freeze_step=freeze, overlap=False), True),
@@ -115,7 +131,7 @@ def methods(freeze: int) -> list[Method]:
         Method("hc ZeroOneAdam", "adam", _hc(hc.ZeroOneAdam, var_freeze_step=freeze, local_step_scaler=1,
                                              local_step_clipper=16), True),
         Method("hc Average (Lamb)", "lamb", _hc(hc.Average), True),
-        Method("Horovod Lamb", "lamb", _hvd),
+        Method("Horovod Lamb", "lamb", _hvd, needs_horovod=True),
         Method("hc OneBitLamb", "lamb", _hc(hc.OneBitLamb, freeze_step=freeze), True),
     ]
     # Algorithms that exist in this build (SLAMB, Birder) join without a change here.
@@ -124,12 +140,26 @@ def methods(freeze: int) -> list[Method]:
     if getattr(hc, "Birder", None) is not None:
         out += [
             Method("hc Average (Birder)", "birder", _hc(hc.Average), True),
-            Method("Horovod Birder", "birder", _hvd),
+            Method("Horovod Birder", "birder", _hvd, needs_horovod=True),
             Method("hc Birder", "birder", _hc(hc.Birder), True),
         ]
     # The floor of each rule: its local optimizer alone, no communication.
     out += [Method(f"floor {name} (no comm)", name.lower(), _floor) for name in ("Adam", "Lamb", "Birder")]
     return out
+
+
+def select(candidates: list[Method], only: str) -> list[Method]:
+    """The methods whose name matches one of the comma-separated ``only`` (exact names or shell patterns such as
+    ``*PowerSGD*``), in their order; all of them for an empty ``only``. ValueError naming a pattern that matches
+    no method (a typo would otherwise measure nothing)."""
+    patterns = [s.strip() for s in only.split(",") if s.strip()]
+    if not patterns:
+        return list(candidates)
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(m.name, p) for m in candidates)]
+    if unmatched:
+        raise ValueError(f"--only: {', '.join(map(repr, unmatched))} match no method; the methods are "
+                         f"{', '.join(m.name for m in candidates)}")
+    return [m for m in candidates if any(fnmatch.fnmatchcase(m.name, p) for p in patterns)]
 
 
 def _wire_bytes() -> int:
@@ -140,6 +170,8 @@ def train(method: Method, model_name: str, data: Data, comm, args, seconds: floa
           **model_options) -> Run:
     """``args.steps`` steps of ``method``, or fewer where ``seconds`` of wall-clock (rank 0's, every rank stops
     at the same step) run out first."""
+    from mpi4py import MPI  # here and in main: importing it starts MPI, which the table helpers do without
+
     rank, size = comm.Get_rank(), comm.Get_size()
     model = build(model_name, seed=args.seed, **model_options)
     opt = _local_optimizer(method.rule, model.parameters(), args.lr)
@@ -148,7 +180,8 @@ def train(method: Method, model_name: str, data: Data, comm, args, seconds: floa
     run = Run(method.name, model_name, method.rule)
     gen = torch.Generator().manual_seed(1000 + rank)  # each rank's own batches, the same for every method
     n_train = data.x_train.shape[0]
-    wire0 = 0
+    wire0 = _wire_bytes()
+    hc.comm_stats()  # resets: what follows is this method's traffic
     comm.Barrier()
     start = time.perf_counter()
     for step in range(args.steps):
@@ -168,7 +201,8 @@ def train(method: Method, model_name: str, data: Data, comm, args, seconds: floa
         run.losses.append(float(loss.detach()))
         run.wall_s.append(time.perf_counter() - start)
     comm.Barrier()
-    measured = max(len(run.step_ms) - args.warmup, 1)
+    # The steps the counts cover: those after the warm-up, or all of a run whose time ran out before its end.
+    measured = len(run.step_ms) - args.warmup if len(run.step_ms) > args.warmup else len(run.step_ms)
     wire = _wire_bytes() - wire0
     hc_sent = hc.comm_stats()["bytes_sent"]
     if method.hc_bytes:
@@ -230,7 +264,9 @@ def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "", target
     by_model: dict[str, list[Run]] = {}
     for r in runs:
         by_model.setdefault(r.model, []).append(r)
-    for model, group in by_model.items():
+    for model, runs_of_model in by_model.items():
+        rows += [{"model": model, "method": r.method, "skipped": r.skipped} for r in runs_of_model if r.skipped]
+        group = [r for r in runs_of_model if not r.skipped]
         floors, horovod, targets = {}, {}, {}
         for r in group:
             if r.method.startswith("floor"):
@@ -268,15 +304,20 @@ def markdown(rows: list[dict], label: str, size: int, args) -> str:
     def mb(v):
         return "" if v is None else f"{v / 1e6:.3f}"
 
+    budget = getattr(args, "budget", None)
+    length = f"{args.steps} steps" + (f" or {budget:g} s, whichever came first" if budget else "")
     lines = [
-        f"End-to-end training steps, `{label}`, {size} ranks, batch {args.batch} per rank, {args.steps} steps "
-        f"(median over the {args.steps - args.warmup} after step {args.warmup}), digits data",
+        f"End-to-end training steps, `{label}`, {size} ranks, batch {args.batch} per rank, {length} "
+        f"(median over the steps after step {args.warmup}, or all of a shorter run), digits data",
         "",
         "| model | method | median step ms | / floor | wire ms | / limit | Horovod / this | MB/step/rank (hc) "
         "| MB/step/rank (wire) | final train loss | held-out loss | s to dense loss |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        if r.get("skipped"):
+            lines.append(f"| {r['model']} | {r['method']} | skipped: {r['skipped']} |" + " |" * 9)
+            continue
         reached = "not reached" if r["time_to_dense_loss_s"] is None else f"{r['time_to_dense_loss_s']:.1f}"
         lines.append(
             f"| {r['model']} | {r['method']} | {r['median_step_ms']:.1f} | {r['ratio_to_floor']:.2f} | "
@@ -297,7 +338,7 @@ def plot(runs: list[Run], stem: Path, window: int = 10) -> list[Path]:
     paths = []
     for model in dict.fromkeys(r.model for r in runs):
         fig, ax = plt.subplots(figsize=(9, 5.5))
-        mine = [r for r in runs if r.model == model]
+        mine = [r for r in runs if r.model == model and r.step_ms]
         colors = plt.get_cmap("tab20")
         for i, r in enumerate(mine):
             # ours solid, the alternatives dotted, the no-communication floors dashed
@@ -324,37 +365,56 @@ def _init_gloo(comm) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--only", default="", help="comma-separated method names (default: all)")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--only", default="", help="comma-separated method names or shell patterns, e.g. "
+                        "'*PowerSGD*,hc ZeroOneAdam,floor Adam*' (default: all)")
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds of wall-clock per method and model (rank 0's): a run ends after --steps or "
+                        "this, whichever comes first; its median is then over its steps after --warmup, or all")
     parser.add_argument("--warmup", type=int, default=15, help="steps before timing; the 1-bit freeze_step")
     parser.add_argument("--burnin", type=int, default=10, help="untimed steps of the first method per model")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench_results")
-    parser.add_argument("--label", default="shm")
+    parser.add_argument("--label", default=os.environ.get("HVDC_BENCH_NET") or "shm",
+                        help="names the result files (default: the emulated link's rate, else shm)")
     args = parser.parse_args()
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models or set(models) - set(MODELS):  # every rank stops here alike, before any collective
+        parser.error(f"--models: {args.models!r}; the models are {', '.join(MODELS)}")
+    if args.budget is not None and not args.budget > 0:
+        parser.error(f"--budget: seconds > 0, got {args.budget}")
+    try:
+        chosen = select(methods(args.warmup), args.only)
+    except ValueError as e:
+        parser.error(str(e))
     torch.set_num_threads(1)
-    hvd.init()
+    if hvd is not None:
+        hvd.init()
     hc.init()
+    from mpi4py import MPI
+
     comm = MPI.COMM_WORLD
     _init_gloo(comm)
     data = digits(args.seed)
-    wanted = {s.strip() for s in args.only.split(",") if s.strip()}
     runs = []
-    for model in args.models.split(","):
+    for model in models:
         if args.burnin > 0:  # untimed: the first method measured must not pay for page faults and cold caches
             burnin = argparse.Namespace(**{**vars(args), "steps": args.burnin})
             train(methods(args.warmup)[0], model, data, comm, burnin)
-        for method in methods(args.warmup):
-            if wanted and method.name not in wanted:
-                continue
-            run = train(method, model, data, comm, args)
+        for method in chosen:
+            if method.needs_horovod and hvd is None:
+                run = Run(method.name, model, method.rule, skipped="no Horovod")
+            else:
+                run = train(method, model, data, comm, args, seconds=args.budget)
             runs.append(run)
             if comm.Get_rank() == 0:
-                print(f"[e2e] {model} / {method.name}: median {statistics.median(run.step_ms[args.warmup:]):.1f} "
-                      f"ms, final loss {smooth(run.losses)[-1]:.4f}", flush=True)
+                print(f"[e2e] {model} / {method.name}: " + (
+                    f"skipped: {run.skipped}" if run.skipped else
+                    f"median {_median_step_ms(run, args.warmup):.1f} ms over {len(run.step_ms)} steps, "
+                    f"final loss {smooth(run.losses)[-1]:.4f}"), flush=True)
     if comm.Get_rank() == 0:
         rows = summarize(runs, args.warmup, comm.Get_size(), os.environ.get("HVDC_BENCH_NET", ""))
         out = Path(args.out)

@@ -19,6 +19,7 @@ METHODS = (
     "DDP Adam",
     "DDP+PowerSGD r4 Adam",
     "hc Average (Adam)",
+    "hc PowerSGD r4 (Adam)",
     "hc OneBitAdam",
     "hc OneBitAdam no overlap",
     "hc ZeroOneAdam",
@@ -32,10 +33,12 @@ METHODS = (
     "floor Birder (no comm)",
 )
 COMPRESSED = ("hc OneBitAdam", "hc OneBitAdam no overlap", "hc ZeroOneAdam", "hc OneBitLamb", "hc SLAMB", "hc Birder",
-              "DDP+PowerSGD r4 Adam")
+              "DDP+PowerSGD r4 Adam", "hc PowerSGD r4 (Adam)")
 
 
 def _cell(row: dict, networked: bool) -> str:
+    if row.get("skipped"):
+        return f"skipped: {row['skipped']}"
     out = f"{row['median_step_ms']:.0f}"
     speedup = row.get("speedup_vs_horovod")
     if speedup is not None and not math.isnan(speedup) and not row["method"].startswith("Horovod"):
@@ -49,7 +52,10 @@ def table(result: dict, ranks: int) -> str:
     """The condensed markdown table of one ``e2e_<label>_np<n>.json``."""
     rows = result["rows"]
     models = list(dict.fromkeys(r["model"] for r in rows))
-    networked = result["label"] != "shm" and not result["label"].startswith("shm_")
+    if "stamp" in result:  # the network the ranks ran behind, whatever the label says
+        networked = bool(result["stamp"]["net"])
+    else:
+        networked = result["label"] != "shm" and not result["label"].startswith("shm_")
     by_key = {(r["model"], r["method"]): r for r in rows}
     lines = [
         f"`{result['label']}`, {ranks} ranks: median step ms (Horovod's step of the same rule / this)"

@@ -1,0 +1,106 @@
+"""The end-to-end bench's plumbing (hvd_compress/bench/e2e.py), not its figures: which methods a run picks, how a
+method that cannot run here is reported, and a tiny real run at 2 ranks on a machine without Horovod and
+TensorFlow (hidden from the ranks' imports), as the GPU machine is: Horovod's rows say so, the DDP and hc rows run,
+hc.PowerSGD sends a small fraction of a dense step's bytes, and the stamp names the ranks and the network."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from mpi_harness import ROOT, launch, mpi_env
+
+from hvd_compress.bench import e2e, e2e_summary
+
+# Puts a finder in front of Python's that finds none of these packages, as where they are not installed.
+HIDE = '''import sys
+HIDDEN = ("horovod", "tensorflow", "keras", "tf_keras", "tensorboard")
+class _Hide:
+    def __init__(self, inner):
+        self.inner = inner
+    def find_spec(self, name, path=None, target=None):
+        return None if name.split(".")[0] in HIDDEN else self.inner.find_spec(name, path, target)
+    def __getattr__(self, key):
+        return getattr(self.inner, key)
+sys.meta_path[:] = [_Hide(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
+'''
+
+
+def test_only_takes_names_and_shell_patterns_in_the_benchs_order() -> None:
+    everything = e2e.methods(15)
+    names = [m.name for m in e2e.select(everything, "*PowerSGD*, hc ZeroOneAdam,floor Adam*")]
+    assert names == ["DDP+PowerSGD r4 Adam", "hc PowerSGD r4 (Adam)", "hc ZeroOneAdam", "floor Adam (no comm)"]
+    assert [m.name for m in e2e.select(everything, "")] == [m.name for m in everything]
+
+
+def test_only_refuses_a_pattern_that_matches_no_method() -> None:
+    with pytest.raises(ValueError, match="'hc PowerSGD r8' match no method"):
+        e2e.select(e2e.methods(15), "hc ZeroOneAdam,hc PowerSGD r8")
+
+
+def test_both_powersgd_rows_use_the_same_options_and_only_horovods_rows_need_horovod() -> None:
+    by_name = {m.name: m for m in e2e.methods(15)}
+    assert e2e.POWERSGD == {"matrix_approximation_rank": 4, "start_powerSGD_iter": 2}
+    assert {"DDP+PowerSGD r4 Adam", "hc PowerSGD r4 (Adam)", "hc ZeroOneAdam"} <= set(by_name)
+    assert by_name["hc PowerSGD r4 (Adam)"].hc_bytes and not by_name["DDP+PowerSGD r4 Adam"].hc_bytes
+    assert {n for n, m in by_name.items() if m.needs_horovod} == {n for n in by_name if n.startswith("Horovod")}
+    assert {"hc PowerSGD r4 (Adam)", "DDP+PowerSGD r4 Adam"} <= set(e2e_summary.COMPRESSED)
+
+
+def _run(method: str, ms: float, skipped: str | None = None) -> e2e.Run:
+    if skipped:
+        return e2e.Run(method, "mlp", skipped=skipped)
+    return e2e.Run(method, "mlp", step_ms=[ms] * 4, losses=[1.0, 0.9, 0.8, 0.7], wall_s=[0.1, 0.2, 0.3, 0.4],
+                   hc_bytes_per_step=1000.0 if method.startswith("hc") else None)
+
+
+def test_a_skipped_method_is_a_row_that_says_why_in_every_table() -> None:
+    runs = [_run("hc Average (Adam)", 20.0), _run("Horovod Adam", 0, "no Horovod"), _run("floor Adam (no comm)", 10.0)]
+    rows = e2e.summarize(runs, warmup=2, size=2)
+    by_method = {r["method"]: r for r in rows}
+    assert by_method["Horovod Adam"] == {"model": "mlp", "method": "Horovod Adam", "skipped": "no Horovod"}
+    assert by_method["hc Average (Adam)"]["ratio_to_floor"] == 2.0
+    args = type("Args", (), {"batch": 32, "steps": 4, "warmup": 2, "budget": 1.0})()
+    table = e2e.markdown(rows, "shm", 2, args)
+    line = next(x for x in table.splitlines() if "Horovod Adam" in x)
+    assert "skipped: no Horovod" in line and line.count("|") == table.splitlines()[2].count("|"), table
+    assert "or 1 s, whichever came first" in table
+    summary = e2e_summary.table({"label": "shm", "rows": rows}, 2)
+    assert "| Horovod Adam | skipped: no Horovod |" in summary, summary
+
+
+def test_e2e_runs_at_2_ranks_without_horovod_and_tensorflow(tmp_path: Path) -> None:
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(HIDE)
+    out = tmp_path / "out"
+    only = "Horovod Adam,hc Average (Adam),*PowerSGD*,hc ZeroOneAdam,floor Adam (no comm)"
+    cmd = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none", sys.executable, "-m", "hvd_compress.bench.e2e",
+           "--out", str(out), "--label", "shm", "--models", "mlp", "--only", only, "--steps", "6", "--warmup", "3",
+           "--burnin", "0"]
+    env = mpi_env({"PYTHONPATH": f"{hide}:{ROOT}"})
+    env.pop("HVDC_BENCH_NET", None)
+    res = launch(cmd, 240, env)
+    assert res.returncode == 0, res.stdout[-6000:]
+    assert "[e2e] mlp / Horovod Adam: skipped: no Horovod" in res.stdout, res.stdout[-3000:]
+    result = json.loads((out / "e2e_shm_np2.json").read_text())
+    assert result["stamp"]["ranks"] == 2 and result["stamp"]["net"] == "", result["stamp"]
+    rows = {r["method"]: r for r in result["rows"]}
+    assert rows["Horovod Adam"]["skipped"] == "no Horovod"
+    for name in ("hc Average (Adam)", "DDP+PowerSGD r4 Adam", "hc PowerSGD r4 (Adam)", "hc ZeroOneAdam"):
+        assert rows[name]["steps"] == 6 and rows[name]["median_step_ms"] > 0, rows[name]
+    # PowerSGD from step 2: the 3 measured steps send P, Q and the biases, about 1% of the dense gradient.
+    dense, low_rank = rows["hc Average (Adam)"]["hc_bytes_per_step"], rows["hc PowerSGD r4 (Adam)"]["hc_bytes_per_step"]
+    assert 0 < low_rank <= 0.05 * dense, (low_rank, dense)
+
+
+def test_the_summary_takes_the_network_from_the_stamp_not_the_label() -> None:
+    """A run behind a 100 Mbit/s link labelled by hand still shows [this / max(floor, wire time)]."""
+    row = {"model": "mlp", "method": "hc PowerSGD r4 (Adam)", "median_step_ms": 50.0, "speedup_vs_horovod": 2.0,
+           "ratio_to_limit": 1.25}
+    networked = e2e_summary.table({"label": "shm", "rows": [row], "stamp": {"net": "100mbit"}}, 4)
+    assert "| hc PowerSGD r4 (Adam) | 50 (2.0x) [1.25] |" in networked, networked
+    local = e2e_summary.table({"label": "mine", "rows": [row], "stamp": {"net": ""}}, 4)
+    assert "| hc PowerSGD r4 (Adam) | 50 (2.0x) |" in local, local
