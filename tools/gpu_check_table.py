@@ -14,11 +14,13 @@ SECTIONS = ("machine", "mpi", "build", "fixtures", "device", "kernel", "probe", 
 SPEED_TARGETS = {
     "onebit_compress f32 (2 passes)": ("torch 1-bit compress+pack", ("ms", 0.15)),
     "stochastic_quantize + moments": ("torch stochastic quantize + moments", ("ms", 0.3)),
-    "bernoulli_mask k=0.1": ("torch Bernoulli mask + gather k=0.1", ("ms", 0.15)),
+    "bernoulli_mask + mask_gather f32 k=0.1": ("torch Bernoulli mask + gather k=0.1", ("ms", 0.15)),
     "onebit_local_momentum": ("torch fused Adam step", ("x torch", 1.5)),
     "onebit_adam_apply": ("torch fused Adam step", ("x torch", 1.5)),
     "onebit_lamb_moments": ("torch fused Adam step", ("x torch", 1.5)),
     "onebit_lamb_apply": ("torch fused Adam step", ("x torch", 1.5)),
+    "slamb_local_moments k=0.1": ("torch fused Adam step", ("x torch", 1.5)),
+    "slamb_apply": ("torch fused Adam step", ("x torch", 1.5)),
 }
 
 
