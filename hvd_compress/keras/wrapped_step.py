@@ -1,9 +1,8 @@
-"""What one step of ``hck.DistributedOptimizer`` does, written once for both Keras wrappers: the Keras 3 one
-(``hvd_compress.keras.optimizer``) and the tf_keras one (``hvd_compress.keras.legacy``). Each wrapper only says
-how its inner optimizer applies gradients and how it makes variables; the op parsing, Adasum of the parameter
-deltas and the local accumulation over ``backward_passes_per_step`` are here. The algorithms' math stays in
-``hvd_compress.algorithms`` (run by ``hvd_compress.tensorflow.algorithm_step``).
-"""
+"""The pieces of one step of ``hck.DistributedOptimizer`` that ``hvd_compress.keras.engine`` runs for both Keras
+wrappers (Keras 3's ``hvd_compress.keras.optimizer``, tf_keras's ``hvd_compress.keras.legacy``): the op parsing,
+Adasum of the parameter deltas, the top-k/random-k step and the local accumulation over
+``backward_passes_per_step``. The algorithms' math stays in ``hvd_compress.algorithms`` (run by
+``hvd_compress.tensorflow.algorithm_step``)."""
 
 from __future__ import annotations
 
@@ -38,7 +37,8 @@ from hvd_compress.tensorflow.functions import check_group_compression, dense, nu
 from hvd_compress.tensorflow.powersgd import PowerSGDReduction
 
 LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
-#: The kinds (``algorithms.contract.Wraps``) whose Keras optimizer may be a Lamb, so take ``LAMB_DEFAULTS``' options.
+#: The kinds (``algorithms.contract.Wraps``) whose Keras optimizer may be a Lamb, so take ``LAMB_DEFAULTS``' options
+#: (a face's reader refuses them where neither the optimizer nor the rule is a LAMB: ``keras.engine``).
 LAMB_KINDS = ("adam", "lamb", "slamb-lamb")
 #: Options of the base optimizer that an algorithm's own step would silently ignore: refused instead.
 BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_accumulation_steps",
@@ -48,7 +48,7 @@ BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_ac
 @dataclass
 class OpConfig:
     """``op`` and its options, validated: ``algorithm`` (a class of ``algorithms.REGISTRY``) with its parsed
-    ``options``, the LAMB flags and its buckets (``bucket_mb``, ``overlap``: ``tensorflow.algorithm_step``), or
+    ``options``, the LAMB options given and its buckets (``bucket_mb``, ``overlap``: ``tensorflow.algorithm_step``), or
     Adasum's bucket size and hierarchy, or the gradient buckets of Average/Sum (``bucket_mb``, ``overlap``:
     ``hvd_compress.tensorflow.bucketed``; Horovod's ``gradient_predivide_factor`` as ``predivide``)."""
 
@@ -110,12 +110,17 @@ def parse_op(op: Any, algorithm_options: dict[str, Any]) -> OpConfig:
     lamb = algorithm.wraps.kind in LAMB_KINDS
     face_options = (*(tuple(LAMB_DEFAULTS) if lamb else ()), *BUCKET_OPTIONS)
     pop_horovod_defaults(options, what, takes=option_names(algorithm.options_cls, face_options))
-    lamb_opts = {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()} if lamb else {}
+    lamb_opts = {k: options.pop(k) for k in LAMB_DEFAULTS if k in options} if lamb else {}
     buckets = {"bucket_mb": check_bucket_mb(options.pop("bucket_mb", DEFAULT_BUCKET_MB)),
                "overlap": check_overlap(options.pop("overlap", True))}
     parsed = algorithms.parse(op, options, face_options)
     return OpConfig(op, algorithm=algorithm, options=parsed, lamb_opts=lamb_opts, average_passes=average_passes,
                     **buckets)
+
+
+def lamb_flags(given: dict[str, Any]) -> dict[str, Any]:
+    """The flags of a LAMB rule: the LAMB options ``given``, ``LAMB_DEFAULTS`` for the others."""
+    return {**LAMB_DEFAULTS, **given}
 
 
 def per_rank_variables(config: OpConfig, inner: Any, state: dict[str, Any], per_rank_keys: Sequence[str],
