@@ -35,6 +35,7 @@ from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
 from hvd_compress.tensorflow.functions import check_group_compression, dense, numpy_call
 from hvd_compress.tensorflow.powersgd import PowerSGDReduction
+from hvd_compress.tensorflow.stateful_reduction import StatefulReduction
 
 LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
 #: The kinds (``algorithms.contract.Wraps``) whose Keras optimizer may be a Lamb, so take ``LAMB_DEFAULTS``' options
@@ -181,15 +182,16 @@ def compression_from_config(value: Any) -> Compressor:
     raise ValueError(f"unknown compression in the optimizer's config: {value!r}")
 
 
-def error_feedback_step(reduction: ErrorFeedbackReduction, state: dict[str, Any], grads: Sequence[Any],
+def error_feedback_step(reduction: StatefulReduction, state: dict[str, Any], grads: Sequence[Any],
                         variables: Sequence[Any], built_with: Sequence[Any],
                         apply_inner: Callable[[list[Any], list[Any]], Any], name: str) -> None:
-    """Top-k/random-k (``hvd_compress.tensorflow.error_feedback``): the fused reduction of the gradients of all the
-    variables the wrapper was ``built_with``, then ``apply_inner`` on those that have a gradient."""
+    """A reduction with state (top-k/random-k: ``hvd_compress.tensorflow.error_feedback``; PowerSGD): the fused
+    reduction of the gradients of all the variables the wrapper was ``built_with``, then ``apply_inner`` on those
+    that have a gradient."""
     by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
     if sorted(by_var) != sorted(id(v) for v in built_with):
-        raise ValueError(f"{name}: with compression={reduction.compressor!r} every step must get every variable the "
-                         "optimizer was built with (the error feedback covers them all)")
+        raise ValueError(f"{name}: with {reduction.what} every step must get every variable the optimizer was built "
+                         "with (the error feedback covers them all)")
     ordered = [by_var[id(v)] for v in built_with]
     if all(g is None for g in ordered):
         raise ValueError("No gradients provided for any variable.")

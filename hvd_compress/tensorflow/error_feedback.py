@@ -38,6 +38,7 @@ class ErrorFeedbackReduction(StatefulReduction):
                  meter: CommMeter) -> None:
         super().__init__(shapes)
         self.compressor, self.op, self.meter = compressor, ReduceOp(op), meter
+        self.what = f"compression={compressor!r}"
         self.numel = self.layout.numel
         self._state = CompressionState(self.numel, compressor)  # its buffers are replaced by each call's copies
 

@@ -89,6 +89,7 @@ class PowerSGDReduction(StatefulReduction):
 
     #: State variables that differ between ranks by design (never broadcast).
     per_rank = ("powersgd_error",)
+    what = "op=PowerSGD"
 
     def __init__(self, options: powersgd.PowerSGDOptions, shapes: Sequence[tuple[int, ...]],
                  meter: CommMeter) -> None:

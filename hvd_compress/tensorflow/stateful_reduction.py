@@ -24,6 +24,7 @@ class StatefulReduction:
 
     #: State variables that differ between ranks by design (never broadcast).
     per_rank: tuple[str, ...] = ()
+    what = "a reduction with state"  # the option that chose it, for messages
 
     def __init__(self, shapes: Sequence[tuple[int, ...]]) -> None:
         self.layout = FlatLayout(shapes)
