@@ -6,6 +6,7 @@ at 2 ranks against the same reference."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -159,15 +160,30 @@ def _f32(a: float) -> float:
     return float(np.float32(a))
 
 
+@pytest.fixture(scope="module")
+def keras_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[dict]]:
+    """One launch of keras_zero_one_adam.py at 2 ranks per Keras flavour, for every test of that flavour."""
+    done: dict[str, list[dict]] = {}
+
+    def get(flavour: str) -> list[dict]:
+        if flavour not in done:
+            out_dir = tmp_path_factory.mktemp(f"keras_zero_one_adam_{flavour}")
+            opts = ",".join(f"{k}={v}" for k, v in OPTIONS.items())
+            mpirun("keras_zero_one_adam.py", 2, out_dir, str(STEPS), ",".join(map(str, SIZES)), opts, timeout=300,
+                   env={"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else None)
+            done[flavour] = load_pickled_ranks(out_dir, 2)
+        return done[flavour]
+
+    return get
+
+
 @pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
-def test_keras_faces_match_the_reference_at_two_ranks(flavour: str, out_dir: Path) -> None:
+def test_keras_faces_match_the_reference_at_two_ranks(flavour: str,
+                                                       keras_runs: Callable[[str], list[dict]]) -> None:
     """keras.optimizers.AdamW (or tf_keras's) under hck.DistributedOptimizer(op=hck.ZeroOneAdam), given gradients.
     The TF faces hand the hyper-parameters over as float64 casts of float32 tensors: the reference takes those."""
     n, total = 2, sum(SIZES)
-    opts = ",".join(f"{k}={v}" for k, v in OPTIONS.items())
-    mpirun("keras_zero_one_adam.py", n, out_dir, str(STEPS), ",".join(map(str, SIZES)), opts, timeout=300,
-           env={"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else None)
-    ranks = load_pickled_ranks(out_dir, n)
+    ranks = keras_runs(flavour)
     assert ranks[0]["legacy"] == (flavour == "tf_keras")
 
     def given(seed: int, rank: int) -> np.ndarray:
@@ -183,3 +199,20 @@ def test_keras_faces_match_the_reference_at_two_ranks(flavour: str, out_dir: Pat
     for r, rk in enumerate(ranks):
         want = np.stack([p[r] for p in trace.params])
         _assert_matches(np.stack(rk["trace"]).astype(np.float64), want, f"{flavour} rank {r}", trace.kinds)
+
+
+@pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
+def test_keras_faces_refuse_lamb_options_around_adam_on_every_rank(flavour: str,
+                                                                   keras_runs: Callable[[str], list[dict]]) -> None:
+    """LAMB's options (min_coeff, max_coeff, bias_correction) with op=OneBitAdam or ZeroOneAdam around an AdamW would
+    change nothing: a TypeError naming the option at construction on every rank, as the torch face raises. Keras 3's
+    op=OneBitLamb wraps a Lamb only; tf_keras has none, so there an Adam supplies LAMB's hyper-parameters and the
+    LAMB options are taken."""
+    for r, rk in enumerate(keras_runs(flavour)):
+        assert sorted(rk["lamb_options"]) == sorted((op, option) for op in ("OneBitAdam", "ZeroOneAdam")
+                                                    for option in ("min_coeff", "max_coeff", "bias_correction"))
+        for (op, option), got in rk["lamb_options"].items():
+            assert got.startswith(f"TypeError: op={op} got unknown options ['{option}']"), \
+                f"{flavour} rank {r}, op={op} with {option}: {got}"
+        want = "no error" if flavour == "tf_keras" else "TypeError: op=OneBitLamb wraps keras.optimizers.Lamb, got Adam"
+        assert rk["lamb_over_adam"] == want, f"{flavour} rank {r}, op=OneBitLamb around Adam: {rk['lamb_over_adam']}"

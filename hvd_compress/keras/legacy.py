@@ -4,8 +4,8 @@ tf_keras optimizer returns this wrapper; ``BroadcastGlobalVariablesCallback``, `
 
 A wrapper as tf_keras's own ``LossScaleOptimizer`` is one: it holds the inner optimizer, delegates ``learning_rate``
 (schedules too) and ``iterations``, and adds its variables beside the inner ones. ``model.fit`` calls
-``apply_gradients`` (via ``minimize``), where the step runs: the same step per op as the Keras 3 wrapper's
-(``hvd_compress.keras.wrapped_step``, ``hvd_compress.tensorflow.algorithm_step``). tf_keras has no LAMB, so
+``apply_gradients`` (via ``minimize``), where the step runs: the engine the Keras 3 wrapper holds too
+(``hvd_compress.keras.engine``), over tf_keras's optimizer API. tf_keras has no LAMB, so
 ``OneBitLamb`` and ``SLAMB`` wrap a tf_keras ``Adam``/``AdamW`` that only supplies their hyper-parameters.
 
 Under mixed_float16 compile with ``legacy.LossScaleOptimizer(hck.DistributedOptimizer(...))``: tf_keras's dynamic
@@ -23,37 +23,15 @@ import tensorflow as tf
 import tf_keras
 from tf_keras.src.mixed_precision import loss_scale_optimizer as tf_keras_lso
 
-from hvd_compress import ops
 from hvd_compress.algorithms import birder as birder_alg
 from hvd_compress.keras import birder as keras_birder
 from hvd_compress.keras.callbacks import BroadcastMixin, MetricAverageMixin, SynchronizeParametersMixin
+from hvd_compress.keras.engine import EngineMethods, Face, KerasEngine
 from hvd_compress.keras.loss_scale import agreed_all_finite
-from hvd_compress.keras.wrapped_step import (
-    OpConfig,
-    accumulate_then_step,
-    adasum_delta_step,
-    check_base_options,
-    check_passes,
-    check_sgd,
-    compression_config,
-    compression_from_config,
-    error_feedback_step,
-    parse_compression,
-    parse_op,
-    per_rank_variables,
-    reset_error_feedback,
-    stateful_reduction,
-    synchronize_parameters,
-)
-from hvd_compress.ops.compression import Compression, Compressor
+from hvd_compress.keras.wrapped_step import check_sgd, compression_from_config, lamb_flags
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
-from hvd_compress.tensorflow.algorithm_step import FusedStep, apply_algorithm_step, make_step
-from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce
-from hvd_compress.tensorflow.context import ensure_init
-from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction
-from hvd_compress.tensorflow.functions import check_not_xla, dense
-from hvd_compress.tensorflow.powersgd import PowerSGDReduction
+from hvd_compress.tensorflow.functions import check_not_xla
 
 
 def is_tf_keras_optimizer(optimizer: Any) -> bool:
@@ -103,14 +81,15 @@ class Birder(tf_keras.optimizers.Optimizer):
 
 
 def _adam(op_name: str, inner: Any, lamb_opts: dict[str, Any], lamb: bool = False) -> tuple[list[Any], dict[str, Any]]:
-    """(beta1, beta2, eps, weight_decay) of a tf_keras Adam/AdamW and the rule's flags."""
+    """(beta1, beta2, eps, weight_decay) of a tf_keras Adam/AdamW and the rule's flags (LAMB's: the LAMB options
+    given, at ``hc.Lamb``'s defaults otherwise)."""
     if not isinstance(inner, (tf_keras.optimizers.Adam, tf_keras.optimizers.AdamW)):
         note = " (tf_keras has no LAMB: Adam supplies LAMB's hyper-parameters)" if lamb else ""
         raise TypeError(f"op={op_name} wraps tf_keras.optimizers.Adam/AdamW{note}, got {type(inner).__name__}")
     if inner.amsgrad:
         raise ValueError(f"op={op_name} does not support amsgrad=True")
     # tf_keras applies Adam's weight_decay decoupled (as AdamW); LAMB's sits in its update (the algorithm's).
-    flags = dict(lamb_opts) if lamb else {"decoupled_weight_decay": True}
+    flags = lamb_flags(lamb_opts) if lamb else {"decoupled_weight_decay": True}
     return [inner.beta_1, inner.beta_2, inner.epsilon, inner.weight_decay or 0.0], flags
 
 
@@ -121,24 +100,25 @@ def _birder(op_name: str, inner: Any, lamb_opts: dict[str, Any]) -> tuple[list[A
     return [inner.beta, inner.epsilon, inner.birder_weight_decay], {}
 
 
-#: Per kind an algorithm wraps (``algorithms.contract.Wraps``), as the Keras 3 face's ``_READERS``.
-_READERS = {
-    "adam": _adam,
-    "lamb": functools.partial(_adam, lamb=True),
-    "slamb-lamb": functools.partial(_adam, lamb=True),
-    "birder": _birder,
-    "sgd": lambda op_name, inner, lamb_opts: check_sgd(op_name, inner, tf_keras.optimizers.SGD),
-}
+def _learning_rate(inner: Any) -> Any:
+    """What the inner optimizer's ``apply_gradients`` does first: a schedule's value for this step."""
+    inner._compute_current_learning_rate()
+    return inner.learning_rate
 
 
-def _hyper_flags(algorithm: type, inner: Any, lamb_opts: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-    """The hyper-parameters after lr as read from ``inner`` and the rule's flags (translation only, as the Keras 3
-    face's ``_hyper_flags``)."""
-    check_base_options(algorithm.name, inner)
-    return _READERS[algorithm.wraps.kind](algorithm.name, inner, lamb_opts)
+_LAMB = functools.partial(_adam, lamb=True)
+#: tf_keras's optimizers per kind an algorithm wraps (``engine.Face``).
+_FACE = Face(
+    readers={"adam": _adam, "lamb": _LAMB, "slamb-lamb": _LAMB, "birder": _birder,
+             "sgd": lambda op_name, inner, lamb_opts: check_sgd(op_name, inner, tf_keras.optimizers.SGD)},
+    apply_inner=lambda inner, grads, variables: inner.apply_gradients(zip(grads, variables, strict=True),
+                                                                      skip_gradients_aggregation=True),
+    learning_rate=_learning_rate,
+    method="apply_gradients",
+)
 
 
-class DistributedOptimizer(tf_keras.optimizers.Optimizer):
+class DistributedOptimizer(EngineMethods, tf_keras.optimizers.Optimizer):
     """Data-parallel training over all ranks around a tf_keras ``optimizer``: ``op`` = ``Average`` (default),
     ``Sum``, ``Adasum``, ``OneBitAdam``, ``OneBitLamb``, ``SLAMB`` (wrap ``Adam``/``AdamW``) or ``Birder`` (wraps
     ``legacy.Birder``), with the algorithm's options, and ``backward_passes_per_step``; see the module. Not under
@@ -151,114 +131,23 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
             optimizer = optimizer.inner_optimizer
         if not is_tf_keras_optimizer(optimizer):
             raise TypeError(f"expected a tf_keras optimizer, got {type(optimizer).__name__}")
-        config = parse_op(op, algorithm_options)
-        check_passes(backward_passes_per_step)
-        compressor, stateful = parse_compression(compression, config, optimizer, "hck.DistributedOptimizer")
-        super().__init__(name=name or f"Distributed{type(optimizer).__name__}", jit_compile=False)
-        self._compressor = compressor
-        self._stateful_compressor: Compressor | None = stateful
-        self._error_feedback: ErrorFeedbackReduction | PowerSGDReduction | None = None
-        self.compression = stateful or compressor or Compression.none
-        self.inner_optimizer = optimizer
-        self.op = config.op
-        self.backward_passes_per_step = backward_passes_per_step
-        # process_set (the global set, checked) is no option to keep: get_config must stay plain data
-        self.algorithm_options = {k: v for k, v in algorithm_options.items() if k != "process_set"}
-        self._config: OpConfig = config
-        self._meter = CommMeter()
-        self._buckets = BucketStats()  # Average/Sum: the gradient buckets started so far
-        self._runner: FusedStep | None = None
-        if config.algorithm is not None:
-            self._hyper, self._flags = _hyper_flags(config.algorithm, optimizer, config.lamb_opts)
+        name = name or f"Distributed{type(optimizer).__name__}"
+        engine = KerasEngine(optimizer, op, backward_passes_per_step, compression, algorithm_options, _FACE, name)
+        super().__init__(name=name, jit_compile=False)
+        self._hold(engine)
 
-    # -- delegation, as LossScaleOptimizer --------------------------------------------------------------
-    @property
-    def iterations(self) -> Any:
-        return self.inner_optimizer.iterations
-
-    @iterations.setter
-    def iterations(self, variable: Any) -> None:
-        self.inner_optimizer.iterations = variable
-
-    @property
-    def learning_rate(self) -> Any:
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, learning_rate: Any) -> None:
-        self.inner_optimizer.learning_rate = learning_rate
-
+    # -- delegation, as LossScaleOptimizer (learning_rate, iterations: ``EngineMethods``) --------------
     @property
     def variables(self) -> list[Any]:
         own = super().variables  # tf_keras's callable list: some of its code calls optimizer.variables()
         return type(own)([*own, *self.inner_optimizer.variables])
 
-    def comm_stats(self) -> dict[str, int]:
-        """Bytes this rank sent and received for this optimizer's reductions and algorithm steps since the last
-        call."""
-        return self._meter.take()
-
-    @property
-    def per_rank_variables(self) -> list[Any]:
-        """Variables that differ between ranks by design (as the Keras 3 face's): never broadcast."""
-        if not getattr(self, "_built", False):
-            return []
-        if self._error_feedback is not None:
-            keys = self._error_feedback.per_rank
-        else:
-            keys = self._runner.per_rank if self._runner is not None else ()
-        return per_rank_variables(self._config, self.inner_optimizer, getattr(self, "_state", {}), keys,
-                                  getattr(self, "_accumulators", ()))
-
-    def reset_compression_state(self) -> None:
-        """Zero the error feedback, as the Keras 3 face's ``reset_compression_state``."""
-        if self._runner is not None or self._error_feedback is not None:
-            reset_error_feedback(self._state)
-
-    def synchronize_parameters(self) -> None:
-        """SLAMB: average the trainable variables over all ranks now (as the Keras 3 face). Other ops keep the
-        parameters alike on every rank after every step: nothing to do."""
-        if self._runner is not None:
-            synchronize_parameters(self._runner, self._trainable, f"{self.name}.synchronize_parameters")
-
     def build(self, var_list: list[Any]) -> None:
         if getattr(self, "_built", False):
             return
-        ensure_init()
         var_list = list(var_list)
         super().build(var_list)
-        self._trainable = var_list
-        if self.backward_passes_per_step > 1:
-            self._pass_count = self.add_variable(shape=[], dtype=tf.int64, name="hvdc_passes")
-            self._accumulators = [self.add_variable_from_reference(model_variable=v,
-                                                                   variable_name="hvdc_accumulated_grad")
-                                  for v in var_list]
-        algorithm = self._config.algorithm
-        if self._stateful_compressor is not None or self._config.reduction is not None:
-            bad = [v.name for v in var_list if v.dtype != tf.float32]
-            if bad:
-                what = f"op={self.op.name}" if self._stateful_compressor is None else \
-                    f"compression={self._stateful_compressor!r}"
-                raise ValueError(f"{what} supports float32 variables, not {bad}")
-            self._error_feedback = stateful_reduction(self._config, self._stateful_compressor,
-                                                      [tuple(v.shape) for v in var_list], self._meter)
-            self._state = {}
-            for key, (shape, dtype, init) in self._error_feedback.state_shapes().items():
-                self._state[key] = self.add_variable(shape=list(shape), dtype=dtype,
-                                                     initializer=tf_keras.initializers.get(init), name=f"hvdc_{key}")
-        if algorithm is None:
-            self.inner_optimizer.build(var_list)
-        else:
-            bad = [v.name for v in var_list if v.dtype != tf.float32]
-            if bad:
-                raise ValueError(f"op={self.op.name} supports float32 variables, not {bad}")
-            self._runner = make_step(algorithm, self._config.options, [tuple(v.shape) for v in var_list],
-                                     ops.size(), self._meter, self._config.bucket_mb)
-            self._state = {}
-            for key, (shape, dtype, init) in self._runner.state_shapes().items():
-                initializer = tf_keras.initializers.get(init)
-                self._state[key] = self.add_variable(shape=list(shape), dtype=dtype, initializer=initializer,
-                                                     name=f"hvdc_{key}")
+        self._hvdc.build(var_list, self.add_variable, self.add_variable_from_reference)
         self._built = True
 
     def apply_gradients(self, grads_and_vars: Any, name: str | None = None, skip_gradients_aggregation: bool = False,
@@ -276,62 +165,12 @@ class DistributedOptimizer(tf_keras.optimizers.Optimizer):
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         with tf.init_scope():
             self.build(variables)
-        if self.backward_passes_per_step == 1:
-            self._step(grads, variables)
-        else:
-            index = {id(v): i for i, v in enumerate(self._trainable)}
-            accumulators = [self._accumulators[index[id(v)]] for v in variables]
-            accumulate_then_step(grads, variables, accumulators, self._pass_count, self.backward_passes_per_step,
-                                 self._step, self._config.average_passes)
+        self._hvdc.apply(grads, variables)
         return self.iterations
-
-    def _step(self, grads: list[Any], variables: list[Any]) -> None:
-        if self._runner is not None:
-            self._algorithm_step(grads, variables)
-            return
-        if self._error_feedback is not None:
-            error_feedback_step(self._error_feedback, self._state, grads, variables, self._trainable, self._apply_inner,
-                                self.name)
-            return
-        pairs = [(dense(g), v) for g, v in zip(grads, variables, strict=True) if g is not None]
-        if not pairs:
-            raise ValueError("No gradients provided for any variable.")
-        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
-        if self.op in (ReduceOp.Average, ReduceOp.Sum):
-            reduced = bucketed_allreduce(grads, self.op, f"{self.name}.grad", self._compressor, self._config.bucket_mb,
-                                         self._config.overlap, self._buckets, self._meter,
-                                         self._config.predivide)
-            self._apply_inner(reduced, variables)
-            return
-        adasum_delta_step(grads, variables, self._apply_inner, self._config, self._meter, f"{self.name}.adasum")
-
-    def _apply_inner(self, grads: list[Any], variables: list[Any]) -> Any:
-        return self.inner_optimizer.apply_gradients(zip(grads, variables, strict=True),
-                                                    skip_gradients_aggregation=True)
-
-    def _algorithm_step(self, grads: list[Any], variables: list[Any]) -> None:
-        if sorted(id(v) for v in variables) != sorted(id(v) for v in self._trainable):
-            raise ValueError(f"op={self.op.name}: apply_gradients() must get every variable the optimizer was built "
-                             "with")
-        by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
-        # What the inner optimizer's apply_gradients does first: a schedule's value for this step.
-        self.inner_optimizer._compute_current_learning_rate()
-        apply_algorithm_step(self._runner, self._state, self._trainable, by_var,
-                             [self.inner_optimizer.learning_rate, *self._hyper], self._flags,
-                             f"{self.name}.{self._config.algorithm.name}", self._config.overlap)
-        self.inner_optimizer.iterations.assign_add(1)
-
-    @property
-    def compression_started(self) -> bool:
-        """True once an algorithm's steps use the compressed collective (after ``freeze_step`` steps)."""
-        if self._runner is None:
-            return False
-        return int(self._state["step"].numpy()) >= getattr(self._config.options, "freeze_step", 0)
 
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "optimizer": tf_keras.optimizers.serialize(self.inner_optimizer),
-                "op": int(self.op), "backward_passes_per_step": self.backward_passes_per_step,
-                "compression": compression_config(self.compression), **self.algorithm_options}
+                **self._hvdc.config_entries()}
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> DistributedOptimizer:

@@ -1,9 +1,8 @@
-"""What one step of ``hck.DistributedOptimizer`` does, written once for both Keras wrappers: the Keras 3 one
-(``hvd_compress.keras.optimizer``) and the tf_keras one (``hvd_compress.keras.legacy``). Each wrapper only says
-how its inner optimizer applies gradients and how it makes variables; the op parsing, Adasum of the parameter
-deltas and the local accumulation over ``backward_passes_per_step`` are here. The algorithms' math stays in
-``hvd_compress.algorithms`` (run by ``hvd_compress.tensorflow.algorithm_step``).
-"""
+"""The pieces of one step of ``hck.DistributedOptimizer`` that ``hvd_compress.keras.engine`` runs for both Keras
+wrappers (Keras 3's ``hvd_compress.keras.optimizer``, tf_keras's ``hvd_compress.keras.legacy``): the op parsing,
+Adasum of the parameter deltas, the top-k/random-k step and the local accumulation over
+``backward_passes_per_step``. The algorithms' math stays in ``hvd_compress.algorithms`` (run by
+``hvd_compress.tensorflow.algorithm_step``)."""
 
 from __future__ import annotations
 
@@ -36,9 +35,11 @@ from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
 from hvd_compress.tensorflow.functions import check_group_compression, dense, numpy_call
 from hvd_compress.tensorflow.powersgd import PowerSGDReduction
+from hvd_compress.tensorflow.stateful_reduction import StatefulReduction
 
 LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True}  # as hc.Lamb (torch face)
-#: The kinds (``algorithms.contract.Wraps``) whose Keras optimizer may be a Lamb, so take ``LAMB_DEFAULTS``' options.
+#: The kinds (``algorithms.contract.Wraps``) whose Keras optimizer may be a Lamb, so take ``LAMB_DEFAULTS``' options
+#: (a face's reader refuses them where neither the optimizer nor the rule is a LAMB: ``keras.engine``).
 LAMB_KINDS = ("adam", "lamb", "slamb-lamb")
 #: Options of the base optimizer that an algorithm's own step would silently ignore: refused instead.
 BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_accumulation_steps",
@@ -48,7 +49,7 @@ BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_ac
 @dataclass
 class OpConfig:
     """``op`` and its options, validated: ``algorithm`` (a class of ``algorithms.REGISTRY``) with its parsed
-    ``options``, the LAMB flags and its buckets (``bucket_mb``, ``overlap``: ``tensorflow.algorithm_step``), or
+    ``options``, the LAMB options given and its buckets (``bucket_mb``, ``overlap``: ``tensorflow.algorithm_step``), or
     Adasum's bucket size and hierarchy, or the gradient buckets of Average/Sum (``bucket_mb``, ``overlap``:
     ``hvd_compress.tensorflow.bucketed``; Horovod's ``gradient_predivide_factor`` as ``predivide``)."""
 
@@ -110,12 +111,17 @@ def parse_op(op: Any, algorithm_options: dict[str, Any]) -> OpConfig:
     lamb = algorithm.wraps.kind in LAMB_KINDS
     face_options = (*(tuple(LAMB_DEFAULTS) if lamb else ()), *BUCKET_OPTIONS)
     pop_horovod_defaults(options, what, takes=option_names(algorithm.options_cls, face_options))
-    lamb_opts = {k: options.pop(k, v) for k, v in LAMB_DEFAULTS.items()} if lamb else {}
+    lamb_opts = {k: options.pop(k) for k in LAMB_DEFAULTS if k in options} if lamb else {}
     buckets = {"bucket_mb": check_bucket_mb(options.pop("bucket_mb", DEFAULT_BUCKET_MB)),
                "overlap": check_overlap(options.pop("overlap", True))}
     parsed = algorithms.parse(op, options, face_options)
     return OpConfig(op, algorithm=algorithm, options=parsed, lamb_opts=lamb_opts, average_passes=average_passes,
                     **buckets)
+
+
+def lamb_flags(given: dict[str, Any]) -> dict[str, Any]:
+    """The flags of a LAMB rule: the LAMB options ``given``, ``LAMB_DEFAULTS`` for the others."""
+    return {**LAMB_DEFAULTS, **given}
 
 
 def per_rank_variables(config: OpConfig, inner: Any, state: dict[str, Any], per_rank_keys: Sequence[str],
@@ -176,15 +182,16 @@ def compression_from_config(value: Any) -> Compressor:
     raise ValueError(f"unknown compression in the optimizer's config: {value!r}")
 
 
-def error_feedback_step(reduction: ErrorFeedbackReduction, state: dict[str, Any], grads: Sequence[Any],
+def error_feedback_step(reduction: StatefulReduction, state: dict[str, Any], grads: Sequence[Any],
                         variables: Sequence[Any], built_with: Sequence[Any],
                         apply_inner: Callable[[list[Any], list[Any]], Any], name: str) -> None:
-    """Top-k/random-k (``hvd_compress.tensorflow.error_feedback``): the fused reduction of the gradients of all the
-    variables the wrapper was ``built_with``, then ``apply_inner`` on those that have a gradient."""
+    """A reduction with state (top-k/random-k: ``hvd_compress.tensorflow.error_feedback``; PowerSGD): the fused
+    reduction of the gradients of all the variables the wrapper was ``built_with``, then ``apply_inner`` on those
+    that have a gradient."""
     by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
     if sorted(by_var) != sorted(id(v) for v in built_with):
-        raise ValueError(f"{name}: with compression={reduction.compressor!r} every step must get every variable the "
-                         "optimizer was built with (the error feedback covers them all)")
+        raise ValueError(f"{name}: with {reduction.what} every step must get every variable the optimizer was built "
+                         "with (the error feedback covers them all)")
     ordered = [by_var[id(v)] for v in built_with]
     if all(g is None for g in ordered):
         raise ValueError("No gradients provided for any variable.")

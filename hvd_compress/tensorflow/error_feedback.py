@@ -6,8 +6,8 @@ As the torch face's: one fused float32 buffer over all trainable variables (a va
 contributes zeros), one ``hvd_compress.ops.compression`` call per step, the selection over the whole buffer
 (global top-k; the torch face's comment on why). The state is the error (and DGC's velocity with
 ``topk(ratio, momentum=mu)``), per rank, and the step count (random-k's RNG position), alike on every rank.
-The call runs in one ``tf.numpy_function(stateful=True)`` after backward, on fresh copies of the state: a call that
-any rank rejects (NaN/Inf, mismatched ranks) raises on every rank before any variable is assigned.
+One call per step (``tensorflow.stateful_reduction``): a call that any rank rejects (NaN/Inf, mismatched ranks)
+raises on every rank before any variable is assigned.
 """
 
 from __future__ import annotations
@@ -16,18 +16,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 from hvd_compress import ops
 from hvd_compress.ops.compression import Compressor
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
-from hvd_compress.tensorflow.algorithm_step import FlatLayout, StateShapes, float32_gradients
+from hvd_compress.tensorflow.algorithm_step import StateShapes
 from hvd_compress.tensorflow.backend import aligned_copy
-from hvd_compress.tensorflow.functions import CompressionState, numpy_call
+from hvd_compress.tensorflow.functions import CompressionState
+from hvd_compress.tensorflow.stateful_reduction import StatefulReduction
 
 
-class ErrorFeedbackReduction:
+class ErrorFeedbackReduction(StatefulReduction):
     """The stateful-compressor reduction of one wrapper: ``compressor`` (top-k or random-k) under ``op`` (Average
     or Sum) over the float32 variables of ``shapes``, in order."""
 
@@ -36,8 +36,9 @@ class ErrorFeedbackReduction:
 
     def __init__(self, compressor: Compressor, op: ReduceOp, shapes: Sequence[tuple[int, ...]],
                  meter: CommMeter) -> None:
+        super().__init__(shapes)
         self.compressor, self.op, self.meter = compressor, ReduceOp(op), meter
-        self.layout = FlatLayout(shapes)
+        self.what = f"compression={compressor!r}"
         self.numel = self.layout.numel
         self._state = CompressionState(self.numel, compressor)  # its buffers are replaced by each call's copies
 
@@ -49,9 +50,7 @@ class ErrorFeedbackReduction:
         shapes["compression_step"] = ((), "int64", "zeros")
         return shapes
 
-    def _run(self, name: str, *arrays: np.ndarray) -> list[np.ndarray]:
-        k = len(self.layout.sizes)
-        grads, saved = arrays[:k], arrays[k:]
+    def run(self, name: str, grads: Sequence[np.ndarray], saved: Sequence[np.ndarray]) -> list[np.ndarray]:
         flat = self.layout.flatten(grads)
         # Fresh arrays every call: TF adopts what is returned (no copy) and the inputs alias its buffers.
         state = self._state
@@ -66,22 +65,6 @@ class ErrorFeedbackReduction:
             out.append(state.velocity)
         out.append(np.asarray(state.step, dtype=np.int64))
         return out
-
-    def reduce(self, grads: Sequence[Any], variables: Sequence[Any], state: dict[str, Any], name: str) -> list[Any]:
-        """The reduced gradient of every one of ``variables`` (all the variables this was built for, in order;
-        ``grads[i]`` None: zeros, decided by the program's structure, so alike on every rank); assigns the new
-        state to ``state`` (the variables named as ``state_shapes()``)."""
-        gs = float32_gradients(grads, variables)
-        names = list(self.state_shapes())
-        touts = [tf.float32] * len(gs) + [tf.as_dtype(state[k].dtype) for k in names]
-
-        def run(*arrays: np.ndarray) -> list[np.ndarray]:
-            return self._run(name, *arrays)
-
-        outs = numpy_call(run, [*gs, *(tf.convert_to_tensor(state[k]) for k in names)], touts, name)
-        for k, x in zip(names, outs[len(gs):], strict=True):
-            state[k].assign(tf.reshape(x, state[k].shape))
-        return [tf.reshape(x, v.shape) for x, v in zip(outs[: len(gs)], variables, strict=True)]
 
 
 def check_inner_momentum(compressor: Compressor, inner: Any) -> None:

@@ -2,7 +2,7 @@
 ``hvd_compress.algorithms.powersgd`` over one bucket holding every float32 variable, with its state (error, P, Q,
 step, seed stream) in the optimizer's own variables, so that Keras checkpoints keep it.
 
-Each step is one ``tf.numpy_function(stateful=True)`` after backward, on fresh copies of the state: the matrix work
+Each step is one call of ``tensorflow.stateful_reduction`` after backward: the matrix work
 is NumPy's (``NumpyMatrices``) and the allreduces the core's, as for top-k (``tensorflow.error_feedback``). The first
 random Q come from NumPy's generator (``default_rng(seed)``), not torch's, so a Keras run and a torch run draw
 different first Q; everything else is the same rule.
@@ -11,17 +11,15 @@ different first Q; everything else is the same rule.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 from hvd_compress import ops
 from hvd_compress.algorithms import powersgd
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
-from hvd_compress.tensorflow.algorithm_step import FlatLayout, StateShapes, float32_gradients
-from hvd_compress.tensorflow.functions import numpy_call
+from hvd_compress.tensorflow.algorithm_step import StateShapes
+from hvd_compress.tensorflow.stateful_reduction import StatefulReduction
 
 _MT_KEYS = 624  # words of the MT19937 state of the seed stream
 
@@ -86,16 +84,17 @@ class NumpyMatrices:
         return np.matmul(a.T if transpose_a else a, b.T if transpose_b else b, out=out)
 
 
-class PowerSGDReduction:
+class PowerSGDReduction(StatefulReduction):
     """op=PowerSGD over the float32 variables of ``shapes`` (in order), one bucket."""
 
     #: State variables that differ between ranks by design (never broadcast).
     per_rank = ("powersgd_error",)
+    what = "op=PowerSGD"
 
     def __init__(self, options: powersgd.PowerSGDOptions, shapes: Sequence[tuple[int, ...]],
                  meter: CommMeter) -> None:
+        super().__init__(shapes)
         self.options, self.meter = options, meter
-        self.layout = FlatLayout(shapes)
         self.plan = powersgd.plan_bucket(self.layout.shapes, options)
         self.matrices = NumpyMatrices()
 
@@ -124,9 +123,8 @@ class PowerSGDReduction:
             state.p_memory[0], state.q_memory[0] = p[: self.plan.p_size], q[: self.plan.q_size]
         return state
 
-    def _run(self, name: str, *arrays: np.ndarray) -> list[np.ndarray]:
-        k = len(self.layout.sizes)
-        grads, (error, p, q, it, rng) = arrays[:k], arrays[k:]
+    def run(self, name: str, grads: Sequence[np.ndarray], saved: Sequence[np.ndarray]) -> list[np.ndarray]:
+        error, p, q, it, rng = saved
         flat = self.layout.flatten(grads)
         state = self._state(np.array(error, np.float32).reshape(-1), np.array(p, np.float32).reshape(-1),
                             np.array(q, np.float32).reshape(-1), int(it), np.asarray(rng, np.int64))
@@ -148,18 +146,3 @@ class PowerSGDReduction:
         _, keys, pos, _, _ = state.rng.get_state(legacy=True)
         out.append(np.concatenate([keys.astype(np.int64), [pos]]).astype(np.int64))
         return out
-
-    def reduce(self, grads: Sequence[Any], variables: Sequence[Any], state: dict[str, Any], name: str) -> list[Any]:
-        """The reduced gradient of every one of ``variables`` (all the variables this was built for, in order;
-        ``grads[i]`` None: zeros); assigns the new state to ``state`` (the variables named as ``state_shapes()``)."""
-        gs = float32_gradients(grads, variables)
-        names = list(self.state_shapes())
-        touts = [tf.float32] * len(gs) + [tf.as_dtype(state[k].dtype) for k in names]
-
-        def run(*arrays: np.ndarray) -> list[np.ndarray]:
-            return self._run(name, *arrays)
-
-        outs = numpy_call(run, [*gs, *(tf.convert_to_tensor(state[k]) for k in names)], touts, name)
-        for k, x in zip(names, outs[len(gs):], strict=True):
-            state[k].assign(tf.reshape(x, state[k].shape))
-        return [tf.reshape(x, v.shape) for x, v in zip(outs[: len(gs)], variables, strict=True)]

@@ -10,13 +10,14 @@ during backward (``overlap``, ``hvd_compress.torch.bucketed``), and the ``hvd_co
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
 from hvd_compress.algorithms import birder as alg
 from hvd_compress.torch.backend import BACKEND
-from hvd_compress.torch.bucketed import BucketedEngine, plan_segments
+from hvd_compress.torch.bucketed import BucketedEngine, bucket_segments
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients, cached_views
 
@@ -62,27 +63,17 @@ def _zeros(numel: int, device: torch.device) -> torch.Tensor:
     return torch.zeros(numel, dtype=torch.float32, device=device)
 
 
-def _segments(param_groups: list[dict[str, Any]], hierarchical: bool,
-              bucket_mb: float) -> tuple[list[alg.BirderSegment], list[FusedGradients], list[int]]:
-    """One segment per bucket of each param group (``plan_segments``, as ``op=Average`` cuts its buckets), in
-    registration order; their gradient buffers, and the segment indices in bucket order."""
-    for group in param_groups:
-        if any(p.requires_grad and p.dtype != torch.float32 for p in group["params"]):
-            raise ValueError("op=Birder supports float32 parameters only")
-    buckets, order = plan_segments(param_groups, bucket_mb)
-    segments, grads = [], []
-    for gi, params in buckets:
-        fused = FusedGradients(params)
-        numel = sum(p.numel() for p in params)
-        c1, c2 = alg.BirderAlgorithm.state_numels(numel, hierarchical)
-        device = fused.buffers[0].device
-        segments.append(alg.BirderSegment(
-            group=gi, params=params, sizes=[p.numel() for p in params], grad=fused.buffers[0],
-            update=_zeros(numel, device), m=_zeros(c1, device), b=_zeros(c1, device),
-            worker_error=_zeros(c1, device), server_error=_zeros(c2, device), views=cached_views(params),
-        ))
-        grads.append(fused)
-    return segments, grads, order
+def _segment(hierarchical: bool, gi: int, params: list[torch.nn.Parameter],
+             fused: FusedGradients) -> alg.BirderSegment:
+    """One bucket's segment (``bucket_segments``): m, b and the errors this rank keeps of it."""
+    numel = sum(p.numel() for p in params)
+    c1, c2 = alg.BirderAlgorithm.state_numels(numel, hierarchical)
+    device = fused.buffers[0].device
+    return alg.BirderSegment(
+        group=gi, params=params, sizes=[p.numel() for p in params], grad=fused.buffers[0],
+        update=_zeros(numel, device), m=_zeros(c1, device), b=_zeros(c1, device),
+        worker_error=_zeros(c1, device), server_error=_zeros(c2, device), views=cached_views(params),
+    )
 
 
 class BirderEngine(BucketedEngine):
@@ -106,7 +97,9 @@ class BirderEngine(BucketedEngine):
               options: alg.BirderOptions, bucket_mb: float
               ) -> tuple[alg.BirderAlgorithm, list[alg.BirderSegment], list[FusedGradients], list[int]]:
         ensure_init()
-        segments, grads, order = _segments(param_groups, options.hierarchical, bucket_mb)
+        segments, grads, order = bucket_segments(param_groups, bucket_mb, (torch.float32,),
+                                                 "op=Birder supports float32 parameters only",
+                                                 functools.partial(_segment, options.hierarchical))
         return algorithm(options, BACKEND, segments, self.meter), segments, grads, order
 
     @property

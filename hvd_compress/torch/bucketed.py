@@ -8,6 +8,7 @@ algorithm's engine adds its buffers (``segments``) and the views of the wrapped 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -35,6 +36,26 @@ def plan_segments(
     items = [((gi, p.dtype, p.device), p.numel() * p.element_size()) for gi, p in trainable]
     segments, order = plan_bucket_segments(items, bucket_mb)
     return [(trainable[members[0]][0], [trainable[i][1] for i in members]) for members in segments], order
+
+
+def bucket_segments(param_groups: list[dict[str, Any]], bucket_mb: float, dtypes: tuple[torch.dtype, ...],
+                    refusal: str, make: Callable[[int, list[torch.nn.Parameter], FusedGradients], Any],
+                    ) -> tuple[list[Any], list[FusedGradients], list[int]]:
+    """One segment per bucket of each param group (``plan_segments``), in registration order, each
+    ``make(group index, parameters, their FusedGradients)``; their gradient buffers, and the segment indices in
+    bucket order. A trainable parameter of a dtype not in ``dtypes``: ValueError(``refusal`` with its
+    ``{dtype}``)."""
+    for group in param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.dtype not in dtypes:
+                raise ValueError(refusal.format(dtype=p.dtype))
+    buckets, order = plan_segments(param_groups, bucket_mb)
+    segments, grads = [], []
+    for gi, params in buckets:
+        fused = FusedGradients(params)
+        segments.append(make(gi, params, fused))
+        grads.append(fused)
+    return segments, grads, order
 
 
 class BucketedEngine(Engine):
@@ -77,7 +98,22 @@ class BucketedEngine(Engine):
         raise NotImplementedError
 
     def bind_state(self) -> None:
-        """Make the wrapped optimizer's per-parameter state views of the algorithm's buffers."""
+        """Make the wrapped optimizer's per-parameter state views of the algorithm's buffers (``bind_views``)."""
+
+    def bind_views(self, pieces: Iterable[tuple[Any, list[tuple[str, torch.Tensor]]]]) -> None:
+        """For each (owner, [(key, flat buffer), ...]) of ``pieces``, where the owner (a segment) has ``params`` and
+        ``views(flat)``: make each parameter's ``state[key]`` its view of the buffer, keeping the values it held
+        (a wrapped optimizer that has stepped, a loaded state), and its ``state['step']`` the algorithm's."""
+        state = self.opt.state
+        for owner, keys in pieces:
+            for key, flat in keys:
+                for p, view in zip(owner.params, owner.views(flat), strict=True):
+                    old = state[p].get(key)
+                    if old is not None and old.data_ptr() != view.data_ptr():
+                        view.copy_(old)
+                    state[p][key] = view
+            for p in owner.params:
+                state[p]["step"] = torch.tensor(float(self.alg.t), dtype=torch.float32)
 
     # -- the gradient phase -----------------------------------------------------------------------------
     def count_pass(self, p: torch.Tensor) -> None:

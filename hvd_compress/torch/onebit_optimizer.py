@@ -12,6 +12,7 @@ hooks that start a bucket's reduction during backward (``overlap``), and the ``h
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -19,45 +20,30 @@ import torch
 from hvd_compress.algorithms import OneBitAlgorithm
 from hvd_compress.algorithms.onebit import OneBitOptions, Segment
 from hvd_compress.torch.backend import BACKEND
-from hvd_compress.torch.bucketed import BucketedEngine, plan_segments
+from hvd_compress.torch.bucketed import BucketedEngine, bucket_segments
 from hvd_compress.torch.fused import FusedGradients, cached_views, flat_with_views
 from hvd_compress.torch.onebit import OneBitState
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _segments(
-    param_groups: list[dict[str, Any]], fresh: bool, bucket_mb: float
-) -> tuple[list[Segment], list[FusedGradients], list[int]]:
-    """One segment per bucket of each (param group, dtype) (``plan_segments``, as ``op=Average`` cuts its
-    buckets), in registration order; their gradient buffers, and the segment indices in bucket order."""
-    for group in param_groups:
-        for p in group["params"]:
-            if p.requires_grad and p.dtype not in _DTYPES:
-                raise ValueError(f"1-bit optimizers support float32, float16 and bfloat16 parameters, not {p.dtype}")
-    buckets, order = plan_segments(param_groups, bucket_mb)
-    segments, grads = [], []
-    for gi, params in buckets:
-        fused = FusedGradients(params)
-        numel = sum(p.numel() for p in params)
-        exp_avg, _ = flat_with_views(params)
-        segments.append(
-            Segment(
-                group=gi,
-                params=params,
-                sizes=[p.numel() for p in params],
-                grad=fused.buffers[0],
-                exp_avg=exp_avg,
-                exp_avg_sq=flat_with_views(params)[0],
-                fresh=flat_with_views(params)[0] if fresh else None,
-                work=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
-                scratch=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
-                onebit=OneBitState(numel, torch.float32, device=exp_avg.device),
-                views=cached_views(params),
-            )
-        )
-        grads.append(fused)
-    return segments, grads, order
+def _segment(fresh: bool, gi: int, params: list[torch.nn.Parameter], fused: FusedGradients) -> Segment:
+    """One bucket's segment (``bucket_segments``): its m, v (and fresh v) as flat buffers the state views."""
+    numel = sum(p.numel() for p in params)
+    exp_avg, _ = flat_with_views(params)
+    return Segment(
+        group=gi,
+        params=params,
+        sizes=[p.numel() for p in params],
+        grad=fused.buffers[0],
+        exp_avg=exp_avg,
+        exp_avg_sq=flat_with_views(params)[0],
+        fresh=flat_with_views(params)[0] if fresh else None,
+        work=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
+        scratch=torch.empty(numel, dtype=torch.float32, device=exp_avg.device),
+        onebit=OneBitState(numel, torch.float32, device=exp_avg.device),
+        views=cached_views(params),
+    )
 
 
 class OneBitEngine(BucketedEngine):
@@ -88,24 +74,17 @@ class OneBitEngine(BucketedEngine):
 
     def build(self, param_groups: list[dict[str, Any]], algorithm: type[OneBitAlgorithm], options: OneBitOptions,
               bucket_mb: float) -> tuple[OneBitAlgorithm, list[Segment], list[FusedGradients], list[int]]:
-        segments, grads, order = _segments(param_groups, fresh=algorithm.has_fresh_variance, bucket_mb=bucket_mb)
+        segments, grads, order = bucket_segments(
+            param_groups, bucket_mb, _DTYPES, "1-bit optimizers support float32, float16 and bfloat16 parameters, not "
+            "{dtype}", functools.partial(_segment, algorithm.has_fresh_variance))
         return algorithm(options, BACKEND, segments, self.meter), segments, grads, order
 
     def bind_state(self) -> None:
-        """Make every parameter's state tensors views of the segment buffers, keeping their values."""
-        state = self.opt.state
-        for seg in self.alg.segments:
-            keys = [("exp_avg", seg.exp_avg), ("exp_avg_sq", seg.exp_avg_sq)]
-            if seg.fresh is not None:
-                keys.append(("exp_avg_sq_fresh", seg.fresh))
-            for key, flat in keys:
-                for p, view in zip(seg.params, seg.views(flat), strict=True):
-                    old = state[p].get(key)
-                    if old is not None and old.data_ptr() != view.data_ptr():
-                        view.copy_(old)
-                    state[p][key] = view
-            for p in seg.params:
-                state[p]["step"] = torch.tensor(float(self.alg.t), dtype=torch.float32)
+        """Make every parameter's m, v (and 1-bit LAMB's fresh v) views of the segment buffers, keeping their
+        values."""
+        self.bind_views((seg, [("exp_avg", seg.exp_avg), ("exp_avg_sq", seg.exp_avg_sq),
+                               *([("exp_avg_sq_fresh", seg.fresh)] if seg.fresh is not None else [])])
+                        for seg in self.alg.segments)
 
     @property
     def freeze_step(self) -> int:

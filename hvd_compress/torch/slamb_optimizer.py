@@ -97,15 +97,8 @@ class SlambEngine(BucketedEngine):
 
     def bind_state(self) -> None:
         """Make every parameter's m and v views of the flat buffers, keeping their values."""
-        b, state = self.alg.buf, self.opt.state
-        for key, flat in (("exp_avg", b.exp_avg), ("exp_avg_sq", b.exp_avg_sq)):
-            for p, view in zip(b.params, b.views(flat), strict=True):
-                old = state[p].get(key)
-                if old is not None and old.data_ptr() != view.data_ptr():
-                    view.copy_(old)
-                state[p][key] = view
-        for p in b.params:
-            state[p]["step"] = torch.tensor(float(self.alg.t), dtype=torch.float32)
+        b = self.alg.buf
+        self.bind_views([(b, [("exp_avg", b.exp_avg), ("exp_avg_sq", b.exp_avg_sq)])])
 
     @torch.no_grad()
     def synchronize_parameters(self) -> None:

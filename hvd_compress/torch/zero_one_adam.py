@@ -15,35 +15,24 @@ import torch
 
 from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam, ZeroOneAdamOptions, ZeroOneSegment, check_hyperparameters
 from hvd_compress.torch.backend import BACKEND
-from hvd_compress.torch.bucketed import BucketedEngine, plan_segments
+from hvd_compress.torch.bucketed import BucketedEngine, bucket_segments
 from hvd_compress.torch.fused import FusedGradients, cached_views, flat_with_views
 from hvd_compress.torch.onebit import OneBitState
 
 
-def _segments(param_groups: list[dict[str, Any]],
-              bucket_mb: float) -> tuple[list[ZeroOneSegment], list[FusedGradients], list[int]]:
-    """One segment per bucket of each param group (``plan_segments``, as ``op=Average`` cuts its buckets), in
-    registration order; their gradient buffers, and the segment indices in bucket order."""
-    for group in param_groups:
-        if any(p.requires_grad and p.dtype != torch.float32 for p in group["params"]):
-            raise ValueError("op=ZeroOneAdam supports float32 parameters only")
-    buckets, order = plan_segments(param_groups, bucket_mb)
-    segments, grads = [], []
-    for gi, params in buckets:
-        fused = FusedGradients(params)
-        device = fused.buffers[0].device
-        numel = sum(p.numel() for p in params)
-        anchor = flat_with_views(params)[0]
-        torch.cat([p.detach().reshape(-1) for p in params], out=anchor)
-        segments.append(ZeroOneSegment(
-            group=gi, params=params, sizes=[p.numel() for p in params], grad=fused.buffers[0],
-            exp_avg=flat_with_views(params)[0], exp_avg_sq=flat_with_views(params)[0],
-            u=flat_with_views(params)[0], anchor=anchor, work=torch.zeros(numel, device=device),
-            scratch=torch.zeros(numel, device=device), denom=torch.zeros(numel, device=device),
-            onebit=OneBitState(numel, torch.float32, device=device), views=cached_views(params),
-        ))
-        grads.append(fused)
-    return segments, grads, order
+def _segment(gi: int, params: list[torch.nn.Parameter], fused: FusedGradients) -> ZeroOneSegment:
+    """One bucket's segment (``bucket_segments``): x_anchor starts at the parameters."""
+    device = fused.buffers[0].device
+    numel = sum(p.numel() for p in params)
+    anchor = flat_with_views(params)[0]
+    torch.cat([p.detach().reshape(-1) for p in params], out=anchor)
+    return ZeroOneSegment(
+        group=gi, params=params, sizes=[p.numel() for p in params], grad=fused.buffers[0],
+        exp_avg=flat_with_views(params)[0], exp_avg_sq=flat_with_views(params)[0],
+        u=flat_with_views(params)[0], anchor=anchor, work=torch.zeros(numel, device=device),
+        scratch=torch.zeros(numel, device=device), denom=torch.zeros(numel, device=device),
+        onebit=OneBitState(numel, torch.float32, device=device), views=cached_views(params),
+    )
 
 
 class ZeroOneAdamEngine(BucketedEngine):
@@ -63,21 +52,13 @@ class ZeroOneAdamEngine(BucketedEngine):
               bucket_mb: float) -> tuple[ZeroOneAdam, list[ZeroOneSegment], list[FusedGradients], list[int]]:
         for group in param_groups:  # refused at construction, not at the first step (and again every step)
             check_hyperparameters(algorithm.name, group)
-        segments, grads, order = _segments(param_groups, bucket_mb)
+        segments, grads, order = bucket_segments(param_groups, bucket_mb, (torch.float32,),
+                                                 "op=ZeroOneAdam supports float32 parameters only", _segment)
         return algorithm(options, BACKEND, segments, self.meter), segments, grads, order
 
     def bind_state(self) -> None:
         """Make every parameter's ``exp_avg``/``exp_avg_sq`` views of the segment buffers, keeping their values."""
-        state = self.opt.state
-        for seg in self.alg.segments:
-            for key, flat in (("exp_avg", seg.exp_avg), ("exp_avg_sq", seg.exp_avg_sq)):
-                for p, view in zip(seg.params, seg.views(flat), strict=True):
-                    old = state[p].get(key)
-                    if old is not None and old.data_ptr() != view.data_ptr():
-                        view.copy_(old)
-                    state[p][key] = view
-            for p in seg.params:
-                state[p]["step"] = torch.tensor(float(self.alg.t), dtype=torch.float32)
+        self.bind_views((seg, [("exp_avg", seg.exp_avg), ("exp_avg_sq", seg.exp_avg_sq)]) for seg in self.alg.segments)
 
     @property
     def step_kind(self) -> str:

@@ -71,7 +71,7 @@ if sys.argv[2] == "on":
     out["hvd_adasum"] = kind(lambda: hvd.DistributedOptimizer(adam(), op=hvd_tf.Adasum))
     opt = hvd.DistributedOptimizer(adam(), op=hck.OneBitAdam, freeze_step=1, backward_passes_per_step=2,
                                    average_aggregated_gradients=True)
-    out["averaged_passes"] = (kind(lambda: opt), opt._config.average_passes, opt.backward_passes_per_step)
+    out["averaged_passes"] = (kind(lambda: opt), opt._hvdc.config.average_passes, opt.backward_passes_per_step)
     out["refused"] = outcome(lambda: hvd.DistributedOptimizer(adam(), op=hck.Adasum, gradient_predivide_factor=2.0))
     hck.horovod_entry(False)
     out["switched_off"] = kind(lambda: hvd.DistributedOptimizer(adam(), op=hck.Adasum))

@@ -163,7 +163,7 @@ for op in ("Average", "OneBitAdam"):
     model.fit(XM, Y, batch_size=16, epochs=1, shuffle=False, verbose=0,
               callbacks=[legacy.BroadcastGlobalVariablesCallback(0)])
     lso = model.optimizer
-    steps = lso.inner_optimizer._state["step"] if op == "OneBitAdam" else None
+    steps = lso.inner_optimizer._hvdc.state["step"] if op == "OneBitAdam" else None
     out[f"mixed/{op}"] = {
         "hash": digest([v.numpy() for v in model.trainable_variables]), "type": type(lso).__name__,
         "steps": None if steps is None else int(steps.numpy()), "scale": float(lso.loss_scale.numpy()),

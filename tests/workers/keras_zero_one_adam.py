@@ -1,6 +1,8 @@
 """hck.DistributedOptimizer(op=ZeroOneAdam) around Keras 3's AdamW, or tf_keras's with TF_USE_LEGACY_KERAS=1, with
 given per-rank gradients (``apply_gradients``), for the test to feed the same ones to the NumPy reference: every
-step's parameters and their hash.
+step's parameters and their hash. Then what each rank's constructor says to LAMB's options (``min_coeff``,
+``max_coeff``, ``bias_correction``) around an Adam/AdamW (op=OneBitAdam, ZeroOneAdam) and to op=OneBitLamb around
+an Adam.
 
 argv: out_dir steps sizes(comma list) options(k=v,...)
 """
@@ -10,7 +12,7 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from tf_common import digest, save
+from tf_common import digest, outcome, save
 
 import hvd_compress.keras as hck
 
@@ -44,4 +46,13 @@ for step in range(steps):
     flat = np.concatenate([np.asarray(v.numpy()).reshape(-1) for v in variables])
     trace.append(flat)
     hashes.append(digest([flat]))
-save(r, {"trace": trace, "hashes": hashes, "legacy": legacy})
+
+lamb_options = {}
+for op, needs in ((hck.OneBitAdam, {"freeze_step": 2}), (hck.ZeroOneAdam, {})):
+    for option, value in (("min_coeff", 0.1), ("max_coeff", 5.0), ("bias_correction", False)):
+        lamb_options[(op.name, option)] = outcome(lambda op=op, needs=needs, option=option, value=value: (
+            hck.DistributedOptimizer(keras.optimizers.AdamW(0.01), op=op, **needs, **{option: value})))
+lamb_over_adam = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.Adam(0.01), op=hck.OneBitLamb,
+                                                          freeze_step=2, min_coeff=0.5))
+save(r, {"trace": trace, "hashes": hashes, "legacy": legacy, "lamb_options": lamb_options,
+         "lamb_over_adam": lamb_over_adam})

@@ -64,7 +64,7 @@ def run(vs: list, opt, steps: range) -> tuple[list[dict], list[np.ndarray] | Non
             snapshot = [v.numpy() for v in opt_variables(opt)]
         before = [v.numpy() for v in vs]
         apply(opt, gradients(t), vs)
-        state = {k: v.numpy() for k, v in opt._state.items()}
+        state = {k: v.numpy() for k, v in opt._hvdc.state.items()}
         out.append({"reduced": [b - v.numpy() for b, v in zip(before, vs, strict=True)],
                     "values": [v.numpy() for v in vs], **state})
     return out, snapshot

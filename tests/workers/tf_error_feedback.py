@@ -50,9 +50,9 @@ for case, (op, compression) in CASES.items():
         out[f"{case}/untouched"] = variables[2].numpy().copy()
     out[case] = {
         "steps": steps,
-        "error": opt._state["compression_error"].numpy().copy(),
-        "velocity": opt._state["compression_velocity"].numpy().copy() if compression.momentum else None,
-        "step": int(opt._state["compression_step"].numpy()),
+        "error": opt._hvdc.state["compression_error"].numpy().copy(),
+        "velocity": opt._hvdc.state["compression_velocity"].numpy().copy() if compression.momentum else None,
+        "step": int(opt._hvdc.state["compression_step"].numpy()),
         "config": opt.get_config()["compression"],
         "repr": repr(opt.compression),
         "per_rank": sorted(v.path.rsplit("/", 1)[-1] for v in opt.per_rank_variables),
@@ -66,7 +66,7 @@ for case, (op, compression) in CASES.items():
     opt.apply([tf.ones((4, 5)), tf.ones(7), None], variables)
     out[f"{case}/after_nan"] = digest([v.numpy() for v in variables])
     opt.reset_compression_state()
-    out[f"{case}/reset"] = float(np.abs(opt._state["compression_error"].numpy()).max())
+    out[f"{case}/reset"] = float(np.abs(opt._hvdc.state["compression_error"].numpy()).max())
 
 out["bad/adasum"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hck.Adasum,
                                                              compression=hck.Compression.topk(0.5)))

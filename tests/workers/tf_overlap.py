@@ -80,7 +80,7 @@ def model(probe=None, seen: list[int] | None = None) -> keras.Model:
 def fit(overlap: bool) -> dict[str, object]:
     seen: list[int] = []
     holder: list = []
-    net = model(lambda: holder[0]._buckets.launched, seen)
+    net = model(lambda: holder[0]._hvdc.buckets.launched, seen)
     opt = hck.DistributedOptimizer(keras.optimizers.SGD(LR), op=hck.Average, bucket_mb=BUCKET_MB, overlap=overlap)
     holder.append(opt)
     net.compile(optimizer=opt, loss="mse", jit_compile=False)
@@ -90,7 +90,7 @@ def fit(overlap: bool) -> dict[str, object]:
         net.fit(x[s * BATCH:(s + 1) * BATCH], y[s * BATCH:(s + 1) * BATCH], batch_size=BATCH, epochs=1,
                 shuffle=False, verbose=0)
         params.append([v.numpy() for v in net.trainable_variables])
-    return {"params": params, "seen": seen, "launched": opt._buckets.launched}
+    return {"params": params, "seen": seen, "launched": opt._hvdc.buckets.launched}
 
 
 def inner(op: str) -> object:
@@ -115,7 +115,7 @@ def fit_algorithm(op: str, overlap: bool, bucket_mb: float = BUCKET_MB, steps_pe
     counted by the algorithm for the step under way."""
     seen: list[int] = []
     holder: list = []
-    net = model(lambda: holder[0]._runner.algorithm.launched, seen)
+    net = model(lambda: holder[0]._hvdc.runner.algorithm.launched, seen)
     opt = hck.DistributedOptimizer(inner(op), op=getattr(hck, op), bucket_mb=bucket_mb, overlap=overlap,
                                    **ALGORITHMS[op])
     holder.append(opt)
@@ -129,8 +129,8 @@ def fit_algorithm(op: str, overlap: bool, bucket_mb: float = BUCKET_MB, steps_pe
         net.fit(x[s * BATCH:(s + 1) * BATCH], y[s * BATCH:(s + 1) * BATCH], batch_size=BATCH, epochs=1,
                 shuffle=False, verbose=0)
         params.append([v.numpy() for v in net.trainable_variables])
-    return {"params": params, "seen": seen, "buckets": len(opt._runner.ranges),
-            "state": {k: v.numpy() for k, v in opt._state.items()}}
+    return {"params": params, "seen": seen, "buckets": len(opt._hvdc.runner.ranges),
+            "state": {k: v.numpy() for k, v in opt._hvdc.state.items()}}
 
 
 def resumed(op: str) -> bool:
@@ -171,16 +171,17 @@ def birder_other_layout() -> dict[str, object]:
     net.compile(optimizer=opt, loss="mse", jit_compile=False)
     x, y = shard(r)
     net.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-    good = opt._state["segments"].numpy()
-    opt._state["segments"].assign(good[::-1].copy())
-    before = [v.numpy() for v in net.trainable_variables] + [v.numpy() for v in opt._state.values()]
+    good = opt._hvdc.state["segments"].numpy()
+    opt._hvdc.state["segments"].assign(good[::-1].copy())
+    before = [v.numpy() for v in net.trainable_variables] + [v.numpy() for v in opt._hvdc.state.values()]
     error = outcome(lambda: net.fit(x[BATCH:2 * BATCH], y[BATCH:2 * BATCH], batch_size=BATCH, epochs=1,
                                     shuffle=False, verbose=0))
-    after = [v.numpy() for v in net.trainable_variables] + [v.numpy() for v in opt._state.values()]
-    opt._state["segments"].assign(np.zeros_like(good))  # no cut recorded past step 0: a checkpoint of before buckets
+    after = [v.numpy() for v in net.trainable_variables] + [v.numpy() for v in opt._hvdc.state.values()]
+    # no cut recorded past step 0: a checkpoint of before buckets
+    opt._hvdc.state["segments"].assign(np.zeros_like(good))
     none = outcome(lambda: net.fit(x[BATCH:2 * BATCH], y[BATCH:2 * BATCH], batch_size=BATCH, epochs=1,
                                    shuffle=False, verbose=0))
-    opt._state["segments"].assign(good)
+    opt._hvdc.state["segments"].assign(good)
     net.fit(x[BATCH:2 * BATCH], y[BATCH:2 * BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     return {"error": error, "none": none,
             "unchanged": all(np.array_equal(a, b) for a, b in zip(before, after, strict=True)),
@@ -194,7 +195,7 @@ def fit_steps_per_execution() -> list[np.ndarray]:
     net.compile(optimizer=opt, loss="mse", jit_compile=False, steps_per_execution=STEPS)
     x, y = shard(r)
     net.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-    assert opt._buckets.launched == 2 * STEPS, opt._buckets.launched
+    assert opt._hvdc.buckets.launched == 2 * STEPS, opt._hvdc.buckets.launched
     return [v.numpy() for v in net.trainable_variables]
 
 

@@ -1,0 +1,275 @@
+"""The engine each Keras wrapper holds as ``self._hvdc``: ``hck.DistributedOptimizer`` of Keras 3
+(``keras.optimizer``) and of tf_keras (``keras.legacy``) are one engine under two Keras APIs.
+
+The engine takes ``op`` and its options, makes and keeps the wrapper's state (an algorithm's or a stateful
+reduction's variables, the gradient sums of ``backward_passes_per_step``) and runs one step per op
+(``keras.wrapped_step``, ``tensorflow.algorithm_step``). A wrapper supplies what its Keras version spells its own
+way (a ``Face``: which optimizers an algorithm wraps, how the inner optimizer applies gradients, the learning rate of
+this step) and the Keras hooks around the engine (``build``, ``apply``/``apply_gradients``, the config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from hvd_compress import ops
+from hvd_compress.algorithms.options import option_names
+from hvd_compress.keras.wrapped_step import (
+    accumulate_then_step,
+    adasum_delta_step,
+    check_base_options,
+    check_passes,
+    compression_config,
+    error_feedback_step,
+    parse_compression,
+    parse_op,
+    per_rank_variables,
+    reset_error_feedback,
+    stateful_reduction,
+    synchronize_parameters,
+)
+from hvd_compress.ops.compression import Compression
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.horovod_args import NOTE
+from hvd_compress.ops.traffic import CommMeter
+from hvd_compress.tensorflow.algorithm_step import apply_algorithm_step, make_step
+from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce
+from hvd_compress.tensorflow.context import ensure_init
+from hvd_compress.tensorflow.functions import dense
+
+#: (op name, inner optimizer, the LAMB options given) -> (the hyper-parameters after lr, the rule's flags).
+Reader = Callable[[str, Any, dict[str, Any]], tuple[list[Any], dict[str, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Face:
+    """What a Keras version spells its own way. ``readers``: per kind an algorithm wraps
+    (``algorithms.contract.Wraps``) its optimizers' hyper-parameters after lr and the rule's flags, or a
+    TypeError/ValueError for an optimizer of another kind; a reader takes the LAMB options given only where the
+    optimizer or the rule is a LAMB (it returns them among the flags). ``apply_inner(inner, grads, variables)``:
+    the inner optimizer's step; ``learning_rate(inner)``: its learning rate for this step; ``method``: the wrapper
+    method a step is called through (for messages)."""
+
+    readers: dict[str, Reader]
+    apply_inner: Callable[[Any, list[Any], list[Any]], Any]
+    learning_rate: Callable[[Any], Any]
+    method: str
+
+
+class KerasEngine:
+    """``op`` (validated at construction, alike on every rank) around the Keras optimizer ``inner``."""
+
+    def __init__(self, inner: Any, op: Any, backward_passes_per_step: int, compression: Any,
+                 algorithm_options: dict[str, Any], face: Face, name: str) -> None:
+        config = parse_op(op, algorithm_options)
+        self.passes = check_passes(backward_passes_per_step)
+        self.compressor, self.stateful = parse_compression(compression, config, inner, "hck.DistributedOptimizer")
+        self.compression = self.stateful or self.compressor or Compression.none
+        self.inner, self.face, self.name, self.config = inner, face, name, config
+        self.algorithm = config.algorithm
+        # process_set (the global set, checked) is no option to keep: get_config must stay plain data
+        self.options = {k: v for k, v in algorithm_options.items() if k != "process_set"}
+        self.meter = CommMeter()
+        self.buckets = BucketStats()  # Average/Sum: the gradient buckets started so far
+        self.reduction: Any = None  # a reduction with state (top-k/random-k, PowerSGD): ``stateful_reduction``
+        self.runner: Any = None  # an algorithm's step: ``tensorflow.algorithm_step``
+        self.state: dict[str, Any] = {}
+        self.accumulators: list[Any] = []
+        self.pass_count: Any = None
+        self.trainable: list[Any] = []
+        self.built = False
+        if self.algorithm is not None:
+            self.hyper, self.flags = self._hyper_flags()
+
+    def _hyper_flags(self) -> tuple[list[Any], dict[str, Any]]:
+        """The hyper-parameters after lr as read from the inner optimizer (lr at run time: schedules act) and the
+        rule's flags. Translation only: the update rule is the algorithm's (torch's Adam form: eps added to
+        sqrt(v_hat)). LAMB options where neither the optimizer nor the rule is a LAMB are refused, as the torch
+        face refuses them (they would change nothing)."""
+        algorithm, inner, given = self.algorithm, self.inner, self.config.lamb_opts
+        check_base_options(algorithm.name, inner)
+        hyper, flags = self.face.readers[algorithm.wraps.kind](algorithm.name, inner, given)
+        unused = sorted(set(given) - set(flags))
+        if unused:
+            raise TypeError(f"op={algorithm.name} got unknown options {unused} (LAMB's, and the wrapped "
+                            f"{type(inner).__name__} is no LAMB); it takes "
+                            f"{', '.join(option_names(algorithm.options_cls))}, {NOTE}")
+        return hyper, flags
+
+    # -- state -------------------------------------------------------------------------------------------
+    def build(self, var_list: Sequence[Any], add_variable: Callable[..., Any],
+              add_variable_from_reference: Callable[[Any, str], Any]) -> None:
+        """Make the wrapper's variables through its own ``add_variable(shape=, dtype=, initializer=, name=)`` and
+        ``add_variable_from_reference(model_variable, name)`` (one signature in both Keras versions), and build
+        the inner optimizer where it steps on its own variables."""
+        ensure_init()
+        var_list = list(var_list)
+        self.trainable = var_list
+        if self.passes > 1:
+            self.pass_count = add_variable(shape=(), dtype="int64", initializer="zeros", name="hvdc_passes")
+            self.accumulators = [add_variable_from_reference(v, "hvdc_accumulated_grad") for v in var_list]
+        if self.stateful is not None or self.config.reduction is not None:
+            what = f"op={self.config.op.name}" if self.stateful is None else f"compression={self.stateful!r}"
+            _check_float32(var_list, what)
+            self.reduction = stateful_reduction(self.config, self.stateful, [tuple(v.shape) for v in var_list],
+                                                self.meter)
+            self.state = self._make_state(self.reduction.state_shapes(), add_variable)
+        if self.algorithm is None:
+            self.inner.build(var_list)
+        else:
+            _check_float32(var_list, f"op={self.config.op.name}")
+            self.runner = make_step(self.algorithm, self.config.options, [tuple(v.shape) for v in var_list],
+                                    ops.size(), self.meter, self.config.bucket_mb)
+            self.state = self._make_state(self.runner.state_shapes(), add_variable)
+        self.built = True
+
+    @staticmethod
+    def _make_state(shapes: dict[str, Any], add_variable: Callable[..., Any]) -> dict[str, Any]:
+        return {key: add_variable(shape=tuple(shape), dtype=dtype, initializer=init, name=f"hvdc_{key}")
+                for key, (shape, dtype, init) in shapes.items()}
+
+    def per_rank_variables(self) -> list[Any]:
+        if not self.built:
+            return []
+        holder = self.reduction if self.reduction is not None else self.runner
+        keys = holder.per_rank if holder is not None else ()
+        return per_rank_variables(self.config, self.inner, self.state, keys, self.accumulators)
+
+    def reset_compression_state(self) -> None:
+        if self.runner is not None or self.reduction is not None:
+            reset_error_feedback(self.state)
+
+    def synchronize_parameters(self) -> None:
+        synchronize_parameters(self.runner, self.trainable, f"{self.name}.synchronize_parameters")
+
+    @property
+    def compression_started(self) -> bool:
+        if self.runner is None:
+            return False
+        freeze = getattr(self.config.options, "freeze_step", 0)  # SLAMB and Birder compress from the first step
+        return int(self.state["step"].numpy()) >= freeze
+
+    def config_entries(self) -> dict[str, Any]:
+        """What ``get_config`` saves beside the name and the inner optimizer."""
+        return {"op": int(self.config.op), "backward_passes_per_step": self.passes,
+                "compression": compression_config(self.compression), **self.options}
+
+    # -- the step ----------------------------------------------------------------------------------------
+    def apply(self, grads: Sequence[Any], variables: Sequence[Any]) -> None:
+        """One call of the wrapper's step on ``grads`` of ``variables`` (built): the step itself, or with
+        ``backward_passes_per_step`` the local sum and the step on every k-th call."""
+        grads, variables = list(grads), list(variables)
+        if self.passes == 1:
+            self.step(grads, variables)
+            return
+        index = {id(v): i for i, v in enumerate(self.trainable)}
+        accumulators = [self.accumulators[index[id(v)]] for v in variables]
+        accumulate_then_step(grads, variables, accumulators, self.pass_count, self.passes, self.step,
+                             self.config.average_passes)
+
+    def _apply_inner(self, grads: list[Any], variables: list[Any]) -> Any:
+        return self.face.apply_inner(self.inner, grads, variables)
+
+    def step(self, grads: list[Any], variables: list[Any]) -> None:
+        if self.runner is not None:
+            self._algorithm_step(grads, variables)
+            return
+        if self.reduction is not None:
+            error_feedback_step(self.reduction, self.state, grads, variables, self.trainable, self._apply_inner,
+                                self.name)
+            return
+        pairs = [(dense(g), v) for g, v in zip(grads, variables, strict=True) if g is not None]
+        if not pairs:
+            raise ValueError("No gradients provided for any variable.")
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        config = self.config
+        if config.op in (ReduceOp.Average, ReduceOp.Sum):
+            reduced = bucketed_allreduce(grads, config.op, f"{self.name}.grad", self.compressor, config.bucket_mb,
+                                         config.overlap, self.buckets, self.meter, config.predivide)
+            self._apply_inner(reduced, variables)
+            return
+        adasum_delta_step(grads, variables, self._apply_inner, config, self.meter, f"{self.name}.adasum")
+
+    def _algorithm_step(self, grads: list[Any], variables: list[Any]) -> None:
+        if sorted(id(v) for v in variables) != sorted(id(v) for v in self.trainable):
+            raise ValueError(f"op={self.config.op.name}: {self.face.method}() must get every variable the optimizer "
+                             "was built with")
+        by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
+        hyper = [self.face.learning_rate(self.inner), *self.hyper]
+        apply_algorithm_step(self.runner, self.state, self.trainable, by_var, hyper, self.flags,
+                             f"{self.name}.{self.algorithm.name}", self.config.overlap)
+        self.inner.iterations.assign_add(1)
+
+
+def _check_float32(variables: Sequence[Any], what: str) -> None:
+    bad = [getattr(v, "path", None) or v.name for v in variables if tf.as_dtype(v.dtype) != tf.float32]
+    if bad:
+        raise ValueError(f"{what} supports float32 variables (mixed_float16 keeps them), not {bad}")
+
+
+class EngineMethods:
+    """The public methods both Keras wrappers share, each the engine's (``self._hvdc``). Listed before the Keras
+    base class, so that ``learning_rate`` and ``iterations`` are the inner optimizer's, as in Keras's own
+    ``LossScaleOptimizer``."""
+
+    _hvdc: KerasEngine
+    inner_optimizer: Any
+
+    def _hold(self, engine: KerasEngine) -> None:
+        """Keep ``engine`` and the wrapper's public attributes of it (after the Keras base's ``__init__``)."""
+        self._hvdc = engine
+        self.inner_optimizer = engine.inner
+        self.op = engine.config.op
+        self.backward_passes_per_step = engine.passes
+        self.compression = engine.compression
+        self.algorithm_options = engine.options
+
+    @property
+    def iterations(self) -> Any:
+        return self.inner_optimizer.iterations
+
+    @iterations.setter
+    def iterations(self, variable: Any) -> None:
+        self.inner_optimizer.iterations = variable
+
+    @property
+    def learning_rate(self) -> Any:
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate: Any) -> None:
+        self.inner_optimizer.learning_rate = learning_rate
+
+    def comm_stats(self) -> dict[str, int]:
+        """Bytes this rank sent and received for this optimizer's reductions and algorithm steps since the last
+        call."""
+        return self._hvdc.meter.take()
+
+    @property
+    def compression_started(self) -> bool:
+        """True once an algorithm's steps use the compressed collective (after ``freeze_step`` steps)."""
+        return self._hvdc.compression_started
+
+    @property
+    def per_rank_variables(self) -> list[Any]:
+        """Variables that differ between ranks by design (the 1-bit error feedback, the server error being this
+        rank's chunk; SLAMB's local m and v; Birder's moment shards; top-k/random-k's and PowerSGD's error
+        feedback; the gradient sums of ``backward_passes_per_step``; with Adasum the inner optimizer's moments):
+        never broadcast, saved per rank."""
+        return self._hvdc.per_rank_variables()
+
+    def reset_compression_state(self) -> None:
+        """Zero the error feedback (worker and server error of 1-bit Adam/LAMB and Birder, top-k/random-k's error
+        and velocity, PowerSGD's error): what a rank does when it resumes from a checkpoint that another rank saved
+        (the error buffers are per rank). SLAMB keeps no error buffer (its compensation is the local part of m)."""
+        self._hvdc.reset_compression_state()
+
+    def synchronize_parameters(self) -> None:
+        """SLAMB: average the trainable variables over all ranks now (one dense allreduce), where the last step
+        was not a multiple of ``sync_interval`` (end of training, before evaluating or saving). Other ops keep
+        the parameters alike on every rank after every step: nothing to do. Eager or inside a ``tf.function``."""
+        self._hvdc.synchronize_parameters()
