@@ -93,19 +93,19 @@ def test_optimizer_equals_algorithm_1_element_by_element(world: int, local: int,
     """8 steps of op=hc.Birder against Alg. 1 written out here in NumPy, unsharded (spec 3, lines 4-13): each
     worker's m, b from its (node-mean, when hierarchical) gradient, r = m / (b + eps), the element-wise worker and
     server quantization of hvd_compress.reference.birder with the core's Philox draws, x -= lr u. Exact. With
-    ``bucket_mb`` (bytes here) the optimizer's segments are [p0, p1] and [p2]: Alg. 1 runs on each segment alone,
-    its own padding, and its own key ``ref.segment_seed(seed, i)``."""
+    ``bucket_mb`` (bytes here) the optimizer's buckets are [p0, p1] and [p2]: Alg. 1 runs on each bucket alone,
+    its own padding, and its own key ``ref.bucket_seed(seed, i)``."""
     ranks = alg1.ranks(world, _alg1_case(local, bucket_mb))
     m_loc = local or 1
     workers = world // m_loc
-    segments = ranks[0]["segments"]
-    assert segments == ([[300, 7], [1000]] if bucket_mb else [[300, 7, 1000]]), segments
+    buckets = ranks[0]["buckets"]
+    assert buckets == ([[300, 7], [1000]] if bucket_mb else [[300, 7, 1000]]), buckets
     x = ranks[0]["params"][0].numpy().copy()
     d = x.size
     f32 = np.float32
     m, b = np.zeros((workers, d), f32), np.zeros((workers, d), f32)
     werr, serr = np.zeros((workers, d), f32), np.zeros(d, f32)
-    cuts = np.cumsum([0, *(sum(s) for s in segments)])
+    cuts = np.cumsum([0, *(sum(s) for s in buckets)])
     for t in range(1, len(ranks[0]["params"])):
         g = _alg1_grads(t, world, d).astype(f32)
         node = g[::m_loc].copy()  # node means: float32 sum in local-rank order, one division (spec 4.1)
@@ -117,13 +117,13 @@ def test_optimizer_equals_algorithm_1_element_by_element(world: int, local: int,
         for i, (lo, hi) in enumerate(itertools.pairwise(cuts)):
             dpad = ref.padded_numel(int(hi - lo), world)
             u = ref.parameter_server_step((m[:, lo:hi] / (b[:, lo:hi] + f32(1e-8))).astype(f32), werr[:, lo:hi],
-                                          serr[lo:hi], ref.draw_uniforms(ref.segment_seed(5, i), t, workers, dpad))
+                                          serr[lo:hi], ref.draw_uniforms(ref.bucket_seed(5, i), t, workers, dpad))
             x[lo:hi] = (x[lo:hi] - f32(0.01) * u).astype(f32)
         for r in range(world):
             got = ranks[r]["params"][t].numpy()
             off = np.flatnonzero(got != x)
             assert off.size == 0, (
-                f"world {world}, local size {local}, segments {segments}: rank {r} step {t}: {off.size} of {d} "
+                f"world {world}, local size {local}, buckets {buckets}: rank {r} step {t}: {off.size} of {d} "
                 f"parameters differ from Alg. 1, first {off[0]}: got {got[off[0]]}, want {x[off[0]]}"
             )
 

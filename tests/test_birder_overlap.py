@@ -1,4 +1,4 @@
-"""hc.DistributedOptimizer(op=hc.Birder) cuts its parameters into buckets (segments, each with its own m, b and
+"""hc.DistributedOptimizer(op=hc.Birder) cuts its parameters into buckets (buckets, each with its own m, b and
 error feedback, and its own Philox key) whose core call starts while backward runs (overlap=True, the default).
 Results are bit-identical to the same calls after backward (overlap=False); a NaN in a late bucket on one rank
 raises on every rank with every state tensor, the step (the RNG position) and the parameters unchanged; a

@@ -1,6 +1,6 @@
 """1-bit Adam's compression stage in the core's fused passes (paper 003 Alg. 1 line 6, ``local_momentum``, and
-lines 12-13, ``OneBitAdam.compressed``) against the backend path they replace on float32 CPU segments, in one process
-on a hand-made segment with odd layer sizes and an empty layer, over the warm-up (backend ops either way) and the
+lines 12-13, ``OneBitAdam.compressed``) against the backend path they replace on float32 CPU buckets, in one process
+on a hand-made bucket with odd layer sizes and an empty layer, over the warm-up (backend ops either way) and the
 compression steps that follow: bit for bit on the NumPy backend (the TF/Keras face's) and on the torch backend (these
 passes have no sqrt: the frozen denominator is the backend's in both paths), Adam and AdamW, with and without weight
 decay and the variance floor (whose cap raises some floored denominators to |mh|); the portable kernels give the AVX2
@@ -17,7 +17,7 @@ import torch
 
 from hvd_compress import _core
 from hvd_compress.algorithms import onebit_adam
-from hvd_compress.algorithms.onebit import Segment
+from hvd_compress.algorithms.onebit import OneBitBucket
 from hvd_compress.ops import onebit_adam_kernels
 from hvd_compress.torch.backend import TorchBackend
 
@@ -26,7 +26,7 @@ FREEZE = 3
 STEPS = range(1, FREEZE + 4)  # three warm-up steps, then three compression steps
 
 
-def _segment(wrap, dtype=np.float32) -> tuple[Segment, object]:
+def _bucket(wrap, dtype=np.float32) -> tuple[OneBitBucket, object]:
     rng = np.random.default_rng(3)
     n, cuts = sum(SIZES), np.cumsum([0, *SIZES])
 
@@ -37,7 +37,7 @@ def _segment(wrap, dtype=np.float32) -> tuple[Segment, object]:
         return wrap(np.ascontiguousarray(a, dtype=dtype))
 
     flat = buf(rng.standard_normal(n))
-    seg = Segment(group=0, params=views(flat), sizes=list(SIZES), grad=buf(np.zeros(n)), exp_avg=buf(np.zeros(n)),
+    seg = OneBitBucket(group=0, params=views(flat), sizes=list(SIZES), grad=buf(np.zeros(n)), exp_avg=buf(np.zeros(n)),
                   exp_avg_sq=buf(np.zeros(n)), fresh=None, work=wrap(np.zeros(n, np.float32)),
                   scratch=wrap(np.zeros(n, np.float32)), onebit=None, views=views)
     return seg, flat
@@ -54,7 +54,7 @@ def _run(backend, wrap, fused: bool, wd: float, decoupled: bool, floor: float, m
          dtype=np.float32) -> np.ndarray:
     """x | m | v after the steps, with the fused passes or (``fused=False``) the backend's ops (``work`` is scratch
     after the compression stage: the backend path leaves the capped denominators there)."""
-    seg, x = _segment(wrap, dtype)
+    seg, x = _bucket(wrap, dtype)
     alg = onebit_adam.OneBitAdam(onebit_adam.OneBitOptions(freeze_step=FREEZE, variance_floor=floor), backend, [seg],
                                  None)
     group = {"betas": (0.9, 0.999), "eps": 1e-8, "lr": 1e-2, "weight_decay": wd, "decoupled_weight_decay": decoupled}
@@ -139,7 +139,7 @@ def test_kernels_portable_and_avx2_agree_on_an_infinite_parameter() -> None:
     assert out[0] == out[1], "HVDC_ONEBIT_KERNELS=scalar and the AVX2 kernels differ"
 
 
-def test_half_segment_takes_the_backend_path(monkeypatch) -> None:
+def test_half_bucket_takes_the_backend_path(monkeypatch) -> None:
     """float16 state: the fused passes refuse it (``accepts``), the backend's ops run and the steps are finite."""
     state = _run(TorchBackend, torch.from_numpy, True, 0.05, False, 0.01, monkeypatch, dtype=np.float16)
     assert np.isfinite(state).all()

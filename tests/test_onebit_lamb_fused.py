@@ -1,5 +1,5 @@
 """1-bit LAMB's compression stage (paper 001 Alg. 1 lines 14-21) in the core's fused passes against the backend
-path it replaces on float32 CPU segments (``OneBitLamb.compressed``), in one process on a hand-made segment with
+path it replaces on float32 CPU buckets (``OneBitLamb.compressed``), in one process on a hand-made bucket with
 odd layer sizes and an empty layer: bit for bit on the NumPy backend (the TF/Keras face's), and on the torch
 backend once its sqrt is the correctly rounded one (torch's float32 CPU sqrt is one ulp off on some elements,
 the only operation the fused passes do not share with it; the multi-rank reference tests cover the rest)."""
@@ -14,14 +14,14 @@ import torch
 
 from hvd_compress import _core
 from hvd_compress.algorithms import onebit_lamb
-from hvd_compress.algorithms.onebit import Segment
+from hvd_compress.algorithms.onebit import OneBitBucket
 from hvd_compress.torch.backend import TorchBackend
 
 SIZES = [1000, 3, 0, 4097, 31]
 STEPS = (6, 7, 8)  # compression-stage steps after freeze_step=5
 
 
-def _segment(wrap, seed: int, dtype=np.float32) -> tuple[Segment, np.ndarray]:
+def _bucket(wrap, seed: int, dtype=np.float32) -> tuple[OneBitBucket, np.ndarray]:
     rng = np.random.default_rng(seed)
     n, cuts = sum(SIZES), np.cumsum([0, *SIZES])
     x = rng.standard_normal(n).astype(dtype)
@@ -35,7 +35,7 @@ def _segment(wrap, seed: int, dtype=np.float32) -> tuple[Segment, np.ndarray]:
         return wrap(np.ascontiguousarray(a, dtype=dtype))
 
     flat = buf(x)
-    seg = Segment(group=0, params=views(flat), sizes=list(SIZES), grad=buf(np.zeros(n)),
+    seg = OneBitBucket(group=0, params=views(flat), sizes=list(SIZES), grad=buf(np.zeros(n)),
                   exp_avg=buf(rng.standard_normal(n) * 1e-2), exp_avg_sq=buf(v), fresh=buf(v * 1.1),
                   work=wrap(np.zeros(n, np.float32)), scratch=wrap(np.zeros(n, np.float32)), onebit=None, views=views,
                   lamb_coeff_freeze=[0.7] * len(SIZES), last_factor=[1.0] * len(SIZES))
@@ -44,7 +44,7 @@ def _segment(wrap, seed: int, dtype=np.float32) -> tuple[Segment, np.ndarray]:
 
 def _run(backend, wrap, fused: bool, wd: float, bias: bool, floor: float, monkeypatch,
          dtype=np.float32) -> tuple[np.ndarray, list[float]]:
-    seg, x = _segment(wrap, 3, dtype)
+    seg, x = _bucket(wrap, 3, dtype)
     alg = onebit_lamb.OneBitLamb(onebit_lamb.OneBitLambOptions(freeze_step=5, variance_floor=floor), backend, [seg],
                                  None)
     accepts = onebit_lamb.fused_ops.accepts
@@ -90,9 +90,9 @@ def test_fused_compressed_step_is_bit_identical_to_torch_backend_up_to_its_sqrt(
     _assert_identical(fused, plain, f"torch backend wd={wd} bias={bias} floor={floor}")
 
 
-def test_half_segment_takes_the_backend_path(monkeypatch) -> None:
+def test_half_bucket_takes_the_backend_path(monkeypatch) -> None:
     """float16 state: the fused passes refuse it (``accepts``), the backend's ops run and the step is finite."""
-    seg, _ = _segment(torch.from_numpy, 3, np.float16)
+    seg, _ = _bucket(torch.from_numpy, 3, np.float16)
     assert not onebit_lamb.fused_ops.accepts(seg.work, seg.exp_avg, seg.fresh, *seg.params)
     state, _ = _run(TorchBackend, torch.from_numpy, True, 0.05, True, 0.01, monkeypatch, dtype=np.float16)
     assert np.isfinite(state).all()

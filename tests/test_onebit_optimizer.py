@@ -64,9 +64,9 @@ def launched(tmp_path_factory) -> Cases:
 
 
 def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int], freeze: int = FREEZE,
-               rule: str = "paper", segments: list[list[int]] | None = None, cap: bool = True) -> np.ndarray:
-    """Parameters after every step (steps x numel) over the real code's segments (default: one per param group,
-    what a model this small gets; ``segments``: the layer sizes of each bucket, in parameter order)."""
+               rule: str = "paper", buckets: list[list[int]] | None = None, cap: bool = True) -> np.ndarray:
+    """Parameters after every step (steps x numel) over the real code's buckets (default: one per param group,
+    what a model this small gets; ``buckets``: the layer sizes of each bucket, in parameter order)."""
     total = sum(sizes)
     floor, dead = RULES[rule]
     x0 = rank_input(0, total, DTYPES[dtype], seed=777).double().numpy()
@@ -74,12 +74,12 @@ def _reference(algo: str, dtype: str, n: int, lrs: list[float], sizes: list[int]
     for step in grads[:freeze]:
         for gr in step:
             gr[dead] = 0.0
-    segments = segments if segments is not None else [sizes[:-1], sizes[-1:]]
+    buckets = buckets if buckets is not None else [sizes[:-1], sizes[-1:]]
     if algo.startswith("lamb"):
         run = partial(ref.onebit_lamb, eps=1e-6, dtype=dtype)
     else:
         run = partial(ref.onebit_adam, eps=1e-8, decoupled=algo == "adamw", dtype=dtype, cap_floored=cap)
-    return ref.over_segments(run, x0, grads, segments, lr=lrs, freeze_step=freeze, bias_correction=True,
+    return ref.over_buckets(run, x0, grads, buckets, lr=lrs, freeze_step=freeze, bias_correction=True,
                              variance_floor=floor, **OPTIONS)
 
 
@@ -108,7 +108,7 @@ def test_onebit_optimizer_matches_reference_every_step(algo: str, dtype: str, n:
     state = ranks[0]["state"]["hvd_compress"]
     assert state["step"] == STEPS and state["algorithm"] == ("OneBitLamb" if algo == "lamb" else "OneBitAdam")
     if algo == "lamb":
-        factors = [f for seg in state["segments"] for f in seg["last_factor"]]
+        factors = [f for seg in state["buckets"] for f in seg["last_factor"]]
         assert all(0.5 <= f <= 4.0 for f in factors) and any(f != 1.0 for f in factors)
 
 
@@ -133,18 +133,18 @@ def _check_bytes(stats: list[dict[str, int]]) -> None:
 
 
 @pytest.mark.parametrize(("algo", "n", "overlap"), BUCKETED)
-def test_optimizer_cut_into_buckets_matches_reference_over_the_same_segments(algo: str, n: int, overlap: str,
+def test_optimizer_cut_into_buckets_matches_reference_over_the_same_buckets(algo: str, n: int, overlap: str,
                                                                              launched) -> None:
     """bucket_mb of 64 bytes cuts the 13 + 30 | 7 elements into a bucket per parameter, each with its own error
-    feedback (and 1-bit scales): the reference run over those three segments, with overlap on and off."""
+    feedback (and 1-bit scales): the reference run over those three buckets, with overlap on and off."""
     ranks = launched.ranks(n, _bucketed_case(algo, overlap))
     assert ranks[0]["buckets"] == [[13], [30], [7]], f"buckets {ranks[0]['buckets']}"
     for step in range(STEPS):
         assert len({rk["hashes"][step] for rk in ranks}) == 1, f"ranks differ after step {step + 1}"
-    want = _reference(algo, "float32", n, ranks[0]["lrs"], SIZES, rule="floor", segments=[[13], [30], [7]])
+    want = _reference(algo, "float32", n, ranks[0]["lrs"], SIZES, rule="floor", buckets=[[13], [30], [7]])
     got = torch.stack(ranks[0]["trace"]).double().numpy()
     _assert_matches(got, want, "float32", f"{algo} in buckets n={n} overlap={overlap}")
-    # the one-segment-per-group run differs (other 1-bit scales): the buckets are what the reference followed
+    # the one-bucket-per-group run differs (other 1-bit scales): the buckets are what the reference followed
     whole = _reference(algo, "float32", n, ranks[0]["lrs"], SIZES, rule="floor")
     assert np.abs(whole[-1] - want[-1]).max() > 1e-5
 

@@ -1,4 +1,4 @@
-"""hc.DistributedOptimizer(op=OneBitAdam/OneBitLamb) cuts its parameters into buckets (segments, each with its own
+"""hc.DistributedOptimizer(op=OneBitAdam/OneBitLamb) cuts its parameters into buckets (buckets, each with its own
 error feedback) and reduces them while backward runs (overlap=True, the default): dense gradient averages in
 warm-up, the local momentum through the 1-bit compressed allreduce after. Results are bit-identical to reducing the
 same buckets after backward (overlap=False); a NaN in a late bucket on one rank raises on every rank with every

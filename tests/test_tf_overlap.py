@@ -78,8 +78,8 @@ def test_tf_buckets_start_before_backward_ends_with_identical_results(n: int, le
                     for a, c in zip(on["params"][s], one["params"][s], strict=True):
                         assert np.array_equal(a, c), f"{where}, step {s}: one bucket differs"
             else:  # Birder's and the 1-bit ops' state is per bucket, and records the cut
-                assert on["state"]["segments"].tolist() == [12 * 32 + 32, 32 * 32 + 32 + 32 * 3 + 3], where
-                assert "segments" not in one["state"], where
+                assert on["state"]["buckets"].tolist() == [12 * 32 + 32, 32 * 32 + 32 + 32 * 3 + 3], where
+                assert "buckets" not in one["state"], where
     for r, rk in enumerate(ranks):  # a state of another bucket cut: refused on every rank, nothing changed
         other = rk["Birder-other-layout"]
         assert "ValueError: Birder: the optimizer state holds buckets of [1155, 416]" in other["error"], (r, other)

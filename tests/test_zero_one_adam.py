@@ -18,9 +18,9 @@ from workers.common import rank_input
 from hvd_compress.reference import zero_one_adam as z
 from hvd_compress.reference.dtypes import ulp
 
-SIZES = [13, 30, 7]  # 50 elements: not a multiple of 8 * n; the 7 are a second param group (segment)
+SIZES = [13, 30, 7]  # 50 elements: not a multiple of 8 * n; the 7 are a second param group (bucket)
 SEGMENTS = [slice(0, 43), slice(43, 50)]
-LAYERS = [SIZES[:-1], SIZES[-1:]]  # the variance floor's layers in each segment
+LAYERS = [SIZES[:-1], SIZES[-1:]]  # the variance floor's layers in each bucket
 STEPS = 32
 # Variance steps 1, 2, 3, 5, 7, 1-bit steps 4, 6, 8-10, freeze after 10; syncs at 11, 12, 13, 15, 23, 31 (the
 # interval doubles 1 -> 2 -> 4 -> 8, clipped there); local steps in between.
@@ -47,7 +47,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict]]:
 
 
 def _reference(n: int, lrs: list[float]) -> tuple[np.ndarray, list[str]]:
-    """Every rank's parameters after every step (steps x n x numel), each segment its own run, and the kinds."""
+    """Every rank's parameters after every step (steps x n x numel), each bucket its own run, and the kinds."""
     total = sum(SIZES)
     x0 = rank_input(0, total, torch.float32, seed=777).double().numpy()
     grads = [[rank_input(r, total, torch.float32, seed=t + 1).double().numpy() for r in range(n)]
@@ -190,7 +190,7 @@ def test_keras_faces_match_the_reference_at_two_ranks(flavour: str,
         return np.random.default_rng(1000 * seed + rank).standard_normal(total).astype(np.float32).astype(np.float64)
 
     grads = [[given(t + 1, r) for r in range(n)] for t in range(STEPS)]
-    # One segment: the TF faces cut one bucket of all variables below 1 MiB.
+    # One bucket: the TF faces cut one bucket of all variables below 1 MiB.
     trace = z.zero_one_adam(given(777, 0), grads, _f32(0.01), betas=(_f32(0.9), _f32(0.999)), eps=_f32(1e-8),
                             weight_decay=_f32(0.05), sizes=SIZES, **OPTIONS)
     for t, kind in enumerate(trace.kinds):

@@ -36,7 +36,7 @@ def _registry(*classes: type) -> dict[AlgorithmOp, type]:
     return {algorithm.op: algorithm for algorithm in classes}
 
 
-#: Optimizer algorithms by op: the class that runs it over a face's segments.
+#: Optimizer algorithms by op: the class that runs it over a face's buckets.
 REGISTRY: dict[AlgorithmOp, type[Any]] = _registry(OneBitAdam, OneBitLamb, Slamb, BirderAlgorithm, SignSGD,
                                               ZeroOneAdam, PowerSGD)
 

@@ -4,14 +4,14 @@
   under ``op=hc.Average``): m = beta m + (1 - beta) g (Alg. 1 line 5, spec 3.2); b = beta b + (1 - beta) |g|
   (line 6, spec 3.3; no sqrt(v), no bias correction); x = x - lr m / (b + eps) - lr wd x (spec 3.7, B3, B4:
   eps in the denominator, decoupled decay).
-- ``BirderAlgorithm``: ``op=hc.Birder``, the 1-bit algorithm. Per step and segment one core call, the
+- ``BirderAlgorithm``: ``op=hc.Birder``, the 1-bit algorithm. Per step and bucket one core call, the
   Hierarchical-1-bit-All-Reduce (``ops.hierarchical_onebit``, spec 4) in "grad" mode (B5): the node-mean gradient
   updates this rank's shard of m and b, the ratio r = m / (b + eps) (lines 5-7, spec 3.4) plus the worker
   error is quantized (lines 8-9, spec 3.5), the server averages, adds its error and re-quantizes (lines
   11-12, spec 3.6); every rank receives the same u in {+/-1}^d and applies x = x - lr u - lr wd x (line 13,
   spec 3.7), identically everywhere. No warm-up (spec 1). ``hierarchical=False``: every rank is a worker.
 
-Invariants: one ``BirderSegment`` per bucket, its draws keyed by ``hierarchical_onebit.segment_seed(seed, i)``;
+Invariants: one ``BirderBucket`` per bucket, its draws keyed by ``hierarchical_onebit.bucket_seed(seed, i)``;
 overlap on and off make the same calls; a bucket refused on any rank restores every bucket's state and t does not
 advance.
 Buckets, overlap and checkpoints: docs/algorithms/birder.md, "How the algorithm runs".
@@ -75,7 +75,7 @@ class BirderOptions:
 
 
 @dataclasses.dataclass
-class BirderSegment:
+class BirderBucket:
     """The float32 parameters of one bucket (of one param group), with the face's flat buffers.
 
     ``grad``: the fused gradient (each parameter's ``.grad`` is a view); ``update``: float32 numel, the input
@@ -102,7 +102,7 @@ class BirderSegment:
 
 
 class BirderAlgorithm(BucketedAlgorithm):
-    """Alg. 1 of paper 004 over the face's segments (buckets); the group's lr, beta, eps, weight_decay read every
+    """Alg. 1 of paper 004 over the face's buckets; the group's lr, beta, eps, weight_decay read every
     step (beta and eps when the bucket is reduced, lr and weight_decay in ``step``). The buckets' pipeline, backups
     and layout check are ``BucketedAlgorithm``'s."""
 
@@ -112,26 +112,26 @@ class BirderAlgorithm(BucketedAlgorithm):
     buffers = "flat"
     wraps = contract.BIRDER
 
-    def __init__(self, options: BirderOptions, backend: Backend, segments: Sequence[BirderSegment],
+    def __init__(self, options: BirderOptions, backend: Backend, buckets: Sequence[BirderBucket],
                  meter: CommMeter | None) -> None:
-        super().__init__(options, backend, segments, meter)
+        super().__init__(options, backend, buckets, meter)
         self.seed = options.seed
 
     @staticmethod
     def state_numels(numel: int, hierarchical: bool) -> tuple[int, int]:
-        """(c1, c2) of a segment of ``numel`` elements on this world."""
+        """(c1, c2) of a bucket of ``numel`` elements on this world."""
         return hierarchical_onebit.state_numels(numel, hierarchical)
 
-    def mutable_state(self, seg: BirderSegment) -> list[Tensor]:
+    def mutable_state(self, seg: BirderBucket) -> list[Tensor]:
         """What the core call updates: the shards of m and b (lines 5-6), the worker and server error (9, 12)."""
         return list(seg.buffers().values())
 
-    def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
-        """Segment ``i``'s one core call for step ``t`` (Alg. 1 lines 4-12, "grad" mode, spec B5), on the
+    def reduce_bucket(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """OneBitBucket ``i``'s one core call for step ``t`` (Alg. 1 lines 4-12, "grad" mode, spec B5), on the
         background thread with overlap: this rank's gradient in, u in {+/-1} out in ``update``; m, b and both
-        errors, copied aside first, are updated inside the core. Its draws are keyed by ``segment_seed`` (each
-        segment a stream of its own, see the top)."""
-        seg = self.segments[i]
+        errors, copied aside first, are updated inside the core. Its draws are keyed by ``bucket_seed`` (each
+        bucket a stream of its own, see the top)."""
+        seg = self.buckets[i]
         name = f"{self.name}.u.{i}"
         with failure_joins_as_rejection(self.meter, name):
             if groups is None:
@@ -143,12 +143,12 @@ class BirderAlgorithm(BucketedAlgorithm):
         self.meter.run(
             hierarchical_onebit.hierarchical_compressed_allreduce_, seg.update, seg.worker_error, seg.server_error,
             payload=hierarchical_onebit.PAYLOAD_SIGN, hierarchical=self.options.hierarchical,
-            seed=hierarchical_onebit.segment_seed(self.seed, i), step=t, moments=(seg.m, seg.b), beta=group["beta"],
+            seed=hierarchical_onebit.bucket_seed(self.seed, i), step=t, moments=(seg.m, seg.b), beta=group["beta"],
             eps=group["eps"], name=name,
         )
 
     def step(self, groups: Sequence[dict[str, Any]]) -> int:
-        """One step (Alg. 1 lines 4-13) on every segment, reducing the buckets not reduced yet; returns the new
+        """One step (Alg. 1 lines 4-13) on every bucket, reducing the buckets not reduced yet; returns the new
         step count (with the seed, the RNG position: it advances only here, so a rejected step draws again the
         same). Nothing changes if any bucket fails on any rank."""
         xp = self.xp
@@ -160,7 +160,7 @@ class BirderAlgorithm(BucketedAlgorithm):
                 self.abandon()
                 raise
         self.reduce_pending(groups)
-        for seg in self.segments:  # line 13: x = x - lr u - lr wd x, the same on every rank
+        for seg in self.buckets:  # line 13: x = x - lr u - lr wd x, the same on every rank
             group = groups[seg.group]
             lr, wd = group["lr"], group["weight_decay"]
             if wd != 0:
@@ -185,9 +185,9 @@ class BirderAlgorithm(BucketedAlgorithm):
             "step": self.t,
             "seed": self.seed,
             **self.layout(),
-            "segments": [
+            "buckets": [
                 {**self.layout_state(seg), **{k: xp.copy_(xp.zeros_like(v), v) for k, v in seg.buffers().items()}}
-                for seg in self.segments
+                for seg in self.buckets
             ],
         }
 
@@ -201,9 +201,9 @@ class BirderAlgorithm(BucketedAlgorithm):
         for key, value in self.layout().items():
             if ours.get(key) != value:
                 raise ValueError(f"{what}: checkpoint {key} {ours.get(key)!r} != this run's {value!r}")
-        saved = ours.get("segments", [])
+        saved = ours.get("buckets", [])
         self.check_layout(saved)
-        for seg, s in zip(self.segments, saved, strict=True):
+        for seg, s in zip(self.buckets, saved, strict=True):
             for key, target in seg.buffers().items():
                 if self.xp.describe(s.get(key)) != self.xp.describe(target):
                     raise ValueError(f"{what}: {key} is {self.xp.describe(s.get(key))}, expected "
@@ -220,6 +220,6 @@ class BirderAlgorithm(BucketedAlgorithm):
         self.abandon()  # no bucket of it may still be writing m, b or the errors
         self.t = int(ours["step"])
         self.seed = int(ours["seed"])
-        for seg, saved in zip(self.segments, ours["segments"], strict=True):
+        for seg, saved in zip(self.buckets, ours["buckets"], strict=True):
             for key, target in seg.buffers().items():
                 self.xp.copy_(target, saved[key])

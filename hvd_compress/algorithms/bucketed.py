@@ -1,18 +1,18 @@
-"""Segments that are buckets, reduced in bucket order while backward runs: the mechanics that
+"""Algorithm buckets, reduced in bucket order while backward runs: the mechanics that
 1-bit Adam/LAMB (``onebit``), Birder (``birder``) and SLAMB (``slamb``) share, written once.
 
-Each segment is one bucket (cut by ``ops.buckets.plan_buckets``) with its own state and one collective call per
-step (``reduce_segment``, the subclass's). ``gradient_final`` (a face's gradient hook, ``overlap=True``) reduces a
+Each bucket (cut by ``ops.buckets.plan_buckets``) has its own state and one collective call per
+step (``reduce_bucket``, the subclass's). ``gradient_final`` (a face's gradient hook, ``overlap=True``) reduces a
 bucket whose members are all final on the process's one background thread, strictly in bucket order
 (``ops.buckets.BucketReductions``), so every rank issues the same collectives in the same order; ``reduce_all``
 starts the rest and awaits all, and ``overlap=False`` makes the very same calls there, so both agree bit for bit.
 
-State untouched on rejection: each segment copies aside what its call mutates (``mutable_state``, ``backup``);
+State untouched on rejection: each bucket copies aside what its call mutates (``mutable_state``, ``backup``);
 if any bucket fails on any rank (a Python error on one rank joins the call as a rejection:
-``ops.buckets.failure_joins_as_rejection``), every segment is restored once all have finished and the error is
+``ops.buckets.failure_joins_as_rejection``), every bucket is restored once all have finished and the error is
 raised on every rank; ``abandon`` restores the same way. ``check_layout`` refuses a checkpoint of another bucket
 layout with ValueError before anything changes (per-bucket state cannot move to another cut); one without layout
-keys loads where its segments have the same sizes. SLAMB overrides it: its state is element-wise over D.
+keys loads where its buckets have the same sizes. SLAMB overrides it: its state is element-wise over D.
 """
 
 from __future__ import annotations
@@ -27,22 +27,22 @@ from hvd_compress.ops.traffic import CommMeter
 
 
 class BucketedAlgorithm:
-    """The bucket pipeline of one optimizer. A subclass sets ``name``, ``xp``, ``meter``, ``segments`` (each with
-    ``group``, ``sizes``, ``numel``), ``t`` and calls ``_init_buckets()``; it supplies ``reduce_segment`` and
+    """The bucket pipeline of one optimizer. A subclass sets ``name``, ``xp``, ``meter``, ``buckets`` (each with
+    ``group``, ``sizes``, ``numel``), ``t`` and calls ``_init_buckets()``; it supplies ``reduce_bucket`` and
     ``mutable_state``."""
 
     name = "Bucketed"
     xp: Backend
     meter: CommMeter
-    segments: list[Any]
+    buckets: list[Any]
     t: int
 
-    def __init__(self, options: Any, backend: Backend, segments: Sequence[Any], meter: CommMeter | None) -> None:
+    def __init__(self, options: Any, backend: Backend, buckets: Sequence[Any], meter: CommMeter | None) -> None:
         """The fields every flat-bucket algorithm starts from; one with its own layout (1-bit, SLAMB) sets them
         itself and calls ``_init_buckets``."""
         self.options = options
         self.xp = backend
-        self.segments = list(segments)
+        self.buckets = list(buckets)
         self.meter = meter if meter is not None else CommMeter()
         self.t = 0
         self._init_buckets()
@@ -50,22 +50,22 @@ class BucketedAlgorithm:
     def _init_buckets(self) -> None:
         #: Reduce buckets from the face's gradient hooks (``gradient_final``) while backward runs.
         self.overlap = False
-        #: Segment indices in bucket order (the order their reductions start); None: segment order.
+        #: OneBitBucket indices in bucket order (the order their reductions start); None: bucket order.
         self.order: list[int] | None = None
         self._reductions: BucketReductions | None = None
-        self._position: dict[int, int] = {}  # segment index -> place in ``order``
+        self._position: dict[int, int] = {}  # bucket index -> place in ``order``
         self._pipeline_key: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._done = False  # every bucket of the coming step is reduced (not yet used by ``step``)
-        # segment index -> (the segment the copies were made for, the copies of its ``mutable_state``)
+        # bucket index -> (the bucket the copies were made for, the copies of its ``mutable_state``)
         self._backups: dict[int, tuple[Any, list[Tensor]]] = {}
-        self._backed_up: set[int] = set()  # segments whose copies hold this step's values
+        self._backed_up: set[int] = set()  # buckets whose copies hold this step's values
         #: False where the face itself drops a failed step's state (the TF faces step fresh copies, assigned back only
         #: after a step that succeeded): no copies aside then.
         self.keep_backups = True
 
     # -- what a subclass supplies ------------------------------------------------------------------------
-    def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
-        """Segment ``i``'s collective for step ``t`` (on the background thread with overlap)."""
+    def reduce_bucket(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """OneBitBucket ``i``'s collective for step ``t`` (on the background thread with overlap)."""
         raise NotImplementedError
 
     def mutable_state(self, seg: Any) -> Sequence[Tensor]:
@@ -86,15 +86,15 @@ class BucketedAlgorithm:
         return 0 if self._reductions is None else self._reductions.launched
 
     def _order(self) -> list[int]:
-        return self.order if self.order is not None else list(range(len(self.segments)))
+        return self.order if self.order is not None else list(range(len(self.buckets)))
 
     def _pipeline(self) -> BucketReductions:
-        """The in-order launcher of this step's buckets (remade when the face binds other segments)."""
+        """The in-order launcher of this step's buckets (remade when the face binds other buckets)."""
         order = self._order()
-        key = (tuple(order), tuple(len(self.segments[i].params) for i in order))
+        key = (tuple(order), tuple(len(self.buckets[i].params) for i in order))
         if self._reductions is None or self._pipeline_key != key:
-            if sorted(order) != list(range(len(self.segments))):
-                raise ValueError(f"{self.name}: bucket order {order} is not a permutation of the segments")
+            if sorted(order) != list(range(len(self.buckets))):
+                raise ValueError(f"{self.name}: bucket order {order} is not a permutation of the buckets")
             self._reductions = BucketReductions(list(key[1]))
             self._position = {i: b for b, i in enumerate(order)}
             self._pipeline_key = key
@@ -102,10 +102,10 @@ class BucketedAlgorithm:
 
     def _launch(self, groups: Sequence[dict[str, Any]] | None) -> None:
         order, t = self._order(), self.t + 1
-        self._pipeline().launch_ready(lambda b: self.reduce_segment(order[b], groups, t))
+        self._pipeline().launch_ready(lambda b: self.reduce_bucket(order[b], groups, t))
 
     def gradient_final(self, i: int, groups: Sequence[dict[str, Any]], count: int = 1) -> None:
-        """From a face's gradient hook: ``count`` more parameters of segment ``i`` have their final gradient for
+        """From a face's gradient hook: ``count`` more parameters of bucket ``i`` have their final gradient for
         the coming step; each next bucket that is complete starts reducing on the background thread."""
         if self._done:  # a gradient after the step's buckets were reduced: that reduction no longer holds
             self.abandon()
@@ -114,7 +114,7 @@ class BucketedAlgorithm:
 
     def reduce_all(self, groups: Sequence[dict[str, Any]] | None) -> None:
         """End of the gradient phase: reduce every bucket not started yet (members without a gradient count as
-        final), wait for all; on any rank's failure restore every segment's state and raise on every rank."""
+        final), wait for all; on any rank's failure restore every bucket's state and raise on every rank."""
         red = self._pipeline()
         red.mark_all_ready()
         self._launch(groups)
@@ -150,7 +150,7 @@ class BucketedAlgorithm:
 
     def abandon(self) -> None:
         """Drop the coming step's reductions (``zero_grad()`` before ``step()``): wait for those started, then
-        restore every segment's state. Their errors are dropped with them (every rank drops alike)."""
+        restore every bucket's state. Their errors are dropped with them (every rank drops alike)."""
         if self._reductions is not None:
             try:
                 self._reductions.drain()
@@ -161,11 +161,11 @@ class BucketedAlgorithm:
         self._done = False
 
     def backup(self, i: int) -> None:
-        """Copy segment ``i``'s ``mutable_state`` aside before its collective, when a later bucket may still fail
-        (several segments, or overlap: the step may also be abandoned)."""
-        if not self.keep_backups or (len(self.segments) == 1 and not self.overlap):  # the core leaves the state as
+        """Copy bucket ``i``'s ``mutable_state`` aside before its collective, when a later bucket may still fail
+        (several buckets, or overlap: the step may also be abandoned)."""
+        if not self.keep_backups or (len(self.buckets) == 1 and not self.overlap):  # the core leaves the state as
             return  # it was on rejection
-        seg = self.segments[i]
+        seg = self.buckets[i]
         state = list(self.mutable_state(seg))
         kept = self._backups.get(i)
         if kept is None or kept[0] is not seg:
@@ -176,7 +176,7 @@ class BucketedAlgorithm:
         self._backed_up.add(i)
 
     def _restore(self) -> None:
-        """Every segment's state back to its copy of this step (those reduced this step have one)."""
+        """Every bucket's state back to its copy of this step (those reduced this step have one)."""
         for i in sorted(self._backed_up):
             seg, copies = self._backups[i]
             for s, copy in zip(self.mutable_state(seg), copies, strict=True):
@@ -194,21 +194,21 @@ class BucketedAlgorithm:
         return {"numel": seg.numel, "group": seg.group, "sizes": list(seg.sizes)}
 
     def check_layout(self, saved: Sequence[dict[str, Any]]) -> None:
-        """ValueError, before anything changes, if the checkpoint's segments ``saved`` are cut otherwise."""
+        """ValueError, before anything changes, if the checkpoint's buckets ``saved`` are cut otherwise."""
         what = f"{self.name}.load_state_dict"
-        want = [seg.numel for seg in self.segments]
+        want = [seg.numel for seg in self.buckets]
         if [s.get("numel") for s in saved] != want:
             raise ValueError(
-                f"{what}: fused buffer sizes {[s.get('numel') for s in saved]} != this model's {want} (the segments "
+                f"{what}: fused buffer sizes {[s.get('numel') for s in saved]} != this model's {want} (the buckets "
                 f"are the buckets of each param group and dtype: another model, param groups or bucket_mb; "
                 f"{self.layout_reason})"
             )
-        # A checkpoint without the layout has one segment per param group (and dtype); it loads where that is also
+        # A checkpoint without the layout has one bucket per param group (and dtype); it loads where that is also
         # one bucket here (equal sizes above), since then the per-bucket state means the same.
         layout = [(s.get("group", seg.group), list(s.get("sizes", seg.sizes)))
-                  for s, seg in zip(saved, self.segments, strict=True)]
-        if layout != [(seg.group, list(seg.sizes)) for seg in self.segments]:
+                  for s, seg in zip(saved, self.buckets, strict=True)]
+        if layout != [(seg.group, list(seg.sizes)) for seg in self.buckets]:
             raise ValueError(
                 f"{what}: the checkpoint's buckets (param group, parameter sizes) {layout} differ from this "
-                f"optimizer's {[(seg.group, list(seg.sizes)) for seg in self.segments]} (another bucket_mb or model?)"
+                f"optimizer's {[(seg.group, list(seg.sizes)) for seg in self.buckets]} (another bucket_mb or model?)"
             )

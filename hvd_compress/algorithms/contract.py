@@ -16,8 +16,8 @@ from hvd_compress.ops.constants import AlgorithmOp
 
 #: The buffer sets the faces allocate, one engine each: "onebit" (per-bucket m, v and error feedback:
 #: ``algorithms.onebit``), "slamb" (element-wise m, v, c over all parameters plus the masks: ``algorithms.slamb``),
-#: "flat" (per-bucket flat buffers ``m``, ``b`` and the 1-bit exchange's error: ``algorithms.birder.BirderSegment``),
-#: "zeroone" (per-bucket m, v, u, x_anchor, error feedback and sum of lr: ``algorithms.zero_one_adam.ZeroOneSegment``),
+#: "flat" (per-bucket flat buffers ``m``, ``b`` and the 1-bit exchange's error: ``algorithms.birder.BirderBucket``),
+#: "zeroone" (per-bucket m, v, u, x_anchor, error feedback and sum of lr: ``algorithms.zero_one_adam.ZeroOneBucket``),
 #: "lowrank" (op=Average's gradient buckets, each with its error, P and Q: ``algorithms.powersgd``; a reduction:
 #: the wrapped optimizer steps on what it returns).
 BUFFERS = ("onebit", "slamb", "flat", "zeroone", "lowrank")

@@ -11,7 +11,7 @@ Paper 003 Algorithm 1 and paper 001 Algorithm 1 have the same skeleton, written 
 
 Deviation, ``variance_floor`` (003 line 13, 001 lines 17 and 21; 0 is the papers' rule): the frozen vh is used
 as max(vh, variance_floor * max(mean(vh) over the layer, ``SEGMENT_SHARE`` * mean(vh) over its bucket)), and an
-element the floor lifted steps at most lr (``caps_floored``). Invariants: one ``Segment`` per bucket, each with
+element the floor lifted steps at most lr (``caps_floored``). Invariants: one ``OneBitBucket`` per bucket, each with
 its own error feedback; overlap on and off make the same calls; a bucket refused on any rank leaves every state
 as it was. Why, buckets, overlap, checkpoints: docs/algorithms/onebit-adam.md, "How the algorithm runs".
 """
@@ -95,7 +95,7 @@ class OneBitOptions:
 
 
 @dataclasses.dataclass
-class Segment:
+class OneBitBucket:
     """The parameters of one bucket (of one param group and dtype) with the face's flat buffers for them.
 
     ``grad``, ``exp_avg``, ``exp_avg_sq`` (and LAMB's ``fresh``) have the parameters' dtype; ``work`` and
@@ -116,7 +116,7 @@ class Segment:
     scratch: Tensor
     onebit: Any
     views: Callable[[Tensor], list[Tensor]]
-    # The algorithm's own per-segment state:
+    # The algorithm's own per-bucket state:
     denom: Tensor | None = None  # d = sqrt(vh_frozen) + eps, kept while v is frozen
     denom_key: tuple[float, ...] | None = None  # the (eps, b2, t_v) that ``denom`` holds d for
     floor_roots: list[float] = dataclasses.field(default_factory=list)  # per layer sqrt(floor), with the kept d
@@ -143,14 +143,14 @@ class OneBitAlgorithm(BucketedAlgorithm):
     options_cls: type = OneBitOptions
     # True where a checkpoint without our section cannot be resumed past warm-up (state would be lost).
     needs_section_after_warmup = False
-    has_fresh_variance = False  # segments need a ``fresh`` buffer (1-bit LAMB)
+    has_fresh_variance = False  # buckets need a ``fresh`` buffer (1-bit LAMB)
 
     def __init__(
-        self, options: OneBitOptions, backend: Backend, segments: Sequence[Segment], meter: CommMeter | None
+        self, options: OneBitOptions, backend: Backend, buckets: Sequence[OneBitBucket], meter: CommMeter | None
     ) -> None:
         self.options = options
         self.xp = backend
-        self.segments = list(segments)
+        self.buckets = list(buckets)
         self.meter = meter if meter is not None else CommMeter()
         self.t = 0  # steps taken
         self._init_buckets()
@@ -168,15 +168,15 @@ class OneBitAlgorithm(BucketedAlgorithm):
         # warm-up: the dense average of a NaN is refused in ``step`` (check_finite) with its own message
         return t > self.freeze_step
 
-    def mutable_state(self, seg: Segment) -> tuple[Tensor, Tensor]:
-        """The error feedback the segment's compressed allreduce updates (lines 9 and 11 of 003 Alg. 1)."""
+    def mutable_state(self, seg: OneBitBucket) -> tuple[Tensor, Tensor]:
+        """The error feedback the bucket's compressed allreduce updates (lines 9 and 11 of 003 Alg. 1)."""
         return self._errors(seg)
 
-    def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
-        """Segment ``i``'s collective for step ``t`` (on the background thread): warm-up, the dense average of its
+    def reduce_bucket(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """OneBitBucket ``i``'s collective for step ``t`` (on the background thread): warm-up, the dense average of its
         gradients (line 2); compression, its local momentum (line 6) through the compressed allreduce (lines
         7-13), its error feedback copied aside first."""
-        seg = self.segments[i]
+        seg = self.buckets[i]
         warm = t <= self.freeze_step
         name = f"{self.name}.grad.{i}" if warm else f"{self.name}.m.{i}"
         with failure_joins_as_rejection(self.meter, name):
@@ -196,8 +196,8 @@ class OneBitAlgorithm(BucketedAlgorithm):
         else:
             self.meter.run(compressed_allreduce_, seg.work, *errors, name=name)
 
-    def _errors(self, seg: Segment) -> tuple[Tensor, Tensor]:
-        """The (worker, server) error feedback the segment's compressed allreduce updates."""
+    def _errors(self, seg: OneBitBucket) -> tuple[Tensor, Tensor]:
+        """The (worker, server) error feedback the bucket's compressed allreduce updates."""
         if self.options.hierarchical:
             return self.hierarchical_errors(seg)
         return seg.onebit.worker_error, seg.onebit.server_error
@@ -218,30 +218,30 @@ class OneBitAlgorithm(BucketedAlgorithm):
         return self.overlap and self.t + 1 > self.freeze_step
 
     def step(self, groups: Sequence[dict[str, Any]]) -> int:
-        """One optimizer step on the segments' reduced buckets (reducing those not reduced yet); returns the new
+        """One optimizer step on the reduced buckets (reducing those not reduced yet); returns the new
         step count. Nothing changes if any bucket fails on any rank."""
         t = self.t + 1
         self.reduce_pending(groups)  # every bucket succeeded: this step's error feedback stands
         if t <= self.freeze_step:
             self.check_finite()
-            for seg in self.segments:
+            for seg in self.buckets:
                 self.warmup(seg, groups[seg.group], t)
         else:
-            for seg in self.segments:
+            for seg in self.buckets:
                 self.compressed(seg, groups[seg.group], t)
         self.t = t
         return t
 
     def error_numels(self, numel: int, world_size: int) -> tuple[int, int]:
-        """Elements of the (worker, server) error feedback of a segment of ``numel`` elements that its compressed
+        """Elements of the (worker, server) error feedback of a bucket of ``numel`` elements that its compressed
         allreduce uses: the hierarchical pair (``hierarchical_errors``), else its elements and the padded chunk
         this rank serves (``OneBitState``'s)."""
         if self.options.hierarchical:
             return hierarchical_onebit.state_numels(numel, True)
         return numel, server_error_numel(numel, world_size)
 
-    def hierarchical_errors(self, seg: Segment) -> tuple[Tensor, Tensor]:
-        """The segment's (worker, server) error of the hierarchical mode, zeros when first asked for."""
+    def hierarchical_errors(self, seg: OneBitBucket) -> tuple[Tensor, Tensor]:
+        """The bucket's (worker, server) error of the hierarchical mode, zeros when first asked for."""
         if seg.hierarchical_errors is None:
             c1, c2 = hierarchical_onebit.state_numels(seg.numel, True)
             seg.hierarchical_errors = (self.xp.float32_like(c1, seg.work), self.xp.float32_like(c2, seg.work))
@@ -249,7 +249,7 @@ class OneBitAlgorithm(BucketedAlgorithm):
 
     def check_finite(self) -> None:
         # Every rank holds the same averaged gradients, so every rank reaches the same verdict.
-        for seg in self.segments:
+        for seg in self.buckets:
             bad = self.xp.first_nonfinite(seg.grad)
             if bad is not None:
                 raise UsageError(
@@ -258,7 +258,7 @@ class OneBitAlgorithm(BucketedAlgorithm):
                 )
 
     # -- the math both boxes share -------------------------------------------------------------------
-    def local_momentum(self, seg: Segment, group: dict[str, Any]) -> None:
+    def local_momentum(self, seg: OneBitBucket, group: dict[str, Any]) -> None:
         """work = b1 m + (1 - b1) g_r (003 Alg. 1 line 6; 001 Alg. 1 line 6), this rank's gradient, plus Adam's L2
         term (1 - b1) wd x where the rule has one (``l2_in_gradient``).
 
@@ -282,12 +282,12 @@ class OneBitAlgorithm(BucketedAlgorithm):
         """Whether the rule adds its weight decay to the gradient as an L2 term (Adam's; not AdamW's, not LAMB's)."""
         return False
 
-    def add_l2(self, flat: Tensor, seg: Segment, group: dict[str, Any], alpha: float) -> None:
+    def add_l2(self, flat: Tensor, seg: OneBitBucket, group: dict[str, Any], alpha: float) -> None:
         """Adds alpha * x to ``flat`` where the rule has an L2 term in the gradient (``l2_in_gradient``)."""
         if alpha != 0 and self.l2_in_gradient(group):
             self.xp.foreach_add_(seg.views(flat), seg.params, alpha=alpha)
 
-    def frozen_denom(self, seg: Segment, group: dict[str, Any], t_v: int) -> Tensor:
+    def frozen_denom(self, seg: OneBitBucket, group: dict[str, Any], t_v: int) -> Tensor:
         """d = max(sqrt(vh), sqrt(floor)) + eps per layer for the frozen v of step ``t_v`` (see the top:
         variance floor, and its bucket share): v does not change after freeze_step, so d is computed once (per
         eps, b2) into ``denom_buffer(seg)``; bias-corrected unless the group turns that off."""
@@ -309,16 +309,16 @@ class OneBitAlgorithm(BucketedAlgorithm):
             seg.denom_key = key
         return out
 
-    def _floor_denoms(self, seg: Segment, like: Tensor, eps: float) -> list[float]:
+    def _floor_denoms(self, seg: OneBitBucket, like: Tensor, eps: float) -> list[float]:
         return floor_denoms(self.xp, seg.floor_roots, like, eps)
 
-    def floor(self, seg: Segment, root: Tensor) -> None:
+    def floor(self, seg: OneBitBucket, root: Tensor) -> None:
         """root = max(root, sqrt(floor)) per layer, with the floors of the kept frozen denominator."""
         if self.options.variance_floor > 0:
             for view, floor in zip(seg.views(root), seg.floor_roots, strict=True):
                 self.xp.clamp_min_(view, floor)
 
-    #: Whether the update caps the step of the elements the variance floor lifted (needs ``Segment.floor_denoms``).
+    #: Whether the update caps the step of the elements the variance floor lifted (needs ``OneBitBucket.floor_denoms``).
     caps_floored = True
 
     @staticmethod
@@ -326,24 +326,24 @@ class OneBitAlgorithm(BucketedAlgorithm):
         """1 / (1 - b1^t): |m| times it is |mh|, the least d that keeps a floored element's |mh / d| <= 1."""
         return 1 / (1 - group["betas"][0] ** t) if group.get("bias_correction", True) else 1.0
 
-    def capped(self, seg: Segment, denom: Tensor, cap: float) -> list[Tensor]:
+    def capped(self, seg: OneBitBucket, denom: Tensor, cap: float) -> list[Tensor]:
         """The frozen ``denom`` per layer with the variance floor's cap (see the top): where the floor lifted d, d =
         max(d, |m| cap), in ``work`` (free once m was copied out of it); the kept ``denom`` is not changed."""
         return capped_views(self.xp, seg.views, denom, seg.exp_avg, seg.work, cap, seg.floor_denoms, seg.sizes)
 
-    def denom_buffer(self, seg: Segment) -> Tensor:
+    def denom_buffer(self, seg: OneBitBucket) -> Tensor:
         raise NotImplementedError
 
-    def adopt_denom(self, seg: Segment, denom: Tensor) -> None:
-        """Make ``denom`` (what ``denom_buffer`` gave for an earlier segment over the same frozen v) this segment's
-        denominator buffer: a face that rebuilds its segment every step keeps d instead of recomputing it; the
+    def adopt_denom(self, seg: OneBitBucket, denom: Tensor) -> None:
+        """Make ``denom`` (what ``denom_buffer`` gave for an earlier bucket over the same frozen v) this bucket's
+        denominator buffer: a face that rebuilds its bucket every step keeps d instead of recomputing it; the
         caller sets ``denom_key`` and the floors with it."""
         raise NotImplementedError
 
-    def warmup(self, seg: Segment, group: dict[str, Any], t: int) -> None:
+    def warmup(self, seg: OneBitBucket, group: dict[str, Any], t: int) -> None:
         raise NotImplementedError
 
-    def compressed(self, seg: Segment, group: dict[str, Any], t: int) -> None:
+    def compressed(self, seg: OneBitBucket, group: dict[str, Any], t: int) -> None:
         raise NotImplementedError
 
     # -- checkpoints ---------------------------------------------------------------------------------
@@ -353,7 +353,7 @@ class OneBitAlgorithm(BucketedAlgorithm):
             "algorithm": self.name,
             "step": self.t,
             "freeze_step": self.freeze_step,
-            "segments": [
+            "buckets": [
                 {
                     **self.layout_state(seg),
                     "onebit": seg.onebit.state_dict(),
@@ -361,12 +361,12 @@ class OneBitAlgorithm(BucketedAlgorithm):
                     "last_factor": list(seg.last_factor),
                     **self.hierarchical_state(seg),
                 }
-                for seg in self.segments
+                for seg in self.buckets
             ],
             "hierarchical": self.options.hierarchical,
         }
 
-    def hierarchical_state(self, seg: Segment) -> dict[str, Any]:
+    def hierarchical_state(self, seg: OneBitBucket) -> dict[str, Any]:
         if not self.options.hierarchical:
             return {}
         xp = self.xp
@@ -383,9 +383,9 @@ class OneBitAlgorithm(BucketedAlgorithm):
                              f"{self.options.hierarchical}")
         if ours.get("freeze_step") != self.freeze_step:
             raise ValueError(f"{what}: checkpoint freeze_step {ours.get('freeze_step')} != {self.freeze_step}")
-        saved = ours.get("segments", [])
+        saved = ours.get("buckets", [])
         self.check_layout(saved)
-        for seg, s in zip(self.segments, saved, strict=True):
+        for seg, s in zip(self.buckets, saved, strict=True):
             if len(s["lamb_coeff_freeze"]) != len(seg.params) or len(s["last_factor"]) != len(seg.params):
                 raise ValueError(f"{what}: per-layer coefficients do not match the parameters")
             seg.onebit.check_state_dict(s["onebit"])
@@ -401,7 +401,7 @@ class OneBitAlgorithm(BucketedAlgorithm):
         is dropped first (no bucket of it may still be writing the error feedback)."""
         self.abandon()
         if ours is None:
-            for seg in self.segments:
+            for seg in self.buckets:
                 seg.onebit.reset()
                 if self.options.hierarchical:
                     for e in self.hierarchical_errors(seg):
@@ -409,14 +409,14 @@ class OneBitAlgorithm(BucketedAlgorithm):
             self.t = plain_step
         else:
             self.t = int(ours["step"])
-            for seg, saved in zip(self.segments, ours["segments"], strict=True):
+            for seg, saved in zip(self.buckets, ours["buckets"], strict=True):
                 seg.onebit.load_state_dict(saved["onebit"])
                 seg.lamb_coeff_freeze = [float(c) for c in saved["lamb_coeff_freeze"]]
                 seg.last_factor = [float(c) for c in saved["last_factor"]]
                 if self.options.hierarchical:
                     for target, value in zip(self.hierarchical_errors(seg), saved["hierarchical_errors"], strict=True):
                         self.xp.copy_(target, value)
-        for seg in self.segments:
+        for seg in self.buckets:
             seg.denom_key = None
 
     def check_plain_step(self, t: int, key: str) -> None:

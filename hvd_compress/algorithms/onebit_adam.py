@@ -11,7 +11,7 @@
   the step Adam takes on a steady gradient (mh^2 = vh). Without it a unit that revives after warm-up steps
   lr |mh| / sqrt(floor), many times Adam's (figures: docs/algorithms/onebit-adam.md, "Measured fidelity").
 
-On float32 CPU segments lines 6 and 12-13 each run as one fused pass in the core (``ops.onebit_adam_kernels``)
+On float32 CPU buckets lines 6 and 12-13 each run as one fused pass in the core (``ops.onebit_adam_kernels``)
 with the backend path's float32 operations, so both give the same bits; other dtypes and devices take the
 backend's ops. The sequencing and the checkpoint schema are ``OneBitAlgorithm``'s (``algorithms/onebit.py``).
 """
@@ -22,14 +22,14 @@ import math
 from typing import Any
 
 from hvd_compress.algorithms import contract
-from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitOptions, Segment
+from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitBucket, OneBitOptions
 from hvd_compress.ops import onebit_adam_kernels as fused_ops
 from hvd_compress.ops.backend import Tensor
 from hvd_compress.ops.constants import AlgorithmOp
 
 
 class OneBitAdam(OneBitAlgorithm):
-    """1-bit Adam on the face's segments; the group's hyper-parameters are read every step."""
+    """1-bit Adam on the face's buckets; the group's hyper-parameters are read every step."""
 
     name = "OneBitAdam"
     options_cls = OneBitOptions
@@ -44,7 +44,7 @@ class OneBitAdam(OneBitAlgorithm):
     def l2_in_gradient(self, group: dict[str, Any]) -> bool:
         return not self.decoupled(group)  # Adam's weight decay is g + wd x; AdamW's is decoupled
 
-    def warmup(self, seg: Segment, group: dict[str, Any], t: int) -> None:
+    def warmup(self, seg: OneBitBucket, group: dict[str, Any], t: int) -> None:
         """Adam's step on the averaged gradient (003 Alg. 1 line 2), with Adam's L2 term g + wd x."""
         xp = self.xp
         b1, b2 = group["betas"]
@@ -56,7 +56,7 @@ class OneBitAdam(OneBitAlgorithm):
         xp.addcmul_(xp.mul_(seg.exp_avg_sq, b2), g, g, value=1 - b2)
         self.apply(seg, group, t, t)
 
-    def compressed(self, seg: Segment, group: dict[str, Any], t: int) -> None:
+    def compressed(self, seg: OneBitBucket, group: dict[str, Any], t: int) -> None:
         """m = the compressed average (in ``work``; 003 Alg. 1 line 12), then line 13 with v frozen at freeze_step.
 
         On float32 CPU buffers (both faces' usual case) this is the core's one fused pass (``_compressed_fused``,
@@ -69,7 +69,7 @@ class OneBitAdam(OneBitAlgorithm):
         self.xp.copy_(seg.exp_avg, seg.work)
         self.apply(seg, group, t, self.freeze_step)
 
-    def _compressed_fused(self, seg: Segment, group: dict[str, Any], t: int, denom: Tensor) -> None:
+    def _compressed_fused(self, seg: OneBitBucket, group: dict[str, Any], t: int, denom: Tensor) -> None:
         """Lines 12-13 in the core's one pass: m = work; x *= 1 - lr wd (AdamW); x -= lr / (1 - b1^t) * m / denom,
         with ``apply``'s scalars."""
         b1 = group["betas"][0]
@@ -78,13 +78,13 @@ class OneBitAdam(OneBitAlgorithm):
         fused_ops.apply_(seg.params, seg.work, seg.exp_avg, denom, seg.sizes, decay, -lr / (1 - b1**t),
                          seg.floor_denoms, self.cap(group, t))
 
-    def denom_buffer(self, seg: Segment) -> Tensor:
+    def denom_buffer(self, seg: OneBitBucket) -> Tensor:
         return seg.scratch  # free in the compressed stage: the L2 gradient copy is a warm-up thing
 
-    def adopt_denom(self, seg: Segment, denom: Tensor) -> None:
+    def adopt_denom(self, seg: OneBitBucket, denom: Tensor) -> None:
         seg.scratch = denom
 
-    def apply(self, seg: Segment, group: dict[str, Any], t_m: int, t_v: int) -> None:
+    def apply(self, seg: OneBitBucket, group: dict[str, Any], t_m: int, t_v: int) -> None:
         """x = x - lr / (1 - b1^t_m) * m / (sqrt(v) / sqrt(1 - b2^t_v) + eps), as torch.optim.Adam."""
         xp = self.xp
         b1, b2 = group["betas"]

@@ -24,7 +24,7 @@ from typing import Any
 
 from hvd_compress.algorithms import contract
 from hvd_compress.algorithms.lamb import trust_ratio
-from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitOptions, Segment
+from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitBucket, OneBitOptions
 from hvd_compress.ops import onebit_lamb_kernels as fused_ops
 from hvd_compress.ops.backend import Tensor
 from hvd_compress.ops.constants import AlgorithmOp
@@ -52,7 +52,7 @@ class OneBitLambOptions(OneBitOptions):
 
 
 class OneBitLamb(OneBitAlgorithm):
-    """1-bit LAMB on the face's segments (each with a ``fresh`` variance buffer)."""
+    """1-bit LAMB on the face's buckets (each with a ``fresh`` variance buffer)."""
 
     name = "OneBitLamb"
     options_cls = OneBitLambOptions
@@ -63,7 +63,7 @@ class OneBitLamb(OneBitAlgorithm):
     has_fresh_variance = True
     options: OneBitLambOptions
 
-    def warmup(self, seg: Segment, group: dict[str, Any], t: int) -> None:
+    def warmup(self, seg: OneBitBucket, group: dict[str, Any], t: int) -> None:
         """LAMB on the averaged gradient, averaging the trust ratios (001 Alg. 1 lines 2-3)."""
         xp = self.xp
         b1, b2 = group["betas"]
@@ -82,7 +82,7 @@ class OneBitLamb(OneBitAlgorithm):
         xp.foreach_mul_(u, scales)
         xp.foreach_add_(seg.params, u, alpha=1.0)
 
-    def compressed(self, seg: Segment, group: dict[str, Any], t: int) -> None:
+    def compressed(self, seg: OneBitBucket, group: dict[str, Any], t: int) -> None:
         """Lines 14-21: reconstructed gradient, fresh variance, clipped ratio, update with frozen v.
 
         On float32 CPU buffers (both faces' usual case) the element-wise part runs in the core's two fused passes
@@ -113,7 +113,7 @@ class OneBitLamb(OneBitAlgorithm):
         xp.foreach_mul_(views, scales)
         xp.foreach_add_(seg.params, views, alpha=1.0)
 
-    def _compressed_fused(self, seg: Segment, group: dict[str, Any], t: int, frozen: Tensor) -> None:
+    def _compressed_fused(self, seg: OneBitBucket, group: dict[str, Any], t: int, frozen: Tensor) -> None:
         """``compressed`` in the core's two passes: lines 14-17 (g_rec, fresh v, m = the averaged momentum and each
         layer's max ratio) in one, the clipping of lines 18-19 here, lines 20-21 in the other."""
         b1, b2 = group["betas"]
@@ -125,7 +125,7 @@ class OneBitLamb(OneBitAlgorithm):
         fused_ops.apply_(seg.params, seg.exp_avg, self.capped_flat(seg, frozen, self.cap(group, t)), seg.sizes,
                          1 - b1**t if bias else 1.0, group["weight_decay"], scales)
 
-    def capped_flat(self, seg: Segment, frozen: Tensor, cap: float) -> Tensor:
+    def capped_flat(self, seg: OneBitBucket, frozen: Tensor, cap: float) -> Tensor:
         """The frozen d with the variance floor's cap (``capped``), as one flat buffer: ``work`` where the floor
         lifted some element (m has left ``work`` by then), else ``frozen`` itself."""
         if seg.floor_denoms is None:
@@ -133,7 +133,7 @@ class OneBitLamb(OneBitAlgorithm):
         self.capped(seg, frozen, cap)
         return seg.work
 
-    def _clipped_scales(self, seg: Segment, group: dict[str, Any], ratios: list[float]) -> list[float]:
+    def _clipped_scales(self, seg: OneBitBucket, group: dict[str, Any], ratios: list[float]) -> list[float]:
         """Lines 18-19: each layer's ratio clipped to (1 -/+ factor_threshold) of the last, then to [factor_min,
         factor_max] (kept as the new last); returns the layers' step scales -lr r c_avg (lines 20-21)."""
         opt = self.options
@@ -146,16 +146,16 @@ class OneBitLamb(OneBitAlgorithm):
             scales.append(-group["lr"] * r * seg.lamb_coeff_freeze[i])
         return scales
 
-    def denom_buffer(self, seg: Segment) -> Tensor:
+    def denom_buffer(self, seg: OneBitBucket) -> Tensor:
         # Its own buffer (``scratch`` holds the reconstructed gradient and the ratio), made when first needed.
         if seg.denom is None:
             seg.denom = self.xp.float32_like(seg.numel, seg.exp_avg)
         return seg.denom
 
-    def adopt_denom(self, seg: Segment, denom: Tensor) -> None:
+    def adopt_denom(self, seg: OneBitBucket, denom: Tensor) -> None:
         seg.denom = denom
 
-    def direction(self, seg: Segment, group: dict[str, Any], t_m: int, t_v: int) -> list[Tensor]:
+    def direction(self, seg: OneBitBucket, group: dict[str, Any], t_m: int, t_v: int) -> list[Tensor]:
         """u = mh / (sqrt(vh) + eps) + wd x per layer, in ``work`` (views)."""
         xp = self.xp
         b1, b2, eps = *group["betas"], group["eps"]

@@ -11,7 +11,7 @@ The core has no majority-vote collective; the closest is Birder's flat sign allr
 the mean of the signs stochastically. Given s exactly +/-1, a zero worker error and server error, and injected
 uniforms of ``TIE_UNIFORM`` (just below 1/2), its quantizer is deterministic and returns v. The scales c_r travel
 in one dense float32 allreduce per bucket (one float per parameter), which shows a non-finite gradient to every rank.
-The segments are Birder's (``BirderSegment``, flat): ``m`` holds e (first numel), ``b`` s and then v.
+The buckets are Birder's (``BirderBucket``, flat): ``m`` holds e (first numel), ``b`` s and then v.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 
 from hvd_compress import ops
 from hvd_compress.algorithms import contract
-from hvd_compress.algorithms.birder import BirderSegment
+from hvd_compress.algorithms.birder import BirderBucket
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
 from hvd_compress.ops import hierarchical_onebit
 from hvd_compress.ops.backend import Backend, Tensor
@@ -55,36 +55,36 @@ def check_hyperparameters(group: dict[str, Any]) -> None:
 class SignSGDOptions:
     """EF-signSGD with majority vote takes no options of its own beside the buckets."""
 
-    hierarchical: ClassVar[bool] = False  # the vote is flat: every rank a worker (Birder's segments read it)
+    hierarchical: ClassVar[bool] = False  # the vote is flat: every rank a worker (Birder's buckets read it)
 
     def validate(self, op_name: str) -> None:
         del op_name
 
 
 class SignSGD(BucketedAlgorithm):
-    """EF-signSGD with majority vote over the face's segments (buckets); lr read when a bucket is reduced."""
+    """EF-signSGD with majority vote over the face's buckets; lr read when a bucket is reduced."""
 
     name = "SignSGD"
     options_cls = SignSGDOptions
     op = AlgorithmOp("SignSGD", 20)
-    buffers = "flat"  # Birder's segments: m holds e, b the signs and then the vote
+    buffers = "flat"  # Birder's buckets: m holds e, b the signs and then the vote
     wraps = contract.SGD
 
-    def __init__(self, options: SignSGDOptions, backend: Backend, segments: Sequence[BirderSegment],
+    def __init__(self, options: SignSGDOptions, backend: Backend, buckets: Sequence[BirderBucket],
                  meter: CommMeter | None) -> None:
-        super().__init__(options, backend, segments, meter)
-        self._scales: dict[int, list[float]] = {}  # segment -> this step's c of each parameter
+        super().__init__(options, backend, buckets, meter)
+        self._scales: dict[int, list[float]] = {}  # bucket -> this step's c of each parameter
         self._uniforms: dict[int, tuple[Tensor, Tensor]] = {}  # padded numel -> (worker, server) uniforms
 
     @staticmethod
     def state_numels(numel: int, hierarchical: bool) -> tuple[int, int]:
-        """(c1, c2) of a segment (Birder's flat sizes: ``m`` and ``b`` hold numel <= c1 elements)."""
+        """(c1, c2) of a bucket (Birder's flat sizes: ``m`` and ``b`` hold numel <= c1 elements)."""
         return hierarchical_onebit.state_numels(numel, False)
 
-    def mutable_state(self, seg: BirderSegment) -> list[Tensor]:
+    def mutable_state(self, seg: BirderBucket) -> list[Tensor]:
         return [seg.m]
 
-    def _tie_uniforms(self, seg: BirderSegment) -> tuple[Tensor, Tensor]:
+    def _tie_uniforms(self, seg: BirderBucket) -> tuple[Tensor, Tensor]:
         dpad = hierarchical_onebit.padded_numel(seg.numel, ops.size())
         if dpad not in self._uniforms:
             uw = self.xp.add_(self.xp.float32_like(dpad * ops.size(), seg.grad), TIE_UNIFORM)
@@ -92,10 +92,10 @@ class SignSGD(BucketedAlgorithm):
             self._uniforms[dpad] = (uw, us)
         return self._uniforms[dpad]
 
-    def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
-        """Segment ``i`` for step ``t``: p, s, c_r and the new e (kept aside in ``update``), the scales' mean, the
+    def reduce_bucket(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """OneBitBucket ``i`` for step ``t``: p, s, c_r and the new e (kept aside in ``update``), the scales' mean, the
         vote; e is committed only once every rank's vote succeeded."""
-        xp, seg = self.xp, self.segments[i]
+        xp, seg = self.xp, self.buckets[i]
         n = seg.numel
         e, s, p = seg.m[:n], seg.b[:n], seg.update
         name = f"{self.name}.{i}"
@@ -130,7 +130,7 @@ class SignSGD(BucketedAlgorithm):
         self._scales[i] = mean
 
     def step(self, groups: Sequence[dict[str, Any]]) -> int:
-        """x = x - c v on every segment (reducing the buckets not reduced yet); returns the new step count."""
+        """x = x - c v on every bucket (reducing the buckets not reduced yet); returns the new step count."""
         for group in groups:
             try:
                 check_hyperparameters(group)
@@ -138,7 +138,7 @@ class SignSGD(BucketedAlgorithm):
                 self.abandon()
                 raise
         self.reduce_pending(groups)
-        for i, seg in enumerate(self.segments):
+        for i, seg in enumerate(self.buckets):
             votes = seg.views(seg.b[: seg.numel])
             for x, v, c in zip(seg.params, votes, self._scales[i], strict=True):
                 self.xp.add_(x, v, alpha=-c)
@@ -152,9 +152,9 @@ class SignSGD(BucketedAlgorithm):
             "algorithm": self.name,
             "step": self.t,
             "world_size": ops.size(),
-            "segments": [{**self.layout_state(seg), "error": xp.copy_(xp.float32_like(seg.numel, seg.m),
+            "buckets": [{**self.layout_state(seg), "error": xp.copy_(xp.float32_like(seg.numel, seg.m),
                                                                        seg.m[: seg.numel])}
-                         for seg in self.segments],
+                         for seg in self.buckets],
         }
 
     def check_state_dict(self, ours: dict[str, Any] | None) -> None:
@@ -166,9 +166,9 @@ class SignSGD(BucketedAlgorithm):
             raise ValueError(f"{what}: the checkpoint is for {ours.get('algorithm')!r}, not {self.name}")
         if ours.get("world_size") != ops.size():
             raise ValueError(f"{what}: checkpoint world_size {ours.get('world_size')!r} != this run's {ops.size()}")
-        saved = ours.get("segments", [])
+        saved = ours.get("buckets", [])
         self.check_layout(saved)
-        for seg, s in zip(self.segments, saved, strict=True):
+        for seg, s in zip(self.buckets, saved, strict=True):
             if self.xp.describe(s.get("error")) != ("float32", seg.numel):
                 raise ValueError(f"{what}: error is {self.xp.describe(s.get('error'))}, expected float32 x "
                                  f"{seg.numel}")
@@ -181,9 +181,9 @@ class SignSGD(BucketedAlgorithm):
     def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int = 0) -> None:
         """Restore ``state_dict()`` (``check_state_dict`` first); None: zero error at ``plain_step``."""
         self.abandon()
-        for i, seg in enumerate(self.segments):
+        for i, seg in enumerate(self.buckets):
             if ours is None:
                 self.xp.zero_(seg.m)
             else:
-                self.xp.copy_(seg.m[: seg.numel], ours["segments"][i]["error"])
+                self.xp.copy_(seg.m[: seg.numel], ours["buckets"][i]["error"])
         self.t = plain_step if ours is None else int(ours["step"])

@@ -137,7 +137,7 @@ class SlambBuffers:
 
 
 @dataclasses.dataclass
-class SlambSegment:
+class SlambBucket:
     """One bucket: consecutive parameters of param group ``group``, elements [first, first + numel) of the flat
     buffers (D's index space). ``params`` are the parameters themselves (the face hooks them; the algorithm reads
     the flat buffers only)."""
@@ -156,12 +156,12 @@ class SlambSegment:
         return self.first + self.numel
 
 
-def group_segments(buffers: SlambBuffers) -> list[SlambSegment]:
-    """One segment per run of parameters of one param group (the faces without buckets: TF/Keras)."""
-    out: list[SlambSegment] = []
+def group_buckets(buffers: SlambBuffers) -> list[SlambBucket]:
+    """One bucket per run of parameters of one param group (the faces without buckets: TF/Keras)."""
+    out: list[SlambBucket] = []
     for g, first, size, p in zip(buffers.group_of, buffers.offsets, buffers.sizes, buffers.params, strict=True):
         if not out or out[-1].group != g:
-            out.append(SlambSegment(group=g, first=first, sizes=[], params=[]))
+            out.append(SlambBucket(group=g, first=first, sizes=[], params=[]))
         out[-1].sizes.append(size)
         out[-1].params.append(p)
     return out
@@ -188,7 +188,7 @@ def always_ranges(shapes: Sequence[tuple[int, ...]], threshold: int) -> list[int
 
 
 class Slamb(BucketedAlgorithm):
-    """SLAMB's sequencing over a face's ``SlambBuffers`` cut into ``segments`` (buckets; default: one per param
+    """SLAMB's sequencing over a face's ``SlambBuffers`` cut into ``buckets`` (default: one per param
     group). See the module docstring; the buckets' pipeline and layout check are ``BucketedAlgorithm``'s."""
 
     name = "SLAMB"
@@ -197,9 +197,9 @@ class Slamb(BucketedAlgorithm):
     buffers = "slamb"
     wraps = contract.SLAMB_LAMB
 
-    def __init__(self, options: SlambOptions, backend: Backend, segments: Sequence[SlambSegment] | None,
+    def __init__(self, options: SlambOptions, backend: Backend, buckets: Sequence[SlambBucket] | None,
                  meter: CommMeter | None, *, buffers: SlambBuffers, world_size: int) -> None:
-        """As every algorithm (options, backend, segments, meter), over the face's flat ``buffers`` (``segments``
+        """As every algorithm (options, backend, buckets, meter), over the face's flat ``buffers`` (``buckets``
         None: one per param group)."""
         self.options = options
         self.xp = backend
@@ -208,19 +208,19 @@ class Slamb(BucketedAlgorithm):
         self.meter = meter if meter is not None else CommMeter()
         self.t = 0
         self.always = always_ranges(buffers.shapes, options.grad_size_thr)
-        self.segments = list(segments) if segments is not None else group_segments(buffers)
+        self.buckets = list(buckets) if buckets is not None else group_buckets(buffers)
         self._init_buckets()
         self._agreement = _Agreement()
-        self._counts: dict[int, int] = {}  # segment -> elements its masked gather selected (the step on the wire)
+        self._counts: dict[int, int] = {}  # bucket -> elements its masked gather selected (the step on the wire)
         self._fused_for: tuple[SlambBuffers, bool] | None = None
         self.xp.add_(self.xp.zero_(buffers.freshness), 1.0)  # c_0 = 1
 
     # -- the buckets: steps 3 and 4 of one range of D ------------------------------------------------------
-    def mutable_state(self, seg: SlambSegment) -> list[Tensor]:
+    def mutable_state(self, seg: SlambBucket) -> list[Tensor]:
         """None: a bucket writes only the scratch ``work`` and ``mask`` (m, v, c, x change in ``step()``)."""
         return []
 
-    def _masked_allreduce(self, flat: Tensor, seg: SlambSegment, t: int, name: str) -> None:
+    def _masked_allreduce(self, flat: Tensor, seg: SlambBucket, t: int, name: str) -> None:
         """Step 4 on flat[first:end] with M_t restricted to that range (drawn in the core, into mask[first:end])."""
         o, b = self.options, self.buf
         self.meter.run(
@@ -228,14 +228,14 @@ class Slamb(BucketedAlgorithm):
             mask_out=b.mask[seg.first:seg.end], check_finite=True, name=name, offset=seg.first, total=b.numel,
         )
 
-    def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
-        """Segment ``i``'s steps 3 and 4 for step ``t`` (Alg. 1 lines 7, 8, 10; with ``sync_grad`` line 9 first),
+    def reduce_bucket(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """OneBitBucket ``i``'s steps 3 and 4 for step ``t`` (Alg. 1 lines 7, 8, 10; with ``sync_grad`` line 9 first),
         on the background thread with overlap: work[first:end] = b1 m + (1 - b1) g, then its masked average under
-        the global mask (on the wire path, ``_gather_segment``: the selected elements only). m itself changes only
+        the global mask (on the wire path, ``_gather_bucket``: the selected elements only). m itself changes only
         in ``step()``, once every bucket succeeded."""
-        seg, b, xp = self.segments[i], self.buf, self.xp
+        seg, b, xp = self.buckets[i], self.buf, self.xp
         if self._on_wire_path():
-            self._gather_segment(i, groups, t)
+            self._gather_bucket(i, groups, t)
             return
         if seg.numel == 0:  # nothing to average (the same on every rank: the layout is)
             return
@@ -255,7 +255,7 @@ class Slamb(BucketedAlgorithm):
         self._masked_allreduce(b.work, seg, t, name)  # step 4, and M_t[first:end] into mask[first:end]
 
     def _on_wire_path(self) -> bool:
-        """Whether a step overlaps its local work with the masked average (``_gather_segment``, ``_step_on_wire``):
+        """Whether a step overlaps its local work with the masked average (``_gather_bucket``, ``_step_on_wire``):
         the core's fused float32 passes take every buffer and parameter, and no gradient is averaged first
         (``sync_grad`` keeps the sequential path). Decided once per bound set of buffers."""
         b = self.buf
@@ -265,14 +265,14 @@ class Slamb(BucketedAlgorithm):
             self._fused_for = (b, ok)
         return self._fused_for[1]
 
-    def _gather_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
-        """Steps 3 and 4 of segment ``i`` on the selected elements only, on the background thread: the ranks agree
+    def _gather_bucket(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """Steps 3 and 4 of bucket ``i`` on the selected elements only, on the background thread: the ranks agree
         on the mask and on finite gradients (``masked_gather_``: M_t[first:end] into mask[first:end]), then
         work[first:first + count] = b1 m[M] + (1 - b1) g[M] (step 3 on those elements, gathered, the same rounding
         as on all), and ``step()`` may start changing state (``_Agreement``) while that compact buffer is
         averaged over the ranks (step 4, one dense allreduce of the same values as ``masked_allreduce_`` sends).
         Nothing in between can fail on one rank alone: its inputs are agreed, finite and in bounds."""
-        seg, b, o = self.segments[i], self.buf, self.options
+        seg, b, o = self.buckets[i], self.buf, self.options
         lo, hi = seg.first, seg.end
         name = f"{self.name}.m.{i}"
         try:
@@ -293,12 +293,12 @@ class Slamb(BucketedAlgorithm):
             self.meter.run(ops.allreduce_, b.work[lo:lo + count], op=ReduceOp.Average, name=f"{name}.avg")
 
     def _await_agreement(self, groups: Sequence[dict[str, Any]] | None) -> None:
-        """Start every bucket not started yet and wait until each is agreed on (``_gather_segment``); if any was
+        """Start every bucket not started yet and wait until each is agreed on (``_gather_bucket``); if any was
         refused, raise on every rank as ``reduce_all`` does, with nothing changed."""
         red = self._pipeline()
         red.mark_all_ready()
         self._launch(groups)
-        if not self._agreement.wait(len(self.segments)):
+        if not self._agreement.wait(len(self.buckets)):
             self._agreement.reset()  # the next step starts its own count
             self._counts.clear()
             self.reduce_all(groups)  # re-raises the refusal (state untouched: no bucket changes any)
@@ -315,7 +315,7 @@ class Slamb(BucketedAlgorithm):
         super().synchronize(groups)
 
     def gradient_final(self, i: int, groups: Sequence[dict[str, Any]], count: int = 1) -> None:
-        if self._agreement.complete(len(self.segments)):  # a gradient after the step's buckets read theirs
+        if self._agreement.complete(len(self.buckets)):  # a gradient after the step's buckets read theirs
             self.abandon()
         super().gradient_final(i, groups, count)
 
@@ -324,7 +324,7 @@ class Slamb(BucketedAlgorithm):
         self._agreement.reset()
         self._counts.clear()
 
-    def _group(self, seg: SlambSegment, groups: Sequence[dict[str, Any]] | None) -> dict[str, Any]:
+    def _group(self, seg: SlambBucket, groups: Sequence[dict[str, Any]] | None) -> dict[str, Any]:
         if groups is None:
             raise ValueError(f"{self.name}: reducing a bucket needs the param groups")
         return groups[seg.group]
@@ -472,7 +472,7 @@ class Slamb(BucketedAlgorithm):
                              lr / root_n)
 
     def _step_on_wire(self, groups: Sequence[dict[str, Any]], t: int) -> None:
-        """Steps 3-8 with the local work overlapped with the masked average (the buckets' ``_gather_segment``), the
+        """Steps 3-8 with the local work overlapped with the masked average (the buckets' ``_gather_bucket``), the
         same rule and per-element rounding as the sequential path: once every bucket is agreed on, this rank's
         own elements need nothing from the others, so while the averages are on the wire it takes steps 3 and 5
         on the elements kept local (m[~M], v), step 6, and step 7 over every element into ``scratch`` with the
@@ -502,7 +502,7 @@ class Slamb(BucketedAlgorithm):
                  for i, (x, (lo, hi)) in enumerate(zip(b.params, spans, strict=True))]
         self.reduce_pending(groups)  # every bucket's average: m[M] in work[first:first + count]
         layer = 0
-        for j, seg in enumerate(self.segments):
+        for j, seg in enumerate(self.buckets):
             within = 0
             for i in range(layer, layer + len(seg.sizes)):
                 n = int(norms[i][4])
@@ -529,7 +529,7 @@ class Slamb(BucketedAlgorithm):
     # -- checkpoints ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Our section of a face's checkpoint (m and v are the optimizer's per-parameter state), with the
-        bucket layout (``segments``: each bucket's elements, param group, parameter sizes and shapes)."""
+        bucket layout (``buckets``: each bucket's elements, param group, parameter sizes and shapes)."""
         o = self.options
         return {
             "algorithm": self.name,
@@ -540,14 +540,14 @@ class Slamb(BucketedAlgorithm):
             "compress_ratio": o.compress_ratio,
             "mask": o.mask,
             "freshness": self.xp.copy_(self.xp.float32_like(self.buf.numel, self.buf.freshness), self.buf.freshness),
-            "segments": self._layout(),
+            "buckets": self._layout(),
         }
 
     def _layout(self) -> list[dict[str, Any]]:
         """Each bucket's ``layout_state`` with its parameters' shapes: a parameter reshaped to the same element
         count is another model, refused by ``check_layout`` before the face loads the wrapped optimizer's state."""
-        shapes = iter(self.buf.shapes)  # the segments tile the parameters in order
-        return [{**self.layout_state(seg), "shapes": [list(next(shapes)) for _ in seg.sizes]} for seg in self.segments]
+        shapes = iter(self.buf.shapes)  # the buckets tile the parameters in order
+        return [{**self.layout_state(seg), "shapes": [list(next(shapes)) for _ in seg.sizes]} for seg in self.buckets]
 
     def check_state_dict(self, ours: dict[str, Any]) -> None:
         """Raise a clear ValueError, before anything changes, if ``ours`` cannot be resumed here."""
@@ -567,11 +567,11 @@ class Slamb(BucketedAlgorithm):
         step = ours.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"{what}: step {step!r} is not an int >= 0")
-        if "segments" in ours:  # optional: the state is over D, so a checkpoint without a layout still fits
-            self.check_layout(ours["segments"])
+        if "buckets" in ours:  # optional: the state is over D, so a checkpoint without a layout still fits
+            self.check_layout(ours["buckets"])
 
     def check_layout(self, saved: Sequence[dict[str, Any]]) -> None:
-        """ValueError, before anything changes, unless the checkpoint's segments ``saved`` cover this optimizer's
+        """ValueError, before anything changes, unless the checkpoint's buckets ``saved`` cover this optimizer's
         parameters: the same param group and elements of each, in D's order, and the same shape where the
         checkpoint records shapes (one without shapes is checked by counts). The bucket cut itself may differ
         (the state is over D, a bucket is a range of it)."""
@@ -580,7 +580,7 @@ class Slamb(BucketedAlgorithm):
             if all("shapes" in s for s in saved):
                 self._check_parameters(saved, "shapes", "shape", self.buf.shapes)
             return
-        # A layout of one segment per param group records its element count only: compare those.
+        # A layout of one bucket per param group records its element count only: compare those.
         got = [s.get("numel") for s in saved]
         want = [hi - lo for _, lo, hi in self.buf.groups()]
         if got != want:
@@ -618,7 +618,7 @@ def _bias_corrections(group: dict[str, Any], t: int) -> tuple[float, float]:
 
 
 class _Agreement:
-    """How many buckets of the coming step settled their agreement (``Slamb._gather_segment``): agreed on, or
+    """How many buckets of the coming step settled their agreement (``Slamb._gather_bucket``): agreed on, or
     failed. ``step()`` changes state only once every bucket is agreed on."""
 
     def __init__(self) -> None:

@@ -12,7 +12,7 @@ and docs/algorithms/zero-one-adam-spec.md fixes it (lines P1-P5 and L1-L6 of its
 Weight decay is decoupled (Z3); no bias correction (Z2). Deviation, ``variance_floor`` (Z12; 0 is DeepSpeed's
 rule): d = max(sqrt(v), sqrt(floor)) + eps per layer with 1-bit Adam's floor, and an element it lifted moves at most
 lr (``hvd_compress.algorithms.onebit``). The step kind depends on t and the options only, so a bucket's collective
-is chosen before backward ends (overlap). Errors, u, x_anchor and lrs are per bucket segment; the counters are the
+is chosen before backward ends (overlap). Errors, u, x_anchor and lrs are per bucket; the counters are the
 algorithm's. All of it is in ``state_dict()`` (nothing is reset on load: Z13). The NumPy twin is
 ``hvd_compress.reference.zero_one_adam``.
 """
@@ -77,7 +77,7 @@ def check_hyperparameters(op_name: str, group: dict[str, Any]) -> None:
 
 
 @dataclasses.dataclass
-class ZeroOneSegment:
+class ZeroOneBucket:
     """The float32 parameters of one bucket (of one param group) with the face's flat buffers.
 
     ``grad`` (each ``.grad`` a view), ``exp_avg`` (m) and ``exp_avg_sq`` (v, views of the wrapped optimizer's state);
@@ -107,7 +107,7 @@ class ZeroOneSegment:
 
 
 class ZeroOneAdam(BucketedAlgorithm):
-    """0/1 Adam over the face's segments (buckets); lr, betas, eps and weight_decay read from the groups every step.
+    """0/1 Adam over the face's buckets; lr, betas, eps and weight_decay read from the groups every step.
     The buckets' pipeline, backups and layout check are ``BucketedAlgorithm``'s."""
 
     name = "ZeroOneAdam"
@@ -116,9 +116,9 @@ class ZeroOneAdam(BucketedAlgorithm):
     buffers = "zeroone"
     wraps = contract.ADAM
 
-    def __init__(self, options: ZeroOneAdamOptions, backend: Backend, segments: Sequence[ZeroOneSegment],
+    def __init__(self, options: ZeroOneAdamOptions, backend: Backend, buckets: Sequence[ZeroOneBucket],
                  meter: CommMeter | None) -> None:
-        super().__init__(options, backend, segments, meter)
+        super().__init__(options, backend, buckets, meter)
         self.var_interval, self.var_counter = 1, 0
         self.local_step_interval, self.local_step_counter = 1, 0
 
@@ -155,16 +155,16 @@ class ZeroOneAdam(BucketedAlgorithm):
     def rejection_is_the_step(self, t: int) -> bool:
         return self.step_kind() != VARIANCE  # the dense average of a NaN is refused in ``step`` (check_finite)
 
-    def mutable_state(self, seg: ZeroOneSegment) -> tuple[Tensor, Tensor]:
+    def mutable_state(self, seg: ZeroOneBucket) -> tuple[Tensor, Tensor]:
         return seg.onebit.worker_error, seg.onebit.server_error
 
-    def reduce_segment(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
-        """Segment ``i``'s collective for step ``t``: the dense average of the gradients (P1), the 1-bit average of
+    def reduce_bucket(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
+        """OneBitBucket ``i``'s collective for step ``t``: the dense average of the gradients (P1), the 1-bit average of
         the gradients (P1') or of u + lr m_r, this rank's u after L1 and L3 (L4), in ``work``; none on local steps."""
         kind = self.step_kind()
         if kind == LOCAL:
             return
-        seg, xp = self.segments[i], self.xp
+        seg, xp = self.buckets[i], self.xp
         name = f"{self.name}.{kind}.{i}"
         with failure_joins_as_rejection(self.meter, name):
             if kind == VARIANCE:
@@ -195,7 +195,7 @@ class ZeroOneAdam(BucketedAlgorithm):
 
     # -- the step --------------------------------------------------------------------------------------
     def step(self, groups: Sequence[dict[str, Any]]) -> int:
-        """One step on every segment (reducing the buckets not reduced yet); returns the new step count. Nothing
+        """One step on every bucket (reducing the buckets not reduced yet); returns the new step count. Nothing
         changes if the hyper-parameters are refused or any bucket or gradient is refused on any rank."""
         t, kind = self.t + 1, self.step_kind()
         try:
@@ -208,21 +208,21 @@ class ZeroOneAdam(BucketedAlgorithm):
         if kind == VARIANCE:
             self._check_finite()
         elif kind == LOCAL:  # no collective to refuse a bad gradient: agree on it first (Z16)
-            bad = nonfinite_everywhere(self.xp, [seg.grad for seg in self.segments], self.meter,
+            bad = nonfinite_everywhere(self.xp, [seg.grad for seg in self.buckets], self.meter,
                                        f"{self.name}.local")
             if bad:
                 raise UsageError(f"{self.name}: non-finite gradient on some rank at step {t} (a local step); step "
                                  "not taken, state unchanged")
         if self.t == 0 and self.options.var_freeze_step == 0:
             self._anchor()  # all of the run is phase 2: x_anchor is the starting point
-        for seg in self.segments:
+        for seg in self.buckets:
             group = groups[seg.group]
             if kind in (VARIANCE, ONEBIT):
                 self._phase1(seg, group, kind)
             else:
                 self._phase2(seg, group, kind)
         if t == self.options.var_freeze_step:  # P5: errors restart in u's units (Z7)
-            for seg in self.segments:
+            for seg in self.buckets:
                 seg.onebit.reset()
             self._anchor()
         self._advance(t, kind)
@@ -231,28 +231,28 @@ class ZeroOneAdam(BucketedAlgorithm):
 
     def _anchor(self) -> None:
         """x_anchor = x (P5: the parameters every rank holds alike where phase 2 starts)."""
-        for seg in self.segments:
+        for seg in self.buckets:
             for a, p in zip(seg.views(seg.anchor), seg.params, strict=True):
                 self.xp.copy_(a, p)
 
     def _check_finite(self) -> None:
         # Every rank holds the same averaged gradients, so every rank reaches the same verdict.
-        for seg in self.segments:
+        for seg in self.buckets:
             bad = self.xp.first_nonfinite(seg.grad)
             if bad is not None:
                 raise UsageError(f"{self.name}: non-finite averaged gradient at step {self.t + 1} (element {bad[0]} "
                                  f"of param group {seg.group}: value {bad[1]}); step not taken, state unchanged")
 
-    def _local_momentum(self, seg: ZeroOneSegment, group: dict[str, Any], out: Tensor) -> Tensor:
+    def _local_momentum(self, seg: ZeroOneBucket, group: dict[str, Any], out: Tensor) -> Tensor:
         """out = b1 m + (1 - b1) g_r, this rank's gradient (L1), leaving m as it is."""
         b1 = group["betas"][0]
         return self.xp.add_(self.xp.mul_(self.xp.copy_(out, seg.grad), 1 - b1), seg.exp_avg, alpha=b1)
 
-    def _decay(self, seg: ZeroOneSegment, factor: float) -> None:
+    def _decay(self, seg: ZeroOneBucket, factor: float) -> None:
         if factor != 1.0:
             self.xp.foreach_mul_(seg.params, factor)
 
-    def _phase1(self, seg: ZeroOneSegment, group: dict[str, Any], kind: str) -> None:
+    def _phase1(self, seg: ZeroOneBucket, group: dict[str, Any], kind: str) -> None:
         """P2-P4 on the dense (``grad``) or 1-bit (``work``) average of the gradients."""
         xp = self.xp
         (b1, b2), lr = group["betas"], group["lr"]
@@ -265,7 +265,7 @@ class ZeroOneAdam(BucketedAlgorithm):
         self._decay(seg, 1 - lr * group["weight_decay"])  # P4, decoupled (Z3)
         xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), d, value=-lr)
 
-    def _denom(self, seg: ZeroOneSegment, eps: float, m: Tensor) -> list[Tensor]:
+    def _denom(self, seg: ZeroOneBucket, eps: float, m: Tensor) -> list[Tensor]:
         """Per layer d = max(sqrt(v), sqrt(floor)) + eps, and where the floor lifted it max(d, |m|), in ``scratch``
         (Z12: 1-bit Adam's variance floor and cap, with no bias correction: such an element steps at most lr). The
         floored d is computed again only when v (a variance step) or eps changed."""
@@ -284,7 +284,7 @@ class ZeroOneAdam(BucketedAlgorithm):
             seg.denom_key = float(eps)
         return capped_views(xp, seg.views, seg.denom, m, seg.scratch, 1.0, seg.floor_denoms, seg.sizes)
 
-    def _phase2(self, seg: ZeroOneSegment, group: dict[str, Any], kind: str) -> None:
+    def _phase2(self, seg: ZeroOneBucket, group: dict[str, Any], kind: str) -> None:
         """L1-L3 on a local step; L5-L6 on a sync step (``work`` holds ubar, the 1-bit average of u: L4)."""
         xp = self.xp
         b1, lr, wd = group["betas"][0], group["lr"], group["weight_decay"]
@@ -320,10 +320,10 @@ class ZeroOneAdam(BucketedAlgorithm):
             "world_size": ops.size(),
             "options": dataclasses.asdict(self.options),
             "counters": [self.var_interval, self.var_counter, self.local_step_interval, self.local_step_counter],
-            "segments": [
+            "buckets": [
                 {**self.layout_state(seg), "onebit": seg.onebit.state_dict(), "u": self._copy(seg.u),
                  "anchor": self._copy(seg.anchor), "lrs": float(seg.lrs)}
-                for seg in self.segments
+                for seg in self.buckets
             ],
         }
 
@@ -338,9 +338,9 @@ class ZeroOneAdam(BucketedAlgorithm):
         counters = ours.get("counters")
         if not isinstance(counters, list) or len(counters) != 4:
             raise ValueError(f"{what}: the checkpoint's schedule counters are {counters!r}")
-        saved = ours.get("segments", [])
+        saved = ours.get("buckets", [])
         self.check_layout(saved)
-        for seg, s in zip(self.segments, saved, strict=True):
+        for seg, s in zip(self.buckets, saved, strict=True):
             seg.onebit.check_state_dict(s["onebit"])
             for key in ("u", "anchor"):
                 if self.xp.describe(s.get(key)) != self.xp.describe(getattr(seg, key)):
@@ -357,11 +357,11 @@ class ZeroOneAdam(BucketedAlgorithm):
         """Restore ``state_dict()``, or start a plain checkpoint's step ``plain_step`` (call the checks first); a step
         started but not taken is dropped first. The saved counters stand even where the options changed."""
         self.abandon()
-        for seg in self.segments:
+        for seg in self.buckets:
             seg.denom_key = None
         if ours is None:
             self._replay(plain_step)
-            for seg in self.segments:
+            for seg in self.buckets:
                 seg.onebit.reset()
                 self.xp.zero_(seg.u)
                 seg.lrs = 0.0
@@ -370,7 +370,7 @@ class ZeroOneAdam(BucketedAlgorithm):
         self.t = int(ours["step"])
         self.var_interval, self.var_counter, self.local_step_interval, self.local_step_counter = (
             int(c) for c in ours["counters"])
-        for seg, saved in zip(self.segments, ours["segments"], strict=True):
+        for seg, saved in zip(self.buckets, ours["buckets"], strict=True):
             seg.onebit.load_state_dict(saved["onebit"])
             self.xp.copy_(seg.u, saved["u"])
             self.xp.copy_(seg.anchor, saved["anchor"])

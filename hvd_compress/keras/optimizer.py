@@ -9,7 +9,7 @@ own variables beside the inner ones. What each op does in ``apply``:
 - ``Adasum``: the inner optimizer steps on this rank's gradients, then the parameter deltas are Adasum-reduced
   (paper 002, Section 4.1; buckets as ``algorithms.adasum_delta.plan_buckets``) and applied to the start values.
 - an algorithm of ``hvd_compress.algorithms.REGISTRY`` (1-bit Adam, 1-bit LAMB, SLAMB, Birder): the algorithm's
-  own step over the fused segment of all trainable variables, with its state in this optimizer's variables
+  own step over the fused bucket of all trainable variables, with its state in this optimizer's variables
   (``hvd_compress.tensorflow.algorithm_step``). The inner optimizer supplies the hyper-parameters only.
 Each communicating step is one ``tf.numpy_function(stateful=True)``, so ranks issue their collectives in
 program order, and every step-dependent decision is taken at run time, not at trace time.

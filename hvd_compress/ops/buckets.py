@@ -56,16 +56,16 @@ def plan_buckets(
     return buckets
 
 
-def plan_segments(items: Sequence[tuple[Hashable, int]], bucket_mb: float) -> tuple[list[list[int]], list[int]]:
+def cut_buckets(items: Sequence[tuple[Hashable, int]], bucket_mb: float) -> tuple[list[list[int]], list[int]]:
     """The buckets of ``items`` (as ``plan_buckets``: ``bucket_mb`` MiB, the first bucket of each key
-    ``FIRST_BUCKET_MB``) as the segments of a bucketed algorithm, the one cut both faces make: each bucket's members
-    in registration order, the buckets sorted by their first member (the order of a checkpoint's segment list), and
-    the segment indices in bucket order (the order their reductions start)."""
+    ``FIRST_BUCKET_MB``) as a bucketed algorithm's buckets, the one cut both faces make: each bucket's members
+    in registration order, the buckets sorted by their first member (the order of a checkpoint's bucket list), and
+    the bucket indices in bucket order (the order their reductions start)."""
     cap = int(bucket_mb * (1 << 20))
     plan = plan_buckets(items, cap, min(cap, int(FIRST_BUCKET_MB * (1 << 20))))
-    segments = sorted(sorted(members) for members in plan)
-    index = {tuple(members): s for s, members in enumerate(segments)}
-    return segments, [index[tuple(sorted(members))] for members in plan]
+    buckets = sorted(sorted(members) for members in plan)
+    index = {tuple(members): s for s, members in enumerate(buckets)}
+    return buckets, [index[tuple(sorted(members))] for members in plan]
 
 
 class BucketReductions:

@@ -41,18 +41,18 @@ def state_numels(numel: int, hierarchical: bool) -> tuple[int, int]:
     return dpad // node_size(hierarchical), dpad // world
 
 
-def segment_seed(seed: int, segment: int) -> int:
-    """The Philox key of segment ``segment``'s draws under the optimizer's ``seed``: ``seed`` XOR (segment << 32).
+def bucket_seed(seed: int, bucket: int) -> int:
+    """The Philox key of bucket ``bucket``'s draws under the optimizer's ``seed``: ``seed`` XOR (bucket << 32).
 
     The core keys a call's draws (seed, step, stream, element) with ``element`` the index in that call's padded
-    buffer (spec 4; B7: the layout decides only who draws which number), so two segments (buckets) reduced at the
-    same step with one seed would draw the same uniforms for their first elements. Each segment therefore keys
-    with its own seed: its index in the key's high word. Segment 0 keeps ``seed``, so a model of one segment draws
-    what the unbucketed rule draws; for seeds below 2**32 no two (seed, segment) pairs share a key.
+    buffer (spec 4; B7: the layout decides only who draws which number), so two buckets reduced at the
+    same step with one seed would draw the same uniforms for their first elements. Each bucket therefore keys
+    with its own seed: its index in the key's high word. OneBitBucket 0 keeps ``seed``, so a model of one bucket draws
+    what the unbucketed rule draws; for seeds below 2**32 no two (seed, bucket) pairs share a key.
     """
-    if not 0 <= segment < 1 << 32:
-        raise ValueError(f"segment index must be in [0, 2**32), got {segment}")
-    return int(seed) ^ (int(segment) << 32)
+    if not 0 <= bucket < 1 << 32:
+        raise ValueError(f"bucket index must be in [0, 2**32), got {bucket}")
+    return int(seed) ^ (int(bucket) << 32)
 
 
 def hierarchical_compressed_allreduce_(

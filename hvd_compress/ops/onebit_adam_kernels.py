@@ -1,5 +1,5 @@
 """Framework-neutral calls of 1-bit Adam's fused compression-stage passes in the core
-(cpp/include/hvdc/onebit_adam_kernels.h) on contiguous float32 CPU tensors (torch or NumPy), one call per segment:
+(cpp/include/hvdc/onebit_adam_kernels.h) on contiguous float32 CPU tensors (torch or NumPy), one call per bucket:
 paper 003 Algorithm 1 line 6 (``local_momentum_``, ``OneBitAlgorithm.local_momentum``, which 1-bit LAMB shares) and
 lines 12-13 (``apply_``, ``hvd_compress.algorithms.onebit_adam``), each a single pass over memory where the backend's
 tensor ops take three or four. Scalars are cast to float32 as torch casts them, and the float32 operations keep the
@@ -19,7 +19,7 @@ from hvd_compress.ops.tensors import as_core_layers
 def local_momentum_(work: Any, g: Any, m: Any, beta1: float, l2: float | None = None,
                     params: Sequence[Any] = (), sizes: Sequence[int] = ()) -> Any:
     """Line 6: work = beta1 m + (l2 x + (1 - beta1) g), with Adam's L2 term (``l2`` = (1 - beta1) weight_decay, x
-    the segment's ``params`` of ``sizes``) only when ``l2`` is not None; returns ``work``."""
+    the bucket's ``params`` of ``sizes``) only when ``l2`` is not None; returns ``work``."""
     layers = None if l2 is None else as_core_layers(params, sizes)
     _core.onebit_local_momentum(g, m, work, layers, float(1 - beta1), float(0.0 if l2 is None else l2), float(beta1),
                                 scalar_kernels())

@@ -1,7 +1,7 @@
 """Framework-neutral calls of 1-bit LAMB's fused compression-stage passes in the core
 (cpp/include/hvdc/onebit_lamb_kernels.h): paper 001 Algorithm 1 lines 14-17 (``moments_``) and 20-21
 (``apply_``) of ``hvd_compress.algorithms.onebit_lamb`` on contiguous float32 CPU tensors (torch or NumPy),
-one call per segment, each a single pass over memory where the backend's tensor ops take about fourteen in
+one call per bucket, each a single pass over memory where the backend's tensor ops take about fourteen in
 all. Scalars are cast to float32 as torch casts them, and the float32 operations keep the backend path's
 order, fused multiply-adds included (see the header for the one difference: sqrt).
 """
@@ -30,7 +30,7 @@ def scalar_kernels() -> bool:
 
 def moments_(work: Any, m: Any, fresh: Any, denom: Any, sizes: Sequence[int], floors: Sequence[float],
              beta1: float, beta2: float, bc2: float, eps: float) -> list[float]:
-    """Lines 14-17 over a segment's flat buffers, per layer of ``sizes``: g = (work - beta1 m) / (1 - beta1),
+    """Lines 14-17 over a bucket's flat buffers, per layer of ``sizes``: g = (work - beta1 m) / (1 - beta1),
     fresh = beta2 fresh + (1 - beta2) g^2, m = work; returns each layer's max of
     denom / (max(sqrt(fresh) / sqrt(bc2), floor) + eps) (``floors``: per layer, 0 for none; 1.0 for an empty
     layer, as the backend path takes)."""

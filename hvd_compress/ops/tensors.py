@@ -22,6 +22,6 @@ def as_core_buffer(tensor: Any) -> Any:
 
 
 def as_core_layers(tensors: Sequence[Any], sizes: Sequence[int]) -> list[Any]:
-    """A segment's parameters for the fused kernels' per-layer lists: ``as_core_buffer`` of each, None for an empty
+    """A bucket's parameters for the fused kernels' per-layer lists: ``as_core_buffer`` of each, None for an empty
     one (whose strides may not read as contiguous)."""
     return [as_core_buffer(x) if size else None for x, size in zip(tensors, sizes, strict=True)]

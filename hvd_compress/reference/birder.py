@@ -10,7 +10,7 @@ names for the same steps and the same float32 rounding points (all listed in sto
   the ranks with the same local index.
 - ``parameter_server_step``: Alg. 1's element-wise parameter-server form (workers = nodes), which the
   sharded simulation equals exactly given the same uniforms (spec 4, last paragraph).
-- ``draw_uniforms``: the uniforms the core draws from Philox when none are injected (``segment_seed``: the key
+- ``draw_uniforms``: the uniforms the core draws from Philox when none are injected (``bucket_seed``: the key
   of each of the optimizer's buckets).
 """
 
@@ -40,10 +40,10 @@ def quantize(y: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, (y - q).astype(F32)
 
 
-def segment_seed(seed: int, segment: int) -> int:
-    """The Philox key of the optimizer's segment (bucket) ``segment`` under ``seed``: seed XOR (segment << 32)
-    (``ops.hierarchical_onebit.segment_seed``: every call counts elements from 0, so each bucket needs a key)."""
-    return seed ^ (segment << 32)
+def bucket_seed(seed: int, bucket: int) -> int:
+    """The Philox key of the optimizer's bucket ``bucket`` under ``seed``: seed XOR (bucket << 32)
+    (``ops.hierarchical_onebit.bucket_seed``: every call counts elements from 0, so each bucket needs a key)."""
+    return seed ^ (bucket << 32)
 
 
 def draw_uniforms(seed: int, step: int, n_nodes: int, dpad: int) -> tuple[np.ndarray, np.ndarray]:

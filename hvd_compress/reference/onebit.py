@@ -24,7 +24,7 @@ import numpy as np
 from hvd_compress.reference.dtypes import round_to
 
 SUPPORTED = ("float32", "float16", "bfloat16")
-#: The variance floor of a layer is at least this share of its segment's (bucket's) mean frozen v, times the floor.
+#: The variance floor of a layer is at least this share of its bucket's mean frozen v, times the floor.
 BUCKET_SHARE = 0.01
 
 
@@ -191,8 +191,8 @@ def _floored_root(
     rd: Callable[[np.ndarray], np.ndarray], r32: Callable[[np.ndarray], np.ndarray],
 ) -> tuple[np.ndarray, list[float]]:
     """(max(sqrt(v / bc2), sqrt(floor)) per layer, the per-layer sqrt(floor)) of the frozen v, with
-    floor = variance_floor * max(mean(v) over the layer, BUCKET_SHARE * mean(v) over the segment) / bc2 (the
-    segment's mean as the layers' means weighted by their sizes); rounded where the PyTorch face rounds (the root
+    floor = variance_floor * max(mean(v) over the layer, BUCKET_SHARE * mean(v) over the bucket) / bc2 (the
+    bucket's mean as the layers' means weighted by their sizes); rounded where the PyTorch face rounds (the root
     in the state dtype, then float32 with float32 scalars)."""
     root = rd(np.sqrt(v))
     if bc2 != 1.0:
@@ -417,22 +417,22 @@ def onebit_lamb(
     return trace
 
 
-def over_segments(
+def over_buckets(
     run: Callable[..., OptimizerTrace],
     x0: np.ndarray,
     grads: Sequence[Sequence[np.ndarray]],
-    segments: Sequence[Sequence[int]],
+    buckets: Sequence[Sequence[int]],
     **options: object,
 ) -> np.ndarray:
     """Parameters after every step (steps x numel) of ``run`` (``onebit_adam``/``onebit_lamb`` with its options)
-    over the optimizer's segments, as the real code cuts them (``hvd_compress.algorithms.onebit``: one segment per
-    bucket of each param group and dtype, each with its own error feedback and 1-bit scales). ``segments``: the
-    layer sizes of each segment, consecutive in parameter order; ``grads[t][r]``: rank r's flat gradient at step t.
+    over the optimizer's buckets, as the real code cuts them (``hvd_compress.algorithms.onebit``: one bucket per
+    bucket of each param group and dtype, each with its own error feedback and 1-bit scales). ``buckets``: the
+    layer sizes of each bucket, consecutive in parameter order; ``grads[t][r]``: rank r's flat gradient at step t.
     """
-    total = sum(sum(s) for s in segments)
+    total = sum(sum(s) for s in buckets)
     out = np.zeros((len(grads), total))
     lo = 0
-    for layer_sizes in segments:
+    for layer_sizes in buckets:
         hi = lo + sum(layer_sizes)
         g = [[gr[lo:hi] for gr in step] for step in grads]
         out[:, lo:hi] = np.stack(run(x0[lo:hi], g, list(layer_sizes), **options).params)

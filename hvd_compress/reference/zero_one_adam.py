@@ -126,7 +126,7 @@ def _average(state: ZeroOneAdamState, per_rank: list[np.ndarray], opts: Options)
 def _denominator(v: np.ndarray, layers: Sequence[slice], opts: Options) -> Callable[[np.ndarray], np.ndarray]:
     """m -> the d that m is divided by (Z10, Z12): max(sqrt(v), sqrt(floor)) + eps per layer, 1-bit Adam's variance
     floor without bias correction (floor = variance_floor * max(mean v over the layer, a share of mean v over the
-    segment)), and where the floor lifted d, max(d, |m|): such an element steps at most lr."""
+    bucket)), and where the floor lifted d, max(d, |m|): such an element steps at most lr."""
     same = lambda a: a  # noqa: E731 (float64 throughout)
     root, floors = _floored_root(v, layers, 1.0, opts.variance_floor, same, same)
     d = root + opts.eps

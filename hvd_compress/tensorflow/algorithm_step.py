@@ -2,12 +2,12 @@
 of a TF face's variables: the run-time half of ``hvd_compress.keras.DistributedOptimizer``.
 
 The state lives in framework variables (so checkpoints keep it). The variables are cut into buckets as the torch
-face cuts its parameters (``plan_bucket_ranges``), one segment of the algorithm per bucket, and each step is a
+face cuts its parameters (``plan_bucket_ranges``), the algorithm's state per bucket, and each step is a
 chain of stateful ``tf.numpy_function`` ops, as ``hvd_compress.tensorflow.bucketed`` does for Average/Sum: a start
 op per bucket, fed by that bucket's gradients only (so TF runs it while it still computes earlier layers'
-gradients), which reports its segment final (``BucketedAlgorithm.gradient_final``); the first also makes the
+gradients), which reports its bucket final (``BucketedAlgorithm.gradient_final``); the first also makes the
 step's ``_Session`` of fresh 64-byte aligned copies (TF's inputs alias its buffers and are never written) over
-which ``bind`` lays the segments. One finish op runs the algorithm's step and returns the new parameters and
+which ``bind`` lays the buckets. One finish op runs the algorithm's step and returns the new parameters and
 state. ``overlap=False`` gates every start op on every gradient: the same calls, bit-identical results. A buffer
 the step only reads (``read_only``) is not copied, and an empty array goes back for it. A per-bucket state of
 another cut (``LAYOUT``) is refused. Every step-dependent decision is made at run time. The subclasses below only
@@ -26,13 +26,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from hvd_compress.algorithms.birder import BirderAlgorithm, BirderOptions, BirderSegment
+from hvd_compress.algorithms.birder import BirderAlgorithm, BirderBucket, BirderOptions
 from hvd_compress.algorithms.contract import Wraps
-from hvd_compress.algorithms.onebit import OneBitAlgorithm, Segment
-from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions, SlambSegment
-from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam, ZeroOneSegment
+from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitBucket
+from hvd_compress.algorithms.slamb import Slamb, SlambBucket, SlambBuffers, SlambOptions
+from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam, ZeroOneBucket
 from hvd_compress.ops import runtime
-from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, plan_segments
+from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, cut_buckets
 from hvd_compress.ops.collectives import reject_allreduce
 from hvd_compress.ops.onebit import server_error_numel
 from hvd_compress.ops.traffic import CommMeter
@@ -42,7 +42,7 @@ from hvd_compress.tensorflow.functions import dense, numpy_call
 StateShapes = dict[str, tuple[tuple[int, ...], str, str]]  # name -> (shape, dtype, Keras initializer)
 #: The state entry of a runner cut into several buckets with per-bucket state (Birder): each bucket's elements, so
 #: that a checkpoint of another cut is refused (another count of buckets: another shape, which Keras refuses).
-LAYOUT = "segments"
+LAYOUT = "buckets"
 
 
 def _fresh_copy(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
@@ -88,10 +88,10 @@ def float32_gradients(grads: Sequence[Any], variables: Sequence[Any]) -> list[tf
 
 def plan_bucket_ranges(sizes: Sequence[int], bucket_mb: float) -> tuple[list[tuple[int, int]], list[int]]:
     """The buckets of float32 variables of ``sizes`` elements as the torch face cuts one param group
-    (``ops.buckets.plan_segments``): each bucket's variable range [lo, hi) in variable order, and the bucket indices
+    (``ops.buckets.cut_buckets``): each bucket's variable range [lo, hi) in variable order, and the bucket indices
     in bucket order."""
-    segments, order = plan_segments([("float32", 4 * n) for n in sizes], bucket_mb)
-    return [(members[0], members[-1] + 1) for members in segments], order
+    buckets, order = cut_buckets([("float32", 4 * n) for n in sizes], bucket_mb)
+    return [(members[0], members[-1] + 1) for members in buckets], order
 
 
 @dataclasses.dataclass
@@ -109,9 +109,9 @@ class _Session:
 class FusedStep(FlatLayout):
     """All trainable variables (``shapes``, in order) as flat float32 buffers cut into buckets (``ranges``: each
     bucket's variables, in variable order; ``order``: the bucket order; ``plan_bucket_ranges``), and the algorithm
-    that steps them, one segment per bucket. Subclasses name the state buffers (``state_shapes``), the ones that
+    that steps them. Subclasses name the state buffers (``state_shapes``), the ones that
     differ between ranks by design (``per_rank``), the hyper-parameter group (``group``), bind the algorithm's
-    segments over a step's arrays (``bind``) and step it (``finish_state``)."""
+    buckets over a step's arrays (``bind``) and step it (``finish_state``)."""
 
     #: State names that are scalars or small lists, not flat buffers copied as such.
     scalars: tuple[str, ...] = ("step", LAYOUT)
@@ -152,7 +152,7 @@ class FusedStep(FlatLayout):
         return frozenset()
 
     def bind(self, session: _Session) -> None:
-        """Bind the algorithm's segments over ``session``'s arrays for the coming step (the ``read_only`` state
+        """Bind the algorithm's buckets over ``session``'s arrays for the coming step (the ``read_only`` state
         comes at the finish op)."""
         raise NotImplementedError
 
@@ -177,8 +177,8 @@ class FusedStep(FlatLayout):
     def start(self, position: int, flags: dict[str, Any]) -> Callable[..., np.ndarray]:
         """The start op of the ``position``-th bucket in bucket order. Its arrays: (hyper, parameters, state) for
         the first, else the previous start op's token; then the bucket's gradients. Returns the session's token."""
-        segment = self.order[position]
-        lo, hi = self.ranges[segment]
+        bucket = self.order[position]
+        lo, hi = self.ranges[bucket]
         n_vars, n_state = len(self.sizes), len(self.state_shapes())
 
         def run(*arrays: np.ndarray) -> np.ndarray:
@@ -204,7 +204,7 @@ class FusedStep(FlatLayout):
                     runtime.submit(reject_allreduce, f"{type(e).__name__}: {e}",
                                    f"{alg.name}.bucket.{later}").exception()
                 raise
-            alg.gradient_final(segment, [session.group], count=hi - lo)
+            alg.gradient_final(bucket, [session.group], count=hi - lo)
             return np.array(token, np.int64)
 
         return run
@@ -257,16 +257,16 @@ class FusedStep(FlatLayout):
         )
 
     def _step(self, session: _Session) -> int:
-        """The bound algorithm's step; its segments are dropped after (the arrays then belong to TF)."""
+        """The bound algorithm's step; its buckets are dropped after (the arrays then belong to TF)."""
         try:
             return self.algorithm.step([session.group])
         finally:
-            self.algorithm.segments = []
+            self.algorithm.buckets = []
 
 
 class OneBitStep(FusedStep):
     """1-bit Adam / 1-bit LAMB (``hvd_compress.algorithms.onebit``): moments, error feedback (per bucket: each
-    segment's worker error and server chunk, or with ``hierarchical`` its hierarchical pair), LAMB's per-layer
+    bucket's worker error and server chunk, or with ``hierarchical`` its hierarchical pair), LAMB's per-layer
     frozen coefficients. With more than one bucket the state records the cut (``LAYOUT``)."""
 
     scalars = ("step", "lamb_coeff_freeze", "last_factor", LAYOUT)
@@ -310,11 +310,11 @@ class OneBitStep(FusedStep):
         coeff = np.asarray(session.saved["lamb_coeff_freeze"], dtype=np.float64)
         last = np.asarray(session.saved["last_factor"], dtype=np.float64)
         fresh = bufs.get("exp_avg_sq_fresh")
-        segments = []
+        buckets = []
         for i, ((lo, hi), layout) in enumerate(zip(self.ranges, self.layouts, strict=True)):
             a, b = self.span(i)
             errors = (bufs["worker_error"][w[i]:w[i + 1]], bufs["server_error"][s[i]:s[i + 1]])
-            seg = Segment(
+            seg = OneBitBucket(
                 group=0, params=layout.views(session.x[a:b]), sizes=list(layout.sizes), grad=session.g[a:b],
                 exp_avg=bufs["exp_avg"][a:b],
                 exp_avg_sq=bufs["exp_avg_sq"][a:b] if "exp_avg_sq" in bufs else None,  # read-only: at finish
@@ -324,13 +324,13 @@ class OneBitStep(FusedStep):
             )
             if alg.options.hierarchical:
                 seg.hierarchical_errors = errors
-            segments.append(seg)
-        alg.segments = segments
+            buckets.append(seg)
+        alg.buckets = buckets
 
     def finish_state(self, session: _Session) -> dict[str, np.ndarray]:
-        alg, segments = self.algorithm, list(self.algorithm.segments)
+        alg, buckets = self.algorithm, list(self.algorithm.buckets)
         v = session.bufs["exp_avg_sq"]
-        for i, seg in enumerate(segments):
+        for i, seg in enumerate(buckets):
             a, b = self.span(i)
             seg.exp_avg_sq = v[a:b]
         compressing = bool(session.read_only)  # the coming step is a compressed one: v is frozen
@@ -338,29 +338,29 @@ class OneBitStep(FusedStep):
             self._kept = None  # a warm-up step writes scratch, where 1-bit Adam keeps d
         kept = self._kept
         if kept is not None and np.array_equal(v, kept.v):
-            for seg, denom, key, roots, floors in zip(segments, kept.denoms, kept.keys, kept.floor_roots,
+            for seg, denom, key, roots, floors in zip(buckets, kept.denoms, kept.keys, kept.floor_roots,
                                                       kept.floor_denoms, strict=True):
                 alg.adopt_denom(seg, denom)
                 seg.denom_key, seg.floor_roots, seg.floor_denoms = key, list(roots), floors
         else:  # forgotten before the step: it may write d into the kept buffer (scratch) and then raise
             kept = self._kept = None
         t = self._step(session)
-        if compressing and all(seg.denom_key is not None for seg in segments):
+        if compressing and all(seg.denom_key is not None for seg in buckets):
             self._kept = _KeptDenom(kept.v if kept is not None else _fresh_copy(v),
-                                    [alg.denom_buffer(seg) for seg in segments], [seg.denom_key for seg in segments],
-                                    [list(seg.floor_roots) for seg in segments],
-                                    [seg.floor_denoms for seg in segments])
+                                    [alg.denom_buffer(seg) for seg in buckets], [seg.denom_key for seg in buckets],
+                                    [list(seg.floor_roots) for seg in buckets],
+                                    [seg.floor_denoms for seg in buckets])
         return {"step": np.asarray(t, dtype=np.int64),
-                "lamb_coeff_freeze": _fresh_copy(np.asarray([c for seg in segments for c in seg.lamb_coeff_freeze],
+                "lamb_coeff_freeze": _fresh_copy(np.asarray([c for seg in buckets for c in seg.lamb_coeff_freeze],
                                                             dtype=np.float64)),
-                "last_factor": _fresh_copy(np.asarray([c for seg in segments for c in seg.last_factor],
+                "last_factor": _fresh_copy(np.asarray([c for seg in buckets for c in seg.last_factor],
                                                       dtype=np.float64))}
 
 
 @dataclasses.dataclass
 class _KeptDenom:
     """The frozen denominator d of the last compressed step (``OneBitAlgorithm.frozen_denom``), per bucket, and the
-    frozen v it was computed from. The segments are rebuilt every step, so without this d (a square root over every
+    frozen v it was computed from. The buckets are rebuilt every step, so without this d (a square root over every
     element and the per-layer floors) would be recomputed every step. It is reused only where this step's v equals
     ``v`` element for element: a restored checkpoint or a replayed warm-up gets its own d."""
 
@@ -415,10 +415,10 @@ class ZeroOneStep(FusedStep):
         counters = self.FRESH_COUNTERS if alg.t == 0 else (int(c) for c in saved["counters"])
         alg.var_interval, alg.var_counter, alg.local_step_interval, alg.local_step_counter = counters
         lrs = np.asarray(saved["lrs"], dtype=np.float64)
-        segments = []
+        buckets = []
         for i, layout in enumerate(self.layouts):
             a, b = self.span(i)
-            segments.append(ZeroOneSegment(
+            buckets.append(ZeroOneBucket(
                 group=0, params=layout.views(session.x[a:b]), sizes=list(layout.sizes), grad=session.g[a:b],
                 exp_avg=bufs["exp_avg"][a:b], exp_avg_sq=bufs["exp_avg_sq"][a:b], u=bufs["u"][a:b],
                 anchor=bufs["anchor"][a:b], work=self._work[a:b], scratch=self._scratch[a:b],
@@ -426,14 +426,14 @@ class ZeroOneStep(FusedStep):
                                                        bufs["server_error"][s[i]:s[i + 1]]),
                 views=layout.views, lrs=float(lrs[i]),
             ))
-        alg.segments = segments
+        alg.buckets = buckets
 
     def finish_state(self, session: _Session) -> dict[str, np.ndarray]:
-        alg, segments = self.algorithm, list(self.algorithm.segments)
+        alg, buckets = self.algorithm, list(self.algorithm.buckets)
         t = self._step(session)
         counters = [alg.var_interval, alg.var_counter, alg.local_step_interval, alg.local_step_counter]
         return {"step": np.asarray(t, dtype=np.int64), "counters": _fresh_copy(np.asarray(counters, np.int64)),
-                "lrs": _fresh_copy(np.asarray([seg.lrs for seg in segments], dtype=np.float64))}
+                "lrs": _fresh_copy(np.asarray([seg.lrs for seg in buckets], dtype=np.float64))}
 
 
 class SlambStep(FusedStep):
@@ -452,9 +452,9 @@ class SlambStep(FusedStep):
         self._scratch = BACKEND.float32_like(self.numel, None)
         self._mask = BACKEND.bool_like(self.numel, None)
         # ``params`` only count the members (the algorithm reads the flat buffers).
-        segments = [SlambSegment(group=0, first=self.span(i)[0], sizes=self.sizes[lo:hi], params=list(range(lo, hi)))
+        buckets = [SlambBucket(group=0, first=self.span(i)[0], sizes=self.sizes[lo:hi], params=list(range(lo, hi)))
                     for i, (lo, hi) in enumerate(self.ranges)]
-        self.algorithm = algorithm(options, BACKEND, segments, meter, world_size=world_size,
+        self.algorithm = algorithm(options, BACKEND, buckets, meter, world_size=world_size,
                                    buffers=self._buffers(BACKEND.float32_like(self.numel, None), None, {}))
         self._attach(self.algorithm)
 
@@ -491,7 +491,7 @@ class SlambStep(FusedStep):
 
 class BirderStep(FusedStep):
     """Birder's 1-bit algorithm (``hvd_compress.algorithms.birder``): this rank's shards of m, b and the error
-    feedback, all per rank and per bucket (each segment its own); the step count (with the seed, the RNG position)
+    feedback, all per rank and per bucket (each bucket its own); the step count (with the seed, the RNG position)
     alike everywhere. With more than one bucket the state records the cut (``LAYOUT``)."""
 
     per_rank = ("m", "b", "worker_error", "server_error")
@@ -510,16 +510,16 @@ class BirderStep(FusedStep):
                 "step": ((), "int64", "zeros"), **self.layout_shape()}
 
     def bind(self, session: _Session) -> None:
-        (c1, c2), bufs, segments = self._state_cuts, session.bufs, []
+        (c1, c2), bufs, buckets = self._state_cuts, session.bufs, []
         for i, layout in enumerate(self.layouts):
             a, b = self.span(i)
-            segments.append(BirderSegment(
+            buckets.append(BirderBucket(
                 group=0, params=layout.views(session.x[a:b]), sizes=list(layout.sizes), grad=session.g[a:b],
                 update=self._update[a:b], m=bufs["m"][c1[i]:c1[i + 1]], b=bufs["b"][c1[i]:c1[i + 1]],
                 worker_error=bufs["worker_error"][c1[i]:c1[i + 1]],
                 server_error=bufs["server_error"][c2[i]:c2[i + 1]], views=layout.views,
             ))
-        self.algorithm.segments = segments
+        self.algorithm.buckets = buckets
         self.algorithm.t = int(session.saved["step"])
 
     def finish_state(self, session: _Session) -> dict[str, np.ndarray]:

@@ -2,7 +2,7 @@
 ``hc.DistributedOptimizer(hc.Birder(...), op=hc.Birder)`` (the 1-bit algorithm).
 
 The math and the sequencing are ``hvd_compress.algorithms.birder``'s; this face keeps the tensors: per
-bucket of each param group one segment of flat float32 buffers (the fused gradient of which every ``.grad`` is a
+bucket of each param group one bucket of flat float32 buffers (the fused gradient of which every ``.grad`` is a
 view, the update, and the sharded m, b and error feedback), the gradient hooks that start a bucket's core call
 during backward (``overlap``, ``hvd_compress.torch.bucketed``), and the ``hvd_compress`` section of
 ``state_dict()``.
@@ -17,7 +17,7 @@ import torch
 
 from hvd_compress.algorithms import birder as alg
 from hvd_compress.torch.backend import BACKEND
-from hvd_compress.torch.bucketed import BucketedEngine, bucket_segments
+from hvd_compress.torch.bucketed import BucketedEngine, make_buckets
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients, cached_views
 
@@ -63,13 +63,13 @@ def _zeros(numel: int, device: torch.device) -> torch.Tensor:
     return torch.zeros(numel, dtype=torch.float32, device=device)
 
 
-def _segment(hierarchical: bool, gi: int, params: list[torch.nn.Parameter],
-             fused: FusedGradients) -> alg.BirderSegment:
-    """One bucket's segment (``bucket_segments``): m, b and the errors this rank keeps of it."""
+def _bucket(hierarchical: bool, gi: int, params: list[torch.nn.Parameter],
+             fused: FusedGradients) -> alg.BirderBucket:
+    """One bucket's bucket (``make_buckets``): m, b and the errors this rank keeps of it."""
     numel = sum(p.numel() for p in params)
     c1, c2 = alg.BirderAlgorithm.state_numels(numel, hierarchical)
     device = fused.buffers[0].device
-    return alg.BirderSegment(
+    return alg.BirderBucket(
         group=gi, params=params, sizes=[p.numel() for p in params], grad=fused.buffers[0],
         update=_zeros(numel, device), m=_zeros(c1, device), b=_zeros(c1, device),
         worker_error=_zeros(c1, device), server_error=_zeros(c2, device), views=cached_views(params),
@@ -79,8 +79,8 @@ def _segment(hierarchical: bool, gi: int, params: list[torch.nn.Parameter],
 class BirderEngine(BucketedEngine):
     """The engine of a wrapped ``hc.Birder`` under ``op=hc.Birder`` (paper 004 Alg. 1, 1-bit both ways).
 
-    The parameters are cut into buckets (``bucket_mb``, as ``op=Average``), each one segment with its own m, b
-    and error feedback (``hvd_compress.algorithms.birder``: segments are buckets). With ``overlap=True`` (the
+    The parameters are cut into buckets (``bucket_mb``, as ``op=Average``), each with its own m, b
+    and error feedback (``hvd_compress.algorithms.birder``: buckets are buckets). With ``overlap=True`` (the
     default) the gradient hook that makes a bucket's last gradient final starts that bucket's core call (this
     rank's gradient in, the update u out; m, b and the errors updated inside) on the background thread while
     backward continues; ``synchronize()`` starts what is left and waits for all; ``step()`` applies
@@ -95,12 +95,12 @@ class BirderEngine(BucketedEngine):
 
     def build(self, param_groups: list[dict[str, Any]], algorithm: type[alg.BirderAlgorithm],
               options: alg.BirderOptions, bucket_mb: float
-              ) -> tuple[alg.BirderAlgorithm, list[alg.BirderSegment], list[FusedGradients], list[int]]:
+              ) -> tuple[alg.BirderAlgorithm, list[alg.BirderBucket], list[FusedGradients], list[int]]:
         ensure_init()
-        segments, grads, order = bucket_segments(param_groups, bucket_mb, (torch.float32,),
+        buckets, grads, order = make_buckets(param_groups, bucket_mb, (torch.float32,),
                                                  "op=Birder supports float32 parameters only",
-                                                 functools.partial(_segment, options.hierarchical))
-        return algorithm(options, BACKEND, segments, self.meter), segments, grads, order
+                                                 functools.partial(_bucket, options.hierarchical))
+        return algorithm(options, BACKEND, buckets, self.meter), buckets, grads, order
 
     @property
     def birder_step(self) -> int:

@@ -1,9 +1,9 @@
 """The torch engine of every algorithm of ``hvd_compress.algorithms`` (1-bit Adam/LAMB, Birder, SLAMB), whose
-segments are buckets (``hvd_compress.algorithms.bucketed``), written once: cutting the parameters into buckets, the
+buckets are buckets (``hvd_compress.algorithms.bucketed``), written once: cutting the parameters into buckets, the
 gradient hooks that report each parameter whose gradient is final so that its bucket's reduction starts while
 backward runs (``overlap``), counting backward passes, gathering the fused gradients, stepping the algorithm,
 zeroing the fused buffers, metering bytes and carrying the algorithm's section of ``state_dict()``. Each
-algorithm's engine adds its buffers (``segments``) and the views of the wrapped optimizer's state (``bind_state``).
+algorithm's engine adds its buffers (``buckets``) and the views of the wrapped optimizer's state (``bind_state``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hvd_compress.ops.buckets import plan_segments as plan_bucket_segments
+from hvd_compress.ops.buckets import cut_buckets as ops_cut_buckets
 from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.traffic import CommMeter
@@ -22,44 +22,44 @@ from hvd_compress.torch.fused import FusedGradients
 from hvd_compress.torch.wrapping import STATE_KEY, Engine, any_rank_nonfinite, check_named_parameters, hook_gradients
 
 
-def plan_segments(
+def cut_buckets(
     param_groups: list[dict[str, Any]], bucket_mb: float
 ) -> tuple[list[tuple[int, list[torch.nn.Parameter]]], list[int]]:
     """The buckets of each (param group, dtype, device), as ``op=Average`` cuts its buckets
-    (``ops.buckets.plan_segments``: the trainable parameters in reverse registration order, ``bucket_mb`` MiB, the
+    (``ops.buckets.cut_buckets``: the trainable parameters in reverse registration order, ``bucket_mb`` MiB, the
     first bucket of each key 1 MiB).
 
-    Returns each bucket's (param group, parameters) in registration order (the order of the checkpoint's segment
-    list: a model with one bucket per group keeps the layout of one segment per group) and the bucket indices in
+    Returns each bucket's (param group, parameters) in registration order (the order of the checkpoint's bucket
+    list: a model with one bucket per group keeps the layout of one bucket per group) and the bucket indices in
     bucket order (the order their reductions start)."""
     trainable = [(gi, p) for gi, group in enumerate(param_groups) for p in group["params"] if p.requires_grad]
     items = [((gi, p.dtype, p.device), p.numel() * p.element_size()) for gi, p in trainable]
-    segments, order = plan_bucket_segments(items, bucket_mb)
-    return [(trainable[members[0]][0], [trainable[i][1] for i in members]) for members in segments], order
+    buckets, order = ops_cut_buckets(items, bucket_mb)
+    return [(trainable[members[0]][0], [trainable[i][1] for i in members]) for members in buckets], order
 
 
-def bucket_segments(param_groups: list[dict[str, Any]], bucket_mb: float, dtypes: tuple[torch.dtype, ...],
+def make_buckets(param_groups: list[dict[str, Any]], bucket_mb: float, dtypes: tuple[torch.dtype, ...],
                     refusal: str, make: Callable[[int, list[torch.nn.Parameter], FusedGradients], Any],
                     ) -> tuple[list[Any], list[FusedGradients], list[int]]:
-    """One segment per bucket of each param group (``plan_segments``), in registration order, each
-    ``make(group index, parameters, their FusedGradients)``; their gradient buffers, and the segment indices in
+    """The buckets of each param group (``cut_buckets``), in registration order, each
+    ``make(group index, parameters, their FusedGradients)``; their gradient buffers, and the bucket indices in
     bucket order. A trainable parameter of a dtype not in ``dtypes``: ValueError(``refusal`` with its
     ``{dtype}``)."""
     for group in param_groups:
         for p in group["params"]:
             if p.requires_grad and p.dtype not in dtypes:
                 raise ValueError(refusal.format(dtype=p.dtype))
-    buckets, order = plan_segments(param_groups, bucket_mb)
-    segments, grads = [], []
-    for gi, params in buckets:
+    planned, order = cut_buckets(param_groups, bucket_mb)
+    buckets, grads = [], []
+    for gi, params in planned:
         fused = FusedGradients(params)
-        segments.append(make(gi, params, fused))
+        buckets.append(make(gi, params, fused))
         grads.append(fused)
-    return segments, grads, order
+    return buckets, grads, order
 
 
 class BucketedEngine(Engine):
-    """The engine of a ``BucketedAlgorithm`` (``alg``). A subclass's ``build`` makes the algorithm, its segments
+    """The engine of a ``BucketedAlgorithm`` (``alg``). A subclass's ``build`` makes the algorithm, its buckets
     and their ``FusedGradients``. With ``overlap`` the gradient hook that makes a parameter's gradient final (its
     last backward pass of ``backward_passes_per_step``) gathers it into its bucket's fused buffer and reports it
     (``gradient_final``); a complete bucket starts reducing on the background thread. ``synchronize()`` waits for
@@ -75,13 +75,13 @@ class BucketedEngine(Engine):
         params = [p for g in optimizer.param_groups for p in g["params"]]
         check_named_parameters(params, named_parameters)
         self.meter = CommMeter()
-        self.alg, segments, self.grads, order = self.build(optimizer.param_groups, algorithm, options, bucket_mb)
+        self.alg, buckets, self.grads, order = self.build(optimizer.param_groups, algorithm, options, bucket_mb)
         self.alg.order, self.alg.overlap = order, bool(overlap)
         if self.mirrors_step:
             self.alg.t = self.plain_step(self.base.state_dict(optimizer))
         self.bind_state()
-        trainable = [p for s in segments for p in s.params]
-        self.segment_of = {id(p): i for i, s in enumerate(segments) for p in s.params}
+        trainable = [p for s in buckets for p in s.params]
+        self.bucket_of = {id(p): i for i, s in enumerate(buckets) for p in s.params}
         self.fused_of = {id(p): fused for fused in self.grads for p in fused.params}
         self.passes = PassCounter(trainable, backward_passes_per_step)
         hook_gradients(trainable, self.count_pass)
@@ -93,15 +93,15 @@ class BucketedEngine(Engine):
 
     def build(self, param_groups: list[dict[str, Any]], algorithm: type, options: Any,
               bucket_mb: float) -> tuple[Any, list[Any], list[FusedGradients], list[int]]:
-        """``algorithm(options, BACKEND, segments, self.meter)`` (the contract of ``hvd_compress.algorithms``), its
-        segments, the ``FusedGradients`` that hold their gradients, and the bucket order."""
+        """``algorithm(options, BACKEND, buckets, self.meter)`` (the contract of ``hvd_compress.algorithms``), its
+        buckets, the ``FusedGradients`` that hold their gradients, and the bucket order."""
         raise NotImplementedError
 
     def bind_state(self) -> None:
         """Make the wrapped optimizer's per-parameter state views of the algorithm's buffers (``bind_views``)."""
 
     def bind_views(self, pieces: Iterable[tuple[Any, list[tuple[str, torch.Tensor]]]]) -> None:
-        """For each (owner, [(key, flat buffer), ...]) of ``pieces``, where the owner (a segment) has ``params`` and
+        """For each (owner, [(key, flat buffer), ...]) of ``pieces``, where the owner (a bucket) has ``params`` and
         ``views(flat)``: make each parameter's ``state[key]`` its view of the buffer, keeping the values it held
         (a wrapped optimizer that has stepped, a loaded state), and its ``state['step']`` the algorithm's."""
         state = self.opt.state
@@ -121,7 +121,7 @@ class BucketedEngine(Engine):
         self.protocol.synchronized = False  # a new gradient after synchronize() starts another gradient phase
         if self.alg.overlap and passes == self.passes.limit:
             ensure_init()
-            i = self.segment_of[id(p)]
+            i = self.bucket_of[id(p)]
             self.fused_of[id(p)].gather_one(p)  # a .grad set from outside (model.zero_grad()) into its view
             self.alg.gradient_final(i, self.opt.param_groups)
 
@@ -132,8 +132,8 @@ class BucketedEngine(Engine):
 
     @property
     def bucket_count(self) -> int:
-        """Buckets (segments, each with its own per-bucket state) the parameters are cut into."""
-        return len(self.alg.segments)
+        """Buckets (buckets, each with its own per-bucket state) the parameters are cut into."""
+        return len(self.alg.buckets)
 
     @torch.no_grad()
     def synchronize(self) -> None:
@@ -233,6 +233,8 @@ class BucketedEngine(Engine):
         nothing changed."""
         state_dict = dict(state_dict)
         ours = state_dict.pop(STATE_KEY, None)
+        if ours is not None and "segments" in ours and "buckets" not in ours:  # the list's name in 0.1.0 checkpoints
+            ours = {**ours, "buckets": ours.pop("segments")}
         t = 0
         if ours is not None:
             self.alg.check_state_dict(ours)

@@ -3,8 +3,8 @@
 
 The algorithms (both stages, the ``compress`` rule, the buckets' reductions, the checkpoint schema) live in
 ``hvd_compress/algorithms``. This face does what needs torch: for each bucket of each (param group, dtype) one
-segment of flat gradient, momentum and variance buffers of which every parameter's ``.grad`` and
-``state['exp_avg']``/``['exp_avg_sq']`` are views (so one collective call per segment and step moves all
+bucket of flat gradient, momentum and variance buffers of which every parameter's ``.grad`` and
+``state['exp_avg']``/``['exp_avg_sq']`` are views (so one collective call per bucket and step moves all
 of them, and ``state_dict()`` holds them as usual), the error feedback in ``OneBitState``, the gradient
 hooks that start a bucket's reduction during backward (``overlap``), and the ``hvd_compress`` section of
 ``state_dict()``.
@@ -18,20 +18,20 @@ from typing import Any
 import torch
 
 from hvd_compress.algorithms import OneBitAlgorithm
-from hvd_compress.algorithms.onebit import OneBitOptions, Segment
+from hvd_compress.algorithms.onebit import OneBitBucket, OneBitOptions
 from hvd_compress.torch.backend import BACKEND
-from hvd_compress.torch.bucketed import BucketedEngine, bucket_segments
+from hvd_compress.torch.bucketed import BucketedEngine, make_buckets
 from hvd_compress.torch.fused import FusedGradients, cached_views, flat_with_views
 from hvd_compress.torch.onebit import OneBitState
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _segment(fresh: bool, gi: int, params: list[torch.nn.Parameter], fused: FusedGradients) -> Segment:
-    """One bucket's segment (``bucket_segments``): its m, v (and fresh v) as flat buffers the state views."""
+def _bucket(fresh: bool, gi: int, params: list[torch.nn.Parameter], fused: FusedGradients) -> OneBitBucket:
+    """One bucket's bucket (``make_buckets``): its m, v (and fresh v) as flat buffers the state views."""
     numel = sum(p.numel() for p in params)
     exp_avg, _ = flat_with_views(params)
-    return Segment(
+    return OneBitBucket(
         group=gi,
         params=params,
         sizes=[p.numel() for p in params],
@@ -49,8 +49,8 @@ def _segment(fresh: bool, gi: int, params: list[torch.nn.Parameter], fused: Fuse
 class OneBitEngine(BucketedEngine):
     """The engine of a 1-bit algorithm (``OneBitAdam``, ``OneBitLamb``).
 
-    The parameters are cut into buckets (``bucket_mb``, as ``op=Average``), each one segment of the algorithm
-    with its own error feedback (``hvd_compress.algorithms.onebit``: segments are buckets).
+    The parameters are cut into buckets (``bucket_mb``, as ``op=Average``), each one bucket of the algorithm
+    with its own error feedback (``hvd_compress.algorithms.onebit``: buckets are buckets).
 
     With ``overlap=True`` (the default) the gradient hook that makes a bucket's last gradient final starts that
     bucket's reduction on the background thread while backward continues: in warm-up the dense average of its
@@ -73,18 +73,18 @@ class OneBitEngine(BucketedEngine):
     exports = (*BucketedEngine.exports, "freeze_step", "compression_started")
 
     def build(self, param_groups: list[dict[str, Any]], algorithm: type[OneBitAlgorithm], options: OneBitOptions,
-              bucket_mb: float) -> tuple[OneBitAlgorithm, list[Segment], list[FusedGradients], list[int]]:
-        segments, grads, order = bucket_segments(
+              bucket_mb: float) -> tuple[OneBitAlgorithm, list[OneBitBucket], list[FusedGradients], list[int]]:
+        buckets, grads, order = make_buckets(
             param_groups, bucket_mb, _DTYPES, "1-bit optimizers support float32, float16 and bfloat16 parameters, not "
-            "{dtype}", functools.partial(_segment, algorithm.has_fresh_variance))
-        return algorithm(options, BACKEND, segments, self.meter), segments, grads, order
+            "{dtype}", functools.partial(_bucket, algorithm.has_fresh_variance))
+        return algorithm(options, BACKEND, buckets, self.meter), buckets, grads, order
 
     def bind_state(self) -> None:
-        """Make every parameter's m, v (and 1-bit LAMB's fresh v) views of the segment buffers, keeping their
+        """Make every parameter's m, v (and 1-bit LAMB's fresh v) views of the bucket buffers, keeping their
         values."""
         self.bind_views((seg, [("exp_avg", seg.exp_avg), ("exp_avg_sq", seg.exp_avg_sq),
                                *([("exp_avg_sq_fresh", seg.fresh)] if seg.fresh is not None else [])])
-                        for seg in self.alg.segments)
+                        for seg in self.alg.buckets)
 
     @property
     def freeze_step(self) -> int:

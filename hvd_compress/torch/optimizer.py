@@ -126,7 +126,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
 
 
 def _bucket_options(options: dict[str, Any]) -> tuple[dict[str, Any], bool, float]:
-    """(the other options, ``overlap`` (default True), ``bucket_mb``) of an algorithm whose segments are buckets."""
+    """(the other options, ``overlap`` (default True), ``bucket_mb``) of an algorithm whose buckets are buckets."""
     options = dict(options)
     overlap, bucket_mb = options.pop("overlap", True), options.pop("bucket_mb", DEFAULT_BUCKET_MB)
     check_overlap_options(overlap, bucket_mb)

@@ -5,7 +5,7 @@ The algorithm (masks, freshness, phi/eta blending, the sync schedule, finite agr
 checkpoint schema) lives in ``hvd_compress/algorithms/slamb.py``. This face does what needs torch: one float32
 flat buffer each for the gradients, m, v, the freshness, the mask and two temporaries over all trainable
 parameters in param-group order (every parameter's ``.grad`` and ``state['exp_avg']``/``['exp_avg_sq']`` are
-views, so ``state_dict()`` holds them as usual), the cut of those parameters into buckets (``plan_segments``, as
+views, so ``state_dict()`` holds them as usual), the cut of those parameters into buckets (``cut_buckets``, as
 ``op=Average`` cuts its buckets; each bucket a contiguous range of the flat buffers), the gradient hooks that
 start a bucket's masked momentum average while backward runs (``hvd_compress.torch.bucketed``), and the
 ``hvd_compress`` section of ``state_dict()``.
@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from hvd_compress import ops
-from hvd_compress.algorithms.slamb import Slamb, SlambBuffers, SlambOptions, SlambSegment
+from hvd_compress.algorithms.slamb import Slamb, SlambBucket, SlambBuffers, SlambOptions
 from hvd_compress.torch.backend import BACKEND
-from hvd_compress.torch.bucketed import BucketedEngine, plan_segments
+from hvd_compress.torch.bucketed import BucketedEngine, cut_buckets
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients, cached_views
 
@@ -53,20 +53,20 @@ def _buffers(param_groups: list[dict[str, Any]]) -> tuple[SlambBuffers, FusedGra
     return buffers, fused
 
 
-def _segments(param_groups: list[dict[str, Any]], buffers: SlambBuffers,
-              bucket_mb: float) -> tuple[list[SlambSegment], list[int]]:
-    """One segment per bucket (``plan_segments``: consecutive parameters of one param group, so a contiguous
-    range of the flat buffers), in registration order, and the segment indices in bucket order."""
+def _buckets(param_groups: list[dict[str, Any]], buffers: SlambBuffers,
+              bucket_mb: float) -> tuple[list[SlambBucket], list[int]]:
+    """One bucket per bucket (``cut_buckets``: consecutive parameters of one param group, so a contiguous
+    range of the flat buffers), in registration order, and the bucket indices in bucket order."""
     first = {id(p): at for p, at in zip(buffers.params, buffers.offsets, strict=True)}
-    buckets, order = plan_segments(param_groups, bucket_mb)
-    segments = [SlambSegment(group=gi, first=first[id(params[0])], sizes=[p.numel() for p in params],
-                             params=params) for gi, params in buckets]
+    planned, order = cut_buckets(param_groups, bucket_mb)
+    buckets = [SlambBucket(group=gi, first=first[id(params[0])], sizes=[p.numel() for p in params],
+                             params=params) for gi, params in planned]
     at = 0
-    for seg in segments:  # the buckets tile D in order (registration order is param-group order)
+    for seg in buckets:  # the buckets tile D in order (registration order is param-group order)
         if seg.first != at:
             raise AssertionError(f"SLAMB: bucket at {seg.first} does not follow the previous one (ends at {at})")
         at = seg.end
-    return segments, order
+    return buckets, order
 
 
 class SlambEngine(BucketedEngine):
@@ -88,12 +88,12 @@ class SlambEngine(BucketedEngine):
     exports = (*BucketedEngine.exports, "synchronize_parameters")
 
     def build(self, param_groups: list[dict[str, Any]], algorithm: type[Slamb], options: SlambOptions,
-              bucket_mb: float) -> tuple[Slamb, list[SlambSegment], list[FusedGradients], list[int]]:
+              bucket_mb: float) -> tuple[Slamb, list[SlambBucket], list[FusedGradients], list[int]]:
         ensure_init()
         buffers, fused = _buffers(param_groups)
-        segments, order = _segments(param_groups, buffers, bucket_mb)
-        built = algorithm(options, BACKEND, segments, self.meter, buffers=buffers, world_size=ops.size())
-        return built, segments, [fused], order
+        buckets, order = _buckets(param_groups, buffers, bucket_mb)
+        built = algorithm(options, BACKEND, buckets, self.meter, buffers=buffers, world_size=ops.size())
+        return built, buckets, [fused], order
 
     def bind_state(self) -> None:
         """Make every parameter's m and v views of the flat buffers, keeping their values."""

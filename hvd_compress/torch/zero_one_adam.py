@@ -2,7 +2,7 @@
 ``hvd_compress.algorithms.zero_one_adam`` (0/1 Adam, docs/algorithms/zero-one-adam-spec.md).
 
 The algorithm (the step kinds, the schedules, the checkpoint schema) lives in ``hvd_compress/algorithms``. This
-face keeps the tensors: per bucket of each param group one segment of flat float32 buffers, of which every
+face keeps the tensors: per bucket of each param group one bucket of flat float32 buffers, of which every
 parameter's ``.grad`` and ``state['exp_avg']``/``['exp_avg_sq']`` are views (so ``state_dict()`` holds m and v as
 Adam's), beside u, x_anchor, the collective's buffer and the error feedback (``OneBitState``).
 """
@@ -13,20 +13,20 @@ from typing import Any
 
 import torch
 
-from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam, ZeroOneAdamOptions, ZeroOneSegment, check_hyperparameters
+from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam, ZeroOneAdamOptions, ZeroOneBucket, check_hyperparameters
 from hvd_compress.torch.backend import BACKEND
-from hvd_compress.torch.bucketed import BucketedEngine, bucket_segments
+from hvd_compress.torch.bucketed import BucketedEngine, make_buckets
 from hvd_compress.torch.fused import FusedGradients, cached_views, flat_with_views
 from hvd_compress.torch.onebit import OneBitState
 
 
-def _segment(gi: int, params: list[torch.nn.Parameter], fused: FusedGradients) -> ZeroOneSegment:
-    """One bucket's segment (``bucket_segments``): x_anchor starts at the parameters."""
+def _bucket(gi: int, params: list[torch.nn.Parameter], fused: FusedGradients) -> ZeroOneBucket:
+    """One bucket's bucket (``make_buckets``): x_anchor starts at the parameters."""
     device = fused.buffers[0].device
     numel = sum(p.numel() for p in params)
     anchor = flat_with_views(params)[0]
     torch.cat([p.detach().reshape(-1) for p in params], out=anchor)
-    return ZeroOneSegment(
+    return ZeroOneBucket(
         group=gi, params=params, sizes=[p.numel() for p in params], grad=fused.buffers[0],
         exp_avg=flat_with_views(params)[0], exp_avg_sq=flat_with_views(params)[0],
         u=flat_with_views(params)[0], anchor=anchor, work=torch.zeros(numel, device=device),
@@ -49,16 +49,16 @@ class ZeroOneAdamEngine(BucketedEngine):
     exports = (*BucketedEngine.exports, "step_kind")
 
     def build(self, param_groups: list[dict[str, Any]], algorithm: type[ZeroOneAdam], options: ZeroOneAdamOptions,
-              bucket_mb: float) -> tuple[ZeroOneAdam, list[ZeroOneSegment], list[FusedGradients], list[int]]:
+              bucket_mb: float) -> tuple[ZeroOneAdam, list[ZeroOneBucket], list[FusedGradients], list[int]]:
         for group in param_groups:  # refused at construction, not at the first step (and again every step)
             check_hyperparameters(algorithm.name, group)
-        segments, grads, order = bucket_segments(param_groups, bucket_mb, (torch.float32,),
-                                                 "op=ZeroOneAdam supports float32 parameters only", _segment)
-        return algorithm(options, BACKEND, segments, self.meter), segments, grads, order
+        buckets, grads, order = make_buckets(param_groups, bucket_mb, (torch.float32,),
+                                                 "op=ZeroOneAdam supports float32 parameters only", _bucket)
+        return algorithm(options, BACKEND, buckets, self.meter), buckets, grads, order
 
     def bind_state(self) -> None:
-        """Make every parameter's ``exp_avg``/``exp_avg_sq`` views of the segment buffers, keeping their values."""
-        self.bind_views((seg, [("exp_avg", seg.exp_avg), ("exp_avg_sq", seg.exp_avg_sq)]) for seg in self.alg.segments)
+        """Make every parameter's ``exp_avg``/``exp_avg_sq`` views of the bucket buffers, keeping their values."""
+        self.bind_views((seg, [("exp_avg", seg.exp_avg), ("exp_avg_sq", seg.exp_avg_sq)]) for seg in self.alg.buckets)
 
     @property
     def step_kind(self) -> str:

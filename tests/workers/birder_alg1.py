@@ -28,4 +28,4 @@ for t in range(1, STEPS + 1):
         p.grad = part.reshape(p.shape).clone()
     opt.step()
     flat.append(torch.cat([p.detach().reshape(-1) for p in params]).clone())
-save(rank, {"params": flat, "segments": [seg["sizes"] for seg in opt.state_dict()["hvd_compress"]["segments"]]})
+save(rank, {"params": flat, "buckets": [seg["sizes"] for seg in opt.state_dict()["hvd_compress"]["buckets"]]})

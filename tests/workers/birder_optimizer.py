@@ -84,8 +84,8 @@ p_before = torch.cat([p.detach().flatten() for p in net.parameters()]).clone()
 result["nan"] = outcome(opt.step)
 after = opt.state_dict()
 same = all(torch.equal(a, b) for a, b in zip(  # noqa: B905
-    [before["hvd_compress"]["segments"][0][k] for k in ("m", "b", "worker_error", "server_error")],
-    [after["hvd_compress"]["segments"][0][k] for k in ("m", "b", "worker_error", "server_error")]))
+    [before["hvd_compress"]["buckets"][0][k] for k in ("m", "b", "worker_error", "server_error")],
+    [after["hvd_compress"]["buckets"][0][k] for k in ("m", "b", "worker_error", "server_error")]))
 now = torch.cat([p.detach().flatten() for p in net.parameters()])
 result["nan_state_unchanged"] = same and torch.equal(p_before, now)
 result["nan_step_unchanged"] = after["hvd_compress"]["step"] == before["hvd_compress"]["step"]
@@ -97,8 +97,8 @@ result["other_algorithm"] = outcome(lambda: opt.load_state_dict(other))
 other = copy.deepcopy(ckpt)
 other["hvd_compress"]["world_size"] = n + 1
 result["other_world"] = outcome(lambda: opt.load_state_dict(other))
-result["state_after_refusals"] = torch.equal(opt.state_dict()["hvd_compress"]["segments"][0]["m"],
-                                             after["hvd_compress"]["segments"][0]["m"])
+result["state_after_refusals"] = torch.equal(opt.state_dict()["hvd_compress"]["buckets"][0]["m"],
+                                             after["hvd_compress"]["buckets"][0]["m"])
 
 # dense bytes per step for the same model
 net3 = model()

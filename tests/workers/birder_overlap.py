@@ -39,7 +39,7 @@ def state_tensors(opt) -> list[torch.Tensor]:
     """Every tensor of the ``hvd_compress`` section (m, b, worker and server error of each bucket) and the step."""
     sd = opt.state_dict()["hvd_compress"]
     out = [torch.tensor([sd["step"]])]
-    for seg in sd["segments"]:
+    for seg in sd["buckets"]:
         out += [seg[k].clone() for k in ("m", "b", "worker_error", "server_error")]
     return out
 

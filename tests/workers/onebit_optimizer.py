@@ -2,7 +2,7 @@
 
 The loss sum_i <P_i, G_i(step, rank)> makes every parameter's gradient exactly G_i, so the test can
 feed the same per-rank gradients to the reference simulation. Two parameter groups (two fused
-segments, each with its own 1-bit state). Saves the parameters of every step, the per-step hash, the
+buckets, each with its own 1-bit state). Saves the parameters of every step, the per-step hash, the
 learning rates used, the final optimizer state and the bytes of each step.
 
 argv: out_dir algo(adam|adamw|lamb|lamb-dense) dtype steps freeze_step sizes(comma list; the last one is group 2)
@@ -60,6 +60,6 @@ for step in range(steps):
     hashes.append(hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest())
     stats.append(opt.comm_stats())
 sd = opt.state_dict()
-save(r, {"buckets": [seg.sizes for seg in opt._hvdc.alg.segments] if op != hc.Average else [],
+save(r, {"buckets": [seg.sizes for seg in opt._hvdc.alg.buckets] if op != hc.Average else [],
          "trace": trace, "hashes": hashes, "lrs": lrs, "stats": stats, "state": sd,
          "exp_avg": torch.cat([sd["state"][i]["exp_avg"].reshape(-1) for i in range(len(params))])})

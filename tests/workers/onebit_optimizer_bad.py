@@ -1,7 +1,7 @@
 """Bad input to the 1-bit optimizers: each case must raise on every rank, leave the optimizer state
 and parameters as they were, and the next good step must still work and keep ranks identical.
 
-argv: out_dir groups(1|2)  -- 2 puts the last layer in its own param group (two fused segments)
+argv: out_dir groups(1|2)  -- 2 puts the last layer in its own param group (two fused buckets)
 """
 
 import sys
@@ -69,7 +69,7 @@ def snapshot() -> list[torch.Tensor]:
     tensors = [p.detach().clone() for p in params]
     for st in sd["state"].values():
         tensors += [v.clone() for v in st.values() if isinstance(v, torch.Tensor)]
-    for seg in sd["hvd_compress"]["segments"]:
+    for seg in sd["hvd_compress"]["buckets"]:
         tensors += [seg["onebit"]["worker_error"], seg["onebit"]["server_error"],
                     torch.tensor(seg["lamb_coeff_freeze"] + seg["last_factor"])]
     return tensors

@@ -58,7 +58,7 @@ def state_tensors(opt) -> list[torch.Tensor]:
     """Every tensor of ``state_dict()`` (moments, error feedback, LAMB's coefficients), in a fixed order."""
     sd = opt.state_dict()
     out = parameter_state(sd)
-    for seg in sd["hvd_compress"]["segments"]:
+    for seg in sd["hvd_compress"]["buckets"]:
         out += [seg["onebit"]["worker_error"], seg["onebit"]["server_error"],
                 torch.tensor(seg["lamb_coeff_freeze"] + seg["last_factor"], dtype=torch.float64)]
     return out

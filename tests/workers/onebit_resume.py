@@ -80,6 +80,8 @@ del model, opt, sched
 model, opt = make(seed=99)
 sched = schedule(opt)
 ckpt = torch.load(path, weights_only=False)
+ours = ckpt["opt"]["hvd_compress"]
+ours["segments"] = ours.pop("buckets")  # as 0.1.0 named the per-bucket list: it must load the same
 model.load_state_dict(ckpt["model"])
 opt.load_state_dict(ckpt["opt"])
 sched.load_state_dict(ckpt["sched"])
@@ -89,7 +91,7 @@ state_b = opt.state_dict()
 errors_equal = all(
     torch.equal(sa["onebit"]["worker_error"], sb["onebit"]["worker_error"])
     and torch.equal(sa["onebit"]["server_error"], sb["onebit"]["server_error"])
-    for sa, sb in zip(state_a["hvd_compress"]["segments"], state_b["hvd_compress"]["segments"], strict=True)
+    for sa, sb in zip(state_a["hvd_compress"]["buckets"], state_b["hvd_compress"]["buckets"], strict=True)
 )
 save(r, {"final_a": final_a, "final_b": final_b, "losses_a": losses_a, "losses_b": losses_b,
          "errors_equal": errors_equal, "dense_bytes": stats[0]["bytes_sent"],

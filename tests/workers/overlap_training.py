@@ -119,8 +119,8 @@ def checkpoint_layouts(make_opt: Callable[..., torch.optim.Optimizer], state: Ca
                        rank: int, layout_free: bool = False) -> dict[str, str]:
     """After ``steps`` steps: a checkpoint of another bucket layout (64-byte buckets vs one bucket) is refused with
     nothing changed, or with ``layout_free`` (SLAMB: state over all D) loads into a fresh optimizer as saved; one
-    with its parameter sizes reordered is refused with nothing changed; one of the pre-bucket schema (one segment
-    per param group and dtype, no layout keys) loads where that segment is one bucket; overlap on and off load each
+    with its parameter sizes reordered is refused with nothing changed; one of the pre-bucket schema (one bucket
+    per param group and dtype, no layout keys) loads where that bucket is one bucket; overlap on and off load each
     other's. ``make_opt(model, **options)``; the outcomes as ``common.outcome`` strings."""
     def trained(**options: object) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         model = make_model()
@@ -142,11 +142,11 @@ def checkpoint_layouts(make_opt: Callable[..., torch.optim.Optimizer], state: Ca
         out["other_layout"] = outcome(lambda: whole.load_state_dict(sd_small))
         out["other_layout_back"] = outcome(lambda: small.load_state_dict(whole.state_dict()))
     tampered = whole.state_dict()
-    tampered["hvd_compress"]["segments"][0]["sizes"] = list(reversed(tampered["hvd_compress"]["segments"][0]["sizes"]))
+    tampered["hvd_compress"]["buckets"][0]["sizes"] = list(reversed(tampered["hvd_compress"]["buckets"][0]["sizes"]))
     out["other_sizes"] = outcome(lambda: whole.load_state_dict(tampered))
     out["unchanged"] = str(all(torch.equal(a, b) for a, b in zip(before, snapshot(model_b, whole, state), strict=True)))
     old = copy.deepcopy(whole.state_dict())
-    for seg in old["hvd_compress"]["segments"]:
+    for seg in old["hvd_compress"]["buckets"]:
         del seg["group"], seg["sizes"]
     fresh = make_opt(make_model(), bucket_mb=25.0)
     out["old_schema"] = outcome(lambda: fresh.load_state_dict(old))

@@ -79,7 +79,7 @@ result["nan"] = outcome(opt.step)
 after_state = opt.state_dict()["hvd_compress"]
 result["nan_state_unchanged"] = all(
     torch.equal(a["error"], b["error"])
-    for a, b in zip(before_state["hvd_compress"]["segments"], after_state["segments"], strict=True)
+    for a, b in zip(before_state["hvd_compress"]["buckets"], after_state["buckets"], strict=True)
 ) and after_state["step"] == before_state["hvd_compress"]["step"]
 result["nan_params_unchanged"] = all(torch.equal(a, b) for a, b in zip(before, flat(net), strict=True))
 

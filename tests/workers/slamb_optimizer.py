@@ -212,7 +212,7 @@ elif mode == "reshaped":
     error = outcome(lambda: opt.load_state_dict(ckpt))
     changed = [i for i, (a, b) in enumerate(zip(before, everything(params, opt), strict=True)) if not torch.equal(a, b)]
     old = copy.deepcopy(ckpt)  # the schema before shapes were recorded: sizes only
-    for seg in old["hvd_compress"]["segments"]:
+    for seg in old["hvd_compress"]["buckets"]:
         seg.pop("shapes", None)
     params, opt = trained(SHAPES, 5)
     old_error = outcome(lambda: opt.load_state_dict(old))

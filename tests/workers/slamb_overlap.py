@@ -155,12 +155,12 @@ def resumed_under_other_layouts() -> dict:
 
 
 def old_checkpoint_loads() -> tuple[str, bool]:
-    """A checkpoint written before buckets (no ``segments``) loads into 64-byte buckets, state as saved."""
+    """A checkpoint written before buckets (no ``buckets``) loads into 64-byte buckets, state as saved."""
     model = make_model()
     opt = make_opt(model, bucket_mb=25.0)
     run_steps(model, opt, 0, 2, r)
     old = copy.deepcopy(opt.state_dict())
-    del old["hvd_compress"]["segments"]
+    del old["hvd_compress"]["buckets"]
     fresh = make_opt(make_model())
     got = outcome(lambda: fresh.load_state_dict(old))
     return got, all(torch.equal(a, b) for a, b in zip(state_tensors(fresh), state_tensors(opt), strict=True))

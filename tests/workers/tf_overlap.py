@@ -171,17 +171,17 @@ def birder_other_layout() -> dict[str, object]:
     net.compile(optimizer=opt, loss="mse", jit_compile=False)
     x, y = shard(r)
     net.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-    good = opt._hvdc.state["segments"].numpy()
-    opt._hvdc.state["segments"].assign(good[::-1].copy())
+    good = opt._hvdc.state["buckets"].numpy()
+    opt._hvdc.state["buckets"].assign(good[::-1].copy())
     before = [v.numpy() for v in net.trainable_variables] + [v.numpy() for v in opt._hvdc.state.values()]
     error = outcome(lambda: net.fit(x[BATCH:2 * BATCH], y[BATCH:2 * BATCH], batch_size=BATCH, epochs=1,
                                     shuffle=False, verbose=0))
     after = [v.numpy() for v in net.trainable_variables] + [v.numpy() for v in opt._hvdc.state.values()]
     # no cut recorded past step 0: a checkpoint of before buckets
-    opt._hvdc.state["segments"].assign(np.zeros_like(good))
+    opt._hvdc.state["buckets"].assign(np.zeros_like(good))
     none = outcome(lambda: net.fit(x[BATCH:2 * BATCH], y[BATCH:2 * BATCH], batch_size=BATCH, epochs=1,
                                    shuffle=False, verbose=0))
-    opt._hvdc.state["segments"].assign(good)
+    opt._hvdc.state["buckets"].assign(good)
     net.fit(x[BATCH:2 * BATCH], y[BATCH:2 * BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     return {"error": error, "none": none,
             "unchanged": all(np.array_equal(a, b) for a, b in zip(before, after, strict=True)),

@@ -1,6 +1,6 @@
 """hc.DistributedOptimizer(op=ZeroOneAdam) on parameters whose gradients are given inputs: the loss
 sum_i <P_i, G_i(step, rank)> makes every gradient exactly G_i, so the test feeds the same per-rank gradients to the
-NumPy reference. Two param groups (two segments, each with its own error feedback, u, x_anchor and lrs).
+NumPy reference. Two param groups (two buckets, each with its own error feedback, u, x_anchor and lrs).
 
 argv: out_dir mode steps sizes(comma list; the last one is group 2) options(k=v,...) [overlap(1|0)]
 mode: "match" saves every step's parameters, hashes, kinds, lrs and bytes; "match+bad" also runs
@@ -68,10 +68,10 @@ def run(params, opt, sched, first: int, out: dict, checkpoints: dict | None = No
 
 def state_digest(opt) -> str:
     ours = opt.state_dict()["hvd_compress"]
-    parts = [t for seg in ours["segments"] for t in (seg["u"], seg["anchor"], seg["onebit"]["worker_error"],
+    parts = [t for seg in ours["buckets"] for t in (seg["u"], seg["anchor"], seg["onebit"]["worker_error"],
                                                      seg["onebit"]["server_error"])]
     m = [s["exp_avg"].reshape(-1) for s in opt.state_dict()["state"].values()]
-    return digest(torch.cat([t.reshape(-1) for t in parts + m])) + repr([s["lrs"] for s in ours["segments"]])
+    return digest(torch.cat([t.reshape(-1) for t in parts + m])) + repr([s["lrs"] for s in ours["buckets"]])
 
 
 params, opt, sched = make()

@@ -17,9 +17,9 @@ def _digest(params: list[torch.nn.Parameter], opt) -> str:
     ours = sd["hvd_compress"]
     parts = [p.detach().reshape(-1) for p in params]
     parts += [s[k].reshape(-1) for s in sd["state"].values() for k in ("exp_avg", "exp_avg_sq")]
-    parts += [seg[k].reshape(-1) for seg in ours["segments"] for k in ("u", "anchor")]
-    parts += [seg["onebit"][k] for seg in ours["segments"] for k in ("worker_error", "server_error")]
-    tail = repr((ours["step"], ours["counters"], [seg["lrs"] for seg in ours["segments"]]))
+    parts += [seg[k].reshape(-1) for seg in ours["buckets"] for k in ("u", "anchor")]
+    parts += [seg["onebit"][k] for seg in ours["buckets"] for k in ("worker_error", "server_error")]
+    tail = repr((ours["step"], ours["counters"], [seg["lrs"] for seg in ours["buckets"]]))
     return hashlib.sha256(torch.cat(parts).numpy().tobytes()).hexdigest() + tail
 
 
