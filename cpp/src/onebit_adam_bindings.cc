@@ -1,5 +1,5 @@
 // _core.onebit_local_momentum and _core.onebit_adam_apply (see hvdc/onebit_adam_kernels.h): the fused passes of
-// paper 003 Alg. 1 line 6 and lines 12-13 on float32 CPU buffers, one call per segment (bucket) without the GIL.
+// paper 003 Alg. 1 line 6 and lines 12-13 on float32 CPU buffers, one call per bucket without the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>

@@ -1,5 +1,5 @@
 // _core.onebit_lamb_* (see hvdc/onebit_lamb_kernels.h): 1-bit LAMB's fused compression-stage passes on
-// float32 CPU buffers, one call per segment (bucket) that loops over its layers without the GIL.
+// float32 CPU buffers, one call per bucket that loops over its layers without the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/vector.h>
 

@@ -24,7 +24,7 @@ float* binding_float32(nanobind::handle obj, const std::string& what, int64_t* n
 // Layer sizes that sum to `n`, with `per_layer` (the length of another per-layer list) as many entries.
 void binding_check_layers(const std::vector<int64_t>& sizes, int64_t n, size_t per_layer, const char* fn);
 
-// The float32 data of each parameter of a segment, in the flat buffers' order (None: an empty layer, whose
+// The float32 data of each parameter of a bucket, in the flat buffers' order (None: an empty layer, whose
 // strides may not read as contiguous; its pointer is null), with their sizes in *sizes, checked as above.
 std::vector<float*> binding_float32_layers(const std::vector<nanobind::handle>& params, int64_t n, size_t per_layer,
                                            const char* fn, std::vector<int64_t>* sizes);
