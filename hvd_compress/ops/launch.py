@@ -35,3 +35,23 @@ def ensure_init_with(find_horovod: FindHorovod) -> None:
         init_with(hvd)
         return
     runtime.get()  # raises NotInitializedError with the fix in its message
+
+
+class FaceContext:
+    """``ensure_init``, ``rank`` and ``size`` of one face, which finds its own initialized Horovod with
+    ``find_horovod``: every face's first collective initializes from Horovod the same way."""
+
+    def __init__(self, find_horovod: FindHorovod) -> None:
+        self._find_horovod = find_horovod
+
+    def ensure_init(self) -> None:
+        """Initialize from Horovod on first use; fail clearly if neither hvd.init() nor hc.init() ran."""
+        ensure_init_with(self._find_horovod)
+
+    def rank(self) -> int:
+        self.ensure_init()
+        return runtime.rank()
+
+    def size(self) -> int:
+        self.ensure_init()
+        return runtime.size()

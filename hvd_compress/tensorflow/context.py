@@ -6,7 +6,6 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from hvd_compress import ops
 from hvd_compress.ops import launch
 
 
@@ -32,16 +31,5 @@ def init(comm: Any = None) -> None:
     launch.init_with(horovod(), comm)
 
 
-def ensure_init() -> None:
-    """Initialize from Horovod on first use; fail clearly if neither hvd.init() nor hc.init() ran."""
-    launch.ensure_init_with(horovod)
-
-
-def rank() -> int:
-    ensure_init()
-    return ops.rank()
-
-
-def size() -> int:
-    ensure_init()
-    return ops.size()
+_CONTEXT = launch.FaceContext(horovod)
+ensure_init, rank, size = _CONTEXT.ensure_init, _CONTEXT.rank, _CONTEXT.size

@@ -5,7 +5,6 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from hvd_compress import ops
 from hvd_compress.ops import launch
 from hvd_compress.ops.process_sets import add_process_set
 
@@ -37,16 +36,5 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         add_process_set(ps)
 
 
-def ensure_init() -> None:
-    """Initialize from Horovod on first use; fail clearly if neither hvd.init() nor hc.init() ran."""
-    launch.ensure_init_with(horovod)
-
-
-def rank() -> int:
-    ensure_init()
-    return ops.rank()
-
-
-def size() -> int:
-    ensure_init()
-    return ops.size()
+_CONTEXT = launch.FaceContext(horovod)
+ensure_init, rank, size = _CONTEXT.ensure_init, _CONTEXT.rank, _CONTEXT.size
