@@ -19,7 +19,7 @@ from hvd_compress.reference import zero_one_adam as z
 from hvd_compress.reference.dtypes import ulp
 
 SIZES = [13, 30, 7]  # 50 elements: not a multiple of 8 * n; the 7 are a second param group (bucket)
-SEGMENTS = [slice(0, 43), slice(43, 50)]
+BUCKET_SLICES = [slice(0, 43), slice(43, 50)]
 LAYERS = [SIZES[:-1], SIZES[-1:]]  # the variance floor's layers in each bucket
 STEPS = 32
 # Variance steps 1, 2, 3, 5, 7, 1-bit steps 4, 6, 8-10, freeze after 10; syncs at 11, 12, 13, 15, 23, 31 (the
@@ -53,7 +53,7 @@ def _reference(n: int, lrs: list[float]) -> tuple[np.ndarray, list[str]]:
     grads = [[rank_input(r, total, torch.float32, seed=t + 1).double().numpy() for r in range(n)]
              for t in range(STEPS)]
     want = np.zeros((STEPS, n, total))
-    for sl, layers in zip(SEGMENTS, LAYERS, strict=True):
+    for sl, layers in zip(BUCKET_SLICES, LAYERS, strict=True):
         trace = z.zero_one_adam(x0[sl], [[g[sl] for g in step] for step in grads], lrs, weight_decay=0.05,
                                 sizes=layers, **OPTIONS)
         for t in range(STEPS):

@@ -10,7 +10,7 @@ Paper 003 Algorithm 1 and paper 001 Algorithm 1 have the same skeleton, written 
   same update with the result.
 
 Deviation, ``variance_floor`` (003 line 13, 001 lines 17 and 21; 0 is the papers' rule): the frozen vh is used
-as max(vh, variance_floor * max(mean(vh) over the layer, ``SEGMENT_SHARE`` * mean(vh) over its bucket)), and an
+as max(vh, variance_floor * max(mean(vh) over the layer, ``BUCKET_SHARE`` * mean(vh) over its bucket)), and an
 element the floor lifted steps at most lr (``caps_floored``). Invariants: one ``OneBitBucket`` per bucket, each with
 its own error feedback; overlap on and off make the same calls; a bucket refused on any rank leaves every state
 as it was. Why, buckets, overlap, checkpoints: docs/algorithms/onebit-adam.md, "How the algorithm runs".
@@ -36,15 +36,15 @@ from hvd_compress.ops.traffic import CommMeter
 
 DEFAULT_VARIANCE_FLOOR = 0.01
 #: A layer's floor is variance_floor times the larger of its own mean vh and this share of its bucket's mean vh.
-SEGMENT_SHARE = 0.01
+BUCKET_SHARE = 0.01
 
 
 def floor_roots(xp: Backend, v_views: Sequence[Tensor], sizes: Sequence[int], ratio: float,
                 bc: float = 1.0) -> list[float]:
-    """Per layer sqrt(ratio * max(mean v over the layer, ``SEGMENT_SHARE`` * mean v over the bucket) / bc): the least
+    """Per layer sqrt(ratio * max(mean v over the layer, ``BUCKET_SHARE`` * mean v over the bucket) / bc): the least
     root of v an element of the layer steps with under the variance floor (0 for an empty layer)."""
     means = xp.foreach_mean(v_views)
-    bucket = SEGMENT_SHARE * sum(m * n for m, n in zip(means, sizes, strict=True)) / max(sum(sizes), 1)
+    bucket = BUCKET_SHARE * sum(m * n for m, n in zip(means, sizes, strict=True)) / max(sum(sizes), 1)
     return [math.sqrt(ratio * max(mean, bucket) / bc) if n else 0.0 for mean, n in zip(means, sizes, strict=True)]
 
 
