@@ -35,11 +35,9 @@ def test_only_takes_names_and_shell_patterns_in_the_benchs_order() -> None:
     assert [m.name for m in e2e.select(everything, "")] == [m.name for m in everything]
 
 
-def test_zero_one_adam_runs_at_the_lr_of_its_uncorrected_frozen_variance(monkeypatch) -> None:
-    """The shared lr diverges under 0/1 Adam after a 15-step freeze (docs/algorithms/zero-one-adam.md): its row
-    scales the wrapped lr by sqrt(1 - b2^15) and keeps the bench's 0/1 Adam options."""
-    import math
-
+def test_zero_one_adam_runs_with_its_frozen_variance_bias_corrected(monkeypatch) -> None:
+    """The shared lr diverges under DeepSpeed's 0/1 Adam after a 15-step freeze (docs/algorithms/zero-one-adam.md):
+    its row runs at that lr with ``variance_bias_correction`` and the bench's 0/1 Adam options."""
     import torch
 
     monkeypatch.setattr(e2e, "_hc", lambda op, **options: lambda model, opt: (model, (op, options, opt)))
@@ -47,8 +45,9 @@ def test_zero_one_adam_runs_at_the_lr_of_its_uncorrected_frozen_variance(monkeyp
     adam = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
     _, (op, options, wrapped) = method.wrap(None, adam)
     assert op is e2e.hc.ZeroOneAdam and wrapped is adam
-    assert options == {"var_freeze_step": 15, "local_step_scaler": 1, "local_step_clipper": 16}
-    assert adam.param_groups[0]["lr"] == pytest.approx(1e-3 * math.sqrt(1 - 0.999**15), rel=1e-12)
+    assert options == {"var_freeze_step": 15, "local_step_scaler": 1, "local_step_clipper": 16,
+                       "variance_bias_correction": True}
+    assert adam.param_groups[0]["lr"] == 1e-3
 
 
 def test_only_refuses_a_pattern_that_matches_no_method() -> None:

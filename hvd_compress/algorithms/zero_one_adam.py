@@ -9,16 +9,17 @@ and docs/algorithms/zero-one-adam-spec.md fixes it (lines P1-P5 and L1-L6 of its
   multiple of local_step_interval) u goes through the 1-bit allreduce, m = ubar / lrs and
   x = x_anchor - ubar / d - wd lrs x_anchor on every rank alike (L4-L6, Z3, Z4).
 
-Weight decay is decoupled (Z3); no bias correction (Z2). Deviation, ``variance_floor`` (Z12; 0 is DeepSpeed's
-rule): d = max(sqrt(v), sqrt(floor)) + eps per layer with 1-bit Adam's floor, and an element it lifted moves at most
-lr (``hvd_compress.algorithms.onebit``). The step kind depends on t and the options only, so a bucket's collective
-is chosen before backward ends (overlap). Errors, u, x_anchor and lrs are per bucket; the counters are the
-algorithm's. All of it is in ``state_dict()`` (nothing is reset on load: Z13). The NumPy twin is
-``hvd_compress.reference.zero_one_adam``.
+Weight decay is decoupled (Z3); no bias correction (Z2) unless ``variance_bias_correction`` (Z17: v / (1 - b2^n_v)
+after n_v variance updates). Deviation, ``variance_floor`` (Z12; 0 is DeepSpeed's rule): d = max(sqrt(v),
+sqrt(floor)) + eps per layer with 1-bit Adam's floor, and an element it lifted moves at most lr. The step kind
+depends on t and the options only, so a bucket's collective is chosen before backward ends (overlap). Errors, u,
+x_anchor and lrs are per bucket; the counters are the algorithm's. All of it is in ``state_dict()`` (nothing is
+reset on load: Z13). The NumPy twin is ``hvd_compress.reference.zero_one_adam``.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -49,8 +50,12 @@ class ZeroOneAdamOptions:
     local_step_scaler: int = 32678
     local_step_clipper: int = 16
     variance_floor: float = DEFAULT_VARIANCE_FLOOR
+    variance_bias_correction: bool = False
 
     def validate(self, op_name: str) -> None:
+        if not isinstance(self.variance_bias_correction, bool):
+            raise ValueError(f"op={op_name}: variance_bias_correction must be True or False, got "
+                             f"{self.variance_bias_correction!r}")
         floor = self.variance_floor
         if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor < math.inf:
             raise ValueError(f"op={op_name}: variance_floor must be a finite number >= 0 (0: DeepSpeed's rule; "
@@ -98,7 +103,7 @@ class ZeroOneBucket:
     onebit: Any
     views: Callable[[Tensor], list[Tensor]]
     lrs: float = 0.0
-    denom_key: float | None = None  # the eps ``denom`` holds d for (None: to compute)
+    denom_key: tuple[float, float] | None = None  # the (eps, bc2) ``denom`` holds d for (None: to compute)
     floor_denoms: list[float] | None = None  # per layer the d of an element the variance floor lifted (None: no floor)
 
     @property
@@ -121,6 +126,9 @@ class ZeroOneAdam(BucketedAlgorithm):
         super().__init__(options, backend, buckets, meter)
         self.var_interval, self.var_counter = 1, 0
         self.local_step_interval, self.local_step_counter = 1, 0
+        self.var_updates = 0  # n_v: the variance updates so far (v's bias correction, Z17)
+        self._n_v = 0  # n_v of the step being taken (its own update counted)
+        self._probe: ZeroOneAdam | None = None  # a schedule replayed up to some step (``restore_schedule``)
 
     # -- the schedules (spec S1-S3; zoadam.py l.268-292) -----------------------------------------------
     def step_kind(self) -> str:
@@ -134,6 +142,7 @@ class ZeroOneAdam(BucketedAlgorithm):
         """The counters after step ``t`` of ``kind``."""
         if t <= self.options.var_freeze_step:
             if kind == VARIANCE:
+                self.var_updates += 1
                 self.var_counter += 1
                 if self.var_counter == self.options.var_update_scaler:
                     self.var_counter, self.var_interval = 0, self.var_interval * 2
@@ -146,10 +155,26 @@ class ZeroOneAdam(BucketedAlgorithm):
     def _replay(self, t: int) -> None:
         """The counters of a run at step ``t`` (they follow from t and the options)."""
         self.var_interval, self.var_counter, self.local_step_interval, self.local_step_counter = 1, 0, 1, 0
-        self.t = 0
+        self.t, self.var_updates = 0, 0
         while self.t < t:
             self._advance(self.t + 1, self.step_kind())
             self.t += 1
+
+    def restore_schedule(self, t: int, counters: Sequence[int]) -> None:
+        """Step count and the four saved counters of a checkpoint; n_v follows from t and the options (the schedule
+        replayed up to the freeze once, then continued: a face that restores every step pays once)."""
+        probe = self._probe
+        if probe is None or probe.t > t:
+            probe = copy.copy(self)
+            probe._probe = None
+            probe._replay(0)
+        while probe.t < min(t, self.options.var_freeze_step):
+            probe._advance(probe.t + 1, probe.step_kind())
+            probe.t += 1
+        self._probe = probe
+        self.t, self.var_updates = t, probe.var_updates
+        self.var_interval, self.var_counter, self.local_step_interval, self.local_step_counter = (
+            int(c) for c in counters)
 
     # -- the buckets of a step -------------------------------------------------------------------------
     def rejection_is_the_step(self, t: int) -> bool:
@@ -213,6 +238,7 @@ class ZeroOneAdam(BucketedAlgorithm):
             if bad:
                 raise UsageError(f"{self.name}: non-finite gradient on some rank at step {t} (a local step); step "
                                  "not taken, state unchanged")
+        self._n_v = self.var_updates + (kind == VARIANCE)
         if self.t == 0 and self.options.var_freeze_step == 0:
             self._anchor()  # all of the run is phase 2: x_anchor is the starting point
         for seg in self.buckets:
@@ -261,27 +287,33 @@ class ZeroOneAdam(BucketedAlgorithm):
             xp.addcmul_(xp.mul_(seg.exp_avg_sq, b2), gbar, gbar, value=1 - b2)  # P2
             seg.denom_key = None
         xp.add_(xp.mul_(seg.exp_avg, b1), gbar, alpha=1 - b1)  # P3
-        d = self._denom(seg, group["eps"], seg.exp_avg)
+        d = self._denom(seg, group, seg.exp_avg)
         self._decay(seg, 1 - lr * group["weight_decay"])  # P4, decoupled (Z3)
         xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), d, value=-lr)
 
-    def _denom(self, seg: ZeroOneBucket, eps: float, m: Tensor) -> list[Tensor]:
-        """Per layer d = max(sqrt(v), sqrt(floor)) + eps, and where the floor lifted it max(d, |m|), in ``scratch``
-        (Z12: 1-bit Adam's variance floor and cap, with no bias correction: such an element steps at most lr). The
-        floored d is computed again only when v (a variance step) or eps changed."""
-        xp = self.xp
-        if seg.denom_key != float(eps):
+    def _denom(self, seg: ZeroOneBucket, group: dict[str, Any], m: Tensor) -> list[Tensor]:
+        """Per layer d = max(sqrt(v / bc2), sqrt(floor)) + eps, and where the floor lifted it max(d, |m|), in
+        ``scratch`` (Z12: 1-bit Adam's variance floor and cap; such an element steps at most lr). bc2 = 1 - b2^n_v
+        with ``variance_bias_correction`` (Z17), else 1. The floored d is computed again only when v, eps or bc2
+        changed."""
+        xp, eps = self.xp, group["eps"]
+        n_v = self._n_v
+        bc = 1 - group["betas"][1] ** n_v if self.options.variance_bias_correction and n_v > 0 else 1.0
+        key = (float(eps), float(bc))
+        if seg.denom_key != key:
             root = xp.sqrt(seg.exp_avg_sq, out=seg.denom)
+            if bc != 1.0:
+                xp.div_(root, math.sqrt(bc))
             ratio = self.options.variance_floor
             seg.floor_denoms = None
             if ratio > 0:
-                roots = floor_roots(xp, seg.views(seg.exp_avg_sq), seg.sizes, ratio)
+                roots = floor_roots(xp, seg.views(seg.exp_avg_sq), seg.sizes, ratio, bc)
                 for view, floor in zip(seg.views(root), roots, strict=True):
                     xp.clamp_min_(view, floor)
             xp.add_(root, eps)
             if ratio > 0:
                 seg.floor_denoms = floor_denoms(xp, roots, seg.denom, eps)
-            seg.denom_key = float(eps)
+            seg.denom_key = key
         return capped_views(xp, seg.views, seg.denom, m, seg.scratch, 1.0, seg.floor_denoms, seg.sizes)
 
     def _phase2(self, seg: ZeroOneBucket, group: dict[str, Any], kind: str) -> None:
@@ -293,7 +325,7 @@ class ZeroOneAdam(BucketedAlgorithm):
             xp.add_(xp.mul_(seg.exp_avg, b1), seg.grad, alpha=1 - b1)  # L1
             xp.add_(seg.u, seg.exp_avg, alpha=lr)  # L3
             self._decay(seg, 1 - lr * wd)  # L2
-            d = self._denom(seg, group["eps"], seg.exp_avg)
+            d = self._denom(seg, group, seg.exp_avg)
             xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), d, value=-lr)
             return
         if seg.lrs > 0:  # L5 (with no lr in the interval no local step moved: m stays)
@@ -301,7 +333,7 @@ class ZeroOneAdam(BucketedAlgorithm):
         for p, a in zip(seg.params, seg.views(seg.anchor), strict=True):  # L6 from x_anchor (Z4)
             xp.copy_(p, a)
         self._decay(seg, 1 - seg.lrs * wd)
-        d = self._denom(seg, group["eps"], seg.exp_avg)  # the cap: |ubar / d| <= lrs where the floor lifted d
+        d = self._denom(seg, group, seg.exp_avg)  # the cap: |ubar / d| <= lrs where the floor lifted d
         xp.foreach_addcdiv_(seg.params, seg.views(seg.work), d, value=-1.0)
         for a, p in zip(seg.views(seg.anchor), seg.params, strict=True):
             xp.copy_(a, p)
@@ -367,9 +399,7 @@ class ZeroOneAdam(BucketedAlgorithm):
                 seg.lrs = 0.0
             self._anchor()
             return
-        self.t = int(ours["step"])
-        self.var_interval, self.var_counter, self.local_step_interval, self.local_step_counter = (
-            int(c) for c in ours["counters"])
+        self.restore_schedule(int(ours["step"]), ours["counters"])
         for seg, saved in zip(self.buckets, ours["buckets"], strict=True):
             seg.onebit.load_state_dict(saved["onebit"])
             self.xp.copy_(seg.u, saved["u"])

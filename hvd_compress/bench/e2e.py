@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
-import math
 import os
 import statistics
 import time
@@ -84,18 +83,11 @@ def _hc(op, **options) -> Callable:
 
 
 def _zero_one_adam(freeze: int) -> Callable:
-    """0/1 Adam at the wrapped lr times sqrt(1 - b2^freeze). Its frozen v has no bias correction (DeepSpeed's rule),
-    so after a short dense warm-up every later step is 1 / sqrt(1 - b2^freeze) times Adam's (8x after 15 steps) and
-    the MLP diverges at the shared lr (docs/algorithms/zero-one-adam.md, "A short var_freeze_step"). Up to
-    var_update_scaler (16) steps, every warm-up step updates v, so the factor is exact there."""
-    inner = _hc(hc.ZeroOneAdam, var_freeze_step=freeze, local_step_scaler=1, local_step_clipper=16)
-
-    def wrap(model, opt):
-        for group in opt.param_groups:
-            group["lr"] *= math.sqrt(1 - group["betas"][1] ** max(freeze, 1))
-        return inner(model, opt)
-
-    return wrap
+    """0/1 Adam with its frozen v bias-corrected (``variance_bias_correction``): DeepSpeed's uncorrected v makes every
+    step after a short dense warm-up 1 / sqrt(1 - b2^n_v) times Adam's (8x after 15 steps) and the MLP diverges at
+    the shared lr (docs/algorithms/zero-one-adam.md, "A short var_freeze_step")."""
+    return _hc(hc.ZeroOneAdam, var_freeze_step=freeze, local_step_scaler=1, local_step_clipper=16,
+               variance_bias_correction=True)
 
 
 def _hvd(model, opt):

@@ -37,6 +37,7 @@ class Options:
     local_step_scaler: int = 32678
     local_step_clipper: int = 16
     variance_floor: float = 0.01
+    variance_bias_correction: bool = False
     compress: bool = True
 
     def __post_init__(self) -> None:
@@ -69,6 +70,7 @@ class ZeroOneAdamState:
     var_counter: int = 0
     local_step_interval: int = 1
     local_step_counter: int = 0
+    var_updates: int = 0  # variance updates so far (n_v: what ``variance_bias_correction`` divides v by)
     comp: CompressorState = field(default_factory=lambda: CompressorState([], []))
 
     @classmethod
@@ -123,12 +125,15 @@ def _average(state: ZeroOneAdamState, per_rank: list[np.ndarray], opts: Options)
     return state.comp.allreduce(per_rank) if opts.compress else np.mean(per_rank, axis=0)
 
 
-def _denominator(v: np.ndarray, layers: Sequence[slice], opts: Options) -> Callable[[np.ndarray], np.ndarray]:
-    """m -> the d that m is divided by (Z10, Z12): max(sqrt(v), sqrt(floor)) + eps per layer, 1-bit Adam's variance
-    floor without bias correction (floor = variance_floor * max(mean v over the layer, a share of mean v over the
-    bucket)), and where the floor lifted d, max(d, |m|): such an element steps at most lr."""
+def _denominator(v: np.ndarray, layers: Sequence[slice], opts: Options,
+                 var_updates: int) -> Callable[[np.ndarray], np.ndarray]:
+    """m -> the d that m is divided by (Z10, Z12): max(sqrt(v / bc2), sqrt(floor)) + eps per layer, 1-bit Adam's
+    variance floor (floor = variance_floor * max(mean v over the layer, a share of mean v over the bucket) / bc2),
+    and where the floor lifted d, max(d, |m|): such an element steps at most lr. bc2 = 1 - beta2^n_v after n_v
+    variance updates with ``variance_bias_correction`` (Z17), else 1 (DeepSpeed's rule, Z2)."""
     same = lambda a: a  # noqa: E731 (float64 throughout)
-    root, floors = _floored_root(v, layers, 1.0, opts.variance_floor, same, same)
+    bc2 = 1 - opts.betas[1] ** var_updates if opts.variance_bias_correction and var_updates > 0 else 1.0
+    root, floors = _floored_root(v, layers, bc2, opts.variance_floor, same, same)
     d = root + opts.eps
     if opts.variance_floor == 0:
         return lambda m: d
@@ -149,11 +154,12 @@ def step(state: ZeroOneAdamState, grads: Sequence[np.ndarray], lr: float, opts: 
     if kind == VARIANCE:
         gbar = np.mean(g, axis=0)  # P1: dense average
         state.v = b2 * state.v + (1 - b2) * gbar * gbar  # P2
+        state.var_updates += 1
         state.m = [b1 * state.m[0] + (1 - b1) * gbar for _ in range(n)]  # P3
     elif kind == ONEBIT:
         gbar = _average(state, g, opts)  # P1': 1-bit average of the gradients (Z5)
         state.m = [b1 * state.m[0] + (1 - b1) * gbar for _ in range(n)]  # P3
-    d = _denominator(state.v, layers, opts)  # P4 / L2: the denominator of this step's v
+    d = _denominator(state.v, layers, opts, state.var_updates)  # P4 / L2: the denominator of this step's v
     if kind in (VARIANCE, ONEBIT):
         state.x = [x - lr * state.m[0] / d(state.m[0]) - lr * lam * x for x in state.x]  # P4 (decoupled decay: Z3)
         if state.t == opts.var_freeze_step:  # P5: the switch; errors restart in u's units (Z7)

@@ -411,9 +411,8 @@ class ZeroOneStep(FusedStep):
 
     def bind(self, session: _Session) -> None:
         alg, bufs, saved, (w, s) = self.algorithm, session.bufs, session.saved, self._error_cuts
-        alg.t = int(saved["step"])
-        counters = self.FRESH_COUNTERS if alg.t == 0 else (int(c) for c in saved["counters"])
-        alg.var_interval, alg.var_counter, alg.local_step_interval, alg.local_step_counter = counters
+        t = int(saved["step"])
+        alg.restore_schedule(t, self.FRESH_COUNTERS if t == 0 else saved["counters"])
         lrs = np.asarray(saved["lrs"], dtype=np.float64)
         buckets = []
         for i, layout in enumerate(self.layouts):

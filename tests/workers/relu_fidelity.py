@@ -14,7 +14,8 @@ argv: out_dir task(mlp|cnn) steps runs
   runs: comma list of Adam, Lamb (dense average), OneBitAdam:<variance_floor>:<freeze_step> and
   OneBitLamb:<variance_floor>:<freeze_step> (variance_floor 0: the papers' exact rule),
   SLAMB:<compress_ratio>:<sync_interval>, ZeroOneAdam:<var_freeze_step>:<var_update_scaler>:<local_step_scaler>:
-  <local_step_clipper>[:<variance_floor>[:<bucket_mb>]] (op=hc.ZeroOneAdam over the same Adam), Birder[:<seed>]
+  <local_step_clipper>[:<variance_floor>[:<bucket_mb>[:<variance_bias_correction 0|1>]]] (op=hc.ZeroOneAdam over
+  the same Adam), Birder[:<seed>]
   (op=hc.Birder), BirderHier (hierarchical=True), BirderDense (hc.Birder behind op=hc.Average) and BirderExact
   (Alg. 1 with its quantization left out: ``ExactMeanBirder``), run one after another from the same initial model
   and data order. MODEL_SEED in the environment: the model's seed (default 1).
@@ -106,8 +107,8 @@ def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
         "op": getattr(hc, name), "freeze_step": int(freeze), "variance_floor": float(floor)}
     if name == "ZeroOneAdam":  # in ZeroOneAdamOptions' order; the variance floor optional
         keys = ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper", "variance_floor",
-                "bucket_mb")
-        options = {"op": hc.ZeroOneAdam, **{k: int(v) if i < 4 else float(v)
+                "bucket_mb", "variance_bias_correction")
+        options = {"op": hc.ZeroOneAdam, **{k: int(v) if i < 4 else float(v) if i < 6 else v == "1"
                                             for i, (k, v) in enumerate(zip(keys, run.split(":")[1:], strict=False))}}
     if name == "SLAMB":  # SLAMB:<compress_ratio>:<sync_interval>
         options = {"op": hc.SLAMB, "compress_ratio": float(floor), "sync_interval": int(freeze), "seed": 5}
