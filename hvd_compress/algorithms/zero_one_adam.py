@@ -127,7 +127,6 @@ class ZeroOneAdam(BucketedAlgorithm):
         self.var_interval, self.var_counter = 1, 0
         self.local_step_interval, self.local_step_counter = 1, 0
         self.var_updates = 0  # n_v: the variance updates so far (v's bias correction, Z17)
-        self._n_v = 0  # n_v of the step being taken (its own update counted)
         self._probe: ZeroOneAdam | None = None  # a schedule replayed up to some step (``restore_schedule``)
 
     # -- the schedules (spec S1-S3; zoadam.py l.268-292) -----------------------------------------------
@@ -184,7 +183,7 @@ class ZeroOneAdam(BucketedAlgorithm):
         return seg.onebit.worker_error, seg.onebit.server_error
 
     def reduce_bucket(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
-        """OneBitBucket ``i``'s collective for step ``t``: the dense average of the gradients (P1), the 1-bit average of
+        """Bucket ``i``'s collective for step ``t``: the dense average of the gradients (P1), the 1-bit average of
         the gradients (P1') or of u + lr m_r, this rank's u after L1 and L3 (L4), in ``work``; none on local steps."""
         kind = self.step_kind()
         if kind == LOCAL:
@@ -238,7 +237,6 @@ class ZeroOneAdam(BucketedAlgorithm):
             if bad:
                 raise UsageError(f"{self.name}: non-finite gradient on some rank at step {t} (a local step); step "
                                  "not taken, state unchanged")
-        self._n_v = self.var_updates + (kind == VARIANCE)
         if self.t == 0 and self.options.var_freeze_step == 0:
             self._anchor()  # all of the run is phase 2: x_anchor is the starting point
         for seg in self.buckets:
@@ -297,7 +295,7 @@ class ZeroOneAdam(BucketedAlgorithm):
         with ``variance_bias_correction`` (Z17), else 1. The floored d is computed again only when v, eps or bc2
         changed."""
         xp, eps = self.xp, group["eps"]
-        n_v = self._n_v
+        n_v = self.var_updates + (self.step_kind() == VARIANCE)  # a variance step's own update counts
         bc = 1 - group["betas"][1] ** n_v if self.options.variance_bias_correction and n_v > 0 else 1.0
         key = (float(eps), float(bc))
         if seg.denom_key != key:
