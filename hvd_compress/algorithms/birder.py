@@ -127,7 +127,7 @@ class BirderAlgorithm(BucketedAlgorithm):
         return list(seg.buffers().values())
 
     def reduce_bucket(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
-        """OneBitBucket ``i``'s one core call for step ``t`` (Alg. 1 lines 4-12, "grad" mode, spec B5), on the
+        """Bucket ``i``'s one core call for step ``t`` (Alg. 1 lines 4-12, "grad" mode, spec B5), on the
         background thread with overlap: this rank's gradient in, u in {+/-1} out in ``update``; m, b and both
         errors, copied aside first, are updated inside the core. Its draws are keyed by ``bucket_seed`` (each
         bucket a stream of its own, see the top)."""

@@ -50,7 +50,7 @@ class BucketedAlgorithm:
     def _init_buckets(self) -> None:
         #: Reduce buckets from the face's gradient hooks (``gradient_final``) while backward runs.
         self.overlap = False
-        #: OneBitBucket indices in bucket order (the order their reductions start); None: bucket order.
+        #: Bucket indices in reduction order (the order their reductions start); None: bucket order.
         self.order: list[int] | None = None
         self._reductions: BucketReductions | None = None
         self._position: dict[int, int] = {}  # bucket index -> place in ``order``
@@ -65,7 +65,7 @@ class BucketedAlgorithm:
 
     # -- what a subclass supplies ------------------------------------------------------------------------
     def reduce_bucket(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
-        """OneBitBucket ``i``'s collective for step ``t`` (on the background thread with overlap)."""
+        """Bucket ``i``'s collective for step ``t`` (on the background thread with overlap)."""
         raise NotImplementedError
 
     def mutable_state(self, seg: Any) -> Sequence[Tensor]:

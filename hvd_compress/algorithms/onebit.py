@@ -173,7 +173,7 @@ class OneBitAlgorithm(BucketedAlgorithm):
         return self._errors(seg)
 
     def reduce_bucket(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
-        """OneBitBucket ``i``'s collective for step ``t`` (on the background thread): warm-up, the dense average of its
+        """Bucket ``i``'s collective for step ``t`` (on the background thread): warm-up, the dense average of its
         gradients (line 2); compression, its local momentum (line 6) through the compressed allreduce (lines
         7-13), its error feedback copied aside first."""
         seg = self.buckets[i]

@@ -93,7 +93,7 @@ class SignSGD(BucketedAlgorithm):
         return self._uniforms[dpad]
 
     def reduce_bucket(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
-        """OneBitBucket ``i`` for step ``t``: p, s, c_r and the new e (kept aside in ``update``), the scales' mean, the
+        """Bucket ``i`` for step ``t``: p, s, c_r and the new e (kept aside in ``update``), the scales' mean, the
         vote; e is committed only once every rank's vote succeeded."""
         xp, seg = self.xp, self.buckets[i]
         n = seg.numel

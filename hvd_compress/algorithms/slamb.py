@@ -229,7 +229,7 @@ class Slamb(BucketedAlgorithm):
         )
 
     def reduce_bucket(self, i: int, groups: Sequence[dict[str, Any]] | None, t: int) -> None:
-        """OneBitBucket ``i``'s steps 3 and 4 for step ``t`` (Alg. 1 lines 7, 8, 10; with ``sync_grad`` line 9 first),
+        """Bucket ``i``'s steps 3 and 4 for step ``t`` (Alg. 1 lines 7, 8, 10; with ``sync_grad`` line 9 first),
         on the background thread with overlap: work[first:end] = b1 m + (1 - b1) g, then its masked average under
         the global mask (on the wire path, ``_gather_bucket``: the selected elements only). m itself changes only
         in ``step()``, once every bucket succeeded."""

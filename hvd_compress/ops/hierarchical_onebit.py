@@ -47,7 +47,7 @@ def bucket_seed(seed: int, bucket: int) -> int:
     The core keys a call's draws (seed, step, stream, element) with ``element`` the index in that call's padded
     buffer (spec 4; B7: the layout decides only who draws which number), so two buckets reduced at the
     same step with one seed would draw the same uniforms for their first elements. Each bucket therefore keys
-    with its own seed: its index in the key's high word. OneBitBucket 0 keeps ``seed``, so a model of one bucket draws
+    with its own seed: its index in the key's high word. Bucket 0 keeps ``seed``, so a model of one bucket draws
     what the unbucketed rule draws; for seeds below 2**32 no two (seed, bucket) pairs share a key.
     """
     if not 0 <= bucket < 1 << 32:

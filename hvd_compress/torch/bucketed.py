@@ -132,7 +132,7 @@ class BucketedEngine(Engine):
 
     @property
     def bucket_count(self) -> int:
-        """Buckets (buckets, each with its own per-bucket state) the parameters are cut into."""
+        """The buckets the parameters are cut into, each with its own state."""
         return len(self.alg.buckets)
 
     @torch.no_grad()
