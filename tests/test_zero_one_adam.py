@@ -136,6 +136,7 @@ def test_bad_input_raises_on_every_rank_and_changes_nothing(runs) -> None:
         "zero_clipper": "ValueError: op=ZeroOneAdam: local_step_clipper must be an int >= 1",
         "float_scaler": "ValueError: op=ZeroOneAdam: var_update_scaler must be an int >= 1",
         "negative_floor": "ValueError: op=ZeroOneAdam: variance_floor must be a finite number >= 0",
+        "string_correction": "ValueError: op=ZeroOneAdam: variance_bias_correction must be True or False",
         "sgd": "TypeError: op=ZeroOneAdam wraps torch.optim.Adam or AdamW",
         "adam_l2": "ValueError: op=ZeroOneAdam decays weights decoupled",
         "amsgrad": "ValueError: op=ZeroOneAdam does not support amsgrad",

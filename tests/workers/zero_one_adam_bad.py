@@ -37,6 +37,7 @@ def bad_cases(rank: int, size: int) -> dict[str, str]:
     out["zero_clipper"] = outcome(lambda: wrap(torch.optim.AdamW(params), local_step_clipper=0))
     out["float_scaler"] = outcome(lambda: wrap(torch.optim.AdamW(params), var_update_scaler=2.5))
     out["negative_floor"] = outcome(lambda: wrap(torch.optim.AdamW(params), variance_floor=-0.01))
+    out["string_correction"] = outcome(lambda: wrap(torch.optim.AdamW(params), variance_bias_correction="yes"))
     out["sgd"] = outcome(lambda: wrap(torch.optim.SGD(params, lr=0.1)))
     out["adam_l2"] = outcome(lambda: wrap(torch.optim.Adam(params, weight_decay=0.1)))
     out["amsgrad"] = outcome(lambda: wrap(torch.optim.AdamW(params, amsgrad=True)))
