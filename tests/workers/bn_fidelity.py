@@ -66,7 +66,8 @@ def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
     if name.startswith("OneBit"):
         options.update(freeze_step=freeze, **({"variance_floor": float(extra[0])} if extra else {}))
     else:
-        options.update({k: float(v) if "." in v or "e" in v else int(v) for k, v in (kv.split("=") for kv in extra)})
+        options.update({k: v == "True" if v in ("True", "False") else float(v) if "." in v or "e" in v else int(v)
+                        for k, v in (kv.split("=") for kv in extra)})
     lr = options.pop("lr", LR.get(name, LR["Adam"]))  # lr=...: the wrapped optimizer's
     if name in ("SGD", "SignSGD"):
         base = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9 if name == "SGD" else 0.0)
