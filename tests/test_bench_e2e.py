@@ -109,6 +109,14 @@ def test_e2e_runs_at_2_ranks_without_horovod_and_tensorflow(tmp_path: Path) -> N
     # PowerSGD from step 2: the 3 measured steps send P, Q and the biases, about 1% of the dense gradient.
     dense, low_rank = rows["hc Average (Adam)"]["hc_bytes_per_step"], rows["hc PowerSGD r4 (Adam)"]["hc_bytes_per_step"]
     assert 0 < low_rank <= 0.05 * dense, (low_rank, dense)
+    # The dense reference, one process on every rank's batches, is hc Average's training to rounding; the floor
+    # (each rank alone on its own batches) is not.
+    reference = result["dense_reference"]["mlp"]["adam"]
+    assert len(reference) == 6, reference
+    average = rows["hc Average (Adam)"]
+    assert average["dense_test_loss"] == reference[5], average
+    assert abs(average["test_loss_vs_dense"]) < 1e-4, average
+    assert abs(rows["floor Adam (no comm)"]["test_loss_vs_dense"]) > 1e-3, rows["floor Adam (no comm)"]
 
 
 def test_the_summary_takes_the_network_from_the_stamp_not_the_label() -> None:

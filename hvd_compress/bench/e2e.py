@@ -7,7 +7,8 @@ options, and the floor: the same step with the local optimizer and no communicat
 weights and the same per-rank batches: the median step time of the slowest rank after ``--warmup``, its ratio to the
 floor of its rule and, under ``NET=...``, to max(floor, wire time), the speed-up over Horovod's step of the same
 rule, bytes per step and rank (our counts, and under ``NET=...`` the namespace loopback's), held-out loss and
-accuracy, and the time to reach the dense run's final training loss. Writes ``e2e_<label>_np<n>.json``/``.md`` and
+accuracy (also against the dense rule's at the same step count: ``dense_reference``), and the time to reach the
+dense run's final training loss. Writes ``e2e_<label>_np<n>.json``/``.md`` and
 one PNG per model under ``--out``. Methods run one after another in one job, so they share the machine's state.
 Without Horovod its rows say "skipped: no Horovod"; DDP runs over gloo on CPU tensors on any machine.
 ``--models``, ``--only`` (names or shell patterns) and ``--budget`` (seconds per run) size a run. Columns:
@@ -34,6 +35,7 @@ from torch import nn
 import hvd_compress.torch as hc
 from hvd_compress.bench.models import MODELS, Data, build, digits
 from hvd_compress.bench.stamp import stamp
+from hvd_compress.bench.tables import vs_dense
 
 try:
     import horovod.torch as hvd
@@ -229,6 +231,28 @@ def train(method: Method, model_name: str, data: Data, comm, args, seconds: floa
     return run
 
 
+def dense_reference(rule: str, model_name: str, data: Data, args, size: int, steps: int) -> list[float]:
+    """The held-out loss after each of ``steps`` steps of ``rule`` trained densely over ``size`` ranks, in one
+    process: each step's batch is every rank's batch of that step (``train``'s generators, in rank order). With
+    equal batches the gradient of its mean loss is the average of the ranks' gradients, the step of hc Average,
+    Horovod and DDP to rounding, so a method's held-out loss is judged against the dense rule's at its own step
+    count without a dense run behind the slow link. (A model with BatchNorm would differ: none of the bench's has.)"""
+    model = build(model_name, seed=args.seed)
+    opt = _local_optimizer(rule, model.parameters(), args.lr)
+    loss_fn = nn.CrossEntropyLoss()
+    gens = [torch.Generator().manual_seed(1000 + r) for r in range(size)]
+    n_train = data.x_train.shape[0]
+    out = []
+    for _ in range(steps):
+        idx = torch.cat([torch.randint(0, n_train, (args.batch,), generator=g) for g in gens])
+        opt.zero_grad()
+        loss_fn(model(data.x_train[idx]), data.y_train[idx]).backward()
+        opt.step()
+        with torch.no_grad():
+            out.append(float(loss_fn(model(data.x_test), data.y_test)))
+    return out
+
+
 def _reduce(comm, values: list[float], op) -> list[float]:
     """Element-wise ``op`` of every rank's ``values``."""
     send = np.asarray(values, dtype=np.float64)
@@ -261,11 +285,13 @@ def _median_step_ms(run: Run, warmup: int) -> float:
 
 
 def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "", target: float | None = None,
-              window: int = 10) -> list[dict]:
+              window: int = 10, references: dict | None = None) -> list[dict]:
     """One row per run. Under ``net`` the physical limit of a step is max(floor, wire time): every rank's bytes
     cross the namespace's one rate-limited loopback, so the wire time is all ranks' bytes over the link rate.
     Each run's loss target is ``target`` where given, else the final loss of the dense run of its rule; losses
-    are smoothed over ``window`` steps."""
+    are smoothed over ``window`` steps. ``references[model][rule]``, where given, is ``dense_reference``'s
+    held-out losses: each row's held-out loss is also given against the one at its step count."""
+    references = references or {}
     rate = link_bits_per_s(net)
     rows = []
     by_model: dict[str, list[Run]] = {}
@@ -296,6 +322,8 @@ def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "", target
             if rate is not None and r.wire_bytes_per_step is not None:
                 wire_ms = r.wire_bytes_per_step * size * 8 / rate * 1e3
             limit_ms = max(floor_ms, wire_ms) if wire_ms is not None else floor_ms
+            ref = references.get(model, {}).get(r.rule, [])
+            dense_test = ref[len(r.step_ms) - 1] if 0 < len(r.step_ms) <= len(ref) else None
             rows.append({
                 "model": model, "method": r.method, "median_step_ms": med, "ratio_to_floor": med / floor_ms,
                 "wire_ms": wire_ms, "ratio_to_limit": med / limit_ms,
@@ -303,6 +331,8 @@ def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "", target
                 "hc_bytes_per_step": r.hc_bytes_per_step, "wire_bytes_per_step": r.wire_bytes_per_step,
                 "final_train_loss": smooth(r.losses, window)[-1], "test_loss": r.test_loss,
                 "test_accuracy": r.test_accuracy, "steps": len(r.step_ms), "time_to_dense_loss_s": reached,
+                "dense_test_loss": dense_test,
+                "test_loss_vs_dense": None if dense_test is None else r.test_loss / dense_test - 1,
             })
     return rows
 
@@ -318,12 +348,12 @@ def markdown(rows: list[dict], label: str, size: int, args) -> str:
         f"(median over the steps after step {args.warmup}, or all of a shorter run), digits data",
         "",
         "| model | method | median step ms | / floor | wire ms | / limit | Horovod / this | MB/step/rank (hc) "
-        "| MB/step/rank (wire) | final train loss | held-out loss | s to dense loss |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| MB/step/rank (wire) | final train loss | held-out loss | held-out vs dense | s to dense loss |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         if r.get("skipped"):
-            lines.append(f"| {r['model']} | {r['method']} | skipped: {r['skipped']} |" + " |" * 9)
+            lines.append(f"| {r['model']} | {r['method']} | skipped: {r['skipped']} |" + " |" * 10)
             continue
         reached = "not reached" if r["time_to_dense_loss_s"] is None else f"{r['time_to_dense_loss_s']:.1f}"
         lines.append(
@@ -331,7 +361,7 @@ def markdown(rows: list[dict], label: str, size: int, args) -> str:
             f"{'' if r['wire_ms'] is None else format(r['wire_ms'], '.1f')} | {r['ratio_to_limit']:.2f} | "
             f"{r['speedup_vs_horovod']:.2f} | "
             f"{mb(r['hc_bytes_per_step'])} | {mb(r['wire_bytes_per_step'])} | {r['final_train_loss']:.4f} | "
-            f"{r['test_loss']:.4f} | {reached} |"
+            f"{r['test_loss']:.4f} | {vs_dense(r)} | {reached} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -407,6 +437,7 @@ def main() -> None:
     _init_gloo(comm)
     data = digits(args.seed)
     runs = []
+    references: dict[str, dict[str, list[float]]] = {}
     for model in models:
         if args.burnin > 0:  # untimed: the first method measured must not pay for page faults and cold caches
             burnin = argparse.Namespace(**{**vars(args), "steps": args.burnin})
@@ -422,13 +453,21 @@ def main() -> None:
                     f"skipped: {run.skipped}" if run.skipped else
                     f"median {_median_step_ms(run, args.warmup):.1f} ms over {len(run.step_ms)} steps, "
                     f"final loss {smooth(run.losses)[-1]:.4f}"), flush=True)
+        ran = [r for r in runs if r.model == model and not r.skipped]
+        if comm.Get_rank() == 0 and ran:  # the others wait: a reference needs no communication
+            steps = max(len(r.step_ms) for r in ran)
+            references[model] = {rule: dense_reference(rule, model, data, args, comm.Get_size(), steps)
+                                 for rule in dict.fromkeys(r.rule for r in ran)}
+        comm.Barrier()
     if comm.Get_rank() == 0:
-        rows = summarize(runs, args.warmup, comm.Get_size(), os.environ.get("HVDC_BENCH_NET", ""))
+        rows = summarize(runs, args.warmup, comm.Get_size(), os.environ.get("HVDC_BENCH_NET", ""),
+                         references=references)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         stem = out / f"e2e_{args.label}_np{comm.Get_size()}"
         result = {"stamp": stamp("e2e", "hvd_compress.bench.e2e", comm.Get_size()), "label": args.label,
-                  "args": vars(args), "rows": rows, "runs": [r.__dict__ for r in runs]}
+                  "args": vars(args), "rows": rows, "runs": [r.__dict__ for r in runs],
+                  "dense_reference": references}
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
         table = markdown(rows, args.label, comm.Get_size(), args)
         stem.with_suffix(".md").write_text(table)

@@ -62,13 +62,21 @@ def keras_steps(rows: list[dict], args: dict, label: str, ranks: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def vs_dense(row: dict) -> str:
+    """An e2e row's held-out loss against the dense rule's at its step count, e.g. ``+1.2%``; empty without one."""
+    v = row.get("test_loss_vs_dense")
+    return "" if v is None else f"{100 * v:+.1f}%"
+
+
 def e2e_bytes(rows: list[dict]) -> str:
-    """Bytes per step and rank of each end-to-end method that counts them, and its losses, a column per model."""
+    """Bytes per step and rank of each end-to-end method that counts them, and its losses (the held-out one also
+    against the dense rule's at the same step count, where the run computed it), a column per model."""
     models = list(dict.fromkeys(r["model"] for r in rows))
     by_key = {(r["model"], r["method"]): r for r in rows}
     methods = [m for m in dict.fromkeys(r["method"] for r in rows)
                if any(by_key.get((mo, m), {}).get("hc_bytes_per_step") is not None for mo in models)]
-    lines = ["MB sent per step and rank (hvd_compress's counters), final training loss / held-out loss", "",
+    lines = ["MB sent per step and rank (hvd_compress's counters), final training loss / held-out loss (against "
+             "the dense rule's held-out loss at the same step)", "",
              "| method | " + " | ".join(models) + " |", "|---|" + "---:|" * len(models)]
     for method in methods:
         cells = []
@@ -77,7 +85,8 @@ def e2e_bytes(rows: list[dict]) -> str:
             if r is None or r.get("hc_bytes_per_step") is None:
                 cells.append("")
             else:
+                vs = vs_dense(r)
                 cells.append(f"{r['hc_bytes_per_step'] / 1e6:.3f} MB, {r['final_train_loss']:.3f} / "
-                             f"{r['test_loss']:.3f}")
+                             f"{r['test_loss']:.3f}" + (f" ({vs})" if vs else ""))
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
