@@ -1,7 +1,7 @@
 """make demo: what hvd_compress is for. The same training job, once with Horovod's dense step and once with each
 hc op, each for the same wall-clock budget, side by side.
 
-Every rank trains a ReLU MLP of about a million parameters (a 4.4 MB gradient per step) on scikit-learn's
+Every rank trains a ReLU MLP of about a million parameters (a 4.5 MB gradient per step) on scikit-learn's
 handwritten digits, which ship with the package: Horovod's ``hvd.DistributedOptimizer`` around Adam, then
 ``hc.DistributedOptimizer`` with ``op=`` Average and Adasum (around Adam), OneBitAdam (Adam), OneBitLamb and SLAMB
 (``hc.Lamb``) and Birder (``hc.Birder``), from the same weights on the same batches (the methods and the

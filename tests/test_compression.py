@@ -253,6 +253,15 @@ def test_horovod_compressors_map_to_ours() -> None:
     with pytest.raises(TypeError, match="not supported"):
         resolve("fp16")
 
+    from horovod.torch.compression import Compressor
+
+    class Custom(Compressor):  # a user's own Horovod compressor: refused, naming what is taken
+        pass
+
+    for custom in (Custom, Custom()):
+        with pytest.raises(TypeError, match=r"use hc\.Compression\.none, fp16"):
+            resolve(custom)
+
 
 def test_selection_matches_reference_including_ties() -> None:
     """The core's top-k (ties to the lower index, -0.0 == 0.0) and random-k selections against the reference."""

@@ -103,10 +103,13 @@ LINK = re.compile(r"\]\((?!https?://)(?P<target>[^)#\s]*)(?:#(?P<anchor>[^)\s]*)
 
 
 def anchors(path: Path) -> set[str]:
-    """GitHub's anchors of a Markdown file's headings: lower case, punctuation dropped, spaces as dashes."""
-    out = set()
+    """GitHub's anchors of a Markdown file's headings: lower case, punctuation dropped, spaces as dashes. A line
+    inside a code fence (a shell or Python comment) is no heading."""
+    out, fenced = set(), False
     for line in path.read_text().split("\n"):
-        if line.startswith("#"):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif line.startswith("#") and not fenced:
             title = line.lstrip("#").strip().lower()
             out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
     return out

@@ -66,6 +66,7 @@ for name in OPS:
         out["trained"][f"hvd.{name}"] = outcome(
             lambda name=name: out.setdefault(f"hvd.{name}", train(hvd.DistributedOptimizer, name)))
     out["refused"][f"{name} num_groups=2"] = build(name, num_groups=2)
+    out["refused"][f"{name} groups=2"] = build(name, groups=2)
     out["refused"][f"{name} unknown"] = build(name, no_such_option=1)
     if name != "Average":
         out["refused"][f"{name} gradient_predivide_factor=2"] = build(name, gradient_predivide_factor=2.0)

@@ -84,6 +84,8 @@ out["opt_sum"] = train(mine, hc.Sum)
 out["opt_first"] = train(first, hc.Average)
 out["opt_adasum"] = outcome(lambda: hc.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(),
                                                                             lr=0.1), op=hc.Adasum, process_set=mine))
+out["opt_onebit"] = outcome(lambda: hc.DistributedOptimizer(torch.optim.Adam(torch.nn.Linear(2, 1).parameters()),
+                                                            op=hc.OneBitAdam, freeze_step=2, process_set=mine))
 
 # Errors on every member (or every rank of the world for add_process_set).
 me = mine.ranks.index(rank)
