@@ -43,8 +43,9 @@ def _cell(row: dict, networked: bool) -> str:
     speedup = row.get("speedup_vs_horovod")
     if speedup is not None and not math.isnan(speedup) and not row["method"].startswith("Horovod"):
         out += f" ({speedup:.1f}x)"
-    if networked and row["method"] in COMPRESSED and row.get("ratio_to_limit") is not None:
-        out += f" [{row['ratio_to_limit']:.2f}]"
+    limit = row.get("ratio_to_limit")
+    if networked and row["method"] in COMPRESSED and limit is not None and not math.isnan(limit):  # nan: no floor ran
+        out += f" [{limit:.2f}]"
     return out
 
 
