@@ -1,7 +1,9 @@
 """hc.DistributedOptimizer(op=hc.PowerSGD) (Vogels et al. 2019, Alg. 1 and 2) against torch's own powerSGD_hook on
-the same gradients, one process per rank (gloo beside MPI), at 2, 3 and 4 ranks: the same reduced gradients, P, Q and
-error feedback over steps crossing start_powerSGD_iter with warm start; a run resumed from state_dict() continues bit
-for bit; overlap on and off agree to the bit; bad options raise on every rank."""
+the same gradients, one process per rank (gloo beside MPI), at matrix_approximation_rank 1 and 2 on 2 ranks, 3 on 3
+ranks and 4 on 4 ranks (``RUNS``): the same reduced gradients, P, Q and error feedback over steps crossing
+start_powerSGD_iter with warm start, in one bucket and in several; the same against the NumPy reference; a run
+resumed from state_dict() continues bit for bit; overlap on and off agree to the bit; bad options raise on every
+rank. One process: the bits do not depend on where a bucket starts in memory."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ import pytest
 import torch
 from mpi_harness import Cases
 
+from hvd_compress.algorithms.powersgd import PowerSGDOptions, PowerSGDState, reduce_bucket
 from hvd_compress.reference.powersgd import PowerSGD
+from hvd_compress.torch.powersgd import TorchMatrices
 
 START, STEPS, RESUME_AT = 2, 6, 4  # as tests/workers/powersgd.py
-COMPRESSED_SHAPE_INDEX, RANK_R_SHAPE = 5, (20, 30)  # a parameter that is compressed at every rank tested
+COMPRESSED_SHAPE_INDEX, RANK_R_SHAPE = 5, (40, 60)  # a parameter that is compressed at every rank tested
 
 
 def free_port() -> str:
@@ -28,27 +32,31 @@ def close(got: torch.Tensor, want: torch.Tensor, exact: bool) -> tuple[bool, flo
     """Whether ``got`` matches ``want`` (bit for bit, or to 1e-5 of ``want``'s largest magnitude), and by how much
     they differ."""
     diff = float((got - want).abs().max()) if got.numel() else 0.0
-    if exact:
+    if exact or not want.numel():
         return torch.equal(got, want), diff
     return diff <= 1e-5 * max(1.0, float(want.abs().max())), diff
 
 
-#: world -> r: r = 1 (torch's default) and 2 orthogonalize by Gram-Schmidt, r = 3 by QR, as torch's hook does.
-RUNS = {2: 2, 3: 3, 4: 1}
+#: (world, r) of each run: r = 1 (torch's default) and 2 orthogonalize by Gram-Schmidt, r = 3 and 4 (the bench's)
+#: by QR, as torch's hook does.
+RUNS = [(2, 1), (2, 2), (3, 3), (4, 4)]
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> Cases:
-    """One launch of the worker per rank count, each with its own gloo port."""
-    cases = {world: [(free_port(), str(rank_r))] for world, rank_r in RUNS.items()}
+    """One launch of the worker per rank count, running its cases in turn, each with its own gloo port."""
+    cases: dict[int, list[tuple[str, str]]] = {}
+    for world, rank_r in RUNS:
+        cases.setdefault(world, []).append((free_port(), str(rank_r)))
     return Cases("powersgd.py", cases, tmp_path_factory.mktemp("powersgd"), timeout_per_case=150)
 
 
-@pytest.fixture(scope="module", params=list(RUNS.items()), ids=["n2-gram-schmidt", "n3-qr", "n4-gram-schmidt-r1"])
+@pytest.fixture(scope="module", params=range(len(RUNS)), ids=[f"n{world}-r{rank_r}" for world, rank_r in RUNS])
 def run(request, launched) -> tuple[int, int, list[dict]]:
     """(world, r, what each rank saved) of the worker's run at ``world`` ranks and rank ``r``."""
-    world, rank_r = request.param
-    return world, rank_r, launched.ranks(world, launched.cases[world][0])
+    world, rank_r = RUNS[request.param]
+    case = launched.cases[world][[r for w, r in RUNS if w == world].index(rank_r)]
+    return world, rank_r, launched.ranks(world, case)
 
 
 # At 2 ranks every sum over ranks is one (commutative) addition and the average's division by 2 is exact, so ours
@@ -87,7 +95,8 @@ def test_powersgd_matches_torch_hook(run) -> None:
 
 def test_powersgd_sends_p_q_and_the_small_tensors_only(run) -> None:
     """From start_powerSGD_iter on a step sends (rows + cols) r numbers per compressed matrix and the small tensors
-    dense: 384 of 1708 numbers here at r = 2 (three calls instead of one, each with the core's fixed bytes)."""
+    dense: 1010 of 6746 numbers here at r = 1, 1946 at r = 4 (three calls instead of one, each with the core's fixed
+    bytes)."""
     world, _, ranks = run
     for r, got in enumerate(ranks):
         sent = [step["bytes"]["bytes_sent"] for step in got["ours"]]
@@ -167,6 +176,33 @@ def test_hvd_distributed_optimizer_runs_hc_powersgd(run) -> None:
         for t, (a, b) in enumerate(zip(via_hvd, via_hc, strict=True)):
             assert torch.equal(a, b), f"world {world}, rank {r}, step {t}: hvd's and hc's runs differ"
             assert torch.equal(a, ranks[0]["horovod"][0][t]), f"world {world}, rank {r}, step {t}: differs from rank 0"
+
+
+def test_powersgd_bits_do_not_depend_on_where_the_bucket_starts() -> None:
+    """A bucket is a view that may start anywhere in the fused gradient buffer, where torch's hook works in DDP's own
+    bucket buffer; a BLAS product may round by where its matrix starts (MKL's matrix-vector product at r = 1 does).
+    One rank (the allreduces are the identity), 3 compressed steps: the same bits at every float offset."""
+    shapes, numel = [(40, 60), (60,)], 40 * 60 + 60
+    grads = [torch.randn(numel, generator=torch.Generator().manual_seed(t)) for t in range(3)]
+    for rank_r in (1, 2, 4):
+        runs = []
+        for offset in range(8):
+            state = PowerSGDState(PowerSGDOptions(rank_r, start_powerSGD_iter=0, random_seed=7))
+            fused = torch.zeros(offset + numel)
+            steps = []
+            for g in grads:
+                flat = fused[offset:]
+                flat.copy_(g)
+                reduce_bucket(TorchMatrices(), state, 0, flat, shapes, lambda tensor, average, what: None)
+                state.step_done()
+                steps.append([flat.clone(), state.errors[0].clone(), state.p_memory[0].clone(),
+                              state.q_memory[0].clone()])
+            runs.append(steps)
+        for offset, steps in enumerate(runs[1:], 1):
+            for t, (got, want) in enumerate(zip(steps, runs[0], strict=True)):
+                for what, a, b in zip(("result", "error", "P", "Q"), got, want, strict=True):
+                    assert torch.equal(a, b), (f"r {rank_r}, bucket at float offset {offset}, step {t}: {what} differs "
+                                               f"from the aligned bucket's by {float((a - b).abs().max()):.3g}")
 
 
 BAD = {

@@ -246,30 +246,33 @@ def reduce_bucket(xp: MatrixBackend, state: PowerSGDState, index: int, flat: Ten
         allreduce(flat, True, "dense")
         return
     opt = state.options
-    copy = None
-    if opt.use_error_feedback:  # Alg. 2 line 3
-        if index in state.errors:
-            xp.add_(flat, state.errors[index])
-        copy = xp.clone(flat)
+    if opt.use_error_feedback and index in state.errors:  # Alg. 2 line 3
+        xp.add_(flat, state.errors[index])
+    # The work runs in a buffer of its own, as torch's hook runs it in DDP's bucket buffer: a BLAS product's rounding
+    # can depend on where its matrix starts in memory (MKL's matrix-vector product at r = 1 does), and ``flat`` may
+    # start anywhere in a fused buffer. ``flat`` keeps M for the error.
+    work = xp.clone(flat)
     offsets = np.concatenate([[0], np.cumsum([int(np.prod(s, dtype=np.int64)) for s in shapes])]).tolist()
-    tensors = [xp.view(flat, offsets[i], shape) for i, shape in enumerate(shapes)]
+    tensors = [xp.view(work, offsets[i], shape) for i, shape in enumerate(shapes)]
     plan = plan_bucket(shapes, opt)
     dense = [tensors[i] for i in plan.dense]
     if dense:
-        packed = xp.cat(dense, flat)
+        packed = xp.cat(dense, work)
         allreduce(packed, True, "dense")
         xp.split_(packed, dense)
+    # As torch's hook: every bucket without a previous Q allocates P and Q (empty when nothing in it is compressed)
+    # and draws its seed, so the seeds of later buckets do not depend on which buckets hold a matrix.
+    fresh = not opt.warm_start or index not in state.p_memory
+    if fresh:
+        state.p_memory[index] = xp.empty_like(plan.p_size, work)
+        state.q_memory[index] = xp.empty_like(plan.q_size, work)
+    p_flat, q_flat = state.p_memory[index], state.q_memory[index]
+    ms = [xp.view(work, offsets[c.index], (c.rows, c.cols)) for c in plan.compressed]
+    ps = [xp.view(p_flat, c.p_offset, (c.rows, c.rank)) for c in plan.compressed]
+    qs = [xp.view(q_flat, c.q_offset, (c.cols, c.rank)) for c in plan.compressed]
+    if fresh:  # Alg. 1 line 1 without a previous Q
+        xp.randn_(int(state.rng.randint(_SEED_BOUND)), qs)
     if plan.compressed:
-        fresh = not opt.warm_start or index not in state.p_memory
-        if fresh:
-            state.p_memory[index] = xp.empty_like(plan.p_size, flat)
-            state.q_memory[index] = xp.empty_like(plan.q_size, flat)
-        p_flat, q_flat = state.p_memory[index], state.q_memory[index]
-        ms = [xp.view(flat, offsets[c.index], (c.rows, c.cols)) for c in plan.compressed]
-        ps = [xp.view(p_flat, c.p_offset, (c.rows, c.rank)) for c in plan.compressed]
-        qs = [xp.view(q_flat, c.q_offset, (c.cols, c.rank)) for c in plan.compressed]
-        if fresh:  # Alg. 1 line 1 without a previous Q
-            xp.randn_(int(state.rng.randint(_SEED_BOUND)), qs)
         for q in qs:
             xp.orthogonalize_(q, opt.orthogonalization_epsilon)
         for m, q, p in zip(ms, qs, ps, strict=True):
@@ -282,8 +285,9 @@ def reduce_bucket(xp: MatrixBackend, state: PowerSGDState, index: int, flat: Ten
         allreduce(q_flat, True, "Q")  # line 7
         for p, q, m in zip(ps, qs, ms, strict=True):
             xp.matmul(p, q, out=m, transpose_b=True)  # line 8
-    if copy is not None:
-        state.errors[index] = xp.sub(copy, flat)  # Alg. 2 line 5
+    if opt.use_error_feedback:
+        state.errors[index] = xp.sub(flat, work)  # Alg. 2 line 5
+    xp.split_(work, [flat])
     if not opt.warm_start:
         state.p_memory.clear()
         state.q_memory.clear()

@@ -119,7 +119,7 @@ class PowerSGDReduction(StatefulReduction):
         ran = it > opt.start_powerSGD_iter
         if ran and opt.use_error_feedback:
             state.errors[0] = error
-        if ran and opt.warm_start and self.plan.compressed:
+        if ran and opt.warm_start:
             state.p_memory[0], state.q_memory[0] = p[: self.plan.p_size], q[: self.plan.q_size]
         return state
 

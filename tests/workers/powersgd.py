@@ -17,9 +17,11 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 
 import hvd_compress.torch as hc
 
-# Matrices of several shapes (two alike, so the hook's grouping by shape matters), a 4-d one (viewed as 12 x 24),
-# and tensors too small or too thin to compress (averaged dense).
-SHAPES = [(24, 16), (16,), (12, 4, 3, 2), (24, 16), (3, 2), (20, 30), (30,)]
+# Matrices of several shapes (two alike, so the hook's grouping by shape matters), a 4-d one (viewed as 16 x 36),
+# and tensors too small or too thin to compress (averaged dense). The matrices are large enough to be compressed at
+# rank 4 too ((rows + cols) * 4 * min_compression_rate < rows * cols), so every rank tested sends a fraction. The
+# last vector fills a 2 KiB bucket alone, the first reduced: a bucket with nothing to compress still draws its seed.
+SHAPES = [(48, 32), (32,), (16, 4, 3, 3), (48, 32), (3, 2), (40, 60), (60,), (600,)]
 STEPS, START, RESUME_AT = 6, 2, 4
 
 
