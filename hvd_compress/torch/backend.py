@@ -143,14 +143,20 @@ class TorchBackend:
 
     @staticmethod
     def first_nonfinite(x: torch.Tensor) -> tuple[int, float] | None:
-        if bool(torch.isfinite(x).all()):
+        if not TorchBackend.any_nonfinite(x):
             return None
         bad = int((~torch.isfinite(x)).nonzero()[0, 0])
         return bad, float(x[bad])
 
     @staticmethod
     def any_nonfinite(x: torch.Tensor) -> bool:
-        return bool((~torch.isfinite(x)).any())
+        """One pass and no mask the size of ``x``: a NaN makes both extremes NaN, an Inf one of them Inf."""
+        if x.numel() == 0:
+            return False
+        if not x.is_floating_point():
+            return False
+        lo, hi = torch.aminmax(x)
+        return not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi)))
 
     @staticmethod
     def bool_like(numel: int, like: torch.Tensor) -> torch.Tensor:
