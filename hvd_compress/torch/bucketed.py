@@ -203,13 +203,13 @@ class BucketedEngine(Engine):
         return self.protocol.seen is not None and self.protocol.edited(self.consumed_gradients())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the fused gradient buffers in place (gradients stay views, never None); the count of backward
-        passes starts again (also after a step that raised). A step whose buckets were started but not taken is
-        dropped first (their state restored), never zeroing a bucket that is still being reduced."""
-        del set_to_none  # views must survive for the fused reduction
+        """Zero the fused gradient buffers; ``.grad`` becomes None (torch's default), or with ``set_to_none=False``
+        stays a zeroed view of them, which saves a copy per step. The count of backward passes starts again (also
+        after a step that raised). A step whose buckets were started but not taken is dropped first (their state
+        restored), never zeroing a bucket that is still being reduced."""
         self.alg.abandon()
         for fused in self.grads:
-            fused.zero_()
+            fused.zero_(set_to_none)
         self.passes.reset()
         self.protocol.step_done()
 

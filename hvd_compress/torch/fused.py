@@ -128,8 +128,11 @@ class FusedGradients:
             raise ValueError("FusedGradients.span: the parameters are not consecutive in one buffer")
         return index, self.buffers[index][start:end]
 
-    def zero_(self) -> None:
+    def zero_(self, set_to_none: bool = False) -> None:
+        """Zero every gradient. ``set_to_none``: ``.grad`` becomes None, as torch's and Horovod's ``zero_grad()``
+        leave it; the next gradient is copied into its view when it is gathered (one copy per step), else
+        ``.grad`` stays the view and backward accumulates into the fused buffer directly."""
         for flat in self.buffers:
             flat.zero_()
         for p in self.params:
-            p.grad = None if id(p) in self.sparse else self._views[id(p)]
+            p.grad = None if set_to_none or id(p) in self.sparse else self._views[id(p)]

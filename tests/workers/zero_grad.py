@@ -1,6 +1,7 @@
 """What ``zero_grad()`` leaves in ``.grad`` after a step, per op, beside Horovod's own ``hvd.DistributedOptimizer``:
 for each op and each call form (``zero_grad()``, ``set_to_none=True``, ``set_to_none=False``) whether every gradient
-is None, else whether all are zero, after two steps (the second starts from what the first zero_grad left)."""
+is None, else whether all are zero, after three steps (each starts from what the zero_grad before it left), and the
+parameters those steps reached."""
 
 import sys
 
@@ -16,10 +17,11 @@ FORMS = {"default": {}, "set_to_none=True": {"set_to_none": True}, "set_to_none=
 
 def grads_after(model: torch.nn.Module, opt: torch.optim.Optimizer, form: dict) -> str:
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(hvd.rank()))
-    for _ in range(2):  # the second step starts from the gradients the first zero_grad left
+    for _ in range(3):  # each step starts from the gradients the zero_grad before it left
         opt.zero_grad(**form)
         model(x).square().sum().backward()
         opt.step()
+    params[f"{op} {name}"] = [p.detach().clone() for p in model.parameters()]
     opt.zero_grad(**form)
     grads = [p.grad for p in model.parameters()]
     if all(g is None for g in grads):
@@ -30,7 +32,9 @@ def grads_after(model: torch.nn.Module, opt: torch.optim.Optimizer, form: dict) 
 hvd.init()
 hc.init()
 out: dict[str, str] = {}
+params: dict[str, list[torch.Tensor]] = {}
 for name, form in FORMS.items():
+    op = "horovod"
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-2),
@@ -43,4 +47,4 @@ for name, form in FORMS.items():
         options = {"freeze_step": 1} if op in ("OneBitAdam", "OneBitLamb") else {}
         model, opt = small_wrapped(op, **options)
         out[f"{op} {name}"] = grads_after(model, opt, form)
-save(hc.rank(), {"grads": out, "argv": sys.argv[1:]})
+save(hc.rank(), {"grads": out, "params": params, "argv": sys.argv[1:]})
