@@ -469,10 +469,16 @@ def test_dynamic_requires_grad():
         gen_opt.zero_grad()
         disc_opt.zero_grad()
         disc(gen(inp)).sum().backward()
+
+        def trained(p: torch.Tensor) -> bool:
+            # Horovod's test reads p.grad.max() of a frozen parameter: torch < 2 zeroed gradients in zero_grad();
+            # since torch 2 zero_grad() sets them to None, in Horovod 0.28 as in hc, so a frozen one has none.
+            return p.grad is not None and bool(p.grad.max().is_nonzero())
+
         for p in gen.parameters():
-            assert train_generator == p.grad.max().is_nonzero(), "generator gradient"
+            assert train_generator == trained(p), "generator gradient"
         for p in disc.parameters():
-            assert train_discriminator == p.grad.max().is_nonzero(), "discriminator gradient"
+            assert train_discriminator == trained(p), "discriminator gradient"
         if train_generator:
             gen_opt.step()
         if train_discriminator:
