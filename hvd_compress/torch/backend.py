@@ -150,11 +150,10 @@ class TorchBackend:
 
     @staticmethod
     def any_nonfinite(x: torch.Tensor) -> bool:
-        """One pass and no mask the size of ``x``: a NaN makes both extremes NaN, an Inf one of them Inf."""
-        if x.numel() == 0:
-            return False
-        if not x.is_floating_point():
-            return False
+        """For real floats one pass and no mask the size of ``x``: a NaN makes both extremes NaN, an Inf one of them
+        Inf."""
+        if x.numel() == 0 or not x.is_floating_point():  # complex: no order; integers: always finite
+            return bool((~torch.isfinite(x)).any())
         lo, hi = torch.aminmax(x)
         return not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi)))
 
