@@ -94,7 +94,7 @@ def test_e2e_runs_at_2_ranks_without_horovod_and_tensorflow(tmp_path: Path) -> N
     only = "Horovod Adam,hc Average (Adam),*PowerSGD*,hc ZeroOneAdam,floor Adam (no comm)"
     cmd = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none", sys.executable, "-m", "hvd_compress.bench.e2e",
            "--out", str(out), "--label", "shm", "--models", "mlp", "--only", only, "--steps", "6", "--warmup", "3",
-           "--burnin", "0"]
+           "--burnin", "0", "--fidelity-seeds", "1"]
     env = mpi_env({"PYTHONPATH": f"{hide}:{ROOT}"})
     env.pop("HVDC_BENCH_NET", None)
     res = launch(cmd, 240, env)
@@ -117,6 +117,24 @@ def test_e2e_runs_at_2_ranks_without_horovod_and_tensorflow(tmp_path: Path) -> N
     assert average["dense_test_loss"] == reference[5], average
     assert abs(average["test_loss_vs_dense"]) < 1e-4, average
     assert abs(rows["floor Adam (no comm)"]["test_loss_vs_dense"]) > 1e-3, rows["floor Adam (no comm)"]
+    # --fidelity-seeds: every method again from model seed 1, against the dense rule from that seed.
+    assert set(result["seed_dense_reference"]["mlp"]) == {"0", "1"}
+    assert average["seeds"] == [0, 1] and average["seed_dense_test_losses"][0] == reference[5], average
+    assert average["seed_dense_test_losses"][1] == result["seed_dense_reference"]["mlp"]["1"]["adam"][5], average
+    assert average["seed_test_losses"][1] != average["seed_test_losses"][0], average  # another model trained
+    assert abs(average["test_loss_vs_dense_over_seeds"]) < 1e-4, average
+    assert abs(rows["floor Adam (no comm)"]["test_loss_vs_dense_over_seeds"]) > 1e-3, rows["floor Adam (no comm)"]
+    assert "| mlp | hc ZeroOneAdam | " in (out / "e2e_shm_np2.md").read_text().split("over model seeds 0, 1")[1]
+
+
+@pytest.mark.parametrize("seeds", ["0,1", "1,1", "x"])
+def test_fidelity_seeds_are_refused_before_any_run(monkeypatch, capsys, seeds: str) -> None:
+    """The timed seed again, a seed twice or a non-number: a usage error on every rank before MPI starts."""
+    monkeypatch.setattr(sys, "argv", ["e2e", "--seed", "0", "--fidelity-seeds", seeds])
+    with pytest.raises(SystemExit) as exc:
+        e2e.main()
+    assert exc.value.code == 2
+    assert "--fidelity-seeds" in capsys.readouterr().err or seeds == "x"
 
 
 def test_the_summary_takes_the_network_from_the_stamp_not_the_label() -> None:

@@ -7,8 +7,10 @@ options, and the floor: the same step with the local optimizer and no communicat
 weights and the same per-rank batches: the median step time of the slowest rank after ``--warmup``, its ratio to the
 floor of its rule and, under ``NET=...``, to max(floor, wire time), the speed-up over Horovod's step of the same
 rule, bytes per step and rank (our counts, and under ``NET=...`` the namespace loopback's), held-out loss and
-accuracy (also against the dense rule's at the same step count: ``dense_reference``), and the time to reach the
-dense run's final training loss. Writes ``e2e_<label>_np<n>.json``/``.md`` and
+accuracy (also against the dense rule's at the same step count: ``dense_reference``; with ``--fidelity-seeds``,
+the mean over several model seeds against the dense rule's mean, since one seed's held-out loss after the MLP has
+memorized its data moves by a factor of several between seeds), and the time to reach the dense run's final
+training loss. Writes ``e2e_<label>_np<n>.json``/``.md`` and
 one PNG per model under ``--out``. Methods run one after another in one job, so they share the machine's state.
 Without Horovod its rows say "skipped: no Horovod"; DDP runs over gloo on CPU tensors on any machine.
 ``--models``, ``--only`` (names or shell patterns) and ``--budget`` (seconds per run) size a run. Columns:
@@ -69,6 +71,8 @@ class Run:
     test_loss: float = float("nan")
     test_accuracy: float = float("nan")
     skipped: str | None = None  # why the method did not run here ("no Horovod")
+    #: ``--fidelity-seeds``: per model seed (the timed run's first) the steps run and the held-out loss
+    seeds: list[dict] = field(default_factory=list)
 
 
 def _local_optimizer(rule: str, params, lr: float) -> torch.optim.Optimizer:
@@ -84,11 +88,11 @@ def _hc(op, **options) -> Callable:
     return wrap
 
 
-def _zero_one_adam(freeze: int) -> Callable:
+def _zero_one_adam(freeze: int, clipper: int = 16) -> Callable:
     """0/1 Adam with its frozen v bias-corrected (``variance_bias_correction``): DeepSpeed's uncorrected v makes every
     step after a short dense warm-up 1 / sqrt(1 - b2^n_v) times Adam's (8x after 15 steps) and the MLP diverges at
     the shared lr (docs/algorithms/zero-one-adam.md, "A short var_freeze_step")."""
-    return _hc(hc.ZeroOneAdam, var_freeze_step=freeze, local_step_scaler=1, local_step_clipper=16,
+    return _hc(hc.ZeroOneAdam, var_freeze_step=freeze, local_step_scaler=1, local_step_clipper=clipper,
                variance_bias_correction=True)
 
 
@@ -139,6 +143,8 @@ def methods(freeze: int) -> list[Method]:
         # Dense variance steps up to the freeze, then a 1-bit sync every 16 steps (once the interval has doubled
         # up to the clipper: the tutorial's constant interval), at the lr that steps as bias-corrected Adam would.
         Method("hc ZeroOneAdam", "adam", _zero_one_adam(freeze), True),
+        # A sync every 4 steps: four times the bytes, for the held-out loss of the ranks' shared steps.
+        Method("hc ZeroOneAdam sync/4", "adam", _zero_one_adam(freeze, clipper=4), True),
         Method("hc Average (Lamb)", "lamb", _hc(hc.Average), True),
         Method("Horovod Lamb", "lamb", _hvd, needs_horovod=True),
         Method("hc OneBitLamb", "lamb", _hc(hc.OneBitLamb, freeze_step=freeze), True),
@@ -285,13 +291,16 @@ def _median_step_ms(run: Run, warmup: int) -> float:
 
 
 def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "", target: float | None = None,
-              window: int = 10, references: dict | None = None) -> list[dict]:
+              window: int = 10, references: dict | None = None, seed_references: dict | None = None) -> list[dict]:
     """One row per run. Under ``net`` the physical limit of a step is max(floor, wire time): every rank's bytes
     cross the namespace's one rate-limited loopback, so the wire time is all ranks' bytes over the link rate.
     Each run's loss target is ``target`` where given, else the final loss of the dense run of its rule; losses
     are smoothed over ``window`` steps. ``references[model][rule]``, where given, is ``dense_reference``'s
-    held-out losses: each row's held-out loss is also given against the one at its step count."""
+    held-out losses: each row's held-out loss is also given against the one at its step count.
+    ``seed_references[model][seed][rule]`` likewise for each of a run's ``seeds``: the mean of its held-out losses
+    over them against the mean of the dense rule's at the same step counts."""
     references = references or {}
+    seed_references = seed_references or {}
     rate = link_bits_per_s(net)
     rows = []
     by_model: dict[str, list[Run]] = {}
@@ -324,6 +333,12 @@ def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "", target
             limit_ms = max(floor_ms, wire_ms) if wire_ms is not None else floor_ms
             ref = references.get(model, {}).get(r.rule, [])
             dense_test = ref[len(r.step_ms) - 1] if 0 < len(r.step_ms) <= len(ref) else None
+            seeds = seed_references.get(model, {})
+            dense_seeds = [seeds[str(s["seed"])][r.rule][s["steps"] - 1] for s in r.seeds
+                           if str(s["seed"]) in seeds and 0 < s["steps"] <= len(seeds[str(s["seed"])][r.rule])]
+            over_seeds = None
+            if seeds and len(dense_seeds) == len(r.seeds):
+                over_seeds = statistics.fmean(s["test_loss"] for s in r.seeds) / statistics.fmean(dense_seeds) - 1
             rows.append({
                 "model": model, "method": r.method, "median_step_ms": med, "ratio_to_floor": med / floor_ms,
                 "wire_ms": wire_ms, "ratio_to_limit": med / limit_ms,
@@ -333,6 +348,10 @@ def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "", target
                 "test_accuracy": r.test_accuracy, "steps": len(r.step_ms), "time_to_dense_loss_s": reached,
                 "dense_test_loss": dense_test,
                 "test_loss_vs_dense": None if dense_test is None else r.test_loss / dense_test - 1,
+                "seeds": [s["seed"] for s in r.seeds] if over_seeds is not None else [],
+                "seed_test_losses": [s["test_loss"] for s in r.seeds] if over_seeds is not None else [],
+                "seed_dense_test_losses": dense_seeds if over_seeds is not None else [],
+                "test_loss_vs_dense_over_seeds": over_seeds,
             })
     return rows
 
@@ -363,6 +382,17 @@ def markdown(rows: list[dict], label: str, size: int, args) -> str:
             f"{mb(r['hc_bytes_per_step'])} | {mb(r['wire_bytes_per_step'])} | {r['final_train_loss']:.4f} | "
             f"{r['test_loss']:.4f} | {vs_dense(r)} | {reached} |"
         )
+    seeded = [r for r in rows if r.get("test_loss_vs_dense_over_seeds") is not None]
+    if seeded:
+        lines += ["", f"Held-out loss over model seeds {', '.join(map(str, seeded[0]['seeds']))} (this / the dense "
+                  "rule's at the same step count, per seed), and the mean's against the dense mean", "",
+                  "| model | method | per seed | mean | dense mean | mean vs dense |", "|---|---|---|---:|---:|---:|"]
+        for r in seeded:
+            per_seed = ", ".join(f"{t:.4f} / {d:.4f}" for t, d in
+                                 zip(r["seed_test_losses"], r["seed_dense_test_losses"], strict=True))
+            lines.append(f"| {r['model']} | {r['method']} | {per_seed} | {statistics.fmean(r['seed_test_losses']):.4f} "
+                         f"| {statistics.fmean(r['seed_dense_test_losses']):.4f} | "
+                         f"{100 * r['test_loss_vs_dense_over_seeds']:+.1f}% |")
     return "\n".join(lines) + "\n"
 
 
@@ -414,6 +444,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fidelity-seeds", default="",
+                        help="comma-separated further model seeds: each reruns every chosen method (untimed) and "
+                        "the dense reference from that seed; rows get the mean held-out loss over --seed and these "
+                        "against the dense rule's mean")
     parser.add_argument("--out", default="bench_results")
     parser.add_argument("--label", default=os.environ.get("HVDC_BENCH_NET") or "shm",
                         help="names the result files (default: the emulated link's rate, else shm)")
@@ -425,8 +459,11 @@ def main() -> None:
         parser.error(f"--budget: seconds > 0, got {args.budget}")
     try:
         chosen = select(methods(args.warmup), args.only)
+        more_seeds = [int(v) for v in args.fidelity_seeds.split(",") if v.strip()]
     except ValueError as e:
         parser.error(str(e))
+    if args.seed in more_seeds or len(set(more_seeds)) != len(more_seeds):
+        parser.error(f"--fidelity-seeds: seeds other than --seed {args.seed}, each once; got {args.fidelity_seeds!r}")
     torch.set_num_threads(1)
     if hvd is not None:
         hvd.init()
@@ -438,6 +475,7 @@ def main() -> None:
     data = digits(args.seed)
     runs = []
     references: dict[str, dict[str, list[float]]] = {}
+    seed_references: dict[str, dict[str, dict[str, list[float]]]] = {}  # model, seed, rule: held-out per step
     runnable = [m for m in chosen if hvd is not None or not m.needs_horovod]
     for model in models:
         if args.burnin > 0 and runnable:  # untimed: the first method measured must not pay for cold caches
@@ -455,20 +493,36 @@ def main() -> None:
                     f"median {_median_step_ms(run, args.warmup):.1f} ms over {len(run.step_ms)} steps, "
                     f"final loss {smooth(run.losses)[-1]:.4f}"), flush=True)
         ran = [r for r in runs if r.model == model and not r.skipped]
+        for r in ran:
+            r.seeds.append({"seed": args.seed, "steps": len(r.step_ms), "test_loss": r.test_loss})
+        for seed in more_seeds:  # the held-out loss only: the same runs from another model seed
+            seeded = argparse.Namespace(**{**vars(args), "seed": seed})
+            by_name = {m.name: m for m in runnable}
+            for r in ran:
+                again = train(by_name[r.method], model, data, comm, seeded, seconds=args.budget)
+                r.seeds.append({"seed": seed, "steps": len(again.step_ms), "test_loss": again.test_loss})
         if comm.Get_rank() == 0 and ran:  # the others wait: a reference needs no communication
+            rules = list(dict.fromkeys(r.rule for r in ran))
             steps = max(len(r.step_ms) for r in ran)
             references[model] = {rule: dense_reference(rule, model, data, args, comm.Get_size(), steps)
-                                 for rule in dict.fromkeys(r.rule for r in ran)}
+                                 for rule in rules}
+            if more_seeds:
+                seed_references[model] = {str(args.seed): references[model]}
+                for seed in more_seeds:
+                    seeded = argparse.Namespace(**{**vars(args), "seed": seed})
+                    steps = max(s["steps"] for r in ran for s in r.seeds if s["seed"] == seed)
+                    seed_references[model][str(seed)] = {
+                        rule: dense_reference(rule, model, data, seeded, comm.Get_size(), steps) for rule in rules}
         comm.Barrier()
     if comm.Get_rank() == 0:
         rows = summarize(runs, args.warmup, comm.Get_size(), os.environ.get("HVDC_BENCH_NET", ""),
-                         references=references)
+                         references=references, seed_references=seed_references)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         stem = out / f"e2e_{args.label}_np{comm.Get_size()}"
         result = {"stamp": stamp("e2e", "hvd_compress.bench.e2e", comm.Get_size()), "label": args.label,
                   "args": vars(args), "rows": rows, "runs": [r.__dict__ for r in runs],
-                  "dense_reference": references}
+                  "dense_reference": references, "seed_dense_reference": seed_references}
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
         table = markdown(rows, args.label, comm.Get_size(), args)
         stem.with_suffix(".md").write_text(table)

@@ -23,6 +23,7 @@ METHODS = (
     "hc OneBitAdam",
     "hc OneBitAdam no overlap",
     "hc ZeroOneAdam",
+    "hc ZeroOneAdam sync/4",
     "Horovod Lamb",
     "hc OneBitLamb",
     "hc SLAMB",
@@ -32,8 +33,8 @@ METHODS = (
     "floor Lamb (no comm)",
     "floor Birder (no comm)",
 )
-COMPRESSED = ("hc OneBitAdam", "hc OneBitAdam no overlap", "hc ZeroOneAdam", "hc OneBitLamb", "hc SLAMB", "hc Birder",
-              "DDP+PowerSGD r4 Adam", "hc PowerSGD r4 (Adam)")
+COMPRESSED = ("hc OneBitAdam", "hc OneBitAdam no overlap", "hc ZeroOneAdam", "hc ZeroOneAdam sync/4", "hc OneBitLamb",
+              "hc SLAMB", "hc Birder", "DDP+PowerSGD r4 Adam", "hc PowerSGD r4 (Adam)")
 
 
 def _cell(row: dict, networked: bool) -> str:
