@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mpi_harness import ROOT, launch, mpi_env
 
-from hvd_compress.bench import e2e, e2e_summary
+from hvd_compress.bench import e2e, e2e_summary, tables
 
 # Puts a finder in front of Python's that finds none of these packages, as where they are not installed.
 HIDE = '''import sys
@@ -48,6 +48,8 @@ def test_zero_one_adam_runs_with_its_frozen_variance_bias_corrected(monkeypatch)
     assert options == {"var_freeze_step": 15, "local_step_scaler": 1, "local_step_clipper": 16,
                        "variance_bias_correction": True}
     assert adam.param_groups[0]["lr"] == 1e-3
+    _, (op, options, _) = {m.name: m for m in e2e.methods(15)}["hc ZeroOneAdam sync/4"].wrap(None, adam)
+    assert op is e2e.hc.ZeroOneAdam and options["local_step_clipper"] == 4, options
 
 
 def test_only_refuses_a_pattern_that_matches_no_method() -> None:
@@ -84,6 +86,23 @@ def test_a_skipped_method_is_a_row_that_says_why_in_every_table() -> None:
     assert "or 1 s, whichever came first" in table
     summary = e2e_summary.table({"label": "shm", "rows": rows}, 2)
     assert "| Horovod Adam | skipped: no Horovod |" in summary, summary
+
+
+def test_the_held_out_loss_over_seeds_is_the_mean_against_the_dense_mean_at_each_runs_step_count() -> None:
+    """Ratio of means, each seed's dense loss read at that seed's own step count (a budget can end seeds apart)."""
+    run = _run("hc ZeroOneAdam", 20.0)
+    run.seeds = [{"seed": 0, "steps": 4, "test_loss": 0.3}, {"seed": 7, "steps": 2, "test_loss": 0.1}]
+    seed_refs = {"mlp": {"0": {"adam": [9.0, 9.0, 9.0, 0.1]}, "7": {"adam": [9.0, 0.3, 9.0, 9.0]}}}
+    row = e2e.summarize([run], warmup=2, size=2, seed_references=seed_refs)[0]
+    assert row["seeds"] == [0, 7] and row["seed_dense_test_losses"] == [0.1, 0.3], row
+    assert abs(row["test_loss_vs_dense_over_seeds"]) < 1e-12, row  # (0.3 + 0.1) / (0.1 + 0.3) - 1
+    assert "| mlp | hc ZeroOneAdam | 0.3000 / 0.1000, 0.1000 / 0.3000 | 0.2000 | 0.2000 | +0.0% |" in \
+        tables.e2e_seeds([row]), tables.e2e_seeds([row])
+    # Without further seeds, or with a seed the references lack, a row claims nothing over seeds.
+    assert e2e.summarize([_run("hc ZeroOneAdam", 20.0)], warmup=2)[0]["test_loss_vs_dense_over_seeds"] is None
+    del seed_refs["mlp"]["7"]
+    assert e2e.summarize([run], warmup=2, seed_references=seed_refs)[0]["test_loss_vs_dense_over_seeds"] is None
+    assert tables.e2e_seeds([row | {"test_loss_vs_dense_over_seeds": None}]) == ""
 
 
 def test_e2e_runs_at_2_ranks_without_horovod_and_tensorflow(tmp_path: Path) -> None:
@@ -124,7 +143,7 @@ def test_e2e_runs_at_2_ranks_without_horovod_and_tensorflow(tmp_path: Path) -> N
     assert average["seed_test_losses"][1] != average["seed_test_losses"][0], average  # another model trained
     assert abs(average["test_loss_vs_dense_over_seeds"]) < 1e-4, average
     assert abs(rows["floor Adam (no comm)"]["test_loss_vs_dense_over_seeds"]) > 1e-3, rows["floor Adam (no comm)"]
-    assert "| mlp | hc ZeroOneAdam | " in (out / "e2e_shm_np2.md").read_text().split("over model seeds 0, 1")[1]
+    assert "| mlp | hc ZeroOneAdam | " in (out / "e2e_shm_np2.md").read_text().split("from model seeds 0, 1")[1]
 
 
 @pytest.mark.parametrize("seeds", ["0,1", "1,1", "x"])

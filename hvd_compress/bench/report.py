@@ -57,7 +57,9 @@ def result_tables(result: dict) -> str:
     """The tables of one result, by its kind."""
     kind, stamp = result["stamp"]["kind"], result["stamp"]
     if kind == "e2e":
-        return e2e_summary.table(result, stamp["ranks"]) + "\n" + tables.e2e_bytes(result["rows"])
+        seeds = tables.e2e_seeds(result["rows"])
+        return (e2e_summary.table(result, stamp["ranks"]) + "\n" + tables.e2e_bytes(result["rows"])
+                + (f"\n{seeds}" if seeds else ""))
     if kind == "keras":
         return tables.keras_steps(result["rows"], result["args"], result["label"], stamp["ranks"])
     if kind == "kernels":

@@ -5,6 +5,8 @@ is imported here, so the page can be rebuilt anywhere.
 
 from __future__ import annotations
 
+import statistics
+
 
 def collectives(rows: list[dict], label: str) -> str:
     """``python -m hvd_compress.bench``: each collective of ours against Horovod's on the same buffer."""
@@ -66,6 +68,24 @@ def vs_dense(row: dict) -> str:
     """An e2e row's held-out loss against the dense rule's at its step count, e.g. ``+1.2%``; empty without one."""
     v = row.get("test_loss_vs_dense")
     return "" if v is None else f"{100 * v:+.1f}%"
+
+
+def e2e_seeds(rows: list[dict]) -> str:
+    """The held-out loss of each e2e row over its model seeds (``--fidelity-seeds``), per seed against the dense
+    rule's, and the mean's against the dense mean; empty where no row has them."""
+    seeded = [r for r in rows if r.get("test_loss_vs_dense_over_seeds") is not None]
+    if not seeded:
+        return ""
+    lines = [f"Held-out loss from model seeds {', '.join(map(str, seeded[0]['seeds']))}: per seed this / the dense "
+             "rule's at the same step count, then the means", "",
+             "| model | method | per seed | mean | dense mean | mean vs dense |", "|---|---|---|---:|---:|---:|"]
+    for r in seeded:
+        per_seed = ", ".join(f"{t:.4f} / {d:.4f}" for t, d in
+                             zip(r["seed_test_losses"], r["seed_dense_test_losses"], strict=True))
+        lines.append(f"| {r['model']} | {r['method']} | {per_seed} | {statistics.fmean(r['seed_test_losses']):.4f} | "
+                     f"{statistics.fmean(r['seed_dense_test_losses']):.4f} | "
+                     f"{100 * r['test_loss_vs_dense_over_seeds']:+.1f}% |")
+    return "\n".join(lines) + "\n"
 
 
 def e2e_bytes(rows: list[dict]) -> str:
