@@ -68,10 +68,8 @@ def test_keras_onebit_optimizers_train_batchnorm_cnn_within_two_points_of_dense(
 
 #: Each op and its dense counterpart. 0/1 Adam: var_freeze_step 35 (a fifth), 4 variance updates per interval, the
 #: sync interval doubling every 16 steps up to 16; 175 steps make s = 176 a multiple of 16, so its last step syncs.
-#: SignSGD's lr 0.02 is its best of 0.002-0.2 at seed 1 (lr 0.2 does not train); PowerSGD rank 2 after 10 dense steps.
-#: Measured (2 ranks, eval accuracy, model seeds 1 / 2 / 3): Adam 0.990 / 0.994 / 0.988, 0/1 Adam 0.996 / 0.996 /
-#: 0.996 (eval loss 0.027-0.029 against Adam's 0.080-0.092), PowerSGD 0.988 / 0.994 / 0.988; SGD 0.994 / 0.992 /
-#: 0.996, SignSGD 0.980 / 0.984 / 0.982 (its eval loss 0.33-0.36 against SGD's 0.02-0.03).
+#: SignSGD's lr 0.02 is its best of those tried at seed 1; PowerSGD rank 2 after 10 dense steps. Figures:
+#: docs/algorithms/signsgd.md and powersgd.md ('Fidelity'); 0/1 Adam: docs/algorithms/zero-one-adam.md.
 DENSE_OF = {"ZeroOneAdam:var_update_scaler=4:local_step_scaler=16": "Adam",
             "ZeroOneAdam:var_update_scaler=4:local_step_scaler=16:variance_bias_correction=True": "Adam",
             "SignSGD": "SGD",
