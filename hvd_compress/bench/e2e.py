@@ -143,7 +143,7 @@ def methods(freeze: int) -> list[Method]:
         # Dense variance steps up to the freeze, then a 1-bit sync every 16 steps (once the interval has doubled
         # up to the clipper: the tutorial's constant interval), at the lr that steps as bias-corrected Adam would.
         Method("hc ZeroOneAdam", "adam", _zero_one_adam(freeze), True),
-        # A sync every 4 steps: four times the bytes, for the held-out loss of the ranks' shared steps.
+        # A sync every 4 steps: about four times the bytes, for fewer local steps (they cost held-out loss).
         Method("hc ZeroOneAdam sync/4", "adam", _zero_one_adam(freeze, clipper=4), True),
         Method("hc Average (Lamb)", "lamb", _hc(hc.Average), True),
         Method("Horovod Lamb", "lamb", _hvd, needs_horovod=True),
@@ -285,9 +285,13 @@ def link_bits_per_s(net: str) -> float | None:
     return None
 
 
+def _measured_ms(run: Run, warmup: int) -> list[float]:
+    """The steps after ``warmup``, or every step of a run that its time budget ended before."""
+    return run.step_ms[warmup:] or run.step_ms
+
+
 def _median_step_ms(run: Run, warmup: int) -> float:
-    """The median step after ``warmup``, or over every step of a run that its time budget ended before."""
-    return statistics.median(run.step_ms[warmup:] or run.step_ms)
+    return statistics.median(_measured_ms(run, warmup))
 
 
 def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "", target: float | None = None,
@@ -336,13 +340,13 @@ def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "", target
             seeds = seed_references.get(model, {})
             dense_seeds = [seeds[str(s["seed"])][r.rule][s["steps"] - 1] for s in r.seeds
                            if str(s["seed"]) in seeds and 0 < s["steps"] <= len(seeds[str(s["seed"])][r.rule])]
-            over_seeds = None
-            if seeds and len(dense_seeds) == len(r.seeds):
-                over_seeds = statistics.fmean(s["test_loss"] for s in r.seeds) / statistics.fmean(dense_seeds) - 1
+            judged = r.seeds if seeds and len(dense_seeds) == len(r.seeds) else []  # every seed has its reference
+            over_seeds = (statistics.fmean(s["test_loss"] for s in judged) / statistics.fmean(dense_seeds) - 1
+                          if judged else None)
             rows.append({
                 "model": model, "method": r.method, "median_step_ms": med, "ratio_to_floor": med / floor_ms,
                 # the throughput of a method whose steps differ (0/1 Adam: local steps and a costly sync)
-                "mean_step_ms": statistics.fmean(r.step_ms[warmup:] or r.step_ms),
+                "mean_step_ms": statistics.fmean(_measured_ms(r, warmup)),
                 "wire_ms": wire_ms, "ratio_to_limit": med / limit_ms,
                 "speedup_vs_horovod": horovod.get(r.rule, float("nan")) / med,
                 "hc_bytes_per_step": r.hc_bytes_per_step, "wire_bytes_per_step": r.wire_bytes_per_step,
@@ -350,9 +354,9 @@ def summarize(runs: list[Run], warmup: int, size: int = 1, net: str = "", target
                 "test_accuracy": r.test_accuracy, "steps": len(r.step_ms), "time_to_dense_loss_s": reached,
                 "dense_test_loss": dense_test,
                 "test_loss_vs_dense": None if dense_test is None else r.test_loss / dense_test - 1,
-                "seeds": [s["seed"] for s in r.seeds] if over_seeds is not None else [],
-                "seed_test_losses": [s["test_loss"] for s in r.seeds] if over_seeds is not None else [],
-                "seed_dense_test_losses": dense_seeds if over_seeds is not None else [],
+                "seeds": [s["seed"] for s in judged],
+                "seed_test_losses": [s["test_loss"] for s in judged],
+                "seed_dense_test_losses": dense_seeds if judged else [],
                 "test_loss_vs_dense_over_seeds": over_seeds,
             })
     return rows
@@ -471,6 +475,8 @@ def main() -> None:
     references: dict[str, dict[str, list[float]]] = {}
     seed_references: dict[str, dict[str, dict[str, list[float]]]] = {}  # model, seed, rule: held-out per step
     runnable = [m for m in chosen if hvd is not None or not m.needs_horovod]
+    by_name = {m.name: m for m in runnable}
+    seeded = {seed: argparse.Namespace(**{**vars(args), "seed": seed}) for seed in more_seeds}
     for model in models:
         if args.burnin > 0 and runnable:  # untimed: the first method measured must not pay for cold caches
             burnin = argparse.Namespace(**{**vars(args), "steps": args.burnin})
@@ -490,10 +496,8 @@ def main() -> None:
         for r in ran:
             r.seeds.append({"seed": args.seed, "steps": len(r.step_ms), "test_loss": r.test_loss})
         for seed in more_seeds:  # the held-out loss only: the same runs from another model seed
-            seeded = argparse.Namespace(**{**vars(args), "seed": seed})
-            by_name = {m.name: m for m in runnable}
             for r in ran:
-                again = train(by_name[r.method], model, data, comm, seeded, seconds=args.budget)
+                again = train(by_name[r.method], model, data, comm, seeded[seed], seconds=args.budget)
                 r.seeds.append({"seed": seed, "steps": len(again.step_ms), "test_loss": again.test_loss})
         if comm.Get_rank() == 0 and ran:  # the others wait: a reference needs no communication
             rules = list(dict.fromkeys(r.rule for r in ran))
@@ -503,10 +507,10 @@ def main() -> None:
             if more_seeds:
                 seed_references[model] = {str(args.seed): references[model]}
                 for seed in more_seeds:
-                    seeded = argparse.Namespace(**{**vars(args), "seed": seed})
                     steps = max(s["steps"] for r in ran for s in r.seeds if s["seed"] == seed)
                     seed_references[model][str(seed)] = {
-                        rule: dense_reference(rule, model, data, seeded, comm.Get_size(), steps) for rule in rules}
+                        rule: dense_reference(rule, model, data, seeded[seed], comm.Get_size(), steps)
+                        for rule in rules}
         comm.Barrier()
     if comm.Get_rank() == 0:
         rows = summarize(runs, args.warmup, comm.Get_size(), os.environ.get("HVDC_BENCH_NET", ""),
