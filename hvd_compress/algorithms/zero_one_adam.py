@@ -30,6 +30,7 @@ from hvd_compress.algorithms import contract
 from hvd_compress.algorithms.agreement import nonfinite_everywhere
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
 from hvd_compress.algorithms.onebit import DEFAULT_VARIANCE_FLOOR, capped_views, floor_denoms, floor_roots
+from hvd_compress.ops import onebit_adam_kernels as fused_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
 from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
@@ -291,9 +292,14 @@ class ZeroOneAdam(BucketedAlgorithm):
 
     def _denom(self, seg: ZeroOneBucket, group: dict[str, Any], m: Tensor) -> list[Tensor]:
         """Per layer d = max(sqrt(v / bc2), sqrt(floor)) + eps, and where the floor lifted it max(d, |m|), in
-        ``scratch`` (Z12: 1-bit Adam's variance floor and cap; such an element steps at most lr). bc2 = 1 - b2^n_v
-        with ``variance_bias_correction`` (Z17), else 1. The floored d is computed again only when v, eps or bc2
-        changed."""
+        ``scratch`` (Z12: 1-bit Adam's variance floor and cap; such an element steps at most lr)."""
+        self._floored_denom(seg, group)
+        return capped_views(self.xp, seg.views, seg.denom, m, seg.scratch, 1.0, seg.floor_denoms, seg.sizes)
+
+    def _floored_denom(self, seg: ZeroOneBucket, group: dict[str, Any]) -> None:
+        """``denom`` = max(sqrt(v / bc2), sqrt(floor)) + eps per layer and ``floor_denoms`` (the value of a lifted
+        element), before the cap. bc2 = 1 - b2^n_v with ``variance_bias_correction`` (Z17), else 1. Computed again
+        only when v, eps or bc2 changed."""
         xp, eps = self.xp, group["eps"]
         n_v = self.var_updates + (self.step_kind() == VARIANCE)  # a variance step's own update counts
         bc = 1 - group["betas"][1] ** n_v if self.options.variance_bias_correction and n_v > 0 else 1.0
@@ -312,19 +318,15 @@ class ZeroOneAdam(BucketedAlgorithm):
             if ratio > 0:
                 seg.floor_denoms = floor_denoms(xp, roots, seg.denom, eps)
             seg.denom_key = key
-        return capped_views(xp, seg.views, seg.denom, m, seg.scratch, 1.0, seg.floor_denoms, seg.sizes)
 
     def _phase2(self, seg: ZeroOneBucket, group: dict[str, Any], kind: str) -> None:
         """L1-L3 on a local step; L5-L6 on a sync step (``work`` holds ubar, the 1-bit average of u: L4)."""
         xp = self.xp
-        b1, lr, wd = group["betas"][0], group["lr"], group["weight_decay"]
+        lr, wd = group["lr"], group["weight_decay"]
         seg.lrs += lr
         if kind == LOCAL:
-            xp.add_(xp.mul_(seg.exp_avg, b1), seg.grad, alpha=1 - b1)  # L1
+            self._local_step(seg, group)
             xp.add_(seg.u, seg.exp_avg, alpha=lr)  # L3
-            self._decay(seg, 1 - lr * wd)  # L2
-            d = self._denom(seg, group, seg.exp_avg)
-            xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), d, value=-lr)
             return
         if seg.lrs > 0:  # L5 (with no lr in the interval no local step moved: m stays)
             xp.div_(xp.copy_(seg.exp_avg, seg.work), seg.lrs)
@@ -337,6 +339,25 @@ class ZeroOneAdam(BucketedAlgorithm):
             xp.copy_(a, p)
         xp.zero_(seg.u)
         seg.lrs = 0.0
+
+    def _local_step(self, seg: ZeroOneBucket, group: dict[str, Any]) -> None:
+        """L1 and L2: m = b1 m + (1 - b1) g_r (formed in ``work``, free on a local step, as on a sync step),
+        x = x (1 - lr wd) - lr m / d with d capped (Z12). On float32 CPU buffers (both faces' usual case) these are
+        1-bit Adam's two fused passes in the core (``ops.onebit_adam_kernels``: its line 6, then lines 12-13 with
+        m = work), the same float32 operations as the backend's ops here, which take about ten passes."""
+        xp = self.xp
+        b1, lr, wd = group["betas"][0], group["lr"], group["weight_decay"]
+        self._floored_denom(seg, group)
+        if fused_ops.accepts(seg.work, seg.grad, seg.exp_avg, seg.denom,
+                             *(p for p, n in zip(seg.params, seg.sizes, strict=True) if n)):
+            fused_ops.local_momentum_(seg.work, seg.grad, seg.exp_avg, b1)
+            fused_ops.apply_(seg.params, seg.work, seg.exp_avg, seg.denom, seg.sizes, 1 - lr * wd, -lr,
+                             seg.floor_denoms)
+            return
+        xp.copy_(seg.exp_avg, self._local_momentum(seg, group, seg.work))  # L1
+        self._decay(seg, 1 - lr * wd)  # L2
+        d = self._denom(seg, group, seg.exp_avg)
+        xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), d, value=-lr)
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def _copy(self, x: Tensor) -> Tensor:
