@@ -1,0 +1,143 @@
+"""Where 0/1 Adam's held-out loss on the e2e bench's MLP parts from dense Adam's: the held-out loss every
+``--every`` steps of 0/1 Adam at several sync intervals, against dense Adam, and two ablations that take one
+piece of the rule away at a time:
+
+- ``dense-frozen-v``: one process, the 4 ranks' batches as one (``e2e.dense_reference``'s batches), Adam whose v
+  stops at step ``--freeze`` (bias-corrected, under 0/1 Adam's variance floor and cap, spec Z12 and Z17): the
+  variance freeze alone, with no compression and no local steps;
+- ``exact``: 0/1 Adam with its 1-bit exchange replaced by an exact average of the same buffer (the rule's
+  local steps and frozen v without the compression error).
+
+No link is emulated (held-out loss does not depend on step time). Four ranks:
+
+    mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -x PYTHONPATH=$PWD \\
+        python3 tools/zero_one_heldout.py --seeds 0,1,2 --intervals 1,4,16 --exact 1,16
+
+It prints its figures and writes no result file; docs/algorithms/zero-one-adam.md quotes one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+from mpi4py import MPI
+from torch import nn
+
+import hvd_compress.torch as hc
+from hvd_compress import ops
+from hvd_compress.algorithms import zero_one_adam
+from hvd_compress.algorithms.onebit import DEFAULT_VARIANCE_FLOOR
+from hvd_compress.bench.models import build, digits
+from hvd_compress.ops.constants import ReduceOp
+
+BATCH, LR, BETAS, EPS = 32, 1e-3, (0.9, 0.999), 1e-8
+ONEBIT_EXCHANGE = zero_one_adam.compressed_allreduce_
+
+
+def _exact_average(work, *_state, **kwargs):
+    """The ablation's exchange: the exact average of what 0/1 Adam would compress (its error buffers unused)."""
+    return ops.allreduce_(work, op=ReduceOp.Average, **kwargs)
+
+
+def held_out(model: nn.Module, data) -> float:
+    with torch.no_grad():
+        return float(nn.functional.cross_entropy(model(data.x_test), data.y_test))
+
+
+def zero_one(seed: int, interval: int, exact: bool, args, data, rank: int) -> list[float] | str:
+    """Rank 0's held-out losses of one 0/1 Adam run, or the error that stopped it."""
+    zero_one_adam.compressed_allreduce_ = _exact_average if exact else ONEBIT_EXCHANGE
+    model = build("mlp", seed=seed)
+    opt = hc.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=LR),
+                                  named_parameters=model.named_parameters(), op=hc.ZeroOneAdam,
+                                  var_freeze_step=args.freeze, local_step_scaler=1, local_step_clipper=interval,
+                                  variance_bias_correction=True)
+    gen = torch.Generator().manual_seed(1000 + rank)  # the e2e bench's batches
+    out: list[float] = []
+    try:
+        for step in range(1, args.steps + 1):
+            idx = torch.randint(0, data.x_train.shape[0], (BATCH,), generator=gen)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+            opt.step()
+            if step % args.every == 0:
+                out.append(held_out(model, data))
+    except hc.UsageError as e:
+        return f"stopped at step {step}: {str(e).split(':')[1].strip()}"
+    finally:
+        zero_one_adam.compressed_allreduce_ = ONEBIT_EXCHANGE
+    return out
+
+
+def dense(seed: int, freeze: int | None, args, data, size: int) -> list[float]:
+    """Adam on the ranks' batches as one; with ``freeze``, v stops after that step under 0/1 Adam's floor."""
+    model = build("mlp", seed=seed)
+    params = list(model.parameters())
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    gens = [torch.Generator().manual_seed(1000 + r) for r in range(size)]
+    (b1, b2), out = BETAS, []
+    for t in range(1, args.steps + 1):
+        idx = torch.cat([torch.randint(0, data.x_train.shape[0], (BATCH,), generator=g) for g in gens])
+        model.zero_grad()
+        nn.functional.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+        frozen = freeze is not None and t > freeze
+        with torch.no_grad():
+            for p, mi, vi in zip(params, m, v, strict=True):
+                mi.mul_(b1).add_(p.grad, alpha=1 - b1)
+                if not frozen:
+                    vi.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                m_hat = mi / (1 - b1 ** t)
+                v_hat = vi / (1 - b2 ** (freeze if frozen else t))
+                if frozen:  # Z12: d floored at a share of the layer's mean v, and there raised to |m|
+                    floor = DEFAULT_VARIANCE_FLOOR * v_hat.mean()
+                    d = v_hat.clamp(min=floor).sqrt().add_(EPS)
+                    d = torch.where(v_hat < floor, torch.maximum(d, m_hat.abs()), d)
+                else:
+                    d = v_hat.sqrt().add_(EPS)
+                p.addcdiv_(m_hat, d, value=-LR)
+        if t % args.every == 0:
+            out.append(held_out(model, data))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--freeze", type=int, default=15, help="var_freeze_step (the e2e bench's: its --warmup)")
+    parser.add_argument("--intervals", default="1,4,16", help="local_step_clipper values (local_step_scaler 1)")
+    parser.add_argument("--exact", default="1,16", help="intervals run again with an exact exchange")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    hc.init()
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    data = digits()
+    runs = [(f"0/1 Adam, sync every {i}", int(i), False) for i in args.intervals.split(",") if i]
+    runs += [(f"0/1 Adam, sync every {i}, exact", int(i), True) for i in args.exact.split(",") if i]
+    finals: dict[str, list[float]] = {}
+    for seed in (int(s) for s in args.seeds.split(",")):
+        rows = []
+        if rank == 0:
+            rows += [("Adam", dense(seed, None, args, data, size)),
+                     (f"Adam, v frozen after {args.freeze}", dense(seed, args.freeze, args, data, size))]
+        rows += [(name, zero_one(seed, i, exact, args, data, rank)) for name, i, exact in runs]
+        if rank == 0:
+            for name, curve in rows:
+                shown = curve if isinstance(curve, str) else " ".join(f"{x:.4f}" for x in curve)
+                print(f"seed {seed} {name:38s} {shown}", flush=True)
+                if not isinstance(curve, str):
+                    finals.setdefault(name, []).append(curve[-1])
+    if rank == 0:
+        base = statistics.mean(finals["Adam"])
+        print(f"final held-out loss, mean over the seeds that finished (vs Adam's mean {base:.4f}):")
+        for name, xs in finals.items():
+            print(f"  {name:38s} {statistics.mean(xs):.4f} ({statistics.mean(xs) / base - 1:+.0%}, {len(xs)} seeds)")
+
+
+if __name__ == "__main__":
+    main()
