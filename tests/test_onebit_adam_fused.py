@@ -14,6 +14,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from fused_checks import assert_identical
+from fused_checks import backend as backend_and_buffers
 
 from hvd_compress import _core
 from hvd_compress.algorithms import onebit_adam
@@ -85,29 +87,16 @@ def _run(backend, wrap, fused: bool, wd: float, decoupled: bool, floor: float, m
     return np.concatenate([np.asarray(a, dtype=np.float32) for a in (x, seg.exp_avg, seg.exp_avg_sq)])
 
 
-def _assert_identical(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    diff = np.flatnonzero(got.view(np.int32) != want.view(np.int32))
-    assert diff.size == 0, (f"{what}: {diff.size} of {got.size} values (x | m | v) differ, first {diff[0]}: "
-                            f"fused {got[diff[0]]!r}, backend {want[diff[0]]!r}")
-
-
-def _backend(name: str) -> tuple[object, object]:
-    """The backend and its buffer maker: NumPy's (the TF/Keras face's) or torch's."""
-    if name == "numpy":
-        return pytest.importorskip("hvd_compress.tensorflow.backend").NumpyBackend, np.asarray
-    return TorchBackend, torch.from_numpy
-
-
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("floor", [0.0, 0.01])
 @pytest.mark.parametrize(("wd", "decoupled"), [(0.0, False), (0.05, False), (0.05, True)])
 def test_fused_onebit_adam_steps_are_bit_identical_to_the_backend_path(backend, wd, decoupled, floor,
                                                                        monkeypatch) -> None:
     """Adam (L2 in line 6's gradient) and AdamW (decoupled decay in line 13), over warm-up and compression steps."""
-    xp, wrap = _backend(backend)
+    xp, wrap = backend_and_buffers(backend)
     fused = _run(xp, wrap, True, wd, decoupled, floor, monkeypatch)
     plain = _run(xp, wrap, False, wd, decoupled, floor, monkeypatch)
-    _assert_identical(fused, plain, f"{backend} backend wd={wd} decoupled={decoupled} floor={floor}")
+    assert_identical(fused, plain, f"x | m | v, {backend} backend wd={wd} decoupled={decoupled} floor={floor}")
 
 
 @pytest.mark.parametrize("decoupled", [False, True])
@@ -117,7 +106,7 @@ def test_portable_kernels_give_the_avx2_steps_bits(decoupled, monkeypatch) -> No
     avx2 = _run(numpy_backend, np.asarray, True, 0.05, decoupled, 0.01, monkeypatch)
     monkeypatch.setattr(onebit_adam_kernels, "scalar_kernels", lambda: True)
     scalar = _run(numpy_backend, np.asarray, True, 0.05, decoupled, 0.01, monkeypatch)
-    _assert_identical(scalar, avx2, f"portable vs AVX2 kernels, decoupled={decoupled}")
+    assert_identical(scalar, avx2, f"x | m | v, portable vs AVX2 kernels, decoupled={decoupled}")
 
 
 def test_kernels_portable_and_avx2_agree_on_an_infinite_parameter() -> None:

@@ -11,11 +11,11 @@ import itertools
 
 import numpy as np
 import pytest
-import torch
+from fused_checks import assert_identical
+from fused_checks import backend as backend_and_buffers
 
 from hvd_compress.algorithms import zero_one_adam
 from hvd_compress.ops import onebit_adam_kernels
-from hvd_compress.torch.backend import TorchBackend
 
 SIZES = [1000, 3, 0, 4097, 31]
 STEPS = 4
@@ -63,20 +63,12 @@ def _run(backend, wrap, fused: bool, wd: float, correction: bool, monkeypatch,
     return np.concatenate([np.asarray(a, dtype=np.float32) for a in (x, seg.exp_avg, seg.u)])
 
 
-def _backend(name: str) -> tuple[object, object]:
-    if name == "numpy":
-        return pytest.importorskip("hvd_compress.tensorflow.backend").NumpyBackend, np.asarray
-    return TorchBackend, torch.from_numpy
-
-
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("wd", [0.0, 0.05])
 @pytest.mark.parametrize("correction", [False, True])
 def test_fused_local_steps_are_bit_identical_to_the_backend_path(backend, wd, correction, monkeypatch) -> None:
-    xp, wrap = _backend(backend)
+    xp, wrap = backend_and_buffers(backend)
     got = _run(xp, wrap, True, wd, correction, monkeypatch)
-    want = _run(xp, wrap, False, wd, correction, monkeypatch)
-    diff = np.flatnonzero(got.view(np.int32) != want.view(np.int32))
-    assert diff.size == 0, (f"{diff.size} of {got.size} values (x | m | u) differ, first {diff[0]}: "
-                            f"fused {got[diff[0]]!r}, backend {want[diff[0]]!r}")
+    assert_identical(got, _run(xp, wrap, False, wd, correction, monkeypatch),
+                     f"x | m | u, {backend} backend wd={wd} variance_bias_correction={correction}")
     assert np.isfinite(got).all()
