@@ -269,8 +269,11 @@ class ZeroOneAdam(BucketedAlgorithm):
                                  f"of param group {seg.group}: value {bad[1]}); step not taken, state unchanged")
 
     def _local_momentum(self, seg: ZeroOneBucket, group: dict[str, Any], out: Tensor) -> Tensor:
-        """out = b1 m + (1 - b1) g_r, this rank's gradient (L1), leaving m as it is."""
+        """out = b1 m + (1 - b1) g_r, this rank's gradient (L1), leaving m as it is: on float32 CPU buffers 1-bit
+        Adam's fused pass of its line 6 in the core, the same float32 operations as the backend's ops here."""
         b1 = group["betas"][0]
+        if fused_ops.accepts(out, seg.grad, seg.exp_avg):
+            return fused_ops.local_momentum_(out, seg.grad, seg.exp_avg, b1)
         return self.xp.add_(self.xp.mul_(self.xp.copy_(out, seg.grad), 1 - b1), seg.exp_avg, alpha=b1)
 
     def _decay(self, seg: ZeroOneBucket, factor: float) -> None:
@@ -342,19 +345,19 @@ class ZeroOneAdam(BucketedAlgorithm):
 
     def _local_step(self, seg: ZeroOneBucket, group: dict[str, Any]) -> None:
         """L1 and L2: m = b1 m + (1 - b1) g_r (formed in ``work``, free on a local step, as on a sync step),
-        x = x (1 - lr wd) - lr m / d with d capped (Z12). On float32 CPU buffers (both faces' usual case) these are
-        1-bit Adam's two fused passes in the core (``ops.onebit_adam_kernels``: its line 6, then lines 12-13 with
-        m = work), the same float32 operations as the backend's ops here, which take about ten passes."""
+        x = x (1 - lr wd) - lr m / d with d capped (Z12). On float32 CPU buffers (both faces' usual case) L2 is
+        1-bit Adam's fused pass of its lines 12-13 in the core (m = work, then x), the same float32 operations as
+        the backend's ops here, which take about eight passes and two temporary buffers."""
         xp = self.xp
-        b1, lr, wd = group["betas"][0], group["lr"], group["weight_decay"]
+        lr, wd = group["lr"], group["weight_decay"]
         self._floored_denom(seg, group)
-        if fused_ops.accepts(seg.work, seg.grad, seg.exp_avg, seg.denom,
+        self._local_momentum(seg, group, seg.work)  # L1
+        if fused_ops.accepts(seg.work, seg.exp_avg, seg.denom,
                              *(p for p, n in zip(seg.params, seg.sizes, strict=True) if n)):
-            fused_ops.local_momentum_(seg.work, seg.grad, seg.exp_avg, b1)
             fused_ops.apply_(seg.params, seg.work, seg.exp_avg, seg.denom, seg.sizes, 1 - lr * wd, -lr,
                              seg.floor_denoms)
             return
-        xp.copy_(seg.exp_avg, self._local_momentum(seg, group, seg.work))  # L1
+        xp.copy_(seg.exp_avg, seg.work)
         self._decay(seg, 1 - lr * wd)  # L2
         d = self._denom(seg, group, seg.exp_avg)
         xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), d, value=-lr)
