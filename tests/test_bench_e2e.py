@@ -164,3 +164,14 @@ def test_the_summary_takes_the_network_from_the_stamp_not_the_label() -> None:
     assert "| hc PowerSGD r4 (Adam) | 50 (2.0x) [1.25] |" in networked, networked
     local = e2e_summary.table({"label": "mine", "rows": [row], "stamp": {"net": ""}}, 4)
     assert "| hc PowerSGD r4 (Adam) | 50 (2.0x) |" in local, local
+
+
+def test_the_summary_shows_the_mean_step_where_it_is_over_a_tenth_above_the_median() -> None:
+    """0/1 Adam's sync steps make its mean its throughput; an even method's mean would only repeat the median."""
+    rows = [{"model": "mlp", "method": "hc ZeroOneAdam", "median_step_ms": 81.2, "mean_step_ms": 105.4},
+            {"model": "mlp", "method": "hc PowerSGD r4 (Adam)", "median_step_ms": 205.9, "mean_step_ms": 210.1},
+            {"model": "mlp", "method": "floor Adam (no comm)", "median_step_ms": 100.0}]
+    summary = e2e_summary.table({"label": "shm", "rows": rows}, 4)
+    assert "| hc ZeroOneAdam | 81 {105} |" in summary, summary
+    assert "| hc PowerSGD r4 (Adam) | 206 |" in summary and "| floor Adam (no comm) | 100 |" in summary, summary
+    assert "{mean step ms, where over 10% above the median}" in summary, summary

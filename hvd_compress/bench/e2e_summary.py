@@ -2,8 +2,10 @@
 docs/benchmarks.md, from the JSON files that ``make bench-e2e`` writes (no run, no MPI).
 
 One table per result file: a row per method that a user would choose between, a column per model, each cell
-the median step in ms followed by (Horovod's step of the same rule / this step) and, for the compressed
-optimizers, (this step / the physical limit max(floor, wire time)) under an emulated network.
+the median step in ms, then {the mean step} where it is more than ``UNEVEN`` above the median (a method whose
+steps differ in kind, as 0/1 Adam's local and sync steps: its mean is its throughput), (Horovod's step of the
+same rule / this step) and, for the compressed optimizers, [this step / the physical limit max(floor, wire
+time)] under an emulated network.
 """
 
 from __future__ import annotations
@@ -35,12 +37,17 @@ METHODS = (
 )
 COMPRESSED = ("hc OneBitAdam", "hc OneBitAdam no overlap", "hc ZeroOneAdam", "hc ZeroOneAdam sync/4", "hc OneBitLamb",
               "hc SLAMB", "hc Birder", "DDP+PowerSGD r4 Adam", "hc PowerSGD r4 (Adam)")
+#: The mean step is shown beside the median where it is more than this share above it.
+UNEVEN = 0.1
 
 
 def _cell(row: dict, networked: bool) -> str:
     if row.get("skipped"):
         return f"skipped: {row['skipped']}"
     out = f"{row['median_step_ms']:.0f}"
+    mean = row.get("mean_step_ms")  # absent in results written before the bench measured it
+    if mean is not None and mean > (1 + UNEVEN) * row["median_step_ms"]:
+        out += f" {{{mean:.0f}}}"
     speedup = row.get("speedup_vs_horovod")
     if speedup is not None and not math.isnan(speedup) and not row["method"].startswith("Horovod"):
         out += f" ({speedup:.1f}x)"
@@ -60,7 +67,8 @@ def table(result: dict, ranks: int) -> str:
         networked = result["label"] != "shm" and not result["label"].startswith("shm_")
     by_key = {(r["model"], r["method"]): r for r in rows}
     lines = [
-        f"`{result['label']}`, {ranks} ranks: median step ms (Horovod's step of the same rule / this)"
+        f"`{result['label']}`, {ranks} ranks: median step ms "
+        f"{{mean step ms, where over {UNEVEN:.0%} above the median}} (Horovod's step of the same rule / this)"
         + (" [this / max(floor, wire time)]" if networked else ""),
         "",
         "| method | " + " | ".join(models) + " |",
