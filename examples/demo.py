@@ -3,11 +3,12 @@ hc op, each for the same wall-clock budget, side by side.
 
 Every rank trains a ReLU MLP of about a million parameters (a 4.5 MB gradient per step) on scikit-learn's
 handwritten digits, which ship with the package: Horovod's ``hvd.DistributedOptimizer`` around Adam, then
-``hc.DistributedOptimizer`` with ``op=`` Average and Adasum (around Adam), OneBitAdam (Adam), OneBitLamb and SLAMB
-(``hc.Lamb``) and Birder (``hc.Birder``), from the same weights on the same batches (the methods and the
-training loop of ``hvd_compress.bench.e2e``). It prints one table (step time, bytes per step, final loss,
-held-out accuracy, seconds to reach the loss Horovod's step reached in its budget) and writes under ``--out``
-the training loss against wall-clock seconds as a PNG, one line per op, with the table as Markdown and JSON.
+``hc.DistributedOptimizer`` with ``op=`` Average and Adasum (around Adam), OneBitAdam, ZeroOneAdam and PowerSGD
+rank 4 (Adam), OneBitLamb and SLAMB (``hc.Lamb``) and Birder (``hc.Birder``), from the same weights on the same
+batches (the methods and the training loop of ``hvd_compress.bench.e2e``). It prints one table (step time, bytes
+per step, final loss, held-out accuracy, seconds to reach the loss Horovod's step reached in its budget) and
+writes under ``--out`` the training loss against wall-clock seconds as a PNG, one line per op, with the table as
+Markdown and JSON.
 ``make demo`` runs it on 4 ranks behind an emulated 100 Mbit/s link (tools/slow_link.sh: a network namespace
 whose loopback tc tbf limits, MPI over TCP) where the machine allows it, else on shared memory, and says which.
 By hand: ``mpirun -np 4 python examples/demo.py --out examples/out``.
@@ -35,7 +36,8 @@ HOROVOD = "Horovod Adam"
 # Losses are smoothed over this many steps: few, since a window of steps is seconds long for a dense step behind a
 # slow link, which would lag its curve and its time to the target behind the fast steps' by that much.
 WINDOW = 3
-OPS = (HOROVOD, "hc Average (Adam)", "hc Adasum (Adam)", "hc OneBitAdam", "hc OneBitLamb", "hc SLAMB", "hc Birder")
+OPS = (HOROVOD, "hc Average (Adam)", "hc Adasum (Adam)", "hc OneBitAdam", "hc ZeroOneAdam", "hc PowerSGD r4 (Adam)",
+       "hc OneBitLamb", "hc SLAMB", "hc Birder")
 
 
 def target_loss(horovod_loss: float) -> float:

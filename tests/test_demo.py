@@ -10,8 +10,8 @@ import sys
 
 from mpi_harness import ROOT, launch, mpi_env
 
-OPS = ("Horovod Adam", "hc Average (Adam)", "hc Adasum (Adam)", "hc OneBitAdam", "hc OneBitLamb", "hc SLAMB",
-       "hc Birder")
+OPS = ("Horovod Adam", "hc Average (Adam)", "hc Adasum (Adam)", "hc OneBitAdam", "hc ZeroOneAdam",
+       "hc PowerSGD r4 (Adam)", "hc OneBitLamb", "hc SLAMB", "hc Birder")
 
 
 def _table_rows(text: str) -> dict[str, list[str]]:
