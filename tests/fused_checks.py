@@ -17,6 +17,14 @@ def backend(name: str) -> tuple[object, object]:
     return TorchBackend, torch.from_numpy
 
 
+def counted(ran: dict[str, int], name: str, fn):
+    """``fn``, counting its calls in ``ran[name]``: a fused-vs-backend comparison is void unless the fused pass ran."""
+    def call(*args, **kwargs):
+        ran[name] += 1
+        return fn(*args, **kwargs)
+    return call
+
+
 def assert_identical(got: np.ndarray, want: np.ndarray, what: str) -> None:
     """float32 ``got`` and ``want`` hold the same bits, else the count and the first that differs."""
     diff = np.flatnonzero(got.view(np.int32) != want.view(np.int32))

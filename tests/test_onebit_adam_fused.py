@@ -14,7 +14,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from fused_checks import assert_identical
+from fused_checks import assert_identical, counted
 from fused_checks import backend as backend_and_buffers
 
 from hvd_compress import _core
@@ -45,13 +45,6 @@ def _bucket(wrap, dtype=np.float32) -> tuple[OneBitBucket, object]:
     return seg, flat
 
 
-def _counted(ran: dict[str, int], name: str, fn):
-    def counted(*a, **k):
-        ran[name] += 1
-        return fn(*a, **k)
-    return counted
-
-
 def _run(backend, wrap, fused: bool, wd: float, decoupled: bool, floor: float, monkeypatch,
          dtype=np.float32) -> np.ndarray:
     """x | m | v after the steps, with the fused passes or (``fused=False``) the backend's ops (``work`` is scratch
@@ -63,7 +56,7 @@ def _run(backend, wrap, fused: bool, wd: float, decoupled: bool, floor: float, m
     ran = {"local_momentum_": 0, "apply_": 0}
     with monkeypatch.context() as patch:
         for name in ran:
-            patch.setattr(onebit_adam_kernels, name, _counted(ran, name, getattr(onebit_adam_kernels, name)))
+            patch.setattr(onebit_adam_kernels, name, counted(ran, name, getattr(onebit_adam_kernels, name)))
         if not fused:
             patch.setattr(onebit_adam_kernels, "accepts", lambda *tensors: False)
         rng = np.random.default_rng(4)

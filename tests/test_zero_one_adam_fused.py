@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 import pytest
-from fused_checks import assert_identical
+from fused_checks import assert_identical, counted
 from fused_checks import backend as backend_and_buffers
 
 from hvd_compress.algorithms import zero_one_adam
@@ -47,10 +47,7 @@ def _run(backend, wrap, fused: bool, wd: float, correction: bool, monkeypatch,
     ran = {"local_momentum_": 0, "apply_": 0}
     with monkeypatch.context() as patch:
         for name in ran:
-            real = getattr(onebit_adam_kernels, name)
-            patch.setattr(onebit_adam_kernels, name,
-                          lambda *a, _name=name, _real=real, **k: (ran.__setitem__(_name, ran[_name] + 1),
-                                                                   _real(*a, **k))[1])
+            patch.setattr(onebit_adam_kernels, name, counted(ran, name, getattr(onebit_adam_kernels, name)))
         if not fused:
             patch.setattr(onebit_adam_kernels, "accepts", lambda *tensors: False)
         for _ in range(STEPS):
