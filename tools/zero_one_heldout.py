@@ -2,9 +2,10 @@
 ``--every`` steps of 0/1 Adam at several sync intervals, against dense Adam, and two ablations that take one
 piece of the rule away at a time:
 
-- ``dense-frozen-v``: one process, the 4 ranks' batches as one (``e2e.dense_reference``'s batches), Adam whose v
-  stops at step ``--freeze`` (bias-corrected, under 0/1 Adam's variance floor and cap, spec Z12 and Z17): the
-  variance freeze alone, with no compression and no local steps;
+- v frozen: one process, the ranks' batches as one (``e2e.dense_reference``'s, which gives the plain Adam row),
+  Adam whose v stops at step ``--freeze``, bias-corrected, under a variance floor and cap shaped as 0/1 Adam's
+  (spec Z12, Z17; the floor here a share of each layer's mean v only, not also of the bucket's): the variance
+  freeze alone, with no compression and no local steps;
 - ``exact``: 0/1 Adam with its 1-bit exchange replaced by an exact average of the same buffer (the rule's
   local steps and frozen v without the compression error).
 
@@ -29,6 +30,7 @@ import hvd_compress.torch as hc
 from hvd_compress import ops
 from hvd_compress.algorithms import zero_one_adam
 from hvd_compress.algorithms.onebit import DEFAULT_VARIANCE_FLOOR
+from hvd_compress.bench.e2e import dense_reference
 from hvd_compress.bench.models import build, digits
 from hvd_compress.ops.constants import ReduceOp
 
@@ -71,27 +73,33 @@ def zero_one(seed: int, interval: int, exact: bool, args, data, rank: int) -> li
     return out
 
 
-def dense(seed: int, freeze: int | None, args, data, size: int) -> list[float]:
-    """Adam on the ranks' batches as one; with ``freeze``, v stops after that step under 0/1 Adam's floor."""
+def adam(seed: int, args, data, size: int) -> list[float]:
+    """torch's Adam on the ranks' batches as one, every ``--every`` steps."""
+    run = argparse.Namespace(seed=seed, lr=LR, batch=BATCH)
+    return dense_reference("adam", "mlp", data, run, size, args.steps)[args.every - 1::args.every]
+
+
+def frozen_v(seed: int, args, data, size: int) -> list[float]:
+    """Adam on the ranks' batches as one, v stopped after step ``--freeze`` under a floor and cap as 0/1 Adam's."""
     model = build("mlp", seed=seed)
     params = list(model.parameters())
     m = [torch.zeros_like(p) for p in params]
     v = [torch.zeros_like(p) for p in params]
-    gens = [torch.Generator().manual_seed(1000 + r) for r in range(size)]
+    gens = [torch.Generator().manual_seed(1000 + r) for r in range(size)]  # dense_reference's batches
     (b1, b2), out = BETAS, []
     for t in range(1, args.steps + 1):
         idx = torch.cat([torch.randint(0, data.x_train.shape[0], (BATCH,), generator=g) for g in gens])
         model.zero_grad()
         nn.functional.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
-        frozen = freeze is not None and t > freeze
+        frozen = t > args.freeze
         with torch.no_grad():
             for p, mi, vi in zip(params, m, v, strict=True):
                 mi.mul_(b1).add_(p.grad, alpha=1 - b1)
                 if not frozen:
                     vi.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
                 m_hat = mi / (1 - b1 ** t)
-                v_hat = vi / (1 - b2 ** (freeze if frozen else t))
-                if frozen:  # Z12: d floored at a share of the layer's mean v, and there raised to |m|
+                v_hat = vi / (1 - b2 ** min(t, args.freeze))
+                if frozen:  # d floored at a share of the layer's mean v, and there raised to |m|
                     floor = DEFAULT_VARIANCE_FLOOR * v_hat.mean()
                     d = v_hat.clamp(min=floor).sqrt().add_(EPS)
                     d = torch.where(v_hat < floor, torch.maximum(d, m_hat.abs()), d)
@@ -123,8 +131,8 @@ def main() -> None:
     for seed in (int(s) for s in args.seeds.split(",")):
         rows = []
         if rank == 0:
-            rows += [("Adam", dense(seed, None, args, data, size)),
-                     (f"Adam, v frozen after {args.freeze}", dense(seed, args.freeze, args, data, size))]
+            rows += [("Adam", adam(seed, args, data, size)),
+                     (f"Adam, v frozen after {args.freeze}", frozen_v(seed, args, data, size))]
         rows += [(name, zero_one(seed, i, exact, args, data, rank)) for name, i, exact in runs]
         if rank == 0:
             for name, curve in rows:
