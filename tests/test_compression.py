@@ -139,7 +139,7 @@ def _check_optimizer(ranks: list[dict], n: int) -> None:
 # Deep Gradient Compression's sparsity warm-up at ratio 0.05, 3 warm-up steps in 2 stages (Lin et al. Section 3.3,
 # with the official code's coefficient ratio ** (1 / (stages + 1))), and its local clipping threshold (Section 3.2):
 # 80 scaled by n ** -0.5. As the worker's "dgc" mode.
-DGC_RATIOS = [0.05 ** (1 / 3), 0.05 ** (1 / 3), 0.05 ** (2 / 3), 0.05]
+DGC_RATIOS = [1.0, 0.05 ** (1 / 3), 0.05 ** (1 / 3), 0.05 ** (2 / 3), 0.05]  # after dense_steps=1
 DGC_CLIP = 80.0
 
 
@@ -170,20 +170,30 @@ def _check_dgc(ranks: list[dict], n: int) -> None:
         assert clipped_any and unclipped_any, "the DGC case should clip some calls and not others"
         for r in range(n):
             got = ranks[r]["dgc"][numel]
-            assert got["resumed_same"] == [True, True], f"DGC numel={numel} rank {r}: resumed calls differ"
+            assert got["resumed_same"] == [True, True, True], f"DGC numel={numel} rank {r}: resumed calls differ"
             assert got["describe"]["warmup_steps"] == 3 and got["describe"]["clip_norm"] == DGC_CLIP
+            assert got["describe"]["dense_steps"] == 1
+        # The dense first call sent everything and left nothing behind; the warm-up's 0.05 ** (1/3) = 0.37 is sent
+        # dense from 3 ranks on (n * k >= numel), and the last two calls leave some out everywhere.
+        sent_dense = [ref.topk_sends_dense(numel, ratio, sizes or [numel], n) for ratio in DGC_RATIOS]
+        assert sent_dense == [True, n >= 3, n >= 3, False, False], sent_dense
+        assert not np.any(ranks[0]["dgc"][numel]["calls"][0][1].numpy()), "the dense call left an error behind"
 
 
 def _check_bytes(stats: dict) -> None:
     """One call of 2**16 float32 at 4 ranks: fp16/bf16 send half of the dense bytes, top-k 1% and random-k 1% a
     small fraction (payload model: top-k k 8-byte pairs to each of 3 peers, random-k a ring allreduce of k
-    floats). Signature exchanges included."""
+    floats), top-k at 1 / n what dense sends. Signature exchanges included."""
     dense = stats["none"]["bytes_sent"]
     ratio = {k: v["bytes_sent"] / dense for k, v in stats.items()}
     print("bytes sent per call vs dense at n=4, 2**16 float32:", {k: round(v, 4) for k, v in ratio.items()})
     assert ratio["fp16"] <= 0.55 and ratio["bf16"] <= 0.55, ratio
     assert ratio["topk"] <= 0.05, ratio  # (n - 1) * k * 8 bytes: 0.04 at n = 4
     assert ratio["randomk"] <= 0.02, ratio
+    # Below 1 / n the pairs cost (n - 1) k 8 bytes (0.8 of dense at 0.2); from 1 / n on top-k sends dense, for
+    # what the dense reduction costs, not the 1.0 of dense its pairs would (or 4.5 at a density of 1).
+    assert 0.75 <= ratio["topk_0.2"] <= 0.85, ratio
+    assert 0.99 <= ratio["topk_0.25"] <= 1.01, ratio
 
 
 @pytest.mark.parametrize("n", RESUME)
@@ -229,7 +239,7 @@ def test_bad_input_raises_on_every_rank_and_leaves_state_untouched(launched) -> 
             assert rk[case].startswith("ValueError") and "Average or Sum" in rk[case], f"{where}: {rk[case]}"
         got = rk["optimizer_dgc_twice"]
         assert got.startswith("ValueError") and "twice" in got and "momentum=0" in got, f"{where}: {got}"
-        # top-k of ones(3) at 0.1 sends k = 1 element (index 0) from every rank: the average is [1, 0, 0].
+        # top-k of ones(10) at 0.1 sends k = 1 element (index 0) from every rank: the average is [1, 0, ...].
         assert rk["after"] == 1.0, f"{where}: the call after the errors gave {rk['after']}"
 
 
@@ -362,7 +372,8 @@ def test_momentum_given_to_the_wrapped_optimizer_after_construction_raises_at_st
 @pytest.mark.parametrize("options", [{"clip_norm": -1.0}, {"clip_norm": float("inf")}, {"clip_norm": float("nan")},
                                      {"clip_norm": True}, {"clip_norm": "5"}, {"warmup_steps": -1},
                                      {"warmup_steps": 2.0}, {"warmup_steps": True},
-                                     {"warmup_steps": 10, "warmup_stages": 0}])
+                                     {"warmup_steps": 10, "warmup_stages": 0}, {"dense_steps": -1},
+                                     {"dense_steps": 1.5}, {"dense_steps": False}])
 def test_topk_bad_dgc_options_are_refused(options) -> None:
     from hvd_compress.ops.compression import Compression
 
@@ -390,3 +401,19 @@ def test_dgc_warmup_follows_the_papers_ramp_and_clipping_its_scaled_threshold() 
     assert full.describe()["warmup_stages"] == 4 and full != plain
     assert repr(full) == ("Compression.topk(0.01, momentum=0.9, momentum_masking=False, clip_norm=5.0, "
                           "warmup_steps=300, warmup_stages=4)")
+
+
+def test_dense_steps_come_before_the_warm_up_and_survive_a_keras_config() -> None:
+    """``dense_steps`` calls at density 1 (torch's ``start_powerSGD_iter`` for top-k), then the warm-up counted
+    from there; the Keras config carries it, and a compressor without it describes itself as before."""
+    from hvd_compress.keras.wrapped_step import compression_config, compression_from_config
+    from hvd_compress.ops import dgc
+    from hvd_compress.ops.compression import Compression
+
+    got = [dgc.warmup_ratio(0.001, 400, 4, step, dense_steps=50) for step in (0, 49, 50, 149, 150, 449, 450)]
+    np.testing.assert_allclose(got, [1.0, 1.0, 0.25, 0.25, 0.0625, 0.00390625, 0.001], rtol=0.02)
+    assert [dgc.warmup_ratio(0.01, 0, 4, s, dense_steps=2) for s in (0, 1, 2)] == [1.0, 1.0, 0.01]
+    comp = Compression.topk(0.01, momentum=0.9, warmup_steps=300, warmup_stages=300, dense_steps=150)
+    assert comp.describe()["dense_steps"] == 150 and "dense_steps" not in Compression.topk(0.01).describe()
+    assert repr(comp).endswith("warmup_steps=300, warmup_stages=300, dense_steps=150)")
+    assert compression_from_config(compression_config(comp)) == comp

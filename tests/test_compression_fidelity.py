@@ -1,14 +1,12 @@
 """Fidelity of compression= (issue 29, item 3): top-k 1% with all of Deep Gradient Compression that this task
-needs (``hc.Compression.topk(0.01, momentum=0.9, momentum_masking=False, warmup_steps=WARMUP,
-warmup_stages=WARMUP)``: momentum correction without factor masking, and the sparsity warm-up ramped step by
-step) under SGD(lr=0.1, momentum=0) against dense SGD(lr=0.1, momentum=0.9): mean held-out loss over seeds 1-6 at
-every checkpoint (every 200 steps) of a 1,200-step run at 4 ranks, on a ReLU MLP with real data (scikit-learn's
-digits), identical parameters on every rank, under 6% of dense SGD's bytes per step after the warm-up. Within 2%
-at every checkpoint after the warm-up is asserted; within 2% at every checkpoint, the issue's target, is an
-expected failure: in the middle of the warm-up (step 400) top-k trails by about 7% over six seeds, with torch's
-AVX2 and AVX-512 kernels alike (seeds 1-3 alone met it with the AVX2 ones). One launch serves the three tests.
-Same model, data order and cosine decay for both; see the worker. The measured figures and the variants tried
-are in docs/algorithms/compression.md.
+needs (``hc.Compression.topk(0.01, momentum=0.9, momentum_masking=False, dense_steps=DENSE, warmup_steps=WARMUP,
+warmup_stages=WARMUP)``: momentum correction without factor masking, DENSE dense steps, then the sparsity warm-up
+ramped step by step) under SGD(lr=0.1, momentum=0) against dense SGD(lr=0.1, momentum=0.9): mean held-out loss
+over seeds 1-6 within 2% at every checkpoint (every 200 steps) of a 1,200-step run at 4 ranks, on a ReLU MLP with
+real data (scikit-learn's digits), identical parameters on every rank; under 6% of dense SGD's bytes per step
+after the warm-up, under 40% over the run, and never more than dense in any window (a density whose pairs would
+cost more is sent dense). One launch serves the tests. Same model, data order and cosine decay for both; see the
+worker. The measured figures (seeds 7-12 too) and the variants tried are in docs/algorithms/compression.md.
 """
 
 from __future__ import annotations
@@ -20,8 +18,9 @@ import pytest
 from mpi_harness import load_ranks, mpirun
 
 N, STEPS, EVERY, SEEDS = 4, 1200, 200, (1, 2, 3, 4, 5, 6)
-WARMUP = 700
-DGC = f"dgc-nomask:0.01:warmup_steps={WARMUP}:warmup_stages={WARMUP}"
+DENSE, WARMUP = 150, 550
+SPARSE_FROM = DENSE + WARMUP  # the first step at 1%
+DGC = f"dgc-nomask:0.01:warmup_steps={WARMUP}:warmup_stages={WARMUP}:dense_steps={DENSE}"
 RUNS = ("dense", DGC)
 
 
@@ -56,22 +55,17 @@ def test_topk_one_percent_with_dgc_sends_under_six_percent_of_dense_after_its_wa
     for seed in SEEDS:
         dense, dgc = rank0[f"dense@{seed}"], rank0[f"{DGC}@{seed}"]
         assert math.isfinite(dense["test_loss"]), f"dense SGD did not train (seed {seed})"
-        after = [s for s in dgc["window_bytes_per_step"] if s - EVERY >= WARMUP]
+        after = [s for s in dgc["window_bytes_per_step"] if s - EVERY >= SPARSE_FROM]
         assert after, "no checkpoint window after the warm-up"
-        for s in after:
-            ratio = dgc["window_bytes_per_step"][s] / dense["window_bytes_per_step"][s]
-            assert ratio < 0.06, f"DGC sent {ratio:.3f} of dense SGD's bytes per step in the steps up to {s}"
-        print(f"seed {seed}: DGC sent {dgc['bytes_per_step'] / dense['bytes_per_step']:.3f} of dense SGD's bytes "
-              "over the run (warm-up included)")
+        for s, sent in dgc["window_bytes_per_step"].items():
+            ratio = sent / dense["window_bytes_per_step"][s]
+            assert ratio < (0.06 if s in after else 1.01), f"DGC sent {ratio:.3f} of dense SGD's bytes per step in " \
+                                                            f"the steps up to {s}"
+        over_run = dgc["bytes_per_step"] / dense["bytes_per_step"]
+        print(f"seed {seed}: DGC sent {over_run:.3f} of dense SGD's bytes over the run (warm-up included)")
+        assert over_run < 0.40, f"DGC sent {over_run:.3f} of dense SGD's bytes over the run"
 
 
-def test_topk_one_percent_with_dgc_within_two_percent_of_dense_after_its_warm_up(rank0) -> None:
-    bad = _over_two_percent(rank0, range(EVERY * (WARMUP // EVERY + 1), STEPS + 1, EVERY))
-    assert not bad, "top-k 1% with DGC is more than 2% off dense SGD's mean held-out loss at:\n" + "\n".join(bad)
-
-
-@pytest.mark.xfail(strict=True, reason="open: top-k 1% with DGC trails dense SGD by about 7% at step 400, in the "
-                   "middle of its sparsity warm-up, over seeds 1-6 (docs/algorithms/compression.md)")
 def test_topk_one_percent_with_dgc_within_two_percent_of_dense_momentum_sgd_at_every_checkpoint(rank0) -> None:
     bad = _over_two_percent(rank0, range(EVERY, STEPS + 1, EVERY))
     assert not bad, "top-k 1% with DGC is more than 2% off dense SGD's mean held-out loss at:\n" + "\n".join(bad)

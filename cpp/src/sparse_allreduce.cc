@@ -84,29 +84,49 @@ void select_smallest(const std::vector<uint32_t>& keys, int64_t k, uint32_t* idx
   }
 }
 
-// Kinds 1 and 2: reduce-scatter by alltoall of 16-bit chunks, float32 sum per chunk, one rounding to
-// 16 bits, allgather (see the header).
-void half_wire_allreduce(Communicator& comm, const TensorView& buffer, DType wire, ReduceOp op) {
+// `x` (float32, numel) becomes its reduction over the ranks: cut into n chunks of C = ceil(numel / n)
+// (the last padded with zeros that are never data), chunk j goes to rank j by alltoall as `wire`
+// (float32, or 16-bit: each rank's values rounded once), rank j sums its n chunks in float32 in rank order
+// (from 0, as the top-k pairs are added), divides by n for Average, rounds the sum to `wire` once, and the
+// chunks are allgathered. 2 (n - 1) C wire elements per rank; identical bits on every rank.
+void chunked_allreduce(Communicator& comm, float* x, int64_t numel, DType wire, ReduceOp op) {
   const int n = comm.size();
-  const int64_t numel = buffer.numel;
   const int64_t chunk = (numel + n - 1) / n;
-  std::vector<float> x(static_cast<size_t>(numel));
-  to_float(buffer, x.data());
-  std::vector<uint16_t> send(static_cast<size_t>(chunk * n), 0), recv(send.size());
-  narrow_from_float(x.data(), 1.0f, send.data(), wire, numel);  // the compressed value
-  comm.alltoall(send.data(), recv.data(), static_cast<size_t>(chunk) * 2);
-  // recv block r: rank r's values of my chunk. Sum in rank order, in float32.
+  const size_t width = wire == DType::kFloat32 ? 4 : 2;
+  const auto to_wire = [&](const float* src, void* dst, int64_t count) {
+    if (wire == DType::kFloat32)
+      std::memcpy(dst, src, static_cast<size_t>(count) * 4);
+    else
+      narrow_from_float(src, 1.0f, dst, wire, count);
+  };
+  const auto from_wire = [&](const void* src, float* dst, int64_t count) {
+    if (wire == DType::kFloat32)
+      std::memcpy(dst, src, static_cast<size_t>(count) * 4);
+    else
+      widen_to_float(src, wire, dst, count);
+  };
+  std::vector<uint8_t> send(static_cast<size_t>(chunk * n) * width, 0), recv(send.size());
+  to_wire(x, send.data(), numel);
+  comm.alltoall(send.data(), recv.data(), static_cast<size_t>(chunk) * width);
+  // recv block r: rank r's values of my chunk.
   std::vector<float> sum(static_cast<size_t>(chunk), 0.0f), part(static_cast<size_t>(chunk));
   for (int r = 0; r < n; ++r) {
-    widen_to_float(recv.data() + r * chunk, wire, part.data(), chunk);
+    from_wire(recv.data() + static_cast<size_t>(r * chunk) * width, part.data(), chunk);
     for (int64_t i = 0; i < chunk; ++i) sum[i] += part[i];
   }
-  if (op == ReduceOp::kAverage)
+  if (op == ReduceOp::kAverage && n > 1)
     for (float& v : sum) v /= static_cast<float>(n);
-  std::vector<uint16_t> mine(static_cast<size_t>(chunk));
-  narrow_from_float(sum.data(), 1.0f, mine.data(), wire, chunk);
-  comm.allgather(mine.data(), recv.data(), static_cast<size_t>(chunk) * 2);
-  widen_to_float(recv.data(), wire, x.data(), numel);  // padding (beyond numel) is never read
+  std::vector<uint8_t> mine(static_cast<size_t>(chunk) * width);
+  to_wire(sum.data(), mine.data(), chunk);
+  comm.allgather(mine.data(), recv.data(), static_cast<size_t>(chunk) * width);
+  from_wire(recv.data(), x, numel);  // padding (beyond numel) is never read
+}
+
+// Kinds 1 and 2 (see the header).
+void half_wire_allreduce(Communicator& comm, const TensorView& buffer, DType wire, ReduceOp op) {
+  std::vector<float> x(static_cast<size_t>(buffer.numel));
+  to_float(buffer, x.data());
+  chunked_allreduce(comm, x.data(), buffer.numel, wire, op);
   from_float(x.data(), buffer);
 }
 
@@ -231,6 +251,14 @@ void sparse_select(const float* c, int64_t numel, const SparseSpec& spec, std::v
   }
 }
 
+bool topk_sends_dense(int64_t numel, const SparseSpec& spec, int n) {
+  if (spec.kind != SparseKind::kTopK) return false;
+  const std::vector<int64_t> whole{numel};
+  int64_t k = 0;
+  for (int64_t m : spec.segments.empty() ? whole : spec.segments) k += sparse_k(m, spec.ratio);
+  return k * n >= numel;
+}
+
 void sparse_allreduce(Communicator& comm, const TensorView& buffer, const TensorView& error,
                       const TensorView& velocity, const SparseSpec& spec) {
   const std::string why = sparse_check_input(buffer, error, velocity, spec);
@@ -262,6 +290,14 @@ void sparse_allreduce_prepared(Communicator& comm, const TensorView& buffer, con
     for (int64_t i = 0; i < numel; ++i) e[i] += x[i];
   }
   const float* c = e;
+  if (topk_sends_dense(numel, spec, n)) {
+    std::vector<float> out(c, c + numel);
+    chunked_allreduce(comm, out.data(), numel, DType::kFloat32, spec.op);
+    std::fill(e, e + numel, 0.0f);  // every element was sent
+    if (u && spec.momentum_masking) std::fill(u, u + numel, 0.0f);
+    from_float(out.data(), buffer);
+    return;
+  }
   std::vector<uint32_t> idx;
   sparse_select(c, numel, spec, idx);  // the same count on every rank: numel and segments agreed
   const auto k = static_cast<int64_t>(idx.size());

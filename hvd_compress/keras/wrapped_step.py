@@ -176,7 +176,8 @@ def compression_from_config(value: Any) -> Compressor:
     kind = desc.get("kind")
     if kind == "topk":
         return Compression.topk(desc["ratio"], desc.get("momentum", 0.0), desc.get("momentum_masking", True),
-                                desc.get("clip_norm", 0.0), desc.get("warmup_steps", 0), desc.get("warmup_stages", 4))
+                                desc.get("clip_norm", 0.0), desc.get("warmup_steps", 0), desc.get("warmup_stages", 4),
+                                desc.get("dense_steps", 0))
     if kind == "randomk":
         return Compression.randomk(desc["ratio"], desc["seed"])
     raise ValueError(f"unknown compression in the optimizer's config: {value!r}")

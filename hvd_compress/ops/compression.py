@@ -8,8 +8,10 @@ hvd_compress/reference/compression.py).
 - ``topk(ratio)``: the k = ratio * numel elements of largest |x + error| travel as (index, value) pairs by
   allgather; the rest stays in the error buffer (error feedback). With ``momentum=mu``: Deep Gradient
   Compression's momentum correction and factor masking (Lin et al., ICLR 2018, Section 3.2), u = mu u + x, v += u,
-  top-k of v sent, u and v zeroed where this rank sent; ``clip_norm`` and ``warmup_steps``/``warmup_stages``:
-  Sections 3.2 and 3.3 (``hvd_compress.ops.dgc``). The wrapped optimizer must then add no momentum of its own.
+  top-k of v sent, u and v zeroed where this rank sent (the wrapped optimizer must then add no momentum of its
+  own); ``clip_norm`` and ``warmup_steps``/``warmup_stages``: Sections 3.2 and 3.3 (``hvd_compress.ops.dgc``),
+  after ``dense_steps`` dense calls. A density at which the ranks' pairs would cost more than a dense reduction
+  is sent dense.
 - ``randomk(ratio, seed)``: k elements chosen by the core's counter-based RNG from (seed, step), the same on
   every rank, so only the k values travel (one dense allreduce of k floats); error feedback too.
 
@@ -39,7 +41,8 @@ class Compressor:
     ``ratio`` of elements sent (topk/randomk), the RNG ``seed`` (randomk) and DGC's ``momentum`` (topk; 0: off)
     and ``momentum_masking`` (with momentum: zero the velocity where this rank sent), DGC's local gradient
     clipping threshold ``clip_norm`` (topk; 0: off) and sparsity warm-up ``warmup_steps``/``warmup_stages``
-    (topk; 0 steps: off; ``hvd_compress.ops.dgc``). Framework-neutral and picklable."""
+    (topk; 0 steps: off) after ``dense_steps`` dense calls (topk; ``hvd_compress.ops.dgc``). Framework-neutral
+    and picklable."""
 
     kind: str
     ratio: float = 1.0
@@ -49,6 +52,7 @@ class Compressor:
     clip_norm: float = 0.0
     warmup_steps: int = 0
     warmup_stages: int = 4
+    dense_steps: int = 0
 
     @property
     def stateful(self) -> bool:
@@ -67,6 +71,8 @@ class Compressor:
         if self.warmup_steps:
             out["warmup_steps"] = self.warmup_steps
             out["warmup_stages"] = self.warmup_stages
+        if self.dense_steps:
+            out["dense_steps"] = self.dense_steps
         return out
 
     def compress(self, tensor: Any) -> tuple[Any, Any]:
@@ -94,6 +100,7 @@ class Compressor:
             extra += f", clip_norm={self.clip_norm!r}" if self.clip_norm else ""
             if self.warmup_steps:
                 extra += f", warmup_steps={self.warmup_steps}, warmup_stages={self.warmup_stages}"
+            extra += f", dense_steps={self.dense_steps}" if self.dense_steps else ""
             return f"Compression.topk({self.ratio!r}{extra})"
         if self.kind == "randomk":
             return f"Compression.randomk({self.ratio!r}, seed={self.seed})"
@@ -140,7 +147,7 @@ class Compression:
 
     @staticmethod
     def topk(ratio: float, momentum: float = 0.0, momentum_masking: bool = True, clip_norm: float = 0.0,
-             warmup_steps: int = 0, warmup_stages: int = 4) -> Compressor:
+             warmup_steps: int = 0, warmup_stages: int = 4, dense_steps: int = 0) -> Compressor:
         """Top-k with error feedback: ``ratio`` in (0, 1] of the elements, the largest |x + error|.
 
         ``momentum`` in (0, 1) turns on Deep Gradient Compression's momentum correction (Lin et al., ICLR 2018):
@@ -154,7 +161,13 @@ class Compression:
         The rest of DGC (``hvd_compress.ops.dgc``): ``clip_norm`` > 0 clips each rank's gradient, before it is
         accumulated, to the 2-norm ``clip_norm / sqrt(size)`` (local gradient clipping; ``clip_norm`` is the
         global threshold); ``warmup_steps`` > 0 sends a denser selection over the first ``warmup_steps`` calls,
-        ramping the density down exponentially to ``ratio`` in ``warmup_stages`` stages (sparsity warm-up)."""
+        ramping the density down exponentially to ``ratio`` in ``warmup_stages`` stages (sparsity warm-up).
+        ``dense_steps`` > 0 reduces the first ``dense_steps`` calls densely, before the warm-up (as torch's
+        ``start_powerSGD_iter``), the error and velocity then emptied.
+
+        Wherever the ranks' selections could cover the buffer (size * k >= numel: a density of at least
+        1 / size), the core sends the whole compensated buffer as a dense reduction instead: fewer bytes than
+        the (index, value) pairs, and nothing left behind in the error."""
         if (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
                 or not 0.0 <= float(momentum) < 1.0):
             raise ValueError(f"topk momentum must be a number in [0, 1), got {momentum!r}")
@@ -163,13 +176,14 @@ class Compression:
         if (isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float))
                 or not 0.0 <= float(clip_norm) < float("inf")):
             raise ValueError(f"topk clip_norm must be a finite number >= 0 (0: off), got {clip_norm!r}")
-        for key, value, low in (("warmup_steps", warmup_steps, 0), ("warmup_stages", warmup_stages, 1)):
+        for key, value, low in (("warmup_steps", warmup_steps, 0), ("warmup_stages", warmup_stages, 1),
+                                ("dense_steps", dense_steps, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"topk {key} must be an int >= {low}, got {value!r}")
         masking = momentum_masking or not momentum  # without momentum there is nothing to mask
         return Compressor("topk", _check_ratio(ratio), momentum=float(momentum), momentum_masking=masking,
                           clip_norm=float(clip_norm), warmup_steps=warmup_steps,
-                          warmup_stages=warmup_stages if warmup_steps else 4)
+                          warmup_stages=warmup_stages if warmup_steps else 4, dense_steps=dense_steps)
 
     @staticmethod
     def randomk(ratio: float, seed: int = 0) -> Compressor:
@@ -306,7 +320,8 @@ def compressed_allreduce_(
     error = as_core_buffer(state.error) if compressor.stateful else None
     velocity = as_core_buffer(state.velocity) if compressor.stateful and state.velocity is not None else None
     step, sizes = (state.step, state.sizes) if compressor.stateful else (0, [])
-    ratio = dgc.warmup_ratio(compressor.ratio, compressor.warmup_steps, compressor.warmup_stages, step)
+    ratio = dgc.warmup_ratio(compressor.ratio, compressor.warmup_steps, compressor.warmup_stages, step,
+                             compressor.dense_steps)
     original = _clip_locally(tensor, compressor, state)
     try:
         counts = _core.sparse_allreduce(

@@ -1,7 +1,7 @@
 """NumPy simulation of the compressed reductions of the dense path (cpp/include/hvdc/sparse_allreduce.h,
 hvd_compress/ops/compression.py) over n virtual ranks: the oracle of the multi-rank tests.
 
-Same names for the same steps as the core: ``sparse_k``, ``topk_select``, ``randomk_select``,
+Same names for the same steps as the core: ``sparse_k``, ``topk_sends_dense``, ``topk_select``, ``randomk_select``,
 ``half_wire_allreduce`` and ``sparse_allreduce`` (its top-k branch with DGC momentum:
 ``topk_momentum_allreduce``); the same float32 arithmetic in the same order (sums in
 rank order, one division by n for Average), so top-k and the 16-bit kinds match the core bit for bit.
@@ -59,6 +59,12 @@ def sparse_select(c: np.ndarray, kind: str, ratio: float, seed: int, step: int, 
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
+def topk_sends_dense(numel: int, ratio: float, sizes: list[int], n: int) -> bool:
+    """Whether top-k sends every element (n * k >= numel, k summed over the tensors): the n ranks' pairs
+    would cost at least the dense reduction's bytes. Summed in rank order all the same."""
+    return n * sum(sparse_k(m, ratio) for m in sizes) >= numel
+
+
 def _to_float32(x: np.ndarray, dtype: str) -> np.ndarray:
     """The buffer as the core reads it: float32 (float64 rounded once; half values are exact)."""
     return round_to(x, dtype).astype(np.float32)
@@ -91,7 +97,8 @@ def _send(
     n, numel = len(cs), cs[0].size
     out = np.zeros(numel, dtype=np.float32)
     if kind == "topk":
-        chosen = [sparse_select(c, kind, ratio, seed, step, sizes) for c in cs]
+        dense = topk_sends_dense(numel, ratio, sizes, n)
+        chosen = [np.arange(numel) if dense else sparse_select(c, kind, ratio, seed, step, sizes) for c in cs]
         for c, idx in zip(cs, chosen, strict=True):  # rank order; one rank's indices are distinct
             out[idx] = (out[idx] + c[idx]).astype(np.float32)
     elif kind == "randomk":

@@ -77,13 +77,13 @@ if "optimizer" in modes:
     saved["params"] = out
 if "dgc" in modes:
     comp = hc.Compression.topk(0.05, momentum=0.9, momentum_masking=False, clip_norm=80.0, warmup_steps=3,
-                               warmup_stages=2)
+                               warmup_stages=2, dense_steps=1)
     out = {}
     for numel in (1000, sum(SEGMENTS)):
         sizes = SEGMENTS if numel == sum(SEGMENTS) else None
         state = hc.CompressionState(numel, comp, sizes=sizes)
         calls, checkpoint = [], None
-        for step in range(4):
+        for step in range(5):
             x = rank_input(r, numel, torch.float32, seed=200 + step) * (step + 1)
             y = hc.allreduce(x, op=hc.Average, compression=comp, state=state, name=f"dgc.{numel}")
             calls.append((y.clone(), state.error.clone(), state.velocity.clone()))
@@ -92,7 +92,7 @@ if "dgc" in modes:
         resumed = hc.CompressionState(numel, comp, sizes=sizes)
         resumed.load_state_dict(checkpoint)
         same = []
-        for step in (2, 3):
+        for step in (2, 3, 4):
             x = rank_input(r, numel, torch.float32, seed=200 + step) * (step + 1)
             y = hc.allreduce(x, op=hc.Average, compression=comp, state=resumed, name=f"dgc.{numel}")
             want_y, want_error, want_velocity = calls[step]
@@ -103,7 +103,8 @@ if "dgc" in modes:
 if "bytes" in modes:
     numel = 1 << 16
     stats = {}
-    one_percent = {"topk": hc.Compression.topk(0.01), "randomk": hc.Compression.randomk(0.01, seed=1)}
+    one_percent = {"topk": hc.Compression.topk(0.01), "randomk": hc.Compression.randomk(0.01, seed=1),
+                   "topk_0.2": hc.Compression.topk(0.2), "topk_0.25": hc.Compression.topk(0.25)}
     for cname, comp in {"none": hc.Compression.none, **COMPRESSORS, **one_percent}.items():
         state = hc.CompressionState(numel, comp) if comp.stateful else None
         x = rank_input(r, numel, torch.float32, seed=3)

@@ -69,5 +69,5 @@ res["optimizer_dgc_twice"] = outcome(lambda: hc.DistributedOptimizer(
     torch.optim.SGD([w], lr=0.1, momentum=0.9), compression=hc.Compression.topk(0.01, momentum=0.9)))
 
 # Still in step: a good call works on every rank.
-res["after"] = float(hc.allreduce(torch.ones(3), compression=topk, state=hc.CompressionState(3, topk)).sum())
+res["after"] = float(hc.allreduce(torch.ones(10), compression=topk, state=hc.CompressionState(10, topk)).sum())
 save(r, res)

@@ -29,6 +29,11 @@
 //     selected; without it u keeps its momentum there). The caller applies the result without
 //     momentum (plain SGD): the momentum lives here. float32 arithmetic, mu rounded to float32 once, no
 //     fused multiply-add: u = float32(float32(mu * u) + x).
+//   kTopK whose n selections could cover the buffer (n * k >= numel, k summed over the segments) sends
+//     every element instead (topk_sends_dense): c goes through kinds 1 and 2's chunked reduction with a
+//     float32 wire (2 (n - 1) ceil(numel / n) floats per rank, no more than the (n - 1) k pairs of 8
+//     bytes the allgather would cost), summed in rank order as the pairs are; e becomes 0 everywhere and, with momentum_masking, so does u.
+//     The result is what top-k at ratio 1 gives, for fewer bytes than the pairs of a lower ratio.
 // Selected indices are kept in ascending order (memory order for the gather and scatter). With
 // segments (a fused buffer of several tensors), each tensor selects its own k of its own elements.
 #pragma once
@@ -73,6 +78,9 @@ int64_t sparse_k(int64_t numel, double ratio);
 // c = x + e, or c = e + mu * u + x, the call would send from), naming the first bad element. Reads only.
 std::string sparse_check_input(const TensorView& buffer, const TensorView& error, const TensorView& velocity,
                                const SparseSpec& spec);
+
+// Whether a top-k call sends its whole buffer (n * k >= numel, k summed over the segments; see above).
+bool topk_sends_dense(int64_t numel, const SparseSpec& spec, int n);
 
 // Ascending indices of the k elements of largest |c| (ties: lower index), c finite.
 void topk_select(const float* c, int64_t numel, int64_t k, uint32_t* idx);
