@@ -96,13 +96,31 @@ def test_the_held_out_loss_over_seeds_is_the_mean_against_the_dense_mean_at_each
     row = e2e.summarize([run], warmup=2, size=2, seed_references=seed_refs)[0]
     assert row["seeds"] == [0, 7] and row["seed_dense_test_losses"] == [0.1, 0.3], row
     assert abs(row["test_loss_vs_dense_over_seeds"]) < 1e-12, row  # (0.3 + 0.1) / (0.1 + 0.3) - 1
-    assert "| mlp | hc ZeroOneAdam | 0.3000 / 0.1000, 0.1000 / 0.3000 | 0.2000 | 0.2000 | +0.0% |" in \
+    # Per seed 3x and 1/3x: the geometric mean is even, and two seeds that far apart resolve nothing.
+    assert "| mlp | hc ZeroOneAdam | 0.3000 / 0.1000, 0.1000 / 0.3000 | 0.2000 | 0.2000 | +0.0% | +0% [-100%, " in \
         tables.e2e_seeds([row]), tables.e2e_seeds([row])
     # Without further seeds, or with a seed the references lack, a row claims nothing over seeds.
     assert e2e.summarize([_run("hc ZeroOneAdam", 20.0)], warmup=2)[0]["test_loss_vs_dense_over_seeds"] is None
     del seed_refs["mlp"]["7"]
     assert e2e.summarize([run], warmup=2, seed_references=seed_refs)[0]["test_loss_vs_dense_over_seeds"] is None
     assert tables.e2e_seeds([row | {"test_loss_vs_dense_over_seeds": None}]) == ""
+
+
+def test_the_paired_ratio_over_seeds_is_the_geometric_mean_with_students_t_interval() -> None:
+    """Against scipy's own t interval on the log ratios, and the cases that claim nothing or everything."""
+    import numpy as np
+    from scipy import stats
+
+    losses, dense = [0.0267, 0.0699, 0.0350, 0.0561, 0.0278, 0.0332], [0.0211, 0.0287, 0.0432, 0.1153, 0.0502, 0.0339]
+    logs = np.log(np.array(losses) / np.array(dense))
+    lo, hi = stats.t.interval(0.95, len(logs) - 1, loc=logs.mean(), scale=stats.sem(logs))
+    got = tables.paired_ratio(losses, dense)
+    assert np.allclose(got, np.expm1([logs.mean(), lo, hi]), rtol=1e-12), got
+    assert got[1] < -0.4 and got[2] > 0.6  # these six seeds cannot tell -40% from +60%
+    assert tables.paired_ratio([0.2, 0.4], [0.1, 0.2]) == pytest.approx((1.0, 1.0, 1.0))  # the same ratio: exact
+    assert tables.paired_ratio([0.2], [0.1]) is None
+    center, lo, hi = tables.paired_ratio([0.2, 0.1], [0.1, 0.2], level=0.5)
+    assert lo < 0 < hi and center == pytest.approx(0.0)
 
 
 def test_e2e_runs_at_2_ranks_without_horovod_and_tensorflow(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ is imported here, so the page can be rebuilt anywhere.
 
 from __future__ import annotations
 
+import math
 import statistics
 
 
@@ -70,21 +71,42 @@ def vs_dense(row: dict) -> str:
     return "" if v is None else f"{100 * v:+.1f}%"
 
 
+def paired_ratio(losses: list[float], dense: list[float], level: float = 0.95) -> tuple[float, float, float] | None:
+    """The geometric mean of the per-seed ratios ``losses[i] / dense[i]`` and its two-sided ``level`` interval
+    (Student's t on the log ratios: the seeds pair each run with the dense run of the same weights and batches),
+    each as a ratio minus 1; None under two seeds. The interval says what the seeds can resolve: where it spans
+    tens of percent, a target of a few percent is neither met nor missed by the mean."""
+    if len(losses) < 2:
+        return None
+    from scipy.stats import t as student_t  # scikit-learn's dependency; only the seeds table needs it
+
+    logs = [math.log(x / d) for x, d in zip(losses, dense, strict=True)]
+    mean, half = statistics.fmean(logs), 0.0
+    if len(set(logs)) > 1:
+        half = student_t.ppf(0.5 + level / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean) - 1, math.exp(mean - half) - 1, math.exp(mean + half) - 1
+
+
 def e2e_seeds(rows: list[dict]) -> str:
     """The held-out loss of each e2e row over its model seeds (``--fidelity-seeds``), per seed against the dense
-    rule's, and the mean's against the dense mean; empty where no row has them."""
+    rule's, the mean's against the dense mean, and the per-seed ratios' geometric mean with its 95% interval
+    (``paired_ratio``); empty where no row has them."""
     seeded = [r for r in rows if r.get("test_loss_vs_dense_over_seeds") is not None]
     if not seeded:
         return ""
     lines = [f"Held-out loss from model seeds {', '.join(map(str, seeded[0]['seeds']))}: per seed this / the dense "
-             "rule's at the same step count, then the means", "",
-             "| model | method | per seed | mean | dense mean | mean vs dense |", "|---|---|---|---:|---:|---:|"]
+             "rule's at the same step count, the means, and the per-seed ratios' geometric mean [95% interval, "
+             "Student's t on the log ratios]", "",
+             "| model | method | per seed | mean | dense mean | mean vs dense | per seed vs dense |",
+             "|---|---|---|---:|---:|---:|---:|"]
     for r in seeded:
         per_seed = ", ".join(f"{t:.4f} / {d:.4f}" for t, d in
                              zip(r["seed_test_losses"], r["seed_dense_test_losses"], strict=True))
+        paired = paired_ratio(r["seed_test_losses"], r["seed_dense_test_losses"])
+        paired_cell = "" if paired is None else "{:+.0%} [{:+.0%}, {:+.0%}]".format(*paired)
         lines.append(f"| {r['model']} | {r['method']} | {per_seed} | {statistics.fmean(r['seed_test_losses']):.4f} | "
                      f"{statistics.fmean(r['seed_dense_test_losses']):.4f} | "
-                     f"{100 * r['test_loss_vs_dense_over_seeds']:+.1f}% |")
+                     f"{100 * r['test_loss_vs_dense_over_seeds']:+.1f}% | {paired_cell} |")
     return "\n".join(lines) + "\n"
 
 
