@@ -50,6 +50,9 @@ def test_zero_one_adam_runs_with_its_frozen_variance_bias_corrected(monkeypatch)
     assert adam.param_groups[0]["lr"] == 1e-3
     _, (op, options, _) = {m.name: m for m in e2e.methods(15)}["hc ZeroOneAdam sync/4"].wrap(None, adam)
     assert op is e2e.hc.ZeroOneAdam and options["local_step_clipper"] == 4, options
+    _, (op, options, _) = {m.name: m for m in e2e.methods(15)}["hc ZeroOneAdam reset m"].wrap(None, adam)
+    assert options == {"var_freeze_step": 15, "local_step_scaler": 1, "local_step_clipper": 16,
+                       "variance_bias_correction": True, "reset_momentum_at_sync": True}, options
 
 
 def test_only_refuses_a_pattern_that_matches_no_method() -> None:

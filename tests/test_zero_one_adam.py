@@ -27,8 +27,10 @@ STEPS = 32
 OPTIONS = {"var_freeze_step": 10, "var_update_scaler": 2, "local_step_scaler": 2, "local_step_clipper": 8}
 # n -> (overlap, the step the run restarts from its checkpoint after, whether the bad-input checks run)
 LAUNCHES = {2: ("1", 7, False), 3: ("0", 10, True), 4: ("1", 17, False)}
-# The 3-rank run divides v by 1 - b2^n_v (variance_bias_correction); the others run DeepSpeed's rule.
-EXTRA = {3: {"variance_bias_correction": True}}
+# The 3-rank run divides v by 1 - b2^n_v (variance_bias_correction), the 4-rank run zeroes m after each sync
+# (reset_momentum_at_sync); the 2-rank run is DeepSpeed's rule.
+EXTRA = {3: {"variance_bias_correction": True}, 4: {"reset_momentum_at_sync": True}}
+KERAS_EXTRA = {"tf_keras": {"reset_momentum_at_sync": True}}  # Keras 3 runs DeepSpeed's rule
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +64,19 @@ def _reference(n: int, lrs: list[float]) -> tuple[np.ndarray, list[str]]:
             for r in range(n):
                 want[t, r, sl] = trace.params[t][r]
     return want, trace.kinds
+
+
+def test_reset_momentum_at_sync_changes_the_reference_from_the_step_after_the_first_sync() -> None:
+    """Z18 in the reference: the same run through the first sync, then m = 0 tells on the next step, local or sync
+    (both form m_r from m), so the 4-rank and tf_keras comparisons would catch an implementation ignoring it."""
+    total, n = sum(SIZES), 2
+    x0 = rank_input(0, total, torch.float32, seed=777).double().numpy()
+    grads = [[rank_input(r, total, torch.float32, seed=t + 1).double().numpy() for r in range(n)] for t in range(STEPS)]
+    plain, reset = (z.zero_one_adam(x0, grads, 0.01, **OPTIONS, reset_momentum_at_sync=flag) for flag in (False, True))
+    after_sync = plain.kinds.index("sync") + 1
+    for t in range(after_sync):
+        assert all(np.array_equal(a, b) for a, b in zip(plain.params[t], reset.params[t], strict=True)), t
+    assert not np.allclose(plain.params[after_sync][0], reset.params[after_sync][0], rtol=0, atol=1e-6)
 
 
 def _assert_matches(got: np.ndarray, want: np.ndarray, what: str, kinds: list[str]) -> None:
@@ -137,6 +152,7 @@ def test_bad_input_raises_on_every_rank_and_changes_nothing(runs) -> None:
         "float_scaler": "ValueError: op=ZeroOneAdam: var_update_scaler must be an int >= 1",
         "negative_floor": "ValueError: op=ZeroOneAdam: variance_floor must be a finite number >= 0",
         "string_correction": "ValueError: op=ZeroOneAdam: variance_bias_correction must be True or False",
+        "int_reset": "ValueError: op=ZeroOneAdam: reset_momentum_at_sync must be True or False",
         "sgd": "TypeError: op=ZeroOneAdam wraps torch.optim.Adam or AdamW",
         "adam_l2": "ValueError: op=ZeroOneAdam decays weights decoupled",
         "amsgrad": "ValueError: op=ZeroOneAdam does not support amsgrad",
@@ -171,7 +187,7 @@ def keras_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list
     def get(flavour: str) -> list[dict]:
         if flavour not in done:
             out_dir = tmp_path_factory.mktemp(f"keras_zero_one_adam_{flavour}")
-            opts = ",".join(f"{k}={v}" for k, v in OPTIONS.items())
+            opts = ",".join(f"{k}={v}" for k, v in {**OPTIONS, **KERAS_EXTRA.get(flavour, {})}.items())
             mpirun("keras_zero_one_adam.py", 2, out_dir, str(STEPS), ",".join(map(str, SIZES)), opts, timeout=300,
                    env={"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else None)
             done[flavour] = load_pickled_ranks(out_dir, 2)
@@ -195,7 +211,7 @@ def test_keras_faces_match_the_reference_at_two_ranks(flavour: str,
     grads = [[given(t + 1, r) for r in range(n)] for t in range(STEPS)]
     # One bucket: the TF faces cut one bucket of all variables below 1 MiB.
     trace = z.zero_one_adam(given(777, 0), grads, _f32(0.01), betas=(_f32(0.9), _f32(0.999)), eps=_f32(1e-8),
-                            weight_decay=_f32(0.05), sizes=SIZES, **OPTIONS)
+                            weight_decay=_f32(0.05), sizes=SIZES, **OPTIONS, **KERAS_EXTRA.get(flavour, {}))
     for t, kind in enumerate(trace.kinds):
         distinct = len({rk["hashes"][t] for rk in ranks})
         assert distinct == (n if kind == "local" else 1), f"{flavour} step {t + 1} ({kind}): {distinct} parameter sets"

@@ -7,12 +7,13 @@ piece of the rule away at a time:
   (spec Z12, Z17; the floor here a share of each layer's mean v only, not also of the bucket's): the variance
   freeze alone, with no compression and no local steps;
 - ``exact``: 0/1 Adam with its 1-bit exchange replaced by an exact average of the same buffer (the rule's
-  local steps and frozen v without the compression error).
+  local steps and frozen v without the compression error);
+- ``reset``: 0/1 Adam with ``reset_momentum_at_sync`` (spec Z18: m = 0 after each sync, not ubar / lrs).
 
 No link is emulated (held-out loss does not depend on step time). Four ranks:
 
     mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -x PYTHONPATH=$PWD \\
-        python3 tools/zero_one_heldout.py --seeds 0,1,2 --intervals 1,4,16 --exact 1,16
+        python3 tools/zero_one_heldout.py --seeds 0,1,2 --intervals 1,4,16 --exact 1,16 --reset 16
 
 It prints its figures and writes no result file; docs/algorithms/zero-one-adam.md quotes one run.
 """
@@ -48,14 +49,14 @@ def held_out(model: nn.Module, data) -> float:
         return float(nn.functional.cross_entropy(model(data.x_test), data.y_test))
 
 
-def zero_one(seed: int, interval: int, exact: bool, args, data, rank: int) -> list[float] | str:
+def zero_one(seed: int, interval: int, exact: bool, args, data, rank: int, reset: bool = False) -> list[float] | str:
     """Rank 0's held-out losses of one 0/1 Adam run, or the error that stopped it."""
     zero_one_adam.compressed_allreduce_ = _exact_average if exact else ONEBIT_EXCHANGE
     model = build("mlp", seed=seed)
     opt = hc.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=LR),
                                   named_parameters=model.named_parameters(), op=hc.ZeroOneAdam,
                                   var_freeze_step=args.freeze, local_step_scaler=1, local_step_clipper=interval,
-                                  variance_bias_correction=True)
+                                  variance_bias_correction=True, reset_momentum_at_sync=reset)
     gen = torch.Generator().manual_seed(1000 + rank)  # the e2e bench's batches
     out: list[float] = []
     try:
@@ -119,21 +120,23 @@ def main() -> None:
     parser.add_argument("--freeze", type=int, default=15, help="var_freeze_step (the e2e bench's: its --warmup)")
     parser.add_argument("--intervals", default="1,4,16", help="local_step_clipper values (local_step_scaler 1)")
     parser.add_argument("--exact", default="1,16", help="intervals run again with an exact exchange")
+    parser.add_argument("--reset", default="", help="intervals run again with reset_momentum_at_sync")
     args = parser.parse_args()
     torch.set_num_threads(1)
     hc.init()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     data = digits()
-    runs = [(f"0/1 Adam, sync every {i}", int(i), False) for i in args.intervals.split(",") if i]
-    runs += [(f"0/1 Adam, sync every {i}, exact", int(i), True) for i in args.exact.split(",") if i]
+    runs = [(f"0/1 Adam, sync every {i}", int(i), False, False) for i in args.intervals.split(",") if i]
+    runs += [(f"0/1 Adam, sync every {i}, exact", int(i), True, False) for i in args.exact.split(",") if i]
+    runs += [(f"0/1 Adam, sync every {i}, m reset", int(i), False, True) for i in args.reset.split(",") if i]
     finals: dict[str, list[float]] = {}
     for seed in (int(s) for s in args.seeds.split(",")):
         rows = []
         if rank == 0:
             rows += [("Adam", adam(seed, args, data, size)),
                      (f"Adam, v frozen after {args.freeze}", frozen_v(seed, args, data, size))]
-        rows += [(name, zero_one(seed, i, exact, args, data, rank)) for name, i, exact in runs]
+        rows += [(name, zero_one(seed, i, exact, args, data, rank, reset)) for name, i, exact, reset in runs]
         if rank == 0:
             for name, curve in rows:
                 shown = curve if isinstance(curve, str) else " ".join(f"{x:.4f}" for x in curve)

@@ -10,11 +10,13 @@ and docs/algorithms/zero-one-adam-spec.md fixes it (lines P1-P5 and L1-L6 of its
   x = x_anchor - ubar / d - wd lrs x_anchor on every rank alike (L4-L6, Z3, Z4).
 
 Weight decay is decoupled (Z3); no bias correction (Z2) unless ``variance_bias_correction`` (Z17: v / (1 - b2^n_v)
-after n_v variance updates). Deviation, ``variance_floor`` (Z12; 0 is DeepSpeed's rule): d = max(sqrt(v),
-sqrt(floor)) + eps per layer with 1-bit Adam's floor, and an element it lifted moves at most lr. The step kind
-depends on t and the options only, so a bucket's collective is chosen before backward ends (overlap). Errors, u,
-x_anchor and lrs are per bucket; the counters are the algorithm's. All of it is in ``state_dict()`` (nothing is
-reset on load: Z13). The NumPy twin is ``hvd_compress.reference.zero_one_adam``.
+after n_v variance updates). ``reset_momentum_at_sync`` (Z18, not DeepSpeed's): m = 0 after a sync's L6 in place of
+L5's ubar / lrs, whose 1-bit error the next interval's local steps would otherwise step on. Deviation,
+``variance_floor`` (Z12; 0 is DeepSpeed's rule): d = max(sqrt(v), sqrt(floor)) + eps per layer with 1-bit Adam's
+floor, and an element it lifted moves at most lr. The step kind depends on t and the options only, so a bucket's
+collective is chosen before backward ends (overlap). Errors, u, x_anchor and lrs are per bucket; the counters are
+the algorithm's. All of it is in ``state_dict()`` (nothing is reset on load: Z13). The NumPy twin is
+``hvd_compress.reference.zero_one_adam``.
 """
 
 from __future__ import annotations
@@ -52,11 +54,12 @@ class ZeroOneAdamOptions:
     local_step_clipper: int = 16
     variance_floor: float = DEFAULT_VARIANCE_FLOOR
     variance_bias_correction: bool = False
+    reset_momentum_at_sync: bool = False
 
     def validate(self, op_name: str) -> None:
-        if not isinstance(self.variance_bias_correction, bool):
-            raise ValueError(f"op={op_name}: variance_bias_correction must be True or False, got "
-                             f"{self.variance_bias_correction!r}")
+        for name in ("variance_bias_correction", "reset_momentum_at_sync"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"op={op_name}: {name} must be True or False, got {getattr(self, name)!r}")
         floor = self.variance_floor
         if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor < math.inf:
             raise ValueError(f"op={op_name}: variance_floor must be a finite number >= 0 (0: DeepSpeed's rule; "
@@ -340,6 +343,8 @@ class ZeroOneAdam(BucketedAlgorithm):
         xp.foreach_addcdiv_(seg.params, seg.views(seg.work), d, value=-1.0)
         for a, p in zip(seg.views(seg.anchor), seg.params, strict=True):
             xp.copy_(a, p)
+        if self.options.reset_momentum_at_sync:  # Z18: L5's m served the cap above only
+            xp.zero_(seg.exp_avg)
         xp.zero_(seg.u)
         seg.lrs = 0.0
 

@@ -88,12 +88,12 @@ def _hc(op, **options) -> Callable:
     return wrap
 
 
-def _zero_one_adam(freeze: int, clipper: int = 16) -> Callable:
+def _zero_one_adam(freeze: int, clipper: int = 16, **options: bool) -> Callable:
     """0/1 Adam with its frozen v bias-corrected (``variance_bias_correction``): DeepSpeed's uncorrected v makes every
     step after a short dense warm-up 1 / sqrt(1 - b2^n_v) times Adam's (8x after 15 steps) and the MLP diverges at
     the shared lr (docs/algorithms/zero-one-adam.md, "A short var_freeze_step")."""
     return _hc(hc.ZeroOneAdam, var_freeze_step=freeze, local_step_scaler=1, local_step_clipper=clipper,
-               variance_bias_correction=True)
+               variance_bias_correction=True, **options)
 
 
 def _hvd(model, opt):
@@ -145,6 +145,8 @@ def methods(freeze: int) -> list[Method]:
         Method("hc ZeroOneAdam", "adam", _zero_one_adam(freeze), True),
         # A sync every 4 steps: about four times the bytes, for fewer local steps (they cost held-out loss).
         Method("hc ZeroOneAdam sync/4", "adam", _zero_one_adam(freeze, clipper=4), True),
+        # The same bytes as the first row; m = 0 after each sync (Z18) rather than the 1-bit ubar / lrs.
+        Method("hc ZeroOneAdam reset m", "adam", _zero_one_adam(freeze, reset_momentum_at_sync=True), True),
         Method("hc Average (Lamb)", "lamb", _hc(hc.Average), True),
         Method("Horovod Lamb", "lamb", _hvd, needs_horovod=True),
         Method("hc OneBitLamb", "lamb", _hc(hc.OneBitLamb, freeze_step=freeze), True),

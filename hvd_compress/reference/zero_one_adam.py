@@ -38,6 +38,7 @@ class Options:
     local_step_clipper: int = 16
     variance_floor: float = 0.01
     variance_bias_correction: bool = False
+    reset_momentum_at_sync: bool = False
     compress: bool = True
 
     def __post_init__(self) -> None:
@@ -177,6 +178,8 @@ def step(state: ZeroOneAdamState, grads: Sequence[np.ndarray], lr: float, opts: 
             x = state.anchor - ubar / d(state.m[0]) - state.lrs * lam * state.anchor  # L6 (Z3, Z4)
             state.x = [x.copy() for _ in range(n)]
             state.anchor = x.copy()
+            if opts.reset_momentum_at_sync:  # Z18: m = 0 once L6 has used L5's m for its cap
+                state.m = [np.zeros_like(x) for _ in range(n)]
             state.u = [np.zeros_like(x) for _ in range(n)]
             state.lrs = 0.0
     _advance_schedules(state, opts)

@@ -22,7 +22,8 @@ mode, steps = sys.argv[2], int(sys.argv[3])
 sizes = [int(s) for s in sys.argv[4].split(",")]
 options = dict(kv.split("=") for kv in sys.argv[5].split(",") if kv)
 stops = [int(s) for s in options.pop("stops", "").split(":") if s]
-options = {k: v == "1" if k == "variance_bias_correction" else int(v) for k, v in options.items()}
+BOOLS = ("variance_bias_correction", "reset_momentum_at_sync")
+options = {k: v == "1" if k in BOOLS else int(v) for k, v in options.items()}
 overlap = sys.argv[6] != "0" if len(sys.argv) > 6 else True
 hc.init()
 r = hc.rank()

@@ -38,6 +38,7 @@ def bad_cases(rank: int, size: int) -> dict[str, str]:
     out["float_scaler"] = outcome(lambda: wrap(torch.optim.AdamW(params), var_update_scaler=2.5))
     out["negative_floor"] = outcome(lambda: wrap(torch.optim.AdamW(params), variance_floor=-0.01))
     out["string_correction"] = outcome(lambda: wrap(torch.optim.AdamW(params), variance_bias_correction="yes"))
+    out["int_reset"] = outcome(lambda: wrap(torch.optim.AdamW(params), reset_momentum_at_sync=1))
     out["sgd"] = outcome(lambda: wrap(torch.optim.SGD(params, lr=0.1)))
     out["adam_l2"] = outcome(lambda: wrap(torch.optim.Adam(params, weight_decay=0.1)))
     out["amsgrad"] = outcome(lambda: wrap(torch.optim.AdamW(params, amsgrad=True)))
