@@ -67,11 +67,13 @@ def test_keras_onebit_optimizers_train_batchnorm_cnn_within_two_points_of_dense(
 
 
 #: Each op and its dense counterpart. 0/1 Adam: var_freeze_step 35 (a fifth), 4 variance updates per interval, the
-#: sync interval doubling every 16 steps up to 16; 175 steps make s = 176 a multiple of 16, so its last step syncs.
+#: sync interval doubling every 16 steps up to 16; 175 steps make s = 176 a multiple of 16, so its last step syncs;
+#: DeepSpeed's rule, then with each of its two departures (Z17, Z18).
 #: SignSGD's lr 0.02 is its best of those tried at seed 1; PowerSGD rank 2 after 10 dense steps. Figures:
 #: docs/algorithms/signsgd.md and powersgd.md ('Fidelity'); 0/1 Adam: docs/algorithms/zero-one-adam.md.
 DENSE_OF = {"ZeroOneAdam:var_update_scaler=4:local_step_scaler=16": "Adam",
             "ZeroOneAdam:var_update_scaler=4:local_step_scaler=16:variance_bias_correction=True": "Adam",
+            "ZeroOneAdam:var_update_scaler=4:local_step_scaler=16:reset_momentum_at_sync=True": "Adam",
             "SignSGD": "SGD",
             "PowerSGD:start_powerSGD_iter=10:matrix_approximation_rank=2": "Adam"}
 
