@@ -187,7 +187,7 @@ def keras_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list
     def get(flavour: str) -> list[dict]:
         if flavour not in done:
             out_dir = tmp_path_factory.mktemp(f"keras_zero_one_adam_{flavour}")
-            opts = ",".join(f"{k}={v}" for k, v in {**OPTIONS, **KERAS_EXTRA.get(flavour, {})}.items())
+            opts = ",".join(f"{k}={int(v)}" for k, v in {**OPTIONS, **KERAS_EXTRA.get(flavour, {})}.items())
             mpirun("keras_zero_one_adam.py", 2, out_dir, str(STEPS), ",".join(map(str, SIZES)), opts, timeout=300,
                    env={"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else None)
             done[flavour] = load_pickled_ranks(out_dir, 2)
