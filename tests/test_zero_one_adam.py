@@ -131,6 +131,26 @@ def test_resume_from_a_checkpoint_is_bit_identical(runs, n: int) -> None:
         assert resumed["final_state"] == rk["final_state"], f"n={n} rank {r}: the resumed run's state differs"
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_an_uncorrected_v_frozen_after_few_updates_is_warned_of_on_every_rank_once(runs, n: int) -> None:
+    """Five variance updates before the freeze: DeepSpeed's uncorrected v (2 and 4 ranks) steps 1 / sqrt(1 -
+    0.999^5) = 14.2 times a corrected Adam's, said once on every rank; with the correction (3 ranks) nothing."""
+    want = 0 if EXTRA.get(n, {}).get("variance_bias_correction") else 1
+    for r, rk in enumerate(runs(n)):
+        assert len(rk["warned"]) == want, f"n={n} rank {r}: warned {rk['warned']}"
+        if want:
+            assert "after 5 variance updates" in rk["warned"][0] and "14.2 times" in rk["warned"][0], rk["warned"]
+            assert "variance_bias_correction=True" in rk["warned"][0]
+
+
+def test_step_inflation_is_one_over_the_root_of_the_bias_correction() -> None:
+    from hvd_compress.algorithms.zero_one_adam import step_inflation
+
+    assert step_inflation(0.999, 15) == pytest.approx(8.2, abs=0.05)
+    assert step_inflation(0.999, 201) == pytest.approx(2.34, abs=0.01)  # DeepSpeed's defaults (n_v 201): not warned
+    assert step_inflation(0.999, 0) == float("inf") and step_inflation(0.0, 1) == 1.0
+
+
 def test_bytes_per_step_follow_the_step_kind(runs) -> None:
     """A local step sends only the finite agreement; 1-bit gradient and sync steps the same 1-bit payload; a
     variance step the dense average."""

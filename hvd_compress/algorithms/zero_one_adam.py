@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,6 +43,16 @@ from hvd_compress.ops.traffic import CommMeter
 
 #: Step kinds (spec section 3): dense variance step, 1-bit gradient step, local step, 1-bit sync of u.
 VARIANCE, ONEBIT, LOCAL, SYNC = "variance", "onebit", "local", "sync"
+#: Steps this many times a bias-corrected Adam's, or more, after the freeze are warned of (spec Z19): between
+#: DeepSpeed's BERT tutorial (n_v = 96: 3.3) and the longest freeze that diverges in zero-one-adam.md (n_v = 45: 4.8).
+STEP_INFLATION_WARNED = 4.0
+
+
+def step_inflation(b2: float, var_updates: int) -> float:
+    """1 / sqrt(1 - b2^n_v): how many times a bias-corrected Adam's step each step is once v is frozen uncorrected
+    after n_v variance updates (spec Z2, Z17)."""
+    left = 1.0 - b2 ** var_updates
+    return math.inf if left <= 0.0 else 1.0 / math.sqrt(left)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,7 +266,20 @@ class ZeroOneAdam(BucketedAlgorithm):
             self._anchor()
         self._advance(t, kind)
         self.t = t
+        if t == self.options.var_freeze_step and not self.options.variance_bias_correction:
+            self._warn_of_inflated_steps(groups)
         return t
+
+    def _warn_of_inflated_steps(self, groups: Sequence[dict[str, Any]]) -> None:
+        """Spec Z19: an uncorrected v frozen after few variance updates steps as an lr many times the user's and can
+        diverge to finite values with no error, so say so once, on every rank alike, when v freezes."""
+        inflation = max(step_inflation(group["betas"][1], self.var_updates) for group in groups)
+        if inflation >= STEP_INFLATION_WARNED:
+            warnings.warn(
+                f"op={self.name} froze v after {self.var_updates} variance updates without bias correction "
+                f"(DeepSpeed's rule): every later step is {inflation:.1f} times a bias-corrected Adam's, which can "
+                "diverge with no error. Pass variance_bias_correction=True (spec Z17), or scale lr by "
+                f"{1 / inflation:.3g}, or freeze later", UserWarning, stacklevel=3)
 
     def _anchor(self) -> None:
         """x_anchor = x (P5: the parameters every rank holds alike where phase 2 starts)."""

@@ -6,12 +6,14 @@ argv: out_dir mode steps sizes(comma list; the last one is group 2) options(k=v,
 mode: "match" saves every step's parameters, hashes, kinds, lrs and bytes; "match+bad" also runs
 zero_one_adam_bad.py's checks.
 ``stops=a:b:...`` among the options: the run saves a checkpoint before each of those steps and restarts from each
-(fresh objects, torch.load), saving the resumed runs' hashes and final state.
+(fresh objects, torch.load), saving the resumed runs' hashes and final state. The first run's warnings about
+inflated steps after the freeze are saved as "warned".
 """
 
 import hashlib
 import io
 import sys
+import warnings
 
 import torch
 from common import rank_input, save
@@ -78,8 +80,11 @@ def state_digest(opt) -> str:
 params, opt, sched = make()
 a = {"kinds": [], "lrs": [], "trace": [], "hashes": [], "stats": []}
 checkpoints: dict[int, bytes] = {}
-run(params, opt, sched, 0, a, checkpoints)
-result = {**a, "state": opt.state_dict(), "final_state": state_digest(opt), "resumed": {}}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    run(params, opt, sched, 0, a, checkpoints)
+result = {**a, "state": opt.state_dict(), "final_state": state_digest(opt), "resumed": {},
+          "warned": [str(w.message) for w in caught if "variance updates" in str(w.message)]}
 for stop, blob in checkpoints.items():
     params, opt, sched = make()
     saved = torch.load(io.BytesIO(blob), weights_only=False)
