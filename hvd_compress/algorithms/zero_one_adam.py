@@ -43,15 +43,20 @@ from hvd_compress.ops.traffic import CommMeter
 
 #: Step kinds (spec section 3): dense variance step, 1-bit gradient step, local step, 1-bit sync of u.
 VARIANCE, ONEBIT, LOCAL, SYNC = "variance", "onebit", "local", "sync"
-#: Steps this many times a bias-corrected Adam's, or more, after the freeze are warned of (spec Z19): between
-#: DeepSpeed's BERT tutorial (n_v = 96: 3.3) and the longest freeze that diverges in zero-one-adam.md (n_v = 45: 4.8).
+#: Steps this many times a bias-corrected Adam's, or more, after the freeze are warned of: above DeepSpeed's BERT
+#: recipe, below the longest freeze measured to diverge (spec Z19 gives both).
 STEP_INFLATION_WARNED = 4.0
+
+
+def variance_correction(b2: float, var_updates: int) -> float:
+    """1 - b2^n_v: the bias correction of v after n_v variance updates (spec Z17)."""
+    return 1 - b2 ** var_updates
 
 
 def step_inflation(b2: float, var_updates: int) -> float:
     """1 / sqrt(1 - b2^n_v): how many times a bias-corrected Adam's step each step is once v is frozen uncorrected
     after n_v variance updates (spec Z2, Z17)."""
-    left = 1.0 - b2 ** var_updates
+    left = variance_correction(b2, var_updates)
     return math.inf if left <= 0.0 else 1.0 / math.sqrt(left)
 
 
@@ -332,7 +337,8 @@ class ZeroOneAdam(BucketedAlgorithm):
         only when v, eps or bc2 changed."""
         xp, eps = self.xp, group["eps"]
         n_v = self.var_updates + (self.step_kind() == VARIANCE)  # a variance step's own update counts
-        bc = 1 - group["betas"][1] ** n_v if self.options.variance_bias_correction and n_v > 0 else 1.0
+        bc = (variance_correction(group["betas"][1], n_v) if self.options.variance_bias_correction and n_v > 0
+              else 1.0)
         key = (float(eps), float(bc))
         if seg.denom_key != key:
             root = xp.sqrt(seg.exp_avg_sq, out=seg.denom)
