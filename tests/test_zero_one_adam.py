@@ -30,7 +30,12 @@ LAUNCHES = {2: ("1", 7, False), 3: ("0", 10, True), 4: ("1", 17, False)}
 # The 3-rank run divides v by 1 - b2^n_v (variance_bias_correction), the 4-rank run zeroes m after each sync
 # (reset_momentum_at_sync); the 2-rank run is DeepSpeed's rule.
 EXTRA = {3: {"variance_bias_correction": True}, 4: {"reset_momentum_at_sync": True}}
-KERAS_EXTRA = {"tf_keras": {"reset_momentum_at_sync": True}}  # Keras 3 runs DeepSpeed's rule
+# The Keras launches at 2 ranks: name -> (flavour, options beyond OPTIONS). Keras 3 runs DeepSpeed's rule and both
+# of our options; tf_keras the reset.
+KERAS_LAUNCHES = {"keras": ("keras", {}),
+                  "keras_corrected_reset": ("keras", {"variance_bias_correction": True,
+                                                      "reset_momentum_at_sync": True}),
+                  "tf_keras": ("tf_keras", {"reset_momentum_at_sync": True})}
 
 
 @pytest.fixture(scope="module")
@@ -201,28 +206,29 @@ def _f32(a: float) -> float:
 
 @pytest.fixture(scope="module")
 def keras_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list[dict]]:
-    """One launch of keras_zero_one_adam.py at 2 ranks per Keras flavour, for every test of that flavour."""
+    """One launch of keras_zero_one_adam.py at 2 ranks per entry of KERAS_LAUNCHES, for every test of that entry."""
     done: dict[str, list[dict]] = {}
 
-    def get(flavour: str) -> list[dict]:
-        if flavour not in done:
-            out_dir = tmp_path_factory.mktemp(f"keras_zero_one_adam_{flavour}")
-            opts = ",".join(f"{k}={int(v)}" for k, v in {**OPTIONS, **KERAS_EXTRA.get(flavour, {})}.items())
+    def get(name: str) -> list[dict]:
+        if name not in done:
+            flavour, extra = KERAS_LAUNCHES[name]
+            out_dir = tmp_path_factory.mktemp(f"keras_zero_one_adam_{name}")
+            opts = ",".join(f"{k}={int(v)}" for k, v in {**OPTIONS, **extra}.items())
             mpirun("keras_zero_one_adam.py", 2, out_dir, str(STEPS), ",".join(map(str, SIZES)), opts, timeout=300,
                    env={"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else None)
-            done[flavour] = load_pickled_ranks(out_dir, 2)
-        return done[flavour]
+            done[name] = load_pickled_ranks(out_dir, 2)
+        return done[name]
 
     return get
 
 
-@pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
-def test_keras_faces_match_the_reference_at_two_ranks(flavour: str,
-                                                       keras_runs: Callable[[str], list[dict]]) -> None:
+@pytest.mark.parametrize("name", list(KERAS_LAUNCHES))
+def test_keras_faces_match_the_reference_at_two_ranks(name: str, keras_runs: Callable[[str], list[dict]]) -> None:
     """keras.optimizers.AdamW (or tf_keras's) under hck.DistributedOptimizer(op=hck.ZeroOneAdam), given gradients.
     The TF faces hand the hyper-parameters over as float64 casts of float32 tensors: the reference takes those."""
     n, total = 2, sum(SIZES)
-    ranks = keras_runs(flavour)
+    flavour, extra = KERAS_LAUNCHES[name]
+    ranks = keras_runs(name)
     assert ranks[0]["legacy"] == (flavour == "tf_keras")
 
     def given(seed: int, rank: int) -> np.ndarray:
@@ -231,13 +237,13 @@ def test_keras_faces_match_the_reference_at_two_ranks(flavour: str,
     grads = [[given(t + 1, r) for r in range(n)] for t in range(STEPS)]
     # One bucket: the TF faces cut one bucket of all variables below 1 MiB.
     trace = z.zero_one_adam(given(777, 0), grads, _f32(0.01), betas=(_f32(0.9), _f32(0.999)), eps=_f32(1e-8),
-                            weight_decay=_f32(0.05), sizes=SIZES, **OPTIONS, **KERAS_EXTRA.get(flavour, {}))
+                            weight_decay=_f32(0.05), sizes=SIZES, **OPTIONS, **extra)
     for t, kind in enumerate(trace.kinds):
         distinct = len({rk["hashes"][t] for rk in ranks})
-        assert distinct == (n if kind == "local" else 1), f"{flavour} step {t + 1} ({kind}): {distinct} parameter sets"
+        assert distinct == (n if kind == "local" else 1), f"{name} step {t + 1} ({kind}): {distinct} parameter sets"
     for r, rk in enumerate(ranks):
         want = np.stack([p[r] for p in trace.params])
-        _assert_matches(np.stack(rk["trace"]).astype(np.float64), want, f"{flavour} rank {r}", trace.kinds)
+        _assert_matches(np.stack(rk["trace"]).astype(np.float64), want, f"{name} rank {r}", trace.kinds)
 
 
 @pytest.mark.parametrize("flavour", ["keras", "tf_keras"])

@@ -8,7 +8,8 @@ piece of the rule away at a time:
   freeze alone, with no compression and no local steps;
 - ``exact``: 0/1 Adam with its 1-bit exchange replaced by an exact average of the same buffer (the rule's
   local steps and frozen v without the compression error);
-- ``reset``: 0/1 Adam with ``reset_momentum_at_sync`` (spec Z18: m = 0 after each sync, not ubar / lrs).
+- ``reset``: 0/1 Adam with ``reset_momentum_at_sync`` (spec Z18: m = 0 after each sync, not ubar / lrs);
+- ``exact-reset``: both, which leaves the reset's local steps and frozen v without the compression error.
 
 No link is emulated (held-out loss does not depend on step time). Four ranks:
 
@@ -121,6 +122,7 @@ def main() -> None:
     parser.add_argument("--intervals", default="1,4,16", help="local_step_clipper values (local_step_scaler 1)")
     parser.add_argument("--exact", default="1,16", help="intervals run again with an exact exchange")
     parser.add_argument("--reset", default="", help="intervals run again with reset_momentum_at_sync")
+    parser.add_argument("--exact-reset", default="", help="intervals run again with both")
     args = parser.parse_args()
     torch.set_num_threads(1)
     hc.init()
@@ -130,6 +132,8 @@ def main() -> None:
     runs = [(f"0/1 Adam, sync every {i}", int(i), False, False) for i in args.intervals.split(",") if i]
     runs += [(f"0/1 Adam, sync every {i}, exact", int(i), True, False) for i in args.exact.split(",") if i]
     runs += [(f"0/1 Adam, sync every {i}, m reset", int(i), False, True) for i in args.reset.split(",") if i]
+    runs += [(f"0/1 Adam, sync every {i}, exact, m reset", int(i), True, True)
+             for i in args.exact_reset.split(",") if i]
     finals: dict[str, list[float]] = {}
     for seed in (int(s) for s in args.seeds.split(",")):
         rows = []

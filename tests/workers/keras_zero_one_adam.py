@@ -24,7 +24,8 @@ else:
     import keras
 steps = int(sys.argv[2])
 sizes = [int(s) for s in sys.argv[3].split(",")]
-options = {k: v == "1" if k == "reset_momentum_at_sync" else int(v)
+BOOLS = ("variance_bias_correction", "reset_momentum_at_sync")
+options = {k: v == "1" if k in BOOLS else int(v)
            for k, v in (kv.split("=") for kv in sys.argv[4].split(",") if kv)}
 hck.init()
 r = hck.rank()
