@@ -139,13 +139,17 @@ def test_resume_from_a_checkpoint_is_bit_identical(runs, n: int) -> None:
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_an_uncorrected_v_frozen_after_few_updates_is_warned_of_on_every_rank_once(runs, n: int) -> None:
     """Five variance updates before the freeze: DeepSpeed's uncorrected v (2 and 4 ranks) steps 1 / sqrt(1 -
-    0.999^5) = 14.2 times a corrected Adam's, said once on every rank; with the correction (3 ranks) nothing."""
+    0.999^5) = 14.2 times a corrected Adam's, said once on every rank; with the correction (3 ranks) nothing. A run
+    resumed before the freeze (2 ranks, after step 7) says it at the freeze, one resumed past it (4 ranks, after
+    step 17) on its first step: once each."""
     want = 0 if EXTRA.get(n, {}).get("variance_bias_correction") else 1
+    stop = LAUNCHES[n][1]
     for r, rk in enumerate(runs(n)):
-        assert len(rk["warned"]) == want, f"n={n} rank {r}: warned {rk['warned']}"
-        if want:
-            assert "after 5 variance updates" in rk["warned"][0] and "14.2 times" in rk["warned"][0], rk["warned"]
-            assert "variance_bias_correction=True" in rk["warned"][0]
+        for what, warned in (("the run", rk["warned"]), (f"resumed after {stop}", rk["resumed"][stop]["warned"])):
+            assert len(warned) == want, f"n={n} rank {r}, {what}: warned {warned}"
+            if want:
+                assert "after 5 variance updates" in warned[0] and "14.2 times" in warned[0], warned
+                assert "variance_bias_correction=True" in warned[0]
 
 
 def test_step_inflation_is_one_over_the_root_of_the_bias_correction() -> None:

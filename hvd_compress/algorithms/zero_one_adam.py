@@ -148,6 +148,7 @@ class ZeroOneAdam(BucketedAlgorithm):
         self.local_step_interval, self.local_step_counter = 1, 0
         self.var_updates = 0  # n_v: the variance updates so far (v's bias correction, Z17)
         self._probe: ZeroOneAdam | None = None  # a schedule replayed up to some step (``restore_schedule``)
+        self._inflation_checked = False  # Z19: once per process, at the freeze or where a resumed run takes over
 
     # -- the schedules (spec S1-S3; zoadam.py l.268-292) -----------------------------------------------
     def step_kind(self) -> str:
@@ -271,13 +272,16 @@ class ZeroOneAdam(BucketedAlgorithm):
             self._anchor()
         self._advance(t, kind)
         self.t = t
-        if t == self.options.var_freeze_step and not self.options.variance_bias_correction:
-            self._warn_of_inflated_steps(groups)
+        if t >= self.options.var_freeze_step > 0 and not self._inflation_checked:
+            self._inflation_checked = True
+            if not self.options.variance_bias_correction:
+                self._warn_of_inflated_steps(groups)
         return t
 
     def _warn_of_inflated_steps(self, groups: Sequence[dict[str, Any]]) -> None:
         """Spec Z19: an uncorrected v frozen after few variance updates steps as an lr many times the user's and can
-        diverge to finite values with no error, so say so once, on every rank alike, when v freezes."""
+        diverge to finite values with no error, so say so once, on every rank alike, when v freezes, and again in a
+        process that resumed past the freeze (its first step), whose user may not have the first run's log."""
         inflation = max(step_inflation(group["betas"][1], self.var_updates) for group in groups)
         if inflation >= STEP_INFLATION_WARNED:
             warnings.warn(
