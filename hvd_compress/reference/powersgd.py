@@ -1,4 +1,4 @@
-"""Reference PowerSGD over n virtual ranks, one bucket, in float64 (Vogels et al., NeurIPS 2019, arXiv 1905.13727).
+"""Reference PowerSGD over n virtual ranks, in float64 (Vogels et al., NeurIPS 2019, arXiv 1905.13727).
 
 Per step, as ``hvd_compress.algorithms.powersgd.reduce_bucket`` and torch's ``powerSGD_hook`` run it: the first
 ``start`` steps a dense average; then per rank M_i = g_i + e_i (Alg. 2 line 3); each parameter as a (first dim) x
@@ -6,7 +6,10 @@ Per step, as ``hvd_compress.algorithms.powersgd.reduce_bucket`` and torch's ``po
 Q from the last step (warm start) or drawn, orthogonalized (Gram-Schmidt for r <= 2, else QR); P = sum_i M_i Q
 (lines 3-4); P orthogonalized (line 5); Q = mean_i M_i^T P (lines 6-7); result P Q^T (line 8); e_i = M_i - result
 (Alg. 2 line 5). The random first Q comes from ``draw(seed, shapes)`` (the test gives torch's generator), the seeds
-from ``np.random.RandomState(random_seed).randint(10**9)``, one per draw.
+from ``np.random.RandomState(random_seed).randint(10**9)``, one per draw. Over several buckets (``Buckets``) each
+keeps its own error, P and Q, and they share that generator: each bucket draws a seed when it has no Q yet (or at
+every step without warm start), in bucket order, also a bucket with nothing to compress, as torch's hook does over
+DDP's buckets.
 """
 
 from __future__ import annotations
@@ -34,11 +37,12 @@ class PowerSGD:
 
     def __init__(self, n: int, shapes: Sequence[tuple[int, ...]], rank: int, start: int, min_rate: float = 2,
                  error_feedback: bool = True, warm_start: bool = True, eps: float = 0.0, random_seed: int = 0,
-                 draw: Callable[[int, list[tuple[int, int]]], list[np.ndarray]] | None = None) -> None:
+                 draw: Callable[[int, list[tuple[int, int]]], list[np.ndarray]] | None = None,
+                 rng: np.random.RandomState | None = None) -> None:
         self.n, self.shapes, self.start, self.eps = n, [tuple(s) for s in shapes], start, eps
         self.error_feedback, self.warm_start = error_feedback, warm_start
         self.draw = draw
-        self.rng = np.random.RandomState(random_seed)
+        self.rng = np.random.RandomState(random_seed) if rng is None else rng
         self.iter = 0
         self.errors: list[list[np.ndarray]] | None = None
         self.qs: list[np.ndarray] | None = None
@@ -67,11 +71,11 @@ class PowerSGD:
         out: list[np.ndarray] = [np.empty(0)] * len(self.shapes)
         for i in self.dense:
             out[i] = sum(m[i] for m in ms) / self.n
+        if self.qs is None or not self.warm_start:
+            seed = int(self.rng.randint(1_000_000_000))
+            self.qs = [np.asarray(q, dtype=np.float64) for q in self.draw(seed, [(c, r) for _, _, c, r in
+                                                                                 self.compressed])]
         if self.compressed:
-            if self.qs is None or not self.warm_start:
-                seed = int(self.rng.randint(1_000_000_000))
-                self.qs = [np.asarray(q, dtype=np.float64) for q in self.draw(seed, [(c, r) for _, _, c, r in
-                                                                                     self.compressed])]
             self.ps = []
             for k, (i, rows, cols, _) in enumerate(self.compressed):
                 q = orthogonalize(self.qs[k], self.eps)
@@ -83,4 +87,23 @@ class PowerSGD:
         if self.error_feedback:
             self.errors = [[m - o for m, o in zip(rank, out, strict=True)] for rank in ms]
         self.iter += 1
+        return out
+
+
+class Buckets:
+    """PowerSGD over buckets holding the parameters of ``spans`` (indices into ``shapes``, bucket order), one
+    ``PowerSGD`` each, sharing one generator; ``step`` takes and returns every parameter, as ``PowerSGD.step``."""
+
+    def __init__(self, n: int, shapes: Sequence[tuple[int, ...]], spans: Sequence[Sequence[int]], rank: int,
+                 start: int, random_seed: int = 0, **options) -> None:
+        self.spans = [list(span) for span in spans]
+        rng = np.random.RandomState(random_seed)
+        self.buckets = [PowerSGD(n, [shapes[i] for i in span], rank, start, rng=rng, **options)
+                        for span in self.spans]
+
+    def step(self, grads: list[list[np.ndarray]]) -> list[np.ndarray]:
+        out: list[np.ndarray] = [np.empty(0)] * len(grads[0])
+        for bucket, span in zip(self.buckets, self.spans, strict=True):
+            for i, reduced in zip(span, bucket.step([[g[i] for i in span] for g in grads]), strict=True):
+                out[i] = reduced
         return out
