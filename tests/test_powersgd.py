@@ -18,7 +18,7 @@ from hvd_compress.algorithms.powersgd import PowerSGDOptions, PowerSGDState, red
 from hvd_compress.reference.powersgd import Buckets
 from hvd_compress.torch.powersgd import TorchMatrices
 
-START, STEPS, RESUME_AT = 2, 6, 4  # as tests/workers/powersgd.py
+START, STEPS, RESUME_AT, INF_AT = 2, 6, 4, (1, 3)  # as tests/workers/powersgd.py
 COMPRESSED_SHAPE_INDEX, RANK_R_SHAPE = 5, (40, 60)  # a parameter that is compressed at every rank tested
 
 
@@ -140,31 +140,42 @@ def torch_draw(seed: int, shapes: list[tuple[int, int]]) -> list[np.ndarray]:
     return [torch.randn(1, *s, generator=gen)[0].double().numpy() for s in shapes]
 
 
-@pytest.mark.parametrize("ours_key", ["ours", "small"], ids=["one-bucket", "2KiB-buckets"])
+#: Our run compared with the reference: (its inputs, its buckets) in what the worker saved.
+RUNS_VS_REFERENCE = {"ours": ("inputs", "spans"), "small": ("inputs", "small_spans"),
+                     "inf": ("inf_inputs", "small_spans")}
+
+
+@pytest.mark.parametrize("ours_key", list(RUNS_VS_REFERENCE), ids=["one-bucket", "2KiB-buckets", "inf-on-one-rank"])
 def test_powersgd_matches_numpy_reference(run, ours_key) -> None:
     """Ours (float32) against hvd_compress.reference.powersgd (float64, n virtual ranks) on the same gradients, in
-    one bucket and in 2 KiB buckets (each its own error, P and Q, the first Q drawn in bucket order): the reduced
-    gradients, every rank's error, P and Q of every bucket, to 2e-5 of their largest magnitude (float32 rounding of
-    the products and orthogonalizations, carried by the error feedback over 4 compressed steps; measured: below
-    2e-6)."""
+    one bucket, in 2 KiB buckets (each its own error, P and Q, the first Q drawn in bucket order), and in 2 KiB
+    buckets with an inf in one rank's gradient at one step (that bucket's result is not finite, its state stays as
+    it was, the others go on): the reduced gradients, every rank's error, P and Q of every bucket, to 2e-5 of their
+    largest magnitude (float32 rounding of the products and orthogonalizations, carried by the error feedback over
+    4 compressed steps; measured: below 2e-6), and inf/NaN where the reference has them."""
     world, rank_r, ranks = run
+    inputs_key, spans_key = RUNS_VS_REFERENCE[ours_key]
     shapes = [tuple(g.shape) for g in ranks[0]["inputs"][0]]
-    spans = ranks[0]["spans" if ours_key == "ours" else "small_spans"]
+    spans = ranks[0][spans_key]
     assert len(spans) == 1 if ours_key == "ours" else len(spans) >= 3, spans
     ref = Buckets(world, shapes, spans, rank_r, START, random_seed=7, draw=torch_draw)
 
     def near(got: torch.Tensor, want: np.ndarray, what: str) -> None:
         got = got.double().numpy().reshape(want.shape)
-        if not want.size:
+        finite = np.isfinite(want)
+        assert np.array_equal(np.isfinite(got), finite), f"world {world}: {what} not finite where the reference is"
+        if not finite.any():
             return
-        diff = float(np.abs(got - want).max())
-        assert diff <= 2e-5 * max(1.0, float(np.abs(want).max())), f"world {world}: {what} off by {diff:.3g}"
+        diff = float(np.abs(got[finite] - want[finite]).max())
+        assert diff <= 2e-5 * max(1.0, float(np.abs(want[finite]).max())), f"world {world}: {what} off by {diff:.3g}"
 
     def flat(arrays: list[np.ndarray]) -> np.ndarray:
         return np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.zeros(0)
 
+    rejected = 0
     for t in range(STEPS):
-        reduced = ref.step([[g.double().numpy() for g in got["inputs"][t]] for got in ranks])
+        reduced = ref.step([[g.double().numpy() for g in got[inputs_key][t]] for got in ranks])
+        rejected += not all(np.isfinite(g).all() for g in reduced)
         for r, got in enumerate(ranks):
             ours = got[ours_key][t]
             for i, want in enumerate(reduced):
@@ -176,6 +187,14 @@ def test_powersgd_matches_numpy_reference(run, ours_key) -> None:
                 near(ours["error"][b], flat(bucket.errors[r]), f"{where}, error")
                 near(ours["p"][b], flat(bucket.ps), f"{where}, P")
                 near(ours["q"][b], flat(bucket.qs), f"{where}, Q")
+    assert rejected == (ours_key == "inf"), f"{rejected} step(s) with a result not finite"
+    if ours_key == "inf":  # the state after the step with the inf is the state before it, to the bit
+        _, step = INF_AT
+        bucket = next(b for b, span in enumerate(spans) if 0 in span)
+        for r, got in enumerate(ranks):
+            for key in ("error", "p", "q"):
+                before, after = got["inf"][step - 1][key][bucket], got["inf"][step][key][bucket]
+                assert torch.equal(before, after), f"world {world}, rank {r}: {key} of bucket {bucket} changed"
 
 
 def test_hvd_distributed_optimizer_runs_hc_powersgd(run) -> None:

@@ -149,6 +149,9 @@ class MatrixBackend(Protocol):
     def split_(self, flat: Tensor, tensors: Sequence[Tensor]) -> None:
         """Copy consecutive pieces of ``flat`` back into ``tensors``."""
 
+    def all_finite(self, x: Tensor) -> bool:
+        """Whether every element of ``x`` is finite."""
+
     def randn_(self, seed: int, outs: Sequence[Tensor]) -> None:
         """Fill ``outs`` in order with standard normal draws from one generator seeded with ``seed``."""
 
@@ -241,7 +244,12 @@ def _rng_state(rng: np.random.RandomState) -> tuple[str, list[int], int, int, fl
 def reduce_bucket(xp: MatrixBackend, state: PowerSGDState, index: int, flat: Tensor,
                   shapes: Sequence[Sequence[int]], allreduce: Allreduce) -> None:
     """Reduce bucket ``index`` (the flat ``flat`` holding parameters of ``shapes``, in place) for this step; call
-    ``state.step_done()`` once every bucket of the step is reduced."""
+    ``state.step_done()`` once every bucket of the step is reduced.
+
+    A result with an inf or NaN (a gradient with one on any rank: every rank holds the same result, so every rank
+    sees it) is left in ``flat`` for the wrapped optimizer or the loss scaler to refuse, and the bucket's error, P,
+    Q and the seed stream stay as they were: torch's hook keeps them, so under a ``GradScaler`` one overflow turns
+    every later step into NaN and the scaler skips them all while the loss still looks normal."""
     if not state.compressing:
         allreduce(flat, True, "dense")
         return
@@ -264,8 +272,11 @@ def reduce_bucket(xp: MatrixBackend, state: PowerSGDState, index: int, flat: Ten
     # and draws its seed, so the seeds of later buckets do not depend on which buckets hold a matrix.
     fresh = not opt.warm_start or index not in state.p_memory
     if fresh:
+        rng_before = state.rng.get_state()
         state.p_memory[index] = xp.empty_like(plan.p_size, work)
         state.q_memory[index] = xp.empty_like(plan.q_size, work)
+    else:  # P and Q are worked on in place: (rows + cols) r numbers per matrix to keep
+        pq_before = (xp.clone(state.p_memory[index]), xp.clone(state.q_memory[index]))
     p_flat, q_flat = state.p_memory[index], state.q_memory[index]
     ms = [xp.view(work, offsets[c.index], (c.rows, c.cols)) for c in plan.compressed]
     ps = [xp.view(p_flat, c.p_offset, (c.rows, c.rank)) for c in plan.compressed]
@@ -285,6 +296,15 @@ def reduce_bucket(xp: MatrixBackend, state: PowerSGDState, index: int, flat: Ten
         allreduce(q_flat, True, "Q")  # line 7
         for p, q, m in zip(ps, qs, ms, strict=True):
             xp.matmul(p, q, out=m, transpose_b=True)  # line 8
+    if not xp.all_finite(work):
+        if fresh:
+            del state.p_memory[index], state.q_memory[index]
+            state.rng.set_state(rng_before)
+        else:
+            xp.split_(pq_before[0], [p_flat])
+            xp.split_(pq_before[1], [q_flat])
+        xp.split_(work, [flat])
+        return
     if opt.use_error_feedback:
         state.errors[index] = xp.sub(flat, work)  # Alg. 2 line 5
     xp.split_(work, [flat])

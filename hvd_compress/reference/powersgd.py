@@ -5,7 +5,8 @@ Per step, as ``hvd_compress.algorithms.powersgd.reduce_bucket`` and torch's ``po
 (rest) matrix, compressed when (rows + cols) r min_rate < rows cols, else averaged; for the compressed ones Alg. 1:
 Q from the last step (warm start) or drawn, orthogonalized (Gram-Schmidt for r <= 2, else QR); P = sum_i M_i Q
 (lines 3-4); P orthogonalized (line 5); Q = mean_i M_i^T P (lines 6-7); result P Q^T (line 8); e_i = M_i - result
-(Alg. 2 line 5). The random first Q comes from ``draw(seed, shapes)`` (the test gives torch's generator), the seeds
+(Alg. 2 line 5); a step whose result holds an inf or NaN changes none of them (nor the seed stream), as
+``reduce_bucket``. The random first Q comes from ``draw(seed, shapes)`` (the test gives torch's generator), the seeds
 from ``np.random.RandomState(random_seed).randint(10**9)``, one per draw. Over several buckets (``Buckets``) each
 keeps its own error, P and Q, and they share that generator: each bucket draws a seed when it has no Q yet (or at
 every step without warm start), in bucket order, also a bucket with nothing to compress, as torch's hook does over
@@ -71,22 +72,25 @@ class PowerSGD:
         out: list[np.ndarray] = [np.empty(0)] * len(self.shapes)
         for i in self.dense:
             out[i] = sum(m[i] for m in ms) / self.n
-        if self.qs is None or not self.warm_start:
+        rng, qs = self.rng.get_state(), self.qs
+        if qs is None or not self.warm_start:
             seed = int(self.rng.randint(1_000_000_000))
-            self.qs = [np.asarray(q, dtype=np.float64) for q in self.draw(seed, [(c, r) for _, _, c, r in
-                                                                                 self.compressed])]
-        if self.compressed:
-            self.ps = []
+            qs = [np.asarray(q, dtype=np.float64) for q in self.draw(seed, [(c, r) for _, _, c, r in self.compressed])]
+        ps, qs = [], list(qs)
+        with np.errstate(invalid="ignore", over="ignore"):  # an inf in a gradient spreads as inf and NaN
             for k, (i, rows, cols, _) in enumerate(self.compressed):
-                q = orthogonalize(self.qs[k], self.eps)
+                q = orthogonalize(qs[k], self.eps)
                 p = orthogonalize(sum(m[i].reshape(rows, cols) @ q for m in ms), self.eps)
-                q = sum(m[i].reshape(rows, cols).T @ p for m in ms) / self.n
-                self.ps.append(p)
-                self.qs[k] = q
-                out[i] = (p @ q.T).reshape(self.shapes[i])
+                qs[k] = sum(m[i].reshape(rows, cols).T @ p for m in ms) / self.n
+                ps.append(p)
+                out[i] = (p @ qs[k].T).reshape(self.shapes[i])
+        self.iter += 1
+        if not all(np.isfinite(o).all() for o in out):  # handed on; the error, P, Q and seed stream stay
+            self.rng.set_state(rng)
+            return out
+        self.ps, self.qs = ps, qs
         if self.error_feedback:
             self.errors = [[m - o for m, o in zip(rank, out, strict=True)] for rank in ms]
-        self.iter += 1
         return out
 
 

@@ -60,6 +60,10 @@ class NumpyMatrices:
             offset += t.size
 
     @staticmethod
+    def all_finite(x: np.ndarray) -> bool:
+        return bool(np.isfinite(x).all())
+
+    @staticmethod
     def randn_(seed: int, outs: Sequence[np.ndarray]) -> None:
         gen = np.random.default_rng(seed)
         for q in outs:

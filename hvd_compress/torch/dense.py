@@ -36,7 +36,14 @@ from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce_
 from hvd_compress.torch.fused import FusedGradients
 from hvd_compress.torch.sparse import sparse_allreduce
-from hvd_compress.torch.wrapping import STATE_KEY, Engine, check_named_parameters, compose, hook_gradients
+from hvd_compress.torch.wrapping import (
+    STATE_KEY,
+    Engine,
+    any_rank_nonfinite,
+    check_named_parameters,
+    compose,
+    hook_gradients,
+)
 
 #: What op=Average/Sum take beside Horovod's arguments at their defaults (and which of those they interpret).
 _DENSE_OPTIONS = ["compression", "gradient_predivide_factor", "sparse_as_dense", "overlap", "bucket_mb"]
@@ -47,6 +54,7 @@ class DenseEngine(Engine):
     """op=Average/Sum: reduce the gradients in buckets, then step the wrapped optimizer."""
 
     exports = ("overlap",)
+    amp_scaling = True
 
     def __init__(
         self,
@@ -199,11 +207,18 @@ class DenseEngine(Engine):
         red.reset()
         self.passes.reset()
 
-    def step(self, closure: Any = None) -> Any:
+    def step(self, closure: Any = None, grad_scaler: Any = None) -> Any:
+        """The wrapped optimizer's step on the reduced gradients. With ``scaler.step(opt)`` (torch's GradScaler hands
+        itself here) the gradients are unscaled once every bucket has landed, not while the background thread still
+        reduces them in place, and the step is skipped on every rank if any rank's held an inf/NaN (the verdict
+        written back into each scaler, so every rank's ``scaler.update()`` moves its scale alike)."""
         if self.protocol.skip or self.protocol.synchronized:  # no reduction left in this step: the check is this
             self.check_momentum()  # rank's (inside skip_synchronize(), synchronize() ran before the change)
         if self.protocol.for_step():  # else synchronize() checks, and a failure joins every rank's
             self.synchronize()
+        if grad_scaler is not None and any_rank_nonfinite(grad_scaler, self.opt, "DistributedOptimizer.found_inf"):
+            self.protocol.step_done()
+            return None
         out = self.base.step(self.opt, closure)
         self.protocol.step_done()
         return out

@@ -61,6 +61,10 @@ class TorchMatrices:
             offset += t.numel()
 
     @staticmethod
+    def all_finite(x: torch.Tensor) -> bool:
+        return bool(torch.isfinite(x).all())
+
+    @staticmethod
     def randn_(seed: int, outs: Sequence[torch.Tensor]) -> None:
         # torch's hook: manual_seed(seed), then one CPU randn per Q in order, copied to Q's device.
         gen = torch.Generator(device="cpu").manual_seed(seed)

@@ -1,7 +1,7 @@
-"""``torch.amp.GradScaler`` with each bucketed op (``scaler.scale(loss).backward()``, ``scaler.step(opt)``,
-``scaler.update()``), overlap on and off, against the same run without a scaler.
+"""``torch.amp.GradScaler`` with each op that reduces gradients in buckets (``scaler.scale(loss).backward()``,
+``scaler.step(opt)``, ``scaler.update()``), overlap on and off, against the same run without a scaler.
 
-argv: out_dir ops (comma list of OneBitAdam, OneBitLamb, Birder, SLAMB)
+argv: out_dir ops (comma list of OneBitAdam, OneBitLamb, Birder, SLAMB, Average, PowerSGD)
 Saves per rank, per (op, mode): (SHA-256 of the parameters, the scaler's final scale) or the error raised. Modes:
 ``plain`` (no scaler), ``scaler`` and ``scaler_nooverlap`` (a power-of-two scale: unscaling is exact, so these
 must equal ``plain`` bit for bit), ``inf_one_rank`` (rank 1's gradient holds an inf at step 4: every rank must
@@ -24,7 +24,8 @@ hvd.init()
 torch.set_num_threads(1)
 rank = hvd.rank()
 OPTIONS = {"OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2}, "Birder": {},
-           "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1}}
+           "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1}, "Average": {},
+           "PowerSGD": {"start_powerSGD_iter": 2, "min_compression_rate": 1}}
 STEPS = 7
 MODES = ("plain", "scaler", "scaler_nooverlap", "inf_one_rank", "clip", "clip_nooverlap")
 

@@ -23,6 +23,7 @@ import hvd_compress.torch as hc
 # last vector fills a 2 KiB bucket alone, the first reduced: a bucket with nothing to compress still draws its seed.
 SHAPES = [(48, 32), (32,), (16, 4, 3, 3), (48, 32), (3, 2), (40, 60), (60,), (600,)]
 STEPS, START, RESUME_AT = 6, 2, 4
+INF_AT = (1, 3)  # (rank, step) whose first gradient gets an inf in the run "inf"
 
 
 class Bucket:
@@ -66,9 +67,18 @@ def options(rank_r: int) -> dict:
             "use_error_feedback": True, "warm_start": True, "orthogonalization_epsilon": 0, "random_seed": 7}
 
 
+def with_inf(rank: int, step: int) -> list[torch.Tensor]:
+    """``gradients``, with an inf in the first (compressed) gradient of rank and step ``INF_AT``."""
+    grads = gradients(rank, step)
+    if (rank, step) == INF_AT:
+        grads[0][0, 0] = float("inf")
+    return grads
+
+
 def ours(rank: int, rank_r: int, params: list[torch.nn.Parameter], steps: range, state: dict | None = None,
-         bucket_mb: float = 25.0) -> tuple[list[dict], dict | None, list[list[int]]]:
-    """Our steps; the checkpoint taken at RESUME_AT; the parameter indices of each bucket (the engine's plan)."""
+         bucket_mb: float = 25.0, grads_of=gradients) -> tuple[list[dict], dict | None, list[list[int]]]:
+    """Our steps on ``grads_of(rank, step)``; the checkpoint taken at RESUME_AT; the parameter indices of each
+    bucket (the engine's plan)."""
     opt = hc.DistributedOptimizer(torch.optim.SGD(params, lr=0.1, momentum=0.9), op=hc.PowerSGD,
                                   overlap=False, bucket_mb=bucket_mb, **options(rank_r))
     bucket_of = opt._hvdc.bucket_of
@@ -81,7 +91,7 @@ def ours(rank: int, rank_r: int, params: list[torch.nn.Parameter], steps: range,
             buf = io.BytesIO()
             torch.save(opt.state_dict(), buf)
             saved = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
-        for p, g in zip(params, gradients(rank, t), strict=True):
+        for p, g in zip(params, grads_of(rank, t), strict=True):
             p.grad = g
         opt.comm_stats()
         opt.synchronize()
@@ -207,10 +217,14 @@ def main() -> None:
     # Buckets of 2 KiB: several, each with its own error, P and Q, their random Q drawn in bucket order.
     params3 = [torch.nn.Parameter(x.clone()) for x in init]
     small, _, small_spans = ours(rank, rank_r, params3, range(STEPS), bucket_mb=2 / 1024)
+    # The same with an inf on one rank at one step: that bucket's state stays, the other buckets go on.
+    params4 = [torch.nn.Parameter(x.clone()) for x in init]
+    inf, _, _ = ours(rank, rank_r, params4, range(STEPS), bucket_mb=2 / 1024, grads_of=with_inf)
     runs_trained = {(overlap, passes): trained(rank, overlap, passes) for overlap in (True, False) for passes in (1, 2)}
     save(rank, {
         "ours": runs, "theirs": theirs(rank, rank_r, spans), "spans": spans, "resumed": resumed, "small": small,
         "small_theirs": theirs(rank, rank_r, small_spans), "small_spans": small_spans, "trained": runs_trained,
+        "inf": inf, "inf_inputs": [with_inf(rank, t) for t in range(STEPS)],
         "horovod": via_horovod(rank), "bad": bad_options(), "inputs": [gradients(rank, t) for t in range(STEPS)],
     })
     dist.destroy_process_group()
