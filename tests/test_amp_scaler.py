@@ -1,19 +1,21 @@
-"""``torch.amp.GradScaler`` with the bucketed ops (1-bit Adam/LAMB, Birder, SLAMB), op=Average and op=PowerSGD, 2 and 3
-ranks, real processes. With overlap the compressed stage consumes the gradients in the hooks while they are still
-scaled; ``scaler.step`` hands the scaler to ``step()``, which unscales, agrees with every rank on inf/NaN, and reduces
-the unscaled gradients anew. op=Average and op=PowerSGD reduce in place: ``step()`` unscales once every bucket has
-landed (a scaler that unscaled them itself would read buckets still being reduced, and with an inf on one rank that
-rank would skip ``step()`` while the others wait in it). A power-of-two scale unscales exactly, so a run with the scaler
-must equal the run without it bit for bit; an inf on one rank skips the step on every rank and halves every rank's
-scale once: PowerSGD keeps its error, P and Q from before the inf, where torch's hook would carry NaN into every
-later step; Horovod's AMP clipping pattern gives the same result with overlap on and off."""
+"""``torch.amp.GradScaler`` with the bucketed ops (1-bit Adam/LAMB, Birder, SLAMB), op=Average (also with top-k
+compression) and op=PowerSGD, 2 and 3 ranks, real processes. With overlap the compressed stage consumes the gradients
+in the hooks while they are still scaled; ``scaler.step`` hands the scaler to ``step()``, which unscales, agrees with
+every rank on inf/NaN, and reduces the unscaled gradients anew. op=Average and op=PowerSGD reduce in place:
+``step()`` unscales first where nothing was reduced during backward (overlap off, top-k, whose error feedback then
+never sees a skipped step's inf: its check would refuse it on every rank), else once every bucket has landed (a
+scaler that unscaled them itself would read buckets still being reduced, and with an inf on one rank that rank would
+skip ``step()`` while the others wait in it). A power-of-two scale unscales exactly, so a run with the scaler must
+equal the run without it bit for bit; an inf on one rank skips the step on every rank and halves every rank's scale
+once: PowerSGD keeps its error, P and Q from before the inf, where torch's hook would carry NaN into every later
+step; Horovod's AMP clipping pattern gives the same result with overlap on and off."""
 
 from __future__ import annotations
 
 import pytest
 from mpi_harness import horovodrun, load_ranks
 
-OPS = ["OneBitAdam", "OneBitLamb", "Birder", "SLAMB", "Average", "PowerSGD"]
+OPS = ["OneBitAdam", "OneBitLamb", "Birder", "SLAMB", "Average", "PowerSGD", "TopK"]
 
 
 @pytest.mark.parametrize("n", [2, 3])

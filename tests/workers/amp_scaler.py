@@ -1,7 +1,8 @@
 """``torch.amp.GradScaler`` with each op that reduces gradients in buckets (``scaler.scale(loss).backward()``,
 ``scaler.step(opt)``, ``scaler.update()``), overlap on and off, against the same run without a scaler.
 
-argv: out_dir ops (comma list of OneBitAdam, OneBitLamb, Birder, SLAMB, Average, PowerSGD)
+argv: out_dir ops (comma list of OneBitAdam, OneBitLamb, Birder, SLAMB, Average, PowerSGD, TopK: op=Average with
+top-k compression)
 Saves per rank, per (op, mode): (SHA-256 of the parameters, the scaler's final scale) or the error raised. Modes:
 ``plain`` (no scaler), ``scaler`` and ``scaler_nooverlap`` (a power-of-two scale: unscaling is exact, so these
 must equal ``plain`` bit for bit), ``inf_one_rank`` (rank 1's gradient holds an inf at step 4: every rank must
@@ -18,20 +19,24 @@ import horovod.torch as hvd
 import torch
 from common import outcome, save, small_wrapped
 
-import hvd_compress.torch  # noqa: F401  (before hvd.init(), as a user script imports it)
+import hvd_compress.torch as hc  # before hvd.init(), as a user script imports it
 
 hvd.init()
 torch.set_num_threads(1)
 rank = hvd.rank()
 OPTIONS = {"OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2}, "Birder": {},
            "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1}, "Average": {},
-           "PowerSGD": {"start_powerSGD_iter": 2, "min_compression_rate": 1}}
+           "PowerSGD": {"start_powerSGD_iter": 2, "min_compression_rate": 1},
+           "TopK": {"compression": hc.Compression.topk(0.3)}}
+OP_OF = {"TopK": "Average"}  # a case that is op=Average with other options
+NO_OVERLAP = ("TopK",)  # reduced in step() only: takes no overlap= (its *_nooverlap modes repeat the others)
 STEPS = 7
 MODES = ("plain", "scaler", "scaler_nooverlap", "inf_one_rank", "clip", "clip_nooverlap")
 
 
 def run(op: str, mode: str) -> tuple[str, float]:
-    model, opt = small_wrapped(op, overlap=not mode.endswith("nooverlap"), **OPTIONS[op])
+    overlap = {} if op in NO_OVERLAP else {"overlap": not mode.endswith("nooverlap")}
+    model, opt = small_wrapped(OP_OF.get(op, op), **overlap, **OPTIONS[op])
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     scaler = None if mode == "plain" else torch.amp.GradScaler("cpu", init_scale=2.0**10)
     g = torch.Generator().manual_seed(10 + rank)
