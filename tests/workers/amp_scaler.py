@@ -2,7 +2,7 @@
 ``scaler.step(opt)``, ``scaler.update()``), overlap on and off, against the same run without a scaler.
 
 argv: out_dir ops (comma list of OneBitAdam, OneBitLamb, Birder, SLAMB, Average, PowerSGD, TopK: op=Average with
-top-k compression)
+top-k compression, ZeroOneAdam)
 Saves per rank, per (op, mode): (SHA-256 of the parameters, the scaler's final scale) or the error raised. Modes:
 ``plain`` (no scaler), ``scaler`` and ``scaler_nooverlap`` (a power-of-two scale: unscaling is exact, so these
 must equal ``plain`` bit for bit), ``inf_one_rank`` (rank 1's gradient holds an inf at step 4: every rank must
@@ -27,7 +27,8 @@ rank = hvd.rank()
 OPTIONS = {"OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2}, "Birder": {},
            "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1}, "Average": {},
            "PowerSGD": {"start_powerSGD_iter": 2, "min_compression_rate": 1},
-           "TopK": {"compression": hc.Compression.topk(0.3)}}
+           "TopK": {"compression": hc.Compression.topk(0.3)},
+           "ZeroOneAdam": {"var_freeze_step": 3, "local_step_scaler": 1, "local_step_clipper": 2}}
 OP_OF = {"TopK": "Average"}  # a case that is op=Average with other options
 NO_OVERLAP = ("TopK",)  # reduced in step() only: takes no overlap= (its *_nooverlap modes repeat the others)
 STEPS = 7
