@@ -18,7 +18,7 @@ from hvd_compress.algorithms.powersgd import PowerSGDOptions, PowerSGDState, red
 from hvd_compress.reference.powersgd import Buckets
 from hvd_compress.torch.powersgd import TorchMatrices
 
-START, STEPS, RESUME_AT, INF_AT = 2, 6, 4, (1, 3)  # as tests/workers/powersgd.py
+START, STEPS, RESUME_AT, INF_AT, UNFROZEN_AT = 2, 6, 4, (1, 3), 4  # as tests/workers/powersgd.py
 COMPRESSED_SHAPE_INDEX, RANK_R_SHAPE = 5, (40, 60)  # a parameter that is compressed at every rank tested
 
 
@@ -142,17 +142,21 @@ def torch_draw(seed: int, shapes: list[tuple[int, int]]) -> list[np.ndarray]:
 
 #: Our run compared with the reference: (its inputs, its buckets) in what the worker saved.
 RUNS_VS_REFERENCE = {"ours": ("inputs", "spans"), "small": ("inputs", "small_spans"),
-                     "inf": ("inf_inputs", "small_spans")}
+                     "inf": ("inf_inputs", "small_spans"), "frozen": ("frozen_inputs", "small_spans")}
 
 
-@pytest.mark.parametrize("ours_key", list(RUNS_VS_REFERENCE), ids=["one-bucket", "2KiB-buckets", "inf-on-one-rank"])
+@pytest.mark.parametrize("ours_key", list(RUNS_VS_REFERENCE),
+                         ids=["one-bucket", "2KiB-buckets", "inf-on-one-rank", "zero-then-not"])
 def test_powersgd_matches_numpy_reference(run, ours_key) -> None:
-    """Ours (float32) against hvd_compress.reference.powersgd (float64, n virtual ranks) on the same gradients, in
-    one bucket, in 2 KiB buckets (each its own error, P and Q, the first Q drawn in bucket order), and in 2 KiB
-    buckets with an inf in one rank's gradient at one step (that bucket's result is not finite, its state stays as
-    it was, the others go on): the reduced gradients, every rank's error, P and Q of every bucket, to 2e-5 of their
-    largest magnitude (float32 rounding of the products and orthogonalizations, carried by the error feedback over
-    4 compressed steps; measured: below 2e-6), and inf/NaN where the reference has them."""
+    """Ours (float32) against hvd_compress.reference.powersgd (float64, n virtual ranks) on the same gradients, in one
+    bucket, in 2 KiB buckets (each its own error, P and Q, the first Q drawn in bucket order), and in 2 KiB
+    buckets with an inf in one rank's gradient at one step (that bucket's result is not finite, its state stays
+    as it was, the others go on), and in 2 KiB buckets with one matrix's gradient zero on every rank for the
+    first compressed steps (a layer unfrozen later: torch's hook gives it NaN at r <= 2 with
+    orthogonalization_epsilon 0; ours a zero result, then its gradient once it has one): the reduced gradients,
+    every rank's error, P and Q of every bucket, to 2e-5 of their largest magnitude (float32 rounding of the
+    products and orthogonalizations, carried by the error feedback over 4 compressed steps; measured: below
+    2e-6), and inf/NaN where the reference has them."""
     world, rank_r, ranks = run
     inputs_key, spans_key = RUNS_VS_REFERENCE[ours_key]
     shapes = [tuple(g.shape) for g in ranks[0]["inputs"][0]]
@@ -188,6 +192,11 @@ def test_powersgd_matches_numpy_reference(run, ours_key) -> None:
                 near(ours["p"][b], flat(bucket.ps), f"{where}, P")
                 near(ours["q"][b], flat(bucket.qs), f"{where}, Q")
     assert rejected == (ours_key == "inf"), f"{rejected} step(s) with a result not finite"
+    if ours_key == "frozen":  # zero while frozen, then not
+        for r, got in enumerate(ranks):
+            for t in range(STEPS):
+                g = got["frozen"][t]["grads"][0]
+                assert bool((g == 0).all()) == (t < UNFROZEN_AT), f"world {world}, rank {r}, step {t}: {g.abs().max()}"
     if ours_key == "inf":  # the state after the step with the inf is the state before it, to the bit
         _, step = INF_AT
         bucket = next(b for b, span in enumerate(spans) if 0 in span)

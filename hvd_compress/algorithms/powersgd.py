@@ -157,7 +157,12 @@ class MatrixBackend(Protocol):
 
     def orthogonalize_(self, x: Tensor, epsilon: float) -> None:
         """Orthonormal columns of the n x r ``x`` in place (torch's ``_orthogonalize``: Gram-Schmidt with
-        ``epsilon`` added to each column's norm for r <= 2 or half precision, else QR)."""
+        ``epsilon`` added to each column's norm for r <= 2 or half precision, else QR). A column of norm zero stays
+        zero (its norm taken as the dtype's smallest normal number where torch divides 0 by 0): every other column
+        gets torch's bits."""
+
+    def keep_if_zero_column_(self, new: Tensor, old: Tensor) -> None:
+        """Where a column of the n x r ``new`` is all zero, ``new`` takes ``old``'s values (all of them)."""
 
     def matmul(self, a: Tensor, b: Tensor, out: Tensor, transpose_a: bool = False,
                transpose_b: bool = False) -> Tensor:
@@ -249,7 +254,12 @@ def reduce_bucket(xp: MatrixBackend, state: PowerSGDState, index: int, flat: Ten
     A result with an inf or NaN (a gradient with one on any rank: every rank holds the same result, so every rank
     sees it) is left in ``flat`` for the wrapped optimizer or the loss scaler to refuse, and the bucket's error, P,
     Q and the seed stream stay as they were: torch's hook keeps them, so under a ``GradScaler`` one overflow turns
-    every later step into NaN and the scaler skips them all while the loss still looks normal."""
+    every later step into NaN and the scaler skips them all while the loss still looks normal.
+
+    A matrix whose gradient is all zero on every rank (a layer not yet unfrozen, a branch unused this step) gets a
+    zero result and keeps the Q it started from. In torch's hook its P is 0 / 0 (NaN in every later step) with
+    ``orthogonalization_epsilon=0``; with an epsilon its Q memory becomes zero, and P = M Q stays zero once the
+    layer trains: its gradient is zero for the rest of the run. Where no column is zero, torch's bits."""
     if not state.compressing:
         allreduce(flat, True, "dense")
         return
@@ -275,14 +285,14 @@ def reduce_bucket(xp: MatrixBackend, state: PowerSGDState, index: int, flat: Ten
         rng_before = state.rng.get_state()
         state.p_memory[index] = xp.empty_like(plan.p_size, work)
         state.q_memory[index] = xp.empty_like(plan.q_size, work)
-    else:  # P and Q are worked on in place: (rows + cols) r numbers per matrix to keep
-        pq_before = (xp.clone(state.p_memory[index]), xp.clone(state.q_memory[index]))
     p_flat, q_flat = state.p_memory[index], state.q_memory[index]
     ms = [xp.view(work, offsets[c.index], (c.rows, c.cols)) for c in plan.compressed]
     ps = [xp.view(p_flat, c.p_offset, (c.rows, c.rank)) for c in plan.compressed]
     qs = [xp.view(q_flat, c.q_offset, (c.cols, c.rank)) for c in plan.compressed]
     if fresh:  # Alg. 1 line 1 without a previous Q
         xp.randn_(int(state.rng.randint(_SEED_BOUND)), qs)
+    # P and Q are worked on in place: (rows + cols) r numbers per matrix to keep.
+    p_before, q_before = xp.clone(p_flat), xp.clone(q_flat)
     if plan.compressed:
         for q in qs:
             xp.orthogonalize_(q, opt.orthogonalization_epsilon)
@@ -301,10 +311,12 @@ def reduce_bucket(xp: MatrixBackend, state: PowerSGDState, index: int, flat: Ten
             del state.p_memory[index], state.q_memory[index]
             state.rng.set_state(rng_before)
         else:
-            xp.split_(pq_before[0], [p_flat])
-            xp.split_(pq_before[1], [q_flat])
+            xp.split_(p_before, [p_flat])
+            xp.split_(q_before, [q_flat])
         xp.split_(work, [flat])
         return
+    for c, q in zip(plan.compressed, qs, strict=True):
+        xp.keep_if_zero_column_(q, xp.view(q_before, c.q_offset, (c.cols, c.rank)))
     if opt.use_error_feedback:
         state.errors[index] = xp.sub(flat, work)  # Alg. 2 line 5
     xp.split_(work, [flat])

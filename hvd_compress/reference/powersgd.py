@@ -5,12 +5,13 @@ Per step, as ``hvd_compress.algorithms.powersgd.reduce_bucket`` and torch's ``po
 (rest) matrix, compressed when (rows + cols) r min_rate < rows cols, else averaged; for the compressed ones Alg. 1:
 Q from the last step (warm start) or drawn, orthogonalized (Gram-Schmidt for r <= 2, else QR); P = sum_i M_i Q
 (lines 3-4); P orthogonalized (line 5); Q = mean_i M_i^T P (lines 6-7); result P Q^T (line 8); e_i = M_i - result
-(Alg. 2 line 5); a step whose result holds an inf or NaN changes none of them (nor the seed stream), as
-``reduce_bucket``. The random first Q comes from ``draw(seed, shapes)`` (the test gives torch's generator), the seeds
-from ``np.random.RandomState(random_seed).randint(10**9)``, one per draw. Over several buckets (``Buckets``) each
-keeps its own error, P and Q, and they share that generator: each bucket draws a seed when it has no Q yet (or at
-every step without warm start), in bucket order, also a bucket with nothing to compress, as torch's hook does over
-DDP's buckets.
+(Alg. 2 line 5); a step whose result holds an inf or NaN changes none of them (nor the seed stream), a column of
+norm zero stays zero in the orthogonalization, and a matrix whose new Q has a zero column keeps the Q it started
+from, as ``reduce_bucket``. The random first Q comes from ``draw(seed, shapes)`` (the test gives torch's generator),
+the seeds from ``np.random.RandomState(random_seed).randint(10**9)``, one per draw. Over several buckets
+(``Buckets``) each keeps its own error, P and Q, and they share that generator: each bucket draws a seed when it has
+no Q yet (or at every step without warm start), in bucket order, also a bucket with nothing to compress, as torch's
+hook does over DDP's buckets.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ def orthogonalize(m: np.ndarray, eps: float) -> np.ndarray:
     r = m.shape[1]
     if r > 2:
         return np.linalg.qr(m)[0]
-    for i in range(r):
-        m[:, i] /= np.linalg.norm(m[:, i]) + eps
+    for i in range(r):  # a zero column stays zero
+        norm = np.linalg.norm(m[:, i])
+        m[:, i] /= norm + eps if eps else max(norm, np.finfo(m.dtype).tiny)
         for j in range(i + 1, r):
             m[:, j] -= np.dot(m[:, i], m[:, j]) * m[:, i]
     return m
@@ -81,9 +83,11 @@ class PowerSGD:
             for k, (i, rows, cols, _) in enumerate(self.compressed):
                 q = orthogonalize(qs[k], self.eps)
                 p = orthogonalize(sum(m[i].reshape(rows, cols) @ q for m in ms), self.eps)
-                qs[k] = sum(m[i].reshape(rows, cols).T @ p for m in ms) / self.n
+                q = sum(m[i].reshape(rows, cols).T @ p for m in ms) / self.n
                 ps.append(p)
-                out[i] = (p @ qs[k].T).reshape(self.shapes[i])
+                out[i] = (p @ q.T).reshape(self.shapes[i])
+                if not (q == 0).all(axis=0).any():  # else the Q this step started from stays
+                    qs[k] = q
         self.iter += 1
         if not all(np.isfinite(o).all() for o in out):  # handed on; the error, P, Q and seed stream stay
             self.rng.set_state(rng)

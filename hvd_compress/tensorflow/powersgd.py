@@ -75,12 +75,18 @@ class NumpyMatrices:
         if rank > 2:
             x[...] = np.linalg.qr(x)[0]
             return
-        for i in range(rank):  # Gram-Schmidt, as torch's hook
+        for i in range(rank):  # Gram-Schmidt, as torch's hook; a zero column stays zero, not 0 / 0
             col = x[:, i : i + 1]
-            col /= np.linalg.norm(col) + epsilon
+            norm = np.linalg.norm(col)
+            col /= norm + epsilon if epsilon else max(norm, np.finfo(x.dtype).tiny)
             if i + 1 < rank:
                 rest = x[:, i + 1 :]
                 rest -= np.sum(col * rest, axis=0, keepdims=True) * col
+
+    @staticmethod
+    def keep_if_zero_column_(new: np.ndarray, old: np.ndarray) -> None:
+        if (new == 0).all(axis=0).any():
+            new[...] = old
 
     @staticmethod
     def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool = False,

@@ -78,8 +78,8 @@ class TorchMatrices:
         if rank <= 2 or matrices.dtype in (torch.float16, torch.bfloat16):
             for i in range(rank):  # Gram-Schmidt, in torch's hook's order of operations
                 col = matrices[:, :, i : i + 1]
-                if epsilon == 0:
-                    col /= torch.norm(col, dim=1, keepdim=True)
+                if epsilon == 0:  # a zero column stays zero, not 0 / 0
+                    col /= torch.norm(col, dim=1, keepdim=True).clamp_min(torch.finfo(col.dtype).tiny)
                 else:
                     col /= torch.norm(col, dim=1, keepdim=True) + epsilon
                 if i + 1 < rank:
@@ -88,6 +88,11 @@ class TorchMatrices:
         else:
             r = torch.empty(1, rank, rank, device=x.device, dtype=x.dtype)
             torch.linalg.qr(matrices, out=(matrices, r))
+
+    @staticmethod
+    def keep_if_zero_column_(new: torch.Tensor, old: torch.Tensor) -> None:
+        zero_column = (new == 0).all(dim=0).any()  # a device tensor: no wait for the GPU
+        new.copy_(torch.where(zero_column, old, new))
 
     @staticmethod
     def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, transpose_a: bool = False,

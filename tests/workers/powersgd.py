@@ -24,6 +24,7 @@ import hvd_compress.torch as hc
 SHAPES = [(48, 32), (32,), (16, 4, 3, 3), (48, 32), (3, 2), (40, 60), (60,), (600,)]
 STEPS, START, RESUME_AT = 6, 2, 4
 INF_AT = (1, 3)  # (rank, step) whose first gradient gets an inf in the run "inf"
+UNFROZEN_AT = 4  # the first step whose first gradient is not zero on every rank in the run "frozen"
 
 
 class Bucket:
@@ -72,6 +73,15 @@ def with_inf(rank: int, step: int) -> list[torch.Tensor]:
     grads = gradients(rank, step)
     if (rank, step) == INF_AT:
         grads[0][0, 0] = float("inf")
+    return grads
+
+
+def frozen_first(rank: int, step: int) -> list[torch.Tensor]:
+    """``gradients``, with the first (compressed) gradient zero on every rank before step ``UNFROZEN_AT`` (a layer
+    unfrozen then, as in gradual unfreezing)."""
+    grads = gradients(rank, step)
+    if step < UNFROZEN_AT:
+        grads[0].zero_()
     return grads
 
 
@@ -220,11 +230,14 @@ def main() -> None:
     # The same with an inf on one rank at one step: that bucket's state stays, the other buckets go on.
     params4 = [torch.nn.Parameter(x.clone()) for x in init]
     inf, _, _ = ours(rank, rank_r, params4, range(STEPS), bucket_mb=2 / 1024, grads_of=with_inf)
+    params5 = [torch.nn.Parameter(x.clone()) for x in init]
+    frozen, _, _ = ours(rank, rank_r, params5, range(STEPS), bucket_mb=2 / 1024, grads_of=frozen_first)
     runs_trained = {(overlap, passes): trained(rank, overlap, passes) for overlap in (True, False) for passes in (1, 2)}
     save(rank, {
         "ours": runs, "theirs": theirs(rank, rank_r, spans), "spans": spans, "resumed": resumed, "small": small,
         "small_theirs": theirs(rank, rank_r, small_spans), "small_spans": small_spans, "trained": runs_trained,
         "inf": inf, "inf_inputs": [with_inf(rank, t) for t in range(STEPS)],
+        "frozen": frozen, "frozen_inputs": [frozen_first(rank, t) for t in range(STEPS)],
         "horovod": via_horovod(rank), "bad": bad_options(), "inputs": [gradients(rank, t) for t in range(STEPS)],
     })
     dist.destroy_process_group()
