@@ -306,7 +306,10 @@ def reduce_bucket(xp: MatrixBackend, state: PowerSGDState, index: int, flat: Ten
         allreduce(q_flat, True, "Q")  # line 7
         for p, q, m in zip(ps, qs, ms, strict=True):
             xp.matmul(p, q, out=m, transpose_b=True)  # line 8
-    if not xp.all_finite(work):
+    # An inf/NaN in any rank's M reaches every rank's Q (through P's sum) or the dense average: checking those
+    # two reads (rows + cols) r numbers per matrix and the small tensors, not the bucket.
+    finite = (not dense or xp.all_finite(packed)) and (not plan.compressed or xp.all_finite(q_flat))
+    if not finite:
         if fresh:
             del state.p_memory[index], state.q_memory[index]
             state.rng.set_state(rng_before)
