@@ -18,7 +18,9 @@ from mpi_harness import horovodrun, load_ranks
 OPS = ["OneBitAdam", "OneBitLamb", "Birder", "SLAMB", "Average", "PowerSGD", "TopK", "ZeroOneAdam"]
 #: Ops whose ranks hold different parameters between syncs by design: SLAMB between its parameter averages; 0/1
 #: Adam after a local step (the skipped step moves its schedule: the last step of ``inf_one_rank`` is a local one).
-DIFFER = {"SLAMB": ("plain", "inf_one_rank", "clip"), "ZeroOneAdam": ("inf_one_rank",)}
+DIFFER = {"SLAMB": ("plain", "inf_one_rank", "clip", "recipe"), "ZeroOneAdam": ("inf_one_rank",)}
+#: Ops that reduce into ``.grad`` in place during backward (overlap): ``backward()`` waits for them, as DDP's does.
+IN_PLACE = ("Average", "PowerSGD")
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -28,13 +30,15 @@ def test_grad_scaler_unscales_before_the_compressed_reduction_and_skips_on_every
     for op in OPS:
         for r, rk in enumerate(ranks):
             res = {mode: rk[(op, mode)] for mode in ("plain", "scaler", "scaler_nooverlap", "inf_one_rank", "clip",
-                                                      "clip_nooverlap")}
+                                                      "clip_nooverlap", "recipe")}
             bad = {m: v for m, v in res.items() if not isinstance(v, tuple)}
             assert not bad, f"{op} rank {r} of {n} raised: {bad}"
             assert res["scaler"][0] == res["plain"][0], f"{op} rank {r}: the scaled run differs from the plain one"
             assert res["scaler_nooverlap"][0] == res["plain"][0], f"{op} rank {r}: overlap=False with the scaler"
             assert res["clip"][0] == res["clip_nooverlap"][0], f"{op} rank {r}: AMP clipping under overlap ignored"
             assert res["inf_one_rank"][1] == 512.0, f"{op} rank {r}: scale {res['inf_one_rank'][1]} (one skip: 512)"
-        for mode in ("plain", "inf_one_rank", "clip"):
+            if op in IN_PLACE:  # backward() returned the reduced gradients: the recipe clips them, as Horovod's
+                assert res["recipe"] == res["clip"], f"{op} rank {r}: torch's AMP recipe differs from Horovod's"
+        for mode in ("plain", "inf_one_rank", "clip", "recipe"):
             if mode not in DIFFER.get(op, ()):
                 assert len({rk[(op, mode)] for rk in ranks}) == 1, f"{op} {mode}: ranks differ at n={n}"

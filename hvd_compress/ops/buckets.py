@@ -93,11 +93,17 @@ class BucketReductions:
     def is_complete(self, bucket: int) -> bool:
         return self._ready[bucket] >= self._sizes[bucket]
 
-    def launch_ready(self, reduce_bucket: Callable[[int], Any]) -> None:
-        """Start ``reduce_bucket(b)`` on the background thread for each next bucket that is complete."""
+    def launch_ready(self, reduce_bucket: Callable[[int], Any]) -> int:
+        """Start ``reduce_bucket(b)`` on the background thread for each next bucket that is complete; how many."""
+        start = self._next
         while self._next < len(self._sizes) and self.is_complete(self._next):
             self._futures[self._next] = runtime.submit(reduce_bucket, self._next)
             self._next += 1
+        return self._next - start
+
+    def wait(self) -> None:
+        """Wait for every launched bucket to finish; their errors stay for ``drain`` to raise."""
+        concurrent.futures.wait([f for f in self._futures if f is not None])
 
     def drain(self) -> None:
         """Wait for every launched bucket; raise the first error once all have finished."""

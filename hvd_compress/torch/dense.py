@@ -3,14 +3,16 @@
 The gradients live in fused buffers (``FusedGradients``), cut into buckets: contiguous slices of a buffer planned by
 ``hvd_compress.ops.buckets.plan_buckets`` from the parameters in reverse registration order (the order backward makes
 them final), each closed at ``bucket_mb``. Every bucket is one allreduce call. With overlap (the default) the gradient
-hook of the last member of a bucket starts its allreduce on the background thread while backward continues; buckets
-start strictly in bucket order, so every rank issues the same calls in the same order. ``synchronize()`` starts what is
-left (parameters without a gradient this step count as zeros, as in Horovod) and waits for all. Without overlap it
-issues the same calls on the same slices after backward: the two give bit-identical results.
+hook of the last member of a bucket starts its allreduce on the background thread while backward continues, and the
+end of the backward pass waits for them (as DDP's); buckets start strictly in bucket order, so every rank issues the
+same calls in the same order. ``synchronize()`` starts what is left (parameters without a gradient this step count as
+zeros, as in Horovod) and waits for all. Without overlap it issues the same calls on the same slices after backward:
+the two give bit-identical results.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -48,6 +50,23 @@ from hvd_compress.torch.wrapping import (
 #: What op=Average/Sum take beside Horovod's arguments at their defaults (and which of those they interpret).
 _DENSE_OPTIONS = ["compression", "gradient_predivide_factor", "sparse_as_dense", "overlap", "bucket_mb"]
 _DENSE_HOROVOD = ("gradient_predivide_factor", "sparse_as_dense")
+
+
+def _end_of_backward(engine: DenseEngine) -> Any:
+    """What the autograd engine calls once the backward pass that started ``engine``'s buckets is over: wait for
+    them, as DDP's backward does, so that ``.grad`` holds the reduced gradients when ``backward()`` returns. The
+    buckets still overlap the rest of the backward pass; what no longer overlaps them is the user's code between
+    ``backward()`` and ``step()``, which may now read and change ``.grad`` (torch's AMP recipe,
+    ``scaler.unscale_(opt)`` then clipping, would otherwise unscale buckets while they are reduced in place).
+    Errors stay for ``synchronize()`` to raise on every rank. Holds the engine weakly."""
+    ref = weakref.ref(engine)
+
+    def wait() -> None:
+        engine = ref()
+        if engine is not None:
+            engine.reductions.wait()
+
+    return wait
 
 
 class DenseEngine(Engine):
@@ -115,7 +134,8 @@ class DenseEngine(Engine):
             ensure_init()
             self.grads.gather_one(p)  # a .grad set from outside (model.zero_grad()) into its view
             self.reductions.mark_ready(self.bucket_of[id(p)])
-            self.reductions.launch_ready(self.reduce_bucket)
+            if self.reductions.launch_ready(self.reduce_bucket):
+                torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward(self))
 
     def reduce_bucket(self, index: int) -> None:
         """One bucket's allreduce (on the background thread). A failure before the core call is this rank's
@@ -140,9 +160,9 @@ class DenseEngine(Engine):
         """Reduce the accumulated gradients over all ranks (of the process set) into ``.grad`` (step() calls this
         unless it runs inside ``skip_synchronize()``): clip or inspect the reduced gradients between the two.
 
-        With overlap, the buckets whose gradients were final during backward are already being reduced in
-        place: change ``.grad`` only after ``synchronize()`` (as with Horovod), or pass ``overlap=False``. An
-        error in any rank's reduction raises here on every rank, after every started bucket has finished."""
+        With overlap, the buckets whose gradients were final during backward were reduced in place by the time
+        ``backward()`` returned (``_end_of_backward``); with ``overlap=False`` nothing is reduced before this call.
+        An error in any rank's reduction raises here on every rank, after every started bucket has finished."""
         ensure_init()
         if not self.member:  # outside the process set: this rank's own gradients, as in Horovod
             self.check_momentum()

@@ -7,7 +7,8 @@ Saves per rank, per (op, mode): (SHA-256 of the parameters, the scaler's final s
 ``plain`` (no scaler), ``scaler`` and ``scaler_nooverlap`` (a power-of-two scale: unscaling is exact, so these
 must equal ``plain`` bit for bit), ``inf_one_rank`` (rank 1's gradient holds an inf at step 4: every rank must
 skip that step and halve its scale alike) and ``clip`` (Horovod's AMP pattern: ``synchronize()``,
-``scaler.unscale_``, ``clip_grad_norm_``, ``skip_synchronize()`` + ``scaler.step``), ``clip_nooverlap``.
+``scaler.unscale_``, ``clip_grad_norm_``, ``skip_synchronize()`` + ``scaler.step``), ``clip_nooverlap``, ``recipe``
+(torch's AMP recipe: ``scaler.unscale_``, ``clip_grad_norm_``, ``scaler.step`` with no ``synchronize()``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ OPTIONS = {"OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2}, "
 OP_OF = {"TopK": "Average"}  # a case that is op=Average with other options
 NO_OVERLAP = ("TopK",)  # reduced in step() only: takes no overlap= (its *_nooverlap modes repeat the others)
 STEPS = 7
-MODES = ("plain", "scaler", "scaler_nooverlap", "inf_one_rank", "clip", "clip_nooverlap")
+MODES = ("plain", "scaler", "scaler_nooverlap", "inf_one_rank", "clip", "clip_nooverlap", "recipe")
 
 
 def run(op: str, mode: str) -> tuple[str, float]:
@@ -59,6 +60,10 @@ def run(op: str, mode: str) -> tuple[str, float]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
             with opt.skip_synchronize():
                 scaler.step(opt)
+        elif mode == "recipe":  # torch's AMP recipe as a DDP script has it: no synchronize()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            scaler.step(opt)
         else:
             scaler.step(opt)
         scaler.update()
