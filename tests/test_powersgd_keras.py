@@ -1,7 +1,8 @@
 """hck.DistributedOptimizer(op=hck.PowerSGD) in Keras 3 and tf_keras on real MPI processes against
 hvd_compress.reference.powersgd (float64, n virtual ranks) on the same gradients: the reduced gradients, every rank's
 error, P and Q over steps crossing start_powerSGD_iter with warm start; a resume from the optimizer's variables bit
-for bit; bad options raising on every rank."""
+for bit; bad options raising on every rank. One process: the Keras faces' matrix work with a zero matrix and an inf
+against the reference."""
 
 from __future__ import annotations
 
@@ -66,3 +67,36 @@ def test_keras_powersgd_matches_numpy_reference(flavour: str, rank_r: int, out_d
                                    "bucket_mb": ("TypeError", "bucket_mb"),
                                    "topk": ("ValueError", "needs op=Average or Sum")}.items():
             assert bad[case].startswith(kind) and text in bad[case], f"{flavour}, rank {r}, {case}: {bad[case]}"
+
+
+def test_keras_matrix_work_against_reference_with_a_zero_matrix_and_an_inf() -> None:
+    """The Keras faces' matrix work (``NumpyMatrices``) under ``reduce_bucket`` in one process (one rank, so the
+    allreduces change nothing) against the reference: a matrix whose gradient is zero for the first compressed steps
+    gets a zero result and keeps its Q (Gram-Schmidt at r = 1 would divide 0 by 0), then trains; a step with an inf
+    hands it on and leaves the error, P and Q as they were."""
+    from hvd_compress.algorithms.powersgd import PowerSGDOptions, PowerSGDState, reduce_bucket
+    from hvd_compress.tensorflow.powersgd import NumpyMatrices
+
+    shapes = [(12, 10), (10,), (8, 9)]
+    state = PowerSGDState(PowerSGDOptions(matrix_approximation_rank=1, start_powerSGD_iter=1, random_seed=7))
+    ref = PowerSGD(1, shapes, 1, 1, random_seed=7, draw=numpy_draw)
+    rng = np.random.default_rng(0)
+    for t in range(7):
+        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        if t < 3:
+            grads[0][...] = 0
+        if t == 5:
+            grads[2][0, 0] = np.inf
+        flat = np.concatenate([g.reshape(-1) for g in grads])
+        reduce_bucket(NumpyMatrices(), state, 0, flat, shapes, lambda tensor, average, what: None)
+        state.step_done()
+        want = np.concatenate([w.reshape(-1) for w in ref.step([[g.astype(np.float64) for g in grads]])])
+        assert np.array_equal(np.isfinite(flat), np.isfinite(want)), f"step {t}: not finite where the reference is"
+        finite = np.isfinite(want)
+        assert np.abs(flat[finite] - want[finite]).max() <= 1e-5 * np.abs(want[finite]).max(), f"step {t}"
+        assert (flat[:120] == 0).all() == (t < 3), f"step {t}: the zero matrix's result"
+        if t >= 1:
+            for got, arrays in ((state.errors[0], ref.errors[0]), (state.p_memory[0], ref.ps),
+                                (state.q_memory[0], ref.qs)):
+                expect = np.concatenate([a.reshape(-1) for a in arrays])
+                assert np.abs(got - expect).max() <= 1e-5 * max(1.0, np.abs(expect).max()), f"step {t}"
