@@ -39,6 +39,12 @@ def test_grad_scaler_unscales_before_the_compressed_reduction_and_skips_on_every
             assert res["inf_one_rank"][1] == 512.0, f"{op} rank {r}: scale {res['inf_one_rank'][1]} (one skip: 512)"
             if op in IN_PLACE:  # backward() returned the reduced gradients: the recipe clips them, as Horovod's
                 assert res["recipe"] == res["clip"], f"{op} rank {r}: torch's AMP recipe differs from Horovod's"
+                # A parameter without a gradient held back the later buckets: clipping before synchronize() would
+                # have seen averaged and local gradients alike (the ranks stepped apart); it raises on every rank.
+                got = rk[(op, "held_back_recipe")]
+                assert got.startswith("UsageError") and "opt.synchronize() before" in got, f"{op} rank {r}: {got}"
+        if op in IN_PLACE:
+            assert len({rk[(op, "held_back_pattern")] for rk in ranks}) == 1, f"{op}: Horovod's pattern, ranks differ"
         for mode in ("plain", "inf_one_rank", "clip", "recipe"):
             if mode not in DIFFER.get(op, ()):
                 assert len({rk[(op, mode)] for rk in ranks}) == 1, f"{op} {mode}: ranks differ at n={n}"

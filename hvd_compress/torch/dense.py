@@ -30,6 +30,7 @@ from hvd_compress.ops.buckets import (
 from hvd_compress.ops.collectives import check_predivide, reject_allreduce
 from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.horovod_args import NOTE, pop_horovod_defaults
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.traffic import CommMeter
@@ -44,6 +45,7 @@ from hvd_compress.torch.wrapping import (
     any_rank_nonfinite,
     check_named_parameters,
     compose,
+    gradient_fingerprint,
     hook_gradients,
 )
 
@@ -59,12 +61,15 @@ def _end_of_backward(engine: DenseEngine) -> Any:
     ``backward()`` and ``step()``, which may now read and change ``.grad`` (torch's AMP recipe,
     ``scaler.unscale_(opt)`` then clipping, would otherwise unscale buckets while they are reduced in place).
     Errors stay for ``synchronize()`` to raise on every rank. Holds the engine weakly."""
+    # A parameter without a gradient in this pass holds back its bucket and the later ones (buckets start in order)
+    # until synchronize(): see ``note_held_back``.
     ref = weakref.ref(engine)
 
     def wait() -> None:
         engine = ref()
         if engine is not None:
             engine.reductions.wait()
+            engine.note_held_back()
 
     return wait
 
@@ -126,6 +131,7 @@ class DenseEngine(Engine):
         self.buckets = [self.grads.span([grads[i] for i in members]) for members in plan]
         self.bucket_of = {id(grads[i]): b for b, members in enumerate(plan) for i in members}
         self.reductions = BucketReductions([len(members) for members in plan])
+        self._held_back: tuple[int, list[int]] | None = None  # note_held_back's (buckets reduced, fingerprints)
 
     def count_pass(self, p: torch.Tensor) -> None:
         passes = self.passes.add(p)
@@ -136,6 +142,22 @@ class DenseEngine(Engine):
             self.reductions.mark_ready(self.bucket_of[id(p)])
             if self.reductions.launch_ready(self.reduce_bucket):
                 torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward(self))
+
+    def note_held_back(self) -> None:
+        """At the end of a backward pass: where some buckets are reduced and later ones still hold this rank's own
+        gradients (held back by a parameter without a gradient), fingerprint the reduced ones. A change of them
+        before ``synchronize()`` (torch's recipe: clipping by this rank's norm over averaged and local gradients
+        alike) would step the ranks apart; ``synchronize()`` raises instead."""
+        launched = self.reductions.launched
+        if 0 < launched < len(self.buckets):
+            self._held_back = (launched, gradient_fingerprint([self.buckets[b][1] for b in range(launched)]))
+
+    def _edited_while_held_back(self) -> bool:
+        seen, self._held_back = self._held_back, None
+        if seen is None:
+            return False
+        launched, prints = seen
+        return gradient_fingerprint([self.buckets[b][1] for b in range(launched)]) != prints
 
     def reduce_bucket(self, index: int) -> None:
         """One bucket's allreduce (on the background thread). A failure before the core call is this rank's
@@ -182,6 +204,7 @@ class DenseEngine(Engine):
             self.reject_reductions(f"{type(e).__name__}: {e}")
             raise
         self.grads.gather()  # only touches gradients that are not their views yet (none already reducing)
+        edited = self._edited_while_held_back()
         self.reductions.mark_all_ready()
         self.reductions.launch_ready(self.reduce_bucket)
         try:
@@ -199,6 +222,14 @@ class DenseEngine(Engine):
             self.grads.resparsify()
         self.passes.reset()
         self.protocol.mark_synchronized()
+        if edited:  # every reduction of the step is done: the other ranks are not left waiting
+            raise UsageError(
+                f"DistributedOptimizer(op={self.op.name}): .grad was changed between backward() and synchronize() "
+                "while some buckets held averaged gradients and later ones this rank's own: a parameter without a "
+                "gradient in this step holds back its bucket and the later ones, so a change such as clipping by "
+                "the gradient norm saw both and would step the ranks apart. Call opt.synchronize() before changing "
+                ".grad (then step() inside opt.skip_synchronize()), or pass overlap=False"
+            )
 
     @property
     def overlap(self) -> bool:
@@ -259,6 +290,7 @@ class DenseEngine(Engine):
         stays a zeroed view of them, which saves a copy per step."""
         self.reductions.drain()  # never zero a bucket that is still being reduced
         self.reductions.reset()
+        self._held_back = None
         self.grads.zero_(set_to_none)
         self.protocol.step_done()
 

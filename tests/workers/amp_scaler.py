@@ -71,10 +71,51 @@ def run(op: str, mode: str) -> tuple[str, float]:
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest(), scaler.get_scale() if scaler else 0.0
 
 
+class UnusedMiddle(torch.nn.Module):
+    """An MLP whose middle layer gets no gradient: it holds back its bucket and the later ones during backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.unused = torch.nn.Linear(8, 64), torch.nn.Linear(64, 64)
+        self.b, self.c = torch.nn.Linear(64, 64), torch.nn.Linear(64, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def held_back(op: str, recipe: bool) -> str:
+    """Three steps of ``UnusedMiddle`` in 1 KiB buckets under the scaler, clipping by torch's recipe (no
+    ``synchronize()``) or Horovod's pattern; the parameters' hash."""
+    torch.manual_seed(0)
+    model = UnusedMiddle()
+    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                  op=getattr(hc, OP_OF.get(op, op)), bucket_mb=1 / 1024, **OPTIONS[op])
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    g = torch.Generator().manual_seed(10 + rank)
+    for _ in range(3):
+        opt.zero_grad()
+        scaler.scale(model(torch.randn(32, 8, generator=g)).square().mean()).backward()
+        if not recipe:
+            opt.synchronize()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        if recipe:
+            scaler.step(opt)
+        else:
+            with opt.skip_synchronize():
+                scaler.step(opt)
+        scaler.update()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+
+
 out = {}
 for op in sys.argv[2].split(","):
     for mode in MODES:
         result = {}
         err = outcome(lambda op=op, mode=mode, result=result: result.setdefault("run", run(op, mode)))
         out[(op, mode)] = result.get("run") or err
+    if op in ("Average", "PowerSGD"):
+        out[(op, "held_back_recipe")] = outcome(lambda op=op: held_back(op, True))
+        out[(op, "held_back_pattern")] = held_back(op, False)
 save(rank, out)
