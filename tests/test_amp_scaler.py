@@ -45,6 +45,10 @@ def test_grad_scaler_unscales_before_the_compressed_reduction_and_skips_on_every
                 assert got.startswith("UsageError") and "opt.synchronize() before" in got, f"{op} rank {r}: {got}"
         if op in IN_PLACE:
             assert len({rk[(op, "held_back_pattern")] for rk in ranks}) == 1, f"{op}: Horovod's pattern, ranks differ"
+            # Backward started every bucket on rank 0 and none on the others: the scaler's agreement still comes at
+            # the same place in every rank's collectives.
+            got = {rk[(op, "first_on_rank_zero")] for rk in ranks}
+            assert len(got) == 1 and not next(iter(got)).startswith(("Usage", "Mismatch", "Rejected")), f"{op}: {got}"
         for mode in ("plain", "inf_one_rank", "clip", "recipe"):
             if mode not in DIFFER.get(op, ()):
                 assert len({rk[(op, mode)] for rk in ranks}) == 1, f"{op} {mode}: ranks differ at n={n}"

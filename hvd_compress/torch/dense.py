@@ -260,16 +260,18 @@ class DenseEngine(Engine):
 
     def step(self, closure: Any = None, grad_scaler: Any = None) -> Any:
         """The wrapped optimizer's step on the reduced gradients. With ``scaler.step(opt)`` (torch's GradScaler hands
-        itself here) the gradients are unscaled before they are reduced where no bucket started during backward,
-        else once every bucket has landed (never while the background thread reduces them in place), and the step
-        is skipped on every rank if any rank's held an inf/NaN (the verdict written back into each scaler, so every
-        rank's ``scaler.update()`` moves its scale alike)."""
+        itself here) the gradients are unscaled before they are reduced where none is reduced during backward
+        (``overlap=False``), else once every bucket has landed (never while the background thread reduces
+        them in place), and the step is skipped on every rank if any rank's held an inf/NaN (the verdict
+        written back into each scaler, so every rank's ``scaler.update()`` moves its scale alike)."""
         if self.protocol.skip or self.protocol.synchronized:  # no reduction left in this step: the check is this
             self.check_momentum()  # rank's (inside skip_synchronize(), synchronize() ran before the change)
         if self.protocol.for_step():  # else synchronize() checks, and a failure joins every rank's
-            if grad_scaler is not None and not self.reductions.launched:
-                # Nothing is being reduced yet (overlap=False, top-k/random-k): unscale and agree first, so that a
-                # skipped step leaves the error feedback as it was and the reduction sees unscaled gradients.
+            if grad_scaler is not None and not self._overlap:
+                # Nothing is reduced before this call (overlap=False, top-k/random-k): unscale and agree first, so
+                # that a skipped step leaves the error feedback as it was and the reduction sees unscaled gradients.
+                # Decided by the options, alike on every rank (how many buckets backward started is not: the
+                # agreement must come at the same place in every rank's sequence of collectives).
                 skip = any_rank_nonfinite(grad_scaler, self.opt, "DistributedOptimizer.found_inf")
                 if skip:
                     self.reductions.reset()

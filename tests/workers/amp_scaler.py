@@ -109,6 +109,36 @@ def held_back(op: str, recipe: bool) -> str:
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
+class FirstOnRankZero(torch.nn.Module):
+    """An MLP whose last registered layer (the first in bucket order) is used on rank 0 only: on the other ranks it
+    holds back every bucket during backward, on rank 0 none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(8, 64), torch.nn.Linear(64, 2), torch.nn.Linear(64, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        return self.b(h) + self.c(h) if rank == 0 else self.b(h)
+
+
+def first_on_rank_zero(op: str) -> str:
+    """Three steps of ``FirstOnRankZero`` in 1 KiB buckets under ``scaler.step(opt)``; the parameters' hash."""
+    torch.manual_seed(0)
+    model = FirstOnRankZero()
+    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                  op=getattr(hc, OP_OF.get(op, op)), bucket_mb=1 / 1024, **OPTIONS[op])
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    g = torch.Generator().manual_seed(10 + rank)
+    for _ in range(3):
+        opt.zero_grad()
+        scaler.scale(model(torch.randn(32, 8, generator=g)).square().mean()).backward()
+        scaler.step(opt)
+        scaler.update()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+
+
 out = {}
 for op in sys.argv[2].split(","):
     for mode in MODES:
@@ -118,4 +148,7 @@ for op in sys.argv[2].split(","):
     if op in ("Average", "PowerSGD"):
         out[(op, "held_back_recipe")] = outcome(lambda op=op: held_back(op, True))
         out[(op, "held_back_pattern")] = held_back(op, False)
+        result = {}
+        err = outcome(lambda op=op, result=result: result.setdefault("run", first_on_rank_zero(op)))
+        out[(op, "first_on_rank_zero")] = result.get("run") or err
 save(rank, out)
