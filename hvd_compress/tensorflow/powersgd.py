@@ -70,6 +70,7 @@ class NumpyMatrices:
             q[...] = gen.standard_normal(q.shape, dtype=np.float32)
 
     @staticmethod
+    @np.errstate(invalid="ignore", over="ignore")  # an inf in a gradient: reduce_bucket hands the NaN on itself
     def orthogonalize_(x: np.ndarray, epsilon: float) -> None:
         rank = x.shape[1]
         if rank > 2:
@@ -89,6 +90,7 @@ class NumpyMatrices:
             new[...] = old
 
     @staticmethod
+    @np.errstate(invalid="ignore", over="ignore")
     def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_a: bool = False,
                transpose_b: bool = False) -> np.ndarray:
         return np.matmul(a.T if transpose_a else a, b.T if transpose_b else b, out=out)
