@@ -74,7 +74,7 @@ class PowerSGD:
         out: list[np.ndarray] = [np.empty(0)] * len(self.shapes)
         for i in self.dense:
             out[i] = sum(m[i] for m in ms) / self.n
-        rng, qs = self.rng.get_state(), self.qs
+        rng_state, qs = self.rng.get_state(), self.qs
         if qs is None or not self.warm_start:
             seed = int(self.rng.randint(1_000_000_000))
             qs = [np.asarray(q, dtype=np.float64) for q in self.draw(seed, [(c, r) for _, _, c, r in self.compressed])]
@@ -90,7 +90,7 @@ class PowerSGD:
                     qs[k] = q
         self.iter += 1
         if not all(np.isfinite(o).all() for o in out):  # handed on; the error, P, Q and seed stream stay
-            self.rng.set_state(rng)
+            self.rng.set_state(rng_state)
             return out
         self.ps, self.qs = ps, qs
         if self.error_feedback:

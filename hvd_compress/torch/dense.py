@@ -150,14 +150,15 @@ class DenseEngine(Engine):
         alike) would step the ranks apart; ``synchronize()`` raises instead."""
         launched = self.reductions.launched
         if 0 < launched < len(self.buckets):
-            self._held_back = (launched, gradient_fingerprint([self.buckets[b][1] for b in range(launched)]))
+            self._held_back = (launched, self._fingerprint_first(launched))
 
     def _edited_while_held_back(self) -> bool:
         seen, self._held_back = self._held_back, None
-        if seen is None:
-            return False
-        launched, prints = seen
-        return gradient_fingerprint([self.buckets[b][1] for b in range(launched)]) != prints
+        return seen is not None and self._fingerprint_first(seen[0]) != seen[1]
+
+    def _fingerprint_first(self, count: int) -> list[int]:
+        """``gradient_fingerprint`` of the first ``count`` buckets (those backward reduced, in launch order)."""
+        return gradient_fingerprint([self.buckets[b][1] for b in range(count)])
 
     def reduce_bucket(self, index: int) -> None:
         """One bucket's allreduce (on the background thread). A failure before the core call is this rank's

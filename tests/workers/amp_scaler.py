@@ -67,8 +67,12 @@ def run(op: str, mode: str) -> tuple[str, float]:
         else:
             scaler.step(opt)
         scaler.update()
+    return parameters_hash(model), scaler.get_scale() if scaler else 0.0
+
+
+def parameters_hash(model: torch.nn.Module) -> str:
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return hashlib.sha256(flat.numpy().tobytes()).hexdigest(), scaler.get_scale() if scaler else 0.0
+    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
 class UnusedMiddle(torch.nn.Module):
@@ -81,32 +85,6 @@ class UnusedMiddle(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
-
-
-def held_back(op: str, recipe: bool) -> str:
-    """Three steps of ``UnusedMiddle`` in 1 KiB buckets under the scaler, clipping by torch's recipe (no
-    ``synchronize()``) or Horovod's pattern; the parameters' hash."""
-    torch.manual_seed(0)
-    model = UnusedMiddle()
-    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
-                                  op=getattr(hc, OP_OF.get(op, op)), bucket_mb=1 / 1024, **OPTIONS[op])
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
-    g = torch.Generator().manual_seed(10 + rank)
-    for _ in range(3):
-        opt.zero_grad()
-        scaler.scale(model(torch.randn(32, 8, generator=g)).square().mean()).backward()
-        if not recipe:
-            opt.synchronize()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
-        if recipe:
-            scaler.step(opt)
-        else:
-            with opt.skip_synchronize():
-                scaler.step(opt)
-        scaler.update()
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
 class FirstOnRankZero(torch.nn.Module):
@@ -122,10 +100,11 @@ class FirstOnRankZero(torch.nn.Module):
         return self.b(h) + self.c(h) if rank == 0 else self.b(h)
 
 
-def first_on_rank_zero(op: str) -> str:
-    """Three steps of ``FirstOnRankZero`` in 1 KiB buckets under ``scaler.step(opt)``; the parameters' hash."""
+def in_small_buckets(model_cls: type, op: str, clipping: str) -> str:
+    """Three steps of ``model_cls`` in 1 KiB buckets under the scaler, clipping by torch's recipe (``"recipe"``: no
+    ``synchronize()``), by Horovod's pattern (``"pattern"``) or not at all (``"none"``); the parameters' hash."""
     torch.manual_seed(0)
-    model = FirstOnRankZero()
+    model = model_cls()
     opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
                                   op=getattr(hc, OP_OF.get(op, op)), bucket_mb=1 / 1024, **OPTIONS[op])
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
@@ -133,10 +112,18 @@ def first_on_rank_zero(op: str) -> str:
     for _ in range(3):
         opt.zero_grad()
         scaler.scale(model(torch.randn(32, 8, generator=g)).square().mean()).backward()
-        scaler.step(opt)
+        if clipping == "pattern":
+            opt.synchronize()
+        if clipping != "none":
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        if clipping == "pattern":
+            with opt.skip_synchronize():
+                scaler.step(opt)
+        else:
+            scaler.step(opt)
         scaler.update()
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+    return parameters_hash(model)
 
 
 out = {}
@@ -146,9 +133,10 @@ for op in sys.argv[2].split(","):
         err = outcome(lambda op=op, mode=mode, result=result: result.setdefault("run", run(op, mode)))
         out[(op, mode)] = result.get("run") or err
     if op in ("Average", "PowerSGD"):
-        out[(op, "held_back_recipe")] = outcome(lambda op=op: held_back(op, True))
-        out[(op, "held_back_pattern")] = held_back(op, False)
+        out[(op, "held_back_recipe")] = outcome(lambda op=op: in_small_buckets(UnusedMiddle, op, "recipe"))
+        out[(op, "held_back_pattern")] = in_small_buckets(UnusedMiddle, op, "pattern")
         result = {}
-        err = outcome(lambda op=op, result=result: result.setdefault("run", first_on_rank_zero(op)))
+        err = outcome(lambda op=op, result=result: result.setdefault(
+            "run", in_small_buckets(FirstOnRankZero, op, "none")))
         out[(op, "first_on_rank_zero")] = result.get("run") or err
 save(rank, out)
