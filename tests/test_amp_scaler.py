@@ -45,6 +45,11 @@ def test_grad_scaler_unscales_before_the_compressed_reduction_and_skips_on_every
                 assert got.startswith("UsageError") and "opt.synchronize() before" in got, f"{op} rank {r}: {got}"
         if op in IN_PLACE:
             assert len({rk[(op, "held_back_pattern")] for rk in ranks}) == 1, f"{op}: Horovod's pattern, ranks differ"
+            # Reentrant checkpointing ends a nested backward before the outer one has started every bucket: once
+            # the outer one has, nothing is held back and the recipe equals Horovod's pattern on every rank.
+            got = {(rk[(op, "checkpointed_recipe")], rk[(op, "checkpointed_pattern")]) for rk in ranks}
+            assert len(got) == 1 and len(next(iter(got))[0]) == 64, f"{op} under checkpointing: {got}"
+            assert next(iter(got))[0] == next(iter(got))[1], f"{op} under checkpointing: recipe and pattern differ"
             # Backward started every bucket on rank 0 and none on the others: the scaler's agreement still comes at
             # the same place in every rank's collectives.
             got = {rk[(op, "first_on_rank_zero")] for rk in ranks}

@@ -141,6 +141,10 @@ class DenseEngine(Engine):
             self.grads.gather_one(p)  # a .grad set from outside (model.zero_grad()) into its view
             self.reductions.mark_ready(self.bucket_of[id(p)])
             if self.reductions.launch_ready(self.reduce_bucket):
+                if self.reductions.launched == len(self.buckets):
+                    # The end of a nested backward (reentrant activation checkpointing: its own graph task, its own
+                    # callbacks) may have found buckets held back that this outer pass has now started.
+                    self._held_back = None
                 torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward(self))
 
     def note_held_back(self) -> None:

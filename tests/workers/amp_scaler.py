@@ -9,6 +9,8 @@ must equal ``plain`` bit for bit), ``inf_one_rank`` (rank 1's gradient holds an 
 skip that step and halve its scale alike) and ``clip`` (Horovod's AMP pattern: ``synchronize()``,
 ``scaler.unscale_``, ``clip_grad_norm_``, ``skip_synchronize()`` + ``scaler.step``), ``clip_nooverlap``, ``recipe``
 (torch's AMP recipe: ``scaler.unscale_``, ``clip_grad_norm_``, ``scaler.step`` with no ``synchronize()``).
+For op=Average and op=PowerSGD also three steps in small buckets of a model with an unused middle layer, with a
+layer used on rank 0 only, and with reentrant activation checkpointing.
 """
 
 from __future__ import annotations
@@ -100,6 +102,23 @@ class FirstOnRankZero(torch.nn.Module):
         return self.b(h) + self.c(h) if rank == 0 else self.b(h)
 
 
+class Checkpointed(torch.nn.Module):
+    """An MLP whose middle block runs under reentrant activation checkpointing: its gradients come from a nested
+    backward pass (its own graph task, whose end runs before the outer pass has started the first layer's bucket)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 64), torch.nn.Linear(64, 64)
+        self.c, self.d = torch.nn.Linear(64, 64), torch.nn.Linear(64, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.utils.checkpoint.checkpoint(self._middle, torch.relu(self.a(x)), use_reentrant=True)
+        return self.d(h)
+
+    def _middle(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.c(torch.relu(self.b(h))))
+
+
 def in_small_buckets(model_cls: type, op: str, clipping: str) -> str:
     """Three steps of ``model_cls`` in 1 KiB buckets under the scaler, clipping by torch's recipe (``"recipe"``: no
     ``synchronize()``), by Horovod's pattern (``"pattern"``) or not at all (``"none"``); the parameters' hash."""
@@ -135,6 +154,11 @@ for op in sys.argv[2].split(","):
     if op in ("Average", "PowerSGD"):
         out[(op, "held_back_recipe")] = outcome(lambda op=op: in_small_buckets(UnusedMiddle, op, "recipe"))
         out[(op, "held_back_pattern")] = in_small_buckets(UnusedMiddle, op, "pattern")
+        result = {}
+        err = outcome(lambda op=op, result=result: result.setdefault(
+            "run", in_small_buckets(Checkpointed, op, "recipe")))
+        out[(op, "checkpointed_recipe")] = result.get("run") or err
+        out[(op, "checkpointed_pattern")] = in_small_buckets(Checkpointed, op, "pattern")
         result = {}
         err = outcome(lambda op=op, result=result: result.setdefault(
             "run", in_small_buckets(FirstOnRankZero, op, "none")))
