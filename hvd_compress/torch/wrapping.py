@@ -17,6 +17,7 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.errors import UsageError
 from hvd_compress.torch.functions import allreduce
 
 STATE_KEY = "hvd_compress"  # the section of state_dict() that holds a wrapper's own state
@@ -66,6 +67,8 @@ def _delegate(engine_cls: type, name: str) -> Any:
         return property(lambda self: getattr(self._hvdc, name), doc=target.__doc__)
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if name == "step":
+            self._hvdc.check_param_groups()
         return getattr(self._hvdc, name)(*args, **kwargs)
 
     functools.update_wrapper(method, target)  # its name, docstring and signature (grad_scaler= for torch's scaler)
@@ -202,6 +205,31 @@ class Engine:
         self._opt = weakref.ref(optimizer)
         self.base = base
         self.protocol = SynchronizeProtocol()
+        # What the engine reduces is fixed here: the groups' parameters that require a gradient now.
+        self._layout = _group_layout(optimizer.param_groups)
+        self._frozen = [(g, i, p) for g, group in enumerate(optimizer.param_groups)
+                        for i, p in enumerate(group["params"]) if not p.requires_grad]
+
+    def check_param_groups(self) -> None:
+        """Raise before a step whose parameters are not the ones the engine was built for: a group added or changed
+        (``add_param_group``) or a parameter frozen at wrapping and trainable now (gradual unfreezing). Their
+        gradients would stay each rank's own, and the ranks would step apart with no error (Horovod's and DDP's
+        wrappers also fix their parameters when built). The same on every rank that changed them alike."""
+        opt = self.opt
+        if _group_layout(opt.param_groups) != self._layout:
+            what = "the optimizer's param groups changed (add_param_group() or an edit of param_groups)"
+        else:
+            unfrozen = [(g, i, tuple(p.shape)) for g, i, p in self._frozen if p.requires_grad]
+            if not unfrozen:
+                return
+            g, i, shape = unfrozen[0]
+            what = (f"{len(unfrozen)} parameter(s) frozen (requires_grad=False) when it was built require a "
+                    f"gradient now (first: param group {g}, index {i}, shape {shape})")
+        raise UsageError(
+            f"DistributedOptimizer: {what} since hvd_compress wrapped it; their gradients would not be reduced and "
+            "the ranks would step apart. Wrap it again after the change, on every rank: opt = "
+            "hc.DistributedOptimizer(opt, named_parameters, op=...) keeps the optimizer's groups and state (the "
+            "wrapper's own, such as error feedback, starts anew); step not taken")
 
     @property
     def opt(self) -> torch.optim.Optimizer:
@@ -225,6 +253,10 @@ class Engine:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.base.load_state_dict(self.opt, state_dict)
+
+
+def _group_layout(groups: Iterable[dict[str, Any]]) -> list[tuple[int, ...]]:
+    return [tuple(id(p) for p in group["params"]) for group in groups]
 
 
 def gradient_fingerprint(tensors: Iterable[torch.Tensor | None]) -> list[int]:

@@ -1,0 +1,97 @@
+"""Parameters that change after hvd_compress wrapped the optimizer: a group added with ``add_param_group`` or a
+layer frozen (requires_grad=False) when wrapped and unfrozen later. Two layers, a (trained from the start) and b
+(from step 2 on); 5 steps of SGD (Adam for the 1-bit ops), each rank on its own batches.
+
+argv: out_dir ops (comma list of names of ``hc``)
+Saves per rank, per (op, how) with how "add" or "unfreeze": ``refused``, the error of step 2 without wrapping again
+and whether that step left every parameter as it was; ``rewrapped``, the parameters after 5 steps where the
+optimizer was wrapped again after the change. Rank 0 also saves ``reference``: the same run with SGD on the exact
+average of the ranks' gradients, one process (op=Average's rule).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import horovod.torch as hvd
+import torch
+from common import save
+
+import hvd_compress.torch as hc
+
+hvd.init()
+torch.set_num_threads(1)
+rank, size = hvd.rank(), hvd.size()
+OPTIONS = {"OneBitAdam": {"freeze_step": 2}, "PowerSGD": {"start_powerSGD_iter": 1, "min_compression_rate": 1},
+           "ZeroOneAdam": {"var_freeze_step": 2, "local_step_scaler": 1, "local_step_clipper": 1}}
+ADAM = ("OneBitAdam", "ZeroOneAdam")
+STEPS, CHANGE_AT, LR = 5, 2, 0.05
+
+
+def layers() -> tuple[torch.nn.Linear, torch.nn.Linear]:
+    torch.manual_seed(0)
+    return torch.nn.Linear(8, 16), torch.nn.Linear(16, 2)
+
+
+def loss(a: torch.nn.Module, b: torch.nn.Module, gen: torch.Generator) -> torch.Tensor:
+    return b(torch.relu(a(torch.randn(32, 8, generator=gen)))).square().mean()
+
+
+def flat(*mods: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for m in mods for p in m.parameters()]).clone()
+
+
+def run(op: str, how: str, rewrap: bool) -> dict:
+    a, b = layers()
+    if how == "unfreeze":
+        b.requires_grad_(False)
+        groups = [{"params": list(a.parameters())}, {"params": list(b.parameters())}]
+    else:
+        groups = [{"params": list(a.parameters())}]
+    opt_cls = torch.optim.Adam if op in ADAM else torch.optim.SGD
+    named = [*a.named_parameters(prefix="a"), *b.named_parameters(prefix="b")]
+    opt = hc.DistributedOptimizer(opt_cls(groups, lr=LR), named, op=getattr(hc, op), **OPTIONS.get(op, {}))
+    gen, b_start = torch.Generator().manual_seed(10 + rank), flat(b)
+    for t in range(STEPS):
+        if t == CHANGE_AT:
+            if how == "unfreeze":
+                b.requires_grad_(True)
+            else:
+                opt.add_param_group({"params": list(b.parameters())})
+            if rewrap:
+                opt = hc.DistributedOptimizer(opt, named, op=getattr(hc, op), **OPTIONS.get(op, {}))
+        opt.zero_grad()
+        loss(a, b, gen).backward()
+        before = flat(a, b)
+        try:
+            opt.step()
+        except hc.UsageError as e:
+            return {"error": str(e), "unchanged": bool(torch.equal(before, flat(a, b)))}
+    return {"error": None, "a": flat(a), "b": flat(b), "b_moved": not torch.equal(flat(b), b_start)}
+
+
+def reference() -> dict:
+    """SGD on the exact average of every rank's gradient; b trained from step CHANGE_AT on."""
+    a, b = layers()
+    gens = [torch.Generator().manual_seed(10 + r) for r in range(size)]
+    for t in range(STEPS):
+        params = [*a.parameters(), *(b.parameters() if t >= CHANGE_AT else [])]
+        grads = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+        for g in gens:
+            got = torch.autograd.grad(loss(a, b, g), params)
+            for acc, x in zip(grads, got, strict=True):
+                acc.add_(x.double(), alpha=1 / size)
+        with torch.no_grad():
+            for p, gr in zip(params, grads, strict=True):
+                p.sub_(gr.float(), alpha=LR)
+    return {"a": flat(a), "b": flat(b)}
+
+
+out = {}
+for op in sys.argv[2].split(","):
+    for how in ("add", "unfreeze"):
+        out[(op, how, "refused")] = run(op, how, rewrap=False)
+        out[(op, how, "rewrapped")] = run(op, how, rewrap=True)
+if rank == 0:
+    out["reference"] = reference()
+save(rank, out)
