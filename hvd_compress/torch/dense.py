@@ -268,7 +268,13 @@ class DenseEngine(Engine):
         itself here) the gradients are unscaled before they are reduced where none is reduced during backward
         (``overlap=False``), else once every bucket has landed (never while the background thread reduces
         them in place), and the step is skipped on every rank if any rank's held an inf/NaN (the verdict
-        written back into each scaler, so every rank's ``scaler.update()`` moves its scale alike)."""
+        written back into each scaler, so every rank's ``scaler.update()`` moves its scale alike). A closure runs
+        first, as the other ops' (the gradients it computes are the ones reduced; Horovod's wrapper reduces before
+        calling it and the wrapped optimizer then steps on unreduced gradients); its loss is returned."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         if self.protocol.skip or self.protocol.synchronized:  # no reduction left in this step: the check is this
             self.check_momentum()  # rank's (inside skip_synchronize(), synchronize() ran before the change)
         if self.protocol.for_step():  # else synchronize() checks, and a failure joins every rank's
@@ -282,15 +288,15 @@ class DenseEngine(Engine):
                     self.reductions.reset()
                     self.passes.reset()
                     self.protocol.step_done()
-                    return None
+                    return loss
                 grad_scaler = None  # agreed: the verdict is in every rank's scaler
             self.synchronize()
         if grad_scaler is not None and any_rank_nonfinite(grad_scaler, self.opt, "DistributedOptimizer.found_inf"):
             self.protocol.step_done()
-            return None
-        out = self.base.step(self.opt, closure)
+            return loss
+        self.base.step(self.opt)
         self.protocol.step_done()
-        return out
+        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the fused gradient buffers; ``.grad`` becomes None (torch's default), or with ``set_to_none=False``
