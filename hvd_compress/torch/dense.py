@@ -300,11 +300,14 @@ class DenseEngine(Engine):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the fused gradient buffers; ``.grad`` becomes None (torch's default), or with ``set_to_none=False``
-        stays a zeroed view of them, which saves a copy per step."""
+        stays a zeroed view of them, which saves a copy per step. The count of backward passes starts again: a
+        pass whose gradients are dropped here does not count (a GAN's generator step also fills the
+        discriminator's gradients, which its next ``zero_grad()`` drops)."""
         self.reductions.drain()  # never zero a bucket that is still being reduced
         self.reductions.reset()
         self._held_back = None
         self.grads.zero_(set_to_none)
+        self.passes.reset()
         self.protocol.step_done()
 
     def state_dict(self) -> dict[str, Any]:

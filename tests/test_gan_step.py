@@ -1,0 +1,28 @@
+"""A GAN's loop with two wrapped optimizers: the generator's backward also fills the discriminator's gradients
+(under overlap their buckets are even reduced), and the discriminator's next ``zero_grad()`` drops them. That pass
+must not count towards ``backward_passes_per_step`` (Horovod's wrapper raises at that ``zero_grad()``): the loop
+trains, the ranks agree, and op=Average equals Adam on the exact average of the ranks' gradients. 2 and 3 ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mpi_harness import horovodrun, load_ranks
+
+CASES = ["Average", "Average:nooverlap", "PowerSGD", "OneBitAdam"]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_gan_loop_with_two_wrapped_optimizers_trains_alike_on_every_rank(n: int, out_dir) -> None:
+    horovodrun("gan_step.py", n, out_dir, ",".join(CASES), timeout=180)
+    ranks = load_ranks(out_dir, n)
+    want = ranks[0]["reference"]
+    for case in CASES:
+        got = [rk[case] for rk in ranks]
+        assert all(isinstance(g, dict) for g in got), f"{case} at {n} ranks: {got}"
+        for part in ("g", "d"):
+            assert all(torch.equal(g[part], got[0][part]) for g in got), f"{case}: ranks differ in {part}"
+        if case.startswith("Average"):
+            for part in ("g", "d"):
+                err = (got[0][part] - want[part]).abs().max().item()
+                assert err < 1e-5, f"{case} n={n}: {part} off Adam on the exact average by {err}"
