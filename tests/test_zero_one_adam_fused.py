@@ -1,9 +1,9 @@
-"""0/1 Adam's local step (spec L1-L3) in 1-bit Adam's fused passes of the core against the backend's ops they
-replace on float32 CPU buckets: one process, a hand-made bucket with odd layer sizes and an empty layer, v frozen
-with some elements under the variance floor (so that the cap raises their denominators), several local steps, with
-and without decoupled weight decay and v's bias correction: x, m and u bit for bit on the NumPy backend (the
-TF/Keras face's) and on the torch backend. The multi-rank tests (``test_zero_one_adam.py``) run the fused step
-against the NumPy reference."""
+"""0/1 Adam's local step (spec L1-L3) and a sync step's L5-L6 in 1-bit Adam's fused passes of the core against the
+backend's ops they replace on float32 CPU buckets: one process, a hand-made bucket with odd layer sizes and an empty
+layer, v frozen with some elements under the variance floor (so that the cap raises their denominators), several
+local steps and a sync, with and without decoupled weight decay and v's bias correction: x, m, u and x_anchor bit for
+bit on the NumPy backend (the TF/Keras face's) and on the torch backend. The multi-rank tests
+(``test_zero_one_adam.py``) run the fused steps against the NumPy reference."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ STEPS = 4
 
 def _run(backend, wrap, fused: bool, wd: float, correction: bool, monkeypatch,
          dtype=np.float32) -> np.ndarray:
-    """x | m | u after ``STEPS`` local steps, with the fused passes or (``fused=False``) the backend's ops."""
+    """x | m | u | x_anchor after ``STEPS`` local steps and a sync step (``work`` holding a made-up ubar), with the
+    fused passes or (``fused=False``) the backend's ops."""
     rng = np.random.default_rng(3)
     n, cuts = sum(SIZES), np.cumsum([0, *SIZES])
 
@@ -38,7 +39,7 @@ def _run(backend, wrap, fused: bool, wd: float, correction: bool, monkeypatch,
     x = buf(rng.standard_normal(n))
     seg = zero_one_adam.ZeroOneBucket(
         group=0, params=views(x), sizes=list(SIZES), grad=buf(np.zeros(n)), exp_avg=buf(rng.standard_normal(n) * 1e-3),
-        exp_avg_sq=buf(v), u=buf(np.zeros(n)), anchor=buf(np.zeros(n)), work=buf(np.zeros(n), np.float32),
+        exp_avg_sq=buf(v), u=buf(np.zeros(n)), anchor=buf(rng.standard_normal(n)), work=buf(np.zeros(n), np.float32),
         scratch=buf(np.zeros(n), np.float32), denom=buf(np.zeros(n), np.float32), onebit=None, views=views)
     options = zero_one_adam.ZeroOneAdamOptions(var_freeze_step=0, variance_bias_correction=correction)
     alg = zero_one_adam.ZeroOneAdam(options, backend, [seg], None)
@@ -53,19 +54,23 @@ def _run(backend, wrap, fused: bool, wd: float, correction: bool, monkeypatch,
         for _ in range(STEPS):
             seg.grad[:] = wrap(rng.standard_normal(n).astype(dtype) * 1e-2)
             alg._phase2(seg, group, zero_one_adam.LOCAL)
+        lifted = np.concatenate([np.asarray(d) <= f for d, f in zip(views(seg.denom), seg.floor_denoms, strict=True)])
+        assert 0 < lifted.sum() < n, "the variance floor lifted no element (or every one): the cap goes untested"
+        local = np.concatenate([np.asarray(a, dtype=np.float32) for a in (x, seg.exp_avg, seg.u)])
+        seg.work[:] = wrap(np.asarray(seg.u, dtype=dtype) + rng.standard_normal(n).astype(dtype) * 1e-4)
+        alg._phase2(seg, group, zero_one_adam.SYNC)
     want = STEPS if fused and dtype == np.float32 else 0  # the comparison is void unless they ran
-    assert ran == {"local_momentum_": want, "apply_": want}, f"fused passes ran {ran}, expected {want} each"
-    lifted = np.concatenate([np.asarray(d) <= f for d, f in zip(views(seg.denom), seg.floor_denoms, strict=True)])
-    assert 0 < lifted.sum() < n, "the variance floor lifted no element (or every one): the cap goes untested"
-    return np.concatenate([np.asarray(a, dtype=np.float32) for a in (x, seg.exp_avg, seg.u)])
+    assert ran == {"local_momentum_": want, "apply_": want + (want > 0)}, f"fused passes ran {ran}"
+    return np.concatenate([local, *(np.asarray(a, dtype=np.float32) for a in (x, seg.exp_avg, seg.u, seg.anchor))])
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("wd", [0.0, 0.05])
 @pytest.mark.parametrize("correction", [False, True])
-def test_fused_local_steps_are_bit_identical_to_the_backend_path(backend, wd, correction, monkeypatch) -> None:
+def test_fused_local_and_sync_steps_are_bit_identical_to_the_backend_path(backend, wd, correction, monkeypatch) -> None:
     xp, wrap = backend_and_buffers(backend)
     got = _run(xp, wrap, True, wd, correction, monkeypatch)
     assert_identical(got, _run(xp, wrap, False, wd, correction, monkeypatch),
-                     f"x | m | u, {backend} backend wd={wd} variance_bias_correction={correction}")
+                     f"x | m | u after the local steps, then after the sync, {backend} backend wd={wd} "
+                     f"variance_bias_correction={correction}")
     assert np.isfinite(got).all()

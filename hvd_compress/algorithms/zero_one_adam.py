@@ -368,13 +368,13 @@ class ZeroOneAdam(BucketedAlgorithm):
             self._local_step(seg, group)
             xp.add_(seg.u, seg.exp_avg, alpha=lr)  # L3
             return
-        if seg.lrs > 0:  # L5 (with no lr in the interval no local step moved: m stays)
-            xp.div_(xp.copy_(seg.exp_avg, seg.work), seg.lrs)
         for p, a in zip(seg.params, seg.views(seg.anchor), strict=True):  # L6 from x_anchor (Z4)
             xp.copy_(p, a)
-        self._decay(seg, 1 - seg.lrs * wd)
-        d = self._denom(seg, group, seg.exp_avg)  # the cap: |ubar / d| <= lrs where the floor lifted d
-        xp.foreach_addcdiv_(seg.params, seg.views(seg.work), d, value=-1.0)
+        if seg.lrs > 0:  # L5, m = ubar / lrs, then L6 as x = x_anchor (1 - lrs wd) - lrs m / d: a local step's pass
+            self._step_params(seg, group, xp.div_(seg.work, seg.lrs), 1 - seg.lrs * wd, -seg.lrs)
+        else:  # no lr in the interval: no local step moved, m stays, and ubar (the 1-bit average of zeros) is applied
+            d = self._denom(seg, group, seg.exp_avg)
+            xp.foreach_addcdiv_(seg.params, seg.views(seg.work), d, value=-1.0)
         for a, p in zip(seg.views(seg.anchor), seg.params, strict=True):
             xp.copy_(a, p)
         if self.options.reset_momentum_at_sync:  # Z18: L5's m served the cap above only
@@ -384,22 +384,24 @@ class ZeroOneAdam(BucketedAlgorithm):
 
     def _local_step(self, seg: ZeroOneBucket, group: dict[str, Any]) -> None:
         """L1 and L2: m = b1 m + (1 - b1) g_r (formed in ``work``, free on a local step, as on a sync step),
-        x = x (1 - lr wd) - lr m / d with d capped (Z12). On float32 CPU buffers (both faces' usual case) L2 is
-        1-bit Adam's fused pass of its lines 12-13 in the core (m = work, then x), the same float32 operations as
-        the backend's ops here, which take about eight passes and two temporary buffers."""
-        xp = self.xp
+        x = x (1 - lr wd) - lr m / d with d capped (Z12)."""
         lr, wd = group["lr"], group["weight_decay"]
+        self._step_params(seg, group, self._local_momentum(seg, group, seg.work), 1 - lr * wd, -lr)  # L1, L2
+
+    def _step_params(self, seg: ZeroOneBucket, group: dict[str, Any], m: Tensor, decay: float, value: float) -> None:
+        """m (formed in ``work``) into ``exp_avg``, then x = x * decay + value * m / d with d capped (Z12): L2 of a
+        local step and L5-L6 of a sync step. On float32 CPU buffers (both faces' usual case) 1-bit Adam's fused
+        pass of its lines 12-13 in the core, the same float32 operations as the backend's ops here, which take
+        about eight passes and two temporary buffers."""
+        xp = self.xp
         self._floored_denom(seg, group)
-        self._local_momentum(seg, group, seg.work)  # L1
-        if fused_ops.accepts(seg.work, seg.exp_avg, seg.denom,
-                             *(p for p, n in zip(seg.params, seg.sizes, strict=True) if n)):
-            fused_ops.apply_(seg.params, seg.work, seg.exp_avg, seg.denom, seg.sizes, 1 - lr * wd, -lr,
-                             seg.floor_denoms)
+        if fused_ops.accepts(m, seg.exp_avg, seg.denom, *(p for p, n in zip(seg.params, seg.sizes, strict=True) if n)):
+            fused_ops.apply_(seg.params, m, seg.exp_avg, seg.denom, seg.sizes, decay, value, seg.floor_denoms)
             return
-        xp.copy_(seg.exp_avg, seg.work)
-        self._decay(seg, 1 - lr * wd)  # L2
+        xp.copy_(seg.exp_avg, m)
+        self._decay(seg, decay)
         d = self._denom(seg, group, seg.exp_avg)
-        xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), d, value=-lr)
+        xp.foreach_addcdiv_(seg.params, seg.views(seg.exp_avg), d, value=value)
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def _copy(self, x: Tensor) -> Tensor:
