@@ -243,8 +243,9 @@ class DenseEngine(Engine):
 
     def check_momentum(self) -> None:
         """The construction-time DGC guard again, for a momentum given to the wrapped optimizer later (a param
-        group's ``momentum`` set, ``add_param_group``). Cheap and local, run before this rank's reductions of the
-        step; ``synchronize()`` makes a failure every rank's (``reject_reductions``)."""
+        group's ``momentum`` set; a group added is refused before, ``Engine.check_param_groups``). Cheap and local,
+        run before this rank's reductions of the step; ``synchronize()`` makes a failure every rank's
+        (``reject_reductions``)."""
         check_no_second_momentum(self.opt, self.compression,
                                  " (given after DistributedOptimizer was built; this call changed nothing)")
 
