@@ -37,7 +37,7 @@ from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.horovod_args import NOTE
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import apply_algorithm_step, make_step
-from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce
+from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce, none_gradients_left_out
 from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.functions import dense
 
@@ -185,11 +185,14 @@ class KerasEngine:
         pairs = [(dense(g), v) for g, v in zip(grads, variables, strict=True) if g is not None]
         if not pairs:
             raise ValueError("No gradients provided for any variable.")
+        left_out = len(grads) - len(pairs)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         config = self.config
         if config.op in (ReduceOp.Average, ReduceOp.Sum):
-            reduced = bucketed_allreduce(grads, config.op, f"{self.name}.grad", self.compressor, config.bucket_mb,
-                                         config.overlap, self.buckets, self.meter, config.predivide)
+            with none_gradients_left_out(left_out):
+                reduced = bucketed_allreduce(grads, config.op, f"{self.name}.grad", self.compressor,
+                                             config.bucket_mb, config.overlap, self.buckets, self.meter,
+                                             config.predivide)
             self._apply_inner(reduced, variables)
             return
         adasum_delta_step(grads, variables, self._apply_inner, config, self.meter, f"{self.name}.adasum")

@@ -17,8 +17,9 @@ The reduced gradients are not differentiable.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from hvd_compress.ops import runtime
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, plan_buckets
 from hvd_compress.ops.collectives import check_predivide, reject_allreduce
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.errors import MismatchError
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.backend import aligned_copy
 from hvd_compress.tensorflow.context import ensure_init
@@ -64,6 +66,23 @@ class BucketStats:
 
 
 @tf.autograph.experimental.do_not_convert  # plain Python at trace time: nothing to convert
+@contextlib.contextmanager
+def none_gradients_left_out(count: int) -> Iterator[None]:
+    """Around the reduction of the gradients that are not None (``count`` were, on this rank): a ``MismatchError``
+    there gets its likely cause, on every rank. A None gradient is left out, as Keras leaves it, so a variable the
+    loss reaches on some ranks only (a branch taken by rank) makes the ranks' buckets differ."""
+    try:
+        yield
+    except MismatchError as e:
+        raise MismatchError(
+            f"{e}\nThis rank left out {count} None gradient(s). A variable whose gradient is None on some ranks "
+            "only (a branch the loss takes on some ranks) makes the ranks reduce different tensors: give it a zero "
+            "gradient on every rank, before apply_gradients: [tf.zeros_like(v) if g is None else g for g, v in "
+            "zip(grads, variables)]; DistributedGradientTape.gradient takes "
+            "unconnected_gradients=tf.UnconnectedGradients.ZERO (with Keras 3 variables, pass their v.value as the "
+            "sources)") from e
+
+
 def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compression: Any = None,
                        bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True,
                        stats: BucketStats | None = None, meter: CommMeter | None = None,

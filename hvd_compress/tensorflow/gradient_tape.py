@@ -16,6 +16,7 @@ from hvd_compress.tensorflow.bucketed import (
     bucketed_allreduce,
     check_bucket_mb,
     check_overlap,
+    none_gradients_left_out,
 )
 from hvd_compress.tensorflow.functions import check_group_compression
 
@@ -24,11 +25,12 @@ def reduce_gradients(grads: list[Any], op: Any, name: str, bucket_mb: float = DE
                      stats: BucketStats | None = None, compression: Any = None, predivide: float = 1.0) -> list[Any]:
     """``grads`` with every non-None entry reduced over all ranks in buckets (``tensorflow.bucketed``: inside a
     ``tf.function`` they overlap the rest of backward; ``IndexedSlices`` densified). A None gradient (a variable the
-    loss does not reach) stays None: that is decided by the program's structure, so every rank skips the same
-    ones."""
+    loss does not reach) stays None: where the program's structure decides it, every rank skips the same ones (where
+    a branch differs by rank, the reduction raises ``MismatchError`` on every rank, with that cause)."""
     present = [i for i, g in enumerate(grads) if g is not None]
-    reduced = bucketed_allreduce([grads[i] for i in present], op, name, compression, bucket_mb=bucket_mb,
-                                 overlap=overlap, stats=stats, predivide=predivide)
+    with none_gradients_left_out(len(grads) - len(present)):
+        reduced = bucketed_allreduce([grads[i] for i in present], op, name, compression, bucket_mb=bucket_mb,
+                                     overlap=overlap, stats=stats, predivide=predivide)
     out = list(grads)
     for i, g in zip(present, reduced, strict=True):
         out[i] = g
