@@ -1,8 +1,8 @@
 """``opt.step(closure)`` runs the closure before anything is reduced, under every engine: the gradients its
 backward computes are the ones the ranks average, so the parameters equal those of ``closure(); opt.step()`` bit
-for bit on every rank, and ``step`` returns the closure's loss. (Horovod's wrapper reduces first and hands the
-closure to the wrapped optimizer, which then steps on each rank's own gradients: with overlap=False the ranks came
-apart.) 2 and 3 ranks."""
+for bit on every rank, and ``step`` returns the closure's loss. (Reducing first and handing the closure to the
+wrapped optimizer, as Horovod's wrapper does, steps on each rank's own gradients: with overlap=False the ranks
+come apart.) 2 and 3 ranks."""
 
 from __future__ import annotations
 
