@@ -75,12 +75,12 @@ def none_gradients_left_out(count: int) -> Iterator[None]:
         yield
     except MismatchError as e:
         raise MismatchError(
-            f"{e}\nThis rank left out {count} None gradient(s). A variable whose gradient is None on some ranks "
-            "only (a branch the loss takes on some ranks) makes the ranks reduce different tensors: give it a zero "
-            "gradient on every rank, before apply_gradients: [tf.zeros_like(v) if g is None else g for g, v in "
-            "zip(grads, variables)]; DistributedGradientTape.gradient takes "
-            "unconnected_gradients=tf.UnconnectedGradients.ZERO (with Keras 3 variables, pass their v.value as the "
-            "sources)") from e
+            f"{e}\nNone gradients are left out (this rank left out {count}), so a variable whose gradient is None on "
+            "some ranks only (a branch the loss takes on some ranks) makes the ranks reduce different tensors. If "
+            "that is the cause, give it a zero gradient on every rank, before apply_gradients: "
+            "[tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]; "
+            "DistributedGradientTape.gradient takes unconnected_gradients=tf.UnconnectedGradients.ZERO (with Keras 3 "
+            "variables, pass their v.value as the sources)") from e
 
 
 def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compression: Any = None,
