@@ -229,7 +229,8 @@ class Engine:
             f"DistributedOptimizer: {what} since hvd_compress wrapped it; their gradients would not be reduced and "
             "the ranks would step apart. Wrap it again after the change, on every rank: opt = "
             "hc.DistributedOptimizer(opt, named_parameters, op=...) keeps the optimizer's groups and state (the "
-            "wrapper's own, such as error feedback, starts anew); step not taken")
+            "wrapper's own, such as error feedback, starts anew; op=ZeroOneAdam past var_freeze_step refuses that, "
+            "its u and x_anchor being per bucket: make such changes before the freeze); step not taken")
 
     @property
     def opt(self) -> torch.optim.Optimizer:
