@@ -65,7 +65,6 @@ class BucketStats:
     launched: int = 0
 
 
-@tf.autograph.experimental.do_not_convert  # plain Python at trace time: nothing to convert
 @contextlib.contextmanager
 def none_gradients_left_out(count: int) -> Iterator[None]:
     """Around the reduction of the gradients that are not None (``count`` were, on this rank): a ``MismatchError``
@@ -83,6 +82,7 @@ def none_gradients_left_out(count: int) -> Iterator[None]:
             "variables, pass their v.value as the sources)") from e
 
 
+@tf.autograph.experimental.do_not_convert  # plain Python at trace time: nothing to convert
 def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compression: Any = None,
                        bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True,
                        stats: BucketStats | None = None, meter: CommMeter | None = None,
