@@ -27,7 +27,13 @@ from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.backend import BACKEND
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import flat_with_views
-from hvd_compress.torch.wrapping import Engine, any_rank_nonfinite, check_named_parameters, hook_gradients
+from hvd_compress.torch.wrapping import (
+    Engine,
+    any_rank_nonfinite,
+    check_named_parameters,
+    closure_loss,
+    hook_gradients,
+)
 
 
 def _make_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[DeltaBucket]:
@@ -126,10 +132,7 @@ class AdasumEngine(Engine):
         self.passes.reset()
 
     def step(self, closure: Any = None, grad_scaler: Any = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         if grad_scaler is not None and self.scaler is None:
             raise ValueError(
                 "scaler.step(opt) with op=hc.Adasum needs the scaler at construction: "

@@ -19,7 +19,14 @@ from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients
-from hvd_compress.torch.wrapping import STATE_KEY, Engine, any_rank_nonfinite, check_named_parameters, hook_gradients
+from hvd_compress.torch.wrapping import (
+    STATE_KEY,
+    Engine,
+    any_rank_nonfinite,
+    check_named_parameters,
+    closure_loss,
+    hook_gradients,
+)
 
 
 def cut_buckets(
@@ -168,10 +175,7 @@ class BucketedEngine(Engine):
         step is skipped on every rank if any rank's held inf/NaN (the verdict written back into each scaler);
         where the algorithm had consumed them still scaled (overlap, a compressed stage), they are reduced anew
         once unscaled (pass ``overlap=False`` to reduce only once)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         rejected = None
         try:
             edited = self._gradient_phase_for_step()

@@ -44,6 +44,7 @@ from hvd_compress.torch.wrapping import (
     Engine,
     any_rank_nonfinite,
     check_named_parameters,
+    closure_loss,
     compose,
     gradient_fingerprint,
     hook_gradients,
@@ -272,10 +273,7 @@ class DenseEngine(Engine):
         written back into each scaler, so every rank's ``scaler.update()`` moves its scale alike). A closure runs
         first, as the other ops' (the gradients it computes are the ones reduced; Horovod's wrapper reduces before
         calling it and the wrapped optimizer then steps on unreduced gradients); its loss is returned."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         if self.protocol.skip or self.protocol.synchronized:  # no reduction left in this step: the check is this
             self.check_momentum()  # rank's (inside skip_synchronize(), synchronize() ran before the change)
         if self.protocol.for_step():  # else synchronize() checks, and a failure joins every rank's

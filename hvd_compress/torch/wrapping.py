@@ -256,6 +256,15 @@ class Engine:
         self.base.load_state_dict(self.opt, state_dict)
 
 
+def closure_loss(closure: Callable[[], Any] | None) -> Any:
+    """What every engine's ``step(closure)`` runs first: the closure, with grad enabled (``step`` may run under
+    ``no_grad``), so that the gradients it computes are the ones reduced; its loss, or None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def _group_layout(groups: Iterable[dict[str, Any]]) -> list[tuple[int, ...]]:
     return [tuple(id(p) for p in group["params"]) for group in groups]
 
