@@ -107,6 +107,19 @@ def load_pickled_ranks(out_dir: Path, n: int) -> list[dict[str, Any]]:
     return results
 
 
+def assert_alike_and_near(runs: list[dict[str, Any]], parts: tuple[str, ...], what: str,
+                          want: dict[str, Any] | None = None, tol: float = 0.0) -> None:
+    """Each rank's tensors ``parts`` (one dict per rank) equal rank 0's bit for bit; with ``want`` (a one-process
+    reference), rank 0's are within ``tol`` of it, element by element."""
+    import torch  # here: as in load_ranks
+
+    for part in parts:
+        assert all(torch.equal(run[part], runs[0][part]) for run in runs), f"{what}: ranks differ in {part}"
+        if want is not None:
+            err = (runs[0][part] - want[part]).abs().max().item()
+            assert err < tol, f"{what}: {part} off the reference by {err}"
+
+
 #: The type names of a usage error as a worker's ``"Type: message"`` shows it: ``UsageError`` for input this rank
 #: refused alone, ``RejectedInputError`` (a UsageError and a RuntimeError) for input refused on every rank.
 USAGE = ("UsageError", "RejectedInputError")

@@ -40,6 +40,22 @@ def outcome(fn: Callable[[], object]) -> str:
     return "no error"
 
 
+def flat_parameters(*modules: torch.nn.Module) -> torch.Tensor:
+    """A copy of ``modules``' parameters, one flat tensor."""
+    return torch.cat([p.detach().reshape(-1) for m in modules for p in m.parameters()]).clone()
+
+
+def set_exact_average_gradients(params: list[torch.nn.Parameter], losses: list[Callable[[], torch.Tensor]]) -> None:
+    """Each parameter's ``.grad``: the average of its gradient under each of ``losses`` (one per rank), summed in
+    float64, then float32: what op=Average reduces, as a one-process reference computes it."""
+    grads = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+    for fn in losses:
+        for acc, x in zip(grads, torch.autograd.grad(fn(), params), strict=True):
+            acc.add_(x.double(), alpha=1 / len(losses))
+    for p, acc in zip(params, grads, strict=True):
+        p.grad = acc.float()
+
+
 def digits_images(rank: int, size: int) -> tuple[torch.Tensor, ...]:
     """scikit-learn's digits as (N, 1, 8, 8) images in [0, 1]: this rank's shard of the 1297 training images and
     the same 500 held-out ones on every rank (x, y, x_test, y_test)."""

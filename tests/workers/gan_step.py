@@ -12,7 +12,7 @@ import sys
 
 import horovod.torch as hvd
 import torch
-from common import save
+from common import flat_parameters, save, set_exact_average_gradients
 
 import hvd_compress.torch as hc
 
@@ -39,10 +39,6 @@ def d_loss(g: torch.nn.Module, d: torch.nn.Module, real: torch.Tensor, fake: tor
     return BCE(d(real), torch.ones(16, 1)) + BCE(d(fake.detach()), torch.zeros(16, 1))
 
 
-def flat(*mods: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for m in mods for p in m.parameters()]).clone()
-
-
 def run(case: str) -> dict:
     op, _, flag = case.partition(":")
     g, d = nets()
@@ -61,31 +57,22 @@ def run(case: str) -> dict:
         opt_g.zero_grad()
         BCE(d(fake), torch.ones(16, 1)).backward()  # also fills D's gradients
         opt_g.step()
-    return {"g": flat(g), "d": flat(d)}
+    return {"g": flat_parameters(g), "d": flat_parameters(d)}
 
 
 def reference() -> dict:
     g, d = nets()
     opt_d, opt_g = torch.optim.Adam(d.parameters(), lr=LR), torch.optim.Adam(g.parameters(), lr=LR)
     gens = [torch.Generator().manual_seed(10 + r) for r in range(size)]
-
-    def averaged(params: list[torch.nn.Parameter], losses: list) -> None:
-        grads = [torch.zeros_like(p, dtype=torch.float64) for p in params]
-        for fn in losses:
-            for acc, x in zip(grads, torch.autograd.grad(fn(), params), strict=True):
-                acc.add_(x.double(), alpha=1 / size)
-        for p, acc in zip(params, grads, strict=True):
-            p.grad = acc.float()
-
     for _ in range(STEPS):
         batches = [batch(gen) for gen in gens]
         fakes = [g(z) for _, z in batches]
-        averaged(list(d.parameters()), [lambda r=r, f=f: d_loss(g, d, r, f) for (r, _), f in zip(batches, fakes,
-                                                                                                   strict=True)])
+        set_exact_average_gradients(list(d.parameters()), [lambda r=r, f=f: d_loss(g, d, r, f)
+                                                           for (r, _), f in zip(batches, fakes, strict=True)])
         opt_d.step()
-        averaged(list(g.parameters()), [lambda f=f: BCE(d(f), torch.ones(16, 1)) for f in fakes])
+        set_exact_average_gradients(list(g.parameters()), [lambda f=f: BCE(d(f), torch.ones(16, 1)) for f in fakes])
         opt_g.step()
-    return {"g": flat(g), "d": flat(d)}
+    return {"g": flat_parameters(g), "d": flat_parameters(d)}
 
 
 out = {}

@@ -15,7 +15,7 @@ import sys
 
 import horovod.torch as hvd
 import torch
-from common import save
+from common import flat_parameters, save, set_exact_average_gradients
 
 import hvd_compress.torch as hc
 
@@ -37,10 +37,6 @@ def loss(a: torch.nn.Module, b: torch.nn.Module, gen: torch.Generator) -> torch.
     return b(torch.relu(a(torch.randn(32, 8, generator=gen)))).square().mean()
 
 
-def flat(*mods: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for m in mods for p in m.parameters()]).clone()
-
-
 def run(op: str, how: str, rewrap: bool) -> dict:
     a, b = layers()
     if how == "unfreeze":
@@ -51,7 +47,7 @@ def run(op: str, how: str, rewrap: bool) -> dict:
     opt_cls = torch.optim.Adam if op in ADAM else torch.optim.SGD
     named = [*a.named_parameters(prefix="a"), *b.named_parameters(prefix="b")]
     opt = hc.DistributedOptimizer(opt_cls(groups, lr=LR), named, op=getattr(hc, op), **OPTIONS.get(op, {}))
-    gen, b_start = torch.Generator().manual_seed(10 + rank), flat(b)
+    gen, b_start = torch.Generator().manual_seed(10 + rank), flat_parameters(b)
     for t in range(STEPS):
         if t == CHANGE_AT:
             if how == "unfreeze":
@@ -62,12 +58,13 @@ def run(op: str, how: str, rewrap: bool) -> dict:
                 opt = hc.DistributedOptimizer(opt, named, op=getattr(hc, op), **OPTIONS.get(op, {}))
         opt.zero_grad()
         loss(a, b, gen).backward()
-        before = flat(a, b)
+        before = flat_parameters(a, b)
         try:
             opt.step()
         except hc.UsageError as e:
-            return {"error": str(e), "unchanged": bool(torch.equal(before, flat(a, b)))}
-    return {"error": None, "a": flat(a), "b": flat(b), "b_moved": not torch.equal(flat(b), b_start)}
+            return {"error": str(e), "unchanged": bool(torch.equal(before, flat_parameters(a, b)))}
+    b_end = flat_parameters(b)
+    return {"error": None, "a": flat_parameters(a), "b": b_end, "b_moved": not torch.equal(b_end, b_start)}
 
 
 def reference() -> dict:
@@ -76,15 +73,11 @@ def reference() -> dict:
     gens = [torch.Generator().manual_seed(10 + r) for r in range(size)]
     for t in range(STEPS):
         params = [*a.parameters(), *(b.parameters() if t >= CHANGE_AT else [])]
-        grads = [torch.zeros_like(p, dtype=torch.float64) for p in params]
-        for g in gens:
-            got = torch.autograd.grad(loss(a, b, g), params)
-            for acc, x in zip(grads, got, strict=True):
-                acc.add_(x.double(), alpha=1 / size)
+        set_exact_average_gradients(params, [lambda g=g: loss(a, b, g) for g in gens])
         with torch.no_grad():
-            for p, gr in zip(params, grads, strict=True):
-                p.sub_(gr.float(), alpha=LR)
-    return {"a": flat(a), "b": flat(b)}
+            for p in params:
+                p.sub_(p.grad, alpha=LR)
+    return {"a": flat_parameters(a), "b": flat_parameters(b)}
 
 
 out = {}
