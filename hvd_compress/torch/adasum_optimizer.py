@@ -54,6 +54,7 @@ class AdasumEngine(Engine):
     on every rank: clip before ``backward()`` returns, or use ``op=hc.Average``."""
 
     amp_scaling = True
+    frozen_later_ok = True  # a frozen parameter gets no gradient, so no local step: it stays, as under torch
 
     def __init__(
         self,

@@ -214,6 +214,7 @@ class BucketedEngine(Engine):
         self.alg.abandon()
         for fused in self.grads:
             fused.zero_(set_to_none)
+        self.zero_untracked_grads(set_to_none)
         self.passes.reset()
         self.protocol.step_done()
 

@@ -306,6 +306,7 @@ class DenseEngine(Engine):
         self.reductions.reset()
         self._held_back = None
         self.grads.zero_(set_to_none)
+        self.zero_untracked_grads(set_to_none)
         self.passes.reset()
         self.protocol.step_done()
 

@@ -200,6 +200,7 @@ class Engine:
 
     exports: tuple[str, ...] = ()
     amp_scaling = False  # whether ``step`` takes torch's ``grad_scaler=``
+    frozen_later_ok = False  # whether a parameter frozen after wrapping is left unstepped (``check_param_groups``)
 
     def __init__(self, optimizer: torch.optim.Optimizer, base: type) -> None:
         self._opt = weakref.ref(optimizer)
@@ -207,30 +208,54 @@ class Engine:
         self.protocol = SynchronizeProtocol()
         # What the engine reduces is fixed here: the groups' parameters that require a gradient now.
         self._layout = _group_layout(optimizer.param_groups)
-        self._frozen = [(g, i, p) for g, group in enumerate(optimizer.param_groups)
-                        for i, p in enumerate(group["params"]) if not p.requires_grad]
+        self._wrapped = [(g, i, p, p.requires_grad) for g, group in enumerate(optimizer.param_groups)
+                         for i, p in enumerate(group["params"])]
+
+    def zero_untracked_grads(self, set_to_none: bool) -> None:
+        """What torch's ``zero_grad`` does to the groups' parameters frozen at wrapping, which the engine's buffers
+        leave out: a gradient they kept from before the freeze would otherwise stay, and the wrapped optimizer
+        would step them on it at every step."""
+        for _, _, p, trainable in self._wrapped:
+            if trainable or p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                if p.grad.grad_fn is not None:
+                    p.grad.detach_()
+                else:
+                    p.grad.requires_grad_(False)
+                p.grad.zero_()
 
     def check_param_groups(self) -> None:
         """Raise before a step whose parameters are not the ones the engine was built for: a group added or changed
-        (``add_param_group``) or a parameter frozen at wrapping and trainable now (gradual unfreezing). Their
+        (``add_param_group``), a parameter frozen at wrapping and trainable now (gradual unfreezing), or one
+        trainable at wrapping and frozen now (``requires_grad_(False)`` on a layer mid-run). An unfrozen one's
         gradients would stay each rank's own, and the ranks would step apart with no error (Horovod's and DDP's
-        wrappers also fix their parameters when built). The same on every rank that changed them alike."""
+        wrappers also fix their parameters when built); a frozen one would be stepped on a zero gradient (its
+        momentum moves it, where torch's optimizer skips a parameter without a gradient). The same on every rank
+        that changed them alike. Engines that step each parameter as its gradient lands (``frozen_later_ok``) leave
+        a frozen one as torch does, and are not refused that."""
         opt = self.opt
         if _group_layout(opt.param_groups) != self._layout:
             what = "the optimizer's param groups changed (add_param_group() or an edit of param_groups)"
         else:
-            unfrozen = [(g, i, tuple(p.shape)) for g, i, p in self._frozen if p.requires_grad]
-            if not unfrozen:
+            changed = [(g, i, p) for g, i, p, was in self._wrapped if p.requires_grad != was]
+            unfrozen = [c for c in changed if c[2].requires_grad]
+            frozen = [] if self.frozen_later_ok else [c for c in changed if not c[2].requires_grad]
+            if not unfrozen and not frozen:
                 return
-            g, i, shape = unfrozen[0]
+            g, i, p = (unfrozen or frozen)[0]
             what = (f"{len(unfrozen)} parameter(s) frozen (requires_grad=False) when it was built require a "
-                    f"gradient now (first: param group {g}, index {i}, shape {shape})")
+                    f"gradient now" if unfrozen else
+                    f"{len(frozen)} parameter(s) trainable when it was built are frozen (requires_grad=False) now")
+            what += f" (first: param group {g}, index {i}, shape {tuple(p.shape)})"
         raise UsageError(
-            f"DistributedOptimizer: {what} since hvd_compress wrapped it; their gradients would not be reduced and "
-            "the ranks would step apart. Wrap it again after the change, on every rank: opt = "
-            "hc.DistributedOptimizer(opt, named_parameters, op=...) keeps the optimizer's groups and state (the "
-            "wrapper's own, such as error feedback, starts anew; op=ZeroOneAdam past var_freeze_step refuses that, "
-            "its u and x_anchor being per bucket: make such changes before the freeze); step not taken")
+            f"DistributedOptimizer: {what} since hvd_compress wrapped it; their gradients would not be reduced as "
+            "torch's optimizer expects and the ranks' steps would be wrong. Wrap it again after the change, on "
+            "every rank: opt = hc.DistributedOptimizer(opt, named_parameters, op=...) keeps the optimizer's groups "
+            "and state (the wrapper's own, such as error feedback, starts anew; op=ZeroOneAdam past var_freeze_step "
+            "refuses that, its u and x_anchor being per bucket: make such changes before the freeze); step not taken")
 
     @property
     def opt(self) -> torch.optim.Optimizer:
