@@ -81,6 +81,7 @@ class KerasEngine:
         self.accumulators: list[Any] = []
         self.pass_count: Any = None
         self.trainable: list[Any] = []
+        self.stepped: list[Any] = []  # an algorithm's variables in its runner's order (``_decay_order``)
         self.built = False
         if self.algorithm is not None:
             self.hyper, self.flags = self._hyper_flags()
@@ -122,10 +123,26 @@ class KerasEngine:
             self.inner.build(var_list)
         else:
             _check_float32(var_list, f"op={self.config.op.name}")
-            self.runner = make_step(self.algorithm, self.config.options, [tuple(v.shape) for v in var_list],
-                                    ops.size(), self.meter, self.config.bucket_mb)
+            self.stepped, no_decay, origin = self._decay_order(var_list)
+            self.runner = make_step(self.algorithm, self.config.options, [tuple(v.shape) for v in self.stepped],
+                                    ops.size(), self.meter, self.config.bucket_mb, no_decay, origin)
             self.state = self._make_state(self.runner.state_shapes(), add_variable)
         self.built = True
+
+    def _decay_order(self, var_list: list[Any]) -> tuple[list[Any], int, list[int]]:
+        """The variables as the algorithm steps them: those the inner optimizer excludes from weight decay
+        (``exclude_from_weight_decay``, read through Keras's own test ``_use_weight_decay``) first, where its
+        weight decay is not 0, as the torch face's param groups [no decay, decay] would hold them; their count;
+        each one's index in ``var_list``. The algorithm applies weight decay itself, so without this an excluded
+        variable (a bias, a LayerNorm scale) would decay."""
+        names = self.algorithm.wraps.hyper
+        decay = float(self.hyper[names.index("weight_decay")] or 0.0) if "weight_decay" in names else 0.0
+        use = getattr(self.inner, "_use_weight_decay", None)
+        if not decay or use is None:
+            return var_list, 0, list(range(len(var_list)))
+        excluded = [i for i, v in enumerate(var_list) if not use(v)]
+        origin = excluded + [i for i in range(len(var_list)) if i not in set(excluded)]
+        return [var_list[i] for i in origin], len(excluded), origin
 
     @staticmethod
     def _make_state(shapes: dict[str, Any], add_variable: Callable[..., Any]) -> dict[str, Any]:
@@ -144,7 +161,7 @@ class KerasEngine:
             reset_error_feedback(self.state)
 
     def synchronize_parameters(self) -> None:
-        synchronize_parameters(self.runner, self.trainable, f"{self.name}.synchronize_parameters")
+        synchronize_parameters(self.runner, self.stepped, f"{self.name}.synchronize_parameters")
 
     @property
     def compression_started(self) -> bool:
@@ -203,7 +220,7 @@ class KerasEngine:
                              "was built with")
         by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
         hyper = [self.face.learning_rate(self.inner), *self.hyper]
-        apply_algorithm_step(self.runner, self.state, self.trainable, by_var, hyper, self.flags,
+        apply_algorithm_step(self.runner, self.state, self.stepped, by_var, hyper, self.flags,
                              f"{self.name}.{self.algorithm.name}", self.config.overlap)
         self.inner.iterations.assign_add(1)
 

@@ -43,6 +43,10 @@ StateShapes = dict[str, tuple[tuple[int, ...], str, str]]  # name -> (shape, dty
 #: The state entry of a runner cut into several buckets with per-bucket state (Birder): each bucket's elements, so
 #: that a checkpoint of another cut is refused (another count of buckets: another shape, which Keras refuses).
 LAYOUT = "buckets"
+#: The state entry of a runner with variables excluded from weight decay (``no_decay``): per variable in the
+#: runner's order, its index in the optimizer's variable list + 1, negated where excluded. Those variables come
+#: first, so the flat state's order depends on the exclusions: a checkpoint of other exclusions is refused.
+DECAY_ORDER = "weight_decay_order"
 
 
 def _fresh_copy(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
@@ -86,11 +90,13 @@ def float32_gradients(grads: Sequence[Any], variables: Sequence[Any]) -> list[tf
             for g, v in zip(grads, variables, strict=True)]
 
 
-def plan_bucket_ranges(sizes: Sequence[int], bucket_mb: float) -> tuple[list[tuple[int, int]], list[int]]:
-    """The buckets of float32 variables of ``sizes`` elements as the torch face cuts one param group
-    (``ops.buckets.cut_buckets``): each bucket's variable range [lo, hi) in variable order, and the bucket indices
-    in bucket order."""
-    buckets, order = cut_buckets([("float32", 4 * n) for n in sizes], bucket_mb)
+def plan_bucket_ranges(sizes: Sequence[int], bucket_mb: float, groups: Sequence[int] | None = None) -> tuple[
+        list[tuple[int, int]], list[int]]:
+    """The buckets of float32 variables of ``sizes`` elements as the torch face cuts its param groups
+    (``ops.buckets.cut_buckets``; ``groups``: each variable's group, the groups' variables consecutive, or one
+    group): each bucket's variable range [lo, hi) in variable order, and the bucket indices in bucket order."""
+    groups = groups or [0] * len(sizes)
+    buckets, order = cut_buckets([((g, "float32"), 4 * n) for g, n in zip(groups, sizes, strict=True)], bucket_mb)
     return [(members[0], members[-1] + 1) for members in buckets], order
 
 
@@ -102,7 +108,7 @@ class _Session:
     g: np.ndarray
     bufs: dict[str, np.ndarray]
     saved: dict[str, np.ndarray]  # the ``scalars`` state (copies: TF's input arrays are not kept past the op)
-    group: dict[str, Any]
+    groups: list[dict[str, Any]]  # the param groups the algorithm reads (``FusedStep.param_groups``)
     read_only: frozenset[str]  # state the step only reads: bound at the finish op, from its own inputs
 
 
@@ -110,20 +116,32 @@ class FusedStep(FlatLayout):
     """All trainable variables (``shapes``, in order) as flat float32 buffers cut into buckets (``ranges``: each
     bucket's variables, in variable order; ``order``: the bucket order; ``plan_bucket_ranges``), and the algorithm
     that steps them. Subclasses name the state buffers (``state_shapes``), the ones that
-    differ between ranks by design (``per_rank``), the hyper-parameter group (``group``), bind the algorithm's
-    buckets over a step's arrays (``bind``) and step it (``finish_state``)."""
+    differ between ranks by design (``per_rank``), bind the algorithm's buckets over a step's arrays (``bind``)
+    and step it (``finish_state``).
+
+    ``no_decay``: the first that many variables are excluded from weight decay (Keras's
+    ``exclude_from_weight_decay``): they form the first param group, with weight_decay 0, and the others the
+    second, as the torch face's param groups [no decay, decay] (buckets never mix groups); ``origin``: each
+    variable's index in the optimizer's own list (recorded in ``DECAY_ORDER``)."""
 
     #: State names that are scalars or small lists, not flat buffers copied as such.
-    scalars: tuple[str, ...] = ("step", LAYOUT)
+    scalars: tuple[str, ...] = ("step", LAYOUT, DECAY_ORDER)
     per_rank: tuple[str, ...] = ()
     #: State buffers that some steps only read (``read_only``): not copied in, and not assigned back then.
     may_be_read_only: tuple[str, ...] = ()
     #: The kind the algorithm wraps: how the face's hyper-parameters become its param group (``make_step`` sets it).
     wraps: Wraps
 
-    def __init__(self, algorithm: Any, shapes: Sequence[tuple[int, ...]], bucket_mb: float) -> None:
+    def __init__(self, algorithm: Any, shapes: Sequence[tuple[int, ...]], bucket_mb: float, no_decay: int = 0,
+                 origin: Sequence[int] | None = None) -> None:
         super().__init__(shapes)
-        self.ranges, self.order = plan_bucket_ranges(self.sizes, bucket_mb)
+        self.no_decay = no_decay
+        self.group_of = [0 if i < no_decay else 1 for i in range(len(self.sizes))] if no_decay else \
+            [0] * len(self.sizes)
+        origin = list(range(len(self.sizes))) if origin is None else list(origin)
+        self.decay_order = np.asarray([-(o + 1) if i < no_decay else o + 1 for i, o in enumerate(origin)], np.int64)
+        self.ranges, self.order = plan_bucket_ranges(self.sizes, bucket_mb, self.group_of)
+        self.bucket_groups = [self.group_of[lo] for lo, _ in self.ranges]
         self.layouts = [FlatLayout(self.shapes[lo:hi]) for lo, hi in self.ranges]
         self._sessions: dict[int, _Session] = {}
         self._tokens = itertools.count()
@@ -140,12 +158,18 @@ class FusedStep(FlatLayout):
 
     def layout_shape(self) -> StateShapes:
         """``LAYOUT``'s entry where the state is per bucket and there is more than one (with one bucket the
-        state needs no layout, so checkpoints without the entry still load)."""
-        return {LAYOUT: ((len(self.ranges),), "int64", "zeros")} if len(self.ranges) > 1 else {}
+        state needs no layout, so checkpoints without the entry still load), and ``DECAY_ORDER``'s where variables
+        are excluded from weight decay (without exclusions the state keeps the variables' own order)."""
+        shapes: StateShapes = {LAYOUT: ((len(self.ranges),), "int64", "zeros")} if len(self.ranges) > 1 else {}
+        if self.no_decay:
+            shapes[DECAY_ORDER] = ((len(self.sizes),), "int64", "zeros")
+        return shapes
 
-    def group(self, hyper: np.ndarray, flags: dict[str, Any]) -> dict[str, Any]:
-        """(lr, *the wrapped kind's hyper-parameters) as the param group the algorithm reads (``Wraps.group``)."""
-        return self.wraps.group(np.asarray(hyper, dtype=np.float64), flags)
+    def param_groups(self, hyper: np.ndarray, flags: dict[str, Any]) -> list[dict[str, Any]]:
+        """(lr, *the wrapped kind's hyper-parameters) as the param groups the algorithm reads (``Wraps.group``):
+        one, or with ``no_decay`` the excluded variables' (weight_decay 0) and the others'."""
+        group = self.wraps.group(np.asarray(hyper, dtype=np.float64), flags)
+        return [{**group, "weight_decay": 0.0}, group] if self.no_decay else [group]
 
     def read_only(self, saved: dict[str, np.ndarray]) -> frozenset[str]:
         """The names of ``may_be_read_only`` that the coming step (state ``saved``) does not write."""
@@ -204,7 +228,7 @@ class FusedStep(FlatLayout):
                     runtime.submit(reject_allreduce, f"{type(e).__name__}: {e}",
                                    f"{alg.name}.bucket.{later}").exception()
                 raise
-            alg.gradient_final(bucket, [session.group], count=hi - lo)
+            alg.gradient_final(bucket, session.groups, count=hi - lo)
             return np.array(token, np.int64)
 
         return run
@@ -223,6 +247,8 @@ class FusedStep(FlatLayout):
         new = self.finish_state(session)
         if LAYOUT in session.saved:
             new[LAYOUT] = np.asarray(self.bucket_numels(), dtype=np.int64)
+        if DECAY_ORDER in session.saved:
+            new[DECAY_ORDER] = self.decay_order.copy()
         new_state = {**session.bufs, **new, **only_read}
         return [*self.views(session.x), *(new_state[k] for k in self.state_shapes())]
 
@@ -230,13 +256,15 @@ class FusedStep(FlatLayout):
                state: Sequence[np.ndarray]) -> _Session:
         names = list(self.state_shapes())
         given = dict(zip(names, state, strict=True))
+        if DECAY_ORDER in given:  # first: other exclusions also cut other buckets
+            self._check_decay_order(np.asarray(given[DECAY_ORDER]), int(given["step"]))
         if LAYOUT in given:
             self._check_layout(np.asarray(given[LAYOUT]), int(given["step"]))
         read_only = self.read_only(given)
         bufs = {k: _fresh_copy(given[k]) for k in names if k not in self.scalars and k not in read_only}
         saved = {k: np.array(given[k]) for k in names if k in self.scalars}
         return _Session(x=self.flatten(params), g=aligned_empty(self.numel, np.float32), bufs=bufs, saved=saved,
-                        group=self.group(hyper, flags), read_only=read_only)
+                        groups=self.param_groups(hyper, flags), read_only=read_only)
 
     def _check_layout(self, saved: np.ndarray, step: int) -> None:
         """ValueError unless the state's bucket layout ``saved`` is this runner's; at step 0 (a fresh state: the
@@ -256,10 +284,21 @@ class FusedStep(FlatLayout):
             f"cuts {mine.tolist()} (another model or bucket_mb): per-bucket state cannot be carried over"
         )
 
+    def _check_decay_order(self, saved: np.ndarray, step: int) -> None:
+        """ValueError unless the state was written with this runner's exclusions from weight decay (at step 0, a
+        fresh state, any): the flat state follows the variables' order, which the exclusions set."""
+        if step == 0 or np.array_equal(saved, self.decay_order):
+            return
+        raise ValueError(
+            f"{self.algorithm.name}: the optimizer state (step {step}) was written with other variables excluded "
+            "from weight decay (exclude_from_weight_decay), or with none: its flat state is in another variable "
+            "order and cannot be carried over; exclude the same variables as when it was saved"
+        )
+
     def _step(self, session: _Session) -> int:
         """The bound algorithm's step; its buckets are dropped after (the arrays then belong to TF)."""
         try:
-            return self.algorithm.step([session.group])
+            return self.algorithm.step(session.groups)
         finally:
             self.algorithm.buckets = []
 
@@ -269,14 +308,14 @@ class OneBitStep(FusedStep):
     bucket's worker error and server chunk, or with ``hierarchical`` its hierarchical pair), LAMB's per-layer
     frozen coefficients. With more than one bucket the state records the cut (``LAYOUT``)."""
 
-    scalars = ("step", "lamb_coeff_freeze", "last_factor", LAYOUT)
+    scalars = ("step", "lamb_coeff_freeze", "last_factor", LAYOUT, DECAY_ORDER)
     per_rank = ("worker_error", "server_error")
     # v is frozen in the compression stage (both papers' Alg. 1): read there, never written.
     may_be_read_only = ("exp_avg_sq",)
 
     def __init__(self, algorithm: OneBitAlgorithm, shapes: Sequence[tuple[int, ...]], world_size: int,
-                 bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
-        super().__init__(algorithm, shapes, bucket_mb)
+                 bucket_mb: float = DEFAULT_BUCKET_MB, **decay: Any) -> None:
+        super().__init__(algorithm, shapes, bucket_mb, **decay)
         self.world_size = world_size
         self._kept: _KeptDenom | None = None
         # Working buffers, every element written before it is read in a step: made once, not per step.
@@ -315,7 +354,8 @@ class OneBitStep(FusedStep):
             a, b = self.span(i)
             errors = (bufs["worker_error"][w[i]:w[i + 1]], bufs["server_error"][s[i]:s[i + 1]])
             seg = OneBitBucket(
-                group=0, params=layout.views(session.x[a:b]), sizes=list(layout.sizes), grad=session.g[a:b],
+                group=self.bucket_groups[i], params=layout.views(session.x[a:b]), sizes=list(layout.sizes),
+                grad=session.g[a:b],
                 exp_avg=bufs["exp_avg"][a:b],
                 exp_avg_sq=bufs["exp_avg_sq"][a:b] if "exp_avg_sq" in bufs else None,  # read-only: at finish
                 fresh=None if fresh is None else fresh[a:b], work=self._work[a:b], scratch=self._scratch[a:b],
@@ -388,13 +428,13 @@ class ZeroOneStep(FusedStep):
     error feedback and sum of lr since the last sync; the step and the four schedule counters. m, u and the errors
     are per rank (after the freeze the ranks step on their own gradients between syncs)."""
 
-    scalars = ("step", "counters", "lrs", LAYOUT)
+    scalars = ("step", "counters", "lrs", LAYOUT, DECAY_ORDER)
     per_rank = ("exp_avg", "u", "worker_error", "server_error")
     FRESH_COUNTERS = (1, 0, 1, 0)  # var_interval, var_counter, local_step_interval, local_step_counter at step 0
 
     def __init__(self, algorithm: ZeroOneAdam, shapes: Sequence[tuple[int, ...]], world_size: int,
-                 bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
-        super().__init__(algorithm, shapes, bucket_mb)
+                 bucket_mb: float = DEFAULT_BUCKET_MB, **decay: Any) -> None:
+        super().__init__(algorithm, shapes, bucket_mb, **decay)
         # Working buffers, every element written before it is read in a step: made once, not per step.
         self._work, self._scratch, self._denom = (BACKEND.float32_like(self.numel, None) for _ in range(3))
         errors = [(n, server_error_numel(n, world_size)) for n in self.bucket_numels()]
@@ -418,7 +458,8 @@ class ZeroOneStep(FusedStep):
         for i, layout in enumerate(self.layouts):
             a, b = self.span(i)
             buckets.append(ZeroOneBucket(
-                group=0, params=layout.views(session.x[a:b]), sizes=list(layout.sizes), grad=session.g[a:b],
+                group=self.bucket_groups[i], params=layout.views(session.x[a:b]), sizes=list(layout.sizes),
+                grad=session.g[a:b],
                 exp_avg=bufs["exp_avg"][a:b], exp_avg_sq=bufs["exp_avg_sq"][a:b], u=bufs["u"][a:b],
                 anchor=bufs["anchor"][a:b], work=self._work[a:b], scratch=self._scratch[a:b],
                 denom=self._denom[a:b], onebit=_Errors(bufs["worker_error"][w[i]:w[i + 1]],
@@ -444,30 +485,31 @@ class SlambStep(FusedStep):
     per_rank = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, options: SlambOptions, shapes: Sequence[tuple[int, ...]], world_size: int,
-                 meter: CommMeter, bucket_mb: float = DEFAULT_BUCKET_MB, algorithm: type = Slamb) -> None:
-        super().__init__(None, shapes, bucket_mb)
+                 meter: CommMeter, bucket_mb: float = DEFAULT_BUCKET_MB, algorithm: type = Slamb, **decay: Any) -> None:
+        super().__init__(None, shapes, bucket_mb, **decay)
         # Working buffers, made once as the torch face's (state comes from the variables every step).
         self._work = BACKEND.float32_like(self.numel, None)
         self._scratch = BACKEND.float32_like(self.numel, None)
         self._mask = BACKEND.bool_like(self.numel, None)
         # ``params`` only count the members (the algorithm reads the flat buffers).
-        buckets = [SlambBucket(group=0, first=self.span(i)[0], sizes=self.sizes[lo:hi], params=list(range(lo, hi)))
-                    for i, (lo, hi) in enumerate(self.ranges)]
+        buckets = [SlambBucket(group=self.bucket_groups[i], first=self.span(i)[0], sizes=self.sizes[lo:hi],
+                               params=list(range(lo, hi))) for i, (lo, hi) in enumerate(self.ranges)]
         self.algorithm = algorithm(options, BACKEND, buckets, meter, world_size=world_size,
                                    buffers=self._buffers(BACKEND.float32_like(self.numel, None), None, {}))
         self._attach(self.algorithm)
 
     def state_shapes(self) -> StateShapes:
         n = self.numel
+        order = {DECAY_ORDER: self.layout_shape()[DECAY_ORDER]} if self.no_decay else {}
         return {"exp_avg": ((n,), "float32", "zeros"), "exp_avg_sq": ((n,), "float32", "zeros"),
-                "freshness": ((n,), "float32", "ones"), "step": ((), "int64", "zeros")}
+                "freshness": ((n,), "float32", "ones"), "step": ((), "int64", "zeros"), **order}
 
     def _buffers(self, x: np.ndarray, g: np.ndarray | None, bufs: dict[str, np.ndarray]) -> SlambBuffers:
         def own(key: str) -> np.ndarray:
             return bufs[key] if key in bufs else BACKEND.float32_like(self.numel, None)
 
         return SlambBuffers(
-            params=self.views(x), shapes=list(self.shapes), group_of=[0] * len(self.shapes),
+            params=self.views(x), shapes=list(self.shapes), group_of=list(self.group_of),
             grad=own("grad") if g is None else g, exp_avg=own("exp_avg"), exp_avg_sq=own("exp_avg_sq"),
             freshness=own("freshness"), mask=self._mask, work=self._work, scratch=self._scratch,
             views=self.views,
@@ -478,7 +520,7 @@ class SlambStep(FusedStep):
         self.algorithm.t = int(session.saved["step"])
 
     def finish_state(self, session: _Session) -> dict[str, np.ndarray]:
-        return {"step": np.asarray(self.algorithm.step([session.group]), dtype=np.int64)}  # its buffers: rebound
+        return {"step": np.asarray(self.algorithm.step(session.groups), dtype=np.int64)}  # its buffers: rebound
 
     def synchronize_parameters(self, *params: np.ndarray) -> list[np.ndarray]:
         """The parameters averaged over all ranks (the algorithm's dense sync), as new arrays."""
@@ -496,8 +538,8 @@ class BirderStep(FusedStep):
     per_rank = ("m", "b", "worker_error", "server_error")
 
     def __init__(self, options: BirderOptions, shapes: Sequence[tuple[int, ...]], meter: CommMeter,
-                 bucket_mb: float = DEFAULT_BUCKET_MB, algorithm: type = BirderAlgorithm) -> None:
-        super().__init__(algorithm(options, BACKEND, [], meter), shapes, bucket_mb)
+                 bucket_mb: float = DEFAULT_BUCKET_MB, algorithm: type = BirderAlgorithm, **decay: Any) -> None:
+        super().__init__(algorithm(options, BACKEND, [], meter), shapes, bucket_mb, **decay)
         numels = [algorithm.state_numels(n, options.hierarchical) for n in self.bucket_numels()]
         self._state_cuts = [list(itertools.accumulate((0, *(c[k] for c in numels)))) for k in (0, 1)]
         self._update = BACKEND.float32_like(self.numel, None)  # the gradient's copy each step: made once
@@ -513,7 +555,8 @@ class BirderStep(FusedStep):
         for i, layout in enumerate(self.layouts):
             a, b = self.span(i)
             buckets.append(BirderBucket(
-                group=0, params=layout.views(session.x[a:b]), sizes=list(layout.sizes), grad=session.g[a:b],
+                group=self.bucket_groups[i], params=layout.views(session.x[a:b]), sizes=list(layout.sizes),
+                grad=session.g[a:b],
                 update=self._update[a:b], m=bufs["m"][c1[i]:c1[i + 1]], b=bufs["b"][c1[i]:c1[i + 1]],
                 worker_error=bufs["worker_error"][c1[i]:c1[i + 1]],
                 server_error=bufs["server_error"][c2[i]:c2[i + 1]], views=layout.views,
@@ -526,18 +569,20 @@ class BirderStep(FusedStep):
 
 
 def make_step(op_algorithm: type, options: Any, shapes: Sequence[tuple[int, ...]], world_size: int,
-              meter: CommMeter, bucket_mb: float = DEFAULT_BUCKET_MB) -> FusedStep:
+              meter: CommMeter, bucket_mb: float = DEFAULT_BUCKET_MB, no_decay: int = 0,
+              origin: Sequence[int] | None = None) -> FusedStep:
     """The ``FusedStep`` of the buffers an algorithm class of ``hvd_compress.algorithms.REGISTRY`` declares, with
-    parsed ``options``, cut into buckets of ``bucket_mb`` MiB."""
+    parsed ``options``, cut into buckets of ``bucket_mb`` MiB; ``no_decay``, ``origin``: as ``FusedStep``'s."""
     step: FusedStep
+    decay = {"no_decay": no_decay, "origin": origin}
     if op_algorithm.buffers == "onebit":
-        step = OneBitStep(op_algorithm(options, BACKEND, [], meter), shapes, world_size, bucket_mb)
+        step = OneBitStep(op_algorithm(options, BACKEND, [], meter), shapes, world_size, bucket_mb, **decay)
     elif op_algorithm.buffers == "slamb":
-        step = SlambStep(options, shapes, world_size, meter, bucket_mb, op_algorithm)
+        step = SlambStep(options, shapes, world_size, meter, bucket_mb, op_algorithm, **decay)
     elif op_algorithm.buffers == "flat":
-        step = BirderStep(options, shapes, meter, bucket_mb, op_algorithm)
+        step = BirderStep(options, shapes, meter, bucket_mb, op_algorithm, **decay)
     elif op_algorithm.buffers == "zeroone":
-        step = ZeroOneStep(op_algorithm(options, BACKEND, [], meter), shapes, world_size, bucket_mb)
+        step = ZeroOneStep(op_algorithm(options, BACKEND, [], meter), shapes, world_size, bucket_mb, **decay)
     else:
         raise NotImplementedError(f"{op_algorithm.__name__}: no TF step for buffers {op_algorithm.buffers!r}")
     step.wraps = op_algorithm.wraps

@@ -1,5 +1,7 @@
 """The same parameters, gradients and hyper-parameters through the torch face and the Keras face, in one process
-per rank (sharing hvd_compress's one runtime): saves both parameter traces. argv: out_dir, steps, freeze_step."""
+per rank (sharing hvd_compress's one runtime): saves both parameter traces. argv: out_dir, steps, freeze_step.
+Cases marked "no decay": the first and last variables excluded from weight decay, in torch as a param group with
+weight_decay 0 ahead of the others, in Keras with ``exclude_from_weight_decay``."""
 
 import sys
 
@@ -29,13 +31,20 @@ def grads(t: int) -> list[np.ndarray]:
     return [rng.standard_normal(s).astype(np.float32) for s in SIZES]
 
 
-def run_torch(make: str, op: object, options: dict) -> list[np.ndarray]:
+NO_DECAY = (0, 2)  # the variables a "no decay" case excludes from weight decay (a bias, a LayerNorm scale)
+
+
+def run_torch(make: str, op: object, options: dict, no_decay: bool = False) -> list[np.ndarray]:
     params = [torch.nn.Parameter(torch.from_numpy(a.copy())) for a in x0()]
+    groups = params
+    if no_decay:
+        groups = [{"params": [params[i] for i in NO_DECAY], "weight_decay": 0.0},
+                  {"params": [p for i, p in enumerate(params) if i not in NO_DECAY]}]
     inner = {
-        "sgd": lambda: torch.optim.SGD(params, lr=LR),
-        "adamw": lambda: torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.999), eps=1e-7, weight_decay=0.004),
-        "lamb": lambda: hct.Lamb(params, lr=LR, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
-        "birder": lambda: hct.Birder(params, lr=LR, beta=0.9, eps=1e-8, weight_decay=0.01),
+        "sgd": lambda: torch.optim.SGD(groups, lr=LR),
+        "adamw": lambda: torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.999), eps=1e-7, weight_decay=0.004),
+        "lamb": lambda: hct.Lamb(groups, lr=LR, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
+        "birder": lambda: hct.Birder(groups, lr=LR, beta=0.9, eps=1e-8, weight_decay=0.01),
     }[make]()
     opt = hct.DistributedOptimizer(inner, named_parameters=[(f"p{i}", p) for i, p in enumerate(params)], op=op,
                                    **options)
@@ -49,7 +58,7 @@ def run_torch(make: str, op: object, options: dict) -> list[np.ndarray]:
     return trace
 
 
-def run_keras(make: str, op: object, options: dict, compiled: bool) -> list[np.ndarray]:
+def run_keras(make: str, op: object, options: dict, compiled: bool, no_decay: bool = False) -> list[np.ndarray]:
     variables = [keras.Variable(a.copy(), name=f"p{i}") for i, a in enumerate(x0())]
     inner = {
         "sgd": lambda: keras.optimizers.SGD(LR),
@@ -57,6 +66,8 @@ def run_keras(make: str, op: object, options: dict, compiled: bool) -> list[np.n
         "lamb": lambda: keras.optimizers.Lamb(LR, beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay=0.01),
         "birder": lambda: hck.Birder(LR, beta=0.9, epsilon=1e-8, weight_decay=0.01),
     }[make]()
+    if no_decay:
+        inner.exclude_from_weight_decay(var_list=[variables[i] for i in NO_DECAY])
     opt = hck.DistributedOptimizer(inner, op=hck.Birder if op is hct.Birder else op, **options)
 
     def step(gs: list[tf.Tensor]) -> None:
@@ -84,12 +95,18 @@ CASES = {
     "OneBitLamb hierarchical/lamb": ("lamb", hct.OneBitLamb, {"freeze_step": freeze, "hierarchical": True}),
     "Birder hierarchical/birder": ("birder", hct.Birder, {"seed": 3, "hierarchical": True}),
     "Average/birder": ("birder", hct.Average, {}),
+    "OneBitAdam no decay/adamw": ("adamw", hct.OneBitAdam, {"freeze_step": freeze}),
+    "OneBitLamb no decay/lamb": ("lamb", hct.OneBitLamb, {"freeze_step": freeze}),
+    "SLAMB no decay/lamb": ("lamb", hct.SLAMB, {"compress_ratio": 0.5, "sync_interval": 3, "grad_size_thr": 0,
+                                                "seed": 5}),
+    "Birder no decay/birder": ("birder", hct.Birder, {"seed": 3}),
 }
 out = {}
 for name, (make, op, options) in CASES.items():
+    nd = "no decay" in name
     out[name] = {
-        "torch": run_torch(make, op, options),
-        "keras": run_keras(make, op, options, compiled=True),
-        "keras_eager": run_keras(make, op, options, compiled=False),
+        "torch": run_torch(make, op, options, nd),
+        "keras": run_keras(make, op, options, compiled=True, no_decay=nd),
+        "keras_eager": run_keras(make, op, options, compiled=False, no_decay=nd),
     }
 save(r, {"traces": out, "n": n})

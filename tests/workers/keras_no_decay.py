@@ -1,0 +1,88 @@
+"""Variables excluded from weight decay (Keras's ``exclude_from_weight_decay``) under the ops that step with their
+own rule, resumed from a ``tf.train.Checkpoint`` per rank. The excluded variables come first in the algorithm's
+flat state, so a checkpoint written with other exclusions must be refused, not loaded in another order.
+
+argv: out_dir face ("keras" or "tf_keras", which TF_USE_LEGACY_KERAS must match) ops (comma list)
+Saves per rank, per op: ``uninterrupted``, the parameters after each of 8 steps; ``resumed``, the last 4 of them
+from a run restored after step 4 with the same exclusions; ``other``, what the first step raised after a restore
+with another variable excluded; ``decayed``, whether each variable moved over 4 steps of zero gradients from the
+start (weight decay alone: only those not excluded may)."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+from tf_common import outcome, save
+
+if sys.argv[2] == "tf_keras":
+    import tf_keras as keras
+else:
+    import keras
+
+import hvd_compress.keras as hck
+
+hck.init()
+rank = hck.rank()
+SIZES = [(5,), (4, 6), (6,)]
+LR, WD = 0.01, 0.05
+OPTIONS = {"OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2},
+           "ZeroOneAdam": {"var_freeze_step": 2, "local_step_scaler": 1, "local_step_clipper": 1,
+                           "variance_bias_correction": True},
+           "SLAMB": {"compress_ratio": 0.5, "sync_interval": 1, "grad_size_thr": 0, "seed": 5}, "Birder": {"seed": 3}}
+
+
+def inner(op: str) -> object:
+    if op == "Birder":
+        return hck.Birder(LR, weight_decay=WD)
+    if op in ("OneBitLamb", "SLAMB") and hasattr(keras.optimizers, "Lamb"):
+        return keras.optimizers.Lamb(LR, weight_decay=WD)
+    return keras.optimizers.AdamW(LR, weight_decay=WD)
+
+
+def make(op: str, excluded: tuple[int, ...]) -> tuple[list, object]:
+    rng = np.random.default_rng(7)
+    variables = [tf.Variable(rng.standard_normal(s).astype(np.float32), name=f"v{i}") for i, s in enumerate(SIZES)]
+    base = inner(op)
+    base.exclude_from_weight_decay(var_list=[variables[i] for i in excluded])
+    opt = hck.DistributedOptimizer(base, op=getattr(hck, op), **OPTIONS.get(op, {}))
+    opt.build(variables)
+    return variables, opt
+
+
+def step(opt: object, variables: list, t: int, zero: bool = False) -> list[np.ndarray]:
+    rng = np.random.default_rng(100 * t + rank)
+    grads = [tf.zeros(s) if zero else tf.constant(rng.standard_normal(s).astype(np.float32)) for s in SIZES]
+    opt.apply_gradients(zip(grads, variables, strict=True))
+    return [v.numpy().copy() for v in variables]
+
+
+def checkpoint(opt: object, variables: list) -> tf.train.Checkpoint:
+    return tf.train.Checkpoint(optimizer=opt, **{f"v{i}": v for i, v in enumerate(variables)})
+
+
+out = {}
+tmp = tempfile.mkdtemp()
+for op in sys.argv[3].split(","):
+    variables, opt = make(op, (0, 2))
+    trace = []
+    for t in range(8):
+        if t == 4:
+            path = checkpoint(opt, variables).write(f"{tmp}/{op}_{rank}")
+        trace.append(step(opt, variables, t))
+    res = {"uninterrupted": trace}
+    variables, opt = make(op, (0, 2))
+    before = [v.numpy().copy() for v in variables]
+    for t in range(4):  # zero gradients from the start: no momentum, weight decay alone moves a variable
+        after = step(opt, variables, t, zero=True)
+    res["decayed"] = [not np.array_equal(a, b) for a, b in zip(before, after, strict=True)]
+    variables, opt = make(op, (0, 2))
+    checkpoint(opt, variables).read(path).assert_existing_objects_matched()
+    res["resumed"] = [step(opt, variables, t) for t in range(4, 8)]
+    variables, opt = make(op, (0,))
+    checkpoint(opt, variables).read(path).expect_partial()
+    res["other"] = outcome(lambda opt=opt, variables=variables: step(opt, variables, 4))
+    out[op] = res
+save(rank, out)
