@@ -2,8 +2,10 @@
 1-bit LAMB, SLAMB, Birder), Keras 3 and tf_keras, 2 ranks: an excluded variable does not decay (steps of zero
 gradients leave it, the others shrink; not Birder, whose step of a zero gradient is lr), the ranks agree, a
 ``tf.train.Checkpoint`` per rank resumes bit for bit, and one written with other exclusions is refused on every rank
-(the flat state's variable order follows them). The steps themselves are compared with the torch face's param group
-of weight_decay 0 in ``test_tensorflow.py`` (tf_parity.py's "no decay" cases)."""
+(the flat state's variable order follows them), as are exclusions changed after the first step. Set on the wrapper
+(Horovod's wrapper is a subclass of the optimizer, so scripts call it there), they reach the inner optimizer, also
+under op=Average. The steps themselves are compared with the torch face's param group of weight_decay 0 in
+``test_tensorflow.py`` (tf_parity.py's "no decay" cases)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ def test_variables_excluded_from_weight_decay_stay_and_resume_exactly(face: str,
     ops = [op for op in OPS if face == "keras" or op != "SLAMB"]  # SLAMB wraps Keras 3's Lamb only
     mpirun("keras_no_decay.py", 2, out_dir, face, ",".join(ops), timeout=300, env=env)
     ranks = load_pickled_ranks(out_dir, 2)
+    for r, rk in enumerate(ranks):  # set on the wrapper, as on Horovod's: forwarded to the inner optimizer
+        assert rk["Average"]["decayed"] == [False, True, False], f"{face} Average rank {r}: {rk['Average']}"
     for op in ops:
         for r, rk in enumerate(ranks):
             got = rk[op]
@@ -34,6 +38,9 @@ def test_variables_excluded_from_weight_decay_stay_and_resume_exactly(face: str,
                     np.testing.assert_array_equal(x, y, err_msg=f"{face} {op} rank {r}: resumed step {t + 4}, v{i}")
             assert "ValueError" in got["other"] and "excluded from weight decay" in got["other"], (
                 f"{face} {op} rank {r}: a checkpoint of other exclusions: {got['other']}")
+            for late in ("late_wrapper", "late_inner"):
+                assert "ValueError" in got[late] and "exclude_from_weight_decay" in got[late], (
+                    f"{face} {op} rank {r}: exclusions changed after the first step ({late}): {got[late]}")
         for t in range(8):  # 0/1 Adam too: its schedule here syncs every step
             for i in range(3):
                 np.testing.assert_array_equal(ranks[1][op]["uninterrupted"][t][i], ranks[0][op]["uninterrupted"][t][i],

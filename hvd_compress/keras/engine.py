@@ -82,6 +82,7 @@ class KerasEngine:
         self.pass_count: Any = None
         self.trainable: list[Any] = []
         self.stepped: list[Any] = []  # an algorithm's variables in its runner's order (``_decay_order``)
+        self.decay: tuple[int, list[int]] = (0, [])  # ``_decay_order``'s count and origin at build
         self.built = False
         if self.algorithm is not None:
             self.hyper, self.flags = self._hyper_flags()
@@ -124,6 +125,7 @@ class KerasEngine:
         else:
             _check_float32(var_list, f"op={self.config.op.name}")
             self.stepped, no_decay, origin = self._decay_order(var_list)
+            self.decay = (no_decay, origin)
             self.runner = make_step(self.algorithm, self.config.options, [tuple(v.shape) for v in self.stepped],
                                     ops.size(), self.meter, self.config.bucket_mb, no_decay, origin)
             self.state = self._make_state(self.runner.state_shapes(), add_variable)
@@ -218,6 +220,9 @@ class KerasEngine:
         if sorted(id(v) for v in variables) != sorted(id(v) for v in self.trainable):
             raise ValueError(f"op={self.config.op.name}: {self.face.method}() must get every variable the optimizer "
                              "was built with")
+        if self._decay_order(self.trainable)[1:] != self.decay:
+            raise ValueError(f"op={self.config.op.name}: the inner optimizer's exclude_from_weight_decay() changed "
+                             "after its first step; the algorithm's state is laid out by it: call it before")
         by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
         hyper = [self.face.learning_rate(self.inner), *self.hyper]
         apply_algorithm_step(self.runner, self.state, self.stepped, by_var, hyper, self.flags,
@@ -263,6 +268,15 @@ class EngineMethods:
     @learning_rate.setter
     def learning_rate(self, learning_rate: Any) -> None:
         self.inner_optimizer.learning_rate = learning_rate
+
+    def exclude_from_weight_decay(self, var_list: Any = None, var_names: Any = None) -> None:
+        """The inner optimizer's (which applies the weight decay, or hands it to the algorithm): Horovod's Keras
+        wrapper is a subclass of the optimizer, so scripts call this on the wrapper. Before the first step, as
+        Keras requires of its own optimizers."""
+        if self._hvdc.built:
+            raise ValueError("exclude_from_weight_decay() can only be configured before the optimizer is built "
+                             "(its first step)")
+        self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
 
     def comm_stats(self) -> dict[str, int]:
         """Bytes this rank sent and received for this optimizer's reductions and algorithm steps since the last

@@ -6,7 +6,9 @@ argv: out_dir face ("keras" or "tf_keras", which TF_USE_LEGACY_KERAS must match)
 Saves per rank, per op: ``uninterrupted``, the parameters after each of 8 steps; ``resumed``, the last 4 of them
 from a run restored after step 4 with the same exclusions; ``other``, what the first step raised after a restore
 with another variable excluded; ``decayed``, whether each variable moved over 4 steps of zero gradients from the
-start (weight decay alone: only those not excluded may)."""
+start (weight decay alone: only those not excluded may), the exclusions set through the wrapper (also for
+op=Average); ``late_wrapper`` and ``late_inner``, what setting them after the first step raised, through the wrapper
+and through the inner optimizer (at the next step)."""
 
 from __future__ import annotations
 
@@ -42,12 +44,14 @@ def inner(op: str) -> object:
     return keras.optimizers.AdamW(LR, weight_decay=WD)
 
 
-def make(op: str, excluded: tuple[int, ...]) -> tuple[list, object]:
+def make(op: str, excluded: tuple[int, ...], on_wrapper: bool = False) -> tuple[list, object]:
+    """The variables and the wrapped optimizer, built; the exclusions set on the inner optimizer, or on the wrapper
+    (Horovod's scripts call it there)."""
     rng = np.random.default_rng(7)
     variables = [tf.Variable(rng.standard_normal(s).astype(np.float32), name=f"v{i}") for i, s in enumerate(SIZES)]
     base = inner(op)
-    base.exclude_from_weight_decay(var_list=[variables[i] for i in excluded])
     opt = hck.DistributedOptimizer(base, op=getattr(hck, op), **OPTIONS.get(op, {}))
+    (opt if on_wrapper else base).exclude_from_weight_decay(var_list=[variables[i] for i in excluded])
     opt.build(variables)
     return variables, opt
 
@@ -63,7 +67,17 @@ def checkpoint(opt: object, variables: list) -> tf.train.Checkpoint:
     return tf.train.Checkpoint(optimizer=opt, **{f"v{i}": v for i, v in enumerate(variables)})
 
 
-out = {}
+def decayed(op: str) -> list[bool]:
+    """Whether each variable moved over 4 steps of zero gradients from the start, v0 and v2 excluded through the
+    wrapper: weight decay alone moves a variable there."""
+    variables, opt = make(op, (0, 2), on_wrapper=True)
+    before = [v.numpy().copy() for v in variables]
+    for t in range(4):
+        after = step(opt, variables, t, zero=True)
+    return [not np.array_equal(a, b) for a, b in zip(before, after, strict=True)]
+
+
+out = {"Average": {"decayed": decayed("Average")}}  # the inner optimizer applies the decay: the wrapper forwards
 tmp = tempfile.mkdtemp()
 for op in sys.argv[3].split(","):
     variables, opt = make(op, (0, 2))
@@ -72,17 +86,19 @@ for op in sys.argv[3].split(","):
         if t == 4:
             path = checkpoint(opt, variables).write(f"{tmp}/{op}_{rank}")
         trace.append(step(opt, variables, t))
-    res = {"uninterrupted": trace}
-    variables, opt = make(op, (0, 2))
-    before = [v.numpy().copy() for v in variables]
-    for t in range(4):  # zero gradients from the start: no momentum, weight decay alone moves a variable
-        after = step(opt, variables, t, zero=True)
-    res["decayed"] = [not np.array_equal(a, b) for a, b in zip(before, after, strict=True)]
+    res = {"uninterrupted": trace, "decayed": decayed(op)}
     variables, opt = make(op, (0, 2))
     checkpoint(opt, variables).read(path).assert_existing_objects_matched()
     res["resumed"] = [step(opt, variables, t) for t in range(4, 8)]
     variables, opt = make(op, (0,))
     checkpoint(opt, variables).read(path).expect_partial()
     res["other"] = outcome(lambda opt=opt, variables=variables: step(opt, variables, 4))
+    # exclusions changed after the first step: refused by the wrapper, and by the algorithm's next step
+    variables, opt = make(op, (0, 2))
+    step(opt, variables, 0)
+    res["late_wrapper"] = outcome(lambda opt=opt, variables=variables: opt.exclude_from_weight_decay(
+        var_list=variables[:1]))
+    opt.inner_optimizer.exclude_from_weight_decay(var_list=variables[:1])
+    res["late_inner"] = outcome(lambda opt=opt, variables=variables: step(opt, variables, 1))
     out[op] = res
 save(rank, out)
