@@ -4,8 +4,9 @@ gradients leave it, the others shrink; not Birder, whose step of a zero gradient
 ``tf.train.Checkpoint`` per rank resumes bit for bit, and one written with other exclusions is refused on every rank
 (the flat state's variable order follows them), as are exclusions changed after the first step. Set on the wrapper
 (Horovod's wrapper is a subclass of the optimizer, so scripts call it there), they reach the inner optimizer, also
-under op=Average. The steps themselves are compared with the torch face's param group of weight_decay 0 in
-``test_tensorflow.py`` (tf_parity.py's "no decay" cases)."""
+under op=Average, and a model saved with ``model.save`` and reloaded with ``load_model`` keeps them (Keras's own
+config does not) and continues exactly. The steps themselves are compared with the torch face's param group of
+weight_decay 0 in ``test_tensorflow.py`` (tf_parity.py's "no decay" cases)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,13 @@ def test_variables_excluded_from_weight_decay_stay_and_resume_exactly(face: str,
     ranks = load_pickled_ranks(out_dir, 2)
     for r, rk in enumerate(ranks):  # set on the wrapper, as on Horovod's: forwarded to the inner optimizer
         assert rk["Average"]["decayed"] == [False, True, False], f"{face} Average rank {r}: {rk['Average']}"
+    for op in ["Average", *ops]:  # model.save, load_model: the exclusions kept, the next epoch exactly as continued
+        for r, rk in enumerate(ranks):
+            got = rk[op]
+            assert got["bias_excluded"] and all(got["bias_excluded"]), (
+                f"{face} {op} rank {r}: the reloaded optimizer decays the biases: {got['bias_excluded']}")
+            for i, (x, y) in enumerate(zip(got["reloaded"], got["continued"], strict=True)):
+                np.testing.assert_array_equal(x, y, err_msg=f"{face} {op} rank {r}: reloaded model, variable {i}")
     for op in ops:
         for r, rk in enumerate(ranks):
             got = rk[op]

@@ -83,6 +83,9 @@ class KerasEngine:
         self.trainable: list[Any] = []
         self.stepped: list[Any] = []  # an algorithm's variables in its runner's order (``_decay_order``)
         self.decay: tuple[int, list[int]] = (0, [])  # ``_decay_order``'s count and origin at build
+        # The variables (by index in ``build``'s list) a saved optimizer excluded from weight decay: Keras's
+        # config does not keep them, and a reloaded model's variable paths are not the saved ones.
+        self.excluded: list[int] = []
         self.built = False
         if self.algorithm is not None:
             self.hyper, self.flags = self._hyper_flags()
@@ -111,6 +114,10 @@ class KerasEngine:
         ensure_init()
         var_list = list(var_list)
         self.trainable = var_list
+        if self.excluded:  # as saved (``config_entries``), with what the inner optimizer excludes now
+            use, saved = self.inner._use_weight_decay, set(self.excluded)
+            chosen = [v for i, v in enumerate(var_list) if i in saved or not use(v)]
+            self.inner.exclude_from_weight_decay(var_list=chosen)
         if self.passes > 1:
             self.pass_count = add_variable(shape=(), dtype="int64", initializer="zeros", name="hvdc_passes")
             self.accumulators = [add_variable_from_reference(v, "hvdc_accumulated_grad") for v in var_list]
@@ -173,9 +180,20 @@ class KerasEngine:
         return int(self.state["step"].numpy()) >= freeze
 
     def config_entries(self) -> dict[str, Any]:
-        """What ``get_config`` saves beside the name and the inner optimizer."""
+        """What ``get_config`` saves beside the name and the inner optimizer; once built, the indices of the
+        variables it excludes from weight decay (``EXCLUDED``), which the inner optimizer's config does not keep:
+        a reloaded model would decay them again, and the algorithm's state would not fit (``from_config``)."""
+        use = getattr(self.inner, "_use_weight_decay", None)
+        excluded = [i for i, v in enumerate(self.trainable) if not use(v)] if self.built and use is not None else []
         return {"op": int(self.config.op), "backward_passes_per_step": self.passes,
-                "compression": compression_config(self.compression), **self.options}
+                "compression": compression_config(self.compression), **self.options,
+                **({EXCLUDED: excluded} if excluded else {})}
+
+    @staticmethod
+    def from_config_entries(config: dict[str, Any]) -> list[int]:
+        """Take ``EXCLUDED`` out of a saved config (the wrapper's other entries are its arguments); the wrapper
+        then sets ``excluded``."""
+        return [int(i) for i in config.pop(EXCLUDED, [])]
 
     # -- the step ----------------------------------------------------------------------------------------
     def apply(self, grads: Sequence[Any], variables: Sequence[Any]) -> None:
@@ -228,6 +246,10 @@ class KerasEngine:
         apply_algorithm_step(self.runner, self.state, self.stepped, by_var, hyper, self.flags,
                              f"{self.name}.{self.algorithm.name}", self.config.overlap)
         self.inner.iterations.assign_add(1)
+
+
+#: The config entry of the variables excluded from weight decay (``KerasEngine.config_entries``).
+EXCLUDED = "weight_decay_excluded"
 
 
 def _check_float32(variables: Sequence[Any], what: str) -> None:

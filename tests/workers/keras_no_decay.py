@@ -26,6 +26,9 @@ else:
 
 import hvd_compress.keras as hck
 
+if sys.argv[2] == "tf_keras":
+    from hvd_compress.keras import legacy
+
 hck.init()
 rank = hck.rank()
 SIZES = [(5,), (4, 6), (6,)]
@@ -38,7 +41,7 @@ OPTIONS = {"OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2},
 
 def inner(op: str) -> object:
     if op == "Birder":
-        return hck.Birder(LR, weight_decay=WD)
+        return (legacy.Birder if sys.argv[2] == "tf_keras" else hck.Birder)(LR, weight_decay=WD)
     if op in ("OneBitLamb", "SLAMB") and hasattr(keras.optimizers, "Lamb"):
         return keras.optimizers.Lamb(LR, weight_decay=WD)
     return keras.optimizers.AdamW(LR, weight_decay=WD)
@@ -77,8 +80,32 @@ def decayed(op: str) -> list[bool]:
     return [not np.array_equal(a, b) for a, b in zip(before, after, strict=True)]
 
 
-out = {"Average": {"decayed": decayed("Average")}}  # the inner optimizer applies the decay: the wrapper forwards
+def reloaded(op: str) -> dict:
+    """``model.fit`` with the biases excluded (set on the wrapper), ``model.save`` per rank after an epoch,
+    ``load_model``: the parameters after the next epoch, continued and reloaded, and whether the reloaded optimizer
+    still excludes the biases (Keras's own config drops exclusions)."""
+    keras.utils.set_random_seed(11)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    opt = hck.DistributedOptimizer(inner(op), op=getattr(hck, op), **OPTIONS.get(op, {}))
+    opt.exclude_from_weight_decay(var_names=["bias"])
+    model.compile(optimizer=opt, loss="mse", jit_compile=False)
+    rng = np.random.default_rng(rank)
+    x = rng.standard_normal((32, 6)).astype(np.float32)
+    y = np.sin(x.sum(1, keepdims=True)).astype(np.float32)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    path = f"{tmp}/{op}_model_{rank}.keras"
+    model.save(path)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    again = keras.models.load_model(path)
+    again.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    use = again.optimizer.inner_optimizer._use_weight_decay
+    return {"continued": [v.numpy() for v in model.trainable_variables],
+            "reloaded": [v.numpy() for v in again.trainable_variables],
+            "bias_excluded": [not use(v) for v in again.trainable_variables if "bias" in v.name]}
+
+
 tmp = tempfile.mkdtemp()
+out = {"Average": {"decayed": decayed("Average"), **reloaded("Average")}}  # the inner optimizer applies the decay
 for op in sys.argv[3].split(","):
     variables, opt = make(op, (0, 2))
     trace = []
@@ -86,7 +113,7 @@ for op in sys.argv[3].split(","):
         if t == 4:
             path = checkpoint(opt, variables).write(f"{tmp}/{op}_{rank}")
         trace.append(step(opt, variables, t))
-    res = {"uninterrupted": trace, "decayed": decayed(op)}
+    res = {"uninterrupted": trace, "decayed": decayed(op), **reloaded(op)}
     variables, opt = make(op, (0, 2))
     checkpoint(opt, variables).read(path).assert_existing_objects_matched()
     res["resumed"] = [step(opt, variables, t) for t in range(4, 8)]
