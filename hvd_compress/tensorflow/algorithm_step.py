@@ -136,8 +136,7 @@ class FusedStep(FlatLayout):
                  origin: Sequence[int] | None = None) -> None:
         super().__init__(shapes)
         self.no_decay = no_decay
-        self.group_of = [0 if i < no_decay else 1 for i in range(len(self.sizes))] if no_decay else \
-            [0] * len(self.sizes)
+        self.group_of = [1 if 0 < no_decay <= i else 0 for i in range(len(self.sizes))]  # [no decay, decay] or one
         origin = list(range(len(self.sizes))) if origin is None else list(origin)
         self.decay_order = np.asarray([-(o + 1) if i < no_decay else o + 1 for i, o in enumerate(origin)], np.int64)
         self.ranges, self.order = plan_bucket_ranges(self.sizes, bucket_mb, self.group_of)
