@@ -280,7 +280,8 @@ class FusedStep(FlatLayout):
             )
         raise ValueError(
             f"{self.algorithm.name}: the optimizer state holds buckets of {saved.tolist()} elements, this optimizer "
-            f"cuts {mine.tolist()} (another model or bucket_mb): per-bucket state cannot be carried over"
+            f"cuts {mine.tolist()} (another model, bucket_mb or variables excluded from weight decay): per-bucket "
+            "state cannot be carried over"
         )
 
     def _check_decay_order(self, saved: np.ndarray, step: int) -> None:
