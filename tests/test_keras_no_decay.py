@@ -28,6 +28,8 @@ def test_variables_excluded_from_weight_decay_stay_and_resume_exactly(face: str,
     ranks = load_pickled_ranks(out_dir, 2)
     for r, rk in enumerate(ranks):  # set on the wrapper, as on Horovod's: forwarded to the inner optimizer
         assert rk["Average"]["decayed"] == [False, True, False], f"{face} Average rank {r}: {rk['Average']}"
+        for op, moved in rk["scaled"].items():  # and through the loss-scaling wrapper around it
+            assert moved == [False, True, False], f"{face} {op} under the loss scaler, rank {r}: {moved}"
     for op in ["Average", *ops]:  # model.save, load_model: the exclusions kept, the next epoch exactly as continued
         for r, rk in enumerate(ranks):
             got = rk[op]

@@ -27,7 +27,7 @@ from hvd_compress.algorithms import birder as birder_alg
 from hvd_compress.keras import birder as keras_birder
 from hvd_compress.keras.callbacks import BroadcastMixin, MetricAverageMixin, SynchronizeParametersMixin
 from hvd_compress.keras.engine import EngineMethods, Face, KerasEngine
-from hvd_compress.keras.loss_scale import agreed_all_finite
+from hvd_compress.keras.loss_scale import InnerExclusions, agreed_all_finite
 from hvd_compress.keras.wrapped_step import check_sgd, compression_from_config, lamb_flags
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.traffic import CommMeter
@@ -193,7 +193,7 @@ class _AgreedDynamicLossScaleState(tf_keras_lso._DynamicLossScaleState):
         return super().update([tf.where(finite, tf.constant(0.0), tf.constant(float("nan")))])
 
 
-class LossScaleOptimizer(tf_keras_lso.LossScaleOptimizerV3):
+class LossScaleOptimizer(InnerExclusions, tf_keras_lso.LossScaleOptimizerV3):
     """tf_keras's ``LossScaleOptimizer`` with the skip decision agreed across ranks (the tf_keras twin of
     ``hck.LossScaleOptimizer``): an overflow on one rank skips the step (tf_keras still counts it in
     ``iterations``) and halves the loss scale on every rank."""

@@ -27,8 +27,18 @@ from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.functions import dense, numpy_call
 
 
+class InnerExclusions:
+    """``exclude_from_weight_decay`` of the optimizer inside: loss scaling decays nothing, and Keras's own wrappers
+    set it on themselves, where nothing reads it (scripts call it on the optimizer they compile with)."""
+
+    inner_optimizer: Any
+
+    def exclude_from_weight_decay(self, var_list: Any = None, var_names: Any = None) -> None:
+        self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
+
+
 @keras.saving.register_keras_serializable(package="hvd_compress")
-class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(InnerExclusions, keras.optimizers.LossScaleOptimizer):
     """``keras.optimizers.LossScaleOptimizer`` with the finite check agreed across ranks (see the module)."""
 
     def __init__(self, inner_optimizer: keras.optimizers.Optimizer, **kwargs: Any) -> None:

@@ -7,8 +7,9 @@ Saves per rank, per op: ``uninterrupted``, the parameters after each of 8 steps;
 from a run restored after step 4 with the same exclusions; ``other``, what the first step raised after a restore
 with another variable excluded; ``decayed``, whether each variable moved over 4 steps of zero gradients from the
 start (weight decay alone: only those not excluded may), the exclusions set through the wrapper (also for
-op=Average); ``late_wrapper`` and ``late_inner``, what setting them after the first step raised, through the wrapper
-and through the inner optimizer (at the next step)."""
+op=Average); ``scaled``, the same set through the loss-scaling wrapper around it; ``late_wrapper`` and
+``late_inner``, what setting them after the first step raised, through the wrapper and through the inner optimizer
+(at the next step)."""
 
 from __future__ import annotations
 
@@ -70,10 +71,17 @@ def checkpoint(opt: object, variables: list) -> tf.train.Checkpoint:
     return tf.train.Checkpoint(optimizer=opt, **{f"v{i}": v for i, v in enumerate(variables)})
 
 
-def decayed(op: str) -> list[bool]:
+def decayed(op: str, scaled: bool = False) -> list[bool]:
     """Whether each variable moved over 4 steps of zero gradients from the start, v0 and v2 excluded through the
-    wrapper: weight decay alone moves a variable there."""
-    variables, opt = make(op, (0, 2), on_wrapper=True)
+    wrapper (``scaled``: through the loss-scaling wrapper around it): weight decay alone moves a variable there."""
+    if scaled:
+        rng = np.random.default_rng(7)
+        variables = [tf.Variable(rng.standard_normal(s).astype(np.float32), name=f"v{i}") for i, s in enumerate(SIZES)]
+        scaler = legacy.LossScaleOptimizer if sys.argv[2] == "tf_keras" else hck.LossScaleOptimizer
+        opt = scaler(hck.DistributedOptimizer(inner(op), op=getattr(hck, op), **OPTIONS.get(op, {})))
+        opt.exclude_from_weight_decay(var_list=[variables[i] for i in (0, 2)])
+    else:
+        variables, opt = make(op, (0, 2), on_wrapper=True)
     before = [v.numpy().copy() for v in variables]
     for t in range(4):
         after = step(opt, variables, t, zero=True)
@@ -105,7 +113,8 @@ def reloaded(op: str) -> dict:
 
 
 tmp = tempfile.mkdtemp()
-out = {"Average": {"decayed": decayed("Average"), **reloaded("Average")}}  # the inner optimizer applies the decay
+out = {"Average": {"decayed": decayed("Average"), **reloaded("Average")},  # the inner optimizer applies the decay
+       "scaled": {op: decayed(op, scaled=True) for op in ("Average", "OneBitAdam")}}
 for op in sys.argv[3].split(","):
     variables, opt = make(op, (0, 2))
     trace = []
