@@ -41,6 +41,9 @@ from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce, no
 from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.functions import dense
 
+#: The config entry of the variables excluded from weight decay (``KerasEngine.config_entries``), which the
+#: wrapper's constructor takes back among its keyword arguments when ``from_config`` rebuilds it.
+EXCLUDED = "weight_decay_excluded"
 #: (op name, inner optimizer, the LAMB options given) -> (the hyper-parameters after lr, the rule's flags).
 Reader = Callable[[str, Any, dict[str, Any]], tuple[list[Any], dict[str, Any]]]
 
@@ -65,6 +68,9 @@ class KerasEngine:
 
     def __init__(self, inner: Any, op: Any, backward_passes_per_step: int, compression: Any,
                  algorithm_options: dict[str, Any], face: Face, name: str) -> None:
+        # The variables (by index in ``build``'s list) a saved optimizer excluded from weight decay: Keras's
+        # config does not keep them, and a reloaded model's variable paths are not the saved ones.
+        self.restored_exclusions = [int(i) for i in algorithm_options.pop(EXCLUDED, [])]
         config = parse_op(op, algorithm_options)
         self.passes = check_passes(backward_passes_per_step)
         self.compressor, self.stateful = parse_compression(compression, config, inner, "hck.DistributedOptimizer")
@@ -81,11 +87,8 @@ class KerasEngine:
         self.accumulators: list[Any] = []
         self.pass_count: Any = None
         self.trainable: list[Any] = []
-        self.stepped: list[Any] = []  # an algorithm's variables in its runner's order (``_decay_order``)
-        self.decay: tuple[int, list[int]] = (0, [])  # ``_decay_order``'s count and origin at build
-        # The variables (by index in ``build``'s list) a saved optimizer excluded from weight decay: Keras's
-        # config does not keep them, and a reloaded model's variable paths are not the saved ones.
-        self.excluded: list[int] = []
+        self.stepped: list[Any] = []  # an algorithm's variables in its runner's order (``build``)
+        self.decay_excluded: list[int] = []  # ``_decay_excluded`` at build: the order the runner's state is in
         self.built = False
         if self.algorithm is not None:
             self.hyper, self.flags = self._hyper_flags()
@@ -114,10 +117,9 @@ class KerasEngine:
         ensure_init()
         var_list = list(var_list)
         self.trainable = var_list
-        if self.excluded:  # as saved (``config_entries``), with what the inner optimizer excludes now
-            use, saved = self.inner._use_weight_decay, set(self.excluded)
-            chosen = [v for i, v in enumerate(var_list) if i in saved or not use(v)]
-            self.inner.exclude_from_weight_decay(var_list=chosen)
+        if self.restored_exclusions:  # as saved (``config_entries``), with what the inner optimizer excludes now
+            chosen = set(self.restored_exclusions) | set(self._excluded(var_list))
+            self.inner.exclude_from_weight_decay(var_list=[v for i, v in enumerate(var_list) if i in chosen])
         if self.passes > 1:
             self.pass_count = add_variable(shape=(), dtype="int64", initializer="zeros", name="hvdc_passes")
             self.accumulators = [add_variable_from_reference(v, "hvdc_accumulated_grad") for v in var_list]
@@ -131,27 +133,28 @@ class KerasEngine:
             self.inner.build(var_list)
         else:
             _check_float32(var_list, f"op={self.config.op.name}")
-            self.stepped, no_decay, origin = self._decay_order(var_list)
-            self.decay = (no_decay, origin)
+            # The variables excluded from weight decay first, as the torch face's param groups [no decay, decay]
+            self.decay_excluded = self._decay_excluded(var_list)
+            first = set(self.decay_excluded)
+            origin = self.decay_excluded + [i for i in range(len(var_list)) if i not in first]
+            self.stepped = [var_list[i] for i in origin]
             self.runner = make_step(self.algorithm, self.config.options, [tuple(v.shape) for v in self.stepped],
-                                    ops.size(), self.meter, self.config.bucket_mb, no_decay, origin)
+                                    ops.size(), self.meter, self.config.bucket_mb, len(first), origin)
             self.state = self._make_state(self.runner.state_shapes(), add_variable)
         self.built = True
 
-    def _decay_order(self, var_list: list[Any]) -> tuple[list[Any], int, list[int]]:
-        """The variables as the algorithm steps them: those the inner optimizer excludes from weight decay
-        (``exclude_from_weight_decay``, read through Keras's own test ``_use_weight_decay``) first, where its
-        weight decay is not 0, as the torch face's param groups [no decay, decay] would hold them; their count;
-        each one's index in ``var_list``. The algorithm applies weight decay itself, so without this an excluded
-        variable (a bias, a LayerNorm scale) would decay."""
+    def _excluded(self, var_list: Sequence[Any]) -> list[int]:
+        """The indices of ``var_list`` that the inner optimizer excludes from weight decay
+        (``exclude_from_weight_decay``, read through Keras's own test ``_use_weight_decay``)."""
+        use = getattr(self.inner, "_use_weight_decay", None)
+        return [] if use is None else [i for i, v in enumerate(var_list) if not use(v)]
+
+    def _decay_excluded(self, var_list: Sequence[Any]) -> list[int]:
+        """``_excluded`` where the algorithm's weight decay is not 0 (else none): the algorithm applies weight
+        decay itself, so an excluded variable (a bias, a LayerNorm scale) steps in a group of its own."""
         names = self.algorithm.wraps.hyper
         decay = float(self.hyper[names.index("weight_decay")] or 0.0) if "weight_decay" in names else 0.0
-        use = getattr(self.inner, "_use_weight_decay", None)
-        if not decay or use is None:
-            return var_list, 0, list(range(len(var_list)))
-        excluded = [i for i, v in enumerate(var_list) if not use(v)]
-        origin = excluded + [i for i in range(len(var_list)) if i not in set(excluded)]
-        return [var_list[i] for i in origin], len(excluded), origin
+        return self._excluded(var_list) if decay else []
 
     @staticmethod
     def _make_state(shapes: dict[str, Any], add_variable: Callable[..., Any]) -> dict[str, Any]:
@@ -182,18 +185,12 @@ class KerasEngine:
     def config_entries(self) -> dict[str, Any]:
         """What ``get_config`` saves beside the name and the inner optimizer; once built, the indices of the
         variables it excludes from weight decay (``EXCLUDED``), which the inner optimizer's config does not keep:
-        a reloaded model would decay them again, and the algorithm's state would not fit (``from_config``)."""
-        use = getattr(self.inner, "_use_weight_decay", None)
-        excluded = [i for i, v in enumerate(self.trainable) if not use(v)] if self.built and use is not None else []
+        a reloaded model would decay them again, and the algorithm's state would not fit. The constructor takes
+        the entry back (``restored_exclusions``)."""
+        excluded = self._excluded(self.trainable) if self.built else []
         return {"op": int(self.config.op), "backward_passes_per_step": self.passes,
                 "compression": compression_config(self.compression), **self.options,
                 **({EXCLUDED: excluded} if excluded else {})}
-
-    @staticmethod
-    def from_config_entries(config: dict[str, Any]) -> list[int]:
-        """Take ``EXCLUDED`` out of a saved config (the wrapper's other entries are its arguments); the wrapper
-        then sets ``excluded``."""
-        return [int(i) for i in config.pop(EXCLUDED, [])]
 
     # -- the step ----------------------------------------------------------------------------------------
     def apply(self, grads: Sequence[Any], variables: Sequence[Any]) -> None:
@@ -238,7 +235,7 @@ class KerasEngine:
         if sorted(id(v) for v in variables) != sorted(id(v) for v in self.trainable):
             raise ValueError(f"op={self.config.op.name}: {self.face.method}() must get every variable the optimizer "
                              "was built with")
-        if self._decay_order(self.trainable)[1:] != self.decay:
+        if self._decay_excluded(self.trainable) != self.decay_excluded:
             raise ValueError(f"op={self.config.op.name}: the inner optimizer's exclude_from_weight_decay() changed "
                              "after its first step; the algorithm's state is laid out by it: call it before")
         by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
@@ -246,10 +243,6 @@ class KerasEngine:
         apply_algorithm_step(self.runner, self.state, self.stepped, by_var, hyper, self.flags,
                              f"{self.name}.{self.algorithm.name}", self.config.overlap)
         self.inner.iterations.assign_add(1)
-
-
-#: The config entry of the variables excluded from weight decay (``KerasEngine.config_entries``).
-EXCLUDED = "weight_decay_excluded"
 
 
 def _check_float32(variables: Sequence[Any], what: str) -> None:

@@ -178,10 +178,7 @@ class DistributedOptimizer(EngineMethods, tf_keras.optimizers.Optimizer):
         custom_objects = {"Birder": Birder, **(custom_objects or {})}
         inner = tf_keras.optimizers.deserialize(config.pop("optimizer"), custom_objects=custom_objects)
         config["compression"] = compression_from_config(config.pop("compression", "none"))
-        excluded = KerasEngine.from_config_entries(config)
-        opt = cls(inner, **config)
-        opt._hvdc.excluded = excluded
-        return opt
+        return cls(inner, **config)
 
 
 class _AgreedDynamicLossScaleState(tf_keras_lso._DynamicLossScaleState):

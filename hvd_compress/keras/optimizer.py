@@ -181,7 +181,4 @@ class DistributedOptimizer(EngineMethods, keras.optimizers.Optimizer):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
         config["compression"] = compression_from_config(config.pop("compression", "none"))
-        excluded = KerasEngine.from_config_entries(config)
-        opt = cls(inner, **config)
-        opt._hvdc.excluded = excluded
-        return opt
+        return cls(inner, **config)

@@ -157,12 +157,14 @@ class FusedStep(FlatLayout):
 
     def layout_shape(self) -> StateShapes:
         """``LAYOUT``'s entry where the state is per bucket and there is more than one (with one bucket the
-        state needs no layout, so checkpoints without the entry still load), and ``DECAY_ORDER``'s where variables
-        are excluded from weight decay (without exclusions the state keeps the variables' own order)."""
-        shapes: StateShapes = {LAYOUT: ((len(self.ranges),), "int64", "zeros")} if len(self.ranges) > 1 else {}
-        if self.no_decay:
-            shapes[DECAY_ORDER] = ((len(self.sizes),), "int64", "zeros")
-        return shapes
+        state needs no layout, so checkpoints without the entry still load), and ``order_shape``'s."""
+        layout: StateShapes = {LAYOUT: ((len(self.ranges),), "int64", "zeros")} if len(self.ranges) > 1 else {}
+        return {**layout, **self.order_shape()}
+
+    def order_shape(self) -> StateShapes:
+        """``DECAY_ORDER``'s entry where variables are excluded from weight decay (without exclusions the state
+        keeps the variables' own order)."""
+        return {DECAY_ORDER: ((len(self.sizes),), "int64", "zeros")} if self.no_decay else {}
 
     def param_groups(self, hyper: np.ndarray, flags: dict[str, Any]) -> list[dict[str, Any]]:
         """(lr, *the wrapped kind's hyper-parameters) as the param groups the algorithm reads (``Wraps.group``):
@@ -500,9 +502,8 @@ class SlambStep(FusedStep):
 
     def state_shapes(self) -> StateShapes:
         n = self.numel
-        order = {DECAY_ORDER: self.layout_shape()[DECAY_ORDER]} if self.no_decay else {}
         return {"exp_avg": ((n,), "float32", "zeros"), "exp_avg_sq": ((n,), "float32", "zeros"),
-                "freshness": ((n,), "float32", "ones"), "step": ((), "int64", "zeros"), **order}
+                "freshness": ((n,), "float32", "ones"), "step": ((), "int64", "zeros"), **self.order_shape()}
 
     def _buffers(self, x: np.ndarray, g: np.ndarray | None, bufs: dict[str, np.ndarray]) -> SlambBuffers:
         def own(key: str) -> np.ndarray:

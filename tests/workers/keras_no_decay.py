@@ -48,11 +48,16 @@ def inner(op: str) -> object:
     return keras.optimizers.AdamW(LR, weight_decay=WD)
 
 
+def fresh_variables() -> list:
+    """The same start on every rank and in every run."""
+    rng = np.random.default_rng(7)
+    return [tf.Variable(rng.standard_normal(s).astype(np.float32), name=f"v{i}") for i, s in enumerate(SIZES)]
+
+
 def make(op: str, excluded: tuple[int, ...], on_wrapper: bool = False) -> tuple[list, object]:
     """The variables and the wrapped optimizer, built; the exclusions set on the inner optimizer, or on the wrapper
     (Horovod's scripts call it there)."""
-    rng = np.random.default_rng(7)
-    variables = [tf.Variable(rng.standard_normal(s).astype(np.float32), name=f"v{i}") for i, s in enumerate(SIZES)]
+    variables = fresh_variables()
     base = inner(op)
     opt = hck.DistributedOptimizer(base, op=getattr(hck, op), **OPTIONS.get(op, {}))
     (opt if on_wrapper else base).exclude_from_weight_decay(var_list=[variables[i] for i in excluded])
@@ -75,8 +80,7 @@ def decayed(op: str, scaled: bool = False) -> list[bool]:
     """Whether each variable moved over 4 steps of zero gradients from the start, v0 and v2 excluded through the
     wrapper (``scaled``: through the loss-scaling wrapper around it): weight decay alone moves a variable there."""
     if scaled:
-        rng = np.random.default_rng(7)
-        variables = [tf.Variable(rng.standard_normal(s).astype(np.float32), name=f"v{i}") for i, s in enumerate(SIZES)]
+        variables = fresh_variables()
         scaler = legacy.LossScaleOptimizer if sys.argv[2] == "tf_keras" else hck.LossScaleOptimizer
         opt = scaler(hck.DistributedOptimizer(inner(op), op=getattr(hck, op), **OPTIONS.get(op, {})))
         opt.exclude_from_weight_decay(var_list=[variables[i] for i in (0, 2)])
