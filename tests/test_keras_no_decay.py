@@ -1,10 +1,10 @@
 """Keras's ``exclude_from_weight_decay`` under the ops that apply weight decay in their own rule (1-bit Adam, 0/1 Adam,
-1-bit LAMB, SLAMB, Birder), Keras 3 and tf_keras, 2 ranks: an excluded variable does not decay (steps of zero
-gradients leave it, the others shrink; not Birder, whose step of a zero gradient is lr), the ranks agree, a
-``tf.train.Checkpoint`` per rank resumes bit for bit, and one written with other exclusions is refused on every rank
-(the flat state's variable order follows them), as are exclusions changed after the first step. Set on the wrapper
-(Horovod's wrapper is a subclass of the optimizer, so scripts call it there), they reach the inner optimizer, also
-under op=Average, and a model saved with ``model.save`` and reloaded with ``load_model`` keeps them (Keras's own
+1-bit LAMB, SLAMB, Birder), Keras 3 and tf_keras, 2 ranks: an excluded variable does not decay (steps of zero gradients
+leave it, the others shrink; not Birder, whose step of a zero gradient is lr), the ranks agree, a
+``tf.train.Checkpoint`` per rank resumes bit for bit, and one written with other exclusions (or none) is refused on
+every rank (the flat state's variable order follows them), as are exclusions changed after the first step. Set on the
+wrapper (Horovod's wrapper is a subclass of the optimizer, so scripts call it there), they reach the inner optimizer,
+also under op=Average, and a model saved with ``model.save`` and reloaded with ``load_model`` keeps them (Keras's own
 config does not) and continues exactly. The steps themselves are compared with the torch face's param group of
 weight_decay 0 in ``test_tensorflow.py`` (tf_parity.py's "no decay" cases)."""
 
@@ -48,6 +48,10 @@ def test_variables_excluded_from_weight_decay_stay_and_resume_exactly(face: str,
                     np.testing.assert_array_equal(x, y, err_msg=f"{face} {op} rank {r}: resumed step {t + 4}, v{i}")
             assert "ValueError" in got["other"] and "excluded from weight decay" in got["other"], (
                 f"{face} {op} rank {r}: a checkpoint of other exclusions: {got['other']}")
+            # none excluded on restore: one bucket, the same shapes; 0/1 Adam's per-bucket state has other shapes
+            want = "incompatible tensor with shape" if op == "ZeroOneAdam" else "excluded from weight decay"
+            assert "ValueError" in got["none"] and want in got["none"], (
+                f"{face} {op} rank {r}: a checkpoint with exclusions restored with none: {got['none']}")
             for late in ("late_wrapper", "late_inner"):
                 assert "ValueError" in got[late] and "exclude_from_weight_decay" in got[late], (
                     f"{face} {op} rank {r}: exclusions changed after the first step ({late}): {got[late]}")

@@ -156,15 +156,17 @@ class FusedStep(FlatLayout):
         raise NotImplementedError
 
     def layout_shape(self) -> StateShapes:
-        """``LAYOUT``'s entry where the state is per bucket and there is more than one (with one bucket the
-        state needs no layout, so checkpoints without the entry still load), and ``order_shape``'s."""
+        """``order_shape``'s entry, then ``LAYOUT``'s where the state is per bucket and there is more than one (with
+        one bucket the state needs no layout, so checkpoints without the entry still load). In that order: Keras 3
+        restores an optimizer's variables by position, and the entry always there stays in place."""
         layout: StateShapes = {LAYOUT: ((len(self.ranges),), "int64", "zeros")} if len(self.ranges) > 1 else {}
-        return {**layout, **self.order_shape()}
+        return {**self.order_shape(), **layout}
 
     def order_shape(self) -> StateShapes:
-        """``DECAY_ORDER``'s entry where variables are excluded from weight decay (without exclusions the state
-        keeps the variables' own order)."""
-        return {DECAY_ORDER: ((len(self.sizes),), "int64", "zeros")} if self.no_decay else {}
+        """``DECAY_ORDER``'s entry, with or without exclusions from weight decay: a state restored into an
+        optimizer that excludes other variables, or none, is in another variable order even with one bucket,
+        and only the entry on the restoring side can tell."""
+        return {DECAY_ORDER: ((len(self.sizes),), "int64", "zeros")}
 
     def param_groups(self, hyper: np.ndarray, flags: dict[str, Any]) -> list[dict[str, Any]]:
         """(lr, *the wrapped kind's hyper-parameters) as the param groups the algorithm reads (``Wraps.group``):
@@ -288,8 +290,11 @@ class FusedStep(FlatLayout):
 
     def _check_decay_order(self, saved: np.ndarray, step: int) -> None:
         """ValueError unless the state was written with this runner's exclusions from weight decay (at step 0, a
-        fresh state, any): the flat state follows the variables' order, which the exclusions set."""
+        fresh state, any): the flat state follows the variables' order, which the exclusions set. Zeros past step 0
+        are a checkpoint without the entry, in the variables' own order: taken where this runner excludes none."""
         if step == 0 or np.array_equal(saved, self.decay_order):
+            return
+        if not self.no_decay and saved.shape == self.decay_order.shape and not saved.any():
             return
         raise ValueError(
             f"{self.algorithm.name}: the optimizer state (step {step}) was written with other variables excluded "

@@ -3,13 +3,13 @@ own rule, resumed from a ``tf.train.Checkpoint`` per rank. The excluded variable
 flat state, so a checkpoint written with other exclusions must be refused, not loaded in another order.
 
 argv: out_dir face ("keras" or "tf_keras", which TF_USE_LEGACY_KERAS must match) ops (comma list)
-Saves per rank, per op: ``uninterrupted``, the parameters after each of 8 steps; ``resumed``, the last 4 of them
-from a run restored after step 4 with the same exclusions; ``other``, what the first step raised after a restore
-with another variable excluded; ``decayed``, whether each variable moved over 4 steps of zero gradients from the
-start (weight decay alone: only those not excluded may), the exclusions set through the wrapper (also for
-op=Average); ``scaled``, the same set through the loss-scaling wrapper around it; ``late_wrapper`` and
-``late_inner``, what setting them after the first step raised, through the wrapper and through the inner optimizer
-(at the next step)."""
+Saves per rank, per op: ``uninterrupted``, the parameters after each of 8 steps; ``resumed``, the last 4 of them from a
+run restored after step 4 with the same exclusions; ``other``, what the first step raised after a restore with another
+variable excluded; ``none``, what the restore and the first step raised with none excluded; ``decayed``, whether each
+variable moved over 4 steps of zero gradients from the start (weight decay alone: only those not excluded may), the
+exclusions set through the wrapper (also for op=Average); ``scaled``, the same set through the loss-scaling wrapper
+around it; ``late_wrapper`` and ``late_inner``, what setting them after the first step raised, through the wrapper and
+through the inner optimizer (at the next step)."""
 
 from __future__ import annotations
 
@@ -133,6 +133,13 @@ for op in sys.argv[3].split(","):
     variables, opt = make(op, (0,))
     checkpoint(opt, variables).read(path).expect_partial()
     res["other"] = outcome(lambda opt=opt, variables=variables: step(opt, variables, 4))
+    variables, opt = make(op, ())  # none: one bucket, so only the order entry can tell
+
+    def restore_and_step(opt=opt, variables=variables, path=path) -> None:
+        checkpoint(opt, variables).read(path).expect_partial()
+        step(opt, variables, 4)
+
+    res["none"] = outcome(restore_and_step)
     # exclusions changed after the first step: refused by the wrapper, and by the algorithm's next step
     variables, opt = make(op, (0, 2))
     step(opt, variables, 0)
