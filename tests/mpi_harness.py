@@ -21,6 +21,18 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 
+def keras_face_env(face: str) -> dict[str, str] | None:
+    """The environment of a worker on Keras 3 (``"keras"``) or tf_keras (``"tf_keras"``); skips the calling test where
+    that face is not installed."""
+    import pytest
+
+    pytest.importorskip("tensorflow")
+    if face == "tf_keras":
+        pytest.importorskip("tf_keras")
+        return {"TF_USE_LEGACY_KERAS": "1"}
+    return None
+
+
 def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(

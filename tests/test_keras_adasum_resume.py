@@ -5,13 +5,12 @@ not the inner optimizer's moments, which Adasum keeps per rank."""
 from __future__ import annotations
 
 import pytest
-from mpi_harness import load_pickled_ranks, mpirun
+from mpi_harness import keras_face_env, load_pickled_ranks, mpirun
 
 
 @pytest.mark.parametrize("face", ["keras", "tf_keras"])
 def test_keras_adasum_resume_with_broadcast_callback_is_exact(face: str, out_dir) -> None:
-    pytest.importorskip("tensorflow")
-    env = {"TF_USE_LEGACY_KERAS": "1"} if face == "tf_keras" else None
+    env = keras_face_env(face)
     mpirun("keras_adasum_resume.py", 2, out_dir, face, timeout=300, env=env)
     ranks = load_pickled_ranks(out_dir, 2)
     for r, rk in enumerate(ranks):

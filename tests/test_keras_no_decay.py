@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mpi_harness import load_pickled_ranks, mpirun
+from mpi_harness import keras_face_env, load_pickled_ranks, mpirun
 
 OPS = ["OneBitAdam", "ZeroOneAdam", "OneBitLamb", "SLAMB", "Birder"]
 
 
 @pytest.mark.parametrize("face", ["keras", "tf_keras"])
 def test_variables_excluded_from_weight_decay_stay_and_resume_exactly(face: str, out_dir) -> None:
-    pytest.importorskip("tensorflow")
-    if face == "tf_keras":
-        pytest.importorskip("tf_keras")
-    env = {"TF_USE_LEGACY_KERAS": "1"} if face == "tf_keras" else None
+    env = keras_face_env(face)
     ops = [op for op in OPS if face == "keras" or op != "SLAMB"]  # SLAMB wraps Keras 3's Lamb only
     mpirun("keras_no_decay.py", 2, out_dir, face, ",".join(ops), timeout=300, env=env)
     ranks = load_pickled_ranks(out_dir, 2)

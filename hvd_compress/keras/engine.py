@@ -21,6 +21,7 @@ from hvd_compress.algorithms.options import option_names
 from hvd_compress.keras.wrapped_step import (
     accumulate_then_step,
     adasum_delta_step,
+    apply_constraints,
     check_base_options,
     check_passes,
     compression_config,
@@ -242,6 +243,7 @@ class KerasEngine:
         hyper = [self.face.learning_rate(self.inner), *self.hyper]
         apply_algorithm_step(self.runner, self.state, self.stepped, by_var, hyper, self.flags,
                              f"{self.name}.{self.algorithm.name}", self.config.overlap)
+        apply_constraints(self.stepped)
         self.inner.iterations.assign_add(1)
 
 

@@ -224,7 +224,7 @@ def adasum_delta_step(grads: list[tf.Tensor], variables: list[Any], apply_local:
                       config: OpConfig, meter: CommMeter, name: str) -> None:
     """Local step (``apply_local(grads, variables)``: the inner optimizer's), then ``AdasumDelta`` (paper 002,
     Section 4.1) over NumPy copies of the variables: each delta into its bucket (``plan_buckets``), Adasum per
-    bucket, start + reduced delta assigned back."""
+    bucket, start + reduced delta assigned back, then the variables' constraints."""
     starts = [tf.identity(tf.convert_to_tensor(v)) for v in variables]
     with tf.control_dependencies(starts):
         apply_local(grads, variables)
@@ -252,6 +252,17 @@ def adasum_delta_step(grads: list[tf.Tensor], variables: list[Any], apply_local:
     result = numpy_call(run, afters + starts, [x.dtype for x in afters], name)
     for v, x in zip(variables, result, strict=True):
         v.assign(tf.reshape(x, v.shape))
+    apply_constraints(variables)
+
+
+def apply_constraints(variables: Sequence[Any]) -> None:
+    """Each variable's ``constraint`` (a layer's ``kernel_constraint=MaxNorm(2)``, ``NonNeg()``), applied after an
+    update as Keras's own optimizers do in ``apply``: the algorithm ops step the variables themselves, and Adasum's
+    combined delta moves them after the inner optimizer applied it."""
+    for v in variables:
+        constraint = getattr(v, "constraint", None)
+        if constraint is not None:
+            v.assign(constraint(v))
 
 
 def accumulate_then_step(grads: Sequence[Any], variables: Sequence[Any], accumulators: Sequence[Any], pass_count: Any,
@@ -294,6 +305,7 @@ def synchronize_parameters(runner: FusedStep | None, variables: Sequence[Any], n
                       [tf.float32] * len(variables), name)
     for v, x in zip(variables, outs, strict=True):
         v.assign(tf.reshape(x, v.shape))
+    apply_constraints(variables)
 
 
 def reset_error_feedback(state: dict[str, Any]) -> None:

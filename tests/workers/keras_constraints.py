@@ -1,0 +1,75 @@
+"""Variable constraints (``kernel_constraint=MaxNorm(..)``, ``NonNeg()``) under every Keras op. Keras's own
+optimizers apply them after their update (in ``apply``); the algorithm ops step the variables themselves and Adasum
+moves them again after the inner optimizer, so the wrapper applies them there.
+
+argv: out_dir face ("keras" or "tf_keras", which TF_USE_LEGACY_KERAS must match) ops (comma list)
+Saves per rank, per op: ``constrained``, the variables after 8 steps of a model whose layers have constraints (and,
+for SLAMB, after ``synchronize_parameters()``); ``by_hand``, the same model without constraints, each constraint
+applied by hand after each of those calls; ``free``, without constraints at all (to show they were active)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import tensorflow as tf
+from tf_common import save
+
+if sys.argv[2] == "tf_keras":
+    import tf_keras as keras
+else:
+    import keras
+
+import hvd_compress.keras as hck
+
+hck.init()
+rank = hck.rank()
+LR = 0.05
+OPTIONS = {"OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2},
+           "ZeroOneAdam": {"var_freeze_step": 3, "local_step_scaler": 2, "local_step_clipper": 2},
+           "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "grad_size_thr": 0, "seed": 5}, "Birder": {"seed": 3}}
+CONSTRAINTS = (keras.constraints.MaxNorm(0.3), keras.constraints.NonNeg())
+
+
+def inner(op: str) -> object:
+    if op == "Birder":
+        return (hck.legacy.Birder if sys.argv[2] == "tf_keras" else hck.Birder)(LR)
+    if op in ("OneBitLamb", "SLAMB") and hasattr(keras.optimizers, "Lamb"):
+        return keras.optimizers.Lamb(LR)
+    return keras.optimizers.Adam(LR)
+
+
+def run(op: str, constrained: bool, by_hand: bool) -> list[np.ndarray]:
+    keras.utils.set_random_seed(11)
+    given = CONSTRAINTS if constrained else (None, None)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu", kernel_constraint=given[0]),
+                              keras.layers.Dense(1, kernel_constraint=given[1])])
+    opt = hck.DistributedOptimizer(inner(op), op=getattr(hck, op), **OPTIONS.get(op, {}))
+    kernels = [model.layers[0].kernel, model.layers[1].kernel]
+
+    def constrain() -> None:
+        if by_hand:
+            for v, c in zip(kernels, CONSTRAINTS, strict=True):
+                v.assign(c(v))
+
+    @tf.function
+    def step(x: tf.Tensor, y: tf.Tensor) -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        variables = model.trainable_variables
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+        constrain()
+
+    rng = np.random.default_rng(rank)
+    for _ in range(8):
+        x = rng.standard_normal((16, 6)).astype(np.float32)
+        step(tf.constant(x), tf.constant(np.sin(x.sum(1, keepdims=True)) + 1))
+    if op == "SLAMB":
+        opt.synchronize_parameters()
+        constrain()
+    return [v.numpy() for v in model.trainable_variables]
+
+
+out = {op: {"constrained": run(op, True, False), "by_hand": run(op, False, True), "free": run(op, False, False)}
+       for op in sys.argv[3].split(",")}
+save(rank, out)
