@@ -36,6 +36,9 @@ KERAS_LAUNCHES = {"keras": ("keras", {}),
                   "keras_corrected_reset": ("keras", {"variance_bias_correction": True,
                                                       "reset_momentum_at_sync": True}),
                   "tf_keras": ("tf_keras", {"reset_momentum_at_sync": True})}
+# Keras: a second run halves the first variable before the 18th step (a local step) on every rank and calls
+# synchronize_parameters() then and before the 26th (spec Z20).
+KERAS_EDITS = (17, 25)
 
 
 @pytest.fixture(scope="module")
@@ -161,15 +164,17 @@ def test_step_inflation_is_one_over_the_root_of_the_bias_correction() -> None:
 
 
 def test_bytes_per_step_follow_the_step_kind(runs) -> None:
-    """A local step sends only the finite agreement; 1-bit gradient and sync steps the same 1-bit payload; a
+    """A local step sends only its small agreement (finite gradients, changed parameters: Z16, Z20); 1-bit
+    gradient and sync steps the same 1-bit payload, a sync step also the agreement on changed parameters; a
     variance step the dense average."""
     rk = runs(2)[0]
     sent: dict[str, set[int]] = {}
     for kind, stats in zip(rk["kinds"], rk["stats"], strict=True):
         sent.setdefault(kind, set()).add(stats["bytes_sent"])
     assert all(len(v) == 1 for v in sent.values()), sent
-    assert sent["onebit"] == sent["sync"]
-    assert min(sent["local"]) < min(sent["onebit"]) < min(sent["variance"]), sent
+    onebit, agreement = min(sent["onebit"]), min(sent["local"])
+    assert onebit < min(sent["sync"]) <= onebit + agreement, sent
+    assert agreement < onebit < min(sent["variance"]), sent
 
 
 def test_bad_input_raises_on_every_rank_and_changes_nothing(runs) -> None:
@@ -218,7 +223,8 @@ def keras_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list
             flavour, extra = KERAS_LAUNCHES[name]
             out_dir = tmp_path_factory.mktemp(f"keras_zero_one_adam_{name}")
             opts = ",".join(f"{k}={int(v)}" for k, v in {**OPTIONS, **extra}.items())
-            mpirun("keras_zero_one_adam.py", 2, out_dir, str(STEPS), ",".join(map(str, SIZES)), opts, timeout=300,
+            mpirun("keras_zero_one_adam.py", 2, out_dir, str(STEPS), ",".join(map(str, SIZES)), opts,
+                   ",".join(map(str, KERAS_EDITS)), timeout=300,
                    env={"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else None)
             done[name] = load_pickled_ranks(out_dir, 2)
         return done[name]
@@ -248,6 +254,19 @@ def test_keras_faces_match_the_reference_at_two_ranks(name: str, keras_runs: Cal
     for r, rk in enumerate(ranks):
         want = np.stack([p[r] for p in trace.params])
         _assert_matches(np.stack(rk["trace"]).astype(np.float64), want, f"{name} rank {r}", trace.kinds)
+    opts = z.Options(betas=(_f32(0.9), _f32(0.999)), eps=_f32(1e-8), weight_decay=_f32(0.05), **OPTIONS, **extra)
+    st, want = z.ZeroOneAdamState.zeros(given(777, 0), n), []
+    for t in range(STEPS):
+        if t in KERAS_EDITS:
+            assert trace.kinds[t] == "local", t
+            if t == KERAS_EDITS[0]:
+                st.x = [np.concatenate([x[:SIZES[0]] * 0.5, x[SIZES[0]:]]) for x in st.x]
+            z.synchronize_parameters(st, opts)
+        z.step(st, grads[t], _f32(0.01), opts, SIZES)
+        want.append([x.copy() for x in st.x])
+    for r, rk in enumerate(ranks):
+        _assert_matches(np.stack(rk["edited"]).astype(np.float64), np.stack([w[r] for w in want]),
+                        f"{name} rank {r}, edited", trace.kinds)
 
 
 @pytest.mark.parametrize("flavour", ["keras", "tf_keras"])

@@ -17,6 +17,14 @@ def nonfinite_everywhere(xp: Backend, buffers: Sequence[Tensor], meter: CommMete
     would come after an earlier one's state (error feedback, moments) changed: agreeing first keeps a rejected
     step free of side effects."""
     local = sum(int(xp.any_nonfinite(b)) for b in buffers)
-    flag = xp.add_(xp.float32_like(1, buffers[0]), float(local))
-    meter.run(ops.allreduce_, flag, op=ReduceOp.Sum, name=f"{name}.finite")
-    return int(xp.max(flag))
+    return counts_everywhere(xp, buffers[0], [local], meter, f"{name}.finite")[0]
+
+
+def counts_everywhere(xp: Backend, like: Tensor, counts: Sequence[int], meter: CommMeter, name: str) -> list[int]:
+    """Each of this rank's ``counts`` summed over all ranks (one tiny allreduce; ``like``: a tensor of the
+    backend's kind and device)."""
+    flags = xp.float32_like(len(counts), like)
+    for i, c in enumerate(counts):
+        xp.add_(flags[i:i + 1], float(c))
+    meter.run(ops.allreduce_, flags, op=ReduceOp.Sum, name=name)
+    return [int(xp.max(flags[i:i + 1])) for i in range(len(counts))]

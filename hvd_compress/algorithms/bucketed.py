@@ -163,8 +163,8 @@ class BucketedAlgorithm:
     def backup(self, i: int) -> None:
         """Copy bucket ``i``'s ``mutable_state`` aside before its collective, when a later bucket may still fail
         (several buckets, or overlap: the step may also be abandoned)."""
-        if not self.keep_backups or (len(self.buckets) == 1 and not self.overlap):  # the core leaves the state as
-            return  # it was on rejection
+        if not self.backs_up():
+            return
         seg = self.buckets[i]
         state = list(self.mutable_state(seg))
         kept = self._backups.get(i)
@@ -174,6 +174,11 @@ class BucketedAlgorithm:
         for copy, s in zip(kept[1], state, strict=True):
             self.xp.copy_(copy, s)
         self._backed_up.add(i)
+
+    def backs_up(self) -> bool:
+        """Whether ``backup`` keeps copies: not for one bucket without overlap, whose state the core leaves as it
+        was on rejection."""
+        return self.keep_backups and (len(self.buckets) > 1 or self.overlap)
 
     def _restore(self) -> None:
         """Every bucket's state back to its copy of this step (those reduced this step have one)."""

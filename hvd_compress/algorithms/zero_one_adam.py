@@ -17,6 +17,11 @@ floor, and an element it lifted moves at most lr. The step kind depends on t and
 collective is chosen before backward ends (overlap). Errors, u, x_anchor and lrs are per bucket; the counters are
 the algorithm's. All of it is in ``state_dict()`` (nothing is reset on load: Z13). The NumPy twin is
 ``hvd_compress.reference.zero_one_adam``.
+
+L6 starts from x_anchor, so a change made to the parameters outside the optimizer in phase 2 would be replaced at
+the next sync (Z20): ``synchronize_parameters()`` ends the interval with the exact mean of the ranks' x, and a face
+that sees such changes (``parameters_edited``; the torch face reads torch's version counters) has every rank do it
+at the step after one, agreed on in the step's small allreduce.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 
 from hvd_compress import ops
 from hvd_compress.algorithms import contract
-from hvd_compress.algorithms.agreement import nonfinite_everywhere
+from hvd_compress.algorithms.agreement import counts_everywhere
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
 from hvd_compress.algorithms.onebit import DEFAULT_VARIANCE_FLOOR, capped_views, floor_denoms, floor_roots
 from hvd_compress.ops import onebit_adam_kernels as fused_ops
@@ -149,6 +154,11 @@ class ZeroOneAdam(BucketedAlgorithm):
         self.var_updates = 0  # n_v: the variance updates so far (v's bias correction, Z17)
         self._probe: ZeroOneAdam | None = None  # a schedule replayed up to some step (``restore_schedule``)
         self._inflation_checked = False  # Z19: once per process, at the freeze or where a resumed run takes over
+        #: Z20: a face that sees changes made to the parameters outside the optimizer sets ``detects_edits``, and
+        #: before each step ``parameters_edited`` (this rank's parameters changed since its last step).
+        self.detects_edits = False
+        self.parameters_edited = False
+        self._edit_warned = False
 
     # -- the schedules (spec S1-S3; zoadam.py l.268-292) -----------------------------------------------
     def step_kind(self) -> str:
@@ -249,15 +259,24 @@ class ZeroOneAdam(BucketedAlgorithm):
         except ValueError:
             self.abandon()
             raise
+        if kind == SYNC and self.detects_edits:  # Z20: agreed once the buckets' exchanges are done
+            if not self._done:
+                self.reduce_all(groups)
+            if self._agree([int(self.parameters_edited)], "sync")[0]:
+                self.abandon()  # the exchange of u is redone from the synchronized interval
+                self._resynchronize(t)
+                self.reduce_all(groups)
         self.reduce_pending(groups)
         if kind == VARIANCE:
             self._check_finite()
-        elif kind == LOCAL:  # no collective to refuse a bad gradient: agree on it first (Z16)
-            bad = nonfinite_everywhere(self.xp, [seg.grad for seg in self.buckets], self.meter,
-                                       f"{self.name}.local")
-            if bad:
+        elif kind == LOCAL:  # no collective to refuse a bad gradient: agree on it first (Z16), and on edits (Z20)
+            local = sum(int(self.xp.any_nonfinite(seg.grad)) for seg in self.buckets)
+            agreed = self._agree([local, int(self.parameters_edited)] if self.detects_edits else [local], "local")
+            if agreed[0]:
                 raise UsageError(f"{self.name}: non-finite gradient on some rank at step {t} (a local step); step "
                                  "not taken, state unchanged")
+            if agreed[1:] and agreed[1]:
+                self._resynchronize(t)
         if self.t == 0 and self.options.var_freeze_step == 0:
             self._anchor()  # all of the run is phase 2: x_anchor is the starting point
         for seg in self.buckets:
@@ -277,6 +296,48 @@ class ZeroOneAdam(BucketedAlgorithm):
             if not self.options.variance_bias_correction:
                 self._warn_of_inflated_steps(groups)
         return t
+
+    def _agree(self, counts: list[int], kind: str) -> list[int]:
+        """``counts`` summed over the ranks (one small allreduce; its name keeps the Z16 agreement's alone)."""
+        name = f"{self.name}.{kind}.finite" if kind == "local" and len(counts) == 1 else f"{self.name}.{kind}.agree"
+        return counts_everywhere(self.xp, self.buckets[0].grad, counts, self.meter, name)
+
+    def _resynchronize(self, t: int) -> None:
+        """Z20 at step ``t``: some rank's parameters changed outside the optimizer since its last step. Said once
+        per process, on every rank alike."""
+        if not self._edit_warned:
+            self._edit_warned = True
+            warnings.warn(
+                f"op={self.name}: parameters changed outside the optimizer after step {t - 1} on some rank (loaded "
+                "weights, a re-initialized, pruned or clamped layer). A sync step computes the parameters from "
+                "their value at the last sync, which would drop the change, so every rank averages them densely "
+                "now (spec Z20): a dense exchange of the parameters at each step after such a change", UserWarning,
+                stacklevel=2)
+        self.synchronize_parameters()
+
+    def synchronize_parameters(self) -> None:
+        """Spec Z20: end the local interval now: x = x_anchor = the exact mean of the ranks' x (one dense allreduce
+        per bucket), u = 0, lrs = 0; m, v, the errors and the schedules stay. Before phase 2 nothing to do: every
+        rank holds the same x, and x_anchor is taken at the freeze (P5). Also what to call before evaluating or
+        saving one rank's model between syncs."""
+        if self.t == 0 or self.t < self.options.var_freeze_step:
+            return
+        xp = self.xp
+        for i, seg in enumerate(self.buckets):
+            views = seg.views(seg.work)
+            for v, p in zip(views, seg.params, strict=True):
+                xp.copy_(v, p)
+            self.meter.run(ops.allreduce_, seg.work, op=ReduceOp.Average, name=f"{self.name}.params.{i}")
+            for v, p, a in zip(views, seg.params, seg.views(seg.anchor), strict=True):
+                xp.copy_(p, v)
+                xp.copy_(a, v)
+            xp.zero_(seg.u)
+            seg.lrs = 0.0
+
+    def backs_up(self) -> bool:
+        """Also one bucket without overlap where edits are detected: a sync step's exchange is then redone after
+        the parameters were synchronized (Z20)."""
+        return super().backs_up() or (self.keep_backups and self.detects_edits)
 
     def _warn_of_inflated_steps(self, groups: Sequence[dict[str, Any]]) -> None:
         """Spec Z19: an uncorrected v frozen after few variance updates steps as an lr many times the user's and can

@@ -230,7 +230,7 @@ def train(method: Method, model_name: str, data: Data, comm, args, seconds: floa
     run.step_ms = _reduce(comm, run.step_ms, MPI.MAX)
     run.losses = [v / size for v in _reduce(comm, run.losses, MPI.SUM)]
     if hasattr(opt, "synchronize_parameters"):
-        opt.synchronize_parameters()  # SLAMB: the ranks' models differ between averages; evaluate their average
+        opt.synchronize_parameters()  # SLAMB, 0/1 Adam: the ranks' models differ between syncs; evaluate their average
     with torch.no_grad():
         inner = model.module if hasattr(model, "module") else model
         logits = inner(data.x_test)

@@ -114,7 +114,7 @@ class MetricAverageCallback(MetricAverageMixin, EitherKeras, keras.callbacks.Cal
 
 
 class SynchronizeParametersCallback(SynchronizeParametersMixin, EitherKeras, keras.callbacks.Callback):
-    """Calls ``model.optimizer.synchronize_parameters()`` (SLAMB: one dense average of the parameters) at the end
-    of training, and at the end of every epoch with ``every_epoch=True`` (so evaluation, checkpoints and other
-    callbacks see the same parameters on every rank). Put it before callbacks that read the parameters. Other
+    """Calls ``model.optimizer.synchronize_parameters()`` (SLAMB, 0/1 Adam: one dense average of the parameters) at
+    the end of training, and at the end of every epoch with ``every_epoch=True`` (so evaluation, checkpoints and
+    other callbacks see the same parameters on every rank). Put it before callbacks that read the parameters. Other
     ops: nothing to do."""

@@ -174,7 +174,7 @@ class KerasEngine:
             reset_error_feedback(self.state)
 
     def synchronize_parameters(self) -> None:
-        synchronize_parameters(self.runner, self.stepped, f"{self.name}.synchronize_parameters")
+        synchronize_parameters(self.runner, self.stepped, self.state, f"{self.name}.synchronize_parameters")
 
     @property
     def compression_started(self) -> bool:
@@ -321,6 +321,8 @@ class EngineMethods:
 
     def synchronize_parameters(self) -> None:
         """SLAMB: average the trainable variables over all ranks now (one dense allreduce), where the last step
-        was not a multiple of ``sync_interval`` (end of training, before evaluating or saving). Other ops keep
-        the parameters alike on every rank after every step: nothing to do. Eager or inside a ``tf.function``."""
+        was not a multiple of ``sync_interval`` (end of training, before evaluating or saving). 0/1 Adam: the same,
+        ending the local interval there (spec Z20): between syncs, and after changing variables outside the
+        optimizer, which the next sync would otherwise replace. Other ops keep the parameters alike on every rank
+        after every step: nothing to do. Eager or inside a ``tf.function``."""
         self._hvdc.synchronize_parameters()

@@ -29,7 +29,7 @@ from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
 from hvd_compress.ops.horovod_args import NOTE, pop_horovod_defaults
 from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.ops.traffic import CommMeter
-from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep
+from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep, ZeroOneStep
 from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
 from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
@@ -295,15 +295,20 @@ def accumulate_then_step(grads: Sequence[Any], variables: Sequence[Any], accumul
         tf.cond(pass_count >= passes, run, lambda: tf.constant(False))
 
 
-def synchronize_parameters(runner: FusedStep | None, variables: Sequence[Any], name: str) -> None:
-    """SLAMB (``runner`` a ``SlambStep``): average ``variables`` over all ranks now (one dense allreduce), eager or
-    inside a ``tf.function``. Other runners keep the parameters alike after every step: nothing to do."""
-    if not isinstance(runner, SlambStep):
+def synchronize_parameters(runner: FusedStep | None, variables: Sequence[Any], state: dict[str, Any],
+                           name: str) -> None:
+    """SLAMB (``runner`` a ``SlambStep``): average ``variables`` over all ranks now (one dense allreduce); 0/1 Adam
+    (a ``ZeroOneStep``): the same, ending the local interval there (spec Z20: x_anchor, u and the sums of lr in
+    ``state`` with it). Eager or inside a ``tf.function``; then the variables' constraints. Other runners keep the
+    parameters alike after every step: nothing to do."""
+    if not isinstance(runner, SlambStep | ZeroOneStep):
         return
     variables = list(variables)
-    outs = numpy_call(runner.synchronize_parameters, [tf.convert_to_tensor(v) for v in variables],
-                      [tf.float32] * len(variables), name)
-    for v, x in zip(variables, outs, strict=True):
+    names = list(runner.state_shapes()) if isinstance(runner, ZeroOneStep) else []
+    inputs = [tf.convert_to_tensor(v) for v in variables] + [tf.convert_to_tensor(state[k]) for k in names]
+    touts = [tf.float32] * len(variables) + [tf.as_dtype(state[k].dtype) for k in names]
+    outs = numpy_call(runner.synchronize_parameters, inputs, touts, name)
+    for v, x in zip([*variables, *(state[k] for k in names)], outs, strict=True):
         v.assign(tf.reshape(x, v.shape))
     apply_constraints(variables)
 

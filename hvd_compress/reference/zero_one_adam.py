@@ -186,6 +186,18 @@ def step(state: ZeroOneAdamState, grads: Sequence[np.ndarray], lr: float, opts: 
     return kind
 
 
+def synchronize_parameters(state: ZeroOneAdamState, opts: Options) -> None:
+    """Spec Z20: end the local interval now, x = x_anchor = the exact mean of the ranks' x, u = 0, lrs = 0 (m, v,
+    the errors and the schedules stay); before phase 2 (no step yet, or t < var_freeze_step) nothing."""
+    if state.t == 0 or state.t < opts.var_freeze_step:
+        return
+    x = np.mean(state.x, axis=0)
+    state.x = [x.copy() for _ in state.x]
+    state.anchor = x.copy()
+    state.u = [np.zeros_like(x) for _ in state.x]
+    state.lrs = 0.0
+
+
 @dataclass
 class Trace:
     """Every rank's parameters after every step (``params[t][r]``), each step's kind, and the final state."""

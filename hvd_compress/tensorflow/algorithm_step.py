@@ -258,16 +258,21 @@ class FusedStep(FlatLayout):
     def _begin(self, flags: dict[str, Any], hyper: np.ndarray, params: Sequence[np.ndarray],
                state: Sequence[np.ndarray]) -> _Session:
         names = list(self.state_shapes())
-        given = dict(zip(names, state, strict=True))
-        if DECAY_ORDER in given:  # first: other exclusions also cut other buckets
-            self._check_decay_order(np.asarray(given[DECAY_ORDER]), int(given["step"]))
-        if LAYOUT in given:
-            self._check_layout(np.asarray(given[LAYOUT]), int(given["step"]))
+        given = self._checked(state)
         read_only = self.read_only(given)
         bufs = {k: _fresh_copy(given[k]) for k in names if k not in self.scalars and k not in read_only}
         saved = {k: np.array(given[k]) for k in names if k in self.scalars}
         return _Session(x=self.flatten(params), g=aligned_empty(self.numel, np.float32), bufs=bufs, saved=saved,
                         groups=self.param_groups(hyper, flags), read_only=read_only)
+
+    def _checked(self, state: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """The state by name, refused (ValueError) where written with other exclusions or another cut."""
+        given = dict(zip(self.state_shapes(), state, strict=True))
+        if DECAY_ORDER in given:  # first: other exclusions also cut other buckets
+            self._check_decay_order(np.asarray(given[DECAY_ORDER]), int(given["step"]))
+        if LAYOUT in given:
+            self._check_layout(np.asarray(given[LAYOUT]), int(given["step"]))
+        return given
 
     def _check_layout(self, saved: np.ndarray, step: int) -> None:
         """ValueError unless the state's bucket layout ``saved`` is this runner's; at step 0 (a fresh state: the
@@ -481,6 +486,20 @@ class ZeroOneStep(FusedStep):
         counters = [alg.var_interval, alg.var_counter, alg.local_step_interval, alg.local_step_counter]
         return {"step": np.asarray(t, dtype=np.int64), "counters": _fresh_copy(np.asarray(counters, np.int64)),
                 "lrs": _fresh_copy(np.asarray([seg.lrs for seg in buckets], dtype=np.float64))}
+
+    def synchronize_parameters(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        """``ZeroOneAdam.synchronize_parameters`` (spec Z20: the dense average that ends the local interval) over
+        the parameters then the state in ``state_shapes`` order; returns them in the same order, as new arrays."""
+        n_vars, names = len(self.sizes), list(self.state_shapes())
+        given = self._checked(arrays[n_vars:])
+        bufs = {k: _fresh_copy(given[k]) for k in names if k not in self.scalars}
+        saved = {k: np.array(given[k]) for k in names if k in self.scalars}
+        session = _Session(x=self.flatten(arrays[:n_vars]), g=aligned_empty(self.numel, np.float32), bufs=bufs,
+                           saved=saved, groups=[], read_only=frozenset())
+        self.bind(session)
+        self.algorithm.synchronize_parameters()
+        new = {**bufs, **saved, "lrs": np.asarray([seg.lrs for seg in self.algorithm.buckets], dtype=np.float64)}
+        return [*self.views(session.x), *(new[k] for k in names)]
 
 
 class SlambStep(FusedStep):

@@ -4,7 +4,9 @@
 The algorithm (the step kinds, the schedules, the checkpoint schema) lives in ``hvd_compress/algorithms``. This
 face keeps the tensors: per bucket of each param group one bucket of flat float32 buffers, of which every
 parameter's ``.grad`` and ``state['exp_avg']``/``['exp_avg_sq']`` are views (so ``state_dict()`` holds m and v as
-Adam's), beside u, x_anchor, the collective's buffer and the error feedback (``OneBitState``).
+Adam's), beside u, x_anchor, the collective's buffer and the error feedback (``OneBitState``). Changes made to the
+parameters between steps show in torch's version counters (``Tensor._version``; the core's own writes do not count
+there, and the face's are over when a step returns): the algorithm then synchronizes them (spec Z20).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam, ZeroOneAdamOptions, ZeroOneBucket, check_hyperparameters
 from hvd_compress.torch.backend import BACKEND
 from hvd_compress.torch.bucketed import BucketedEngine, make_buckets
+from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients, cached_views, flat_with_views
 from hvd_compress.torch.onebit import OneBitState
 
@@ -46,7 +49,8 @@ class ZeroOneAdamEngine(BucketedEngine):
     backward: bit-identical results. ``synchronize()`` averages ``.grad`` densely only on a variance step.
     """
 
-    exports = (*BucketedEngine.exports, "step_kind")
+    exports = (*BucketedEngine.exports, "step_kind", "synchronize_parameters")
+    _versions: list[int] | None = None  # the parameters' version counters after the last step taken (Z20)
 
     def build(self, param_groups: list[dict[str, Any]], algorithm: type[ZeroOneAdam], options: ZeroOneAdamOptions,
               bucket_mb: float) -> tuple[ZeroOneAdam, list[ZeroOneBucket], list[FusedGradients], list[int]]:
@@ -54,11 +58,39 @@ class ZeroOneAdamEngine(BucketedEngine):
             check_hyperparameters(algorithm.name, group)
         buckets, grads, order = make_buckets(param_groups, bucket_mb, (torch.float32,),
                                                  "op=ZeroOneAdam supports float32 parameters only", _bucket)
-        return algorithm(options, BACKEND, buckets, self.meter), buckets, grads, order
+        built = algorithm(options, BACKEND, buckets, self.meter)
+        built.detects_edits = True
+        return built, buckets, grads, order
 
     def bind_state(self) -> None:
-        """Make every parameter's ``exp_avg``/``exp_avg_sq`` views of the bucket buffers, keeping their values."""
+        """Make every parameter's ``exp_avg``/``exp_avg_sq`` views of the bucket buffers, keeping their values. The
+        parameters then count as unchanged: a checkpoint's and its model's come in either order."""
         self.bind_views((seg, [("exp_avg", seg.exp_avg), ("exp_avg_sq", seg.exp_avg_sq)]) for seg in self.alg.buckets)
+        self._versions = None
+
+    def _param_versions(self) -> list[int]:
+        return [p._version for seg in self.alg.buckets for p in seg.params]
+
+    def step(self, closure: Any = None, grad_scaler: Any = None) -> Any:
+        """``BucketedEngine.step``, telling the algorithm whether this rank's parameters changed since the last
+        step taken (Z20); a step not taken (refused, or skipped by the scaler) leaves that to the next one."""
+        self.alg.parameters_edited = self._versions is not None and self._versions != self._param_versions()
+        t = self.alg.t
+        loss = super().step(closure, grad_scaler)
+        if self.alg.t != t:
+            self._versions = self._param_versions()
+        return loss
+
+    @torch.no_grad()
+    def synchronize_parameters(self) -> None:
+        """End the local interval now (spec Z20): the parameters averaged over all ranks (one dense allreduce) and
+        taken as the last sync's. Before evaluating or saving one rank's model between syncs; the face does it
+        itself at the step after a change to the parameters. Before phase 2 nothing to do. A step whose buckets
+        were started but not taken is dropped first (as by ``zero_grad()``)."""
+        ensure_init()
+        self.alg.abandon()
+        self.alg.synchronize_parameters()
+        self._versions = self._param_versions() if self._versions is not None else None
 
     @property
     def step_kind(self) -> str:

@@ -2,9 +2,10 @@
 given per-rank gradients (``apply_gradients``), for the test to feed the same ones to the NumPy reference: every
 step's parameters and their hash. Then what each rank's constructor says to LAMB's options (``min_coeff``,
 ``max_coeff``, ``bias_correction``) around an Adam/AdamW (op=OneBitAdam, ZeroOneAdam) and to op=OneBitLamb around
-an Adam.
+an Adam. With ``edits`` (two steps a,b): a second run in which every rank halves the first variable before step a
+and calls ``synchronize_parameters()`` then and before step b (spec Z20), its parameters as ``edited``.
 
-argv: out_dir steps sizes(comma list) options(k=v,...)
+argv: out_dir steps sizes(comma list) options(k=v,...) [edits(a,b)]
 """
 
 import os
@@ -37,17 +38,29 @@ def given(seed: int, rank: int) -> np.ndarray:
     return np.random.default_rng(1000 * seed + rank).standard_normal(total).astype(np.float32)
 
 
-x0 = np.split(given(777, 0), np.cumsum(sizes)[:-1])
-variables = [tf.Variable(x) if legacy else keras.Variable(x) for x in x0]
-inner = keras.optimizers.AdamW(learning_rate=0.01, weight_decay=0.05, epsilon=1e-8)
-opt = hck.DistributedOptimizer(inner, op=hck.ZeroOneAdam, **options)
-trace, hashes = [], []
-for step in range(steps):
-    grads = np.split(given(step + 1, r), np.cumsum(sizes)[:-1])
-    opt.apply_gradients(zip([tf.constant(g) for g in grads], variables, strict=True))
-    flat = np.concatenate([np.asarray(v.numpy()).reshape(-1) for v in variables])
-    trace.append(flat)
-    hashes.append(digest([flat]))
+edits = [int(s) for s in sys.argv[5].split(",")] if len(sys.argv) > 5 else []
+
+
+def run(edited: bool) -> list[np.ndarray]:
+    """Every step's parameters, flat; ``edited``: with the change and the calls of ``edits``."""
+    x0 = np.split(given(777, 0), np.cumsum(sizes)[:-1])
+    variables = [tf.Variable(x) if legacy else keras.Variable(x) for x in x0]
+    inner = keras.optimizers.AdamW(learning_rate=0.01, weight_decay=0.05, epsilon=1e-8)
+    opt = hck.DistributedOptimizer(inner, op=hck.ZeroOneAdam, **options)
+    trace = []
+    for step in range(steps):
+        if edited and step in edits:
+            if step == edits[0]:
+                variables[0].assign(variables[0] * 0.5)
+            opt.synchronize_parameters()
+        grads = np.split(given(step + 1, r), np.cumsum(sizes)[:-1])
+        opt.apply_gradients(zip([tf.constant(g) for g in grads], variables, strict=True))
+        trace.append(np.concatenate([np.asarray(v.numpy()).reshape(-1) for v in variables]))
+    return trace
+
+
+trace = run(False)
+hashes = [digest([flat]) for flat in trace]
 
 lamb_options = {}
 for op, needs in ((hck.OneBitAdam, {"freeze_step": 2}), (hck.ZeroOneAdam, {})):
@@ -57,4 +70,4 @@ for op, needs in ((hck.OneBitAdam, {"freeze_step": 2}), (hck.ZeroOneAdam, {})):
 lamb_over_adam = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.Adam(0.01), op=hck.OneBitLamb,
                                                           freeze_step=2, min_coeff=0.5))
 save(r, {"trace": trace, "hashes": hashes, "legacy": legacy, "lamb_options": lamb_options,
-         "lamb_over_adam": lamb_over_adam})
+         "lamb_over_adam": lamb_over_adam, "edited": run(True) if edits else None})
