@@ -35,3 +35,17 @@ def test_variable_constraints_apply_after_every_step(face: str, out_dir) -> None
             assert free_norms.max() > 0.31 and got["free"][2].min() < 0, (
                 f"{face} {op} rank {r}: the constraints would not have acted: {free_norms.max()}, "
                 f"{got['free'][2].min()}")
+
+
+def test_float8_scales_are_refused_where_they_would_be_stepped(out_dir) -> None:
+    """Keras 3's float8 training (``model.quantize("float8")``) overwrites its scales and amax histories with their
+    gradients (``overwrite_with_gradient``): op=Average leaves that to Keras; the algorithm ops, which step every
+    variable as a parameter, and top-k's error feedback raise ValueError on every rank."""
+    env = keras_face_env("keras")
+    mpirun("keras_constraints.py", 2, out_dir, "keras", "Average", timeout=300, env=env)
+    for r, rk in enumerate(load_pickled_ranks(out_dir, 2)):
+        got = rk["float8"]
+        assert got["Average"] == "no error", f"rank {r}: {got['Average']}"
+        for what in ("OneBitAdam", "ZeroOneAdam", "topk"):
+            assert got[what].startswith("ValueError") and "overwrite_with_gradient" in got[what], (
+                f"rank {r} {what}: {got[what]}")

@@ -127,6 +127,8 @@ class KerasEngine:
         if self.stateful is not None or self.config.reduction is not None:
             what = f"op={self.config.op.name}" if self.stateful is None else f"compression={self.stateful!r}"
             _check_float32(var_list, what)
+            if self.stateful is not None:
+                _check_not_overwritten(var_list, what)
             self.reduction = stateful_reduction(self.config, self.stateful, [tuple(v.shape) for v in var_list],
                                                 self.meter)
             self.state = self._make_state(self.reduction.state_shapes(), add_variable)
@@ -134,6 +136,7 @@ class KerasEngine:
             self.inner.build(var_list)
         else:
             _check_float32(var_list, f"op={self.config.op.name}")
+            _check_not_overwritten(var_list, f"op={self.config.op.name}")
             # The variables excluded from weight decay first, as the torch face's param groups [no decay, decay]
             self.decay_excluded = self._decay_excluded(var_list)
             first = set(self.decay_excluded)
@@ -251,6 +254,18 @@ def _check_float32(variables: Sequence[Any], what: str) -> None:
     bad = [getattr(v, "path", None) or v.name for v in variables if tf.as_dtype(v.dtype) != tf.float32]
     if bad:
         raise ValueError(f"{what} supports float32 variables (mixed_float16 keeps them), not {bad}")
+
+
+def _check_not_overwritten(variables: Sequence[Any], what: str) -> None:
+    """Keras overwrites a variable with ``overwrite_with_gradient`` by its gradient (the scales and amax histories
+    of float8 training, ``model.quantize("float8")``): an algorithm would step it as a parameter, an error
+    feedback would carry its values into later steps."""
+    bad = [getattr(v, "path", None) or v.name for v in variables if getattr(v, "overwrite_with_gradient", False)]
+    if bad:
+        named = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ValueError(f"{what}: {named} are overwritten with their gradient (overwrite_with_gradient: Keras's "
+                         f"float8 training), which {what} would change as parameters; use op=Average, Adasum or "
+                         "PowerSGD")
 
 
 class EngineMethods:

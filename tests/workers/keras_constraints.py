@@ -5,7 +5,8 @@ moves them again after the inner optimizer, so the wrapper applies them there.
 argv: out_dir face ("keras" or "tf_keras", which TF_USE_LEGACY_KERAS must match) ops (comma list)
 Saves per rank, per op: ``constrained``, the variables after 8 steps of a model whose layers have constraints (and,
 for SLAMB, after ``synchronize_parameters()``); ``by_hand``, the same model without constraints, each constraint
-applied by hand after each of those calls; ``free``, without constraints at all (to show they were active)."""
+applied by hand after each of those calls; ``free``, without constraints at all (to show they were active); with
+Keras 3, ``float8``: what fitting a model quantized for float8 training raised, per op (and top-k)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from tf_common import save
+from tf_common import outcome, save
 
 if sys.argv[2] == "tf_keras":
     import tf_keras as keras
@@ -70,6 +71,22 @@ def run(op: str, constrained: bool, by_hand: bool) -> list[np.ndarray]:
     return [v.numpy() for v in model.trainable_variables]
 
 
+def float8(op: str, compression: object = None) -> str:
+    """What fitting a model quantized for float8 training raised (its scales and amax histories are overwritten
+    with their gradients)."""
+    keras.utils.set_random_seed(11)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.quantize("float8")
+    extra = {} if compression is None else {"compression": compression}
+    opt = hck.DistributedOptimizer(inner(op), op=getattr(hck, op), **OPTIONS.get(op, {}), **extra)
+    model.compile(optimizer=opt, loss="mse", jit_compile=False)
+    x = np.random.default_rng(rank).standard_normal((16, 6)).astype(np.float32)
+    return outcome(lambda: model.fit(x, np.sin(x.sum(1, keepdims=True)), batch_size=8, epochs=1, verbose=0))
+
+
 out = {op: {"constrained": run(op, True, False), "by_hand": run(op, False, True), "free": run(op, False, False)}
        for op in sys.argv[3].split(",")}
+if hasattr(keras.Model, "quantize"):  # Keras 3
+    out["float8"] = {op: float8(op) for op in ("Average", "OneBitAdam", "ZeroOneAdam")}
+    out["float8"]["topk"] = float8("Average", hck.Compression.topk(0.5))
 save(rank, out)
