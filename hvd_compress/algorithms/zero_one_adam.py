@@ -20,8 +20,9 @@ the algorithm's. All of it is in ``state_dict()`` (nothing is reset on load: Z13
 
 L6 starts from x_anchor, so a change made to the parameters outside the optimizer in phase 2 would be replaced at
 the next sync (Z20): ``synchronize_parameters()`` ends the interval with the exact mean of the ranks' x, and a face
-that sees such changes (``parameters_edited``; the torch face reads torch's version counters) has every rank do it
-at the step after one, agreed on in the step's small allreduce.
+that sees such changes (``parameters_edited``; the torch face reads torch's version counters, the TF face keeps a
+copy of what its last step left) has every rank do it at the step after one, agreed on in the step's small
+allreduce.
 """
 
 from __future__ import annotations
@@ -335,9 +336,9 @@ class ZeroOneAdam(BucketedAlgorithm):
             seg.lrs = 0.0
 
     def backs_up(self) -> bool:
-        """Also one bucket without overlap where edits are detected: a sync step's exchange is then redone after
-        the parameters were synchronized (Z20)."""
-        return super().backs_up() or (self.keep_backups and self.detects_edits)
+        """Always where edits are detected (a TF face's fresh copies too): a sync step's exchange is then redone
+        after the parameters were synchronized (Z20), from the errors as they were."""
+        return super().backs_up() or self.detects_edits
 
     def _warn_of_inflated_steps(self, groups: Sequence[dict[str, Any]]) -> None:
         """Spec Z19: an uncorrected v frozen after few variance updates steps as an lr many times the user's and can

@@ -337,7 +337,7 @@ class EngineMethods:
     def synchronize_parameters(self) -> None:
         """SLAMB: average the trainable variables over all ranks now (one dense allreduce), where the last step
         was not a multiple of ``sync_interval`` (end of training, before evaluating or saving). 0/1 Adam: the same,
-        ending the local interval there (spec Z20): between syncs, and after changing variables outside the
-        optimizer, which the next sync would otherwise replace. Other ops keep the parameters alike on every rank
-        after every step: nothing to do. Eager or inside a ``tf.function``."""
+        ending the local interval there (spec Z20): between syncs (the step after a change to the variables does it
+        itself). Other ops keep the parameters alike on every rank after every step: nothing to do. Eager or inside
+        a ``tf.function``."""
         self._hvdc.synchronize_parameters()

@@ -105,8 +105,8 @@ class DistributedOptimizer(EngineMethods, keras.optimizers.Optimizer):
     ``variance_floor``, SLAMB's ``compress_ratio``, ``sync_interval``, ``beta3``, ``seed``, ...; Birder's
     ``hierarchical``, ``seed``). SLAMB's parameters are alike on every rank only after a step t with
     t % sync_interval == 0 and after ``synchronize_parameters()`` (``hck.callbacks.SynchronizeParametersCallback``);
-    0/1 Adam's after a sync step and after ``synchronize_parameters()``, which also keeps a change made to the
-    variables after the freeze (the next sync would replace it: spec Z20).
+    0/1 Adam's after a sync step and after ``synchronize_parameters()``, which the step after a change made to the
+    variables after the freeze runs itself (the next sync would replace the change: spec Z20).
     ``backward_passes_per_step``: gradients are summed locally over that many calls of ``apply`` and the step runs
     on the last. ``compression`` (``Average``/``Sum``): ``hc.Compression.none``, ``fp16`` or ``bf16`` on the wire
     for the gradient buckets (Horovod's ``hvd.Compression.fp16`` too), or ``hc.Compression.topk(ratio)`` (with

@@ -258,7 +258,8 @@ def adasum_delta_step(grads: list[tf.Tensor], variables: list[Any], apply_local:
 def apply_constraints(variables: Sequence[Any]) -> None:
     """Each variable's ``constraint`` (a layer's ``kernel_constraint=MaxNorm(2)``, ``NonNeg()``), applied after an
     update as Keras's own optimizers do in ``apply``: the algorithm ops step the variables themselves, and Adasum's
-    combined delta moves them after the inner optimizer applied it."""
+    combined delta moves them after the inner optimizer applied it. Under 0/1 Adam after the freeze what they
+    change counts as a change made outside the optimizer (spec Z20), as the same projection by hand would."""
     for v in variables:
         constraint = getattr(v, "constraint", None)
         if constraint is not None:

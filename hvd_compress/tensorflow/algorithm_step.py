@@ -438,7 +438,9 @@ class _Errors:
 class ZeroOneStep(FusedStep):
     """0/1 Adam (``hvd_compress.algorithms.zero_one_adam``): m and v, u and x_anchor over all variables; each bucket's
     error feedback and sum of lr since the last sync; the step and the four schedule counters. m, u and the errors
-    are per rank (after the freeze the ranks step on their own gradients between syncs)."""
+    are per rank (after the freeze the ranks step on their own gradients between syncs). A change made to the
+    variables between two of its steps (the step count as it left it, the values not) is the algorithm's
+    ``parameters_edited`` (spec Z20): ``_written`` holds what the last step left."""
 
     scalars = ("step", "counters", "lrs", LAYOUT, DECAY_ORDER)
     per_rank = ("exp_avg", "u", "worker_error", "server_error")
@@ -451,6 +453,8 @@ class ZeroOneStep(FusedStep):
         self._work, self._scratch, self._denom = (BACKEND.float32_like(self.numel, None) for _ in range(3))
         errors = [(n, server_error_numel(n, world_size)) for n in self.bucket_numels()]
         self._error_cuts = [list(itertools.accumulate((0, *(e[k] for e in errors)))) for k in (0, 1)]
+        algorithm.detects_edits = True
+        self._written: tuple[int, np.ndarray] | None = None  # (step, flat variables) after the last step or sync
 
     def state_shapes(self) -> StateShapes:
         n, buckets = self.numel, len(self.ranges)
@@ -464,6 +468,8 @@ class ZeroOneStep(FusedStep):
     def bind(self, session: _Session) -> None:
         alg, bufs, saved, (w, s) = self.algorithm, session.bufs, session.saved, self._error_cuts
         t = int(saved["step"])
+        written = self._written  # only phase 2 compares and keeps a copy: phase 1 steps x in place
+        alg.parameters_edited = written is not None and written[0] == t and not np.array_equal(written[1], session.x)
         alg.restore_schedule(t, self.FRESH_COUNTERS if t == 0 else saved["counters"])
         lrs = np.asarray(saved["lrs"], dtype=np.float64)
         buckets = []
@@ -483,6 +489,7 @@ class ZeroOneStep(FusedStep):
     def finish_state(self, session: _Session) -> dict[str, np.ndarray]:
         alg, buckets = self.algorithm, list(self.algorithm.buckets)
         t = self._step(session)
+        self._written = (t, session.x.copy()) if t >= alg.options.var_freeze_step else None
         counters = [alg.var_interval, alg.var_counter, alg.local_step_interval, alg.local_step_counter]
         return {"step": np.asarray(t, dtype=np.int64), "counters": _fresh_copy(np.asarray(counters, np.int64)),
                 "lrs": _fresh_copy(np.asarray([seg.lrs for seg in buckets], dtype=np.float64))}
@@ -497,8 +504,13 @@ class ZeroOneStep(FusedStep):
         session = _Session(x=self.flatten(arrays[:n_vars]), g=aligned_empty(self.numel, np.float32), bufs=bufs,
                            saved=saved, groups=[], read_only=frozenset())
         self.bind(session)
-        self.algorithm.synchronize_parameters()
-        new = {**bufs, **saved, "lrs": np.asarray([seg.lrs for seg in self.algorithm.buckets], dtype=np.float64)}
+        try:
+            self.algorithm.synchronize_parameters()
+            new = {**bufs, **saved, "lrs": np.asarray([seg.lrs for seg in self.algorithm.buckets], dtype=np.float64)}
+        finally:
+            self.algorithm.buckets = []
+        t = int(saved["step"])
+        self._written = (t, session.x.copy()) if t >= self.algorithm.options.var_freeze_step else None
         return [*self.views(session.x), *(new[k] for k in names)]
 
 

@@ -2,10 +2,11 @@
 given per-rank gradients (``apply_gradients``), for the test to feed the same ones to the NumPy reference: every
 step's parameters and their hash. Then what each rank's constructor says to LAMB's options (``min_coeff``,
 ``max_coeff``, ``bias_correction``) around an Adam/AdamW (op=OneBitAdam, ZeroOneAdam) and to op=OneBitLamb around
-an Adam. With ``edits`` (two steps a,b): a second run in which every rank halves the first variable before step a
-and calls ``synchronize_parameters()`` then and before step b (spec Z20), its parameters as ``edited``.
+an Adam. With ``edits`` (steps a,b,c): a second run in which every rank halves the first variable before step a,
+calls ``synchronize_parameters()`` before step b, and rank 1 adds 0.25 to the second variable before step c (spec
+Z20), its parameters as ``edited``.
 
-argv: out_dir steps sizes(comma list) options(k=v,...) [edits(a,b)]
+argv: out_dir steps sizes(comma list) options(k=v,...) [edits(a,b,c)]
 """
 
 import os
@@ -49,10 +50,12 @@ def run(edited: bool) -> list[np.ndarray]:
     opt = hck.DistributedOptimizer(inner, op=hck.ZeroOneAdam, **options)
     trace = []
     for step in range(steps):
-        if edited and step in edits:
-            if step == edits[0]:
-                variables[0].assign(variables[0] * 0.5)
+        if edited and step == edits[0]:  # seen at the step (spec Z20)
+            variables[0].assign(variables[0] * 0.5)
+        if edited and step == edits[1]:
             opt.synchronize_parameters()
+        if edited and step == edits[2] and r == 1:  # on one rank, before a sync step
+            variables[1].assign_add(tf.fill(variables[1].shape, 0.25))
         grads = np.split(given(step + 1, r), np.cumsum(sizes)[:-1])
         opt.apply_gradients(zip([tf.constant(g) for g in grads], variables, strict=True))
         trace.append(np.concatenate([np.asarray(v.numpy()).reshape(-1) for v in variables]))
