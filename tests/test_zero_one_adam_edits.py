@@ -34,6 +34,7 @@ def scenarios(n: int) -> dict[str, dict]:
         "one_rank_before_a_sync": {"groups": 2, "edits": [[14, [0], 1, "shift"]], "explicit": []},
         "one_bucket": {"groups": 1, "edits": [[18, "all", 2, "half"], [20, [n - 1], 0, "shift"]], "explicit": []},
         "by_hand": {"groups": 2, "edits": [[2, "all", 1, "half"]], "explicit": [3, 16]},
+        "new_tensor": {"groups": 2, "edits": [[16, "all", 1, "rebind"]], "explicit": []},
     }
 
 
@@ -73,7 +74,7 @@ def _reference(n: int, spec: dict, lrs: list[float]) -> np.ndarray:
                     lo, hi = max(params[i].start, sl.start), min(params[i].stop, sl.stop)
                     if lo < hi:
                         part = st.x[r][lo - sl.start:hi - sl.start]
-                        part[:] = part * 0.5 if how == "half" else (part + 0.25).astype(np.float32)
+                        part[:] = (part + 0.25).astype(np.float32) if how == "shift" else part * 0.5
         grads = [rank_input(r, x0.size, torch.float32, seed=s + 1).double().numpy() for r in range(n)]
         for (sl, layers), st in zip(buckets, states, strict=True):
             if s in spec["explicit"] or (edited and z.step_kind(st, opts) in (z.LOCAL, z.SYNC)):

@@ -50,7 +50,7 @@ class ZeroOneAdamEngine(BucketedEngine):
     """
 
     exports = (*BucketedEngine.exports, "step_kind", "synchronize_parameters")
-    _versions: list[int] | None = None  # the parameters' version counters after the last step taken (Z20)
+    _versions: list[tuple[int, int]] | None = None  # ``_param_versions`` after the last step taken (Z20)
 
     def build(self, param_groups: list[dict[str, Any]], algorithm: type[ZeroOneAdam], options: ZeroOneAdamOptions,
               bucket_mb: float) -> tuple[ZeroOneAdam, list[ZeroOneBucket], list[FusedGradients], list[int]]:
@@ -68,8 +68,9 @@ class ZeroOneAdamEngine(BucketedEngine):
         self.bind_views((seg, [("exp_avg", seg.exp_avg), ("exp_avg_sq", seg.exp_avg_sq)]) for seg in self.alg.buckets)
         self._versions = None
 
-    def _param_versions(self) -> list[int]:
-        return [p._version for seg in self.alg.buckets for p in seg.params]
+    def _param_versions(self) -> list[tuple[int, int]]:
+        """Each parameter's version counter and storage (``p.data = ...`` brings a new tensor's counter)."""
+        return [(p._version, p.data_ptr()) for seg in self.alg.buckets for p in seg.params]
 
     def step(self, closure: Any = None, grad_scaler: Any = None) -> Any:
         """``BucketedEngine.step``, telling the algorithm whether this rank's parameters changed since the last

@@ -2,8 +2,8 @@
 gradients are given inputs (as zero_one_adam.py): each scenario names the steps before which some ranks halve or
 shift a parameter in place, and those before which ``synchronize_parameters()`` is called.
 
-argv: out_dir scenarios(JSON: name -> {"groups": 1 or 2, "edits": [[step, "all" or [ranks], param, "half" or
-"shift"]], "explicit": [steps]}) steps options(JSON) overlap(1|0)
+argv: out_dir scenarios(JSON: name -> {"groups": 1 or 2, "edits": [[step, "all" or [ranks], param, "half",
+"shift" or "rebind" (half, as a new tensor)]], "explicit": [steps]}) steps options(JSON) overlap(1|0)
 Saves per scenario every step's parameters, kinds and lrs, and the Z20 warnings the run gave."""
 
 import json
@@ -28,7 +28,10 @@ def edit(params: list[torch.nn.Parameter], spec: dict, s: int) -> None:
     with torch.no_grad():
         for step, ranks, i, how in spec["edits"]:
             if step == s and (ranks == "all" or r in ranks):
-                params[i].mul_(0.5) if how == "half" else params[i].add_(0.25)
+                if how == "rebind":  # a new tensor, its own version counter
+                    params[i].data = params[i].data * 0.5
+                else:
+                    params[i].mul_(0.5) if how == "half" else params[i].add_(0.25)
 
 
 def run(spec: dict) -> dict:
