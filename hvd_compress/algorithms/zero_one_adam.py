@@ -336,9 +336,9 @@ class ZeroOneAdam(BucketedAlgorithm):
             seg.lrs = 0.0
 
     def backs_up(self) -> bool:
-        """Always where edits are detected (a TF face's fresh copies too): a sync step's exchange is then redone
+        """On every sync step where edits are detected (a TF face's fresh copies too): its exchange may be redone
         after the parameters were synchronized (Z20), from the errors as they were."""
-        return super().backs_up() or self.detects_edits
+        return super().backs_up() or (self.detects_edits and self.step_kind() == SYNC)
 
     def _warn_of_inflated_steps(self, groups: Sequence[dict[str, Any]]) -> None:
         """Spec Z19: an uncorrected v frozen after few variance updates steps as an lr many times the user's and can
