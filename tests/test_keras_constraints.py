@@ -2,8 +2,8 @@
 variables after 8 steps equal, bit for bit, those of the same run with the constraints applied by hand after each step
 (not Adasum: its local step applies them too), they hold, and without them they would have acted (the max-norm layer
 outgrows 0.3, the non-negative one goes below 0). Keras's own optimizers apply constraints in ``apply``; the algorithm
-ops, which step the variables themselves, and Adasum, whose combined delta comes after the inner optimizer's step, used
-to leave them out."""
+ops step the variables themselves, and Adasum's combined delta comes after the inner optimizer's step, so the wrapper
+applies them there."""
 
 from __future__ import annotations
 
