@@ -114,3 +114,12 @@ def test_the_reference_drops_a_change_without_the_synchronization() -> None:
             z.step(st, [rank_input(r, 50, torch.float32, seed=s + 1).double().numpy() for r in range(n)], 0.01, opts)
         runs.append(st.x[0])
     assert KINDS[14] == "sync" and np.abs(runs[0]).max() > 1.6 * np.abs(runs[1]).max()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_checkpoint_loaded_in_place_is_no_change(runs, n: int) -> None:
+    """Model and optimizer state loaded mid-run (after local steps), in either order: bit for bit the uninterrupted
+    run, nothing synchronized, nothing warned."""
+    for r, rk in enumerate(runs(n)):
+        for order, got in rk["resumed"].items():
+            assert got["equal"] and not got["warned"], f"n={n} rank {r}, {order}: {got}"

@@ -4,8 +4,10 @@ shift a parameter in place, and those before which ``synchronize_parameters()`` 
 
 argv: out_dir scenarios(JSON: name -> {"groups": 1 or 2, "edits": [[step, "all" or [ranks], param, "half",
 "shift" or "rebind" (half, as a new tensor)]], "explicit": [steps]}) steps options(JSON) overlap(1|0)
-Saves per scenario every step's parameters, kinds and lrs, and the Z20 warnings the run gave."""
+Saves per scenario every step's parameters, kinds and lrs, and the Z20 warnings the run gave; ``resumed``: whether
+a run resumed in place from a checkpoint (optimizer or model loaded first) ends as the uninterrupted one."""
 
+import copy
 import json
 import sys
 import warnings
@@ -61,4 +63,42 @@ def run(spec: dict) -> dict:
     return out
 
 
-save(r, {name: run(spec) for name, spec in scenarios.items()})
+def resumed_in_place(opt_first: bool) -> dict:
+    """A checkpoint of model and optimizer after step 9 loaded into a run that took 2 steps of its own, the optimizer
+    first or the model first: neither load is a change (the optimizer's state and the model's go together)."""
+    def make() -> tuple[torch.nn.Module, object]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        return model, hc.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01), model.named_parameters(),
+                                              op=hc.ZeroOneAdam, overlap=overlap, **options)
+
+    def steps(model: torch.nn.Module, opt: object, a: int, b: int) -> None:
+        for t in range(a, b):
+            g = torch.Generator().manual_seed(100 * t + r)
+            opt.zero_grad()
+            x, y = torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+    flat = lambda model: torch.cat([p.detach().reshape(-1) for p in model.parameters()])  # noqa: E731
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, opt = make()
+        steps(model, opt, 0, 9)
+        saved = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict()})  # state_dict() holds views
+        steps(model, opt, 9, 16)
+        again, opt2 = make()
+        steps(again, opt2, 0, 2)
+        if opt_first:
+            opt2.load_state_dict(saved["opt"])
+            again.load_state_dict(saved["model"])
+        else:
+            again.load_state_dict(saved["model"])
+            opt2.load_state_dict(saved["opt"])
+        steps(again, opt2, 9, 16)
+    return {"equal": torch.equal(flat(model), flat(again)),
+            "warned": [str(w.message) for w in caught if "changed outside the optimizer" in str(w.message)]}
+
+
+save(r, {**{name: run(spec) for name, spec in scenarios.items()},
+         "resumed": {order: resumed_in_place(order == "opt_first") for order in ("opt_first", "model_first")}})
