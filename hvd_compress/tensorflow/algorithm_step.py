@@ -216,7 +216,8 @@ class FusedStep(FlatLayout):
                         alg.abandon()
                         self._sessions.clear()
                     hyper, rest = arrays[0], arrays[1:]
-                    session = self._begin(flags, hyper, rest[:n_vars], rest[n_vars: n_vars + n_state])
+                    session = self._session(rest[:n_vars], rest[n_vars: n_vars + n_state],
+                                            self.param_groups(hyper, flags))
                     token = next(self._tokens)
                     self._sessions[token] = session
                     self.bind(session)
@@ -250,29 +251,25 @@ class FusedStep(FlatLayout):
         new = self.finish_state(session)
         if LAYOUT in session.saved:
             new[LAYOUT] = np.asarray(self.bucket_numels(), dtype=np.int64)
-        if DECAY_ORDER in session.saved:
-            new[DECAY_ORDER] = self.decay_order.copy()
+        new[DECAY_ORDER] = self.decay_order.copy()
         new_state = {**session.bufs, **new, **only_read}
         return [*self.views(session.x), *(new_state[k] for k in self.state_shapes())]
 
-    def _begin(self, flags: dict[str, Any], hyper: np.ndarray, params: Sequence[np.ndarray],
-               state: Sequence[np.ndarray]) -> _Session:
+    def _session(self, params: Sequence[np.ndarray], state: Sequence[np.ndarray],
+                 groups: list[dict[str, Any]]) -> _Session:
+        """A session over fresh copies of ``params`` and ``state`` (``state_shapes`` order); ValueError where the
+        state was written with other exclusions from weight decay or another cut."""
         names = list(self.state_shapes())
-        given = self._checked(state)
+        given = dict(zip(names, state, strict=True))
+        step = int(given["step"])
+        self._check_decay_order(np.asarray(given[DECAY_ORDER]), step)  # first: other exclusions cut other buckets
+        if LAYOUT in given:
+            self._check_layout(np.asarray(given[LAYOUT]), step)
         read_only = self.read_only(given)
         bufs = {k: _fresh_copy(given[k]) for k in names if k not in self.scalars and k not in read_only}
         saved = {k: np.array(given[k]) for k in names if k in self.scalars}
         return _Session(x=self.flatten(params), g=aligned_empty(self.numel, np.float32), bufs=bufs, saved=saved,
-                        groups=self.param_groups(hyper, flags), read_only=read_only)
-
-    def _checked(self, state: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-        """The state by name, refused (ValueError) where written with other exclusions or another cut."""
-        given = dict(zip(self.state_shapes(), state, strict=True))
-        if DECAY_ORDER in given:  # first: other exclusions also cut other buckets
-            self._check_decay_order(np.asarray(given[DECAY_ORDER]), int(given["step"]))
-        if LAYOUT in given:
-            self._check_layout(np.asarray(given[LAYOUT]), int(given["step"]))
-        return given
+                        groups=groups, read_only=read_only)
 
     def _check_layout(self, saved: np.ndarray, step: int) -> None:
         """ValueError unless the state's bucket layout ``saved`` is this runner's; at step 0 (a fresh state: the
@@ -497,21 +494,18 @@ class ZeroOneStep(FusedStep):
     def synchronize_parameters(self, *arrays: np.ndarray) -> list[np.ndarray]:
         """``ZeroOneAdam.synchronize_parameters`` (spec Z20: the dense average that ends the local interval) over
         the parameters then the state in ``state_shapes`` order; returns them in the same order, as new arrays."""
-        n_vars, names = len(self.sizes), list(self.state_shapes())
-        given = self._checked(arrays[n_vars:])
-        bufs = {k: _fresh_copy(given[k]) for k in names if k not in self.scalars}
-        saved = {k: np.array(given[k]) for k in names if k in self.scalars}
-        session = _Session(x=self.flatten(arrays[:n_vars]), g=aligned_empty(self.numel, np.float32), bufs=bufs,
-                           saved=saved, groups=[], read_only=frozenset())
+        n_vars = len(self.sizes)
+        session = self._session(arrays[:n_vars], arrays[n_vars:], [])
         self.bind(session)
         try:
             self.algorithm.synchronize_parameters()
-            new = {**bufs, **saved, "lrs": np.asarray([seg.lrs for seg in self.algorithm.buckets], dtype=np.float64)}
+            lrs = np.asarray([seg.lrs for seg in self.algorithm.buckets], dtype=np.float64)
         finally:
             self.algorithm.buckets = []
-        t = int(saved["step"])
+        new = {**session.bufs, **session.saved, "lrs": lrs}
+        t = int(session.saved["step"])
         self._written = (t, session.x.copy()) if t >= self.algorithm.options.var_freeze_step else None
-        return [*self.views(session.x), *(new[k] for k in names)]
+        return [*self.views(session.x), *(new[k] for k in self.state_shapes())]
 
 
 class SlambStep(FusedStep):
