@@ -1,32 +1,48 @@
-"""Horovod's clipping pattern with every compressed op is never ignored (2 and 3 ranks, real processes): with
+"""Clipping with every compressed op is never ignored (2 and 3 ranks, real processes). Horovod's pattern: with
 overlap, where the compressed stage had consumed the gradients in ``synchronize()``, ``step()`` honours an edit of
 ``.grad`` and ends bit-identical to the same run with ``overlap=False`` (which clips before any reduction); the
-clip changes the result; one rank clipping alone is honoured on every rank alike. Adasum, whose local steps have
-consumed the gradients, refuses the edit on every rank with a clear error."""
+clip changes the result; one rank clipping alone is honoured on every rank alike. DDP's (clipping between
+``backward()`` and ``step()``, no ``synchronize()``): the buckets started during backward consumed the gradients
+too, and ``step()`` finds the edit alike, bit-identical to Horovod's pattern (a warm-up's averages are clipped
+after backward, as DDP's). Adasum, whose local steps have consumed the gradients, refuses the edit on every rank
+with a clear error. A 1-bit warm-up with a bucket held back by a parameter without a gradient refuses DDP's clip on
+every rank (as op=Average does)."""
 
 from __future__ import annotations
 
 import pytest
 from mpi_harness import horovodrun, load_ranks
 
-HONOURED = ["OneBitAdam", "OneBitLamb", "Birder", "SLAMB"]
+HONOURED = ["OneBitAdam", "OneBitLamb", "Birder", "SLAMB", "ZeroOneAdam"]
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_clipping_after_synchronize_is_honoured_or_refused_on_every_rank(n: int, out_dir) -> None:
-    horovodrun("clipping.py", n, out_dir, ",".join([*HONOURED, "Adasum"]), timeout=300)
+def test_clipping_is_honoured_or_refused_on_every_rank(n: int, out_dir) -> None:
+    horovodrun("clipping.py", n, out_dir, ",".join([*HONOURED, "Adasum"]), timeout=400)
     ranks = load_ranks(out_dir, n)
     for op in HONOURED:
-        for mode in ("plain", "clip", "clip_nooverlap", "clip_one_rank"):
+        for mode in ("plain", "clip", "clip_nooverlap", "clip_one_rank", "clip_ddp", "clip_ddp_one_rank"):
             got = {r[(op, mode)] for r in ranks}
             assert len(got) == 1, f"{op} {mode}: ranks differ at n={n}: {[r[(op, mode)] for r in ranks]}"
-            assert len(next(iter(got))) == 64, f"{op} {mode} raised at n={n}: {got}"
+            assert all(len(h) == 64 for h in got), f"{op} {mode} raised at n={n}: {got}"
+        for r, rk in enumerate(ranks):
+            assert rk[(op, "clip_ddp")] == rk[(op, "clip")], f"{op} rank {r}: DDP's clipping under overlap ignored"
+            assert rk[(op, "clip_ddp_one_rank")] == rk[(op, "clip_one_rank")], f"{op} rank {r}: one rank's DDP clip"
+    # A warm-up averages in place: with a bucket held back by a parameter without a gradient, DDP's clip after
+    # backward() saw averaged and local gradients alike (the ranks would step apart): refused on every rank.
+    for r, rk in enumerate(ranks):
+        got = rk[("OneBitAdam", "held_back_ddp")]
+        assert got.startswith("UsageError") and "opt.synchronize() before" in got, f"rank {r}: {got}"
+    got = {rk[("OneBitAdam", "held_back_pattern")] for rk in ranks}
+    assert len(got) == 1 and len(next(iter(got))) == 64, f"held back, Horovod's pattern: {got}"
+    for op in HONOURED:
         r0 = ranks[0]
         assert r0[(op, "clip")] == r0[(op, "clip_nooverlap")], f"{op}: the clip under overlap was not honoured"
         assert r0[(op, "clip")] != r0[(op, "plain")], f"{op}: clipping changed nothing (test too weak)"
         assert r0[(op, "clip_one_rank")] not in (r0[(op, "plain")], r0[(op, "clip")]), f"{op}: one rank's clip"
-    for mode in ("clip", "clip_one_rank"):
+    for mode, since in (("clip", "synchronize()"), ("clip_one_rank", "synchronize()"), ("clip_ddp", "backward()"),
+                        ("clip_ddp_one_rank", "backward()")):
         for r, rk in enumerate(ranks):
-            assert rk[("Adasum", mode)].startswith("UsageError") and "synchronize() and step()" in \
+            assert rk[("Adasum", mode)].startswith("UsageError") and f"{since} and step()" in \
                 rk[("Adasum", mode)], f"Adasum {mode} rank {r}: {rk[('Adasum', mode)]}"
     assert len(ranks[0][("Adasum", "plain")]) == 64, ranks[0][("Adasum", "plain")]

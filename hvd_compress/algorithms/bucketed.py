@@ -141,6 +141,24 @@ class BucketedAlgorithm:
         reduced gradient behind that a later edit would act on: with overlap, the buckets read them."""
         return self.overlap
 
+    def writes_gradients(self) -> bool:
+        """Whether the coming step's bucket reductions average the gradients in place (a dense warm-up step): code
+        between backward and the step must then find the started ones done and act on the averages."""
+        return False
+
+    def wait_launched(self) -> None:
+        """Wait for the buckets started so far; their errors stay for the step to raise."""
+        if self._reductions is not None:
+            self._reductions.wait()
+
+    def launched_gradients(self) -> list[Tensor]:
+        """The gradients of the buckets started so far for the coming step, in the order they started."""
+        return [self.bucket_gradient(i) for i in self._order()[:self.launched]]
+
+    def bucket_gradient(self, i: int) -> Tensor:
+        """The gradient buffer that bucket ``i``'s collective reads (and in a warm-up averages)."""
+        return self.buckets[i].grad
+
     def reduce_pending(self, groups: Sequence[dict[str, Any]] | None) -> None:
         """For ``step()``: reduce what is not reduced yet, then keep this step's state (every bucket succeeded)."""
         if not self._done:

@@ -217,6 +217,9 @@ class OneBitAlgorithm(BucketedAlgorithm):
         # warm-up averages the gradients in place: an edit after it acts on the average, as with Horovod
         return self.overlap and self.t + 1 > self.freeze_step
 
+    def writes_gradients(self) -> bool:
+        return self.overlap and self.t + 1 <= self.freeze_step
+
     def step(self, groups: Sequence[dict[str, Any]]) -> int:
         """One optimizer step on the reduced buckets (reducing those not reduced yet); returns the new
         step count. Nothing changes if any bucket fails on any rank."""

@@ -314,6 +314,13 @@ class Slamb(BucketedAlgorithm):
             return
         super().synchronize(groups)
 
+    def bucket_gradient(self, i: int) -> Tensor:
+        seg = self.buckets[i]
+        return self.buf.grad[seg.first:seg.end]
+
+    def writes_gradients(self) -> bool:
+        return self.overlap and self.options.sync_grad  # Alg. 1 line 9 averages g[M] in place
+
     def gradient_final(self, i: int, groups: Sequence[dict[str, Any]], count: int = 1) -> None:
         if self._agreement.complete(len(self.buckets)):  # a gradient after the step's buckets read theirs
             self.abandon()

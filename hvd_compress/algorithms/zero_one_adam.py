@@ -247,7 +247,11 @@ class ZeroOneAdam(BucketedAlgorithm):
             BucketedAlgorithm.synchronize(self, groups)
 
     def consumes_gradients_in_synchronize(self) -> bool:
-        return self.overlap and self.step_kind() != VARIANCE
+        # a local step has no collective: it reads the gradients in ``step()``, edits and all
+        return self.overlap and self.step_kind() in (ONEBIT, SYNC)
+
+    def writes_gradients(self) -> bool:
+        return self.overlap and self.step_kind() == VARIANCE
 
     # -- the step --------------------------------------------------------------------------------------
     def step(self, groups: Sequence[dict[str, Any]]) -> int:

@@ -30,6 +30,7 @@ from hvd_compress.torch.fused import flat_with_views
 from hvd_compress.torch.wrapping import (
     Engine,
     any_rank_nonfinite,
+    at_end_of_backward,
     check_named_parameters,
     closure_loss,
     hook_gradients,
@@ -50,8 +51,9 @@ class AdasumEngine(Engine):
     """The engine of op=Adasum.
 
     ``synchronize()`` means: finish every rank's local step and Adasum-reduce the parameter deltas. The
-    gradients were consumed by the local steps, so a ``step()`` after an edit of ``.grad`` (clipping) raises
-    on every rank: clip before ``backward()`` returns, or use ``op=hc.Average``."""
+    gradients were consumed by the local steps (those of the hooks during backward), so a ``step()`` after an
+    edit of ``.grad`` (clipping after ``synchronize()``, or after ``backward()`` as DDP scripts do) raises on
+    every rank: clip before ``backward()`` returns, or use ``op=hc.Average``."""
 
     amp_scaling = True
     frozen_later_ok = True  # a frozen parameter gets no gradient, so no local step: it stays, as under torch
@@ -75,6 +77,7 @@ class AdasumEngine(Engine):
         self.alg = AdasumDelta(options, BACKEND, buckets, self.meter)
         self.passes = PassCounter(params, backward_passes_per_step)
         hook_gradients(params, self.on_grad)
+        self._stepped: list[torch.nn.Parameter] = []  # the parameters the hooks stepped in the last backward pass
 
 
     # -- local step and delta ------------------------------------------------------------------
@@ -104,6 +107,13 @@ class AdasumEngine(Engine):
             return
         ensure_init()
         self.local_update([p])
+        at_end_of_backward(self)
+
+    def end_of_backward(self) -> None:
+        """The gradients the hooks' local steps consumed during this backward pass, fingerprinted for ``step()``."""
+        pending = set(map(id, self.alg.pending(self.params)))
+        self._stepped = [p for p in self.params if id(p) not in pending]
+        self.protocol.remember_backward([p.grad for p in self._stepped])
 
     def synchronize(self) -> None:
         """Finish every local update, reduce all deltas and wait for them (step() calls this). The local steps
@@ -147,13 +157,20 @@ class AdasumEngine(Engine):
                 return loss
         if self.protocol.for_step():
             self.gradient_phase()
-        elif self.protocol.seen is not None and self.protocol.edited(self.consumed_gradients()):
+            # the hooks step locally only without a scaler: then every rank asks whether any rank's changed
+            stepped = self._stepped
+            edited = self.scaler is None and self.protocol.edited_since_backward(lambda _: [p.grad for p in stepped])
+            since = "backward()"
+        else:
+            edited = self.protocol.seen is not None and self.protocol.edited(self.consumed_gradients())
+            since = "synchronize()"
+        if edited:
             self.reset()
             raise UsageError(
-                "op=hc.Adasum: the gradients changed between synchronize() and step() on some rank (clipping "
-                "them?), but each rank's optimizer had already stepped on them as they were: step not applied on "
-                "any rank (the wrapped optimizer's state has advanced). Adasum reduces parameter deltas, not "
-                "gradients: change gradients before backward() returns (a tensor hook), or use op=hc.Average"
+                f"op=hc.Adasum: the gradients changed between {since} and step() on some rank (clipping them?), but "
+                "each rank's optimizer had already stepped on them as they were: step not applied on any rank (the "
+                "wrapped optimizer's state has advanced). Adasum reduces parameter deltas, not gradients: change "
+                "gradients before backward() returns (a tensor hook), or use op=hc.Average"
             )
         with torch.no_grad():
             self.alg.step()

@@ -23,9 +23,17 @@ from hvd_compress.torch.wrapping import (
     STATE_KEY,
     Engine,
     any_rank_nonfinite,
+    at_end_of_backward,
     check_named_parameters,
     closure_loss,
     hook_gradients,
+)
+
+HELD_BACK = (
+    "{name}: .grad was changed between backward() and step() while some buckets held averaged gradients and later "
+    "ones this rank's own: a parameter without a gradient in this step holds back its bucket and the later ones, so "
+    "a change such as clipping by the gradient norm saw both and would step the ranks apart; step not taken. Call "
+    "opt.synchronize() before changing .grad (then step() inside opt.skip_synchronize()), or pass overlap=False"
 )
 
 
@@ -70,7 +78,13 @@ class BucketedEngine(Engine):
     and their ``FusedGradients``. With ``overlap`` the gradient hook that makes a parameter's gradient final (its
     last backward pass of ``backward_passes_per_step``) gathers it into its bucket's fused buffer and reports it
     (``gradient_final``); a complete bucket starts reducing on the background thread. ``synchronize()`` waits for
-    all; ``zero_grad()`` first drops a step started but not taken."""
+    all; ``zero_grad()`` first drops a step started but not taken.
+
+    The end of the backward pass (``end_of_backward``) makes the buckets' early start invisible to code between
+    ``backward()`` and ``step()`` that changes ``.grad`` (DDP's clipping, torch's AMP recipe): buckets that average
+    the gradients in place are waited for, as DDP's backward waits; where the buckets consumed the gradients as
+    they were (a compressed stage), ``step()`` finds a later change on any rank and reduces the changed gradients
+    anew, as after ``synchronize()``."""
 
     exports = ("overlap", "bucket_count")
     amp_scaling = True
@@ -131,6 +145,21 @@ class BucketedEngine(Engine):
             i = self.bucket_of[id(p)]
             self.fused_of[id(p)].gather_one(p)  # a .grad set from outside (model.zero_grad()) into its view
             self.alg.gradient_final(i, self.opt.param_groups)
+            if self.alg.launched:
+                at_end_of_backward(self)
+
+    def end_of_backward(self) -> None:
+        """At the end of a backward pass that started buckets: wait for them where they average ``.grad`` in place
+        (a warm-up), so that ``backward()`` returns the averages; fingerprint the gradients of the started buckets
+        where they were consumed as they were, or where later buckets are held back (a parameter without a
+        gradient) with this rank's own gradients beside the averages. A nested pass (reentrant checkpointing) ends
+        first; the outer one records again."""
+        in_place = self.alg.writes_gradients()
+        if in_place:
+            self.alg.wait_launched()
+        started = self.alg.launched_gradients()
+        held_back = in_place and len(started) < len(self.alg.buckets)
+        self.protocol.remember_backward(started if self.alg.consumes_gradients_in_synchronize() or held_back else [])
 
     @property
     def overlap(self) -> bool:
@@ -178,7 +207,7 @@ class BucketedEngine(Engine):
         loss = closure_loss(closure)
         rejected = None
         try:
-            edited = self._gradient_phase_for_step()
+            edited = self._gradient_phase_for_step(grad_scaler is not None)
         except UsageError as e:  # scaled gradients with inf/NaN: refused on every rank; the scaler decides below
             if grad_scaler is None:
                 raise
@@ -199,12 +228,30 @@ class BucketedEngine(Engine):
         self.protocol.step_done()
         return loss
 
-    def _gradient_phase_for_step(self) -> bool:
-        """The gradient phase unless a ``synchronize()`` ran it; True where the gradients it consumed were edited."""
+    def _gradient_phase_for_step(self, scaled: bool) -> bool:
+        """The gradient phase unless a ``synchronize()`` ran it; True where the gradients it consumed were edited
+        (since that ``synchronize()``, or else since the end of backward)."""
         if self.protocol.for_step():
             self.gradient_phase()
-            return False
+            return self._edited_since_backward(scaled)
         return self.protocol.seen is not None and self.protocol.edited(self.consumed_gradients())
+
+    def _edited_since_backward(self, scaled: bool) -> bool:
+        """Whether any rank changed the gradients of the buckets started during backward before this ``step()``
+        (``end_of_backward``): True where those buckets consumed them as they were (reduce anew); where they
+        averaged them in place and later buckets were held back, UsageError on every rank. The agreement is made on
+        every rank alike whenever buckets may start during backward; under a scaler a consuming step reduces anew
+        anyway."""
+        consumes, in_place = self.alg.consumes_gradients_in_synchronize(), self.alg.writes_gradients()
+        if not (consumes or in_place) or (consumes and scaled):
+            return False
+        if not self.protocol.edited_since_backward(lambda consumed: consumed):  # .grad are views of them
+            return False
+        if consumes:
+            return True
+        self.alg.abandon()
+        self.protocol.step_done()
+        raise UsageError(HELD_BACK.format(name=f"DistributedOptimizer(op={self.alg.name})"))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the fused gradient buffers; ``.grad`` becomes None (torch's default), or with ``set_to_none=False``

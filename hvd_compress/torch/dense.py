@@ -12,7 +12,6 @@ the two give bit-identical results.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -43,6 +42,7 @@ from hvd_compress.torch.wrapping import (
     STATE_KEY,
     Engine,
     any_rank_nonfinite,
+    at_end_of_backward,
     check_named_parameters,
     closure_loss,
     compose,
@@ -53,26 +53,6 @@ from hvd_compress.torch.wrapping import (
 #: What op=Average/Sum take beside Horovod's arguments at their defaults (and which of those they interpret).
 _DENSE_OPTIONS = ["compression", "gradient_predivide_factor", "sparse_as_dense", "overlap", "bucket_mb"]
 _DENSE_HOROVOD = ("gradient_predivide_factor", "sparse_as_dense")
-
-
-def _end_of_backward(engine: DenseEngine) -> Any:
-    """What the autograd engine calls once the backward pass that started ``engine``'s buckets is over: wait for
-    them, as DDP's backward does, so that ``.grad`` holds the reduced gradients when ``backward()`` returns. The
-    buckets still overlap the rest of the backward pass; what no longer overlaps them is the user's code between
-    ``backward()`` and ``step()``, which may now read and change ``.grad`` (torch's AMP recipe,
-    ``scaler.unscale_(opt)`` then clipping, would otherwise unscale buckets while they are reduced in place).
-    Errors stay for ``synchronize()`` to raise on every rank. Holds the engine weakly."""
-    # A parameter without a gradient in this pass holds back its bucket and the later ones (buckets start in order)
-    # until synchronize(): see ``note_held_back``.
-    ref = weakref.ref(engine)
-
-    def wait() -> None:
-        engine = ref()
-        if engine is not None:
-            engine.reductions.wait()
-            engine.note_held_back()
-
-    return wait
 
 
 class DenseEngine(Engine):
@@ -146,7 +126,18 @@ class DenseEngine(Engine):
                     # The end of a nested backward (reentrant activation checkpointing: its own graph task, its own
                     # callbacks) may have found buckets held back that this outer pass has now started.
                     self._held_back = None
-                torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward(self))
+                at_end_of_backward(self)
+
+    def end_of_backward(self) -> None:
+        """Once the backward pass that started buckets is over: wait for them, as DDP's backward does, so that
+        ``.grad`` holds the reduced gradients when ``backward()`` returns. The buckets still overlap the rest of the
+        backward pass; what no longer overlaps them is the user's code between ``backward()`` and ``step()``, which
+        may now read and change ``.grad`` (torch's AMP recipe, ``scaler.unscale_(opt)`` then clipping, would
+        otherwise unscale buckets while they are reduced in place). Errors stay for ``synchronize()`` to raise on
+        every rank. A parameter without a gradient in this pass holds back its bucket and the later ones until
+        ``synchronize()``: see ``note_held_back``."""
+        self.reductions.wait()
+        self.note_held_back()
 
     def note_held_back(self) -> None:
         """At the end of a backward pass: where some buckets are reduced and later ones still hold this rank's own
@@ -189,7 +180,7 @@ class DenseEngine(Engine):
         unless it runs inside ``skip_synchronize()``): clip or inspect the reduced gradients between the two.
 
         With overlap, the buckets whose gradients were final during backward were reduced in place by the time
-        ``backward()`` returned (``_end_of_backward``); with ``overlap=False`` nothing is reduced before this call.
+        ``backward()`` returned (``end_of_backward``); with ``overlap=False`` nothing is reduced before this call.
         An error in any rank's reduction raises here on every rank, after every started bucket has finished."""
         ensure_init()
         if not self.member:  # outside the process set: this rank's own gradients, as in Horovod

@@ -146,6 +146,8 @@ class SynchronizeProtocol:
         self.synchronized = False
         self.skip = False
         self.seen: list[int] | None = None  # ``gradient_fingerprint`` of what a user's synchronize() consumed
+        # What the hooks consumed by the end of backward, its versions and fingerprint (``remember_backward``)
+        self.seen_at_backward: tuple[list[torch.Tensor | None], list[int], list[int]] | None = None
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -164,6 +166,25 @@ class SynchronizeProtocol:
         than reduced into ``.grad``), for ``for_step`` to compare."""
         self.seen = gradient_fingerprint(consumed) if consumed else None
 
+    def remember_backward(self, consumed: list[torch.Tensor | None]) -> None:
+        """At the end of a backward pass whose hooks consumed the gradients ``consumed`` as they were: fingerprint
+        them, for ``edited_since_backward`` (DDP's clipping: ``.grad`` changed between ``backward()`` and
+        ``step()`` with no ``synchronize()``)."""
+        self.seen_at_backward = (consumed, _versions(consumed), gradient_fingerprint(consumed)) if consumed else None
+
+    def edited_since_backward(self, now: Callable[[list[torch.Tensor | None]], list[torch.Tensor | None]]) -> bool:
+        """In a ``step()`` with no ``synchronize()``: whether any rank changed what its hooks consumed since the
+        end of backward (``now(consumed)``: those gradients as they are now, replaced ones too; a rank whose hooks
+        consumed nothing changed nothing). One small allreduce: every rank calls it alike. Tensors not written
+        since (the same tensors, their version counters unchanged) are not read again."""
+        seen, self.seen_at_backward = self.seen_at_backward, None
+        changed = False
+        if seen is not None:
+            current = now(seen[0])
+            same = all(a is b for a, b in zip(current, seen[0], strict=True)) and _versions(current) == seen[1]
+            changed = not same and gradient_fingerprint(current) != seen[2]
+        return any_rank(changed, "DistributedOptimizer.gradients_edited")
+
     def for_step(self) -> bool:
         """At the start of ``step()``: True when no ``synchronize()`` preceded it, so ``step()`` runs the gradient
         phase itself; raises inside ``skip_synchronize()`` without a ``synchronize()`` since the last step."""
@@ -178,6 +199,7 @@ class SynchronizeProtocol:
         else:
             self.seen = None
             return True
+        self.seen_at_backward = None  # synchronize() ran after backward: ``seen`` is what counts
         return False
 
     def edited(self, consumed: list[torch.Tensor | None]) -> bool:
@@ -189,6 +211,7 @@ class SynchronizeProtocol:
 
     def step_done(self) -> None:
         self.synchronized = False
+        self.seen_at_backward = None
 
 
 class Engine:
@@ -200,6 +223,7 @@ class Engine:
 
     exports: tuple[str, ...] = ()
     amp_scaling = False  # whether ``step`` takes torch's ``grad_scaler=``
+    end_queued = False  # ``at_end_of_backward`` has queued ``end_of_backward`` for the running backward pass
     frozen_later_ok = False  # whether a parameter frozen after wrapping is left unstepped (``check_param_groups``)
 
     def __init__(self, optimizer: torch.optim.Optimizer, base: type) -> None:
@@ -281,6 +305,24 @@ class Engine:
         self.base.load_state_dict(self.opt, state_dict)
 
 
+def at_end_of_backward(engine: Any) -> None:
+    """From a gradient hook: have the autograd engine call ``engine.end_of_backward()`` once the running backward
+    pass is over, once per pass however many hooks ask (a nested pass of reentrant checkpointing ends first, its
+    own call; a hook of the outer pass after it asks again). Holds the engine weakly."""
+    if engine.end_queued:
+        return
+    engine.end_queued = True
+    ref = weakref.ref(engine)
+
+    def end() -> None:
+        engine = ref()
+        if engine is not None:
+            engine.end_queued = False
+            engine.end_of_backward()
+
+    torch.autograd.Variable._execution_engine.queue_callback(end)
+
+
 def closure_loss(closure: Callable[[], Any] | None) -> Any:
     """What every engine's ``step(closure)`` runs first: the closure, with grad enabled (``step`` may run under
     ``no_grad``), so that the gradients it computes are the ones reduced; its loss, or None without one."""
@@ -295,17 +337,33 @@ def _group_layout(groups: Iterable[dict[str, Any]]) -> list[tuple[int, ...]]:
 
 
 def gradient_fingerprint(tensors: Iterable[torch.Tensor | None]) -> list[int]:
-    """Per tensor the sum of its elements' bit patterns as integers: any change of one element changes it (several
-    changes could cancel only by exact coincidence), at the cost of one read of the gradients."""
+    """Per tensor the sum of its bit patterns as 64-bit integers (wrapping): any change of one element changes it
+    (several changes could cancel only by exact coincidence), at the cost of one read of the gradients. Whole
+    64-bit words are summed where the bytes allow it (a wide integer sum is a fast reduction; a widening one is not),
+    the rest element by element."""
     out = []
     for tensor in tensors:
         if tensor is None:
             out.append(-1)
             continue
         t = tensor.detach().coalesce().values() if tensor.is_sparse else tensor.detach()
-        bits = torch.int32 if t.element_size() >= 4 else torch.int16 if t.element_size() == 2 else torch.int8
-        out.append(int(t.contiguous().view(bits).sum(dtype=torch.int64)))
+        flat = t.reshape(-1)
+        per_word = 8 // t.element_size() if t.element_size() < 8 and 8 % t.element_size() == 0 else 1
+        whole = flat.numel() - flat.numel() % per_word
+        total = 0
+        if whole and per_word > 1 and flat.storage_offset() % per_word == 0:
+            total = int(flat[:whole].view(torch.int64).sum())
+            flat = flat[whole:]
+        if flat.numel():
+            bits = {8: torch.int64, 4: torch.int32, 2: torch.int16}.get(t.element_size(), torch.int8)
+            total += int(flat.contiguous().view(bits).sum(dtype=torch.int64))
+        out.append(total)
     return out
+
+
+def _versions(tensors: Iterable[torch.Tensor | None]) -> list[int]:
+    """The version counters of ``tensors`` (shared with their views: any in-place write bumps them)."""
+    return [-1 if t is None else t._version for t in tensors]
 
 
 def any_rank(flag: bool, name: str) -> bool:

@@ -20,7 +20,7 @@ import sys
 
 import horovod.torch as hvd
 import torch
-from common import outcome, save, small_wrapped
+from common import UnusedMiddle, outcome, save, small_wrapped
 
 import hvd_compress.torch as hc  # before hvd.init(), as a user script imports it
 
@@ -75,18 +75,6 @@ def run(op: str, mode: str) -> tuple[str, float]:
 def parameters_hash(model: torch.nn.Module) -> str:
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
-
-
-class UnusedMiddle(torch.nn.Module):
-    """An MLP whose middle layer gets no gradient: it holds back its bucket and the later ones during backward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.unused = torch.nn.Linear(8, 64), torch.nn.Linear(64, 64)
-        self.b, self.c = torch.nn.Linear(64, 64), torch.nn.Linear(64, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
 
 
 class FirstOnRankZero(torch.nn.Module):

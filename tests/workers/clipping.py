@@ -1,10 +1,14 @@
 """Horovod's clipping pattern (``opt.synchronize()``, ``clip_grad_norm_``, ``with opt.skip_synchronize():
-opt.step()``) with each compressed op, overlap on and off, against no clipping.
+opt.step()``) and DDP's (``backward()``, ``clip_grad_norm_``, ``step()``) with each compressed op, overlap on and
+off, against no clipping.
 
-argv: out_dir ops (comma list of OneBitAdam, OneBitLamb, Birder, SLAMB, Adasum)
+argv: out_dir ops (comma list of OneBitAdam, OneBitLamb, Birder, SLAMB, ZeroOneAdam, Adasum)
 Saves per rank, per (op, mode): the SHA-256 of the parameters after the run, or the error raised; mode is
-``plain`` (no clipping), ``clip`` (the pattern, overlap on), ``clip_nooverlap`` (the pattern, overlap=False) and,
-with overlap on, ``clip_one_rank`` (only rank 0 clips, from step 3: every rank must still agree on what to do).
+``plain`` (no clipping), ``clip`` (the pattern, overlap on), ``clip_nooverlap`` (the pattern, overlap=False),
+``clip_ddp`` (DDP's, overlap on) and, with overlap on, ``clip_one_rank`` and ``clip_ddp_one_rank`` (only rank 0
+clips, from step 3: every rank must still agree on what to do). For 1-bit Adam in its warm-up also
+``held_back_ddp`` and ``held_back_pattern``: three steps of a model whose middle layer gets no gradient, in 1 KiB
+buckets, clipped DDP's way and Horovod's.
 """
 
 from __future__ import annotations
@@ -14,15 +18,17 @@ import sys
 
 import horovod.torch as hvd
 import torch
-from common import outcome, save, small_wrapped
+from common import UnusedMiddle, outcome, save, small_wrapped
 
-import hvd_compress.torch  # noqa: F401  (before hvd.init(), as a user script imports it)
+import hvd_compress.torch  # before hvd.init(), as a user script imports it
 
 hvd.init()
 torch.set_num_threads(1)
 rank = hvd.rank()
 OPTIONS = {"OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2}, "Birder": {},
-           "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1}, "Adasum": {}}
+           "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1},
+           "ZeroOneAdam": {"var_freeze_step": 2, "var_update_scaler": 1, "local_step_scaler": 1,
+                           "local_step_clipper": 2}, "Adasum": {}}
 STEPS = 6
 
 
@@ -39,6 +45,11 @@ def run(op: str, mode: str) -> str:
         if mode == "plain":
             opt.step()
             continue
+        if mode.startswith("clip_ddp"):
+            if mode == "clip_ddp" or (rank == 0 and t > 2):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            opt.step()
+            continue
         opt.synchronize()
         # One rank alone: past the 1-bit warm-up, where synchronize() averages and a clip of the average on one
         # rank would be the script's own divergence (as with Horovod).
@@ -46,15 +57,46 @@ def run(op: str, mode: str) -> str:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
         with opt.skip_synchronize():
             opt.step()
+    if op == "ZeroOneAdam":  # the ranks' models after a local step differ by design: compare their average
+        opt.synchronize_parameters()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+
+
+def held_back(pattern: bool) -> str:
+    """Three warm-up steps of 1-bit Adam on ``UnusedMiddle`` in 1 KiB buckets, clipped after ``synchronize()``
+    (``pattern``) or after ``backward()``; the parameters' hash."""
+    torch.manual_seed(0)
+    model = UnusedMiddle()
+    opt = hvd_compress.torch.DistributedOptimizer(
+        torch.optim.Adam(model.parameters(), lr=1e-2), model.named_parameters(), op=hvd_compress.torch.OneBitAdam,
+        freeze_step=10, bucket_mb=1 / 1024)
+    g = torch.Generator().manual_seed(10 + rank)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(32, 8, generator=g)).square().mean().backward()
+        if pattern:
+            opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        if pattern:
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
 out = {}
 for op in sys.argv[2].split(","):
-    for mode in ("plain", "clip", "clip_one_rank") if op == "Adasum" else ("plain", "clip", "clip_nooverlap",
-                                                                          "clip_one_rank"):
+    modes = ("plain", "clip", "clip_one_rank", "clip_ddp", "clip_ddp_one_rank")
+    for mode in modes if op == "Adasum" else (*modes, "clip_nooverlap"):
         result = {}
         err = outcome(lambda op=op, mode=mode, result=result: result.setdefault("hash", run(op, mode)))
         out[(op, mode)] = result.get("hash") or err
+    if op == "OneBitAdam":
+        for mode, pattern in (("held_back_ddp", False), ("held_back_pattern", True)):
+            result = {}
+            err = outcome(lambda pattern=pattern, result=result: result.setdefault("hash", held_back(pattern)))
+            out[(op, mode)] = result.get("hash") or err
 save(rank, out)

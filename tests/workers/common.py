@@ -85,3 +85,15 @@ def small_wrapped(op: str, **options: Any) -> tuple[torch.nn.Module, torch.optim
         base = torch.optim.Adam(model.parameters(), lr=1e-2)
     return model, hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), op=getattr(hc, op),
                                           **options)
+
+
+class UnusedMiddle(torch.nn.Module):
+    """An MLP whose middle layer gets no gradient: it holds back its bucket and the later ones during backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.unused = torch.nn.Linear(8, 64), torch.nn.Linear(64, 64)
+        self.b, self.c = torch.nn.Linear(64, 64), torch.nn.Linear(64, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
