@@ -6,10 +6,11 @@ clip changes the result; one rank clipping alone is honoured on every rank alike
 too, and ``step()`` finds the edit alike, bit-identical to Horovod's pattern (a warm-up's averages are clipped
 after backward, as DDP's). Adasum, whose local steps have consumed the gradients, refuses the edit on every rank
 with a clear error. A 1-bit warm-up with a bucket held back by a parameter without a gradient refuses DDP's clip on
-every rank (as op=Average does)."""
+every rank (as op=Average does); ``backward()`` returns a warm-up's averaged gradients, as DDP's."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from mpi_harness import horovodrun, load_ranks
 
@@ -33,6 +34,13 @@ def test_clipping_is_honoured_or_refused_on_every_rank(n: int, out_dir) -> None:
     for r, rk in enumerate(ranks):
         got = rk[("OneBitAdam", "held_back_ddp")]
         assert got.startswith("UsageError") and "opt.synchronize() before" in got, f"rank {r}: {got}"
+    # backward() returns a warm-up's averages (its buckets waited for), as DDP's: what code after it reads and
+    # clips; the hooks' reductions would otherwise still be writing them.
+    mean = np.mean([rk[("OneBitAdam", "after_backward")][0] for rk in ranks], axis=0, dtype=np.float64)
+    for r, rk in enumerate(ranks):
+        got = rk[("OneBitAdam", "after_backward")][1]
+        off = int(np.sum(~np.isclose(got, mean, rtol=1e-5, atol=1e-8)))
+        assert off == 0, f"rank {r} of {n}: .grad after backward() is not the average in {off} of {got.size} elements"
     got = {rk[("OneBitAdam", "held_back_pattern")] for rk in ranks}
     assert len(got) == 1 and len(next(iter(got))) == 64, f"held back, Horovod's pattern: {got}"
     for op in HONOURED:

@@ -8,7 +8,9 @@ Saves per rank, per (op, mode): the SHA-256 of the parameters after the run, or 
 ``clip_ddp`` (DDP's, overlap on) and, with overlap on, ``clip_one_rank`` and ``clip_ddp_one_rank`` (only rank 0
 clips, from step 3: every rank must still agree on what to do). For 1-bit Adam in its warm-up also
 ``held_back_ddp`` and ``held_back_pattern``: three steps of a model whose middle layer gets no gradient, in 1 KiB
-buckets, clipped DDP's way and Horovod's.
+buckets, clipped DDP's way and Horovod's; ``after_backward``: (this rank's own gradient, ``.grad`` as
+``backward()`` returned it) of one warm-up step of a 1M-parameter MLP, whose buckets are still on the wire when
+backward's last hook has run.
 """
 
 from __future__ import annotations
@@ -87,6 +89,23 @@ def held_back(pattern: bool) -> str:
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
+def after_backward() -> tuple:
+    """One warm-up step's gradient of a 1M-parameter MLP: this rank's own (``torch.autograd.grad`` of the same
+    loss, no hooks) and ``.grad`` as ``backward()`` returned it under 1-bit Adam with overlap, as NumPy arrays."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                                torch.nn.ReLU(), torch.nn.Linear(1024, 2))
+    opt = hvd_compress.torch.DistributedOptimizer(
+        torch.optim.Adam(model.parameters(), lr=1e-2), model.named_parameters(), op=hvd_compress.torch.OneBitAdam,
+        freeze_step=10)
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(10 + rank))
+    own = torch.autograd.grad(model(x).square().mean(), list(model.parameters()))
+    model(x).square().mean().backward()
+    got = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy().copy()
+    opt.step()
+    return torch.cat([g.reshape(-1) for g in own]).numpy(), got
+
+
 out = {}
 for op in sys.argv[2].split(","):
     modes = ("plain", "clip", "clip_one_rank", "clip_ddp", "clip_ddp_one_rank")
@@ -99,4 +118,5 @@ for op in sys.argv[2].split(","):
             result = {}
             err = outcome(lambda pattern=pattern, result=result: result.setdefault("hash", held_back(pattern)))
             out[(op, mode)] = result.get("hash") or err
+        out[(op, "after_backward")] = after_backward()
 save(rank, out)
