@@ -24,6 +24,7 @@ from hvd_compress.keras.wrapped_step import (
     apply_constraints,
     check_base_options,
     check_passes,
+    clip_local_gradients,
     compression_config,
     error_feedback_step,
     parse_compression,
@@ -242,6 +243,7 @@ class KerasEngine:
         if self._decay_excluded(self.trainable) != self.decay_excluded:
             raise ValueError(f"op={self.config.op.name}: the inner optimizer's exclude_from_weight_decay() changed "
                              "after its first step; the algorithm's state is laid out by it: call it before")
+        grads = clip_local_gradients(self.inner, grads)
         by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
         hyper = [self.face.learning_rate(self.inner), *self.hyper]
         apply_algorithm_step(self.runner, self.state, self.stepped, by_var, hyper, self.flags,

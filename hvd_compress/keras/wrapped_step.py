@@ -41,9 +41,9 @@ LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True} 
 #: The kinds (``algorithms.contract.Wraps``) whose Keras optimizer may be a Lamb, so take ``LAMB_DEFAULTS``' options
 #: (a face's reader refuses them where neither the optimizer nor the rule is a LAMB: ``keras.engine``).
 LAMB_KINDS = ("adam", "lamb", "slamb-lamb")
-#: Options of the base optimizer that an algorithm's own step would silently ignore: refused instead.
-BASE_ONLY = ("clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_accumulation_steps",
-             "loss_scale_factor")
+#: Options of the base optimizer that an algorithm's own step would silently ignore: refused instead. (Its
+#: clipnorm, clipvalue and global_clipnorm are applied: ``clip_local_gradients``.)
+BASE_ONLY = ("use_ema", "gradient_accumulation_steps", "loss_scale_factor")
 
 
 @dataclass
@@ -218,6 +218,17 @@ def check_base_options(op_name: str, inner: Any) -> None:
     for name in BASE_ONLY:
         if getattr(inner, name, None) not in (None, False):
             raise ValueError(f"op={op_name}: the inner optimizer's {name} is not applied by the algorithm; unset it")
+
+
+def clip_local_gradients(inner: Any, grads: list[Any]) -> list[Any]:
+    """``grads`` clipped by the inner optimizer's own ``clipnorm``, ``global_clipnorm`` or ``clipvalue`` (Keras's
+    ``_clip_gradients``, the same in both Keras versions), for an algorithm op, whose step takes this rank's
+    gradients where Keras's ``apply`` would clip them: so each rank's gradient is clipped before the algorithm (a
+    1-bit warm-up then averages the clipped gradients), as DeepSpeed's compressed stage and the torch face's
+    ``overlap=False`` clip. Sparse gradients are made dense first (their norm is the dense gradient's)."""
+    if not any(getattr(inner, name, None) for name in ("clipnorm", "global_clipnorm", "clipvalue")):
+        return grads
+    return list(inner._clip_gradients([None if g is None else dense(g) for g in grads]))
 
 
 def adasum_delta_step(grads: list[tf.Tensor], variables: list[Any], apply_local: Callable[[list[Any], list[Any]], Any],

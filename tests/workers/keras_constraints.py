@@ -14,30 +14,21 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from tf_common import outcome, save
-
-if sys.argv[2] == "tf_keras":
-    import tf_keras as keras
-else:
-    import keras
+from tf_common import ALGORITHM_OPTIONS, inner_optimizer, keras_of_face, outcome, save
 
 import hvd_compress.keras as hck
+
+keras = keras_of_face(sys.argv[2])
 
 hck.init()
 rank = hck.rank()
 LR = 0.05
-OPTIONS = {"OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2},
-           "ZeroOneAdam": {"var_freeze_step": 3, "local_step_scaler": 2, "local_step_clipper": 2},
-           "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "grad_size_thr": 0, "seed": 5}, "Birder": {"seed": 3}}
+OPTIONS = ALGORITHM_OPTIONS
 CONSTRAINTS = (keras.constraints.MaxNorm(0.3), keras.constraints.NonNeg())
 
 
-def inner(op: str) -> object:
-    if op == "Birder":
-        return (hck.legacy.Birder if sys.argv[2] == "tf_keras" else hck.Birder)(LR)
-    if op in ("OneBitLamb", "SLAMB") and hasattr(keras.optimizers, "Lamb"):
-        return keras.optimizers.Lamb(LR)
-    return keras.optimizers.Adam(LR)
+def inner(op: str, **kwargs: float) -> object:
+    return inner_optimizer(keras, hck, op, LR, **kwargs)
 
 
 def run(op: str, constrained: bool, by_hand: bool) -> list[np.ndarray]:

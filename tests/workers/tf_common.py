@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import pickle
 import sys
 from collections.abc import Callable
@@ -36,3 +37,27 @@ def outcome(fn: Callable[[], object]) -> str:
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return "no error"
+
+
+#: Options of each Keras algorithm op for a run of a few steps: every stage within them (warm-up, compression,
+#: syncs).
+ALGORITHM_OPTIONS = {
+    "OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2},
+    "ZeroOneAdam": {"var_freeze_step": 3, "local_step_scaler": 2, "local_step_clipper": 2},
+    "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "grad_size_thr": 0, "seed": 5}, "Birder": {"seed": 3},
+}
+
+
+def inner_optimizer(keras: Any, hck: Any, op: str, lr: float, **kwargs: Any) -> Any:
+    """The Keras optimizer ``op`` wraps (``keras`` is Keras 3 or tf_keras): Birder's, Lamb where the Keras version
+    has it for 1-bit LAMB and SLAMB, else Adam; ``kwargs`` go to it."""
+    if op == "Birder":
+        return (hck.legacy.Birder if keras.__name__ == "tf_keras" else hck.Birder)(lr, **kwargs)
+    if op in ("OneBitLamb", "SLAMB") and hasattr(keras.optimizers, "Lamb"):
+        return keras.optimizers.Lamb(lr, **kwargs)
+    return keras.optimizers.Adam(lr, **kwargs)
+
+
+def keras_of_face(face: str) -> Any:
+    """The Keras module of a worker's face: ``tf_keras`` (TF_USE_LEGACY_KERAS=1) or Keras 3."""
+    return importlib.import_module("tf_keras" if face == "tf_keras" else "keras")
