@@ -270,6 +270,22 @@ def _check_not_overwritten(variables: Sequence[Any], what: str) -> None:
                          "PowerSGD")
 
 
+def _inner_attribute(name: str, why: str) -> property:
+    """A property of the wrapper that is the inner optimizer's ``name``. The Keras base's own ``__init__`` sets it
+    (to None) before the wrapper holds the inner optimizer: that assignment is not the user's, and is dropped."""
+
+    def get(self: Any) -> Any:
+        inner = vars(self).get("inner_optimizer")
+        return None if inner is None else getattr(inner, name)
+
+    def put(self: Any, value: Any) -> None:
+        inner = vars(self).get("inner_optimizer")
+        if inner is not None:
+            setattr(inner, name, value)
+
+    return property(get, put, doc=f"The inner optimizer's ``{name}`` ({why}).")
+
+
 class EngineMethods:
     """The public methods both Keras wrappers share, each the engine's (``self._hvdc``). Listed before the Keras
     base class, so that ``learning_rate`` and ``iterations`` are the inner optimizer's, as in Keras's own
@@ -302,6 +318,12 @@ class EngineMethods:
     @learning_rate.setter
     def learning_rate(self, learning_rate: Any) -> None:
         self.inner_optimizer.learning_rate = learning_rate
+
+    # Set on the wrapper, as on Horovod's (a subclass of the optimizer), they reach the inner optimizer, which
+    # clips under op=Average, Adasum and PowerSGD; the algorithm ops clip by its rule (``clip_local_gradients``).
+    clipnorm = _inner_attribute("clipnorm", "clipping")
+    global_clipnorm = _inner_attribute("global_clipnorm", "clipping")
+    clipvalue = _inner_attribute("clipvalue", "clipping")
 
     def exclude_from_weight_decay(self, var_list: Any = None, var_names: Any = None) -> None:
         """The inner optimizer's (which applies the weight decay, or hands it to the algorithm): Horovod's Keras

@@ -6,7 +6,8 @@ argv: out_dir face ("keras" or "tf_keras", which TF_USE_LEGACY_KERAS must match)
 Saves per rank, per case: ``clipped``, the variables after 8 steps with the option set on the inner optimizer (for
 SLAMB and 0/1 Adam after ``synchronize_parameters()``); ``by_hand``, the same run without it, each rank's gradients
 clipped before ``apply_gradients`` by ``_clip_gradients`` of a second, unwrapped optimizer with the option (Keras's
-own rule, not a copy of it); ``free``, with no clipping at all (to show it acted); ``fit``, the variables after one
+own rule, not a copy of it); ``on_wrapper``, the option set on the wrapper after construction (as on Horovod's,
+a subclass of the optimizer); ``free``, with no clipping at all (to show it acted); ``fit``, the variables after one
 epoch of ``model.fit`` with the option, or the error it raised."""
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def run(op: str, option: str, mode: str) -> list[np.ndarray]:
     model, data = model_and_data()
     clip = {option: CLIP[option]} if mode == "clipped" else {}
     opt = hck.DistributedOptimizer(inner(op, **clip), op=getattr(hck, op), **OPTIONS.get(op, {}))
+    if mode == "on_wrapper":
+        setattr(opt, option, CLIP[option])
     rule = inner(op, **{option: CLIP[option]})  # only its _clip_gradients is used
 
     @tf.function
@@ -80,6 +83,6 @@ def fit(op: str, option: str) -> object:
 out = {}
 for case in sys.argv[3].split(","):
     op, option = case.split(":")
-    out[case] = {mode: run(op, option, mode) for mode in ("clipped", "by_hand", "free")}
+    out[case] = {mode: run(op, option, mode) for mode in ("clipped", "by_hand", "on_wrapper", "free")}
     out[case]["fit"] = fit(op, option)
 save(rank, out)
