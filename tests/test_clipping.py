@@ -1,4 +1,4 @@
-"""Clipping with every compressed op is never ignored (2 and 3 ranks, real processes). Horovod's pattern: with
+"""Clipping with every compressed op is never ignored (2, 3 and 4 ranks, real processes). Horovod's pattern: with
 overlap, where the compressed stage had consumed the gradients in ``synchronize()``, ``step()`` honours an edit of
 ``.grad`` and ends bit-identical to the same run with ``overlap=False`` (which clips before any reduction); the
 clip changes the result; one rank clipping alone is honoured on every rank alike. DDP's (clipping between
@@ -17,7 +17,7 @@ from mpi_harness import horovodrun, load_ranks
 HONOURED = ["OneBitAdam", "OneBitLamb", "Birder", "SLAMB", "ZeroOneAdam"]
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_clipping_is_honoured_or_refused_on_every_rank(n: int, out_dir) -> None:
     horovodrun("clipping.py", n, out_dir, ",".join([*HONOURED, "Adasum"]), timeout=400)
     ranks = load_ranks(out_dir, n)
