@@ -20,6 +20,7 @@ from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.fused import FusedGradients
 from hvd_compress.torch.wrapping import (
+    HELD_BACK,
     STATE_KEY,
     Engine,
     any_rank_nonfinite,
@@ -27,13 +28,6 @@ from hvd_compress.torch.wrapping import (
     check_named_parameters,
     closure_loss,
     hook_gradients,
-)
-
-HELD_BACK = (
-    "{name}: .grad was changed between backward() and step() while some buckets held averaged gradients and later "
-    "ones this rank's own: a parameter without a gradient in this step holds back its bucket and the later ones, so "
-    "a change such as clipping by the gradient norm saw both and would step the ranks apart; step not taken. Call "
-    "opt.synchronize() before changing .grad (then step() inside opt.skip_synchronize()), or pass overlap=False"
 )
 
 
@@ -251,7 +245,8 @@ class BucketedEngine(Engine):
             return True
         self.alg.abandon()
         self.protocol.step_done()
-        raise UsageError(HELD_BACK.format(name=f"DistributedOptimizer(op={self.alg.name})"))
+        raise UsageError(HELD_BACK.format(name=f"DistributedOptimizer(op={self.alg.name})", until="step()") +
+                         "; step not taken")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the fused gradient buffers; ``.grad`` becomes None (torch's default), or with ``set_to_none=False``

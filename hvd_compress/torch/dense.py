@@ -39,6 +39,7 @@ from hvd_compress.torch.functions import allreduce_
 from hvd_compress.torch.fused import FusedGradients
 from hvd_compress.torch.sparse import sparse_allreduce
 from hvd_compress.torch.wrapping import (
+    HELD_BACK,
     STATE_KEY,
     Engine,
     any_rank_nonfinite,
@@ -220,13 +221,7 @@ class DenseEngine(Engine):
         self.passes.reset()
         self.protocol.mark_synchronized()
         if edited:  # every reduction of the step is done: the other ranks are not left waiting
-            raise UsageError(
-                f"DistributedOptimizer(op={self.op.name}): .grad was changed between backward() and synchronize() "
-                "while some buckets held averaged gradients and later ones this rank's own: a parameter without a "
-                "gradient in this step holds back its bucket and the later ones, so a change such as clipping by "
-                "the gradient norm saw both and would step the ranks apart. Call opt.synchronize() before changing "
-                ".grad (then step() inside opt.skip_synchronize()), or pass overlap=False"
-            )
+            raise UsageError(HELD_BACK.format(name=f"DistributedOptimizer(op={self.op.name})", until="synchronize()"))
 
     @property
     def overlap(self) -> bool:

@@ -21,6 +21,13 @@ from hvd_compress.ops.errors import UsageError
 from hvd_compress.torch.functions import allreduce
 
 STATE_KEY = "hvd_compress"  # the section of state_dict() that holds a wrapper's own state
+#: Why a change of ``.grad`` after backward is refused where a parameter without a gradient held back buckets.
+HELD_BACK = (
+    "{name}: .grad was changed between backward() and {until} while some buckets held averaged gradients and later "
+    "ones this rank's own: a parameter without a gradient in this step holds back its bucket and the later ones, so "
+    "a change such as clipping by the gradient norm saw both and would step the ranks apart. Call "
+    "opt.synchronize() before changing .grad (then step() inside opt.skip_synchronize()), or pass overlap=False"
+)
 
 
 #: The methods every wrapped optimizer delegates to its engine; an engine adds its own in ``exports``.
