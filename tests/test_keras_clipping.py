@@ -5,7 +5,9 @@ equal, bit for bit, those of the same run with each rank's gradients clipped by 
 of an unwrapped optimizer) before ``apply_gradients``; the clip acted (without it the run differs); the ranks agree
 (SLAMB's and 0/1 Adam's after ``synchronize_parameters()``); ``model.fit`` takes the option too; set on the
 wrapper after construction (as on Horovod's, a subclass of the optimizer) it is the inner optimizer's, also under
-op=Average, where the inner optimizer clips the average."""
+op=Average, where the inner optimizer clips the average. So are AdamW's ``weight_decay`` set on the wrapper and
+its ``beta_1`` set on the inner optimizer after wrapping (the algorithm ops read them when their step is traced, as
+Keras's own optimizers do)."""
 
 from __future__ import annotations
 
@@ -38,3 +40,10 @@ def test_inner_optimizer_clipping_clips_each_ranks_gradient_before_the_algorithm
             for i, (x, y) in enumerate(zip(got["clipped"], ranks[0][case]["clipped"], strict=True)):
                 np.testing.assert_array_equal(x, y, err_msg=f"{face} {case}: ranks differ, variable {i}")
             assert isinstance(got["fit"], list), f"{face} {case} rank {r}: model.fit raised {got['fit']}"
+        # AdamW's weight_decay set on the wrapper and beta_1 on the inner optimizer after wrapping count, as given
+        for op in ("OneBitAdam", "Average"):
+            got = rk[op]
+            for i, (x, y) in enumerate(zip(got["late"], got["given"], strict=True)):
+                np.testing.assert_array_equal(x, y, err_msg=f"{face} {op} rank {r}: set after wrapping, variable {i}")
+            assert any(not np.array_equal(x, y) for x, y in zip(got["late"], got["default"], strict=True)), (
+                f"{face} {op} rank {r}: the late settings changed nothing (test too weak)")

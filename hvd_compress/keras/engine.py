@@ -139,6 +139,7 @@ class KerasEngine:
             _check_float32(var_list, f"op={self.config.op.name}")
             _check_not_overwritten(var_list, f"op={self.config.op.name}")
             # The variables excluded from weight decay first, as the torch face's param groups [no decay, decay]
+            self.hyper, self.flags = self._hyper_flags()  # as set now (after construction too)
             self.decay_excluded = self._decay_excluded(var_list)
             first = set(self.decay_excluded)
             origin = self.decay_excluded + [i for i in range(len(var_list)) if i not in first]
@@ -240,9 +241,13 @@ class KerasEngine:
         if sorted(id(v) for v in variables) != sorted(id(v) for v in self.trainable):
             raise ValueError(f"op={self.config.op.name}: {self.face.method}() must get every variable the optimizer "
                              "was built with")
+        # The inner optimizer's hyper-parameters as they are when the step is traced (Keras's own optimizers read
+        # theirs there too), so that one set after wrapping counts.
+        self.hyper, self.flags = self._hyper_flags()
         if self._decay_excluded(self.trainable) != self.decay_excluded:
-            raise ValueError(f"op={self.config.op.name}: the inner optimizer's exclude_from_weight_decay() changed "
-                             "after its first step; the algorithm's state is laid out by it: call it before")
+            raise ValueError(f"op={self.config.op.name}: the inner optimizer's exclude_from_weight_decay() (or its "
+                             "weight_decay, from or to 0) changed after its first step; the algorithm's state is laid "
+                             "out by it: set it before")
         grads = clip_local_gradients(self.inner, grads)
         by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
         hyper = [self.face.learning_rate(self.inner), *self.hyper]
@@ -320,10 +325,12 @@ class EngineMethods:
         self.inner_optimizer.learning_rate = learning_rate
 
     # Set on the wrapper, as on Horovod's (a subclass of the optimizer), they reach the inner optimizer, which
-    # clips under op=Average, Adasum and PowerSGD; the algorithm ops clip by its rule (``clip_local_gradients``).
+    # clips and decays under op=Average, Adasum and PowerSGD; the algorithm ops clip by its rule
+    # (``clip_local_gradients``) and read its weight decay when their step is traced.
     clipnorm = _inner_attribute("clipnorm", "clipping")
     global_clipnorm = _inner_attribute("global_clipnorm", "clipping")
     clipvalue = _inner_attribute("clipvalue", "clipping")
+    weight_decay = _inner_attribute("weight_decay", "which it or the algorithm applies")
 
     def exclude_from_weight_decay(self, var_list: Any = None, var_names: Any = None) -> None:
         """The inner optimizer's (which applies the weight decay, or hands it to the algorithm): Horovod's Keras

@@ -8,7 +8,9 @@ SLAMB and 0/1 Adam after ``synchronize_parameters()``); ``by_hand``, the same ru
 clipped before ``apply_gradients`` by ``_clip_gradients`` of a second, unwrapped optimizer with the option (Keras's
 own rule, not a copy of it); ``on_wrapper``, the option set on the wrapper after construction (as on Horovod's,
 a subclass of the optimizer); ``free``, with no clipping at all (to show it acted); ``fit``, the variables after one
-epoch of ``model.fit`` with the option, or the error it raised."""
+epoch of ``model.fit`` with the option, or the error it raised. Per op of ``LATE``: ``late`` (AdamW's
+``weight_decay`` set on the wrapper and ``beta_1`` on the inner optimizer after wrapping, before the first step),
+``given`` (both given to AdamW) and ``default`` (neither)."""
 
 from __future__ import annotations
 
@@ -80,7 +82,23 @@ def fit(op: str, option: str) -> object:
     return err if err != "no error" else [v.numpy() for v in model.trainable_variables]
 
 
-out = {}
+LATE = ("OneBitAdam", "Average")
+
+
+def late(op: str, mode: str) -> list[np.ndarray]:
+    model, data = model_and_data()
+    given = {"weight_decay": 0.05, "beta_1": 0.5} if mode == "given" else {}
+    opt = hck.DistributedOptimizer(keras.optimizers.AdamW(LR, **given), op=getattr(hck, op), **OPTIONS.get(op, {}))
+    if mode == "late":
+        opt.weight_decay = 0.05
+        opt.inner_optimizer.beta_1 = 0.5
+    model.compile(optimizer=opt, loss="mse", jit_compile=False)
+    x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    return [v.numpy() for v in model.trainable_variables]
+
+
+out = {op: {mode: late(op, mode) for mode in ("late", "given", "default")} for op in LATE}
 for case in sys.argv[3].split(","):
     op, option = case.split(":")
     out[case] = {mode: run(op, option, mode) for mode in ("clipped", "by_hand", "on_wrapper", "free")}
