@@ -5,8 +5,8 @@ clip changes the result; one rank clipping alone is honoured on every rank alike
 ``backward()`` and ``step()``, no ``synchronize()``): the buckets started during backward consumed the gradients
 too, and ``step()`` finds the edit alike, bit-identical to Horovod's pattern (a warm-up's averages are clipped
 after backward, as DDP's). Adasum, whose local steps have consumed the gradients, refuses the edit on every rank
-with a clear error. A 1-bit warm-up with a bucket held back by a parameter without a gradient refuses DDP's clip on
-every rank (as op=Average does); ``backward()`` returns a warm-up's averaged gradients, as DDP's."""
+with a clear error. A 1-bit warm-up or op=Average with a bucket held back by a parameter without a gradient refuses
+DDP's clip on every rank, also one rank's alone; ``backward()`` returns a warm-up's averaged gradients, as DDP's."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ HONOURED = ["OneBitAdam", "OneBitLamb", "Birder", "SLAMB", "ZeroOneAdam"]
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_clipping_is_honoured_or_refused_on_every_rank(n: int, out_dir) -> None:
-    horovodrun("clipping.py", n, out_dir, ",".join([*HONOURED, "Adasum"]), timeout=400)
+    horovodrun("clipping.py", n, out_dir, ",".join([*HONOURED, "Adasum", "Average"]), timeout=400)
     ranks = load_ranks(out_dir, n)
     for op in HONOURED:
         for mode in ("plain", "clip", "clip_nooverlap", "clip_one_rank", "clip_ddp", "clip_ddp_one_rank"):
@@ -29,11 +29,18 @@ def test_clipping_is_honoured_or_refused_on_every_rank(n: int, out_dir) -> None:
         for r, rk in enumerate(ranks):
             assert rk[(op, "clip_ddp")] == rk[(op, "clip")], f"{op} rank {r}: DDP's clipping under overlap ignored"
             assert rk[(op, "clip_ddp_one_rank")] == rk[(op, "clip_one_rank")], f"{op} rank {r}: one rank's DDP clip"
-    # A warm-up averages in place: with a bucket held back by a parameter without a gradient, DDP's clip after
-    # backward() saw averaged and local gradients alike (the ranks would step apart): refused on every rank.
-    for r, rk in enumerate(ranks):
-        got = rk[("OneBitAdam", "held_back_ddp")]
-        assert got.startswith("UsageError") and "opt.synchronize() before" in got, f"rank {r}: {got}"
+    # A warm-up and op=Average average in place: with a bucket held back by a parameter without a gradient, DDP's
+    # clip after backward() saw averaged and local gradients alike (the ranks would step apart): refused on every
+    # rank, also where one rank alone clipped (the others raise the rejection that names its reason).
+    for op in ("OneBitAdam", "Average"):
+        for r, rk in enumerate(ranks):
+            got = rk[(op, "held_back_ddp")]
+            assert got.startswith("UsageError") and "opt.synchronize() before" in got, f"{op} rank {r}: {got}"
+            got = rk[(op, "held_back_ddp_one_rank")]
+            assert got.startswith("UsageError" if r == 0 else ("UsageError", "RejectedInputError")) and \
+                "opt.synchronize() before" in got, f"{op} rank {r} of {n}, rank 0 clipping alone: {got}"
+        got = {rk[(op, "held_back_pattern")] for rk in ranks}
+        assert len(got) == 1 and len(next(iter(got))) == 64, f"{op} held back, Horovod's pattern: {got}"
     # backward() returns a warm-up's averages (its buckets waited for), as DDP's: what code after it reads and
     # clips; the hooks' reductions would otherwise still be writing them.
     mean = np.mean([rk[("OneBitAdam", "after_backward")][0] for rk in ranks], axis=0, dtype=np.float64)
@@ -41,8 +48,6 @@ def test_clipping_is_honoured_or_refused_on_every_rank(n: int, out_dir) -> None:
         got = rk[("OneBitAdam", "after_backward")][1]
         off = int(np.sum(~np.isclose(got, mean, rtol=1e-5, atol=1e-8)))
         assert off == 0, f"rank {r} of {n}: .grad after backward() is not the average in {off} of {got.size} elements"
-    got = {rk[("OneBitAdam", "held_back_pattern")] for rk in ranks}
-    assert len(got) == 1 and len(next(iter(got))) == 64, f"held back, Horovod's pattern: {got}"
     for op in HONOURED:
         r0 = ranks[0]
         assert r0[(op, "clip")] == r0[(op, "clip_nooverlap")], f"{op}: the clip under overlap was not honoured"

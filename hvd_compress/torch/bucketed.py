@@ -239,7 +239,7 @@ class BucketedEngine(Engine):
         consumes, in_place = self.alg.consumes_gradients_in_synchronize(), self.alg.writes_gradients()
         if not (consumes or in_place) or (consumes and scaled):
             return False
-        if not self.protocol.edited_since_backward(lambda consumed: consumed):  # .grad are views of them
+        if not self.protocol.edited_since_backward():
             return False
         if consumes:
             return True

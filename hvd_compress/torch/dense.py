@@ -47,7 +47,6 @@ from hvd_compress.torch.wrapping import (
     check_named_parameters,
     closure_loss,
     compose,
-    gradient_fingerprint,
     hook_gradients,
 )
 
@@ -113,7 +112,6 @@ class DenseEngine(Engine):
         self.buckets = [self.grads.span([grads[i] for i in members]) for members in plan]
         self.bucket_of = {id(grads[i]): b for b, members in enumerate(plan) for i in members}
         self.reductions = BucketReductions([len(members) for members in plan])
-        self._held_back: tuple[int, list[int]] | None = None  # note_held_back's (buckets reduced, fingerprints)
 
     def count_pass(self, p: torch.Tensor) -> None:
         passes = self.passes.add(p)
@@ -126,7 +124,7 @@ class DenseEngine(Engine):
                 if self.reductions.launched == len(self.buckets):
                     # The end of a nested backward (reentrant activation checkpointing: its own graph task, its own
                     # callbacks) may have found buckets held back that this outer pass has now started.
-                    self._held_back = None
+                    self.protocol.remember_backward([])
                 at_end_of_backward(self)
 
     def end_of_backward(self) -> None:
@@ -142,20 +140,12 @@ class DenseEngine(Engine):
 
     def note_held_back(self) -> None:
         """At the end of a backward pass: where some buckets are reduced and later ones still hold this rank's own
-        gradients (held back by a parameter without a gradient), fingerprint the reduced ones. A change of them
-        before ``synchronize()`` (torch's recipe: clipping by this rank's norm over averaged and local gradients
-        alike) would step the ranks apart; ``synchronize()`` raises instead."""
+        gradients (held back by a parameter without a gradient), remember the reduced ones (launched in bucket
+        order). A change of them before ``synchronize()`` (torch's recipe: clipping by this rank's norm over
+        averaged and local gradients alike) would step the ranks apart; ``synchronize()`` refuses it instead."""
         launched = self.reductions.launched
-        if 0 < launched < len(self.buckets):
-            self._held_back = (launched, self._fingerprint_first(launched))
-
-    def _edited_while_held_back(self) -> bool:
-        seen, self._held_back = self._held_back, None
-        return seen is not None and self._fingerprint_first(seen[0]) != seen[1]
-
-    def _fingerprint_first(self, count: int) -> list[int]:
-        """``gradient_fingerprint`` of the first ``count`` buckets (those backward reduced, in launch order)."""
-        return gradient_fingerprint([self.buckets[b][1] for b in range(count)])
+        held_back = 0 < launched < len(self.buckets)
+        self.protocol.remember_backward([self.buckets[b][1] for b in range(launched)] if held_back else [])
 
     def reduce_bucket(self, index: int) -> None:
         """One bucket's allreduce (on the background thread). A failure before the core call is this rank's
@@ -202,7 +192,14 @@ class DenseEngine(Engine):
             self.reject_reductions(f"{type(e).__name__}: {e}")
             raise
         self.grads.gather()  # only touches gradients that are not their views yet (none already reducing)
-        edited = self._edited_while_held_back()
+        if self.protocol.changed_since_backward():
+            # This rank's held-back buckets join their allreduces as rejections: every other rank raises too,
+            # with no collective added to the steps that change nothing (a rank that edited holds some back). The
+            # peers get the gist (a rejection's reason travels cut to fit).
+            name = f"DistributedOptimizer(op={self.op.name})"
+            self.reject_reductions(f"UsageError: {name}: .grad changed after backward() while buckets were held "
+                                   "back; call opt.synchronize() before changing .grad")
+            raise UsageError(HELD_BACK.format(name=name, until="synchronize()"))
         self.reductions.mark_all_ready()
         self.reductions.launch_ready(self.reduce_bucket)
         try:
@@ -220,8 +217,6 @@ class DenseEngine(Engine):
             self.grads.resparsify()
         self.passes.reset()
         self.protocol.mark_synchronized()
-        if edited:  # every reduction of the step is done: the other ranks are not left waiting
-            raise UsageError(HELD_BACK.format(name=f"DistributedOptimizer(op={self.op.name})", until="synchronize()"))
 
     @property
     def overlap(self) -> bool:
@@ -290,7 +285,6 @@ class DenseEngine(Engine):
         discriminator's gradients, which its next ``zero_grad()`` drops)."""
         self.reductions.drain()  # never zero a bucket that is still being reduced
         self.reductions.reset()
-        self._held_back = None
         self.grads.zero_(set_to_none)
         self.zero_untracked_grads(set_to_none)
         self.passes.reset()

@@ -138,6 +138,11 @@ SYNC_WARNING = (
 )
 
 
+def _same(consumed: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """What a consumer of fused buffers hands ``changed_since_backward``: ``.grad`` are views of them."""
+    return consumed
+
+
 class SynchronizeProtocol:
     """Horovod's ``synchronize()`` / ``skip_synchronize()`` contract, one object per engine.
 
@@ -179,18 +184,24 @@ class SynchronizeProtocol:
         ``step()`` with no ``synchronize()``)."""
         self.seen_at_backward = (consumed, _versions(consumed), gradient_fingerprint(consumed)) if consumed else None
 
-    def edited_since_backward(self, now: Callable[[list[torch.Tensor | None]], list[torch.Tensor | None]]) -> bool:
-        """In a ``step()`` with no ``synchronize()``: whether any rank changed what its hooks consumed since the
-        end of backward (``now(consumed)``: those gradients as they are now, replaced ones too; a rank whose hooks
-        consumed nothing changed nothing). One small allreduce: every rank calls it alike. Tensors not written
-        since (the same tensors, their version counters unchanged) are not read again."""
+    def changed_since_backward(self, now: Callable[[list[torch.Tensor | None]], list[torch.Tensor | None]] = _same
+                               ) -> bool:
+        """Whether this rank changed what ``remember_backward`` fingerprinted (``now(consumed)``: those gradients as
+        they are now, replaced ones too; nothing remembered changed nothing). Local, no collective: the caller makes
+        the answer every rank's. Tensors not written since (the same tensors, their version counters unchanged) are
+        not read again."""
         seen, self.seen_at_backward = self.seen_at_backward, None
-        changed = False
-        if seen is not None:
-            current = now(seen[0])
-            same = all(a is b for a, b in zip(current, seen[0], strict=True)) and _versions(current) == seen[1]
-            changed = not same and gradient_fingerprint(current) != seen[2]
-        return any_rank(changed, "DistributedOptimizer.gradients_edited")
+        if seen is None:
+            return False
+        current = now(seen[0])
+        same = all(a is b for a, b in zip(current, seen[0], strict=True)) and _versions(current) == seen[1]
+        return not same and gradient_fingerprint(current) != seen[2]
+
+    def edited_since_backward(self, now: Callable[[list[torch.Tensor | None]], list[torch.Tensor | None]] = _same
+                              ) -> bool:
+        """In a ``step()`` with no ``synchronize()``: whether any rank changed what its hooks consumed since the
+        end of backward (``changed_since_backward``). One small allreduce: every rank calls it alike."""
+        return any_rank(self.changed_since_backward(now), "DistributedOptimizer.gradients_edited")
 
     def for_step(self) -> bool:
         """At the start of ``step()``: True when no ``synchronize()`` preceded it, so ``step()`` runs the gradient

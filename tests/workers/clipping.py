@@ -65,21 +65,24 @@ def run(op: str, mode: str) -> str:
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
-def held_back(pattern: bool) -> str:
-    """Three warm-up steps of 1-bit Adam on ``UnusedMiddle`` in 1 KiB buckets, clipped after ``synchronize()``
-    (``pattern``) or after ``backward()``; the parameters' hash."""
+def held_back(op: str, pattern: bool, one_rank: bool = False) -> str:
+    """Three steps (a 1-bit warm-up for 1-bit Adam) of ``op`` on ``UnusedMiddle`` in 1 KiB buckets, clipped after
+    ``synchronize()`` (``pattern``) or after ``backward()``, by every rank or (``one_rank``) by rank 0 alone in the
+    last step; the parameters' hash."""
     torch.manual_seed(0)
     model = UnusedMiddle()
+    options = {"freeze_step": 10} if op == "OneBitAdam" else {}
     opt = hvd_compress.torch.DistributedOptimizer(
-        torch.optim.Adam(model.parameters(), lr=1e-2), model.named_parameters(), op=hvd_compress.torch.OneBitAdam,
-        freeze_step=10, bucket_mb=1 / 1024)
+        torch.optim.Adam(model.parameters(), lr=1e-2), model.named_parameters(),
+        op=getattr(hvd_compress.torch, op), bucket_mb=1 / 1024, **options)
     g = torch.Generator().manual_seed(10 + rank)
-    for _ in range(3):
+    for t in range(3):
         opt.zero_grad()
         model(torch.randn(32, 8, generator=g)).square().mean().backward()
         if pattern:
             opt.synchronize()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        if not one_rank or (rank == 0 and t == 2):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
         if pattern:
             with opt.skip_synchronize():
                 opt.step()
@@ -109,14 +112,19 @@ def after_backward() -> tuple:
 out = {}
 for op in sys.argv[2].split(","):
     modes = ("plain", "clip", "clip_one_rank", "clip_ddp", "clip_ddp_one_rank")
-    for mode in modes if op == "Adasum" else (*modes, "clip_nooverlap"):
+    if op != "Adasum":
+        modes += ("clip_nooverlap",)
+    for mode in modes if op != "Average" else ():  # op=Average: the held-back cases only
         result = {}
         err = outcome(lambda op=op, mode=mode, result=result: result.setdefault("hash", run(op, mode)))
         out[(op, mode)] = result.get("hash") or err
-    if op == "OneBitAdam":
-        for mode, pattern in (("held_back_ddp", False), ("held_back_pattern", True)):
+    if op in ("OneBitAdam", "Average"):
+        for mode, pattern, one_rank in (("held_back_ddp", False, False), ("held_back_ddp_one_rank", False, True),
+                                        ("held_back_pattern", True, False)):
             result = {}
-            err = outcome(lambda pattern=pattern, result=result: result.setdefault("hash", held_back(pattern)))
+            err = outcome(lambda op=op, pattern=pattern, one_rank=one_rank, result=result: result.setdefault(
+                "hash", held_back(op, pattern, one_rank)))
             out[(op, mode)] = result.get("hash") or err
+    if op == "OneBitAdam":
         out[(op, "after_backward")] = after_backward()
 save(rank, out)
