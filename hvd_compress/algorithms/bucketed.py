@@ -146,6 +146,10 @@ class BucketedAlgorithm:
         between backward and the step must then find the started ones done and act on the averages."""
         return False
 
+    def reset_error_feedback(self) -> None:
+        """Start this rank's error feedback from zero (a checkpoint written by another rank: its residual is that
+        rank's). The rest of the state stays. An algorithm without error feedback (SLAMB) has none to forget."""
+
     def wait_launched(self) -> None:
         """Wait for the buckets started so far; their errors stay for the step to raise."""
         if self._reductions is not None:

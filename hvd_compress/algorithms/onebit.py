@@ -404,11 +404,7 @@ class OneBitAlgorithm(BucketedAlgorithm):
         is dropped first (no bucket of it may still be writing the error feedback)."""
         self.abandon()
         if ours is None:
-            for seg in self.buckets:
-                seg.onebit.reset()
-                if self.options.hierarchical:
-                    for e in self.hierarchical_errors(seg):
-                        self.xp.zero_(e)
+            self.reset_error_feedback()
             self.t = plain_step
         else:
             self.t = int(ours["step"])
@@ -421,6 +417,13 @@ class OneBitAlgorithm(BucketedAlgorithm):
                         self.xp.copy_(target, value)
         for seg in self.buckets:
             seg.denom_key = None
+
+    def reset_error_feedback(self) -> None:
+        for seg in self.buckets:
+            seg.onebit.reset()
+            if self.options.hierarchical:
+                for e in self.hierarchical_errors(seg):
+                    self.xp.zero_(e)
 
     def check_plain_step(self, t: int, key: str) -> None:
         """A checkpoint without our section (a plain optimizer's, at step ``t``) is refused where the missing

@@ -199,6 +199,11 @@ class PowerSGDState:
         """After every bucket of a step (torch's ``maybe_increase_iter`` on the last bucket)."""
         self.iter += 1
 
+    def reset_error_feedback(self) -> None:
+        """Start this rank's error from zero (a checkpoint of another rank's); P, Q and the step stay, which every
+        rank shares."""
+        self.errors.clear()
+
     def state_dict(self, clone: Callable[[Tensor], Tensor]) -> dict[str, Any]:
         """A picklable copy (``clone`` copies one tensor) that ``load_state_dict`` restores bit for bit."""
         return {

@@ -178,12 +178,16 @@ class SignSGD(BucketedAlgorithm):
         if t > 0:
             self.check_state_dict(None)
 
+    def reset_error_feedback(self) -> None:
+        for seg in self.buckets:
+            self.xp.zero_(seg.m)
+
     def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int = 0) -> None:
         """Restore ``state_dict()`` (``check_state_dict`` first); None: zero error at ``plain_step``."""
         self.abandon()
-        for i, seg in enumerate(self.buckets):
-            if ours is None:
-                self.xp.zero_(seg.m)
-            else:
+        if ours is None:
+            self.reset_error_feedback()
+        else:
+            for i, seg in enumerate(self.buckets):
                 self.xp.copy_(seg.m[: seg.numel], ours["buckets"][i]["error"])
         self.t = plain_step if ours is None else int(ours["step"])

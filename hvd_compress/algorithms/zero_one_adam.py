@@ -514,6 +514,10 @@ class ZeroOneAdam(BucketedAlgorithm):
             raise ValueError(f"{self.name}: the optimizer state (step {t}) has no '{key}' section, which is needed "
                              f"after var_freeze_step={self.options.var_freeze_step} (u, x_anchor, error feedback)")
 
+    def reset_error_feedback(self) -> None:
+        for seg in self.buckets:
+            seg.onebit.reset()
+
     def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int = 0) -> None:
         """Restore ``state_dict()``, or start a plain checkpoint's step ``plain_step`` (call the checks first); a step
         started but not taken is dropped first. The saved counters stand even where the options changed."""
@@ -522,8 +526,8 @@ class ZeroOneAdam(BucketedAlgorithm):
             seg.denom_key = None
         if ours is None:
             self._replay(plain_step)
+            self.reset_error_feedback()
             for seg in self.buckets:
-                seg.onebit.reset()
                 self.xp.zero_(seg.u)
                 seg.lrs = 0.0
             self._anchor()

@@ -23,11 +23,13 @@ from hvd_compress.torch.wrapping import (
     HELD_BACK,
     STATE_KEY,
     Engine,
+    another_ranks_section,
     any_rank_nonfinite,
     at_end_of_backward,
     check_named_parameters,
     closure_loss,
     hook_gradients,
+    own_section,
 )
 
 
@@ -270,7 +272,7 @@ class BucketedEngine(Engine):
     # -- checkpoints --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         out = self.base.state_dict(self.opt)
-        out[STATE_KEY] = self.alg.state_dict()
+        out[STATE_KEY] = own_section(self.alg.state_dict())
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -289,6 +291,8 @@ class BucketedEngine(Engine):
             t = self.plain_step(state_dict)
         self.base.load_state_dict(self.opt, state_dict)
         self.alg.load_state_dict(ours, t)
+        if another_ranks_section(ours, self.alg.name):
+            self.alg.reset_error_feedback()
         self.bind_state()
 
     def plain_step(self, state_dict: dict[str, Any]) -> int:

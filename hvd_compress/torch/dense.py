@@ -42,12 +42,14 @@ from hvd_compress.torch.wrapping import (
     HELD_BACK,
     STATE_KEY,
     Engine,
+    another_ranks_section,
     any_rank_nonfinite,
     at_end_of_backward,
     check_named_parameters,
     closure_loss,
     compose,
     hook_gradients,
+    own_section,
 )
 
 #: What op=Average/Sum take beside Horovod's arguments at their defaults (and which of those they interpret).
@@ -294,8 +296,8 @@ class DenseEngine(Engine):
         """The wrapped optimizer's state, plus (top-k/random-k) this rank's error feedback and step."""
         out = self.base.state_dict(self.opt)
         if self.compression.stateful:
-            out[STATE_KEY] = {"compression": self.compression.describe(),
-                              "buffers": [st.state_dict() for st in self.cstates]}
+            out[STATE_KEY] = own_section({"compression": self.compression.describe(),
+                                          "buffers": [st.state_dict() for st in self.cstates]})
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -316,12 +318,15 @@ class DenseEngine(Engine):
                 st.check_state_dict(saved)
         self.base.load_state_dict(self.opt, state_dict)
         if stateful:
+            another = ours is not None and another_ranks_section(ours, f"DistributedOptimizer(op={self.op.name})")
             for i, st in enumerate(self.cstates):
                 if ours is None:
                     st.reset()
                     st.step = 0
                 else:
                     st.load_state_dict(ours["buffers"][i])
+                    if another:
+                        st.reset()  # the error and the DGC velocity; the step stays
 
     @classmethod
     def wrap(cls, optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,

@@ -19,7 +19,7 @@ from hvd_compress.ops.compression import Compression
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.torch.dense import DenseEngine
 from hvd_compress.torch.functions import allreduce_
-from hvd_compress.torch.wrapping import STATE_KEY
+from hvd_compress.torch.wrapping import STATE_KEY, another_ranks_section, own_section
 
 
 class TorchMatrices:
@@ -142,14 +142,15 @@ class PowerSGDEngine(DenseEngine):
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state, plus this rank's PowerSGD state (``PowerSGDState.state_dict``)."""
         out = self.base.state_dict(self.opt)
-        out[STATE_KEY] = {"powersgd": self.state.state_dict(lambda t: t.detach().clone())}
+        out[STATE_KEY] = own_section({"powersgd": self.state.state_dict(lambda t: t.detach().clone())})
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a ``state_dict()`` (each rank its own: the error feedback is per rank). One without the PowerSGD
         section (a plain torch checkpoint) restarts PowerSGD from step 0 with no error and no warm start."""
         state_dict = dict(state_dict)
-        ours = (state_dict.pop(STATE_KEY, None) or {}).get("powersgd")
+        section = state_dict.pop(STATE_KEY, None)
+        ours = (section or {}).get("powersgd")
         if ours is not None:  # check everything before changing anything
             sizes = [flat.numel() for _, flat in self.buckets]
             self.state.check_state_dict(ours, sizes, lambda t: t.numel())
@@ -162,3 +163,5 @@ class PowerSGDEngine(DenseEngine):
             return tensor.detach().to(device=self.buckets[bucket][1].device).clone()
 
         self.state.load_state_dict(ours, copy)
+        if another_ranks_section(section, "DistributedOptimizer(op=PowerSGD)"):
+            self.state.reset_error_feedback()

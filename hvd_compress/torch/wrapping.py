@@ -16,8 +16,10 @@ from typing import Any
 import torch
 from torch.amp.grad_scaler import OptState
 
+from hvd_compress import ops
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.ops.errors import UsageError
+from hvd_compress.ops.errors import NotInitializedError, UsageError
+from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce
 
 STATE_KEY = "hvd_compress"  # the section of state_dict() that holds a wrapper's own state
@@ -28,6 +30,40 @@ HELD_BACK = (
     "a change such as clipping by the gradient norm saw both and would step the ranks apart. Call "
     "opt.synchronize() before changing .grad (then step() inside opt.skip_synchronize()), or pass overlap=False"
 )
+
+
+#: The entry of a wrapper's section of ``state_dict()`` that names the rank which wrote it.
+SAVED_BY = "rank"
+
+
+def _this_rank() -> int | None:
+    """This rank; None where no job was started (one process without ``init()``: no other rank to tell apart)."""
+    try:
+        ensure_init()
+    except NotInitializedError:
+        return None
+    return ops.rank()
+
+
+def own_section(section: dict[str, Any]) -> dict[str, Any]:
+    """A wrapper's section of ``state_dict()``, marked as this rank's (its error feedback is this rank's)."""
+    return {**section, SAVED_BY: _this_rank()}
+
+
+def another_ranks_section(section: dict[str, Any] | None, name: str) -> bool:
+    """Whether ``section`` was written by another rank: Horovod's resume, where rank 0's checkpoint is loaded on
+    every rank, or broadcast (``broadcast_optimizer_state``). Its error feedback is that rank's residual, which here
+    would count it once more in the ranks' sum and drop this rank's, so the caller starts this rank's from zero (as
+    DeepSpeed does on every load) and keeps the rest. Warns. A section without a rank (older, or written outside a
+    job) counts as this rank's."""
+    here = _this_rank()
+    saved_by = (section or {}).get(SAVED_BY)
+    if saved_by is None or here is None or saved_by == here:
+        return False
+    warnings.warn(f"{name}.load_state_dict: the checkpoint was written by rank {saved_by}; rank {here} starts "
+                  "its error feedback from zero (the rest of the state is loaded). Save and load each rank's own "
+                  "state_dict() to resume it exactly", stacklevel=4)
+    return True
 
 
 #: The methods every wrapped optimizer delegates to its engine; an engine adds its own in ``exports``.

@@ -1,10 +1,18 @@
 """Resume the Horovod way (Horovod's docs): rank 0 loads the checkpoint, then hvd.broadcast_parameters and
-hvd.broadcast_optimizer_state give every rank its model and optimizer state. With hvd_compress optimizers (1-bit
-Adam past its warm-up, Adasum, Average) training goes on, alike on every rank, exactly as after
-hc.broadcast_optimizer_state."""
+hvd.broadcast_optimizer_state give every rank its model and optimizer state; or every rank loads rank 0's file.
 
+argv: out_dir. Saves per rank, per op, the parameters' hashes of the steps after the resume, by mode: ``hvd``
+(Horovod's broadcast, routed to hc's), ``hc`` (hc.broadcast_optimizer_state), ``file`` (every rank loads rank 0's
+file), ``reference`` (every rank loads rank 0's file with the error feedback zeroed on the other ranks and marked as
+its own, so that nothing of the wrapper's acts on it) and ``root_errors`` (rank 0's file marked as each rank's own:
+rank 0's error feedback on every rank); ``<op> hvd`` the outcome of the Horovod resume and ``<op> warnings`` the
+warnings the ``file`` load gave.
+"""
+
+import copy
 import hashlib
 import io
+import warnings
 
 import horovod.torch as hvd
 import torch
@@ -13,12 +21,27 @@ from common import outcome, save
 import hvd_compress.torch as hc
 
 hvd.init()
+torch.set_num_threads(1)
 r = hvd.rank()
-STEPS, SAVED_AT = 6, 3
-OPS = {
-    "OneBitAdam": (lambda ps: torch.optim.Adam(ps, lr=0.01), {"freeze_step": 2}),
-    "Adasum": (lambda ps: torch.optim.Adam(ps, lr=0.01), {}),
-    "Average": (lambda ps: torch.optim.Adam(ps, lr=0.01), {}),
+STEPS, SAVED_AT = 7, 4
+
+
+def adam(ps):
+    return torch.optim.Adam(ps, lr=0.01)
+
+
+OPS = {  # every op past its warm-up at SAVED_AT, so that its error feedback is not zero
+    "OneBitAdam": (adam, {"freeze_step": 2}),
+    "OneBitLamb": (lambda ps: hc.Lamb(ps, lr=0.01), {"freeze_step": 2}),
+    "ZeroOneAdam": (adam, {"var_freeze_step": 2, "local_step_scaler": 1, "local_step_clipper": 2,
+                           "variance_bias_correction": True}),
+    "Birder": (lambda ps: hc.Birder(ps, lr=0.001), {}),
+    "SignSGD": (lambda ps: torch.optim.SGD(ps, lr=0.01), {}),
+    "PowerSGD": (adam, {"matrix_approximation_rank": 1, "start_powerSGD_iter": 1}),
+    "TopK": (lambda ps: torch.optim.SGD(ps, lr=0.01),
+             {"compression": hc.Compression.topk(0.25, momentum=0.9), "overlap": False}),
+    "Adasum": (adam, {}),
+    "Average": (adam, {}),
 }
 
 
@@ -29,6 +52,8 @@ def model() -> torch.nn.Module:
 
 def make(name: str, m: torch.nn.Module) -> torch.optim.Optimizer:
     inner, options = OPS[name]
+    if name == "TopK":  # hvd.DistributedOptimizer(op=Average) is Horovod's own, which has no top-k
+        return hc.DistributedOptimizer(inner(m.parameters()), named_parameters=m.named_parameters(), **options)
     return hvd.DistributedOptimizer(inner(m.parameters()), named_parameters=m.named_parameters(),
                                     op=getattr(hc, name), **options)
 
@@ -44,32 +69,67 @@ def step(m: torch.nn.Module, opt: torch.optim.Optimizer, s: int) -> str:
 
 
 def checkpoint(name: str) -> bytes:
-    """Rank 0's checkpoint after SAVED_AT steps (the other ranks' is never read)."""
+    """Rank 0's checkpoint after SAVED_AT steps, on every rank (the other ranks' own is never read)."""
     m = model()
     opt = make(name, m)
     for s in range(SAVED_AT):
         step(m, opt, s)
     buf = io.BytesIO()
     torch.save({"model": m.state_dict(), "optimizer": opt.state_dict()}, buf)
-    return buf.getvalue()
+    return hc.broadcast_object(buf.getvalue(), 0)
 
 
-def resume(name: str, saved: bytes, broadcast_state) -> list[str]:
+def as_own(state: dict, zero_errors: bool) -> dict:
+    """``state`` marked as this rank's; with ``zero_errors`` every tensor under a key naming an error zeroed."""
+    state = copy.deepcopy(state)
+    section = state.get("hvd_compress")
+    if section is None:
+        return state
+    section["rank"] = r
+
+    def walk(node, under_error: bool) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            here = under_error or "error" in str(key) or key == "velocity"
+            if isinstance(value, torch.Tensor) and here:
+                value.zero_()
+            else:
+                walk(value, here)
+
+    if zero_errors:
+        walk(section, False)
+    return state
+
+
+def resume(name: str, saved: bytes, mode: str, seen: list | None = None) -> list[str]:
     m = model()
     opt = make(name, m)
-    if r == 0:
-        ckpt = torch.load(io.BytesIO(saved), weights_only=False)
+    ckpt = torch.load(io.BytesIO(saved), weights_only=False)
+    if mode in ("hvd", "hc"):
+        if r == 0:
+            m.load_state_dict(ckpt["model"])
+            opt.load_state_dict(ckpt["optimizer"])
+        hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+        (hvd if mode == "hvd" else hc).broadcast_optimizer_state(opt, root_rank=0)
+    else:
         m.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-    hvd.broadcast_parameters(m.state_dict(), root_rank=0)
-    broadcast_state(opt, root_rank=0)
+        state = ckpt["optimizer"]
+        if mode in ("reference", "root_errors"):
+            state = as_own(state, zero_errors=mode == "reference" and r != 0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.load_state_dict(state)
+        if seen is not None:
+            seen += [str(w.message) for w in caught if "error feedback" in str(w.message)]
     return [step(m, opt, s) for s in range(SAVED_AT, STEPS)]
 
 
 out = {}
 for name in OPS:
     saved = checkpoint(name)
-    out[f"{name} hvd"] = outcome(lambda name=name, saved=saved: out.setdefault(
-        name, resume(name, saved, hvd.broadcast_optimizer_state)))
-    out[f"{name} hc"] = resume(name, saved, hc.broadcast_optimizer_state)
+    out[f"{name} hvd"] = outcome(lambda name=name, saved=saved: out.setdefault(name, resume(name, saved, "hvd")))
+    seen: list[str] = []
+    for mode in ("hc", "file", "reference", "root_errors"):
+        out[f"{name} {mode}"] = resume(name, saved, mode, seen if mode == "file" else None)
+    out[f"{name} warnings"] = seen
 save(r, out)
