@@ -11,11 +11,12 @@ from __future__ import annotations
 import pytest
 from mpi_harness import load_ranks, mpirun
 
-OPS = ["OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Birder", "SignSGD", "PowerSGD", "TopK", "Adasum", "Average"]
+OPS = ["OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Birder", "SignSGD", "PowerSGD", "TopK", "SLAMB", "Adasum",
+       "Average"]
 #: Ops whose state holds error feedback (the others have none to start afresh)
 ERROR_FEEDBACK = OPS[:7]
-#: Ops whose ranks step apart between syncs by design (0/1 Adam's local steps)
-APART = ("ZeroOneAdam",)
+#: Ops whose ranks step apart between syncs by design (0/1 Adam's local steps, SLAMB's local moments)
+APART = ("ZeroOneAdam", "SLAMB")
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

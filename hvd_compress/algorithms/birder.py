@@ -107,6 +107,7 @@ class BirderAlgorithm(BucketedAlgorithm):
     and layout check are ``BucketedAlgorithm``'s."""
 
     name = "Birder"
+    error_feedback = True
     options_cls = BirderOptions
     op = AlgorithmOp("Birder", 19)
     buffers = "flat"

@@ -32,6 +32,8 @@ class BucketedAlgorithm:
     ``mutable_state``."""
 
     name = "Bucketed"
+    #: Whether the state holds error feedback: this rank's residual, never another rank's (``reset_error_feedback``)
+    error_feedback = False
     xp: Backend
     meter: CommMeter
     buckets: list[Any]
@@ -149,6 +151,8 @@ class BucketedAlgorithm:
     def reset_error_feedback(self) -> None:
         """Start this rank's error feedback from zero (a checkpoint written by another rank: its residual is that
         rank's). The rest of the state stays. An algorithm without error feedback (SLAMB) has none to forget."""
+        if self.error_feedback:
+            raise NotImplementedError(f"{self.name} keeps error feedback: it resets its own")
 
     def wait_launched(self) -> None:
         """Wait for the buckets started so far; their errors stay for the step to raise."""

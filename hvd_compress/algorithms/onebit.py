@@ -140,6 +140,7 @@ class OneBitAlgorithm(BucketedAlgorithm):
     pipeline, backups and layout check are ``BucketedAlgorithm``'s."""
 
     name = "OneBit"
+    error_feedback = True
     options_cls: type = OneBitOptions
     # True where a checkpoint without our section cannot be resumed past warm-up (state would be lost).
     needs_section_after_warmup = False

@@ -65,6 +65,7 @@ class SignSGD(BucketedAlgorithm):
     """EF-signSGD with majority vote over the face's buckets; lr read when a bucket is reduced."""
 
     name = "SignSGD"
+    error_feedback = True
     options_cls = SignSGDOptions
     op = AlgorithmOp("SignSGD", 20)
     buffers = "flat"  # Birder's buckets: m holds e, b the signs and then the vote

@@ -142,6 +142,7 @@ class ZeroOneAdam(BucketedAlgorithm):
     The buckets' pipeline, backups and layout check are ``BucketedAlgorithm``'s."""
 
     name = "ZeroOneAdam"
+    error_feedback = True
     options_cls = ZeroOneAdamOptions
     op = AlgorithmOp("ZeroOneAdam", 21)
     buffers = "zeroone"

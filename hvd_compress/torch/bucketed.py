@@ -291,7 +291,7 @@ class BucketedEngine(Engine):
             t = self.plain_step(state_dict)
         self.base.load_state_dict(self.opt, state_dict)
         self.alg.load_state_dict(ours, t)
-        if another_ranks_section(ours, self.alg.name):
+        if self.alg.error_feedback and another_ranks_section(ours, self.alg.name):
             self.alg.reset_error_feedback()
         self.bind_state()
 

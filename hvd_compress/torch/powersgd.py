@@ -163,5 +163,6 @@ class PowerSGDEngine(DenseEngine):
             return tensor.detach().to(device=self.buckets[bucket][1].device).clone()
 
         self.state.load_state_dict(ours, copy)
-        if another_ranks_section(section, "DistributedOptimizer(op=PowerSGD)"):
+        own_error = self.state.options.use_error_feedback
+        if own_error and another_ranks_section(section, "DistributedOptimizer(op=PowerSGD)"):
             self.state.reset_error_feedback()

@@ -40,6 +40,7 @@ OPS = {  # every op past its warm-up at SAVED_AT, so that its error feedback is 
     "PowerSGD": (adam, {"matrix_approximation_rank": 1, "start_powerSGD_iter": 1}),
     "TopK": (lambda ps: torch.optim.SGD(ps, lr=0.01),
              {"compression": hc.Compression.topk(0.25, momentum=0.9), "overlap": False}),
+    "SLAMB": (lambda ps: hc.Lamb(ps, lr=0.01), {"compress_ratio": 0.5, "sync_interval": 2}),
     "Adasum": (adam, {}),
     "Average": (adam, {}),
 }
