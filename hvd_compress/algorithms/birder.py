@@ -107,7 +107,6 @@ class BirderAlgorithm(BucketedAlgorithm):
     and layout check are ``BucketedAlgorithm``'s."""
 
     name = "Birder"
-    error_feedback = True
     options_cls = BirderOptions
     op = AlgorithmOp("Birder", 19)
     buffers = "flat"
@@ -214,12 +213,9 @@ class BirderAlgorithm(BucketedAlgorithm):
         """A plain checkpoint cannot start Birder mid-run: its errors, moments and RNG position are missing."""
         self.check_state_dict(None)
 
-    def reset_error_feedback(self) -> None:
-        """The worker and server errors (Alg. 1's e and its server twin); m and b stay (this rank's moments of its
-        own gradients, like the parameters they go with)."""
-        for seg in self.buckets:
-            self.xp.zero_(seg.worker_error)
-            self.xp.zero_(seg.server_error)
+    def error_feedback_buffers(self) -> list[Tensor]:
+        """The worker and server errors (Alg. 1's c1 and c2); m and b are moments, not residuals."""
+        return [e for seg in self.buckets for e in (seg.worker_error, seg.server_error)]
 
     def load_state_dict(self, ours: dict[str, Any], plain_step: int = 0) -> None:
         """Restore ``state_dict()`` (call ``check_state_dict`` first); a step started but not taken is dropped.

@@ -32,8 +32,6 @@ class BucketedAlgorithm:
     ``mutable_state``."""
 
     name = "Bucketed"
-    #: Whether the state holds error feedback: this rank's residual, never another rank's (``reset_error_feedback``)
-    error_feedback = False
     xp: Backend
     meter: CommMeter
     buckets: list[Any]
@@ -148,11 +146,16 @@ class BucketedAlgorithm:
         between backward and the step must then find the started ones done and act on the averages."""
         return False
 
+    def error_feedback_buffers(self) -> list[Tensor]:
+        """This rank's error feedback, in a fixed order: its residual of its own gradients, never another rank's
+        (a checkpoint written by another rank starts it from zero; a broadcast of the state leaves it). An
+        algorithm without error feedback (SLAMB) has none."""
+        return []
+
     def reset_error_feedback(self) -> None:
-        """Start this rank's error feedback from zero (a checkpoint written by another rank: its residual is that
-        rank's). The rest of the state stays. An algorithm without error feedback (SLAMB) has none to forget."""
-        if self.error_feedback:
-            raise NotImplementedError(f"{self.name} keeps error feedback: it resets its own")
+        """Start this rank's error feedback from zero; the rest of the state stays."""
+        for e in self.error_feedback_buffers():
+            self.xp.zero_(e)
 
     def wait_launched(self) -> None:
         """Wait for the buckets started so far; their errors stay for the step to raise."""

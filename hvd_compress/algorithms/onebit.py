@@ -140,7 +140,6 @@ class OneBitAlgorithm(BucketedAlgorithm):
     pipeline, backups and layout check are ``BucketedAlgorithm``'s."""
 
     name = "OneBit"
-    error_feedback = True
     options_cls: type = OneBitOptions
     # True where a checkpoint without our section cannot be resumed past warm-up (state would be lost).
     needs_section_after_warmup = False
@@ -419,12 +418,10 @@ class OneBitAlgorithm(BucketedAlgorithm):
         for seg in self.buckets:
             seg.denom_key = None
 
-    def reset_error_feedback(self) -> None:
-        for seg in self.buckets:
-            seg.onebit.reset()
-            if self.options.hierarchical:
-                for e in self.hierarchical_errors(seg):
-                    self.xp.zero_(e)
+    def error_feedback_buffers(self) -> list[Tensor]:
+        hierarchical = self.options.hierarchical
+        return [e for seg in self.buckets for e in (seg.onebit.worker_error, seg.onebit.server_error,
+                                                     *(self.hierarchical_errors(seg) if hierarchical else ()))]
 
     def check_plain_step(self, t: int, key: str) -> None:
         """A checkpoint without our section (a plain optimizer's, at step ``t``) is refused where the missing

@@ -65,7 +65,6 @@ class SignSGD(BucketedAlgorithm):
     """EF-signSGD with majority vote over the face's buckets; lr read when a bucket is reduced."""
 
     name = "SignSGD"
-    error_feedback = True
     options_cls = SignSGDOptions
     op = AlgorithmOp("SignSGD", 20)
     buffers = "flat"  # Birder's buckets: m holds e, b the signs and then the vote
@@ -179,9 +178,8 @@ class SignSGD(BucketedAlgorithm):
         if t > 0:
             self.check_state_dict(None)
 
-    def reset_error_feedback(self) -> None:
-        for seg in self.buckets:
-            self.xp.zero_(seg.m)
+    def error_feedback_buffers(self) -> list[Tensor]:
+        return [seg.m for seg in self.buckets]
 
     def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int = 0) -> None:
         """Restore ``state_dict()`` (``check_state_dict`` first); None: zero error at ``plain_step``."""

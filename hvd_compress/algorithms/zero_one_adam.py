@@ -142,7 +142,6 @@ class ZeroOneAdam(BucketedAlgorithm):
     The buckets' pipeline, backups and layout check are ``BucketedAlgorithm``'s."""
 
     name = "ZeroOneAdam"
-    error_feedback = True
     options_cls = ZeroOneAdamOptions
     op = AlgorithmOp("ZeroOneAdam", 21)
     buffers = "zeroone"
@@ -515,9 +514,8 @@ class ZeroOneAdam(BucketedAlgorithm):
             raise ValueError(f"{self.name}: the optimizer state (step {t}) has no '{key}' section, which is needed "
                              f"after var_freeze_step={self.options.var_freeze_step} (u, x_anchor, error feedback)")
 
-    def reset_error_feedback(self) -> None:
-        for seg in self.buckets:
-            seg.onebit.reset()
+    def error_feedback_buffers(self) -> list[Tensor]:
+        return [e for seg in self.buckets for e in (seg.onebit.worker_error, seg.onebit.server_error)]
 
     def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int = 0) -> None:
         """Restore ``state_dict()``, or start a plain checkpoint's step ``plain_step`` (call the checks first); a step

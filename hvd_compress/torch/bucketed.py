@@ -291,9 +291,12 @@ class BucketedEngine(Engine):
             t = self.plain_step(state_dict)
         self.base.load_state_dict(self.opt, state_dict)
         self.alg.load_state_dict(ours, t)
-        if self.alg.error_feedback and another_ranks_section(ours, self.alg.name):
-            self.alg.reset_error_feedback()
+        if self.error_feedback() and another_ranks_section(ours, self.alg.name):
+            self.reset_error_feedback()
         self.bind_state()
+
+    def error_feedback(self) -> list[torch.Tensor]:
+        return self.alg.error_feedback_buffers()
 
     def plain_step(self, state_dict: dict[str, Any]) -> int:
         """The step of a plain checkpoint (the largest per-parameter ``step``), if the algorithm can start there."""

@@ -318,15 +318,18 @@ class DenseEngine(Engine):
                 st.check_state_dict(saved)
         self.base.load_state_dict(self.opt, state_dict)
         if stateful:
-            another = ours is not None and another_ranks_section(ours, f"DistributedOptimizer(op={self.op.name})")
             for i, st in enumerate(self.cstates):
                 if ours is None:
                     st.reset()
                     st.step = 0
                 else:
                     st.load_state_dict(ours["buffers"][i])
-                    if another:
-                        st.reset()  # the error and the DGC velocity; the step stays
+            if ours is not None and another_ranks_section(ours, f"DistributedOptimizer(op={self.op.name})"):
+                self.reset_error_feedback()  # the error and the DGC velocity; the step stays
+
+    def error_feedback(self) -> list[torch.Tensor]:
+        """Top-k/random-k's error and DGC velocity per buffer."""
+        return [t for st in self.cstates if st is not None for t in (st.error, st.velocity) if t is not None]
 
     @classmethod
     def wrap(cls, optimizer: torch.optim.Optimizer, named_parameters: Any, op: ReduceOp, passes: int,

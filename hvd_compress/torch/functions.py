@@ -195,9 +195,15 @@ def broadcast_parameters(params: dict[str, torch.Tensor] | Iterable[Any], root_r
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, process_set: Any = None) -> None:
     """Make every rank's optimizer state (hvd_compress compression state included) root_rank's: the whole
     ``state_dict()`` travels, so a rank whose state is still empty (only the root loaded a checkpoint) takes it as
-    it is, without a step. The error feedback is the exception: root's is root's residual, so the other ranks start
-    theirs from zero (``load_state_dict`` of another rank's section). ``hvd.broadcast_optimizer_state`` on an
-    hvd_compress optimizer runs this one. ``process_set``: to its members only, from ``root_rank`` (a world rank
-    in it)."""
+    it is, without a step. The error feedback is the exception: root's is root's residual, so each other rank keeps
+    its own (zero where its state was still empty), as the Keras faces' broadcast leaves their
+    ``per_rank_variables``. ``hvd.broadcast_optimizer_state`` on an hvd_compress optimizer runs this one.
+    ``process_set``: to its members only, from ``root_rank`` (a world rank in it)."""
+    from hvd_compress.torch.wrapping import wrapped_engine  # the wrappers' plumbing builds on these functions
+
     state = broadcast_object(optimizer.state_dict(), root_rank, "optimizer_state", process_set)
-    optimizer.load_state_dict(state)
+    engine = wrapped_engine(optimizer)
+    if engine is None:
+        optimizer.load_state_dict(state)
+    else:
+        engine.load_broadcast_state(state)

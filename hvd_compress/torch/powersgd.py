@@ -163,6 +163,11 @@ class PowerSGDEngine(DenseEngine):
             return tensor.detach().to(device=self.buckets[bucket][1].device).clone()
 
         self.state.load_state_dict(ours, copy)
-        own_error = self.state.options.use_error_feedback
-        if own_error and another_ranks_section(section, "DistributedOptimizer(op=PowerSGD)"):
-            self.state.reset_error_feedback()
+        if self.error_feedback() and another_ranks_section(section, "DistributedOptimizer(op=PowerSGD)"):
+            self.reset_error_feedback()
+
+    def error_feedback(self) -> list[torch.Tensor]:
+        return [self.state.errors[b] for b in sorted(self.state.errors)]
+
+    def reset_error_feedback(self) -> None:
+        self.state.reset_error_feedback()

@@ -358,6 +358,30 @@ class Engine:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.base.load_state_dict(self.opt, state_dict)
 
+    def error_feedback(self) -> list[torch.Tensor]:
+        """This rank's error-feedback buffers, in a fixed order (none for an op without)."""
+        return []
+
+    def reset_error_feedback(self) -> None:
+        for e in self.error_feedback():
+            e.zero_()
+
+    def load_broadcast_state(self, state_dict: dict[str, Any]) -> None:
+        """Load another rank's ``state_dict()`` broadcast to this one, keeping this rank's error feedback (the Keras
+        faces' broadcast leaves ``per_rank_variables`` alike): where this rank's buffers have the layout of the
+        loaded ones, they keep their values; else (a rank whose state was still empty) they start from zero."""
+        own = [e.clone() for e in self.error_feedback()]
+        section = state_dict.get(STATE_KEY)
+        if isinstance(section, dict):  # as this rank's: nothing to warn of
+            state_dict = {**state_dict, STATE_KEY: own_section(section)}
+        self.load_state_dict(state_dict)
+        now = self.error_feedback()
+        if [e.shape for e in now] == [e.shape for e in own]:
+            for e, mine in zip(now, own, strict=True):
+                e.copy_(mine)
+        else:
+            self.reset_error_feedback()
+
 
 def at_end_of_backward(engine: Any) -> None:
     """From a gradient hook: have the autograd engine call ``engine.end_of_backward()`` once the running backward

@@ -4,9 +4,10 @@ hvd.broadcast_optimizer_state give every rank its model and optimizer state; or 
 argv: out_dir. Saves per rank, per op, the parameters' hashes of the steps after the resume, by mode: ``hvd``
 (Horovod's broadcast, routed to hc's), ``hc`` (hc.broadcast_optimizer_state), ``file`` (every rank loads rank 0's
 file), ``reference`` (every rank loads rank 0's file with the error feedback zeroed on the other ranks and marked as
-its own, so that nothing of the wrapper's acts on it) and ``root_errors`` (rank 0's file marked as each rank's own:
-rank 0's error feedback on every rank); ``<op> hvd`` the outcome of the Horovod resume and ``<op> warnings`` the
-warnings the ``file`` load gave.
+its own, so that nothing of the wrapper's acts on it), ``root_errors`` (rank 0's file marked as each rank's own:
+rank 0's error feedback on every rank), ``full`` (the run never stopped) and ``midway`` (the run never stopped, with
+hc.broadcast_optimizer_state from rank 0 after SAVED_AT steps); ``<op> hvd`` the outcome of the Horovod resume and
+``<op> warnings <mode>`` the warnings the ``file`` load and the two broadcasts gave.
 """
 
 import copy
@@ -102,35 +103,42 @@ def as_own(state: dict, zero_errors: bool) -> dict:
     return state
 
 
-def resume(name: str, saved: bytes, mode: str, seen: list | None = None) -> list[str]:
+def resume(name: str, saved: bytes, mode: str, seen: list) -> list[str]:
     m = model()
     opt = make(name, m)
     ckpt = torch.load(io.BytesIO(saved), weights_only=False)
-    if mode in ("hvd", "hc"):
-        if r == 0:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if mode in ("full", "midway"):
+            for s in range(SAVED_AT):
+                step(m, opt, s)
+            if mode == "midway":
+                hc.broadcast_optimizer_state(opt, root_rank=0)
+        elif mode in ("hvd", "hc"):
+            if r == 0:
+                m.load_state_dict(ckpt["model"])
+                opt.load_state_dict(ckpt["optimizer"])
+            hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+            (hvd if mode == "hvd" else hc).broadcast_optimizer_state(opt, root_rank=0)
+        else:
             m.load_state_dict(ckpt["model"])
-            opt.load_state_dict(ckpt["optimizer"])
-        hvd.broadcast_parameters(m.state_dict(), root_rank=0)
-        (hvd if mode == "hvd" else hc).broadcast_optimizer_state(opt, root_rank=0)
-    else:
-        m.load_state_dict(ckpt["model"])
-        state = ckpt["optimizer"]
-        if mode in ("reference", "root_errors"):
-            state = as_own(state, zero_errors=mode == "reference" and r != 0)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+            state = ckpt["optimizer"]
+            if mode in ("reference", "root_errors"):
+                state = as_own(state, zero_errors=mode == "reference" and r != 0)
             opt.load_state_dict(state)
-        if seen is not None:
-            seen += [str(w.message) for w in caught if "error feedback" in str(w.message)]
+    seen += [str(w.message) for w in caught if "error feedback" in str(w.message)]
     return [step(m, opt, s) for s in range(SAVED_AT, STEPS)]
 
 
 out = {}
 for name in OPS:
     saved = checkpoint(name)
-    out[f"{name} hvd"] = outcome(lambda name=name, saved=saved: out.setdefault(name, resume(name, saved, "hvd")))
-    seen: list[str] = []
-    for mode in ("hc", "file", "reference", "root_errors"):
-        out[f"{name} {mode}"] = resume(name, saved, mode, seen if mode == "file" else None)
-    out[f"{name} warnings"] = seen
+    seen: dict[str, list[str]] = {mode: [] for mode in ("hvd", "hc", "file", "reference", "root_errors", "full",
+                                                         "midway")}
+    out[f"{name} hvd"] = outcome(lambda name=name, saved=saved, seen=seen: out.setdefault(
+        name, resume(name, saved, "hvd", seen["hvd"])))
+    for mode in ("hc", "file", "reference", "root_errors", "full", "midway"):
+        out[f"{name} {mode}"] = resume(name, saved, mode, seen[mode])
+    for mode, got in seen.items():
+        out[f"{name} warnings {mode}"] = got
 save(r, out)
