@@ -5,8 +5,9 @@ clip changes the result; one rank clipping alone is honoured on every rank alike
 ``backward()`` and ``step()``, no ``synchronize()``): the buckets started during backward consumed the gradients
 too, and ``step()`` finds the edit alike, bit-identical to Horovod's pattern (a warm-up's averages are clipped
 after backward, as DDP's). Adasum, whose local steps have consumed the gradients, refuses the edit on every rank
-with a clear error. A 1-bit warm-up or op=Average with a bucket held back by a parameter without a gradient refuses
-DDP's clip on every rank, also one rank's alone; ``backward()`` returns a warm-up's averaged gradients, as DDP's."""
+with a clear error. A 1-bit warm-up, op=Average or op=PowerSGD with a bucket held back by a parameter without a
+gradient refuses DDP's clip on every rank, also one rank's alone; ``backward()`` returns a warm-up's averaged
+gradients, as DDP's."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ HONOURED = ["OneBitAdam", "OneBitLamb", "Birder", "SLAMB", "ZeroOneAdam"]
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_clipping_is_honoured_or_refused_on_every_rank(n: int, out_dir) -> None:
-    horovodrun("clipping.py", n, out_dir, ",".join([*HONOURED, "Adasum", "Average"]), timeout=400)
+    horovodrun("clipping.py", n, out_dir, ",".join([*HONOURED, "Adasum", "Average", "PowerSGD"]), timeout=400)
     ranks = load_ranks(out_dir, n)
     for op in HONOURED:
         for mode in ("plain", "clip", "clip_nooverlap", "clip_one_rank", "clip_ddp", "clip_ddp_one_rank"):
@@ -32,10 +33,11 @@ def test_clipping_is_honoured_or_refused_on_every_rank(n: int, out_dir) -> None:
     # A warm-up and op=Average average in place: with a bucket held back by a parameter without a gradient, DDP's
     # clip after backward() saw averaged and local gradients alike (the ranks would step apart): refused on every
     # rank, also where one rank alone clipped (the others raise the rejection that names its reason).
-    for op in ("OneBitAdam", "Average"):
+    for op in ("OneBitAdam", "Average", "PowerSGD"):
         for r, rk in enumerate(ranks):
             got = rk[(op, "held_back_ddp")]
-            assert got.startswith("UsageError") and "opt.synchronize() before" in got, f"{op} rank {r}: {got}"
+            assert got.startswith("UsageError") and "opt.synchronize() before" in got and f"op={op})" in got, \
+                f"{op} rank {r}: {got}"
             got = rk[(op, "held_back_ddp_one_rank")]
             assert got.startswith("UsageError" if r == 0 else ("UsageError", "RejectedInputError")) and \
                 "opt.synchronize() before" in got, f"{op} rank {r} of {n}, rank 0 clipping alone: {got}"

@@ -198,7 +198,7 @@ class DenseEngine(Engine):
             # This rank's held-back buckets join their allreduces as rejections: every other rank raises too,
             # with no collective added to the steps that change nothing (a rank that edited holds some back). The
             # peers get the gist (a rejection's reason travels cut to fit).
-            name = f"DistributedOptimizer(op={self.op.name})"
+            name = f"DistributedOptimizer(op={self.op_name})"
             self.reject_reductions(f"UsageError: {name}: .grad changed after backward() while buckets were held "
                                    "back; call opt.synchronize() before changing .grad")
             raise UsageError(HELD_BACK.format(name=name, until="synchronize()"))
@@ -219,6 +219,11 @@ class DenseEngine(Engine):
             self.grads.resparsify()
         self.passes.reset()
         self.protocol.mark_synchronized()
+
+    @property
+    def op_name(self) -> str:
+        """The op as the user named it, for messages."""
+        return self.op.name
 
     @property
     def overlap(self) -> bool:
@@ -324,7 +329,7 @@ class DenseEngine(Engine):
                     st.step = 0
                 else:
                     st.load_state_dict(ours["buffers"][i])
-            if ours is not None and another_ranks_section(ours, f"DistributedOptimizer(op={self.op.name})"):
+            if ours is not None and another_ranks_section(ours, f"DistributedOptimizer(op={self.op_name})"):
                 self.reset_error_feedback()  # the error and the DGC velocity; the step stays
 
     def error_feedback(self) -> list[torch.Tensor]:

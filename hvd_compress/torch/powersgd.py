@@ -121,6 +121,10 @@ class PowerSGDEngine(DenseEngine):
             self.shapes[self.bucket_of[id(p)]].append(tuple(p.shape))
 
     @property
+    def op_name(self) -> str:
+        return "PowerSGD"  # the buckets are reduced as op=Average's
+
+    @property
     def powersgd_state(self) -> powersgd.PowerSGDState:
         """The PowerSGD state (errors, P and Q by bucket, ``iter``, the seed stream), torch's ``PowerSGDState``."""
         return self.state
@@ -163,7 +167,7 @@ class PowerSGDEngine(DenseEngine):
             return tensor.detach().to(device=self.buckets[bucket][1].device).clone()
 
         self.state.load_state_dict(ours, copy)
-        if self.error_feedback() and another_ranks_section(section, "DistributedOptimizer(op=PowerSGD)"):
+        if self.error_feedback() and another_ranks_section(section, f"DistributedOptimizer(op={self.op_name})"):
             self.reset_error_feedback()
 
     def error_feedback(self) -> list[torch.Tensor]:

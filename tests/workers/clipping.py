@@ -71,7 +71,8 @@ def held_back(op: str, pattern: bool, one_rank: bool = False) -> str:
     last step; the parameters' hash."""
     torch.manual_seed(0)
     model = UnusedMiddle()
-    options = {"freeze_step": 10} if op == "OneBitAdam" else {}
+    options = {"OneBitAdam": {"freeze_step": 10}, "PowerSGD": {"matrix_approximation_rank": 1,
+                                                               "start_powerSGD_iter": 1}}.get(op, {})
     opt = hvd_compress.torch.DistributedOptimizer(
         torch.optim.Adam(model.parameters(), lr=1e-2), model.named_parameters(),
         op=getattr(hvd_compress.torch, op), bucket_mb=1 / 1024, **options)
@@ -114,11 +115,11 @@ for op in sys.argv[2].split(","):
     modes = ("plain", "clip", "clip_one_rank", "clip_ddp", "clip_ddp_one_rank")
     if op != "Adasum":
         modes += ("clip_nooverlap",)
-    for mode in modes if op != "Average" else ():  # op=Average: the held-back cases only
+    for mode in modes if op not in ("Average", "PowerSGD") else ():  # the held-back cases only
         result = {}
         err = outcome(lambda op=op, mode=mode, result=result: result.setdefault("hash", run(op, mode)))
         out[(op, mode)] = result.get("hash") or err
-    if op in ("OneBitAdam", "Average"):
+    if op in ("OneBitAdam", "Average", "PowerSGD"):
         for mode, pattern, one_rank in (("held_back_ddp", False, False), ("held_back_ddp_one_rank", False, True),
                                         ("held_back_pattern", True, False)):
             result = {}
