@@ -23,7 +23,6 @@ from hvd_compress.torch.wrapping import (
     HELD_BACK,
     STATE_KEY,
     Engine,
-    another_ranks_section,
     any_rank_nonfinite,
     at_end_of_backward,
     check_named_parameters,
@@ -291,12 +290,14 @@ class BucketedEngine(Engine):
             t = self.plain_step(state_dict)
         self.base.load_state_dict(self.opt, state_dict)
         self.alg.load_state_dict(ours, t)
-        if self.error_feedback() and another_ranks_section(ours, self.alg.name):
-            self.reset_error_feedback()
+        self.drop_another_ranks_error_feedback(ours, self.alg.name)
         self.bind_state()
 
     def error_feedback(self) -> list[torch.Tensor]:
         return self.alg.error_feedback_buffers()
+
+    def reset_error_feedback(self) -> None:
+        self.alg.reset_error_feedback()
 
     def plain_step(self, state_dict: dict[str, Any]) -> int:
         """The step of a plain checkpoint (the largest per-parameter ``step``), if the algorithm can start there."""

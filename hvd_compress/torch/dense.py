@@ -42,7 +42,6 @@ from hvd_compress.torch.wrapping import (
     HELD_BACK,
     STATE_KEY,
     Engine,
-    another_ranks_section,
     any_rank_nonfinite,
     at_end_of_backward,
     check_named_parameters,
@@ -329,8 +328,8 @@ class DenseEngine(Engine):
                     st.step = 0
                 else:
                     st.load_state_dict(ours["buffers"][i])
-            if ours is not None and another_ranks_section(ours, f"DistributedOptimizer(op={self.op_name})"):
-                self.reset_error_feedback()  # the error and the DGC velocity; the step stays
+            # the error and the DGC velocity; the step stays
+            self.drop_another_ranks_error_feedback(ours, f"DistributedOptimizer(op={self.op_name})")
 
     def error_feedback(self) -> list[torch.Tensor]:
         """Top-k/random-k's error and DGC velocity per buffer."""

@@ -19,7 +19,7 @@ from hvd_compress.ops.compression import Compression
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.torch.dense import DenseEngine
 from hvd_compress.torch.functions import allreduce_
-from hvd_compress.torch.wrapping import STATE_KEY, another_ranks_section, own_section
+from hvd_compress.torch.wrapping import STATE_KEY, own_section
 
 
 class TorchMatrices:
@@ -167,8 +167,7 @@ class PowerSGDEngine(DenseEngine):
             return tensor.detach().to(device=self.buckets[bucket][1].device).clone()
 
         self.state.load_state_dict(ours, copy)
-        if self.error_feedback() and another_ranks_section(section, f"DistributedOptimizer(op={self.op_name})"):
-            self.reset_error_feedback()
+        self.drop_another_ranks_error_feedback(section, f"DistributedOptimizer(op={self.op_name})")
 
     def error_feedback(self) -> list[torch.Tensor]:
         return [self.state.errors[b] for b in sorted(self.state.errors)]
