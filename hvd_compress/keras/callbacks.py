@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import keras
@@ -13,7 +14,7 @@ from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.functions import broadcast_variables
 
 
-def _distributed(optimizer: Any) -> Any:
+def distributed(optimizer: Any) -> Any:
     """The optimizer inside wrappers such as ``LossScaleOptimizer`` that has hvd_compress's methods, or None."""
     while optimizer is not None and not hasattr(optimizer, "per_rank_variables"):
         optimizer = getattr(optimizer, "inner_optimizer", None)
@@ -57,7 +58,7 @@ class SynchronizeParametersMixin:
         self.every_epoch = every_epoch
 
     def _sync(self) -> None:
-        optimizer = _distributed(getattr(self.model, "optimizer", None))
+        optimizer = distributed(getattr(self.model, "optimizer", None))
         if optimizer is not None:
             optimizer.synchronize_parameters()
 
@@ -77,16 +78,17 @@ class BroadcastGlobalVariablesCallback(BroadcastMixin, EitherKeras, keras.callba
     compression state) are broadcast too: a model loaded on one rank continues alike on all of them."""
 
 
-def broadcast_model(model: Any, root_rank: int) -> None:
+def broadcast_model(model: Any, root_rank: int, local: Collection[Any] = ()) -> None:
     """Every rank takes ``root_rank``'s variables of ``model`` and of its optimizer (built first on the model's
-    trainable variables), except the optimizer's ``per_rank_variables``. Keras 3 and tf_keras models alike."""
+    trainable variables), except the optimizer's ``per_rank_variables`` and the model variables whose ``ref()``
+    is in ``local`` (Horovod's callback's ``local_variables``). Keras 3 and tf_keras models alike."""
     ensure_init()
-    variables = list(model.variables)
+    variables = [v for v in model.variables if not (local and hasattr(v, "ref") and v.ref() in local)]
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
         if not (getattr(optimizer, "built", False) or getattr(optimizer, "_built", False)):
             optimizer.build(model.trainable_variables)
-        own = {id(v) for v in getattr(_distributed(optimizer), "per_rank_variables", [])}  # per-rank error feedback
+        own = {id(v) for v in getattr(distributed(optimizer), "per_rank_variables", [])}  # per-rank error feedback
         variables += [v for v in optimizer.variables if id(v) not in own]
     broadcast_variables(variables, root_rank=root_rank, name="BroadcastGlobalVariablesCallback")
 

@@ -8,17 +8,27 @@ call keeps ``optimizer``, ``op``, ``name``, ``backward_passes_per_step`` (Horovo
 gradients, as ours) and ``average_aggregated_gradients`` (averages them instead, in both), drops
 ``sparse_as_dense`` (the Keras face densifies ``IndexedSlices`` either way), accepts the global ``process_set``,
 drops any other argument at Horovod's default and refuses one set otherwise.
+
+Horovod's ``BroadcastGlobalVariablesCallback`` (``hvd.callbacks``) broadcasts after the first batch, every optimizer
+variable included. On a model whose optimizer hvd_compress wrapped, that first batch steps each rank from its own
+state: in a resume where only rank 0 loaded the checkpoint, rank 0 is past 1-bit Adam's warm-up and the others are
+in it, so their collectives differ and every rank raises; and the broadcast then hands every rank rank 0's error
+feedback and per-rank moments (SLAMB's). So with ``hvd_compress.keras`` imported that callback, on such a model,
+broadcasts as ``hck.callbacks.BroadcastGlobalVariablesCallback`` does: when training begins,
+leaving ``per_rank_variables`` (and Horovod's ``local_variables``) alone. On any other model it is Horovod's.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from hvd_compress.ops.horovod_entry import Target, horovod_entry, register
+from hvd_compress.keras.callbacks import broadcast_model, distributed
+from hvd_compress.ops.horovod_entry import Extended, Target, horovod_entry, register
 from hvd_compress.ops.process_sets import check_process_set
 
 __all__ = ["horovod_entry", "install_from_environment"]
@@ -43,6 +53,19 @@ def _arguments(signature: inspect.Signature, given: dict[str, Any]) -> dict[str,
     return kept
 
 
+def _broadcast_when_training_begins(on_train_begin: Callable[..., Any]) -> Callable[..., Any]:
+    """Horovod's ``BroadcastGlobalVariablesCallback.on_train_begin`` as this module's docstring gives it."""
+
+    @functools.wraps(on_train_begin)
+    def extended(self: Any, logs: Any = None) -> None:
+        on_train_begin(self, logs)
+        if not self.broadcast_done and distributed(getattr(self.model, "optimizer", None)) is not None:
+            broadcast_model(self.model, self.root_rank, local=self._local_vars)
+            self.broadcast_done = True  # Horovod's on_batch_end then leaves it
+
+    return extended
+
+
 def _targets() -> Iterator[Target]:
     if importlib.util.find_spec("horovod") is None:
         return
@@ -51,9 +74,11 @@ def _targets() -> Iterator[Target]:
     for name in ("horovod.tensorflow.keras", "horovod.keras"):
         try:
             module = importlib.import_module(name)
+            callbacks = importlib.import_module(f"{name}.callbacks")
         except ImportError:
             continue
         yield module, {"DistributedOptimizer": DistributedOptimizer}
+        yield callbacks, {"BroadcastGlobalVariablesCallback.on_train_begin": Extended(_broadcast_when_training_begins)}
 
 
 def install_from_environment() -> None:

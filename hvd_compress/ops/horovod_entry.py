@@ -6,7 +6,8 @@ of hvd_compress's own constants (an ``ReduceOp`` member) other than the dense on
 ``Max``, ``Product``): ``Adasum`` and the optimizer algorithms. Horovod's constants (plain ints, including
 ``hvd.Adasum``), the dense ops and calls without ``op`` run Horovod's own function, unchanged. A face may route a
 function on another test of its arguments (``Routed``): ``hvd.broadcast_optimizer_state`` on an optimizer that
-hvd_compress wrapped, whose state Horovod's own function cannot broadcast.
+hvd_compress wrapped, whose state Horovod's own function cannot broadcast. A Horovod class whose path is known only
+later (a callback sees the model once training begins) has one method extended in place (``Extended``).
 
 One switch for the process: ``HVDC_HOROVOD_ENTRY=0`` in the environment leaves Horovod untouched, and
 ``horovod_entry(False)`` / ``horovod_entry(True)`` (``hc.horovod_entry``, ``hck.horovod_entry``) restores or
@@ -37,13 +38,22 @@ class Routed(NamedTuple):
     when: When
 
 
-#: What a face takes over: (Horovod's module, {function name: our function, or a ``Routed``}), and optionally how
-#: to turn the arguments Horovod's function was given (by its parameter names) into our function's keyword
-#: arguments.
-Target = tuple[ModuleType, dict[str, "Callable[..., Any] | Routed"]]
+class Extended(NamedTuple):
+    """A method of a Horovod class, named ``"Class.method"``, replaced by ``make(Horovod's method)``. In place, not
+    by a subclass in the class's stead: Horovod's methods name their class (``super(Class, self)``), which would
+    then find the subclass and call themselves again."""
+
+    make: Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+#: What a face takes over: (Horovod's module, {function name: our function or a ``Routed``; "Class.method": an
+#: ``Extended``}), and optionally how to turn the arguments Horovod's function was given (by its parameter names)
+#: into our function's keyword arguments.
+Target = tuple[ModuleType, dict[str, "Callable[..., Any] | Routed | Extended"]]
 
 _faces: dict[str, tuple[Callable[[], Iterable[Target]], Adapt | None]] = {}
-_installed: dict[tuple[str, str], tuple[ModuleType, Any]] = {}  # (module, function) -> (module, Horovod's own)
+#: (module, name) -> (the module or class holding it, the attribute, Horovod's own; None: the class inherited it)
+_installed: dict[tuple[str, str], tuple[Any, str, Any]] = {}
 _switched: bool | None = None  # set by horovod_entry(); None: follow HVDC_HOROVOD_ENTRY
 
 
@@ -92,11 +102,19 @@ def _install(face: str) -> None:
     for module, functions in targets():
         for name, ours_ in functions.items():
             key = (module.__name__, name)
-            if key not in _installed:
-                original = getattr(module, name)
-                _installed[key] = (module, original)
-                routed = ours_ if isinstance(ours_, Routed) else Routed(ours_, _op_is_ours)
-                setattr(module, name, route(original, routed.fn, adapt, routed.when))
+            if key in _installed:
+                continue
+            if isinstance(ours_, Extended):
+                class_name, attribute = name.split(".")
+                owner = getattr(module, class_name)
+                original = getattr(owner, attribute)
+                _installed[key] = (owner, attribute, owner.__dict__.get(attribute))
+                setattr(owner, attribute, ours_.make(original))
+                continue
+            original = getattr(module, name)
+            _installed[key] = (module, name, original)
+            routed = ours_ if isinstance(ours_, Routed) else Routed(ours_, _op_is_ours)
+            setattr(module, name, route(original, routed.fn, adapt, routed.when))
 
 
 def horovod_entry(enabled: bool = True) -> bool:
@@ -106,8 +124,11 @@ def horovod_entry(enabled: bool = True) -> bool:
     global _switched
     _switched = bool(enabled)
     if not enabled:
-        for (_, name), (module, original) in _installed.items():
-            setattr(module, name, original)
+        for owner, attribute, original in _installed.values():
+            if original is None:
+                delattr(owner, attribute)
+            else:
+                setattr(owner, attribute, original)
         _installed.clear()
         return False
     for face in _faces:

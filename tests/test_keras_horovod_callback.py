@@ -1,0 +1,29 @@
+"""Horovod's own Keras ``BroadcastGlobalVariablesCallback`` on a model whose optimizer hvd_compress wrapped (a script
+kept from Horovod): the broadcast when training begins, per-rank variables left alone, Horovod's resume recipe
+(rank 0 alone reads the checkpoint) running past 1-bit Adam's warm-up; Horovod's own optimizer untouched. Each
+against a reference run that reaches the same state without the callback (``workers/keras_horovod_callback.py``)."""
+
+from __future__ import annotations
+
+import pytest
+from mpi_harness import keras_face_env, load_pickled_ranks, mpirun
+
+
+@pytest.mark.parametrize(("face", "n"), [("tf_keras", 2), ("tf_keras", 3), ("tf_keras", 4), ("keras", 2)])
+def test_horovods_broadcast_callback_on_our_optimizer(face: str, n: int, out_dir) -> None:
+    pytest.importorskip("horovod.tensorflow.keras")
+    mpirun("keras_horovod_callback.py", n, out_dir, face, timeout=400, env=keras_face_env(face))
+    ranks = load_pickled_ranks(out_dir, n)
+    for r, rk in enumerate(ranks):
+        where = f"{face} rank {r} of {n}"
+        assert rk["start"] == "no error", f"{where}: {rk['start']}"
+        assert rk["start_hash"] == rk["start_ref"], f"{where}: did not start from rank 0's weights"
+        assert rk["start_hash"] == ranks[0]["start_hash"], f"{where}: parameters differ from rank 0's"
+        assert rk["slamb"] == rk["slamb_ref"], f"{where}: SLAMB's per-rank moments were overwritten"
+        assert rk["resume"] == "no error", f"{where}: Horovod's resume raised {rk['resume']}"
+        assert rk["resume_compressed"], f"{where}: the resumed run is not past the warm-up"
+        assert rk["resume_hash"] == rk["resume_ref"], f"{where}: the resume differs from its reference"
+        assert rk["resume_hash"] == ranks[0]["resume_hash"], f"{where}: resumed parameters differ from rank 0's"
+        if face == "tf_keras":
+            assert rk["plain"] == rk["plain_horovod"], f"{where}: Horovod's own optimizer ran another way"
+    assert len({rk["slamb"] for rk in ranks}) > 1, "SLAMB's ranks alike: the case would not test per-rank moments"

@@ -1,0 +1,90 @@
+"""Horovod's own ``hvd.callbacks.BroadcastGlobalVariablesCallback`` (a training script kept from Horovod) on a model
+whose optimizer hvd_compress wrapped: it broadcasts when training begins and leaves the per-rank variables alone.
+Each case against a reference that reaches the same state another way (parameter hashes after ``model.fit``):
+
+- "start": each rank its own initial weights; the reference starts every rank from rank 0's, no callback;
+- "slamb": SLAMB (moments each rank's own) from alike weights; the reference runs without the callback;
+- "resume": Horovod's resume, rank 0 alone reads 1-bit Adam's checkpoint (past the warm-up) and the others start
+  fresh; the reference reads it on every rank and the ranks but 0 drop its error feedback
+  (``reset_compression_state``), the state the broadcast leaves them;
+- "plain" (tf_keras): Horovod's own optimizer, where the callback stays Horovod's (routing on, then off).
+
+argv: out_dir, "keras" (Keras 3) or "tf_keras" (TF_USE_LEGACY_KERAS=1)."""
+
+import sys
+
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import tensorflow as tf
+from tf_common import digest, outcome, save
+
+import hvd_compress.keras as hck
+
+LEGACY = sys.argv[2] == "tf_keras"
+if LEGACY:
+    keras = tf.keras
+    assert keras.__name__.startswith("tf_keras"), keras.__name__
+else:
+    import keras
+
+hvd.init()
+r = hvd.rank()
+rng = np.random.default_rng(r)  # each rank its own data
+X = rng.standard_normal((64, 6)).astype("float32")
+Y = np.sin(X.sum(1, keepdims=True)).astype("float32")
+ONEBIT = {"op": hck.OneBitAdam, "freeze_step": 3}
+
+
+def make(seed: int, op: object = None, **options: object) -> object:
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    if op is hck.SLAMB:  # a LAMB rule: Keras 3 has LAMB, tf_keras's face takes its Adam as SLAMB's inner optimizer
+        inner = keras.optimizers.Lamb(0.01) if not LEGACY else keras.optimizers.Adam(0.01)
+    else:
+        inner = keras.optimizers.Adam(0.01)
+    opt = hvd.DistributedOptimizer(inner) if op is None else hvd.DistributedOptimizer(inner, op=op, **options)
+    model.compile(optimizer=opt, loss="mse", jit_compile=False)
+    return model
+
+
+def fit(model: object, callbacks: list, epochs: int = 1) -> str:
+    model.fit(X, Y, batch_size=16, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
+    return digest([v.numpy() for v in model.trainable_variables])
+
+
+def horovods() -> object:
+    return hvd.callbacks.BroadcastGlobalVariablesCallback(0)
+
+
+def checkpoint(model: object) -> tf.train.Checkpoint:
+    model.optimizer.build(model.trainable_variables)  # restored into variables that exist
+    return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+
+
+out: dict = {}
+out["start"] = outcome(lambda: out.__setitem__("start_hash", fit(make(7 + r, **ONEBIT), [horovods()], 2)))
+out["start_ref"] = fit(make(7, **ONEBIT), [], 2)
+out["slamb"] = fit(make(7, hck.SLAMB, sync_interval=3), [horovods()], 1)
+out["slamb_ref"] = fit(make(7, hck.SLAMB, sync_interval=3), [], 1)
+
+trained = make(7, **ONEBIT)
+fit(trained, [], 2)  # 8 steps: past the warm-up, error feedback in every rank's own state
+path = checkpoint(trained).write(f"{sys.argv[1]}/onebit") if r == 0 else None
+path = hvd_tf.broadcast_object(path, root_rank=0)
+resumed = make(7 + r, **ONEBIT)
+if r == 0:
+    checkpoint(resumed).read(path).assert_existing_objects_matched()
+out["resume"] = outcome(lambda: out.__setitem__("resume_hash", fit(resumed, [horovods()], 1)))
+out["resume_compressed"] = resumed.optimizer.compression_started
+reference = make(7 + r, **ONEBIT)
+checkpoint(reference).read(path).assert_existing_objects_matched()
+if r != 0:
+    reference.optimizer.reset_compression_state()
+out["resume_ref"] = fit(reference, [], 1)
+
+if LEGACY:  # Horovod's own optimizer under Keras 3 is not Horovod 0.28's to run
+    out["plain"] = fit(make(7 + r), [horovods()], 1)
+    hck.horovod_entry(False)
+    out["plain_horovod"] = fit(make(7 + r), [horovods()], 1)
+save(r, out)
