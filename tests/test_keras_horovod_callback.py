@@ -26,4 +26,8 @@ def test_horovods_broadcast_callback_on_our_optimizer(face: str, n: int, out_dir
         assert rk["resume_hash"] == ranks[0]["resume_hash"], f"{where}: resumed parameters differ from rank 0's"
         if face == "tf_keras":
             assert rk["plain"] == rk["plain_horovod"], f"{where}: Horovod's own optimizer ran another way"
+            (kernel, local), own = rk["local"]
+            assert kernel == ranks[0]["local"][0][0], f"{where}: a kernel was not broadcast"
+            assert local == own, f"{where}: Horovod's local_variables= was broadcast"
+            assert r == 0 or local != ranks[0]["local"][1], f"{where}: the local kernel alike: the case tests nothing"
     assert len({rk["slamb"] for rk in ranks}) > 1, "SLAMB's ranks alike: the case would not test per-rank moments"

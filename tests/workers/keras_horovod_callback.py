@@ -83,7 +83,27 @@ if r != 0:
     reference.optimizer.reset_compression_state()
 out["resume_ref"] = fit(reference, [], 1)
 
-if LEGACY:  # Horovod's own optimizer under Keras 3 is not Horovod 0.28's to run
+
+
+class FirstBatch(keras.callbacks.Callback):
+    """The hashes of ``variables`` when the first batch begins (after the broadcast of training's begin)."""
+
+    def __init__(self, variables: list) -> None:
+        super().__init__()
+        self.variables, self.seen = variables, None
+
+    def on_train_batch_begin(self, batch: int, logs: object = None) -> None:
+        if self.seen is None:
+            self.seen = [digest([v.numpy()]) for v in self.variables]
+
+
+if LEGACY:  # Horovod checks local_variables are tf.Variables; its own optimizer under Keras 3 is not 0.28's to run
+    model = make(7 + r, **ONEBIT)
+    kernel, local = model.layers[0].kernel, model.layers[-1].kernel  # initialized from each rank's seed
+    own = digest([local.numpy()])
+    first = FirstBatch([kernel, local])
+    fit(model, [hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[local]), first])
+    out["local"] = (first.seen, own)
     out["plain"] = fit(make(7 + r), [horovods()], 1)
     hck.horovod_entry(False)
     out["plain_horovod"] = fit(make(7 + r), [horovods()], 1)
