@@ -1,8 +1,13 @@
-"""Keras 3 callbacks: ``BroadcastGlobalVariablesCallback`` and ``MetricAverageCallback``, as Horovod's, and
-``SynchronizeParametersCallback`` for SLAMB (its parameters are averaged only every ``sync_interval`` steps)."""
+"""Keras 3 callbacks: ``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``,
+``LearningRateScheduleCallback`` and ``LearningRateWarmupCallback``, as Horovod's, and
+``SynchronizeParametersCallback`` for SLAMB (its parameters are averaged only every ``sync_interval`` steps).
+
+Horovod 0.28's own learning-rate callbacks call ``keras.backend.get_value``, which Keras 3 no longer has: with TF
+2.16 or later installed they raise under either Keras, with any optimizer. Ours take the same arguments."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Collection
 from typing import Any
 
@@ -23,10 +28,13 @@ def distributed(optimizer: Any) -> Any:
 
 class EitherKeras:
     """Lets a Keras 3 callback of ours run in tf_keras's ``fit`` too, so that ``hck.callbacks`` serves whichever
-    Keras the model is (tf_keras's ``CallbackList`` asks these; none of our callbacks has batch hooks)."""
+    Keras the model is (tf_keras's ``CallbackList`` asks these; only the learning-rate callbacks have batch hooks,
+    in training)."""
+
+    train_batch_hooks = False
 
     def _implements_train_batch_hooks(self) -> bool:
-        return False
+        return self.train_batch_hooks
 
     def _implements_test_batch_hooks(self) -> bool:
         return False
@@ -108,6 +116,122 @@ class MetricAverageMixin:
             ops.allreduce_(values, op=ops.Average, name="MetricAverageCallback")
             for k, v in zip(keys, values, strict=True):
                 logs[k] = float(v)
+
+
+def _value(v: Any) -> float:
+    return float(np.asarray(v))
+
+
+class LearningRateScheduleMixin:
+    """The body of both Keras flavours' ``LearningRateScheduleCallback``: Horovod's rule and arguments. Within
+    epochs [``start_epoch``, ``end_epoch``) the learning rate is ``initial_lr * multiplier(epoch)``, set at each
+    epoch's first batch (``staircase``) or at every batch with ``epoch`` fractional (batch / ``steps_per_epoch``,
+    read from ``fit``'s parameters when not given); a number as ``multiplier`` means ``multiplier ** (epoch -
+    start_epoch)``. ``momentum_correction`` (Goyal et al. 2017, section 2.1: the momentum scaled by new lr / old lr
+    for the batch that changes it) applies where the optimizer's momentum is a variable; a number (Keras 3's and
+    tf_keras's optimizers, which read it once into the traced step) is left alone, with a warning."""
+
+    def __init__(self, initial_lr: float, multiplier: Any, start_epoch: int = 0, end_epoch: int | None = None,
+                 staircase: bool = True, momentum_correction: bool = True, steps_per_epoch: int | None = None) -> None:
+        super().__init__()
+        if initial_lr is None:
+            raise ValueError("Parameter `initial_lr` is required")
+        self.initial_lr, self.start_epoch, self.end_epoch = initial_lr, start_epoch, end_epoch
+        self.staircase, self.momentum_correction, self.steps_per_epoch = staircase, momentum_correction, steps_per_epoch
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier ** (epoch - start_epoch))
+        self.train_batch_hooks = True
+        self.current_epoch = 0
+        self.restore_momentum: tuple[Any, float] | None = None
+        self.warned = False
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        if self.staircase or self.steps_per_epoch:
+            return
+        params = getattr(self, "params", None) or {}
+        if params.get("steps"):
+            self.steps_per_epoch = params["steps"]
+        elif params.get("samples") and params.get("batch_size"):
+            self.steps_per_epoch = params["samples"] // params["batch_size"]
+        else:
+            raise ValueError(f"{type(self).__name__}: could not read the number of steps per epoch from fit(); "
+                             "give steps_per_epoch=")
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        epoch = self.current_epoch
+        if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+            return
+        if self.staircase:
+            if batch == 0:
+                self._adjust(epoch)
+        else:
+            self._adjust(epoch + batch / self.steps_per_epoch)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self.restore_momentum is not None:
+            variable, value = self.restore_momentum
+            variable.assign(value)
+            self.restore_momentum = None
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if logs is not None:
+            logs["lr"] = _value(self.model.optimizer.learning_rate)
+
+    def _adjust(self, epoch: float) -> None:
+        optimizer = self.model.optimizer
+        old = _value(optimizer.learning_rate)
+        new = self.initial_lr * self.multiplier(epoch)
+        optimizer.learning_rate = new
+        momentum = getattr(optimizer, "momentum", None)
+        if not self.momentum_correction or momentum is None or old == 0:
+            return
+        if hasattr(momentum, "assign"):
+            value = _value(momentum)
+            momentum.assign(value * new / old)
+            self.restore_momentum = (momentum, value)
+        elif not self.warned and new != old:
+            self.warned = True
+            warnings.warn(f"{type(self).__name__}: momentum_correction not applied: the optimizer's momentum is a "
+                          "number, which Keras reads once into the traced step; pass momentum_correction=False",
+                          stacklevel=2)
+
+
+class LearningRateWarmupMixin(LearningRateScheduleMixin):
+    """The body of both Keras flavours' ``LearningRateWarmupCallback``: Horovod's gradual warm-up (Goyal et al.
+    2017, section 2.2) from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs``, set at every batch."""
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None, verbose: int = 0) -> None:
+        def multiplier(epoch: float) -> float:
+            epoch += 1.0 / self.steps_per_epoch  # Horovod's: the warm-up ends at an epoch's last batch
+            size = ops.size()
+            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)
+        self.verbose = verbose
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        ensure_init()
+        super().on_train_begin(logs)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and ops.rank() == 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{_value(self.model.optimizer.learning_rate):g}.")
+
+
+class LearningRateScheduleCallback(LearningRateScheduleMixin, EitherKeras, keras.callbacks.Callback):
+    """Horovod's ``LearningRateScheduleCallback``, which serves either Keras: ``initial_lr * multiplier(epoch)``
+    within [``start_epoch``, ``end_epoch``), per epoch (``staircase``) or per batch."""
+
+
+class LearningRateWarmupCallback(LearningRateWarmupMixin, EitherKeras, keras.callbacks.Callback):
+    """Horovod's ``LearningRateWarmupCallback``, which serves either Keras: from ``initial_lr / size`` to
+    ``initial_lr`` over ``warmup_epochs``, at every batch."""
 
 
 class MetricAverageCallback(MetricAverageMixin, EitherKeras, keras.callbacks.Callback):

@@ -1,6 +1,7 @@
 """tf_keras (``TF_USE_LEGACY_KERAS=1``, ``tf.keras`` of TF >= 2.16 then): ``hck.DistributedOptimizer`` given a
-tf_keras optimizer returns this wrapper; ``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback`` and
-``SynchronizeParametersCallback`` are the tf_keras callbacks, ``Birder`` the tf_keras twin of ``hck.Birder``.
+tf_keras optimizer returns this wrapper; ``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``,
+``SynchronizeParametersCallback`` and the learning-rate callbacks are the tf_keras callbacks, ``Birder`` the
+tf_keras twin of ``hck.Birder``.
 
 A wrapper as tf_keras's own ``LossScaleOptimizer`` is one: it holds the inner optimizer, delegates ``learning_rate``
 (schedules too) and ``iterations``, and adds its variables beside the inner ones. ``model.fit`` calls
@@ -25,7 +26,13 @@ from tf_keras.src.mixed_precision import loss_scale_optimizer as tf_keras_lso
 
 from hvd_compress.algorithms import birder as birder_alg
 from hvd_compress.keras import birder as keras_birder
-from hvd_compress.keras.callbacks import BroadcastMixin, MetricAverageMixin, SynchronizeParametersMixin
+from hvd_compress.keras.callbacks import (
+    BroadcastMixin,
+    LearningRateScheduleMixin,
+    LearningRateWarmupMixin,
+    MetricAverageMixin,
+    SynchronizeParametersMixin,
+)
 from hvd_compress.keras.engine import EngineMethods, Face, KerasEngine
 from hvd_compress.keras.loss_scale import InnerExclusions, agreed_all_finite
 from hvd_compress.keras.wrapped_step import check_sgd, compression_from_config, lamb_flags
@@ -218,6 +225,14 @@ class BroadcastGlobalVariablesCallback(BroadcastMixin, tf_keras.callbacks.Callba
     """tf_keras twin of ``hck.callbacks.BroadcastGlobalVariablesCallback``: at the start of training every rank
     takes ``root_rank``'s model and optimizer variables (the optimizer built first; per-rank error feedback
     stays)."""
+
+
+class LearningRateScheduleCallback(LearningRateScheduleMixin, tf_keras.callbacks.Callback):
+    """tf_keras twin of ``hck.callbacks.LearningRateScheduleCallback`` (Horovod's)."""
+
+
+class LearningRateWarmupCallback(LearningRateWarmupMixin, tf_keras.callbacks.Callback):
+    """tf_keras twin of ``hck.callbacks.LearningRateWarmupCallback`` (Horovod's)."""
 
 
 class MetricAverageCallback(MetricAverageMixin, tf_keras.callbacks.Callback):
