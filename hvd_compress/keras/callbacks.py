@@ -2,8 +2,9 @@
 ``LearningRateScheduleCallback`` and ``LearningRateWarmupCallback``, as Horovod's, and
 ``SynchronizeParametersCallback`` for SLAMB (its parameters are averaged only every ``sync_interval`` steps).
 
-Horovod 0.28's own learning-rate callbacks call ``keras.backend.get_value``, which Keras 3 no longer has: with TF
-2.16 or later installed they raise under either Keras, with any optimizer. Ours take the same arguments."""
+Horovod 0.28's own metric and learning-rate callbacks call ``keras.backend.constant`` and ``get_value``, which Keras 3
+no longer has: with TF 2.16 or later installed they raise under either Keras, with any optimizer. Ours take the same
+arguments."""
 
 from __future__ import annotations
 
