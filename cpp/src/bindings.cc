@@ -292,6 +292,9 @@ NB_MODULE(_core, m) {
           "of the others waiting for it. Always raises.")
       .def("stats", [](const Runtime& rt) { return as_dict(rt.stats()); })
       .def("reset_stats", &Runtime::reset_stats)
+      .def("join", &Runtime::join, nb::call_guard<nb::gil_scoped_release>(),
+           "Horovod's join(): returns once every rank called it; MismatchError on every rank where "
+           "another rank is in some other collective (uneven data).")
       .def("leave", &Runtime::leave, nb::arg("timeout_s"), nb::call_guard<nb::gil_scoped_release>(),
            "Tell every peer that this process is exiting (before MPI is finalized).");
   hvdc::register_onebit(m);

@@ -309,6 +309,12 @@ CommStats Runtime::sparse_allreduce(const TensorView& buffer, const TensorView& 
   return run(sig, what, [&] { sparse_allreduce_prepared(*world_, buffer, error, velocity, spec); });
 }
 
+void Runtime::join() {
+  CallSignature sig;
+  sig.collective = kJoin;
+  run(sig, "join()", [] {});
+}
+
 void Runtime::reject(Collective collective, const std::string& why, const std::string& name) {
   CallSignature sig;
   sig.collective = collective;

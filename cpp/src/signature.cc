@@ -128,6 +128,16 @@ void agree_on_signature(Communicator& comm, const CallSignature& sig, double tim
   bool same = true;
   for (const auto& s : all) same &= std::memcmp(&s, &all[0], sizeof(CallSignature)) == 0;
   if (same) return;
+  std::string joined;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r].collective == kJoin) joined += (joined.empty() ? "" : ", ") + std::to_string(r);
+  if (!joined.empty()) {  // some ranks ran out of data first: there is no part of theirs to fill in
+    throw MismatchError(
+        what + ": rank(s) " + joined + " called join() while the others called another collective: " +
+        "the ranks ran different numbers of steps (uneven data). hvd_compress's ops run every step " +
+        "on every rank; give every rank the same number of batches (DistributedSampler's " +
+        "drop_last=True, or stop at the smallest count) and call join() on all of them, or not at all");
+  }
   for (auto& s : all) s.shape[sizeof(s.shape) - 1] = '\0';  // a peer's text is printed below
   std::ostringstream out;
   out << what << ": ranks called it with different arguments";

@@ -10,7 +10,9 @@
 //     the buffer, Runtime::reject) makes every rank raise UsageError naming it, buffers unchanged,
 //     and the runtime goes on working;
 //   - timeout: a rank that never joins makes the others raise CommTimeoutError, and every later
-//     call raise at once (the runtime is broken).
+//     call raise at once (the runtime is broken);
+//   - join(): returns where every rank calls it; a rank in join() while the others reduce (uneven
+//     data) makes every rank raise MismatchError naming it, and a later call works.
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -235,6 +237,29 @@ void timeout(Failures& f, int n, int absent) {
   });
 }
 
+// join() on every rank returns; rank `early` in join() while the others allreduce (it ran out of data
+// first) makes every rank raise MismatchError naming it, buffers unchanged, and a later call works.
+void joins(Failures& f, int n, int early) {
+  const std::string label = str("join() on rank ", early, " of ", n, " alone");
+  on_runtimes(f, label, n, config_of(0), [&](Runtime& rt) {
+    const int r = rt.rank();
+    const std::string what = str(label, ": rank ", r);
+    expect_outcome(f, str("join() on every rank of ", n, ": rank ", r), attempt([&] { rt.join(); }), "", "");
+    std::vector<float> x(64, 0.5f + r);
+    const std::vector<float> x0 = x;
+    expect_outcome(f, what, attempt([&] {
+                     if (r == early) rt.join();
+                     else rt.allreduce(f32_view(x), ReduceOp::kSum, "grad");
+                   }),
+                   "MismatchError", str("rank(s) ", early, " called join() while the others"));
+    f.check(x == x0, what + ": buffer changed");
+    std::vector<float> y(8, 1.0f);
+    expect_outcome(f, what + ", the call after", attempt([&] { rt.allreduce(f32_view(y), ReduceOp::kSum, "y"); }),
+                   "", "");
+    f.check(y[0] == n, str(what, ": the call after gave ", y[0], ", want ", n));
+  });
+}
+
 }  // namespace
 }  // namespace hvdc
 
@@ -245,6 +270,7 @@ int main() {
     hvdc::counting(f, n);
     if (n > 1) hvdc::mismatches(f, n);
     hvdc::rejections(f, n);
+    if (n > 1) hvdc::joins(f, n, n - 1);
     if (n > 1) {
       hvdc::timeout(f, n, n - 1);
       hvdc::timeout(f, n, 0);

@@ -25,6 +25,7 @@ from hvd_compress.tensorflow import (
     broadcast_variables,
     global_process_set,
     init,
+    join,
     rank,
     size,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "global_process_set",
     "horovod_entry",
     "init",
+    "join",
     "rank",
     "size",
 ]

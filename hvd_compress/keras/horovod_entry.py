@@ -16,6 +16,7 @@ in it, so their collectives differ and every rank raises; and the broadcast then
 feedback and per-rank moments (SLAMB's). So with ``hvd_compress.keras`` imported that callback, on such a model,
 broadcasts as ``hck.callbacks.BroadcastGlobalVariablesCallback`` does: when training begins,
 leaving ``per_rank_variables`` (and Horovod's ``local_variables``) alone. On any other model it is Horovod's.
+``horovod.tensorflow.join()`` runs ``hck.join()`` first once hvd_compress's runtime runs (``join_first``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from hvd_compress.keras.callbacks import broadcast_model, distributed
-from hvd_compress.ops.horovod_entry import Extended, Target, horovod_entry, register
+from hvd_compress.ops.horovod_entry import Extended, Target, horovod_entry, join_first, register
 from hvd_compress.ops.process_sets import check_process_set
 
 __all__ = ["horovod_entry", "install_from_environment"]
@@ -79,6 +80,11 @@ def _targets() -> Iterator[Target]:
             continue
         yield module, {"DistributedOptimizer": DistributedOptimizer}
         yield callbacks, {"BroadcastGlobalVariablesCallback.on_train_begin": Extended(_broadcast_when_training_begins)}
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError:
+        return
+    yield hvd, {"join": join_first(getattr(hvd.join, "__hvdc_original__", hvd.join))}
 
 
 def install_from_environment() -> None:

@@ -6,6 +6,7 @@ from hvd_compress.ops.collectives import (
     allreduce_,
     broadcast_,
     grouped_allreduce_,
+    join,
     reject_allreduce,
 )
 from hvd_compress.ops.compression import Compression, CompressionState, Compressor
@@ -58,6 +59,7 @@ __all__ = [
     "grouped_allreduce_",
     "init",
     "is_initialized",
+    "join",
     "rank",
     "reject_allreduce",
     "set_timeout",

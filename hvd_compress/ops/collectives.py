@@ -130,6 +130,14 @@ def allgather(tensor: Any, name: str | None = None, traffic: Traffic | None = No
     return data, [int(r) for r in rows]
 
 
+def join() -> None:
+    """Horovod's ``join()``: returns once every rank called it. A rank in ``join()`` while another is in some
+    other collective (it ran out of data first) makes every rank raise ``MismatchError`` naming it, instead of
+    the others waiting for its part: Horovod fills a joined rank's part with zeros, which hvd_compress's
+    algorithms (error feedback, moments, schedules) have no meaning for."""
+    runtime.get_in_order().join()
+
+
 def broadcast_(tensor: Any, root_rank: int = 0, name: str | None = None, traffic: Traffic | None = None) -> Any:
     """Overwrite ``tensor`` on every rank with root_rank's, in place, and return it."""
     record(runtime.get_in_order().broadcast(as_core_buffer(tensor), int(root_rank), name or ""), traffic)

@@ -39,6 +39,7 @@ from hvd_compress.tensorflow.functions import (
     broadcast_variables,
     compressed_allreduce,
     grouped_allreduce,
+    join,
     masked_allreduce,
     random_mask,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "global_process_set",
     "grouped_allreduce",
     "init",
+    "join",
     "masked_allreduce",
     "random_mask",
     "rank",

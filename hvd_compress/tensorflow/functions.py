@@ -299,6 +299,13 @@ def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None, process_
     return broadcast_values([tensor], root_rank, name, process_set)[0]
 
 
+def join() -> None:
+    """Horovod's ``hvd.join``: returns once every rank called it. A rank in it while another still steps (uneven
+    data) makes every rank raise ``MismatchError`` naming it (``ops.join``)."""
+    ensure_init()
+    ops.join()
+
+
 def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, name: str | None = None,
                         process_set: Any = None) -> Any:
     """Assign root_rank's values to ``variables`` (``tf.Variable`` or Keras variables) on every rank.

@@ -51,6 +51,7 @@ from hvd_compress.torch.functions import (
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
+    join,
 )
 from hvd_compress.torch.gather import allgather, allgather_object
 from hvd_compress.torch.grouped import grouped_allreduce, grouped_allreduce_
@@ -111,6 +112,7 @@ __all__ = [
     "grouped_allreduce_async_",
     "horovod_entry",
     "init",
+    "join",
     "masked_allreduce",
     "masked_allreduce_",
     "poll",

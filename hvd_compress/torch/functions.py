@@ -1,4 +1,4 @@
-"""Collectives on torch tensors: allreduce, broadcast of parameters, optimizer state and objects."""
+"""Collectives on torch tensors: allreduce, broadcast of parameters, optimizer state and objects; join."""
 
 from __future__ import annotations
 
@@ -145,6 +145,14 @@ def broadcast_(
         with torch.no_grad():
             tensor.copy_(staged)
     return tensor
+
+
+def join(device: int = -1) -> None:
+    """Horovod's ``hvd.join``: returns once every rank called it. A rank in it while another still steps (uneven
+    data) makes every rank raise ``MismatchError`` naming it (``ops.join``). ``device`` is Horovod's, where it
+    makes the zero tensors it fills a joined rank's part with; nothing is filled in here."""
+    ensure_init()
+    ops.join()
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:

@@ -2,9 +2,11 @@
 ``hvd.DistributedOptimizer(opt, named_parameters=..., op=hc.OneBitAdam, freeze_step=...)`` and
 ``hvd.allreduce(t, op=hc.Adasum)`` run on hvd_compress, as DESIGN.md names this project's entry; and
 ``hvd.broadcast_optimizer_state(opt, root_rank=0)`` on an optimizer that hvd_compress wrapped is
-``hc.broadcast_optimizer_state``. Horovod's own cannot serve it: it broadcasts only the wrapped torch optimizer's
-per-parameter tensors (not the compression state), and on a rank whose state is still empty (a resume where only the
-root loaded the checkpoint) it calls ``step()`` to create the state, which runs a collective the root never joins.
+``hc.broadcast_optimizer_state``; ``hvd.join()`` runs ``hc.join()`` first once hvd_compress's runtime runs
+(``ops.horovod_entry.join_first``). Horovod's own broadcast cannot serve it: it broadcasts only the wrapped torch
+optimizer's per-parameter tensors (not the compression state), and on a rank whose state is still empty (a resume
+where only the root loaded the checkpoint) it calls ``step()`` to create the state, which runs a collective the root
+never joins.
 
 Which ops are routed and the switch (``HVDC_HOROVOD_ENTRY=0``, ``hc.horovod_entry(False)``) are shared with the
 Keras face: ``hvd_compress.ops.horovod_entry``. This module names what the torch face takes over.
@@ -16,7 +18,7 @@ import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
-from hvd_compress.ops.horovod_entry import Routed, Target, horovod_entry, register
+from hvd_compress.ops.horovod_entry import Routed, Target, horovod_entry, join_first, register
 
 __all__ = ["horovod_entry", "install_from_environment"]
 
@@ -36,6 +38,7 @@ def _targets() -> Iterator[Target]:
         "allreduce_": hc.allreduce_,
         "grouped_allreduce": hc.grouped_allreduce,
         "broadcast_optimizer_state": Routed(hc.broadcast_optimizer_state, _wrapped_by_us),
+        "join": join_first(getattr(hvd.join, "__hvdc_original__", hvd.join)),
     }
 
 

@@ -121,6 +121,11 @@ class Runtime {
   CommStats sparse_allreduce(const TensorView& buffer, const TensorView& error, const TensorView& velocity,
                              const SparseSpec& spec, const std::string& name);
 
+  // Horovod's join(): returns once every rank called it. A rank that called it while another is in
+  // some other collective fails with the others, on every rank (MismatchError naming it): the
+  // algorithms have no part of a rank without data to fill in, as Horovod fills zeros.
+  void join();
+
   // Joins the signature exchange of a collective whose input this rank could not even read
   // (`why`), so that every rank raises instead of the others waiting for a peer that never
   // arrives. Always throws.

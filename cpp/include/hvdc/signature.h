@@ -24,6 +24,7 @@ enum Collective : int32_t {
   kSparseAllreduce = 8,  // the top-k / random-k compressed reductions
   kHierarchicalCompressedAllreduce = 9,  // Birder's hierarchical 1-bit allreduce
   kMaskedGather = 10,  // SLAMB's agreed mask and gather, its average left to a dense allreduce
+  kJoin = 11,  // join(): this rank is out of data; every rank must reach it together
 };
 
 struct CallSignature {
@@ -62,8 +63,9 @@ CallSignature signature_of(Collective collective, const std::vector<TensorView>&
 void set_rejected(CallSignature& sig, const std::string& why);
 
 // Allgathers `sig` (with `timeout_s`). Throws UsageError on every rank if any rank rejected its
-// input (RejectedInputError, a UsageError), else MismatchError on every rank if any signature differs from rank 0's. `what` names
-// the call in the message.
+// input (RejectedInputError, a UsageError), else MismatchError on every rank if any signature differs
+// from rank 0's (naming the ranks in join() where only some are: uneven data). `what` names the call
+// in the message.
 void agree_on_signature(Communicator& comm, const CallSignature& sig, double timeout_s,
                         const std::string& what);
 
