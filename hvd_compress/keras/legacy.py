@@ -125,6 +125,7 @@ _FACE = Face(
 )
 
 
+@tf_keras.saving.register_keras_serializable(package="hvd_compress")  # an HDF5 file names the class only
 class DistributedOptimizer(EngineMethods, tf_keras.optimizers.Optimizer):
     """Data-parallel training over all ranks around a tf_keras ``optimizer``: ``op`` = ``Average`` (default),
     ``Sum``, ``Adasum``, ``OneBitAdam``, ``OneBitLamb``, ``SLAMB`` (wrap ``Adam``/``AdamW``) or ``Birder`` (wraps
@@ -148,6 +149,24 @@ class DistributedOptimizer(EngineMethods, tf_keras.optimizers.Optimizer):
     def variables(self) -> list[Any]:
         own = super().variables  # tf_keras's callable list: some of its code calls optimizer.variables()
         return type(own)([*own, *self.inner_optimizer.variables])
+
+    def _create_iteration_variable(self) -> None:
+        """The counter tf_keras's base class makes for itself, which ``iterations`` (the inner optimizer's) leaves
+        unused, named apart from the inner one: an HDF5 file (``model.save("....h5")``) names each variable once.
+        It stays among the variables, whose count and order the ``.keras`` format keys on."""
+        with tf.init_scope():
+            self._iterations = tf.Variable(0, name="hvdc_unused_iteration", dtype=tf.int64, trainable=False)
+        self._variables.append(self._iterations)
+
+    def set_weights(self, weights: list[Any]) -> None:
+        """Every variable's value, in the order of ``variables`` (the wrapper's, then the inner optimizer's), as an
+        HDF5 file holds them; tf_keras's base class would set the wrapper's own only and drop the rest."""
+        variables = list(self.variables)
+        if len(weights) != len(variables):
+            raise ValueError(f"{self.name}.set_weights: {len(weights)} values for {len(variables)} variables (the "
+                             "file was saved by another op, options or model)")
+        for variable, value in zip(variables, weights, strict=True):
+            variable.assign(value)
 
     def build(self, var_list: list[Any]) -> None:
         if getattr(self, "_built", False):
@@ -197,6 +216,7 @@ class _AgreedDynamicLossScaleState(tf_keras_lso._DynamicLossScaleState):
         return super().update([tf.where(finite, tf.constant(0.0), tf.constant(float("nan")))])
 
 
+@tf_keras.saving.register_keras_serializable(package="hvd_compress")
 class LossScaleOptimizer(InnerExclusions, tf_keras_lso.LossScaleOptimizerV3):
     """tf_keras's ``LossScaleOptimizer`` with the skip decision agreed across ranks (the tf_keras twin of
     ``hck.LossScaleOptimizer``): an overflow on one rank skips the step (tf_keras still counts it in

@@ -147,6 +147,12 @@ class DistributedOptimizer(EngineMethods, keras.optimizers.Optimizer):
         self.inner_optimizer.finalize_variable_values(var_list)
 
     def build(self, var_list: list[Any]) -> None:
+        if not list(var_list):
+            # Keras's HDF5 loader builds the optimizer on a Sequential model's own variables (none) before it
+            # sets the saved state, which then fails for every optimizer (Keras warns and starts it afresh). Built
+            # on nothing, this one would refuse the model's variables at the first step; left unbuilt, the first
+            # step builds it, as Keras's own optimizers start again.
+            return
         self._hvdc.build(var_list, self.add_variable, self.add_variable_from_reference)
         super().build(var_list)
 

@@ -1,0 +1,60 @@
+"""``model.save("....h5")`` (Horovod's Keras examples checkpoint so) with hck's optimizer: 3 epochs in one go
+against 2 epochs, the file (one per rank: the error feedback is each rank's), ``load_model`` and 1 more epoch.
+tf_keras keeps the optimizer's state there: the resumed run equals the uninterrupted one. Keras 3's HDF5 loader
+keeps no optimizer's state (it builds the optimizer on a Sequential model's own variables, none, and then cannot
+set the saved values): the loaded model trains on from a fresh optimizer, as Keras's own optimizers do.
+argv: out_dir, "keras" (Keras 3) or "tf_keras" (TF_USE_LEGACY_KERAS=1)."""
+
+import sys
+
+import numpy as np
+import tensorflow as tf
+from tf_common import digest, outcome, save
+
+import hvd_compress.keras as hck
+
+LEGACY = sys.argv[2] == "tf_keras"
+if LEGACY:
+    keras = tf.keras
+    assert keras.__name__.startswith("tf_keras"), keras.__name__
+else:
+    import keras
+hck.init()
+r = hck.rank()
+rng = np.random.default_rng(r)  # each rank its own data
+X = rng.standard_normal((64, 6)).astype("float32")
+Y = np.sin(X.sum(1, keepdims=True)).astype("float32")
+OPS = {"Average": {}, "OneBitAdam": {"freeze_step": 3}, "PowerSGD": {"start_powerSGD_iter": 2}, "Adasum": {}}
+
+
+def make(op: str) -> object:
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    opt = hck.DistributedOptimizer(keras.optimizers.Adam(0.01), op=getattr(hck, op), **OPS[op])
+    model.compile(optimizer=opt, loss=keras.losses.MeanSquaredError(), jit_compile=False)
+    return model
+
+
+def fit(model: object, epochs: int) -> str:
+    model.fit(X, Y, batch_size=16, epochs=epochs, shuffle=False, verbose=0)
+    return digest([v.numpy() for v in model.trainable_variables])
+
+
+out: dict = {}
+for op in OPS:
+    out[f"{op}_uninterrupted"] = fit(make(op), 3)
+    model = make(op)
+    fit(model, 2)
+    path = f"{sys.argv[1]}/{op}_rank{r}.h5"
+    loaded: dict = {}
+
+    def resume(model=model, path=path, loaded=loaded) -> None:
+        model.save(path)
+        loaded["model"] = keras.models.load_model(path)
+        loaded["class"] = type(loaded["model"].optimizer).__module__
+        loaded["hash"] = fit(loaded["model"], 1)
+
+    out[f"{op}_resume"] = outcome(resume)
+    out[f"{op}_resumed"] = loaded.get("hash")
+    out[f"{op}_class"] = loaded.get("class")
+save(r, out)
