@@ -16,7 +16,8 @@ in it, so their collectives differ and every rank raises; and the broadcast then
 feedback and per-rank moments (SLAMB's). So with ``hvd_compress.keras`` imported that callback, on such a model,
 broadcasts as ``hck.callbacks.BroadcastGlobalVariablesCallback`` does: when training begins,
 leaving ``per_rank_variables`` (and Horovod's ``local_variables``) alone. On any other model it is Horovod's.
-``horovod.tensorflow.join()`` runs ``hck.join()`` first once hvd_compress's runtime runs (``join_first``).
+``horovod.tensorflow.join()`` runs ``hck.join()`` first once hvd_compress's runtime runs (``join_first``), and
+Horovod's ``load_model`` of a file whose optimizer is ours is Keras's own (``_saved_with_ours``).
 """
 
 from __future__ import annotations
@@ -25,14 +26,19 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import os
+import zipfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from hvd_compress.keras.callbacks import broadcast_model, distributed
-from hvd_compress.ops.horovod_entry import Extended, Target, horovod_entry, join_first, register
+from hvd_compress.ops.horovod_entry import Extended, Routed, Target, horovod_entry, join_first, register
 from hvd_compress.ops.process_sets import check_process_set
 
 __all__ = ["horovod_entry", "install_from_environment"]
+
+_MARK = "hvd_compress"  # in a saved model's optimizer config: its module or registered name
 
 _KEPT = ("optimizer", "op", "name", "backward_passes_per_step", "average_aggregated_gradients")
 
@@ -67,6 +73,43 @@ def _broadcast_when_training_begins(on_train_begin: Callable[..., Any]) -> Calla
     return extended
 
 
+def _saved_with_ours(given: dict[str, Any]) -> bool:
+    """Whether the model file given to Horovod's ``load_model`` was compiled with one of hvd_compress's optimizers:
+    its training config (HDF5), ``config.json`` (``.keras``) or metadata (a SavedModel directory) names the
+    package. Horovod's own ``load_model`` would put its DistributedOptimizer around the wrapped optimizer (its
+    gradients reduced a second time, Adasum's per-rank ones averaged)."""
+    filepath = given.get("filepath")
+    if hasattr(filepath, "attrs"):  # an open h5py.File
+        return _MARK in str(filepath.attrs.get("training_config", ""))
+    path = os.fspath(filepath)
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            return _MARK in archive.read("config.json").decode("utf-8", "replace")
+    if os.path.isdir(path):
+        meta = Path(path) / "keras_metadata.pb"
+        return meta.exists() and _MARK.encode() in meta.read_bytes()
+    if not os.path.isfile(path):
+        return False  # Horovod's own reports the missing file
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return _MARK in str(f.attrs.get("training_config", ""))
+
+
+def _load_with(keras_module: Any) -> Callable[..., Any]:
+    """Horovod's ``load_model`` for a file of ours: Keras's own ``load_model`` of ``keras_module`` (the wrapper and
+    its inner optimizer come back as saved); Horovod's wrapping arguments do not apply."""
+
+    def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None, compression: Any = None,
+                   legacy_opts: bool = False) -> Any:
+        if compression is not None and getattr(compression, "__name__", "") != "NoneCompressor":
+            raise ValueError("hvd.load_model: the file's optimizer is hvd_compress's, whose compression is saved with "
+                             f"it; leave compression= out (given {compression!r})")
+        return keras_module.models.load_model(filepath, custom_objects=custom_objects)
+
+    return load_model
+
+
 def _targets() -> Iterator[Target]:
     if importlib.util.find_spec("horovod") is None:
         return
@@ -78,7 +121,9 @@ def _targets() -> Iterator[Target]:
             callbacks = importlib.import_module(f"{name}.callbacks")
         except ImportError:
             continue
-        yield module, {"DistributedOptimizer": DistributedOptimizer}
+        yield module, {"DistributedOptimizer": DistributedOptimizer,
+                       # the Keras that Horovod's module loads with (tf.keras, or Keras 3 for horovod.keras)
+                       "load_model": Routed(_load_with(module.keras), _saved_with_ours, as_given=True)}
         yield callbacks, {"BroadcastGlobalVariablesCallback.on_train_begin": Extended(_broadcast_when_training_begins)}
     try:
         import horovod.tensorflow as hvd

@@ -33,10 +33,12 @@ When = Callable[[dict[str, Any]], bool]
 
 
 class Routed(NamedTuple):
-    """Our function for a Horovod function, routed when ``when(arguments)`` holds instead of on ``op``."""
+    """Our function for a Horovod function, routed when ``when(arguments)`` holds instead of on ``op``;
+    ``as_given``: it takes Horovod's arguments as they are, not as the face turns an optimizer's."""
 
     fn: Callable[..., Any]
     when: When
+    as_given: bool = False
 
 
 class Extended(NamedTuple):
@@ -83,7 +85,7 @@ def join_first(horovods_join: Callable[..., Any]) -> Routed:
         join()
         return horovods_join(**given)
 
-    return Routed(joined, lambda _given: runtime.is_initialized())
+    return Routed(joined, lambda _given: runtime.is_initialized(), as_given=True)
 
 
 def route(original: Any, our_fn: Callable[..., Any], adapt: Adapt | None = None, when: When = _op_is_ours) -> Any:
@@ -130,7 +132,7 @@ def _install(face: str) -> None:
             original = getattr(module, name)
             _installed[key] = (module, name, original)
             routed = ours_ if isinstance(ours_, Routed) else Routed(ours_, _op_is_ours)
-            setattr(module, name, route(original, routed.fn, adapt, routed.when))
+            setattr(module, name, route(original, routed.fn, None if routed.as_given else adapt, routed.when))
 
 
 def horovod_entry(enabled: bool = True) -> bool:

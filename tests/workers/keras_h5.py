@@ -2,11 +2,14 @@
 against 2 epochs, the file (one per rank: the error feedback is each rank's), ``load_model`` and 1 more epoch.
 tf_keras keeps the optimizer's state there: the resumed run equals the uninterrupted one. Keras 3's HDF5 loader
 keeps no optimizer's state (it builds the optimizer on a Sequential model's own variables, none, and then cannot
-set the saved values): the loaded model trains on from a fresh optimizer, as Keras's own optimizers do.
+set the saved values): the loaded model trains on from a fresh optimizer, as Keras's own optimizers do. Horovod's
+``hvd.load_model`` of the same file: Keras's own load (Horovod's would wrap the inner optimizer in its
+DistributedOptimizer), the same results.
 argv: out_dir, "keras" (Keras 3) or "tf_keras" (TF_USE_LEGACY_KERAS=1)."""
 
 import sys
 
+import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
 from tf_common import digest, outcome, save
@@ -57,4 +60,13 @@ for op in OPS:
     out[f"{op}_resume"] = outcome(resume)
     out[f"{op}_resumed"] = loaded.get("hash")
     out[f"{op}_class"] = loaded.get("class")
+
+    def resume_horovods(path=path, loaded=loaded) -> None:
+        model = hvd.load_model(path)
+        loaded["hvd_inner"] = type(model.optimizer.inner_optimizer).__module__
+        loaded["hvd_hash"] = fit(model, 1)
+
+    out[f"{op}_hvd_resume"] = outcome(resume_horovods)
+    out[f"{op}_hvd_resumed"] = loaded.get("hvd_hash")
+    out[f"{op}_hvd_inner"] = loaded.get("hvd_inner")
 save(r, out)
