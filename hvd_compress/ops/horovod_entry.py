@@ -7,8 +7,8 @@ of hvd_compress's own constants (an ``ReduceOp`` member) other than the dense on
 ``hvd.Adasum``), the dense ops and calls without ``op`` run Horovod's own function, unchanged. A face may route a
 function on another test of its arguments (``Routed``): ``hvd.broadcast_optimizer_state`` on an optimizer that
 hvd_compress wrapped, whose state Horovod's own function cannot broadcast; ``hvd.join`` once hvd_compress's
-runtime runs (``join_first``). A Horovod class whose path is known only
-later (a callback sees the model once training begins) has one method extended in place (``Extended``).
+runtime runs (``join_first``). A Horovod class whose path is known only later (a callback sees the model once
+training begins) has one method extended in place (``Extended``).
 
 One switch for the process: ``HVDC_HOROVOD_ENTRY=0`` in the environment leaves Horovod untouched, and
 ``horovod_entry(False)`` / ``horovod_entry(True)`` (``hc.horovod_entry``, ``hck.horovod_entry``) restores or
@@ -75,9 +75,9 @@ def _op_is_ours(given: dict[str, Any]) -> bool:
 
 def join_first(horovods_join: Callable[..., Any]) -> Routed:
     """Horovod's ``join`` once hvd_compress's runtime runs: hvd_compress's ``join`` first, then Horovod's (its own
-    collectives may still be pending). Uneven data otherwise left the ranks still stepping waiting in
-    hvd_compress's collectives for a rank that waits in Horovod's join, until the timeout; now every rank
-    raises ``MismatchError`` naming the rank that joined. ``horovods_join``: Horovod's own function."""
+    collectives may still be pending). With uneven data a rank waiting in Horovod's join alone would leave the ranks
+    still stepping waiting for it in hvd_compress's collectives until the timeout; in ours every rank raises
+    ``MismatchError`` naming it at once. ``horovods_join``: Horovod's own function."""
     from hvd_compress.ops import runtime
     from hvd_compress.ops.collectives import join
 
