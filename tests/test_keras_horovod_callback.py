@@ -1,6 +1,7 @@
 """Horovod's own Keras ``BroadcastGlobalVariablesCallback`` on a model whose optimizer hvd_compress wrapped (a script
 kept from Horovod): the broadcast when training begins, per-rank variables left alone, Horovod's resume recipe
-(rank 0 alone reads the checkpoint) running past 1-bit Adam's warm-up; Horovod's own optimizer untouched. Each
+(rank 0 alone reads the checkpoint) running past 1-bit Adam's warm-up; Horovod's own optimizer untouched; and
+``hvd.broadcast_variables(opt.variables)`` in Horovod's TF2 loop leaving the per-rank variables alone. Each
 against a reference run that reaches the same state without the callback (``workers/keras_horovod_callback.py``)."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def test_horovods_broadcast_callback_on_our_optimizer(face: str, n: int, out_dir
         assert rk["resume_hash"] == ranks[0]["resume_hash"], f"{where}: resumed parameters differ from rank 0's"
         if face == "tf_keras":
             assert rk["plain"] == rk["plain_horovod"], f"{where}: Horovod's own optimizer ran another way"
+            assert rk["loop"] == rk["loop_ref"], f"{where}: hvd.broadcast_variables overwrote SLAMB's moments"
             (kernel, local), own = rk["local"]
             assert kernel == ranks[0]["local"][0][0], f"{where}: a kernel was not broadcast"
             assert local == own, f"{where}: Horovod's local_variables= was broadcast"

@@ -11,6 +11,7 @@ this step) and the Keras hooks around the engine (``build``, ``apply``/``apply_g
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,6 +66,16 @@ class Face:
     method: str
 
 
+#: Every engine alive in this process: what a broadcast of variables must leave as each rank has them
+#: (``per_rank_ids``). Weak, so that an optimizer goes when its user drops it.
+_ENGINES: weakref.WeakSet[KerasEngine] = weakref.WeakSet()
+
+
+def per_rank_ids() -> set[int]:
+    """The ids of the ``per_rank_variables`` of every hvd_compress Keras optimizer alive in this process."""
+    return {id(v) for engine in list(_ENGINES) for v in engine.per_rank_variables()}
+
+
 class KerasEngine:
     """``op`` (validated at construction, alike on every rank) around the Keras optimizer ``inner``."""
 
@@ -94,6 +105,7 @@ class KerasEngine:
         self.built = False
         if self.algorithm is not None:
             self.hyper, self.flags = self._hyper_flags()
+        _ENGINES.add(self)
 
     def _hyper_flags(self) -> tuple[list[Any], dict[str, Any]]:
         """The hyper-parameters after lr as read from the inner optimizer (lr at run time: schedules act) and the

@@ -17,7 +17,8 @@ feedback and per-rank moments (SLAMB's). So with ``hvd_compress.keras`` imported
 broadcasts as ``hck.callbacks.BroadcastGlobalVariablesCallback`` does: when training begins,
 leaving ``per_rank_variables`` (and Horovod's ``local_variables``) alone. On any other model it is Horovod's.
 ``horovod.tensorflow.join()`` runs ``hck.join()`` first once hvd_compress's runtime runs (``join_first``), and
-Horovod's ``load_model`` of a file whose optimizer is ours is Keras's own (``_saved_with_ours``).
+Horovod's ``load_model`` of a file whose optimizer is ours is Keras's own (``_saved_with_ours``);
+``horovod.tensorflow.broadcast_variables`` leaves our optimizers' per-rank variables alone (``_holds_per_rank``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from hvd_compress.keras.callbacks import broadcast_model, distributed
+from hvd_compress.keras.engine import per_rank_ids
 from hvd_compress.ops.horovod_entry import Extended, Routed, Target, horovod_entry, join_first, register
 from hvd_compress.ops.process_sets import check_process_set
 
@@ -113,6 +115,28 @@ def _load_with(keras_module: Any) -> Callable[..., Any]:
     return load_model
 
 
+def _holds_per_rank(given: dict[str, Any]) -> bool:
+    """Whether Horovod's ``broadcast_variables`` was given a list holding per-rank variables of our optimizers
+    (Horovod's TF2 examples broadcast ``opt.variables`` after the first step)."""
+    variables = given.get("variables")
+    if not isinstance(variables, list | tuple):
+        return False  # an iterator would be used up here: Horovod's own takes it
+    own = per_rank_ids()
+    return any(id(v) in own for v in variables)
+
+
+def _broadcast_but_per_rank(horovods: Callable[..., Any]) -> Callable[..., Any]:
+    """Horovod's ``broadcast_variables`` (``horovods``) of the variables but our optimizers' per-rank ones, which
+    each rank keeps (error feedback, SLAMB's moments, Birder's shards), as ``hck.broadcast_variables`` callers and
+    the broadcast callbacks leave them."""
+
+    def broadcast_variables(variables: Any, root_rank: int, **rest: Any) -> Any:
+        own = per_rank_ids()
+        return horovods([v for v in variables if id(v) not in own], root_rank, **rest)
+
+    return broadcast_variables
+
+
 def _targets() -> Iterator[Target]:
     if importlib.util.find_spec("horovod") is None:
         return
@@ -132,7 +156,10 @@ def _targets() -> Iterator[Target]:
         import horovod.tensorflow as hvd
     except ImportError:
         return
-    yield hvd, {"join": join_first(getattr(hvd.join, "__hvdc_original__", hvd.join))}
+    yield hvd, {"join": join_first(getattr(hvd.join, "__hvdc_original__", hvd.join)),
+                "broadcast_variables": Routed(_broadcast_but_per_rank(
+                    getattr(hvd.broadcast_variables, "__hvdc_original__", hvd.broadcast_variables)),
+                    _holds_per_rank, as_given=True)}
 
 
 def install_from_environment() -> None:

@@ -7,7 +7,10 @@ Each case against a reference that reaches the same state another way (parameter
 - "resume": Horovod's resume, rank 0 alone reads 1-bit Adam's checkpoint (past the warm-up) and the others start
   fresh; the reference reads it on every rank and the ranks but 0 drop its error feedback
   (``reset_compression_state``), the state the broadcast leaves them;
-- "plain" (tf_keras): Horovod's own optimizer, where the callback stays Horovod's (routing on, then off).
+- "plain" (tf_keras): Horovod's own optimizer, where the callback stays Horovod's (routing on, then off);
+- "loop" (tf_keras): Horovod's TF2 custom loop, ``hvd.broadcast_variables`` of the model's and the optimizer's
+  variables after the first step, SLAMB; the reference broadcasts the model's only (the optimizer's others are
+  alike).
 
 argv: out_dir, "keras" (Keras 3) or "tf_keras" (TF_USE_LEGACY_KERAS=1)."""
 
@@ -85,6 +88,28 @@ out["resume_ref"] = fit(reference, [], 1)
 
 
 
+
+def custom_loop(optimizer_too: bool) -> str:
+    """Horovod's TF2 loop: after the first step ``hvd.broadcast_variables`` of the model's variables and (with
+    ``optimizer_too``) the optimizer's (SLAMB: its moments are each rank's, its parameters too between syncs)."""
+    model = make(7, hck.SLAMB, sync_interval=3)
+    opt = model.optimizer
+    for i in range(4):
+        xb, yb = X[16 * i: 16 * (i + 1)], Y[16 * i: 16 * (i + 1)]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        if i == 0:
+            hvd_tf.broadcast_variables(model.variables, root_rank=0)
+            if optimizer_too:
+                hvd_tf.broadcast_variables(list(opt.variables), root_rank=0)
+    return digest([v.numpy() for v in model.trainable_variables])
+
+
+if LEGACY:  # Horovod 0.28's broadcast_variables cannot assign Keras 3's variables
+    out["loop"] = custom_loop(True)
+    out["loop_ref"] = custom_loop(False)
 class FirstBatch(keras.callbacks.Callback):
     """The hashes of ``variables`` when the first batch begins (after the broadcast of training's begin)."""
 
