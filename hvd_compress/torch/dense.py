@@ -197,7 +197,7 @@ class DenseEngine(Engine):
             # This rank's held-back buckets join their allreduces as rejections: every other rank raises too,
             # with no collective added to the steps that change nothing (a rank that edited holds some back). The
             # peers get the gist (a rejection's reason travels cut to fit).
-            name = f"DistributedOptimizer(op={self.op_name})"
+            name = self.wrapper_name
             self.reject_reductions(f"UsageError: {name}: .grad changed after backward() while buckets were held "
                                    "back; call opt.synchronize() before changing .grad")
             raise UsageError(HELD_BACK.format(name=name, until="synchronize()"))
@@ -223,6 +223,11 @@ class DenseEngine(Engine):
     def op_name(self) -> str:
         """The op as the user named it, for messages."""
         return self.op.name
+
+    @property
+    def wrapper_name(self) -> str:
+        """The wrapper with its op as the user named it, for messages."""
+        return f"DistributedOptimizer(op={self.op_name})"
 
     @property
     def overlap(self) -> bool:
@@ -329,7 +334,7 @@ class DenseEngine(Engine):
                 else:
                     st.load_state_dict(ours["buffers"][i])
             # the error and the DGC velocity; the step stays
-            self.drop_another_ranks_error_feedback(ours, f"DistributedOptimizer(op={self.op_name})")
+            self.drop_another_ranks_error_feedback(ours, self.wrapper_name)
 
     def error_feedback(self) -> list[torch.Tensor]:
         """Top-k/random-k's error and DGC velocity per buffer."""

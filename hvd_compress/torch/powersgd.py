@@ -167,7 +167,7 @@ class PowerSGDEngine(DenseEngine):
             return tensor.detach().to(device=self.buckets[bucket][1].device).clone()
 
         self.state.load_state_dict(ours, copy)
-        self.drop_another_ranks_error_feedback(section, f"DistributedOptimizer(op={self.op_name})")
+        self.drop_another_ranks_error_feedback(section, self.wrapper_name)
 
     def error_feedback(self) -> list[torch.Tensor]:
         return [self.state.errors[b] for b in sorted(self.state.errors)]
