@@ -5,27 +5,17 @@ leaves them alone. argv: out_dir, "keras" (Keras 3) or "tf_keras" (TF_USE_LEGACY
 
 import sys
 
-import numpy as np
-import tensorflow as tf
-from tf_common import digest, save
+from tf_common import digest, keras_of_face, rank_data, save
 
 import hvd_compress.keras as hck
 from hvd_compress.keras import legacy
 
-LEGACY = sys.argv[2] == "tf_keras"
-if LEGACY:
-    keras = tf.keras
-    assert keras.__name__.startswith("tf_keras"), keras.__name__
-    Broadcast, MetricAverage = legacy.BroadcastGlobalVariablesCallback, legacy.MetricAverageCallback
-else:
-    import keras
-
-    Broadcast, MetricAverage = hck.callbacks.BroadcastGlobalVariablesCallback, hck.callbacks.MetricAverageCallback
+keras = keras_of_face(sys.argv[2])
+callbacks = legacy if sys.argv[2] == "tf_keras" else hck.callbacks
+Broadcast, MetricAverage = callbacks.BroadcastGlobalVariablesCallback, callbacks.MetricAverageCallback
 hck.init()
 r = hck.rank()
-rng = np.random.default_rng(r)  # each rank its own data
-X = rng.standard_normal((64, 6)).astype("float32")
-Y = np.sin(X.sum(1, keepdims=True)).astype("float32")
+X, Y = rank_data(r)  # each rank its own data
 
 
 class Record(keras.callbacks.Callback):

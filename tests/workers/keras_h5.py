@@ -10,23 +10,15 @@ argv: out_dir, "keras" (Keras 3) or "tf_keras" (TF_USE_LEGACY_KERAS=1)."""
 import sys
 
 import horovod.tensorflow.keras as hvd
-import numpy as np
-import tensorflow as tf
-from tf_common import digest, outcome, save
+from tf_common import digest, keras_of_face, outcome, rank_data, save
 
 import hvd_compress.keras as hck
 
 LEGACY = sys.argv[2] == "tf_keras"
-if LEGACY:
-    keras = tf.keras
-    assert keras.__name__.startswith("tf_keras"), keras.__name__
-else:
-    import keras
+keras = keras_of_face(sys.argv[2])
 hck.init()
 r = hck.rank()
-rng = np.random.default_rng(r)  # each rank its own data
-X = rng.standard_normal((64, 6)).astype("float32")
-Y = np.sin(X.sum(1, keepdims=True)).astype("float32")
+X, Y = rank_data(r)  # each rank its own data
 OPS = {"Average": {}, "OneBitAdam": {"freeze_step": 3}, "PowerSGD": {"start_powerSGD_iter": 2}, "Adasum": {}}
 
 

@@ -18,34 +18,24 @@ import sys
 
 import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
-import numpy as np
 import tensorflow as tf
-from tf_common import digest, outcome, save
+from tf_common import digest, inner_optimizer, keras_of_face, outcome, rank_data, save
 
 import hvd_compress.keras as hck
 
 LEGACY = sys.argv[2] == "tf_keras"
-if LEGACY:
-    keras = tf.keras
-    assert keras.__name__.startswith("tf_keras"), keras.__name__
-else:
-    import keras
+keras = keras_of_face(sys.argv[2])
 
 hvd.init()
 r = hvd.rank()
-rng = np.random.default_rng(r)  # each rank its own data
-X = rng.standard_normal((64, 6)).astype("float32")
-Y = np.sin(X.sum(1, keepdims=True)).astype("float32")
+X, Y = rank_data(r)  # each rank its own data
 ONEBIT = {"op": hck.OneBitAdam, "freeze_step": 3}
 
 
 def make(seed: int, op: object = None, **options: object) -> object:
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    if op is hck.SLAMB:  # a LAMB rule: Keras 3 has LAMB, tf_keras's face takes its Adam as SLAMB's inner optimizer
-        inner = keras.optimizers.Lamb(0.01) if not LEGACY else keras.optimizers.Adam(0.01)
-    else:
-        inner = keras.optimizers.Adam(0.01)
+    inner = inner_optimizer(keras, hck, "Adam" if op is None else op.name, 0.01)
     opt = hvd.DistributedOptimizer(inner) if op is None else hvd.DistributedOptimizer(inner, op=op, **options)
     model.compile(optimizer=opt, loss="mse", jit_compile=False)
     return model

@@ -14,7 +14,7 @@ import sys
 import keras as keras3
 import numpy as np
 import tensorflow as tf
-from tf_common import digest, outcome, save
+from tf_common import digest, outcome, rank_data, save
 
 import hvd_compress.keras as hck
 from hvd_compress.keras import legacy
@@ -25,9 +25,7 @@ assert keras.__name__.startswith("tf_keras"), keras.__name__
 hck.init()
 r, n = hck.rank(), hck.size()
 OPS = sys.argv[2].split(",")
-rng = np.random.default_rng(r)
-X = rng.standard_normal((64, 6)).astype("float32")
-Y = np.sin(X.sum(1, keepdims=True)).astype("float32")
+X, Y = rank_data(r)  # each rank its own data
 LAMB_OPS = ("OneBitLamb", "SLAMB")
 OPTIONS = {"OneBitAdam": {"freeze_step": 3}, "OneBitLamb": {"freeze_step": 3},
            "SLAMB": {"compress_ratio": 0.25, "sync_interval": 3, "grad_size_thr": 0}}

@@ -9,26 +9,17 @@ import sys
 import warnings
 
 import numpy as np
-import tensorflow as tf
-from tf_common import digest, save
+from tf_common import digest, keras_of_face, rank_data, save
 
 import hvd_compress.keras as hck
 from hvd_compress.keras import legacy
 
 LEGACY = sys.argv[2] == "tf_keras"
-if LEGACY:
-    keras = tf.keras
-    assert keras.__name__.startswith("tf_keras"), keras.__name__
-    callbacks = legacy
-else:
-    import keras
-
-    callbacks = hck.callbacks
+keras = keras_of_face(sys.argv[2])
+callbacks = legacy if LEGACY else hck.callbacks
 hck.init()
 r = hck.rank()
-rng = np.random.default_rng(r)  # each rank its own data
-X = rng.standard_normal((64, 6)).astype("float32")  # 4 batches of 16 per epoch
-Y = np.sin(X.sum(1, keepdims=True)).astype("float32")
+X, Y = rank_data(r)  # each rank its own data: 4 batches of 16 per epoch
 
 
 class Seen(keras.callbacks.Callback):

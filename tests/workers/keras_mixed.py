@@ -4,16 +4,14 @@ hang); Keras's own LossScaleOptimizer around hck.DistributedOptimizer is refused
 
 import keras
 import numpy as np
-from tf_common import digest, outcome, save
+from tf_common import digest, outcome, rank_data, save
 
 import hvd_compress.keras as hck
 
 hck.init()
 r, n = hck.rank(), hck.size()
 keras.mixed_precision.set_global_policy("mixed_float16")
-rng = np.random.default_rng(r)
-X = rng.standard_normal((64, 6)).astype("float32")
-Y = np.sin(X.sum(1, keepdims=True)).astype("float32")
+X, Y = rank_data(r)  # each rank its own data
 BATCH, BAD = 16, 2
 if r == n - 1:
     X[BAD * BATCH] = 1e6  # beyond float16's 65504: Inf in this rank's forward pass of batch BAD only

@@ -58,6 +58,12 @@ def inner_optimizer(keras: Any, hck: Any, op: str, lr: float, **kwargs: Any) -> 
     return keras.optimizers.Adam(lr, **kwargs)
 
 
+def rank_data(rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank its own regression data: 64 rows of 6 features, y = sin(sum of x)."""
+    x = np.random.default_rng(rank).standard_normal((64, 6)).astype("float32")
+    return x, np.sin(x.sum(1, keepdims=True)).astype("float32")
+
+
 def keras_of_face(face: str) -> Any:
     """The Keras module of a worker's face: ``tf_keras`` (TF_USE_LEGACY_KERAS=1) or Keras 3."""
     return importlib.import_module("tf_keras" if face == "tf_keras" else "keras")
