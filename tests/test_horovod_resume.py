@@ -5,22 +5,25 @@ for bit as after hc.broadcast_optimizer_state, for every op past its warm-up. Th
 checkpoint is rank 0's residual: the other ranks start theirs from zero (a file loaded warns) and load the rest, so
 each resume equals the run that loads rank 0's file with the other ranks' errors zeroed by hand (rank 0's error on
 every rank would count it n times in the ranks' sum). A broadcast leaves each rank its own error feedback: in the
-middle of a run where the rest of the state is alike on every rank, it changes nothing."""
+middle of a run where the rest of the state is alike on every rank, it changes nothing. Hierarchical Birder (all
+ranks on one node here) keeps m and b of this rank's chunk only: another rank's are other elements' moments, so
+they go as the error feedback does."""
 
 from __future__ import annotations
 
 import pytest
 from mpi_harness import load_ranks, mpirun
 
-OPS = ["OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Birder", "SignSGD", "PowerSGD", "TopK", "SLAMB", "Adasum",
-       "Average"]
+OPS = ["OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Birder", "BirderHierarchical", "SignSGD", "PowerSGD", "TopK",
+       "SLAMB", "Adasum", "Average"]
 #: Ops whose state holds error feedback (the others have none to start afresh)
-ERROR_FEEDBACK = OPS[:7]
+ERROR_FEEDBACK = OPS[:8]
 #: Ops whose ranks step apart between syncs by design (0/1 Adam's local steps, SLAMB's local moments)
 APART = ("ZeroOneAdam", "SLAMB")
 #: Ops whose state is alike on every rank but for the error feedback (Birder's m and b, Adasum's moments are each
-#: rank's own, so rank 0's differ)
-ALIKE = ("OneBitAdam", "OneBitLamb", "SignSGD", "PowerSGD", "TopK", "Average")
+#: rank's own, so rank 0's differ), or but for what is this rank's alone: hierarchical Birder's shards of m and b,
+#: of this rank's chunk, which a broadcast leaves as the error feedback
+ALIKE = ("OneBitAdam", "OneBitLamb", "BirderHierarchical", "SignSGD", "PowerSGD", "TopK", "Average")
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

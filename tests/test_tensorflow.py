@@ -168,7 +168,11 @@ PARITY_ULPS = {"Average/sgd": 1, "Sum/sgd": 64, "Adasum/sgd": 8, "OneBitAdam/ada
                "OneBitLamb hierarchical/lamb": 16, "Birder hierarchical/birder": 0,
                # variables excluded from weight decay: Keras's exclude_from_weight_decay against torch's param group
                "OneBitAdam no decay/adamw": 8, "OneBitLamb no decay/lamb": 16, "SLAMB no decay/lamb": 48,
-               "Birder no decay/birder": 0}
+               "Birder no decay/birder": 0, "Birder reset/birder": 0, "Birder hierarchical reset/birder": 0}
+# After a reset (another rank's checkpoint) the state Keras's reset_compression_state() zeroes: the errors, and
+# hierarchical Birder's m and b (this rank's chunk's; one node of 3 ranks here), as torch's load does
+ZEROED = {"Birder reset/birder": ["server_error", "worker_error"],
+          "Birder hierarchical reset/birder": ["b", "m", "server_error", "worker_error"]}
 # SLAMB's parameters are alike on every rank only after steps t with t % sync_interval == 0 (sync_interval 3).
 SYNCED_STEPS = {"SLAMB/lamb": [2, 5], "SLAMB no decay/lamb": [2, 5]}
 
@@ -188,6 +192,10 @@ def test_torch_and_keras_faces_give_the_same_parameters(launched: Cases) -> None
             worst = int(_ulps(torch_t, keras_t).max())
             assert worst <= bound, f"{name}: torch and Keras faces {worst} ulps apart (bound {bound}), rank {r} of {n}"
             np.testing.assert_allclose(keras_t, torch_t, rtol=1e-5, atol=1e-6, err_msg=f"{name} rank {r}")
+    for name, want in ZEROED.items():
+        for r in range(n):
+            got = ranks[r]["traces"][f"{name}/zeroed"]
+            assert got == want, f"{name} rank {r}: reset_compression_state() zeroed {got}, not {want}"
 
 
 @pytest.mark.parametrize("n", [2])

@@ -214,8 +214,14 @@ class BirderAlgorithm(BucketedAlgorithm):
         self.check_state_dict(None)
 
     def error_feedback_buffers(self) -> list[Tensor]:
-        """The worker and server errors (Alg. 1's c1 and c2); m and b are moments, not residuals."""
-        return [e for seg in self.buckets for e in (seg.worker_error, seg.server_error)]
+        """The worker and server errors (Alg. 1's c1 and c2), and with more than one rank per node m and b too.
+        Hierarchically (spec 4) rank (j, l) keeps m and b of chunk C_l only, so another rank's are the moments of
+        other elements: loaded or broadcast onto this rank they would drive its chunk's first steps by another
+        chunk's ratio m / b. Flat, m and b are the whole model's (this worker's estimate, which another rank's may
+        stand in for, as Horovod's resume gives it)."""
+        shards = hierarchical_onebit.node_size(self.options.hierarchical) > 1
+        return [e for seg in self.buckets
+                for e in ((seg.m, seg.b) if shards else ()) + (seg.worker_error, seg.server_error)]
 
     def load_state_dict(self, ours: dict[str, Any], plain_step: int = 0) -> None:
         """Restore ``state_dict()`` (call ``check_state_dict`` first); a step started but not taken is dropped.

@@ -188,7 +188,7 @@ class KerasEngine:
 
     def reset_compression_state(self) -> None:
         if self.runner is not None or self.reduction is not None:
-            reset_error_feedback(self.state)
+            reset_error_feedback(self.state, self.runner.rank_bound_moments() if self.runner is not None else ())
 
     def synchronize_parameters(self) -> None:
         synchronize_parameters(self.runner, self.stepped, self.state, f"{self.name}.synchronize_parameters")
@@ -373,8 +373,9 @@ class EngineMethods:
 
     def reset_compression_state(self) -> None:
         """Zero the error feedback (worker and server error of 1-bit Adam/LAMB and Birder, top-k/random-k's error
-        and velocity, PowerSGD's error): what a rank does when it resumes from a checkpoint that another rank saved
-        (the error buffers are per rank). SLAMB keeps no error buffer (its compensation is the local part of m)."""
+        and velocity, PowerSGD's error), and hierarchical Birder's m and b with more than one rank per node (this
+        rank's chunk's only): what a rank does when it resumes from a checkpoint that another rank saved (the error
+        buffers are per rank). SLAMB keeps no error buffer (its compensation is the local part of m)."""
         self._hvdc.reset_compression_state()
 
     def synchronize_parameters(self) -> None:

@@ -325,9 +325,11 @@ def synchronize_parameters(runner: FusedStep | None, variables: Sequence[Any], s
     apply_constraints(variables)
 
 
-def reset_error_feedback(state: dict[str, Any]) -> None:
+def reset_error_feedback(state: dict[str, Any], moments: Sequence[str] = ()) -> None:
     """Zero the per-rank error feedback in ``state``: worker and server error of 1-bit Adam/LAMB and Birder, or
-    top-k/random-k's error (and DGC velocity), or PowerSGD's error."""
-    for key in ("worker_error", "server_error", *ErrorFeedbackReduction.per_rank, *PowerSGDReduction.per_rank):
+    top-k/random-k's error (and DGC velocity), or PowerSGD's error; and the state keys ``moments``
+    (``FusedStep.rank_bound_moments``)."""
+    for key in ("worker_error", "server_error", *ErrorFeedbackReduction.per_rank, *PowerSGDReduction.per_rank,
+                *moments):
         if key in state:
             state[key].assign(tf.zeros_like(state[key]))

@@ -31,7 +31,7 @@ from hvd_compress.algorithms.contract import Wraps
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitBucket
 from hvd_compress.algorithms.slamb import Slamb, SlambBucket, SlambBuffers, SlambOptions
 from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam, ZeroOneBucket
-from hvd_compress.ops import runtime
+from hvd_compress.ops import hierarchical_onebit, runtime
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, cut_buckets
 from hvd_compress.ops.collectives import reject_allreduce
 from hvd_compress.ops.onebit import server_error_numel
@@ -131,6 +131,10 @@ class FusedStep(FlatLayout):
     may_be_read_only: tuple[str, ...] = ()
     #: The kind the algorithm wraps: how the face's hyper-parameters become its param group (``make_step`` sets it).
     wraps: Wraps
+
+    def rank_bound_moments(self) -> tuple[str, ...]:
+        """State keys beside the error feedback that another rank's values are wrong for (a reset zeroes them)."""
+        return ()
 
     def __init__(self, algorithm: Any, shapes: Sequence[tuple[int, ...]], bucket_mb: float, no_decay: int = 0,
                  origin: Sequence[int] | None = None) -> None:
@@ -567,6 +571,11 @@ class BirderStep(FusedStep):
     alike everywhere. With more than one bucket the state records the cut (``LAYOUT``)."""
 
     per_rank = ("m", "b", "worker_error", "server_error")
+
+    def rank_bound_moments(self) -> tuple[str, ...]:
+        """m and b with more than one rank per node: this rank's chunk's only (``BirderAlgorithm``'s
+        ``error_feedback_buffers``), so another rank's are other elements' moments."""
+        return ("m", "b") if hierarchical_onebit.node_size(self.algorithm.options.hierarchical) > 1 else ()
 
     def __init__(self, options: BirderOptions, shapes: Sequence[tuple[int, ...]], meter: CommMeter,
                  bucket_mb: float = DEFAULT_BUCKET_MB, algorithm: type = BirderAlgorithm, **decay: Any) -> None:

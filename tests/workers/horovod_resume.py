@@ -37,6 +37,7 @@ OPS = {  # every op past its warm-up at SAVED_AT, so that its error feedback is 
     "ZeroOneAdam": (adam, {"var_freeze_step": 2, "local_step_scaler": 1, "local_step_clipper": 2,
                            "variance_bias_correction": True}),
     "Birder": (lambda ps: hc.Birder(ps, lr=0.001), {}),
+    "BirderHierarchical": (lambda ps: hc.Birder(ps, lr=0.001), {"hierarchical": True}),
     "SignSGD": (lambda ps: torch.optim.SGD(ps, lr=0.01), {}),
     "PowerSGD": (adam, {"matrix_approximation_rank": 1, "start_powerSGD_iter": 1}),
     "TopK": (lambda ps: torch.optim.SGD(ps, lr=0.01),
@@ -54,10 +55,11 @@ def model() -> torch.nn.Module:
 
 def make(name: str, m: torch.nn.Module) -> torch.optim.Optimizer:
     inner, options = OPS[name]
+    op = "Birder" if name.startswith("Birder") else name
     if name == "TopK":  # hvd.DistributedOptimizer(op=Average) is Horovod's own, which has no top-k
         return hc.DistributedOptimizer(inner(m.parameters()), named_parameters=m.named_parameters(), **options)
     return hvd.DistributedOptimizer(inner(m.parameters()), named_parameters=m.named_parameters(),
-                                    op=getattr(hc, name), **options)
+                                    op=getattr(hc, op), **options)
 
 
 def step(m: torch.nn.Module, opt: torch.optim.Optimizer, s: int) -> str:
@@ -81,8 +83,9 @@ def checkpoint(name: str) -> bytes:
     return hc.broadcast_object(buf.getvalue(), 0)
 
 
-def as_own(state: dict, zero_errors: bool) -> dict:
-    """``state`` marked as this rank's; with ``zero_errors`` every tensor under a key naming an error zeroed."""
+def as_own(state: dict, zero_errors: bool, moments: bool) -> dict:
+    """``state`` marked as this rank's; with ``zero_errors`` every tensor under a key naming an error zeroed, and
+    with ``moments`` too Birder's m and b (this rank's chunk's with more than one rank per node)."""
     state = copy.deepcopy(state)
     section = state.get("hvd_compress")
     if section is None:
@@ -92,7 +95,7 @@ def as_own(state: dict, zero_errors: bool) -> dict:
     def walk(node, under_error: bool) -> None:
         items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
         for key, value in items:
-            here = under_error or "error" in str(key) or key == "velocity"
+            here = under_error or "error" in str(key) or key == "velocity" or (moments and key in ("m", "b"))
             if isinstance(value, torch.Tensor) and here:
                 value.zero_()
             else:
@@ -124,7 +127,8 @@ def resume(name: str, saved: bytes, mode: str, seen: list) -> list[str]:
             m.load_state_dict(ckpt["model"])
             state = ckpt["optimizer"]
             if mode in ("reference", "root_errors"):
-                state = as_own(state, zero_errors=mode == "reference" and r != 0)
+                state = as_own(state, zero_errors=mode == "reference" and r != 0,
+                               moments=name == "BirderHierarchical")
             opt.load_state_dict(state)
     seen += [str(w.message) for w in caught if "error feedback" in str(w.message)]
     return [step(m, opt, s) for s in range(SAVED_AT, STEPS)]

@@ -1,9 +1,13 @@
 """The same parameters, gradients and hyper-parameters through the torch face and the Keras face, in one process
 per rank (sharing hvd_compress's one runtime): saves both parameter traces. argv: out_dir, steps, freeze_step.
 Cases marked "no decay": the first and last variables excluded from weight decay, in torch as a param group with
-weight_decay 0 ahead of the others, in Keras with ``exclude_from_weight_decay``."""
+weight_decay 0 ahead of the others, in Keras with ``exclude_from_weight_decay``. Cases marked "reset": after step
+RESET_AT torch loads its own ``state_dict()`` marked as another rank's, Keras calls ``reset_compression_state()``
+(what a rank does with another rank's checkpoint); ``<case>/zeroed`` names the Keras state then all zero."""
 
+import copy
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -34,7 +38,12 @@ def grads(t: int) -> list[np.ndarray]:
 NO_DECAY = (0, 2)  # the variables a "no decay" case excludes from weight decay (a bias, a LayerNorm scale)
 
 
+RESET_AT = 3
+
+
 def run_torch(make: str, op: object, options: dict, no_decay: bool = False) -> list[np.ndarray]:
+    options = dict(options)
+    reset = options.pop("reset", False)
     params = [torch.nn.Parameter(torch.from_numpy(a.copy())) for a in x0()]
     groups = params
     if no_decay:
@@ -55,10 +64,19 @@ def run_torch(make: str, op: object, options: dict, no_decay: bool = False) -> l
             p.grad = torch.from_numpy(g) if p.grad is None else p.grad.copy_(torch.from_numpy(g))
         opt.step()
         trace.append(np.concatenate([p.detach().numpy().ravel() for p in params]))
+        if reset and t == RESET_AT:
+            state = copy.deepcopy(opt.state_dict())
+            state["hvd_compress"]["rank"] = (r + 1) % n
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                opt.load_state_dict(state)
     return trace
 
 
-def run_keras(make: str, op: object, options: dict, compiled: bool, no_decay: bool = False) -> list[np.ndarray]:
+def run_keras(make: str, op: object, options: dict, compiled: bool, no_decay: bool = False,
+              zeroed: list | None = None) -> list[np.ndarray]:
+    options = dict(options)
+    reset = options.pop("reset", False)
     variables = [keras.Variable(a.copy(), name=f"p{i}") for i, a in enumerate(x0())]
     inner = {
         "sgd": lambda: keras.optimizers.SGD(LR),
@@ -78,6 +96,10 @@ def run_keras(make: str, op: object, options: dict, compiled: bool, no_decay: bo
     for t in range(steps):
         fn([tf.constant(g) for g in grads(t)])
         trace.append(np.concatenate([v.numpy().ravel() for v in variables]))
+        if reset and t == RESET_AT:
+            opt.reset_compression_state()
+            if zeroed is not None:
+                zeroed += sorted(k for k, v in opt._hvdc.state.items() if v.shape.rank == 1 and not np.any(v.numpy()))
     return trace
 
 
@@ -100,13 +122,17 @@ CASES = {
     "SLAMB no decay/lamb": ("lamb", hct.SLAMB, {"compress_ratio": 0.5, "sync_interval": 3, "grad_size_thr": 0,
                                                 "seed": 5}),
     "Birder no decay/birder": ("birder", hct.Birder, {"seed": 3}),
+    "Birder reset/birder": ("birder", hct.Birder, {"seed": 3, "reset": True}),
+    "Birder hierarchical reset/birder": ("birder", hct.Birder, {"seed": 3, "hierarchical": True, "reset": True}),
 }
 out = {}
 for name, (make, op, options) in CASES.items():
     nd = "no decay" in name
+    zeroed: list = []
     out[name] = {
         "torch": run_torch(make, op, options, nd),
-        "keras": run_keras(make, op, options, compiled=True, no_decay=nd),
+        "keras": run_keras(make, op, options, compiled=True, no_decay=nd, zeroed=zeroed),
         "keras_eager": run_keras(make, op, options, compiled=False, no_decay=nd),
     }
+    out[f"{name}/zeroed"] = zeroed
 save(r, {"traces": out, "n": n})
