@@ -219,9 +219,14 @@ class BirderAlgorithm(BucketedAlgorithm):
         other elements: loaded or broadcast onto this rank they would drive its chunk's first steps by another
         chunk's ratio m / b. Flat, m and b are the whole model's (this worker's estimate, which another rank's may
         stand in for, as Horovod's resume gives it)."""
-        shards = hierarchical_onebit.node_size(self.options.hierarchical) > 1
         return [e for seg in self.buckets
-                for e in ((seg.m, seg.b) if shards else ()) + (seg.worker_error, seg.server_error)]
+                for e in ((seg.m, seg.b) if self._sharded_moments() else ()) + (seg.worker_error, seg.server_error)]
+
+    def error_feedback_what(self) -> str:
+        return "error feedback and its chunk's m and b" if self._sharded_moments() else "error feedback"
+
+    def _sharded_moments(self) -> bool:
+        return hierarchical_onebit.node_size(self.options.hierarchical) > 1
 
     def load_state_dict(self, ours: dict[str, Any], plain_step: int = 0) -> None:
         """Restore ``state_dict()`` (call ``check_state_dict`` first); a step started but not taken is dropped.

@@ -152,6 +152,10 @@ class BucketedAlgorithm:
         algorithm without error feedback (SLAMB) has none."""
         return []
 
+    def error_feedback_what(self) -> str:
+        """What ``error_feedback_buffers`` holds, in words for a warning."""
+        return "error feedback"
+
     def reset_error_feedback(self) -> None:
         """Start this rank's error feedback from zero; the rest of the state stays."""
         for e in self.error_feedback_buffers():

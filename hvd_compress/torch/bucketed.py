@@ -290,7 +290,7 @@ class BucketedEngine(Engine):
             t = self.plain_step(state_dict)
         self.base.load_state_dict(self.opt, state_dict)
         self.alg.load_state_dict(ours, t)
-        self.drop_another_ranks_error_feedback(ours, self.alg.name)
+        self.drop_another_ranks_error_feedback(ours, self.alg.name, self.alg.error_feedback_what())
         self.bind_state()
 
     def error_feedback(self) -> list[torch.Tensor]:

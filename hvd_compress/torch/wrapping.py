@@ -50,7 +50,7 @@ def own_section(section: dict[str, Any]) -> dict[str, Any]:
     return {**section, SAVED_BY: _this_rank()}
 
 
-def _another_ranks_section(section: dict[str, Any] | None, name: str) -> bool:
+def _another_ranks_section(section: dict[str, Any] | None, name: str, what: str = "error feedback") -> bool:
     """Whether ``section`` was written by another rank: Horovod's resume, where rank 0's checkpoint is loaded on
     every rank, or broadcast (``broadcast_optimizer_state``). Its error feedback is that rank's residual, which here
     would count it once more in the ranks' sum and drop this rank's, so the caller starts this rank's from zero (as
@@ -61,7 +61,7 @@ def _another_ranks_section(section: dict[str, Any] | None, name: str) -> bool:
     if saved_by is None or here is None or saved_by == here:
         return False
     warnings.warn(f"{name}.load_state_dict: the checkpoint was written by rank {saved_by}; rank {here} starts "
-                  "its error feedback from zero (the rest of the state is loaded). Save and load each rank's own "
+                  f"its {what} from zero (the rest of the state is loaded). Save and load each rank's own "
                   "state_dict() to resume it exactly", stacklevel=5)
     return True
 
@@ -366,10 +366,12 @@ class Engine:
         for e in self.error_feedback():
             e.zero_()
 
-    def drop_another_ranks_error_feedback(self, section: dict[str, Any] | None, name: str) -> None:
+    def drop_another_ranks_error_feedback(self, section: dict[str, Any] | None, name: str,
+                                          what: str = "error feedback") -> None:
         """After loading ``section`` (a wrapper's part of a checkpoint): where another rank wrote it, start this
-        rank's error feedback from zero, with a warning (``_another_ranks_section``)."""
-        if self.error_feedback() and _another_ranks_section(section, name):
+        rank's error feedback (``what`` it is, for the warning) from zero, with a warning
+        (``_another_ranks_section``)."""
+        if self.error_feedback() and _another_ranks_section(section, name, what):
             self.reset_error_feedback()
 
     def load_broadcast_state(self, state_dict: dict[str, Any]) -> None:
