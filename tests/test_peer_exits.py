@@ -1,7 +1,8 @@
 """A rank that exits normally (its script ends, or sys.exit(0)) while its peers still train: the survivors raise
 PeerExitedError naming that rank and the collective they waited in, within seconds of its exit (not at
 HVDC_TIMEOUT, and not Open MPI's abort for a call after MPI_Finalize), in a Horovod-style torch loop (op=Average,
-OneBitAdam and Adasum through hvd.DistributedOptimizer) and in Keras model.fit."""
+OneBitAdam and Adasum through hvd.DistributedOptimizer) and in Keras model.fit; in torch a collective after that
+raises PeerExitedError naming the first failure."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ def test_torch_survivor_names_the_rank_that_left_and_the_collective(how: str, op
     collective = {"OneBitAdam": "OneBitAdam.m.", "Average": "DistributedOptimizer.grad.",
                   "Adasum": "DistributedOptimizer.adasum."}[op]
     assert re.search(rf"{re.escape(collective)}\d+: rank {N - 1} left the job", out), out[-4000:]
+    # A collective after that says why this process cannot communicate any more: the peer left, not a timeout.
+    for r in range(N - 1):
+        assert re.search(rf"rank {r} then raised PeerExitedError: an earlier collective failed \("
+                         rf"{re.escape(collective)}\d+: rank {N - 1} left the job", out), out[-4000:]
 
 
 def test_keras_fit_survivor_names_the_rank_that_left_and_the_collective(out_dir) -> None:

@@ -57,13 +57,19 @@ Runtime::Runtime(std::unique_ptr<Communicator> world, const RuntimeConfig& confi
 }
 
 void Runtime::agree(const CallSignature& sig, const std::string& what) {
-  if (broken_)
-    throw CommTimeoutError("an earlier collective timed out; this process cannot communicate "
-                           "any more and must be restarted");
+  if (broken_) {
+    // The first failure's own words: a peer that left reads differently from one that hung.
+    const std::string message = "an earlier collective failed (" + broken_by_ +
+                                "); this process cannot communicate any more and must be restarted";
+    if (broken_by_exit_) throw PeerExitedError(message);
+    throw CommTimeoutError(message);
+  }
   try {
     agree_on_signature(*world_, sig, timeout_s_, what.empty() ? "hvd_compress collective" : what);
-  } catch (const CommTimeoutError&) {
+  } catch (const CommTimeoutError& e) {
     broken_ = true;
+    broken_by_ = e.what();
+    broken_by_exit_ = dynamic_cast<const PeerExitedError*>(&e) != nullptr;
     throw;
   }
 }

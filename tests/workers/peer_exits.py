@@ -2,7 +2,7 @@
 script ends (argv[2] "return") or it calls sys.exit(0) ("sys.exit"). argv[3]: "keras" (model.fit with fewer
 batches on the last rank) or the torch op (Average, OneBitAdam, Adasum) of a Horovod-style loop. The survivors must
 raise an hvd_compress error naming that rank and the collective they waited in, within seconds; each rank prints
-when it finished or raised, for the test to time."""
+when it finished or raised, for the test to time, and in torch what a collective after that raised."""
 
 import sys
 import time
@@ -53,6 +53,11 @@ try:
     train_keras() if face == "keras" else train_torch(face)
 except Exception as e:
     print(f"rank {r} raised {type(e).__name__} at {time.time():.3f}", flush=True)
+    if face != "keras":  # a later collective names that first failure
+        try:
+            hc.allreduce(torch.ones(2), op=hc.Sum)
+        except Exception as later:
+            print(f"rank {r} then raised {type(later).__name__}: {later}", flush=True)
     raise
 print(f"rank {r} finished its {steps} steps at {time.time():.3f}", flush=True)
 if how == "sys.exit":

@@ -163,6 +163,8 @@ class Runtime {
   KernelChoice kernels_;
   OneBitPipeline onebit_pipeline_;
   bool broken_ = false;  // set after a timeout: a pending request makes the communicator unusable
+  std::string broken_by_;         // that timeout's message, repeated by every later call
+  bool broken_by_exit_ = false;   // ... and whether a peer had left (PeerExitedError)
   // Built at start-up (collectively: every rank is in the constructor) and kept, so the per-level
   // group communicators and the node groups are split once. Declared after world_: destroyed
   // before it.
