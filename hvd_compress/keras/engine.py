@@ -28,12 +28,14 @@ from hvd_compress.keras.wrapped_step import (
     clip_local_gradients,
     compression_config,
     error_feedback_step,
+    max_of_overwritten,
     parse_compression,
     parse_op,
     per_rank_variables,
     reset_error_feedback,
     stateful_reduction,
     synchronize_parameters,
+    with_maxed,
 )
 from hvd_compress.ops.compression import Compression
 from hvd_compress.ops.constants import ReduceOp
@@ -227,27 +229,32 @@ class KerasEngine:
         return self.face.apply_inner(self.inner, grads, variables)
 
     def step(self, grads: list[Any], variables: list[Any]) -> None:
-        if self.runner is not None:
+        if self.runner is not None:  # the algorithms refuse overwritten variables (_check_not_overwritten)
             self._algorithm_step(grads, variables)
             return
-        if self.reduction is not None:
-            error_feedback_step(self.reduction, self.state, grads, variables, self.trainable, self._apply_inner,
-                                self.name)
+        # float8's scales and amax histories: the Max over ranks, applied with the others (max_of_overwritten)
+        maxed = max_of_overwritten(grads, variables, f"{self.name}.overwritten")
+        apply_inner = with_maxed(self._apply_inner, maxed)
+        if self.reduction is not None:  # its state covers every variable: the maxima replace what it reduced
+            error_feedback_step(self.reduction, self.state, grads, variables, self.trainable, apply_inner, self.name)
             return
         pairs = [(dense(g), v) for g, v in zip(grads, variables, strict=True) if g is not None]
         if not pairs:
             raise ValueError("No gradients provided for any variable.")
         left_out = len(grads) - len(pairs)
+        pairs = [(g, v) for g, v in pairs if id(v) not in maxed]
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         config = self.config
         if config.op in (ReduceOp.Average, ReduceOp.Sum):
-            with none_gradients_left_out(left_out):
-                reduced = bucketed_allreduce(grads, config.op, f"{self.name}.grad", self.compressor,
-                                             config.bucket_mb, config.overlap, self.buckets, self.meter,
-                                             config.predivide)
-            self._apply_inner(reduced, variables)
+            reduced = []
+            if grads:
+                with none_gradients_left_out(left_out):
+                    reduced = bucketed_allreduce(grads, config.op, f"{self.name}.grad", self.compressor,
+                                                 config.bucket_mb, config.overlap, self.buckets, self.meter,
+                                                 config.predivide)
+            apply_inner(reduced, variables)
             return
-        adasum_delta_step(grads, variables, self._apply_inner, config, self.meter, f"{self.name}.adasum")
+        adasum_delta_step(grads, variables, apply_inner, config, self.meter, f"{self.name}.adasum")
 
     def _algorithm_step(self, grads: list[Any], variables: list[Any]) -> None:
         if sorted(id(v) for v in variables) != sorted(id(v) for v in self.trainable):

@@ -33,7 +33,7 @@ from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep, ZeroOne
 from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
 from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
-from hvd_compress.tensorflow.functions import check_group_compression, dense, numpy_call
+from hvd_compress.tensorflow.functions import check_group_compression, dense, grouped_allreduce, numpy_call
 from hvd_compress.tensorflow.powersgd import PowerSGDReduction
 from hvd_compress.tensorflow.stateful_reduction import StatefulReduction
 
@@ -277,23 +277,60 @@ def apply_constraints(variables: Sequence[Any]) -> None:
             v.assign(constraint(v))
 
 
+def overwritten(variable: Any) -> bool:
+    """Whether Keras overwrites ``variable`` with its gradient (``overwrite_with_gradient``: the scales and amax
+    histories of float8 training, ``model.quantize("float8")``), whose "gradient" is the value this rank measured."""
+    return bool(getattr(variable, "overwrite_with_gradient", False))
+
+
+def max_of_overwritten(grads: Sequence[Any], variables: Sequence[Any], name: str) -> dict[int, tuple[Any, Any]]:
+    """The largest over all ranks of each ``overwritten`` variable's gradient (one Max allreduce), by the variable's
+    id, with the variable. Keras's own gradient accumulation takes the maximum of these values over steps; an
+    average over ranks would leave a rank whose inputs exceed it to saturate them in float8."""
+    pairs = [(dense(g), v) for g, v in zip(grads, variables, strict=True) if g is not None and overwritten(v)]
+    if not pairs:
+        return {}
+    reduced = grouped_allreduce([g for g, _ in pairs], op=ReduceOp.Max, name=name)
+    return {id(v): (g, v) for g, (_, v) in zip(reduced, pairs, strict=True)}
+
+
+def with_maxed(apply_inner: Callable[[list[Any], list[Any]], Any],
+               maxed: dict[int, tuple[Any, Any]]) -> Callable[[list[Any], list[Any]], Any]:
+    """``apply_inner`` given ``maxed``'s gradients for those variables, in place of any it gets for them or beside
+    the others: one inner ``apply`` per step, the overwritten variables with it."""
+    if not maxed:
+        return apply_inner
+
+    def apply(grads: list[Any], variables: list[Any]) -> Any:
+        pairs = {id(v): (g, v) for g, v in zip(grads, variables, strict=True)}
+        pairs.update(maxed)
+        return apply_inner([g for g, _ in pairs.values()], [v for _, v in pairs.values()])
+
+    return apply
+
+
 def accumulate_then_step(grads: Sequence[Any], variables: Sequence[Any], accumulators: Sequence[Any], pass_count: Any,
                          passes: int, step: Callable[[list[Any], list[Any]], Any], average: bool = False) -> None:
     """``backward_passes_per_step``: add ``grads`` to this rank's ``accumulators`` (None stays None: decided by the
     program's structure, alike on every rank) and run ``step(summed, variables)`` on every ``passes``-th call,
     then zero them (``average``: Horovod's ``average_aggregated_gradients``, the sum divided by ``passes``). The
-    count is a variable, so the choice is made at run time inside a ``tf.function``."""
+    count is a variable, so the choice is made at run time inside a ``tf.function``. An ``overwritten`` variable's
+    values are not summed but their maximum kept, as Keras's own ``gradient_accumulation_steps`` does."""
     for acc, g, v in zip(accumulators, grads, variables, strict=True):
         if g is not None:
-            acc.assign_add(tf.cast(dense(g), v.dtype))
+            value = tf.cast(dense(g), v.dtype)
+            if overwritten(v):
+                acc.assign(tf.maximum(acc, value))
+            else:
+                acc.assign_add(value)
     pass_count.assign_add(1)
 
     def run() -> Any:
-        def total(acc: Any) -> tf.Tensor:
+        def total(acc: Any, v: Any) -> tf.Tensor:
             t = tf.convert_to_tensor(acc)
-            return t * tf.constant(1.0 / passes, t.dtype) if average else t
+            return t * tf.constant(1.0 / passes, t.dtype) if average and not overwritten(v) else t
 
-        summed = [None if g is None else total(a) for a, g in zip(accumulators, grads, strict=True)]
+        summed = [None if g is None else total(a, v) for a, g, v in zip(accumulators, grads, variables, strict=True)]
         step(summed, list(variables))
         for a in accumulators:
             a.assign(tf.zeros_like(a))
