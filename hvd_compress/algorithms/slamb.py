@@ -6,7 +6,8 @@
 3. m = b1 m + (1 - b1) g (line 7).    4. m[M_t] = mean over ranks of m[M_t] (lines 8, 10), no index sent.
 5. v = b2 v + (1 - b2) g^2, local (line 11).    6. c = where(M_t, 1, b3 c), c_0 = 1 (lines 13-14).
 7. u = mh / (sqrt(vh) + eps) + wd x (line 12). Deviation ``variance_floor`` (0 is the paper's rule):
-   sqrt(vh) is at least sqrt(variance_floor * mean(vh)) over its layer.
+   sqrt(vh) is at least sqrt(variance_floor * mean(vh)) over its layer (``denominator_floor``), and a layer with
+   no gradient on this rank yet (vh = 0 throughout) takes no step on its averaged m here.
 8. Per layer (lines 15-19, App. E): x -= phi eta u, phi = clip(c r(x[M], u[M]) + (1 - c) r(x[~M], u[~M])),
    eta = c lr + (1 - c) lr / sqrt(n); ndim <= 1: x -= lr r(x, u) u.    9. t mod H == 0: x = mean (line 20).
 
@@ -78,6 +79,20 @@ class SlambOptions:
                              f"got {vf!r}")
         if not isinstance(self.sync_grad, bool):
             raise ValueError(f"op={op_name}: sync_grad must be True or False, got {self.sync_grad!r}")
+
+
+def denominator_floor(variance_floor: float, mean: float, bc2: float) -> float:
+    """Step 7's least sqrt(vh) on a layer whose mean of the local v is ``mean``: sqrt(variance_floor * mean / bc2),
+    0 without the floor (the paper's rule). v is local while m[M] is averaged (spec section 1), so an element
+    whose gradient was 0 on this rank has u = m / eps; the floor bounds it by the layer's own scale. A layer with
+    no gradient on this rank at all (mean 0: a branch or an expert this rank's batches never reached) has no
+    scale: its floor is infinite, so u = wd x there and the averaged m does not move it on this rank, as torch's
+    optimizers leave a parameter without a gradient; the parameter average every H steps brings the others'
+    steps in. Under the paper's rule u = m / eps there, and phi's lower clip (0.01) steps the layer by about 100
+    times its norm."""
+    if variance_floor <= 0.0:
+        return 0.0
+    return math.sqrt(variance_floor * mean / bc2) if mean > 0.0 else math.inf
 
 
 def ratio(a: float, b: float) -> float:
@@ -388,7 +403,7 @@ class Slamb(BucketedAlgorithm):
             v_views, u_views = b.views(b.exp_avg_sq), b.views(b.work)
             means = xp.foreach_mean([v_views[i] for i in layers])
             for i, mean in zip(layers, means, strict=True):
-                xp.clamp_min_(u_views[i], math.sqrt(floor * mean / bc2))
+                xp.clamp_min_(u_views[i], denominator_floor(floor, mean, bc2))
         xp.mul_(xp.reciprocal_(xp.add_(u, group["eps"])), b.exp_avg[lo:hi])
         if group.get("bias_correction", True):
             xp.div_(u, 1 - b1**t)
@@ -436,9 +451,8 @@ class Slamb(BucketedAlgorithm):
         ||x[~M]||, ||u[M]||, ||u[~M]||, |M|); ``local``: u[M] is the factor ``_layer_masked_direction`` needs."""
         group, floor = groups[self.buf.group_of[i]], self.options.variance_floor
         bc1, bc2 = _bias_corrections(group, t)
-        return fused_ops.direction_(u, m, v, x, mask, bc1, bc2,
-                                    math.sqrt(floor * means[i] / bc2) if floor > 0.0 else 0.0, group["eps"],
-                                    group["weight_decay"], local)
+        return fused_ops.direction_(u, m, v, x, mask, bc1, bc2, denominator_floor(floor, means[i], bc2),
+                                    group["eps"], group["weight_decay"], local)
 
     def _layer_masked_direction(self, groups: Sequence[dict[str, Any]], t: int, i: int, span: tuple[int, int],
                                 m_avg: Tensor) -> float:

@@ -81,8 +81,10 @@ def slamb(
             for shape in shapes:  # the per-layer variance floor (hvd_compress.algorithms.slamb, step 7)
                 sl = slice(at, at + math.prod(shape))
                 at = sl.stop
-                if variance_floor > 0 and sl.stop > sl.start:
-                    root[sl] = np.maximum(root[sl], math.sqrt(variance_floor * np.mean(v[r][sl]) / (1 - b2**t)))
+                if variance_floor > 0 and sl.stop > sl.start:  # no gradient on this rank yet: no step on m
+                    mean = np.mean(v[r][sl])
+                    floor = math.sqrt(variance_floor * mean / (1 - b2**t)) if mean > 0 else math.inf
+                    root[sl] = np.maximum(root[sl], floor)
             u = (m[r] / (1 - b1**t)) / (root + eps) + weight_decay * x[r]  # step 7, S2
             at = 0
             for shape in shapes:  # step 8

@@ -3,7 +3,9 @@ seed t + 1, the test re-creates them).
 
 argv: out_dir, mode, then per mode (env SLAMB_WORKER_BACKEND_OPS=1: the backend's tensor ops instead of the
 core's fused float32 passes, hvd_compress.ops.slamb_kernels):
-- trace ratio interval kind steps: parameters, masks, freshness and momentum after every step, bytes per step;
+- trace ratio interval kind steps [quiet]: parameters, masks, freshness and momentum after every step, bytes per
+  step; ``quiet``: comma-separated indices of parameters that get no gradient (None) on ranks other than 0 (a
+  branch only rank 0's batches take);
 - identity steps: k = 1, H = 1, sync_grad=True next to hc.Lamb on the averaged gradients;
 - resume steps stop_at: a run stopped after ``stop_at`` steps, saved, loaded into a fresh optimizer and
   continued, next to one never stopped;
@@ -45,11 +47,11 @@ def numel() -> int:
     return sum(torch.Size(s).numel() for s in SHAPES)
 
 
-def set_grads(params: list[torch.nn.Parameter], t: int, rank: int = r) -> None:
+def set_grads(params: list[torch.nn.Parameter], t: int, rank: int = r, quiet: tuple[int, ...] = ()) -> None:
     flat = rank_input(rank, numel(), torch.float32, seed=t + 1)
     at = 0
-    for p in params:
-        p.grad = flat[at:at + p.numel()].view_as(p).clone()
+    for i, p in enumerate(params):
+        p.grad = None if i in quiet and rank != 0 else flat[at:at + p.numel()].view_as(p).clone()
         at += p.numel()
 
 
@@ -83,12 +85,13 @@ def everything(params: list[torch.nn.Parameter], opt: torch.optim.Optimizer) -> 
 
 if mode == "trace":
     ratio, interval, kind, steps = float(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+    quiet = tuple(int(i) for i in sys.argv[7].split(",")) if len(sys.argv) > 7 else ()
     params = model()
     opt = slamb(params, compress_ratio=ratio, sync_interval=interval, mask=kind)
     out = {"params": [], "masks": [], "freshness": [], "momentum": [], "bytes": []}
     for t in range(steps):
         opt.zero_grad()
-        set_grads(params, t)
+        set_grads(params, t, quiet=quiet)
         opt.step()
         b = opt._hvdc.alg.buf
         out["params"].append(flat(params))
