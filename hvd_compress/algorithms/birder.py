@@ -220,12 +220,13 @@ class BirderAlgorithm(BucketedAlgorithm):
         chunk's ratio m / b. Flat, m and b are the whole model's (this worker's estimate, which another rank's may
         stand in for, as Horovod's resume gives it)."""
         return [e for seg in self.buckets
-                for e in ((seg.m, seg.b) if self._sharded_moments() else ()) + (seg.worker_error, seg.server_error)]
+                for e in ((seg.m, seg.b) if self.sharded_moments() else ()) + (seg.worker_error, seg.server_error)]
 
     def error_feedback_what(self) -> str:
-        return "error feedback and its chunk's m and b" if self._sharded_moments() else "error feedback"
+        return "error feedback and its chunk's m and b" if self.sharded_moments() else "error feedback"
 
-    def _sharded_moments(self) -> bool:
+    def sharded_moments(self) -> bool:
+        """Whether m and b are this rank's chunk's only (hierarchical, more than one rank per node)."""
         return hierarchical_onebit.node_size(self.options.hierarchical) > 1
 
     def load_state_dict(self, ours: dict[str, Any], plain_step: int = 0) -> None:

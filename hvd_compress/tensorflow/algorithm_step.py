@@ -31,7 +31,7 @@ from hvd_compress.algorithms.contract import Wraps
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitBucket
 from hvd_compress.algorithms.slamb import Slamb, SlambBucket, SlambBuffers, SlambOptions
 from hvd_compress.algorithms.zero_one_adam import ZeroOneAdam, ZeroOneBucket
-from hvd_compress.ops import hierarchical_onebit, runtime
+from hvd_compress.ops import runtime
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, cut_buckets
 from hvd_compress.ops.collectives import reject_allreduce
 from hvd_compress.ops.onebit import server_error_numel
@@ -132,10 +132,6 @@ class FusedStep(FlatLayout):
     #: The kind the algorithm wraps: how the face's hyper-parameters become its param group (``make_step`` sets it).
     wraps: Wraps
 
-    def rank_bound_moments(self) -> tuple[str, ...]:
-        """State keys beside the error feedback that another rank's values are wrong for (a reset zeroes them)."""
-        return ()
-
     def __init__(self, algorithm: Any, shapes: Sequence[tuple[int, ...]], bucket_mb: float, no_decay: int = 0,
                  origin: Sequence[int] | None = None) -> None:
         super().__init__(shapes)
@@ -151,6 +147,10 @@ class FusedStep(FlatLayout):
         self.algorithm = algorithm
         if algorithm is not None:
             self._attach(algorithm)
+
+    def rank_bound_moments(self) -> tuple[str, ...]:
+        """State keys beside the error feedback that another rank's values are wrong for (a reset zeroes them)."""
+        return ()
 
     def _attach(self, algorithm: Any) -> None:
         algorithm.order = self.order
@@ -572,17 +572,17 @@ class BirderStep(FusedStep):
 
     per_rank = ("m", "b", "worker_error", "server_error")
 
-    def rank_bound_moments(self) -> tuple[str, ...]:
-        """m and b with more than one rank per node: this rank's chunk's only (``BirderAlgorithm``'s
-        ``error_feedback_buffers``), so another rank's are other elements' moments."""
-        return ("m", "b") if hierarchical_onebit.node_size(self.algorithm.options.hierarchical) > 1 else ()
-
     def __init__(self, options: BirderOptions, shapes: Sequence[tuple[int, ...]], meter: CommMeter,
                  bucket_mb: float = DEFAULT_BUCKET_MB, algorithm: type = BirderAlgorithm, **decay: Any) -> None:
         super().__init__(algorithm(options, BACKEND, [], meter), shapes, bucket_mb, **decay)
         numels = [algorithm.state_numels(n, options.hierarchical) for n in self.bucket_numels()]
         self._state_cuts = [list(itertools.accumulate((0, *(c[k] for c in numels)))) for k in (0, 1)]
         self._update = BACKEND.float32_like(self.numel, None)  # the gradient's copy each step: made once
+
+    def rank_bound_moments(self) -> tuple[str, ...]:
+        """m and b where they are this rank's chunk's only (``BirderAlgorithm.sharded_moments``): another rank's
+        are other elements' moments."""
+        return ("m", "b") if self.algorithm.sharded_moments() else ()
 
     def state_shapes(self) -> StateShapes:
         c1, c2 = self._state_cuts[0][-1], self._state_cuts[1][-1]
