@@ -11,10 +11,12 @@ this step) and the Keras hooks around the engine (``build``, ``apply``/``apply_g
 from __future__ import annotations
 
 import dataclasses
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from hvd_compress import ops
@@ -32,6 +34,7 @@ from hvd_compress.keras.wrapped_step import (
     parse_compression,
     parse_op,
     per_rank_variables,
+    rank_bound_keys,
     reset_error_feedback,
     stateful_reduction,
     synchronize_parameters,
@@ -46,6 +49,9 @@ from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce, no
 from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.functions import dense
 
+#: The ``.keras`` store entry beside the optimizer's variables naming the rank that saved them
+#: (``EngineMethods.save_own_variables``).
+SAVED_BY = "hvdc_saved_by"
 #: The config entry of the variables excluded from weight decay (``KerasEngine.config_entries``), which the
 #: wrapper's constructor takes back among its keyword arguments when ``from_config`` rebuilds it.
 EXCLUDED = "weight_decay_excluded"
@@ -188,9 +194,23 @@ class KerasEngine:
         keys = holder.per_rank if holder is not None else ()
         return per_rank_variables(self.config, self.inner, self.state, keys, self.accumulators)
 
+    def _moments(self) -> tuple[str, ...]:
+        return self.runner.rank_bound_moments() if self.runner is not None else ()
+
+    def rank_bound(self) -> list[str]:
+        """The state keys ``reset_compression_state`` zeroes (none before the build or without error feedback)."""
+        if not self.built or (self.runner is None and self.reduction is None):
+            return []
+        return rank_bound_keys(self.state, self._moments())
+
+    def rank_bound_what(self) -> str:
+        """What ``reset_compression_state`` zeroes, in words for a warning."""
+        moments = self._moments()
+        return "error feedback" + (f" and its chunk's {' and '.join(moments)}" if moments else "")
+
     def reset_compression_state(self) -> None:
         if self.runner is not None or self.reduction is not None:
-            reset_error_feedback(self.state, self.runner.rank_bound_moments() if self.runner is not None else ())
+            reset_error_feedback(self.state, self._moments())
 
     def synchronize_parameters(self) -> None:
         synchronize_parameters(self.runner, self.stepped, self.state, f"{self.name}.synchronize_parameters")
@@ -377,6 +397,32 @@ class EngineMethods:
         feedback; the gradient sums of ``backward_passes_per_step``; with Adasum the inner optimizer's moments):
         never broadcast, saved per rank."""
         return self._hvdc.per_rank_variables()
+
+    def save_own_variables(self, store: Any) -> None:
+        """Keras's ``.keras`` saving, and where this wrapper has error feedback the rank that wrote it
+        (``SAVED_BY``), so that a load on another rank can tell that the error feedback is not its own."""
+        super().save_own_variables(store)  # type: ignore[misc]
+        if self._hvdc.rank_bound():
+            store[SAVED_BY] = np.asarray(ops.rank(), np.int64)
+
+    def load_own_variables(self, store: Any) -> None:
+        """Keras's ``.keras`` loading. A file another rank wrote holds that rank's error feedback: counted again
+        in the ranks' sum, it would leave this rank's out, so this rank starts its own from zero, with a warning
+        (``reset_compression_state``; as the torch face's ``load_state_dict``). Files without ``SAVED_BY`` (no
+        error feedback, or written before it was recorded) load as written."""
+        keys = list(store.keys())
+        if SAVED_BY not in keys:
+            super().load_own_variables(store)  # type: ignore[misc]
+            return
+        saved_by = int(np.asarray(store[SAVED_BY]))
+        own = {k: store[k] for k in keys if k != SAVED_BY}
+        super().load_own_variables(own)  # type: ignore[misc]
+        here = ops.rank()
+        if saved_by != here and len(own) == len(self.variables) and self._hvdc.rank_bound():  # type: ignore[attr-defined]
+            warnings.warn(f"{type(self).__name__}.load_own_variables: the file was written by rank {saved_by}; "
+                          f"rank {here} starts its {self._hvdc.rank_bound_what()} from zero (the rest of the state "
+                          "is loaded). Save and load each rank's own file to resume it exactly", stacklevel=2)
+            self.reset_compression_state()
 
     def reset_compression_state(self) -> None:
         """Zero the error feedback (worker and server error of 1-bit Adam/LAMB and Birder, top-k/random-k's error

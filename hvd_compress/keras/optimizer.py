@@ -147,6 +147,8 @@ class DistributedOptimizer(EngineMethods, keras.optimizers.Optimizer):
         self.inner_optimizer.finalize_variable_values(var_list)
 
     def build(self, var_list: list[Any]) -> None:
+        if self.built:  # as Keras's own optimizers: a second build (before a checkpoint restore) keeps the state
+            return
         if not list(var_list):
             # Keras's HDF5 loader builds the optimizer on a Sequential model's own variables (none) before it
             # sets the saved state, which then fails for every optimizer (Keras warns and starts it afresh). Built

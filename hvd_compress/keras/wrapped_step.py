@@ -362,11 +362,15 @@ def synchronize_parameters(runner: FusedStep | None, variables: Sequence[Any], s
     apply_constraints(variables)
 
 
+def rank_bound_keys(state: dict[str, Any], moments: Sequence[str] = ()) -> list[str]:
+    """The keys of ``state`` that hold this rank's own error feedback: worker and server error of 1-bit Adam/LAMB
+    and Birder, or top-k/random-k's error (and DGC velocity), or PowerSGD's error; and the state keys
+    ``moments`` (``FusedStep.rank_bound_moments``). Another rank's values there are wrong for this rank."""
+    keys = ("worker_error", "server_error", *ErrorFeedbackReduction.per_rank, *PowerSGDReduction.per_rank, *moments)
+    return [key for key in keys if key in state]
+
+
 def reset_error_feedback(state: dict[str, Any], moments: Sequence[str] = ()) -> None:
-    """Zero the per-rank error feedback in ``state``: worker and server error of 1-bit Adam/LAMB and Birder, or
-    top-k/random-k's error (and DGC velocity), or PowerSGD's error; and the state keys ``moments``
-    (``FusedStep.rank_bound_moments``)."""
-    for key in ("worker_error", "server_error", *ErrorFeedbackReduction.per_rank, *PowerSGDReduction.per_rank,
-                *moments):
-        if key in state:
-            state[key].assign(tf.zeros_like(state[key]))
+    """Zero ``rank_bound_keys(state, moments)``."""
+    for key in rank_bound_keys(state, moments):
+        state[key].assign(tf.zeros_like(state[key]))

@@ -6,7 +6,8 @@ Each case against a reference that reaches the same state another way (parameter
 - "slamb": SLAMB (moments each rank's own) from alike weights; the reference runs without the callback;
 - "resume": Horovod's resume, rank 0 alone reads 1-bit Adam's checkpoint (past the warm-up) and the others start
   fresh; the reference reads it on every rank and the ranks but 0 drop its error feedback
-  (``reset_compression_state``), the state the broadcast leaves them;
+  (``reset_compression_state``), the state the broadcast leaves them; "file": every rank loads rank 0's ``.keras``
+  file of it, against the same reference (the ranks but 0 warn and zero their error feedback themselves);
 - "plain" (tf_keras): Horovod's own optimizer, where the callback stays Horovod's (routing on, then off);
 - "loop" (tf_keras): Horovod's TF2 custom loop, ``hvd.broadcast_variables`` of the model's and the optimizer's
   variables after the first step, SLAMB; the reference broadcasts the model's only (the optimizer's others are
@@ -15,6 +16,7 @@ Each case against a reference that reaches the same state another way (parameter
 argv: out_dir, "keras" (Keras 3) or "tf_keras" (TF_USE_LEGACY_KERAS=1)."""
 
 import sys
+import warnings
 
 import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
@@ -63,7 +65,10 @@ out["slamb_ref"] = fit(make(7, hck.SLAMB, sync_interval=3), [], 1)
 
 trained = make(7, **ONEBIT)
 fit(trained, [], 2)  # 8 steps: past the warm-up, error feedback in every rank's own state
-path = checkpoint(trained).write(f"{sys.argv[1]}/onebit") if r == 0 else None
+state = digest([v.numpy() for v in trained.optimizer.variables])
+ckpt = checkpoint(trained)  # builds the optimizer again, as before a restore: its state stays
+out["rebuilt_kept"] = digest([v.numpy() for v in trained.optimizer.variables]) == state
+path = ckpt.write(f"{sys.argv[1]}/onebit") if r == 0 else None
 path = hvd_tf.broadcast_object(path, root_rank=0)
 resumed = make(7 + r, **ONEBIT)
 if r == 0:
@@ -75,6 +80,17 @@ checkpoint(reference).read(path).assert_existing_objects_matched()
 if r != 0:
     reference.optimizer.reset_compression_state()
 out["resume_ref"] = fit(reference, [], 1)
+# Every rank loads rank 0's .keras file: the ranks but 0 start their error feedback from zero by themselves, warned,
+# which is the reference's state.
+if r == 0:
+    trained.save(f"{sys.argv[1]}/onebit.keras")
+hvd_tf.broadcast_object(0, root_rank=0)  # the file is written
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    loaded = keras.models.load_model(f"{sys.argv[1]}/onebit.keras")
+out["file_warnings"] = [str(w.message) for w in caught if "error feedback" in str(w.message)]
+loaded.compile(optimizer=loaded.optimizer, loss="mse", jit_compile=False)
+out["file_hash"] = fit(loaded, [], 1)
 
 
 
