@@ -208,6 +208,27 @@ class BucketedAlgorithm:
             self.xp.copy_(copy, s)
         self._backed_up.add(i)
 
+    def committed_state_dict(self) -> dict[str, Any]:
+        """``state_dict()`` as of the last step taken. A step under way (its buckets reduced during backward, with
+        overlap, or by ``synchronize()``) has already changed those buckets' state (moments, errors) in place, so
+        a checkpoint taken before ``step()`` would hold half a step; their copies from before (``backup``) stand
+        in, and a resume takes the whole step again."""
+        self.wait_launched()  # no bucket still writing its state
+        reduced = sorted(self._backed_up)
+        self._swap_backups(reduced)
+        try:
+            return self.state_dict()
+        finally:
+            self._swap_backups(reduced)
+
+    def _swap_backups(self, buckets: Sequence[int]) -> None:
+        for i in buckets:
+            seg, copies = self._backups[i]
+            for s, copy in zip(self.mutable_state(seg), copies, strict=True):
+                held = self.xp.copy_(self.xp.zeros_like(s), s)
+                self.xp.copy_(s, copy)
+                self.xp.copy_(copy, held)
+
     def backs_up(self) -> bool:
         """Whether ``backup`` keeps copies: not for one bucket without overlap, whose state the core leaves as it
         was on rejection."""

@@ -271,7 +271,7 @@ class BucketedEngine(Engine):
     # -- checkpoints --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         out = self.base.state_dict(self.opt)
-        out[STATE_KEY] = own_section(self.alg.state_dict())
+        out[STATE_KEY] = own_section(self.alg.committed_state_dict())
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
