@@ -12,6 +12,7 @@ the two give bit-identical results.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -113,6 +114,7 @@ class DenseEngine(Engine):
         self.buckets = [self.grads.span([grads[i] for i in members]) for members in plan]
         self.bucket_of = {id(grads[i]): b for b, members in enumerate(plan) for i in members}
         self.reductions = BucketReductions([len(members) for members in plan])
+        self.reduced_in_step = False
 
     def count_pass(self, p: torch.Tensor) -> None:
         passes = self.passes.add(p)
@@ -154,6 +156,7 @@ class DenseEngine(Engine):
         the optimizer's process set there is no call."""
         if not self.member:
             return
+        self.reduced_in_step = True  # a stateful reduction's state is now this step's (check_between_steps)
         with process_sets.scope(self.process_set):
             self._allreduce_bucket(index)
 
@@ -278,16 +281,33 @@ class DenseEngine(Engine):
                 if skip:
                     self.reductions.reset()
                     self.passes.reset()
-                    self.protocol.step_done()
+                    self._end_step()
                     return loss
                 grad_scaler = None  # agreed: the verdict is in every rank's scaler
             self.synchronize()
         if grad_scaler is not None and any_rank_nonfinite(grad_scaler, self.opt, "DistributedOptimizer.found_inf"):
-            self.protocol.step_done()
+            self._end_step()
             return loss
         self.base.step(self.opt)
-        self.protocol.step_done()
+        self._end_step()
         return loss
+
+    def _end_step(self) -> None:
+        """The step is taken, skipped or dropped (``zero_grad()``)."""
+        self.protocol.step_done()
+        self.reduced_in_step = False
+
+    def check_between_steps(self) -> None:
+        """``state_dict()`` of a reduction with state (top-k/random-k's error feedback, PowerSGD's error, P and Q)
+        warns where the step under way has reduced buckets (during backward, or in ``synchronize()``): their
+        state is already this step's, the parameters' not, so a checkpoint would hold half a step. No copy of the
+        state from before is kept (for PowerSGD it would be a second error buffer of the model's size), and a look
+        at the state there (tests do) is no checkpoint: a warning, not an error."""
+        if self.reduced_in_step:
+            warnings.warn(f"{self.wrapper_name}.state_dict(): the step under way has reduced buckets and changed "
+                          "their error feedback (PowerSGD: and P and Q), the parameters not yet: a checkpoint now "
+                          "holds half a step, and a resume from it would not repeat the run. Take it after step() "
+                          "(or zero_grad())", stacklevel=3)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the fused gradient buffers; ``.grad`` becomes None (torch's default), or with ``set_to_none=False``
@@ -299,10 +319,12 @@ class DenseEngine(Engine):
         self.grads.zero_(set_to_none)
         self.zero_untracked_grads(set_to_none)
         self.passes.reset()
-        self.protocol.step_done()
+        self._end_step()
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state, plus (top-k/random-k) this rank's error feedback and step."""
+        if self.compression.stateful:
+            self.check_between_steps()
         out = self.base.state_dict(self.opt)
         if self.compression.stateful:
             out[STATE_KEY] = own_section({"compression": self.compression.describe(),

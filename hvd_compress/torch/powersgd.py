@@ -144,7 +144,9 @@ class PowerSGDEngine(DenseEngine):
         self.state.step_done()
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped optimizer's state, plus this rank's PowerSGD state (``PowerSGDState.state_dict``)."""
+        """The wrapped optimizer's state, plus this rank's PowerSGD state (``PowerSGDState.state_dict``); between
+        a reduction and ``step()`` with a warning (``check_between_steps``)."""
+        self.check_between_steps()
         out = self.base.state_dict(self.opt)
         out[STATE_KEY] = own_section({"powersgd": self.state.state_dict(lambda t: t.detach().clone())})
         return out
