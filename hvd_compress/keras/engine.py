@@ -204,9 +204,9 @@ class KerasEngine:
         return rank_bound_keys(self.state, self._moments())
 
     def rank_bound_what(self) -> str:
-        """What ``reset_compression_state`` zeroes, in words for a warning."""
-        moments = self._moments()
-        return "error feedback" + (f" and its chunk's {' and '.join(moments)}" if moments else "")
+        """What ``reset_compression_state`` zeroes, in words for a warning: the algorithm's own words, as the torch
+        face's warning has them."""
+        return self.runner.algorithm.error_feedback_what() if self.runner is not None else "error feedback"
 
     def reset_compression_state(self) -> None:
         if self.runner is not None or self.reduction is not None:
