@@ -253,7 +253,7 @@ class KerasEngine:
             self._algorithm_step(grads, variables)
             return
         # float8's scales and amax histories: the Max over ranks, applied with the others (max_of_overwritten)
-        maxed = max_of_overwritten(grads, variables, f"{self.name}.overwritten")
+        maxed = max_of_overwritten(grads, variables, f"{self.name}.overwritten", self.meter)
         apply_inner = with_maxed(self._apply_inner, maxed)
         if self.reduction is not None:  # its state covers every variable: the maxima replace what it reduced
             error_feedback_step(self.reduction, self.state, grads, variables, self.trainable, apply_inner, self.name)

@@ -33,7 +33,13 @@ from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep, ZeroOne
 from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
 from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
-from hvd_compress.tensorflow.functions import check_group_compression, dense, grouped_allreduce, numpy_call
+from hvd_compress.tensorflow.functions import (
+    check_group_compression,
+    check_not_xla,
+    dense,
+    numpy_call,
+    reduce_group,
+)
 from hvd_compress.tensorflow.powersgd import PowerSGDReduction
 from hvd_compress.tensorflow.stateful_reduction import StatefulReduction
 
@@ -283,14 +289,23 @@ def overwritten(variable: Any) -> bool:
     return bool(getattr(variable, "overwrite_with_gradient", False))
 
 
-def max_of_overwritten(grads: Sequence[Any], variables: Sequence[Any], name: str) -> dict[int, tuple[Any, Any]]:
-    """The largest over all ranks of each ``overwritten`` variable's gradient (one Max allreduce), by the variable's
-    id, with the variable. Keras's own gradient accumulation takes the maximum of these values over steps; an
-    average over ranks would leave a rank whose inputs exceed it to saturate them in float8."""
+def max_of_overwritten(grads: Sequence[Any], variables: Sequence[Any], name: str,
+                       meter: CommMeter) -> dict[int, tuple[Any, Any]]:
+    """The largest over all ranks of each ``overwritten`` variable's gradient (one Max allreduce, its bytes counted
+    by ``meter``: the wrapper's ``comm_stats``), by the variable's id, with the variable. Keras's own gradient
+    accumulation takes the maximum of these values over steps; an average over ranks would leave a rank whose
+    inputs exceed it to saturate them in float8."""
     pairs = [(dense(g), v) for g, v in zip(grads, variables, strict=True) if g is not None and overwritten(v)]
     if not pairs:
         return {}
-    reduced = grouped_allreduce([g for g, _ in pairs], op=ReduceOp.Max, name=name)
+    check_not_xla(name)
+
+    def run(*arrays: np.ndarray) -> list[np.ndarray]:
+        return meter.run(reduce_group, [aligned_copy(np.asarray(a)) for a in arrays], ReduceOp.Max, name)
+
+    reduced = numpy_call(run, [g for g, _ in pairs], [g.dtype for g, _ in pairs], name)
+    for out, (g, _) in zip(reduced, pairs, strict=True):
+        out.set_shape(g.shape)
     return {id(v): (g, v) for g, (_, v) in zip(reduced, pairs, strict=True)}
 
 

@@ -3,7 +3,8 @@ own scale, so its measured amax differs. Saves per rank the values its own step 
 overwrites with their gradient (its "gradient" of them, from a GradientTape over its own batch, or over each of
 its two half-batches), the trainable variables' local gradients and the starting weights, and per op and
 ``backward_passes_per_step`` (1, 2) every variable after one step of ``model.fit``; all in the order of
-``trainable_variables`` (``paths``: model 0's names). argv: out_dir."""
+``trainable_variables`` (``paths``: model 0's names); and the bytes of that fit by the optimizer's ``comm_stats()``
+and by the process's. argv: out_dir."""
 
 import keras
 import numpy as np
@@ -11,6 +12,7 @@ import tensorflow as tf
 from tf_common import save
 
 import hvd_compress.keras as hck
+from hvd_compress.ops.runtime import comm_stats
 
 hck.init()
 r = hck.rank()
@@ -52,6 +54,9 @@ for op in OPS:
         m.compile(optimizer=hck.DistributedOptimizer(keras.optimizers.SGD(LR), op=getattr(hck, op),
                                                      backward_passes_per_step=passes),
                   loss="mse", jit_compile=False)
+        comm_stats(reset=True)
         m.fit(x, y, batch_size=32 // passes, epochs=1, shuffle=False, verbose=0)
         out[(op, passes)] = [v.numpy() for v in m.trainable_variables]
+        # the process's bytes during fit, all the optimizer's: its own count must hold all of them
+        out["bytes", op, passes] = (m.optimizer.comm_stats(), comm_stats(reset=True))
 save(r, out)
