@@ -241,6 +241,9 @@ def test_keras_mixed_float16_overflow_on_one_rank_skips_the_step_on_every_rank(l
             assert run["type"] == "LossScaleOptimizer" and run["finite"], (op, r, run)
             assert run["iterations"] == 64 // 16 - 1, f"{op}: rank {r} took {run['iterations']} steps, not 3"
             assert run["scale"] == 2.0**14, f"{op}: rank {r} loss scale {run['scale']}, want one halving of 2**15"
+            own, process = run["bytes"]
+            assert process["bytes_sent"] > 0 and (own["bytes_sent"], own["bytes_received"]) == (
+                process["bytes_sent"], process["bytes_received"]), f"{op}: rank {r} comm_stats {own}, process {process}"
     for r, rk in enumerate(ranks):
         assert rk["plain"].startswith("ValueError") and "hck.LossScaleOptimizer" in rk["plain"], (r, rk["plain"])
 
@@ -318,6 +321,9 @@ def test_tf_keras_fit_every_op_identical_ranks_checkpoint_resume_and_keras3_pari
             assert run["type"] == "LossScaleOptimizer" and run["finite"], (op, r, run)
             assert run["scale"] == 2.0**14, f"mixed {op}: rank {r} loss scale {run['scale']}, want one halving"
             assert run["steps"] in (None, 64 // 16 - 1), f"mixed {op}: rank {r} took {run['steps']} steps, not 3"
+            own, process = run["bytes"]
+            assert process["bytes_sent"] > 0 and (own["bytes_sent"], own["bytes_received"]) == (
+                process["bytes_sent"], process["bytes_received"]), f"mixed {op}: rank {r} comm_stats {own}, {process}"
     for r, rk in enumerate(ranks):
         assert rk["mixed/plain"].startswith("ValueError") and "legacy.LossScaleOptimizer" in rk["mixed/plain"], r
 

@@ -382,7 +382,7 @@ class EngineMethods:
 
     def comm_stats(self) -> dict[str, int]:
         """Bytes this rank sent and received for this optimizer's reductions and algorithm steps since the last
-        call."""
+        call (inside ``hck.LossScaleOptimizer``, its finite checks' too)."""
         return self._hvdc.meter.take()
 
     @property

@@ -34,10 +34,9 @@ from hvd_compress.keras.callbacks import (
     SynchronizeParametersMixin,
 )
 from hvd_compress.keras.engine import EngineMethods, Face, KerasEngine
-from hvd_compress.keras.loss_scale import InnerExclusions, agreed_all_finite
+from hvd_compress.keras.loss_scale import InnerExclusions, agreed_all_finite, check_meter
 from hvd_compress.keras.wrapped_step import check_sgd, compression_from_config, lamb_flags
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.functions import check_not_xla
 
 
@@ -233,7 +232,12 @@ class LossScaleOptimizer(InnerExclusions, tf_keras_lso.LossScaleOptimizerV3):
         # The state is made and tracked inside tf_keras's __init__; a subclass of it that changes only update()
         # keeps its checkpoint format.
         self._loss_scale.__class__ = _AgreedDynamicLossScaleState
-        self._loss_scale._hvdc_meter = CommMeter()
+        self._loss_scale._hvdc_meter = check_meter(inner_optimizer)
+
+    def comm_stats(self) -> dict[str, int]:
+        """Bytes this rank sent and received since the last call: the optimizer's inside (``comm_stats``) with
+        the finite checks', which it counts too."""
+        return self._loss_scale._hvdc_meter.take()
 
 
 class SynchronizeParametersCallback(SynchronizeParametersMixin, tf_keras.callbacks.Callback):

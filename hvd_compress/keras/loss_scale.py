@@ -44,10 +44,22 @@ class LossScaleOptimizer(InnerExclusions, keras.optimizers.LossScaleOptimizer):
     def __init__(self, inner_optimizer: keras.optimizers.Optimizer, **kwargs: Any) -> None:
         super().__init__(inner_optimizer, **kwargs)
         inner_optimizer._hvdc_loss_scale_agreed = True  # hck.DistributedOptimizer refuses a plain wrapper
-        self._hvdc_meter = CommMeter()
+        self._hvdc_meter = check_meter(inner_optimizer)
 
     def check_finite(self, grads: list[Any]) -> Any:
         return agreed_all_finite(grads, self._hvdc_meter, f"{self.name}.check_finite")
+
+    def comm_stats(self) -> dict[str, int]:
+        """Bytes this rank sent and received since the last call: the optimizer's inside (``comm_stats``) with
+        the finite checks', which it counts too."""
+        return self._hvdc_meter.take()
+
+
+def check_meter(inner_optimizer: Any) -> CommMeter:
+    """Where the finite check counts its bytes: the meter of ``inner_optimizer`` where that is an
+    ``hck.DistributedOptimizer`` (its ``comm_stats`` then holds all of the step's), else one of its own."""
+    engine = getattr(inner_optimizer, "_hvdc", None)
+    return engine.meter if engine is not None else CommMeter()
 
 
 def agreed_all_finite(grads: list[Any], meter: CommMeter, name: str) -> Any:

@@ -61,6 +61,17 @@ def counting(traffic: Traffic) -> Iterator[Traffic]:
         _active.reset(token)
 
 
+@contextlib.contextmanager
+def not_counting() -> Iterator[None]:
+    """Within the block, collectives add to none of the accumulators that enclosing ``counting`` blocks made
+    active (a user's code run inside a wrapper's call: its own collectives are not the wrapper's)."""
+    token = _active.set(())
+    try:
+        yield
+    finally:
+        _active.reset(token)
+
+
 def record(counts: Mapping[str, int], traffic: Traffic | None = None) -> Mapping[str, int]:
     """Add one call's ``counts`` to ``traffic`` and to the accumulators active here (each once); returns
     ``counts``."""

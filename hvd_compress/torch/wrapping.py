@@ -19,6 +19,7 @@ from torch.amp.grad_scaler import OptState
 from hvd_compress import ops
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.errors import NotInitializedError, UsageError
+from hvd_compress.ops.traffic import not_counting
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.functions import allreduce
 
@@ -109,10 +110,17 @@ def _delegate(engine_cls: type, name: str) -> Any:
     if isinstance(target, property):
         return property(lambda self: getattr(self._hvdc, name), doc=target.__doc__)
 
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def call(engine: Engine, *args: Any, **kwargs: Any) -> Any:
         if name == "step":
-            self._hvdc.check_param_groups()
-        return getattr(self._hvdc, name)(*args, **kwargs)
+            engine.check_param_groups()
+        return getattr(engine, name)(*args, **kwargs)
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if name == "comm_stats":
+            return self._hvdc.comm_stats()
+        # every collective of the call counts as this optimizer's (the agreements on edited gradients and on a
+        # GradScaler's verdict too); a closure's own do not (``closure_loss``)
+        return self._hvdc.meter.run(call, self._hvdc, *args, **kwargs)
 
     functools.update_wrapper(method, target)  # its name, docstring and signature (grad_scaler= for torch's scaler)
     return method
@@ -411,10 +419,11 @@ def at_end_of_backward(engine: Any) -> None:
 
 def closure_loss(closure: Callable[[], Any] | None) -> Any:
     """What every engine's ``step(closure)`` runs first: the closure, with grad enabled (``step`` may run under
-    ``no_grad``), so that the gradients it computes are the ones reduced; its loss, or None without one."""
+    ``no_grad``), so that the gradients it computes are the ones reduced; its loss, or None without one. The
+    closure's own collectives (a loss averaged over ranks) are not counted in the optimizer's ``comm_stats``."""
     if closure is None:
         return None
-    with torch.enable_grad():
+    with torch.enable_grad(), not_counting():
         return closure()
 
 

@@ -5,7 +5,8 @@ legacy.MetricAverageCallback averaging the epoch loss over ranks; the same first
 in this process (same start, data and hyper-parameters) for the parameters to compare; backward_passes_per_step=2;
 bad inner optimizers refused;
 mixed_float16 with legacy.LossScaleOptimizer: an overflow on the last rank only skips that step on every rank, and
-tf_keras's own LossScaleOptimizer around hck.DistributedOptimizer is refused on every rank.
+tf_keras's own LossScaleOptimizer around hck.DistributedOptimizer is refused on every rank; its comm_stats() holds every
+byte of a further epoch, the finite checks' too.
 argv: out_dir, ops (comma separated)."""
 
 import os
@@ -18,6 +19,7 @@ from tf_common import digest, outcome, rank_data, save
 
 import hvd_compress.keras as hck
 from hvd_compress.keras import legacy
+from hvd_compress.ops.runtime import comm_stats
 
 assert os.environ.get("TF_USE_LEGACY_KERAS") == "1"
 keras = tf.keras
@@ -166,6 +168,9 @@ for op in ("Average", "OneBitAdam"):
         "hash": digest([v.numpy() for v in model.trainable_variables]), "type": type(lso).__name__,
         "steps": None if steps is None else int(steps.numpy()), "scale": float(lso.loss_scale.numpy()),
         "finite": bool(all(np.isfinite(v.numpy()).all() for v in model.trainable_variables))}
+    lso.comm_stats(), comm_stats(reset=True)  # one more epoch: all its bytes the optimizer's, finite checks too
+    model.fit(XM, Y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    out[f"mixed/{op}"]["bytes"] = (lso.comm_stats(), comm_stats(reset=True))
 model = make_mixed("Average", agreed=False)
 out["mixed/plain"] = outcome(lambda: model.fit(XM, Y, batch_size=16, epochs=1, verbose=0))
 keras.mixed_precision.set_global_policy("float32")
