@@ -193,7 +193,8 @@ def test_bad_input_raises_on_every_rank_and_changes_nothing(n: int, launched) ->
         "warmup_unchanged": "True",
         "compressed_unchanged": "True",
         "wrong_checkpoint": "ValueError: OneBitLamb.load_state_dict: fused buffer sizes",
-        "wrong_algorithm": "ValueError: OneBitAdam.load_state_dict: the checkpoint is for 'OneBitLamb'",
+        "wrong_algorithm": "ValueError: OneBitAdam.load_state_dict: the checkpoint is for op=OneBitLamb, not "
+                           "op=OneBitAdam",
     }
     for r, rk in enumerate(ranks):
         for key, prefix in expected.items():

@@ -191,7 +191,10 @@ def test_bad_input_raises_on_every_rank_and_changes_nothing(runs) -> None:
         "sgd": "TypeError: op=ZeroOneAdam wraps torch.optim.Adam or AdamW",
         "adam_l2": "ValueError: op=ZeroOneAdam decays weights decoupled",
         "amsgrad": "ValueError: op=ZeroOneAdam does not support amsgrad",
-        "onebit_checkpoint": "ValueError: ZeroOneAdam.load_state_dict: the checkpoint is for 'OneBitAdam'",
+        "onebit_checkpoint": "ValueError: ZeroOneAdam.load_state_dict: the checkpoint is for op=OneBitAdam, not "
+                             "op=ZeroOneAdam",
+        "powersgd_checkpoint": "ValueError: ZeroOneAdam.load_state_dict: the checkpoint is for op=PowerSGD, not "
+                               "op=ZeroOneAdam",
         "nan_variance": "UsageError: ZeroOneAdam: non-finite averaged gradient at step 1",
         "nan_onebit": "UsageError: ZeroOneAdam: step 4 rejected on every rank",
         "nan_sync": "UsageError: ZeroOneAdam: step 5 rejected on every rank",

@@ -196,8 +196,7 @@ class BirderAlgorithm(BucketedAlgorithm):
         what = f"{self.name}.load_state_dict"
         if ours is None:
             raise ValueError(f"{what}: the checkpoint has no Birder state (errors, moments, RNG position)")
-        if ours.get("algorithm") != self.name:
-            raise ValueError(f"{what}: the checkpoint is for {ours.get('algorithm')!r}, not {self.name}")
+        self.check_owner(ours)
         for key, value in self.layout().items():
             if ours.get(key) != value:
                 raise ValueError(f"{what}: checkpoint {key} {ours.get(key)!r} != this run's {value!r}")

@@ -26,6 +26,20 @@ from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.traffic import CommMeter
 
 
+def checkpoint_op(section: Any) -> str:
+    """In words, the op whose wrapper wrote ``section`` (a checkpoint's ``hvd_compress`` entry), for a refusal: an
+    algorithm names itself; the faces' reductions with state (PowerSGD, top-k/random-k) keep theirs under a key."""
+    if not isinstance(section, dict):
+        return f"no op ({type(section).__name__})"
+    if section.get("algorithm"):
+        return f"op={section['algorithm']}"
+    if "powersgd" in section:
+        return "op=PowerSGD"
+    if "compression" in section:
+        return f"compression={section['compression']}"
+    return "an op with no state of its own"
+
+
 class BucketedAlgorithm:
     """The bucket pipeline of one optimizer. A subclass sets ``name``, ``xp``, ``meter``, ``buckets`` (each with
     ``group``, ``sizes``, ``numel``), ``t`` and calls ``_init_buckets()``; it supplies ``reduce_bucket`` and
@@ -207,6 +221,12 @@ class BucketedAlgorithm:
         for copy, s in zip(kept[1], state, strict=True):
             self.xp.copy_(copy, s)
         self._backed_up.add(i)
+
+    def check_owner(self, ours: Any) -> None:
+        """ValueError if ``ours`` (a checkpoint's section) is not this algorithm's, naming the op that wrote it."""
+        if not isinstance(ours, dict) or ours.get("algorithm") != self.name:
+            raise ValueError(f"{self.name}.load_state_dict: the checkpoint is for {checkpoint_op(ours)}, not "
+                             f"op={self.name}")
 
     def committed_state_dict(self) -> dict[str, Any]:
         """``state_dict()`` as of the last step taken. A step under way (its buckets reduced during backward, with

@@ -379,8 +379,7 @@ class OneBitAlgorithm(BucketedAlgorithm):
     def check_state_dict(self, ours: dict[str, Any]) -> None:
         """Raise a clear ValueError, before anything changes, if ``ours`` cannot be loaded here."""
         what = f"{self.name}.load_state_dict"
-        if ours.get("algorithm") != self.name:
-            raise ValueError(f"{what}: the checkpoint is for {ours.get('algorithm')!r}")
+        self.check_owner(ours)
         if bool(ours.get("hierarchical", False)) != self.options.hierarchical:
             raise ValueError(f"{what}: checkpoint hierarchical={ours.get('hierarchical', False)} != "
                              f"{self.options.hierarchical}")

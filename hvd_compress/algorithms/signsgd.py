@@ -162,8 +162,7 @@ class SignSGD(BucketedAlgorithm):
         what = f"{self.name}.load_state_dict"
         if ours is None:
             raise ValueError(f"{what}: the checkpoint has no SignSGD state (error feedback)")
-        if ours.get("algorithm") != self.name:
-            raise ValueError(f"{what}: the checkpoint is for {ours.get('algorithm')!r}, not {self.name}")
+        self.check_owner(ours)
         if ours.get("world_size") != ops.size():
             raise ValueError(f"{what}: checkpoint world_size {ours.get('world_size')!r} != this run's {ops.size()}")
         saved = ours.get("buckets", [])

@@ -573,9 +573,7 @@ class Slamb(BucketedAlgorithm):
     def check_state_dict(self, ours: dict[str, Any]) -> None:
         """Raise a clear ValueError, before anything changes, if ``ours`` cannot be resumed here."""
         what = f"{self.name}.load_state_dict"
-        if not isinstance(ours, dict) or ours.get("algorithm") != self.name:
-            got = ours.get("algorithm") if isinstance(ours, dict) else type(ours).__name__
-            raise ValueError(f"{what}: the checkpoint is for {got!r}, not {self.name}")
+        self.check_owner(ours)
         o = self.options
         want = {"world_size": self.world_size, "numel": self.buf.numel, "seed": o.seed,
                 "compress_ratio": o.compress_ratio, "mask": o.mask}

@@ -491,8 +491,7 @@ class ZeroOneAdam(BucketedAlgorithm):
     def check_state_dict(self, ours: dict[str, Any]) -> None:
         """A clear ValueError, before anything changes, if ``ours`` cannot be loaded here."""
         what = f"{self.name}.load_state_dict"
-        if ours.get("algorithm") != self.name:
-            raise ValueError(f"{what}: the checkpoint is for {ours.get('algorithm')!r}")
+        self.check_owner(ours)
         if ours.get("world_size") != ops.size():
             raise ValueError(f"{what}: checkpoint world size {ours.get('world_size')} != {ops.size()} (the error "
                              "feedback and the local state are per rank)")

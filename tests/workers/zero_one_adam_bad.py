@@ -45,6 +45,9 @@ def bad_cases(rank: int, size: int) -> dict[str, str]:
     out["onebit_checkpoint"] = outcome(lambda: wrap(torch.optim.AdamW(params)).load_state_dict(
         hc.DistributedOptimizer(torch.optim.AdamW(params), named_parameters=model.named_parameters(),
                                 op=hc.OneBitAdam, freeze_step=2).state_dict()))
+    out["powersgd_checkpoint"] = outcome(lambda: wrap(torch.optim.AdamW(params)).load_state_dict(
+        hc.DistributedOptimizer(torch.optim.AdamW(params), named_parameters=model.named_parameters(),
+                                op=hc.PowerSGD).state_dict()))
 
     opt = wrap(torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01), var_freeze_step=4, var_update_scaler=2,
                local_step_scaler=1, local_step_clipper=2)
