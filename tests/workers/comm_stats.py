@@ -17,7 +17,8 @@ r = hc.rank()
 torch.set_num_threads(1)
 OPS = {"Average": {}, "Sum": {}, "OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2},
        "ZeroOneAdam": {"var_freeze_step": 2, "local_step_scaler": 1}, "SLAMB": {"sync_interval": 2}, "Birder": {},
-       "PowerSGD": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2}, "SignSGD": {}, "Adasum": {}}
+       "PowerSGD": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2}, "SignSGD": {}, "Adasum": {},
+       "TopK": {"compression": hc.Compression.topk(0.25)}}
 STEPS = 6
 
 
@@ -26,14 +27,14 @@ def make(op: str, overlap: bool, scaler: torch.amp.GradScaler | None) -> tuple[t
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     params = model.parameters()
     inner = (hc.Birder(params, lr=1e-2) if op == "Birder" else hc.Lamb(params, lr=1e-2) if op in ("SLAMB", "OneBitLamb")
-             else torch.optim.SGD(params, lr=1e-2) if op == "SignSGD" else torch.optim.Adam(params, lr=1e-2))
+             else torch.optim.SGD(params, lr=1e-2) if op in ("SignSGD", "TopK") else torch.optim.Adam(params, lr=1e-2))
     options = dict(OPS[op])
     if op == "Adasum":
         options.update({"grad_scaler": scaler} if scaler is not None else {})  # it steps as gradients land
-    else:
+    elif op != "TopK":  # top-k reduces whole buffers in step()
         options["overlap"] = overlap
-    return model, hc.DistributedOptimizer(inner, named_parameters=model.named_parameters(), op=getattr(hc, op),
-                                          **options)
+    return model, hc.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
+                                          op=hc.Average if op == "TopK" else getattr(hc, op), **options)
 
 
 def loss_of(model: torch.nn.Module, s: int) -> torch.Tensor:
@@ -80,13 +81,13 @@ def train(kind: str, model: torch.nn.Module, opt: torch.optim.Optimizer, scaler:
 
 out: dict = {}
 for op in OPS:
-    for overlap in (False, True) if op != "Adasum" else (False,):
+    for overlap in (False, True) if op not in ("Adasum", "TopK") else (False,):
         for amp in (False, True):
             scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4) if amp else None
             out[op, overlap, amp] = train("plain", *make(op, overlap, scaler), scaler)
 for op in ("Average", "OneBitAdam", "PowerSGD"):
     out[op, "clipped"] = train("clipped", *make(op, True, None))
-for op in ("Average", "OneBitAdam"):  # a closure's own allreduce (the loss averaged over ranks) is not counted
+for op in OPS:  # a closure's own allreduce (the loss averaged over ranks) is not counted
     for averaged in (False, True):
         out[op, "closure", averaged] = train("closure", *make(op, True, None), averaged=averaged)
 save(r, out)
