@@ -1,7 +1,7 @@
 """Horovod's own Keras ``BroadcastGlobalVariablesCallback`` on a model whose optimizer hvd_compress wrapped (a script
 kept from Horovod): the broadcast when training begins, per-rank variables left alone, Horovod's resume recipe
-(rank 0 alone reads the checkpoint) running past 1-bit Adam's warm-up, and rank 0's ``.keras`` file loaded on every
-rank; Horovod's own optimizer untouched; and
+(rank 0 alone reads the checkpoint) running past 1-bit Adam's warm-up, and rank 0's ``.keras`` file and its
+``tf.train.Checkpoint`` loaded on every rank; Horovod's own optimizer untouched; and
 ``hvd.broadcast_variables(opt.variables)`` in Horovod's TF2 loop leaving the per-rank variables alone. Each
 against a reference run that reaches the same state without the callback (``workers/keras_horovod_callback.py``)."""
 
@@ -31,6 +31,11 @@ def test_horovods_broadcast_callback_on_our_optimizer(face: str, n: int, out_dir
         assert rk["file_hash"] == rk["resume_ref"], f"{where}: rank 0's file resumed with rank 0's error feedback"
         warned = rk["file_warnings"]
         assert (len(warned) == 1 and f"written by rank 0; rank {r} starts its error feedback from zero" in warned[0]
+                if r else not warned), f"{where}: {warned}"
+        # rank 0's tf.train.Checkpoint restored on every rank: the same, at the first step
+        assert rk["ckpt_hash"] == rk["resume_ref"], f"{where}: rank 0's checkpoint resumed with rank 0's error feedback"
+        warned = rk["ckpt_warnings"]
+        assert (len(warned) == 1 and f"that rank 0 wrote; rank {r} starts its error feedback from zero" in warned[0]
                 if r else not warned), f"{where}: {warned}"
         if face == "tf_keras":
             assert rk["plain"] == rk["plain_horovod"], f"{where}: Horovod's own optimizer ran another way"

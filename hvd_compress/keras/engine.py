@@ -47,11 +47,15 @@ from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import apply_algorithm_step, make_step
 from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce, none_gradients_left_out
 from hvd_compress.tensorflow.context import ensure_init
-from hvd_compress.tensorflow.functions import dense
+from hvd_compress.tensorflow.functions import dense, numpy_call
 
 #: The ``.keras`` store entry beside the optimizer's variables naming the rank that saved them
 #: (``EngineMethods.save_own_variables``).
 SAVED_BY = "hvdc_saved_by"
+#: The wrapper's attribute holding the rank that owns its error feedback (``EngineMethods._stamp_owner``): a
+#: ``tf.Variable`` outside ``variables`` (``.keras`` files keep their entries), which ``tf.train.Checkpoint`` saves
+#: and restores with the rest, so a step can tell that the state came from another rank's checkpoint.
+OWNER = "_hvdc_saved_by"
 #: The config entry of the variables excluded from weight decay (``KerasEngine.config_entries``), which the
 #: wrapper's constructor takes back among its keyword arguments when ``from_config`` rebuilds it.
 EXCLUDED = "weight_decay_excluded"
@@ -111,6 +115,7 @@ class KerasEngine:
         self.stepped: list[Any] = []  # an algorithm's variables in its runner's order (``build``)
         self.decay_excluded: list[int] = []  # ``_decay_excluded`` at build: the order the runner's state is in
         self.built = False
+        self.owner: Any = None  # the wrapper's ``OWNER`` variable, where the op has error feedback
         if self.algorithm is not None:
             self.hyper, self.flags = self._hyper_flags()
         _ENGINES.add(self)
@@ -211,6 +216,32 @@ class KerasEngine:
     def reset_compression_state(self) -> None:
         if self.runner is not None or self.reduction is not None:
             reset_error_feedback(self.state, self._moments())
+        if self.owner is not None:
+            self.owner.assign(ops.rank())
+
+    def _adopt_restored_state(self) -> None:
+        """Where ``owner`` holds another rank (``tf.train.Checkpoint`` restored that rank's file, Horovod's resume),
+        this rank's error feedback is that rank's residual: counted again in the ranks' sum, it would leave this
+        rank's out. So it starts from zero, with a warning, as a ``.keras`` file of another rank does
+        (``EngineMethods.load_own_variables``). In the step, before any state is read: one comparison a step."""
+        owner = self.owner
+        if owner is None:
+            return
+        here, what, name = ops.rank(), self.rank_bound_what(), self.name
+
+        def warn(saved_by: np.ndarray) -> np.ndarray:
+            warnings.warn(f"{name}: the optimizer state was restored from a checkpoint that rank {int(saved_by)} "
+                          f"wrote; rank {here} starts its {what} from zero (the rest of the state is kept). Save and "
+                          "restore each rank's own checkpoint to resume it exactly", stacklevel=2)
+            return np.int64(0)
+
+        def adopt() -> tf.Tensor:
+            noted = numpy_call(warn, [owner], [tf.int64], f"{name}.restored")[0]
+            with tf.control_dependencies([noted]):
+                self.reset_compression_state()
+            return tf.constant(True)
+
+        tf.cond(tf.not_equal(owner, here), adopt, lambda: tf.constant(False))
 
     def synchronize_parameters(self) -> None:
         synchronize_parameters(self.runner, self.stepped, self.state, f"{self.name}.synchronize_parameters")
@@ -249,6 +280,7 @@ class KerasEngine:
         return self.face.apply_inner(self.inner, grads, variables)
 
     def step(self, grads: list[Any], variables: list[Any]) -> None:
+        self._adopt_restored_state()
         if self.runner is not None:  # the algorithms refuse overwritten variables (_check_not_overwritten)
             self._algorithm_step(grads, variables)
             return
@@ -397,6 +429,14 @@ class EngineMethods:
         feedback; the gradient sums of ``backward_passes_per_step``; with Adasum the inner optimizer's moments):
         never broadcast, saved per rank."""
         return self._hvdc.per_rank_variables()
+
+    def _stamp_owner(self) -> None:
+        """After the engine's build: where the op has error feedback, the ``OWNER`` variable, holding this rank,
+        tracked by the wrapper (so ``tf.train.Checkpoint`` saves and restores it) but not among its ``variables``."""
+        if self._hvdc.rank_bound():
+            with tf.init_scope():
+                setattr(self, OWNER, tf.Variable(ops.rank(), dtype=tf.int64, trainable=False, name="hvdc_saved_by"))
+            self._hvdc.owner = getattr(self, OWNER)
 
     def save_own_variables(self, store: Any) -> None:
         """Keras's ``.keras`` saving, and where this wrapper has error feedback the rank that wrote it

@@ -174,6 +174,7 @@ class DistributedOptimizer(EngineMethods, tf_keras.optimizers.Optimizer):
         super().build(var_list)
         self._hvdc.build(var_list, self.add_variable, self.add_variable_from_reference)
         self._built = True
+        self._stamp_owner()
 
     def apply_gradients(self, grads_and_vars: Any, name: str | None = None, skip_gradients_aggregation: bool = False,
                         **kwargs: Any) -> Any:

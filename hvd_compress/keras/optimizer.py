@@ -157,6 +157,7 @@ class DistributedOptimizer(EngineMethods, keras.optimizers.Optimizer):
             return
         self._hvdc.build(var_list, self.add_variable, self.add_variable_from_reference)
         super().build(var_list)
+        self._stamp_owner()
 
     # -- the step ----------------------------------------------------------------------------------------
     def apply(self, grads: list[Any], trainable_variables: Any = None) -> None:

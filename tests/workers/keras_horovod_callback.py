@@ -7,7 +7,8 @@ Each case against a reference that reaches the same state another way (parameter
 - "resume": Horovod's resume, rank 0 alone reads 1-bit Adam's checkpoint (past the warm-up) and the others start
   fresh; the reference reads it on every rank and the ranks but 0 drop its error feedback
   (``reset_compression_state``), the state the broadcast leaves them; "file": every rank loads rank 0's ``.keras``
-  file of it, against the same reference (the ranks but 0 warn and zero their error feedback themselves);
+  file of it, and "ckpt" its ``tf.train.Checkpoint``, against the same reference (the ranks but 0 warn and zero
+  their error feedback themselves);
 - "plain" (tf_keras): Horovod's own optimizer, where the callback stays Horovod's (routing on, then off);
 - "loop" (tf_keras): Horovod's TF2 custom loop, ``hvd.broadcast_variables`` of the model's and the optimizer's
   variables after the first step, SLAMB; the reference broadcasts the model's only (the optimizer's others are
@@ -91,6 +92,14 @@ with warnings.catch_warnings(record=True) as caught:
 out["file_warnings"] = [str(w.message) for w in caught if "error feedback" in str(w.message)]
 loaded.compile(optimizer=loaded.optimizer, loss="mse", jit_compile=False)
 out["file_hash"] = fit(loaded, [], 1)
+# Every rank restores rank 0's tf.train.Checkpoint: the checkpoint names the rank that wrote it, so the ranks but 0
+# start their error feedback from zero at their first step, warned: the reference's state again.
+restored = make(7 + r, **ONEBIT)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    checkpoint(restored).read(path).assert_existing_objects_matched()
+    out["ckpt_hash"] = fit(restored, [], 1)
+out["ckpt_warnings"] = [str(w.message) for w in caught if "error feedback" in str(w.message)]
 
 
 
