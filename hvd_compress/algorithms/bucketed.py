@@ -170,6 +170,11 @@ class BucketedAlgorithm:
         """What ``error_feedback_buffers`` holds, in words for a warning."""
         return "error feedback"
 
+    def sharded_moments(self) -> bool:
+        """Whether moments are kept for this rank's chunk only, so another rank's are other elements' (hierarchical
+        Birder's m and b); none here."""
+        return False
+
     def reset_error_feedback(self) -> None:
         """Start this rank's error feedback from zero; the rest of the state stays."""
         for e in self.error_feedback_buffers():
