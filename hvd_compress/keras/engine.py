@@ -435,8 +435,9 @@ class EngineMethods:
         tracked by the wrapper (so ``tf.train.Checkpoint`` saves and restores it) but not among its ``variables``."""
         if self._hvdc.rank_bound():
             with tf.init_scope():
-                setattr(self, OWNER, tf.Variable(ops.rank(), dtype=tf.int64, trainable=False, name="hvdc_saved_by"))
-            self._hvdc.owner = getattr(self, OWNER)
+                owner = tf.Variable(ops.rank(), dtype=tf.int64, trainable=False, name="hvdc_saved_by")
+            setattr(self, OWNER, owner)  # an attribute: the wrapper tracks it
+            self._hvdc.owner = owner
 
     def save_own_variables(self, store: Any) -> None:
         """Keras's ``.keras`` saving, and where this wrapper has error feedback the rank that wrote it

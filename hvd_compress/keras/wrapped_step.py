@@ -38,7 +38,7 @@ from hvd_compress.tensorflow.functions import (
     check_not_xla,
     dense,
     numpy_call,
-    reduce_group,
+    reduced_group,
 )
 from hvd_compress.tensorflow.powersgd import PowerSGDReduction
 from hvd_compress.tensorflow.stateful_reduction import StatefulReduction
@@ -299,13 +299,7 @@ def max_of_overwritten(grads: Sequence[Any], variables: Sequence[Any], name: str
     if not pairs:
         return {}
     check_not_xla(name)
-
-    def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        return meter.run(reduce_group, [aligned_copy(np.asarray(a)) for a in arrays], ReduceOp.Max, name)
-
-    reduced = numpy_call(run, [g for g, _ in pairs], [g.dtype for g, _ in pairs], name)
-    for out, (g, _) in zip(reduced, pairs, strict=True):
-        out.set_shape(g.shape)
+    reduced = reduced_group([g for g, _ in pairs], ReduceOp.Max, name, meter=meter)
     return {id(v): (g, v) for g, (_, v) in zip(reduced, pairs, strict=True)}
 
 

@@ -23,6 +23,7 @@ from hvd_compress.ops import masks as mask_ops
 from hvd_compress.ops import onebit as onebit_ops
 from hvd_compress.ops import process_sets
 from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
+from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
 from hvd_compress.tensorflow.context import ensure_init
 
@@ -131,6 +132,24 @@ def reduce_group(arrays: list[np.ndarray], op: ReduceOp, name: str, compression:
     return arrays
 
 
+def reduced_group(inputs: Sequence[tf.Tensor], op: ReduceOp, name: str, compressor: Any = None,
+                  process_set: Any = None, meter: CommMeter | None = None) -> list[tf.Tensor]:
+    """``reduce_group`` of ``inputs`` (dense tensors) as one stateful op, no gradient: new tensors of their shapes.
+    ``meter``: a wrapper's, which counts the bytes as its own (``comm_stats``)."""
+
+    def run(*arrays: np.ndarray) -> list[np.ndarray]:
+        with process_sets.scope(process_set):  # here: TF may run this on a thread of its own
+            copies = [aligned_copy(np.asarray(a)) for a in arrays]
+            if meter is None:
+                return reduce_group(copies, op, name, compressor)
+            return meter.run(reduce_group, copies, op, name, compressor)
+
+    outs = numpy_call(run, inputs, [x.dtype for x in inputs], name)
+    for o, x in zip(outs, inputs, strict=True):
+        o.set_shape(x.shape)
+    return outs
+
+
 def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None = None,
                       compression: Any = None, process_set: Any = None) -> list[tf.Tensor]:
     """New tensors: the reduction of each of ``tensors`` over all ranks, in one stateful call.
@@ -151,16 +170,9 @@ def grouped_allreduce(tensors: Sequence[Any], op: Any = None, name: str | None =
     for t in inputs:
         check_reduce_dtype(t, name)
 
-    def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        with process_sets.scope(ps):  # here: TF may run this on a thread of its own
-            return reduce_group([aligned_copy(np.asarray(a)) for a in arrays], op, name, compressor)
-
     @tf.custom_gradient
     def reduce(*xs: tf.Tensor) -> Any:
-        outs = numpy_call(run, xs, [x.dtype for x in xs], name)
-        for o, x in zip(outs, xs, strict=True):
-            o.set_shape(x.shape)
-        return outs, _reduce_gradient(op, name, compressor, ps)
+        return reduced_group(xs, op, name, compressor, ps), _reduce_gradient(op, name, compressor, ps)
 
     return list(reduce(*inputs))
 
