@@ -132,7 +132,7 @@ class BirderAlgorithm(BucketedAlgorithm):
         errors, copied aside first, are updated inside the core. Its draws are keyed by ``bucket_seed`` (each
         bucket a stream of its own, see the top)."""
         seg = self.buckets[i]
-        name = f"{self.name}.u.{i}"
+        name = self.call_name(f"{self.name}.u.{i}", i, groups)
         with failure_joins_as_rejection(self.meter, name):
             if groups is None:
                 raise ValueError(f"{self.name}: reducing a bucket needs the param groups")

@@ -178,7 +178,7 @@ class OneBitAlgorithm(BucketedAlgorithm):
         7-13), its error feedback copied aside first."""
         seg = self.buckets[i]
         warm = t <= self.freeze_step
-        name = f"{self.name}.grad.{i}" if warm else f"{self.name}.m.{i}"
+        name = self.call_name(f"{self.name}.grad.{i}" if warm else f"{self.name}.m.{i}", i, groups)
         with failure_joins_as_rejection(self.meter, name):
             if warm:
                 self.meter.run(ops.allreduce_, seg.grad, op=ReduceOp.Average, name=name)

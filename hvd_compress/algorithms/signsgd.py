@@ -98,7 +98,7 @@ class SignSGD(BucketedAlgorithm):
         xp, seg = self.xp, self.buckets[i]
         n = seg.numel
         e, s, p = seg.m[:n], seg.b[:n], seg.update
-        name = f"{self.name}.{i}"
+        name = self.call_name(f"{self.name}.{i}", i, groups)
         with failure_joins_as_rejection(self.meter, f"{name}.scale"):
             if groups is None:
                 raise ValueError(f"{self.name}: reducing a bucket needs the param groups")

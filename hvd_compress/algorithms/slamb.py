@@ -256,10 +256,11 @@ class Slamb(BucketedAlgorithm):
             return
         lo, hi = seg.first, seg.end
         if self.options.sync_grad:  # Alg. 1 line 9: g[M] averaged (the spec's default skips it)
-            with failure_joins_as_rejection(self.meter, f"{self.name}.grad.{i}"):
+            grad_name = self.call_name(f"{self.name}.grad.{i}", i, groups)
+            with failure_joins_as_rejection(self.meter, grad_name):
                 self._group(seg, groups)
-            self._masked_allreduce(b.grad, seg, t, f"{self.name}.grad.{i}")
-        name = f"{self.name}.m.{i}"
+            self._masked_allreduce(b.grad, seg, t, grad_name)
+        name = self.call_name(f"{self.name}.m.{i}", i, groups)
         with failure_joins_as_rejection(self.meter, name):  # step 3 into ``work``
             b1 = self._group(seg, groups)["betas"][0]
             if fused_ops.accepts(b.work[lo:hi], b.exp_avg[lo:hi], b.grad[lo:hi]):  # the core's fused pass
@@ -289,7 +290,7 @@ class Slamb(BucketedAlgorithm):
         Nothing in between can fail on one rank alone: its inputs are agreed, finite and in bounds."""
         seg, b, o = self.buckets[i], self.buf, self.options
         lo, hi = seg.first, seg.end
-        name = f"{self.name}.m.{i}"
+        name = self.call_name(f"{self.name}.m.{i}", i, groups)
         try:
             count = 0
             if seg.numel:

@@ -43,7 +43,7 @@ from hvd_compress.ops import onebit_adam_kernels as fused_ops
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
 from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
-from hvd_compress.ops.errors import UsageError
+from hvd_compress.ops.errors import MismatchError, UsageError
 from hvd_compress.ops.onebit import compressed_allreduce_
 from hvd_compress.ops.traffic import CommMeter
 
@@ -221,7 +221,7 @@ class ZeroOneAdam(BucketedAlgorithm):
         if kind == LOCAL:
             return
         seg, xp = self.buckets[i], self.xp
-        name = f"{self.name}.{kind}.{i}"
+        name = self.call_name(f"{self.name}.{kind}.{i}", i, groups)
         with failure_joins_as_rejection(self.meter, name):
             if kind == VARIANCE:
                 self.meter.run(ops.allreduce_, seg.grad, op=ReduceOp.Average, name=name)
@@ -276,7 +276,11 @@ class ZeroOneAdam(BucketedAlgorithm):
             self._check_finite()
         elif kind == LOCAL:  # no collective to refuse a bad gradient: agree on it first (Z16), and on edits (Z20)
             local = sum(int(self.xp.any_nonfinite(seg.grad)) for seg in self.buckets)
-            agreed = self._agree([local, int(self.parameters_edited)] if self.detects_edits else [local], "local")
+            try:
+                agreed = self._agree([local, int(self.parameters_edited)] if self.detects_edits else [local], "local",
+                                     groups)
+            except MismatchError as e:
+                raise self.mismatch_explained(e, groups) from e
             if agreed[0]:
                 raise UsageError(f"{self.name}: non-finite gradient on some rank at step {t} (a local step); step "
                                  "not taken, state unchanged")
@@ -302,10 +306,11 @@ class ZeroOneAdam(BucketedAlgorithm):
                 self._warn_of_inflated_steps(groups)
         return t
 
-    def _agree(self, counts: list[int], kind: str) -> list[int]:
-        """``counts`` summed over the ranks (one small allreduce; its name keeps the Z16 agreement's alone)."""
+    def _agree(self, counts: list[int], kind: str, groups: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """``counts`` summed over the ranks (one small allreduce; its name keeps the Z16 agreement's alone, and with
+        ``groups`` their hyper-parameters: a local step has no other call to compare them)."""
         name = f"{self.name}.{kind}.finite" if kind == "local" and len(counts) == 1 else f"{self.name}.{kind}.agree"
-        return counts_everywhere(self.xp, self.buckets[0].grad, counts, self.meter, name)
+        return counts_everywhere(self.xp, self.buckets[0].grad, counts, self.meter, self.call_name(name, None, groups))
 
     def _resynchronize(self, t: int) -> None:
         """Z20 at step ``t``: some rank's parameters changed outside the optimizer since its last step. Said once

@@ -1,0 +1,47 @@
+"""Hyper-parameters that differ between ranks under an algorithm op raise MismatchError on every rank, at no cost
+in calls: each bucket's collective carries a hash of its param group's hyper-parameters in its name, which the core
+compares before any data moves (``BucketedAlgorithm.call_name``). Real processes at 2, 3 and 4 ranks, every op
+with and without overlap (workers/hyper_agreement.py)."""
+
+from __future__ import annotations
+
+import pytest
+from mpi_harness import keras_face_env, load_pickled_ranks, load_ranks, mpirun
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ranks_whose_lr_differs_raise_mismatch_on_every_rank_state_unchanged(n: int, out_dir) -> None:
+    mpirun("hyper_agreement.py", n, out_dir, timeout=300)
+    ranks = [rk["results"] for rk in load_ranks(out_dir, n)]
+    assert len(ranks[0]) == 12, sorted(ranks[0])
+    for case, res in ranks[0].items():
+        for r, rk in enumerate(ranks):
+            got = rk[case]
+            caught = got["caught"]
+            assert caught.startswith("MismatchError") and "hyper-parameters" in caught, (case, r, caught)
+            lr = "0.03" if r == n - 1 else "0.01"
+            assert f"group 0: lr={lr}, " in caught and "group 1: lr=0.02, " in caught, (case, r, caught)
+            # Refused as a whole: parameters and every state (the algorithm's included) as before the step.
+            assert got["after_error"] == got["before"], (case, r)
+            assert got["next"] == "no error", (case, r, got["next"])
+            assert got["late_lr"] == "no error", (case, r, got["late_lr"])
+            if case.split("/")[0] not in ("ZeroOneAdam", "SLAMB"):  # their local steps leave ranks apart until a sync
+                assert got["params"] == res["params"], f"{case}: rank {r}'s parameters differ from rank 0's"
+                assert got["end"] == res["end"], f"{case}: rank {r}'s parameters differ from rank 0's"
+
+
+@pytest.mark.parametrize(("face", "n"), [("keras", 3), ("tf_keras", 2)])
+def test_keras_ranks_whose_learning_rate_differs_raise_on_every_rank(face: str, n: int, out_dir) -> None:
+    mpirun("keras_hyper_agreement.py", n, out_dir, face, timeout=400, env=keras_face_env(face))
+    ranks = [rk["results"] for rk in load_pickled_ranks(out_dir, n)]
+    assert len(ranks[0]) == 5, sorted(ranks[0])
+    for op in ranks[0]:
+        for r, rk in enumerate(ranks):
+            got = rk[op]
+            caught = got["caught"]
+            assert "MismatchError" in caught and "hyper-parameters" in caught, (op, r, caught)
+            assert got["after_error"] == got["before"], (op, r)
+            assert got["next"] == "no error", (op, r, got["next"])
+        # Each rank lists its own learning rate: the last rank's differs from the others'.
+        listed = [rk[op]["caught"].split("This rank's: ")[1].split(",")[0] for rk in ranks]
+        assert len(set(listed[:-1])) == 1 and listed[-1] != listed[0], (op, listed)

@@ -1,0 +1,58 @@
+"""Hyper-parameters that differ between ranks under a Keras algorithm op: each op trains three equal steps in a
+``tf.function``; then the last rank's learning rate changes (as ``ReduceLROnPlateau`` fed that rank's own
+validation loss would), and the next step that communicates must raise on every rank, naming the hyper-parameters,
+with the variables as they were; with the learning rate equal again the step is taken.
+
+argv: out_dir face ("keras" or "tf_keras", which TF_USE_LEGACY_KERAS must match)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import tensorflow as tf
+from tf_common import ALGORITHM_OPTIONS, digest, inner_optimizer, keras_of_face, outcome, save
+
+import hvd_compress.keras as hck
+
+keras = keras_of_face(sys.argv[2])
+hck.init()
+r, n = hck.rank(), hck.size()
+
+
+def run(op: str) -> dict[str, str]:
+    keras.utils.set_random_seed(11)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    inner = inner_optimizer(keras, hck, op, 0.01)
+    opt = hck.DistributedOptimizer(inner, op=getattr(hck, op), **ALGORITHM_OPTIONS[op])
+
+    @tf.function
+    def step(x: tf.Tensor, y: tf.Tensor) -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        variables = model.trainable_variables
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+
+    rng = np.random.default_rng(r)
+
+    def one() -> None:
+        x = rng.standard_normal((16, 6)).astype(np.float32)
+        step(tf.constant(x), tf.constant(np.sin(x.sum(1, keepdims=True))))
+
+    for _ in range(3):
+        one()
+    if r == n - 1:
+        inner.learning_rate.assign(0.03)
+    res, caught, s = {}, "no error", 3
+    while caught == "no error" and s < 12:  # 0/1 Adam's local steps: the first that communicates
+        res["before"] = digest([v.numpy() for v in model.trainable_variables])
+        caught = outcome(one)
+        s += 1
+    res["caught"] = caught
+    res["after_error"] = digest([v.numpy() for v in model.trainable_variables])
+    inner.learning_rate.assign(0.01)
+    res["next"] = outcome(one)
+    return res
+
+
+save(r, {"results": {op: run(op) for op in ALGORITHM_OPTIONS}})
