@@ -136,9 +136,12 @@ class BucketedAlgorithm:
         """Start the buckets that are ready, with the param groups as they are now, on this (the program's) thread:
         a background reduction reading the live groups would take an lr set after backward on one rank and not
         on another, by timing alone."""
+        red = self._pipeline()
+        if not red.next_is_ready():  # most hooks: no copy of the groups for nothing
+            return
         order, t = self._order(), self.t + 1
         frozen = None if groups is None else [dict(g) for g in groups]
-        self._pipeline().launch_ready(lambda b: self.reduce_bucket(order[b], frozen, t))
+        red.launch_ready(lambda b: self.reduce_bucket(order[b], frozen, t))
 
     def gradient_final(self, i: int, groups: Sequence[dict[str, Any]], count: int = 1) -> None:
         """From a face's gradient hook: ``count`` more parameters of bucket ``i`` have their final gradient for

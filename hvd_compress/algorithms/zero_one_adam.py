@@ -276,11 +276,8 @@ class ZeroOneAdam(BucketedAlgorithm):
             self._check_finite()
         elif kind == LOCAL:  # no collective to refuse a bad gradient: agree on it first (Z16), and on edits (Z20)
             local = sum(int(self.xp.any_nonfinite(seg.grad)) for seg in self.buckets)
-            try:
-                agreed = self._agree([local, int(self.parameters_edited)] if self.detects_edits else [local], "local",
-                                     groups)
-            except MismatchError as e:
-                raise self.mismatch_explained(e, groups) from e
+            counts = [local, int(self.parameters_edited)] if self.detects_edits else [local]
+            agreed = self._agree(counts, "local", groups)
             if agreed[0]:
                 raise UsageError(f"{self.name}: non-finite gradient on some rank at step {t} (a local step); step "
                                  "not taken, state unchanged")
@@ -310,7 +307,11 @@ class ZeroOneAdam(BucketedAlgorithm):
         """``counts`` summed over the ranks (one small allreduce; its name keeps the Z16 agreement's alone, and with
         ``groups`` their hyper-parameters: a local step has no other call to compare them)."""
         name = f"{self.name}.{kind}.finite" if kind == "local" and len(counts) == 1 else f"{self.name}.{kind}.agree"
-        return counts_everywhere(self.xp, self.buckets[0].grad, counts, self.meter, self.call_name(name, None, groups))
+        try:
+            return counts_everywhere(self.xp, self.buckets[0].grad, counts, self.meter,
+                                     self.call_name(name, None, groups))
+        except MismatchError as e:
+            raise self.mismatch_explained(e, groups) from e
 
     def _resynchronize(self, t: int) -> None:
         """Z20 at step ``t``: some rank's parameters changed outside the optimizer since its last step. Said once

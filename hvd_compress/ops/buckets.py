@@ -93,10 +93,14 @@ class BucketReductions:
     def is_complete(self, bucket: int) -> bool:
         return self._ready[bucket] >= self._sizes[bucket]
 
+    def next_is_ready(self) -> bool:
+        """Whether ``launch_ready`` would start a bucket now."""
+        return self._next < len(self._sizes) and self.is_complete(self._next)
+
     def launch_ready(self, reduce_bucket: Callable[[int], Any]) -> int:
         """Start ``reduce_bucket(b)`` on the background thread for each next bucket that is complete; how many."""
         start = self._next
-        while self._next < len(self._sizes) and self.is_complete(self._next):
+        while self.next_is_ready():
             self._futures[self._next] = runtime.submit(reduce_bucket, self._next)
             self._next += 1
         return self._next - start
