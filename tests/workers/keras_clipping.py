@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from tf_common import ALGORITHM_OPTIONS, inner_optimizer, keras_of_face, outcome, save
+from tf_common import ALGORITHM_OPTIONS, inner_optimizer, keras_of_face, mse_step, outcome, save
 
 import hvd_compress.keras as hck
 
@@ -56,15 +56,7 @@ def run(op: str, option: str, mode: str) -> list[np.ndarray]:
         setattr(opt, option, CLIP[option])
     rule = inner(op, **{option: CLIP[option]})  # only its _clip_gradients is used
 
-    @tf.function
-    def step(x: tf.Tensor, y: tf.Tensor) -> None:
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean((model(x) - y) ** 2)
-        variables = model.trainable_variables
-        grads = tape.gradient(loss, variables)
-        if mode == "by_hand":
-            grads = rule._clip_gradients(grads)
-        opt.apply_gradients(zip(grads, variables, strict=True))
+    step = mse_step(model, opt, edit=rule._clip_gradients if mode == "by_hand" else None)
 
     for x, y in data:
         step(tf.constant(x), tf.constant(y))

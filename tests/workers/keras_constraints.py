@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from tf_common import ALGORITHM_OPTIONS, inner_optimizer, keras_of_face, outcome, save
+from tf_common import ALGORITHM_OPTIONS, inner_optimizer, keras_of_face, mse_step, outcome, save
 
 import hvd_compress.keras as hck
 
@@ -44,13 +44,7 @@ def run(op: str, constrained: bool, by_hand: bool) -> list[np.ndarray]:
             for v, c in zip(kernels, CONSTRAINTS, strict=True):
                 v.assign(c(v))
 
-    @tf.function
-    def step(x: tf.Tensor, y: tf.Tensor) -> None:
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean((model(x) - y) ** 2)
-        variables = model.trainable_variables
-        opt.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
-        constrain()
+    step = mse_step(model, opt, after=constrain)
 
     rng = np.random.default_rng(rank)
     for _ in range(8):

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from tf_common import ALGORITHM_OPTIONS, digest, inner_optimizer, keras_of_face, outcome, save
+from tf_common import ALGORITHM_OPTIONS, digest, inner_optimizer, keras_of_face, mse_step, outcome, save
 
 import hvd_compress.keras as hck
 
@@ -26,13 +26,7 @@ def run(op: str) -> dict[str, str]:
     inner = inner_optimizer(keras, hck, op, 0.01)
     opt = hck.DistributedOptimizer(inner, op=getattr(hck, op), **ALGORITHM_OPTIONS[op])
 
-    @tf.function
-    def step(x: tf.Tensor, y: tf.Tensor) -> None:
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean((model(x) - y) ** 2)
-        variables = model.trainable_variables
-        opt.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
-
+    step = mse_step(model, opt)
     rng = np.random.default_rng(r)
 
     def one() -> None:

@@ -58,6 +58,27 @@ def inner_optimizer(keras: Any, hck: Any, op: str, lr: float, **kwargs: Any) -> 
     return keras.optimizers.Adam(lr, **kwargs)
 
 
+def mse_step(model: Any, opt: Any, edit: Callable[[list[Any]], list[Any]] | None = None,
+             after: Callable[[], None] | None = None) -> Callable[[Any, Any], None]:
+    """A ``tf.function`` step of ``opt`` on the mean squared error of ``model`` at (x, y); ``edit`` changes the
+    gradients before ``apply_gradients``, ``after`` runs after it (both traced into the step)."""
+    import tensorflow as tf
+
+    @tf.function
+    def step(x: Any, y: Any) -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        variables = model.trainable_variables
+        grads = tape.gradient(loss, variables)
+        if edit is not None:
+            grads = edit(grads)
+        opt.apply_gradients(zip(grads, variables, strict=True))
+        if after is not None:
+            after()
+
+    return step
+
+
 def rank_data(rank: int) -> tuple[np.ndarray, np.ndarray]:
     """Each rank its own regression data: 64 rows of 6 features, y = sin(sum of x)."""
     x = np.random.default_rng(rank).standard_normal((64, 6)).astype("float32")
