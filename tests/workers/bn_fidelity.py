@@ -7,7 +7,8 @@ BatchNorm's running statistics follow the biases in training mode, so a runaway 
 
 argv: out_dir arch(cnn|resnet) steps freeze_step runs
   runs: comma list of Adam, Lamb, OneBitAdam, OneBitLamb, or OneBitAdam:<variance_floor>; SGD (momentum 0.9) and
-  SignSGD over plain SGD; ZeroOneAdam (var_freeze_step = freeze_step) and PowerSGD over Adam, each optionally
+  SignSGD over plain SGD; ZeroOneAdam (var_freeze_step = freeze_step) and PowerSGD over Adam; SLAMB over hc.Lamb;
+  Birder, and BirderDense (hc.Birder behind op=Average: its rule uncompressed), at Adam's lr; each optionally
   with options as :name=value (integers or floats); each from the same initial model and data order.
 MODEL_SEED in the environment: the model's seed (default 1).
 Saves per rank, per run: eval-mode accuracy and loss on 500 held-out images, the largest |parameter|, the SHA-256
@@ -62,7 +63,7 @@ def make_model() -> torch.nn.Module:
 
 def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
     name, *extra = run.split(":")
-    options = {"op": getattr(hc, name) if name not in ("Adam", "Lamb", "SGD") else hc.Average}
+    options = {"op": getattr(hc, name) if name not in ("Adam", "Lamb", "SGD", "BirderDense") else hc.Average}
     if name.startswith("OneBit"):
         options.update(freeze_step=freeze, **({"variance_floor": float(extra[0])} if extra else {}))
     else:
@@ -71,8 +72,10 @@ def make_optimizer(run: str, model: torch.nn.Module) -> torch.optim.Optimizer:
     lr = options.pop("lr", LR.get(name, LR["Adam"]))  # lr=...: the wrapped optimizer's
     if name in ("SGD", "SignSGD"):
         base = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9 if name == "SGD" else 0.0)
-    elif name.endswith("Lamb"):
+    elif name.endswith("Lamb") or name == "SLAMB":
         base = hc.Lamb(model.parameters(), lr=LR["Lamb"])
+    elif name.startswith("Birder"):
+        base = hc.Birder(model.parameters(), lr=lr)
     else:
         base = torch.optim.Adam(model.parameters(), lr=lr)
     if name == "ZeroOneAdam":
@@ -97,6 +100,8 @@ def train(run: str, xs: tuple[torch.Tensor, ...]) -> dict[str, object]:
             opt.step()
     except hc.UsageError as e:
         out["error"] = f"step {step}: {e}"
+    if hasattr(opt, "synchronize_parameters"):  # SLAMB: the ranks' models differ between its syncs
+        opt.synchronize_parameters()
     # Horovod's pattern: the BatchNorm running statistics are per rank; average them before evaluating.
     for name, buf in model.named_buffers():
         if buf.is_floating_point():
