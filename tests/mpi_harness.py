@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import mpi_pool
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
 
@@ -77,10 +79,43 @@ def mpirun(
 ) -> subprocess.CompletedProcess[str]:
     cmd = ["mpirun", "--oversubscribe", "-np", str(n), "--bind-to", "none", *mpi_args]
     cmd += [sys.executable, str(WORKERS / worker), str(out_dir), *args]
-    res = launch(cmd, timeout, mpi_env(env))
+    if check and not mpi_args and mpi_pool.enabled() and Path(worker).name not in OWN_LAUNCH:
+        res = _pooled(cmd, worker, n, [str(out_dir), *args], env or {}, timeout)
+    else:
+        res = launch(cmd, timeout, mpi_env(env))
     if check and res.returncode != 0:
         raise AssertionError(f"{worker} on {n} ranks exited {res.returncode}:\n{res.stdout[-6000:]}")
     return res
+
+
+#: Workers that need a process of their own: they end it themselves (``os._exit``, a peer that stops or leaves),
+#: read their environment at import (the Horovod entry switch), or run the docs' blocks, each its own program.
+OWN_LAUNCH = frozenset({"bad_input.py", "peer_exits.py", "config_invalid.py", "doc_blocks.py", "horovod_entry.py",
+                        "horovod_entry_keras.py", "launch_mode.py", "adasum_wait.py"})
+
+
+ALONE = "(a pooled job: HVDC_TEST_POOL=0 gives each job a launch of its own, to rule out what an earlier job left)"
+
+
+def _pooled(cmd: list[str], worker: str, n: int, args: list[str], env: dict[str, str],
+            timeout: float) -> subprocess.CompletedProcess[str]:
+    """``mpirun``'s job run on a pool of n ranks (``mpi_pool``) that has torch or TensorFlow imported already."""
+    script = WORKERS / worker
+    scripts = [script]
+    if script.name == "mpi_harness.py":  # a ``Cases`` launch: the face is its workers'
+        scripts = [WORKERS / args[1], *(WORKERS / json.loads(a)["worker"] for a in args[2:] if '"worker"' in a)]
+        if any(p.name in OWN_LAUNCH for p in scripts):
+            return launch(cmd, timeout, mpi_env(env))
+    legacy = env.get("TF_USE_LEGACY_KERAS", os.environ.get("TF_USE_LEGACY_KERAS", "")) in ("1", "true", "True")
+    key = (n, mpi_pool.face(scripts), legacy)
+    pool_env = mpi_env({"PYTHONUNBUFFERED": "1", **({"TF_USE_LEGACY_KERAS": "1"} if legacy else {})})
+    code, out = mpi_pool.run(key, n, pool_env, script.resolve(), args, env, timeout)
+    if code is None:
+        raise AssertionError(f"job hung or its pool died: stopped after {timeout:.0f} s at most: {' '.join(cmd)}\n"
+                             f"{out[-6000:]}\n{ALONE}")
+    if code:
+        out += f"\n{ALONE}"
+    return subprocess.CompletedProcess(cmd, code, out, "")
 
 
 def horovodrun(

@@ -1,0 +1,47 @@
+"""The test harness's MPI pools (``mpi_pool``): a job finds the process as a launch of its own would (no
+environment, no hvd_compress runtime left by the job before), and a job that raises or hangs fails its test with
+its own output and does not take the next job with it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import mpi_pool
+import pytest
+from mpi_harness import mpirun
+
+pytestmark = pytest.mark.skipif(not mpi_pool.enabled(), reason="HVDC_TEST_POOL=0: no pools to test")
+
+
+def _found(out, n: int = 2) -> list[dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def test_a_pooled_job_finds_no_state_of_the_job_before(tmp_path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    mpirun("pool_probe.py", 2, first, "leave", env={"PROBE": "first"})
+    mpirun("pool_probe.py", 2, second, "leave")
+    for a, b in zip(_found(first), _found(second), strict=True):
+        assert a["pid"] == b["pid"], "the second job did not run on the first one's pool"
+        assert a["probe"] == "first" and b["probe"] is None, "the first job's environment reached the second"
+        assert b["left"] is None, "an environment variable the first job set reached the second"
+        assert not b["initialized"], "hvd_compress's runtime of the first job was still up in the second"
+
+
+def test_a_job_that_raises_fails_with_its_output_and_the_next_one_runs_on_a_new_pool(tmp_path) -> None:
+    bad, good = tmp_path / "bad", tmp_path / "good"
+    bad.mkdir(), good.mkdir()
+    with pytest.raises(AssertionError, match="pool_probe: rank 1 raised"):
+        mpirun("pool_probe.py", 2, bad, "raise")
+    mpirun("pool_probe.py", 2, good, "leave")
+    assert {f["pid"] for f in _found(bad)}.isdisjoint(f["pid"] for f in _found(good))
+    assert not any(f["initialized"] or f["left"] for f in _found(good))
+
+
+def test_a_job_that_hangs_is_stopped_at_its_timeout(tmp_path) -> None:
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match="job hung"):
+        mpirun("pool_probe.py", 2, tmp_path, "hang", timeout=15)
+    assert time.monotonic() - start < 40

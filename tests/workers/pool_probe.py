@@ -1,0 +1,22 @@
+"""What a pooled job finds when it starts (``tests/test_mpi_pool.py``); then it leaves state behind, raises or hangs
+as the second argument says."""
+
+import json
+import os
+import sys
+import time
+
+from hvd_compress.ops import runtime
+
+mode = sys.argv[2]
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+found = {"pid": os.getpid(), "initialized": runtime.is_initialized(), "probe": os.environ.get("PROBE"),
+         "left": os.environ.get("LEFT")}
+runtime.init()
+os.environ["LEFT"] = "by an earlier job"
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump(found, f)
+if mode == "raise" and rank == 1:
+    raise RuntimeError("pool_probe: rank 1 raised")
+if mode == "hang" and rank == 0:
+    time.sleep(60)
