@@ -1,6 +1,6 @@
 """Long-lived MPI jobs that run worker scripts one after another, so that a test run starts Python, torch and
-TensorFlow once per (rank count, face) instead of once per test: on a 2-core CI host a launch costs 5-8 s of imports
-for torch and 14-24 s for TensorFlow, more than most workers' own work.
+TensorFlow once per (rank count, face) instead of once per test: on a 2-core CI host starting them costs more than
+most workers' own work.
 
 A pool is ``mpirun -np n python mpi_pool.py DIR``; each rank reads jobs (a worker script, its arguments and
 environment) from its own FIFO in DIR, runs the script as its own process would (``runpy``, ``__main__``), puts the
@@ -33,7 +33,7 @@ from pathlib import Path
 WORKERS = Path(__file__).resolve().parent / "workers"
 END = "@@hvdc-pool-end"
 #: Pools alive at once hold at most this many ranks, and leave this much memory free for the next pool (an idle
-#: TensorFlow rank holds ~0.8 GB); a pool is replaced after this many jobs (what jobs leave behind grows).
+#: TensorFlow rank holds most of a GB); a pool is replaced after this many jobs (what jobs leave behind grows).
 MAX_RANKS_ALIVE = int(os.environ.get("HVDC_TEST_POOL_RANKS", "20"))
 MIN_FREE_BYTES = 6 << 30
 JOBS_PER_POOL = 40
