@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import runpy
 import signal
 import subprocess
 import sys
@@ -187,8 +186,8 @@ class Cases:
     or TensorFlow than on a case, and a worker's cases build their own objects, so one process can run them in turn.
 
     ``cases`` maps a rank count to its cases, each a tuple of the worker's arguments after out_dir, or a pair
-    (arguments, environment) for a worker that reads os.environ (what the runtime reads at init comes from the first
-    case at n, so give it alike to every case at n), or a triple (arguments, environment, another worker).
+    (arguments, environment) for a worker that reads os.environ (each case starts as a process of its own would:
+    ``mpi_pool.ProcessState``), or a triple (arguments, environment, another worker).
     ``ranks(n, case)`` (a case as given) launches every case at n on the first request and returns what each rank
     saved for ``case``; a failed launch fails each case at n without relaunching."""
 
@@ -216,19 +215,15 @@ class Cases:
 
 
 def _run_cases(out: Path, worker: str, specs: list[str]) -> None:
-    """On each rank of a ``Cases`` launch: the worker's script once per case, as its own launch would run it, case i
-    saving into out/case{i}."""
-    sys.path.insert(0, str(WORKERS))
-    environ = dict(os.environ)
+    """On each rank of a ``Cases`` launch: the worker's script once per case, as its own launch would run it (the
+    process put back after each), case i saving into out/case{i}."""
+    fresh = mpi_pool.ProcessState()
     for i, spec in enumerate(specs):
         case = json.loads(spec)
-        script = WORKERS / case.get("worker", worker)
         (out / f"case{i}").mkdir(exist_ok=True)
-        os.environ.update(case.get("env", {}))
-        sys.argv = [str(script), str(out / f"case{i}"), *case["args"]]
-        runpy.run_path(str(script), run_name="__main__")
-        os.environ.clear()
-        os.environ.update(environ)
+        mpi_pool.run_script(str(WORKERS / case.get("worker", worker)), [str(out / f"case{i}"), *case["args"]],
+                            case.get("env", {}))
+        fresh.restore()
 
 
 if __name__ == "__main__":

@@ -87,32 +87,38 @@ class Pool:
         exited non-zero, (None, output) when it hung past ``timeout`` or the pool died. After any but 0 the pool
         is of no more use: ``close`` it."""
         deadline = time.monotonic() + timeout
-        start = self.log.seek(0, os.SEEK_END)
         self.jobs += 1
         stats["jobs"] += 1
-        if not self._open_fifos(deadline):
-            return None, self._read(start)
-        line = json.dumps({"id": self.jobs, "script": str(script), "args": args, "env": env}) + "\n"
-        for fd in self.fifos:
-            os.write(fd, line.encode())
-        ends = re.compile(rf"^{END} {self.jobs} (\d+) (\S+)$", re.M)
-        failed_at = None
-        while True:
-            out = self._read(start)
-            statuses = ends.findall(out)
-            if len(statuses) == 2 * self.n:  # each rank's end line on stdout and on stderr: all its output is in
-                return (1 if any(s != "ok" for _, s in statuses) else 0), out
-            if failed_at is None and any(s != "ok" for _, s in statuses):
-                failed_at = time.monotonic()  # the other ranks may wait for it in a collective: give them a moment
-            now = time.monotonic()
-            if self.proc.poll() is not None or now > deadline or (failed_at is not None and now > failed_at + 5):
-                return (1 if failed_at is not None else None), self._read(start)
-            time.sleep(0.01)
+        with open(self.dir / "out.log", "rb") as log:
+            log.seek(0, os.SEEK_END)  # the job's output starts here
+            out = bytearray()
+            if not self._open_fifos(deadline):
+                return None, self._text(out, log)
+            line = json.dumps({"id": self.jobs, "script": str(script), "args": args, "env": env}) + "\n"
+            for fd in self.fifos:
+                os.write(fd, line.encode())
+            ends = re.compile(rb"^" + re.escape(f"{END} {self.jobs} ".encode()) + rb"(\d+) (\S+)$", re.M)
+            statuses: list[bytes] = []
+            failed_at, lines_end = None, 0
+            while True:
+                new = log.read()
+                if new:  # search the lines that are whole now: a read may end inside a line
+                    out += new
+                    start, lines_end = lines_end, out.rfind(b"\n") + 1
+                    statuses += [m.group(2) for m in ends.finditer(out, start, lines_end)]
+                if len(statuses) == 2 * self.n:  # each rank's end line on stdout and on stderr: all its output is in
+                    return (1 if any(s != b"ok" for s in statuses) else 0), out.decode(errors="replace")
+                if failed_at is None and any(s != b"ok" for s in statuses):
+                    failed_at = time.monotonic()  # the other ranks may wait for it in a collective: a moment more
+                now = time.monotonic()
+                if self.proc.poll() is not None or now > deadline or (failed_at is not None and now > failed_at + 5):
+                    return (1 if failed_at is not None else None), self._text(out, log)
+                time.sleep(0.01)
 
-    def _read(self, start: int) -> str:
-        with open(self.dir / "out.log", "rb") as f:
-            f.seek(start)
-            return f.read().decode(errors="replace")
+    @staticmethod
+    def _text(out: bytearray, log) -> str:
+        """The job's output so far, with what is still unread."""
+        return (out + log.read()).decode(errors="replace")
 
     def close(self) -> None:
         if self.log.closed:
@@ -175,44 +181,59 @@ def _close_all() -> None:
 # The rank's side.
 
 
-def _reset(env: dict[str, str], cwd: str, filters: list) -> None:
-    """Put the process back as a fresh one would start the next job, as far as a worker can tell."""
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(cwd)
-    warnings.filters[:] = filters
-    warnings._filters_mutated()  # forgets which warnings were already shown
-    runtime = sys.modules.get("hvd_compress.ops.runtime")
-    if runtime is not None and runtime.is_initialized():
-        runtime.shutdown()  # the next job's hc.init() reads its own environment
-    for name in ("horovod.torch", "horovod.tensorflow"):
-        hvd = sys.modules.get(name)
-        if hvd is not None and hvd.is_initialized():
-            hvd.shutdown()  # an idle Horovod background thread would take CPU from the other pools' jobs
-    for name in ("keras", "tf_keras"):
-        keras = sys.modules.get(name)
-        if keras is not None and hasattr(keras, "backend"):
-            keras.backend.clear_session()
-            keras.mixed_precision.set_global_policy("float32")
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_default_dtype(torch.float32)
-    import gc
+class ProcessState:
+    """What a fresh process would start the next worker script with, taken once and put back after each script."""
 
-    gc.collect()
+    def __init__(self) -> None:
+        self.env, self.cwd, self.filters = dict(os.environ), os.getcwd(), list(warnings.filters)
+
+    def restore(self) -> None:
+        """Put the process back as far as a worker can tell: environment, working directory, warning filters (and
+        the record of warnings shown), hvd_compress's and Horovod's runtimes, Keras's session and dtype policy,
+        torch's default dtype."""
+        os.environ.clear()
+        os.environ.update(self.env)
+        os.chdir(self.cwd)
+        warnings.filters[:] = self.filters
+        warnings._filters_mutated()  # forgets which warnings were already shown
+        runtime = sys.modules.get("hvd_compress.ops.runtime")
+        if runtime is not None and runtime.is_initialized():
+            runtime.shutdown()  # the next script's hc.init() reads its own environment
+        for name in ("horovod.torch", "horovod.tensorflow"):
+            hvd = sys.modules.get(name)
+            if hvd is not None and hvd.is_initialized():
+                hvd.shutdown()  # an idle Horovod background thread would take CPU from the other pools' jobs
+        for name in ("keras", "tf_keras"):
+            keras = sys.modules.get(name)
+            if keras is not None and hasattr(keras, "backend"):
+                keras.backend.clear_session()
+                keras.mixed_precision.set_global_policy("float32")
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_default_dtype(torch.float32)
+        import gc
+
+        gc.collect()
+
+
+def run_script(script: str, args: list[str], env: dict[str, str]) -> None:
+    """Run a worker script as its own launch would: ``env`` added to the environment, ``sys.argv`` its command
+    line, the script as ``__main__``. The caller puts the process back after it (``ProcessState.restore``)."""
+    if str(WORKERS) not in sys.path:
+        sys.path.insert(0, str(WORKERS))
+    os.environ.update(env)
+    sys.argv = [script, *args]
+    runpy.run_path(script, run_name="__main__")
 
 
 def _serve(pool_dir: Path) -> None:
     rank = os.environ["OMPI_COMM_WORLD_RANK"]
-    sys.path.insert(0, str(WORKERS))
-    env, cwd, filters = dict(os.environ), os.getcwd(), list(warnings.filters)
+    fresh = ProcessState()
     with open(pool_dir / f"rank{rank}") as jobs:
         for line in jobs:
             job = json.loads(line)
-            os.environ.update(job["env"])
-            sys.argv = [job["script"], *job["args"]]
             try:
-                runpy.run_path(job["script"], run_name="__main__")
+                run_script(job["script"], job["args"], job["env"])
                 status = "ok"
             except SystemExit as e:
                 status = "ok" if e.code in (None, 0) else "exited"
@@ -222,7 +243,7 @@ def _serve(pool_dir: Path) -> None:
                 traceback.print_exc()
                 status = "raised"
             try:
-                _reset(env, cwd, filters)
+                fresh.restore()
             except BaseException:
                 traceback.print_exc()
                 status = "reset-failed"

@@ -1,6 +1,6 @@
 """The test harness's MPI pools (``mpi_pool``): a job finds the process as a launch of its own would (no
-environment, no hvd_compress runtime left by the job before), and a job that raises or hangs fails its test with
-its own output and does not take the next job with it."""
+environment, no hvd_compress runtime left by the job before; nor does a case of a ``Cases`` launch), and a job that
+raises or hangs fails its test with its own output and does not take the next job with it."""
 
 from __future__ import annotations
 
@@ -28,6 +28,17 @@ def test_a_pooled_job_finds_no_state_of_the_job_before(tmp_path) -> None:
         assert a["probe"] == "first" and b["probe"] is None, "the first job's environment reached the second"
         assert b["left"] is None, "an environment variable the first job set reached the second"
         assert not b["initialized"], "hvd_compress's runtime of the first job was still up in the second"
+
+
+def test_each_case_of_a_cases_launch_finds_no_state_of_the_case_before(tmp_path) -> None:
+    # Cases' launch runs its cases in one process per rank, each put back as the pool puts back its jobs
+    specs = [json.dumps({"args": ["leave"], "env": {"PROBE": "first"}}), json.dumps({"args": ["leave"]})]
+    mpirun("../mpi_harness.py", 2, tmp_path, "pool_probe.py", *specs)
+    for a, b in zip(_found(tmp_path / "case0"), _found(tmp_path / "case1"), strict=True):
+        assert a["pid"] == b["pid"], "the two cases did not run in one process"
+        assert a["probe"] == "first" and b["probe"] is None, "the first case's environment reached the second"
+        assert b["left"] is None, "an environment variable the first case set reached the second"
+        assert not b["initialized"], "hvd_compress's runtime of the first case was still up in the second"
 
 
 def test_a_job_that_raises_fails_with_its_output_and_the_next_one_runs_on_a_new_pool(tmp_path) -> None:
