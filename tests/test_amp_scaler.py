@@ -13,7 +13,7 @@ step; Horovod's AMP clipping pattern gives the same result with overlap on and o
 from __future__ import annotations
 
 import pytest
-from mpi_harness import horovodrun, load_ranks
+from mpi_harness import load_ranks, mpirun
 
 OPS = ["OneBitAdam", "OneBitLamb", "Birder", "SLAMB", "Average", "PowerSGD", "TopK", "ZeroOneAdam"]
 #: Ops whose ranks hold different parameters between syncs by design: SLAMB between its parameter averages; 0/1
@@ -25,7 +25,7 @@ IN_PLACE = ("Average", "PowerSGD")
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_grad_scaler_unscales_before_the_compressed_reduction_and_skips_on_every_rank(n: int, out_dir) -> None:
-    horovodrun("amp_scaler.py", n, out_dir, ",".join(OPS), timeout=300)
+    mpirun("amp_scaler.py", n, out_dir, ",".join(OPS), timeout=300)
     ranks = load_ranks(out_dir, n)
     for op in OPS:
         for r, rk in enumerate(ranks):

@@ -11,7 +11,7 @@ SLAMB and Birder on the CNN at 2 ranks."""
 from __future__ import annotations
 
 import pytest
-from mpi_harness import horovodrun, load_pickled_ranks, load_ranks, mpirun
+from mpi_harness import load_pickled_ranks, load_ranks, mpirun
 
 COUNTERPARTS = {"OneBitAdam": "Adam", "OneBitLamb": "Lamb"}
 CASES = [("cnn", 2), ("cnn", 4), ("resnet", 2), ("resnet", 4)]
@@ -20,7 +20,7 @@ CASES = [("cnn", 2), ("cnn", 4), ("resnet", 2), ("resnet", 4)]
 @pytest.mark.parametrize(("arch", "n"), CASES, ids=[f"{a}-{n}ranks" for a, n in CASES])
 def test_onebit_optimizers_train_batchnorm_networks_within_two_points_of_dense(arch: str, n: int, out_dir) -> None:
     runs = ["Adam", "Lamb", *COUNTERPARTS]
-    horovodrun("bn_fidelity.py", n, out_dir, arch, "150", "30", ",".join(runs), timeout=420)
+    mpirun("bn_fidelity.py", n, out_dir, arch, "150", "30", ",".join(runs), timeout=420)
     _assert_within_two_points(load_ranks(out_dir, n), runs, COUNTERPARTS, arch)
 
 
@@ -44,7 +44,7 @@ def _assert_within_two_points(ranks: list[dict], runs: list[str], dense_of: dict
 def test_papers_rule_breaks_a_bias_before_batchnorm(out_dir) -> None:
     """variance_floor=0 (the papers' exact rule) on the CNN: the biases before BatchNorm run away (eval accuracy
     near chance) although training raised nothing: what the floor's bucket share prevents."""
-    horovodrun("bn_fidelity.py", 2, out_dir, "cnn", "40", "10", "OneBitAdam:0", timeout=300)
+    mpirun("bn_fidelity.py", 2, out_dir, "cnn", "40", "10", "OneBitAdam:0", timeout=300)
     got = load_ranks(out_dir, 2)[0]["OneBitAdam:0"]
     assert got["error"] is None and got["max_abs"] > 10 and got["accuracy"] < 0.5, got
 
@@ -81,7 +81,7 @@ DENSE_OF = {"ZeroOneAdam:var_update_scaler=4:local_step_scaler=16": "Adam",
 
 def test_zero_one_adam_signsgd_and_powersgd_train_batchnorm_cnn_within_two_points_of_dense(out_dir) -> None:
     n, runs = 2, ["Adam", "SGD", *DENSE_OF]
-    horovodrun("bn_fidelity.py", n, out_dir, "cnn", "175", "35", ",".join(runs), timeout=420)
+    mpirun("bn_fidelity.py", n, out_dir, "cnn", "175", "35", ",".join(runs), timeout=420)
     res = _assert_within_two_points(load_ranks(out_dir, n), runs, DENSE_OF, "cnn")
     zero_one, adam = res["ZeroOneAdam:var_update_scaler=4:local_step_scaler=16"], res["Adam"]
     assert zero_one["loss"] <= 1.02 * adam["loss"], (
@@ -96,7 +96,7 @@ def test_slamb_and_birder_train_batchnorm_cnn_without_a_runaway_bias(out_dir) ->
     between the averages of x every H steps, and it is not within 2 points of hc.Lamb on every seed
     (docs/algorithms/slamb.md, "BatchNorm")."""
     n, runs = 2, ["Lamb", "SLAMB", "BirderDense", "Birder"]
-    horovodrun("bn_fidelity.py", n, out_dir, "cnn", "150", "30", ",".join(runs), timeout=420)
+    mpirun("bn_fidelity.py", n, out_dir, "cnn", "150", "30", ",".join(runs), timeout=420)
     res = _assert_within_two_points(load_ranks(out_dir, n), runs, {"Birder": "BirderDense"}, "cnn")
     for run in runs:
         assert res[run]["error"] is None and res[run]["max_abs"] < 10, (run, res[run])

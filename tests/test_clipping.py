@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mpi_harness import horovodrun, load_ranks
+from mpi_harness import load_ranks, mpirun
 
 HONOURED = ["OneBitAdam", "OneBitLamb", "Birder", "SLAMB", "ZeroOneAdam"]
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_clipping_is_honoured_or_refused_on_every_rank(n: int, out_dir) -> None:
-    horovodrun("clipping.py", n, out_dir, ",".join([*HONOURED, "Adasum", "Average", "PowerSGD"]), timeout=400)
+    mpirun("clipping.py", n, out_dir, ",".join([*HONOURED, "Adasum", "Average", "PowerSGD"]), timeout=400)
     ranks = load_ranks(out_dir, n)
     for op in HONOURED:
         for mode in ("plain", "clip", "clip_nooverlap", "clip_one_rank", "clip_ddp", "clip_ddp_one_rank"):

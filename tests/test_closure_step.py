@@ -7,14 +7,14 @@ come apart.) 2 and 3 ranks."""
 from __future__ import annotations
 
 import pytest
-from mpi_harness import horovodrun, load_ranks
+from mpi_harness import load_ranks, mpirun
 
 CASES = ["Average", "Average:nooverlap", "PowerSGD", "PowerSGD:nooverlap", "OneBitAdam", "Adasum"]
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_step_with_a_closure_reduces_the_gradients_the_closure_computed(n: int, out_dir) -> None:
-    horovodrun("closure_step.py", n, out_dir, ",".join(CASES), timeout=180)
+    mpirun("closure_step.py", n, out_dir, ",".join(CASES), timeout=180)
     ranks = load_ranks(out_dir, n)
     for case in CASES:
         got = [(rk[(case, "plain")], rk[(case, "closure")]) for rk in ranks]

@@ -6,14 +6,14 @@ trains, the ranks agree, and op=Average equals Adam on the exact average of the 
 from __future__ import annotations
 
 import pytest
-from mpi_harness import assert_alike_and_near, horovodrun, load_ranks
+from mpi_harness import assert_alike_and_near, load_ranks, mpirun
 
 CASES = ["Average", "Average:nooverlap", "PowerSGD", "OneBitAdam"]
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_gan_loop_with_two_wrapped_optimizers_trains_alike_on_every_rank(n: int, out_dir) -> None:
-    horovodrun("gan_step.py", n, out_dir, ",".join(CASES), timeout=180)
+    mpirun("gan_step.py", n, out_dir, ",".join(CASES), timeout=180)
     ranks = load_ranks(out_dir, n)
     want = ranks[0]["reference"]
     for case in CASES:

@@ -12,7 +12,7 @@ ranks."""
 from __future__ import annotations
 
 import pytest
-from mpi_harness import assert_alike_and_near, horovodrun, load_ranks
+from mpi_harness import assert_alike_and_near, load_ranks, mpirun
 
 OPS = ["Average", "PowerSGD", "OneBitAdam", "ZeroOneAdam", "Adasum"]
 
@@ -23,7 +23,7 @@ CAUSES = {"add": "param groups changed", "unfreeze": "frozen (requires_grad=Fals
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_parameters_changed_after_wrapping_raise_on_every_rank_and_train_once_wrapped_again(n: int, out_dir) -> None:
-    horovodrun("param_groups_change.py", n, out_dir, ",".join(OPS), timeout=300)
+    mpirun("param_groups_change.py", n, out_dir, ",".join(OPS), timeout=300)
     ranks = load_ranks(out_dir, n)
     for op in OPS:
         for how, cause in CAUSES.items():
