@@ -4,7 +4,7 @@ as ``hvd.DistributedOptimizer`` does, OneBitAdam to the same parameters on every
 
 import horovod.torch as hvd
 import torch
-from common import rank_input, save
+from common import flat_parameters, rank_input, save
 
 import hvd_compress.torch as hc
 
@@ -26,7 +26,7 @@ def train(wrap) -> torch.Tensor:
         opt.zero_grad()
         model(torch.randn(16, 8, generator=gen)).square().mean().backward()
         opt.step()
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return flat_parameters(model)
 
 
 out["train"] = {
