@@ -1,4 +1,4 @@
-"""hck.DistributedOptimizer(op=hck.PowerSGD) in Keras 3 and tf_keras on real MPI processes against
+"""hck.DistributedOptimizer(op=hck.PowerSGD) in Keras 3 and tf_keras on real MPI processes (2, 3 and 4 ranks) against
 hvd_compress.reference.powersgd (float64, n virtual ranks) on the same gradients: the reduced gradients, every rank's
 error, P and Q over steps crossing start_powerSGD_iter with warm start; a resume from the optimizer's variables bit
 for bit; bad options raising on every rank. One process: the Keras faces' matrix work with a zero matrix and an inf
@@ -26,13 +26,13 @@ def numpy_draw(seed: int, shapes: list[tuple[int, int]]) -> list[np.ndarray]:
 # The reduced gradient is read back as (variable before) - (variable after) through SGD(learning_rate=1): one more
 # float32 rounding of the variable's magnitude. With the float32 products and orthogonalizations carried by the error
 # feedback over 3 compressed steps, 2e-5 of the largest magnitude bounds it (measured: below 4e-7).
-@pytest.mark.parametrize(("flavour", "rank_r"), [("keras", 2), ("tf_keras", 3)])
-def test_keras_powersgd_matches_numpy_reference(flavour: str, rank_r: int, out_dir) -> None:
+@pytest.mark.parametrize(("flavour", "rank_r", "n"), [("keras", 2, 2), ("tf_keras", 3, 3), ("keras", 1, 4)])
+def test_keras_powersgd_matches_numpy_reference(flavour: str, rank_r: int, n: int, out_dir) -> None:
     env = {"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else None
-    mpirun("powersgd_keras.py", 2, out_dir, str(rank_r), env=env, timeout=240)
-    ranks = load_pickled_ranks(out_dir, 2)
+    mpirun("powersgd_keras.py", n, out_dir, str(rank_r), env=env, timeout=240)
+    ranks = load_pickled_ranks(out_dir, n)
     shapes = [a.shape for a in ranks[0]["inputs"][0]]
-    ref = PowerSGD(2, shapes, rank_r, START, random_seed=7, draw=numpy_draw)
+    ref = PowerSGD(n, shapes, rank_r, START, random_seed=7, draw=numpy_draw)
 
     def near(got: np.ndarray, want: np.ndarray, what: str) -> None:
         got = np.asarray(got, np.float64).reshape(-1)[: want.size].reshape(want.shape)

@@ -21,9 +21,9 @@ def rank_input(rank: int, numel: int, seed: int) -> np.ndarray:
 
 
 CASES = {
-    "topk": (hck.Average, hck.Compression.topk(0.25)),
+    "topk": (hck.Average, hck.Compression.topk(0.2)),
     "randomk": (hck.Sum, hck.Compression.randomk(0.3, seed=5)),
-    "dgc": (hck.Average, hck.Compression.topk(0.25, momentum=0.9)),
+    "dgc": (hck.Average, hck.Compression.topk(0.2, momentum=0.9)),
     # DGC's clipping (threshold 6 / sqrt(n): some steps clipped on some ranks) and a warm-up over the 3 steps,
     # whose first density (0.56) is sent dense at 2 and 3 ranks.
     "dgc_full": (hck.Average, hck.Compression.topk(0.1, momentum=0.9, momentum_masking=False, clip_norm=6.0,
