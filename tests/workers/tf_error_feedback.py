@@ -25,7 +25,7 @@ CASES = {
     "randomk": (hck.Sum, hck.Compression.randomk(0.3, seed=5)),
     "dgc": (hck.Average, hck.Compression.topk(0.2, momentum=0.9)),
     # DGC's clipping (threshold 6 / sqrt(n): some steps clipped on some ranks) and a warm-up over the 3 steps,
-    # whose first density (0.56) is sent dense at 2 and 3 ranks.
+    # whose first density (0.56) is sent dense at every rank count, its second (0.32) at 4 ranks.
     "dgc_full": (hck.Average, hck.Compression.topk(0.1, momentum=0.9, momentum_masking=False, clip_norm=6.0,
                                                    warmup_steps=3, warmup_stages=3)),
 }
