@@ -1,7 +1,8 @@
-"""Hyper-parameters that differ between ranks under an algorithm op raise MismatchError on every rank, at no cost
-in calls: each bucket's collective carries a hash of its param group's hyper-parameters in its name, which the core
-compares before any data moves (``BucketedAlgorithm.call_name``). Real processes at 2, 3 and 4 ranks, every op
-with and without overlap (workers/hyper_agreement.py)."""
+"""Hyper-parameters that differ between ranks raise MismatchError on every rank, at no cost in calls: each bucket's
+collective carries a hash of its param group's hyper-parameters in its name, which the core compares before any data
+moves (``algorithms.agreement.tagged``). Under an algorithm op, the keys its rule reads; under op=Average (with
+top-k, with PowerSGD), every plain entry of the wrapped optimizer's groups. Real processes at 2, 3 and 4 ranks,
+every op with and without overlap (top-k: without; workers/hyper_agreement.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from mpi_harness import keras_face_env, load_pickled_ranks, load_ranks, mpirun
 def test_ranks_whose_lr_differs_raise_mismatch_on_every_rank_state_unchanged(n: int, out_dir) -> None:
     mpirun("hyper_agreement.py", n, out_dir, timeout=300)
     ranks = [rk["results"] for rk in load_ranks(out_dir, n)]
-    assert len(ranks[0]) == 12, sorted(ranks[0])
+    assert len(ranks[0]) == 17, sorted(ranks[0])
     for case, res in ranks[0].items():
         for r, rk in enumerate(ranks):
             got = rk[case]

@@ -17,10 +17,10 @@ keys loads where its buckets have the same sizes. SLAMB overrides it: its state 
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
+from hvd_compress.algorithms import agreement
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import BucketReductions
 from hvd_compress.ops.errors import MismatchError, UsageError
@@ -28,20 +28,6 @@ from hvd_compress.ops.traffic import CommMeter
 
 #: The param-group keys the algorithms' rules read: what must be equal on every rank for their parameters to stay equal.
 HYPER_KEYS = ("lr", "betas", "beta", "eps", "weight_decay", "max_coeff", "min_coeff")
-
-
-def _value_text(v: Any) -> str:
-    if isinstance(v, (tuple, list)):
-        return "(" + ", ".join(_value_text(x) for x in v) + ")"
-    try:
-        return repr(float(v))  # the shortest text that reads back as the same float: equal text, equal value
-    except (TypeError, ValueError):
-        return repr(v)
-
-
-def hyper_text(group: dict[str, Any]) -> str:
-    """A param group's hyper-parameters (``HYPER_KEYS`` it has), exactly, as text."""
-    return ", ".join(f"{k}={_value_text(group[k])}" for k in HYPER_KEYS if k in group)
 
 
 def checkpoint_op(section: Any) -> str:
@@ -255,26 +241,16 @@ class BucketedAlgorithm:
         self._backed_up.add(i)
 
     def call_name(self, name: str, i: int | None, groups: Sequence[dict[str, Any]] | None) -> str:
-        """``name`` for bucket ``i``'s collective (None: a step's, for all groups), with a hash of its param
-        group's hyper-parameters: the core compares the ranks' names before any data moves, so ranks whose
-        hyper-parameters differ raise MismatchError on every rank (``mismatch_explained`` says why) instead of
-        drifting apart silently, at no cost in bytes or calls. Without ``groups`` the name is left as it is."""
+        """``name`` for bucket ``i``'s collective (None: a step's, for all groups), tagged with its param group's
+        hyper-parameters (``agreement.tagged``): ranks whose hyper-parameters differ raise MismatchError on every
+        rank (``mismatch_explained`` says why). Without ``groups`` the name is left as it is."""
         if groups is None:
             return name
-        text = "; ".join(hyper_text(g) for g in (groups if i is None else [groups[self.buckets[i].group]]))
-        return f"{name}@{zlib.crc32(text.encode()):08x}"
+        return agreement.tagged(name, groups if i is None else [groups[self.buckets[i].group]], HYPER_KEYS)
 
     def mismatch_explained(self, e: MismatchError, groups: Sequence[dict[str, Any]] | None) -> MismatchError:
-        """``e`` (raised on every rank), with this rank's hyper-parameters where the names differed (``call_name``):
-        what the user must make equal."""
-        if "name (hash)" not in str(e) or not groups:
-            return e
-        listed = "; ".join(f"group {k}: {hyper_text(g)}" for k, g in enumerate(groups))
-        return MismatchError(
-            f"{e}\n  {self.name}: each bucket's call name carries a hash of its param group's hyper-parameters, "
-            f"which must be equal on every rank (ranks whose lr, betas, eps or weight decay differ drift apart: "
-            f"e.g. a schedule or ReduceLROnPlateau fed one rank's own metric; average it first). This rank's: "
-            f"{listed}. Step not taken, state unchanged")
+        """``e`` (raised on every rank), with this rank's hyper-parameters where the names differed."""
+        return agreement.mismatch_explained(e, self.name, groups, HYPER_KEYS)
 
     def check_owner(self, ours: Any) -> None:
         """ValueError if ``ours`` (a checkpoint's section) is not this algorithm's, naming the op that wrote it."""

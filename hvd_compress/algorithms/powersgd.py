@@ -298,29 +298,37 @@ def reduce_bucket(xp: MatrixBackend, state: PowerSGDState, index: int, flat: Ten
         xp.randn_(int(state.rng.randint(_SEED_BOUND)), qs)
     # P and Q are worked on in place: (rows + cols) r numbers per matrix to keep.
     p_before, q_before = xp.clone(p_flat), xp.clone(q_flat)
-    if plan.compressed:
-        for q in qs:
-            xp.orthogonalize_(q, opt.orthogonalization_epsilon)
-        for m, q, p in zip(ms, qs, ps, strict=True):
-            xp.matmul(m, q, out=p)  # Alg. 1 line 3
-        allreduce(p_flat, False, "P")  # line 4: the sum (orthogonalization makes the scale irrelevant)
-        for p in ps:
-            xp.orthogonalize_(p, opt.orthogonalization_epsilon)  # line 5
-        for m, p, q in zip(ms, ps, qs, strict=True):
-            xp.matmul(m, p, out=q, transpose_a=True)  # line 6
-        allreduce(q_flat, True, "Q")  # line 7
-        for p, q, m in zip(ps, qs, ms, strict=True):
-            xp.matmul(p, q, out=m, transpose_b=True)  # line 8
-    # An inf/NaN in any rank's M reaches every rank's Q (through P's sum) or the dense average: checking those
-    # two reads (rows + cols) r numbers per matrix and the small tensors, not the bucket.
-    finite = (not dense or xp.all_finite(packed)) and (not plan.compressed or xp.all_finite(q_flat))
-    if not finite:
+
+    def restore() -> None:  # P, Q and the seed stream as before this bucket
         if fresh:
             del state.p_memory[index], state.q_memory[index]
             state.rng.set_state(rng_before)
         else:
             xp.split_(p_before, [p_flat])
             xp.split_(q_before, [q_flat])
+
+    if plan.compressed:
+        try:  # a collective refused (by any rank, on every rank alike) leaves the state as it was
+            for q in qs:
+                xp.orthogonalize_(q, opt.orthogonalization_epsilon)
+            for m, q, p in zip(ms, qs, ps, strict=True):
+                xp.matmul(m, q, out=p)  # Alg. 1 line 3
+            allreduce(p_flat, False, "P")  # line 4: the sum (orthogonalization makes the scale irrelevant)
+            for p in ps:
+                xp.orthogonalize_(p, opt.orthogonalization_epsilon)  # line 5
+            for m, p, q in zip(ms, ps, qs, strict=True):
+                xp.matmul(m, p, out=q, transpose_a=True)  # line 6
+            allreduce(q_flat, True, "Q")  # line 7
+        except BaseException:
+            restore()
+            raise
+        for p, q, m in zip(ps, qs, ms, strict=True):
+            xp.matmul(p, q, out=m, transpose_b=True)  # line 8
+    # An inf/NaN in any rank's M reaches every rank's Q (through P's sum) or the dense average: checking those
+    # two reads (rows + cols) r numbers per matrix and the small tensors, not the bucket.
+    finite = (not dense or xp.all_finite(packed)) and (not plan.compressed or xp.all_finite(q_flat))
+    if not finite:
+        restore()
         xp.split_(work, [flat])
         return
     for c, q in zip(plan.compressed, qs, strict=True):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from hvd_compress import ops
+from hvd_compress.algorithms import agreement
 from hvd_compress.ops import process_sets
 from hvd_compress.ops.buckets import (
     DEFAULT_BUCKET_MB,
@@ -30,7 +31,7 @@ from hvd_compress.ops.buckets import (
 from hvd_compress.ops.collectives import check_predivide, reject_allreduce
 from hvd_compress.ops.compression import Compression, Compressor
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.ops.errors import UsageError
+from hvd_compress.ops.errors import MismatchError, UsageError
 from hvd_compress.ops.horovod_args import NOTE, pop_horovod_defaults
 from hvd_compress.ops.passes import PassCounter
 from hvd_compress.ops.traffic import CommMeter
@@ -123,7 +124,7 @@ class DenseEngine(Engine):
             ensure_init()
             self.grads.gather_one(p)  # a .grad set from outside (model.zero_grad()) into its view
             self.reductions.mark_ready(self.bucket_of[id(p)])
-            if self.reductions.launch_ready(self.reduce_bucket):
+            if self._launch_ready():
                 if self.reductions.launched == len(self.buckets):
                     # The end of a nested backward (reentrant activation checkpointing: its own graph task, its own
                     # callbacks) may have found buckets held back that this outer pass has now started.
@@ -150,22 +151,32 @@ class DenseEngine(Engine):
         held_back = 0 < launched < len(self.buckets)
         self.protocol.remember_backward([self.buckets[b][1] for b in range(launched)] if held_back else [])
 
-    def reduce_bucket(self, index: int) -> None:
-        """One bucket's allreduce (on the background thread). A failure before the core call is this rank's
-        alone: it joins the call as a rejection, so the other ranks raise too instead of waiting for it. Outside
-        the optimizer's process set there is no call."""
+    def _launch_ready(self) -> int:
+        """Start each next bucket that is ready (``reduce_bucket`` on the background thread); how many. Their
+        names carry the hash of the wrapped optimizer's param groups as they are now, taken on this (the
+        program's) thread (``agreement.tagged``): ranks whose hyper-parameters differ would step apart on the same
+        averaged gradients, and raise MismatchError on every rank instead, before any data moves."""
+        if not self.reductions.next_is_ready():
+            return 0
+        tag = agreement.tagged("", self.opt.param_groups)
+        return self.reductions.launch_ready(lambda b: self.reduce_bucket(b, tag))
+
+    def reduce_bucket(self, index: int, tag: str) -> None:
+        """One bucket's allreduce (on the background thread), its name ending in ``tag``. A failure before the core
+        call is this rank's alone: it joins the call as a rejection, so the other ranks raise too instead of
+        waiting for it. Outside the optimizer's process set there is no call."""
         if not self.member:
             return
         self.reduced_in_step = True  # a stateful reduction's state is now this step's (check_between_steps)
         with process_sets.scope(self.process_set):
-            self._allreduce_bucket(index)
+            self._allreduce_bucket(index, tag)
 
-    def _allreduce_bucket(self, index: int) -> None:
+    def _allreduce_bucket(self, index: int, tag: str) -> None:
         buffer, flat = self.buckets[index]
         f = self.predivide
         # Horovod's split average with a predivide factor: 1/f before the sum, f/size after it.
         op, pre, post = (self.op, 1.0, 1.0) if f == 1.0 else (ReduceOp.Sum, 1.0 / f, f / ops.size())
-        name = f"DistributedOptimizer.grad.{index}"
+        name = f"DistributedOptimizer.grad.{index}{tag}"
         with failure_joins_as_rejection(self.meter, name):
             self.meter.run(allreduce_, flat, op=op, name=name, prescale_factor=pre, postscale_factor=post,
                            compression=self.compression, state=self.cstates[buffer])
@@ -205,18 +216,24 @@ class DenseEngine(Engine):
                                    "back; call opt.synchronize() before changing .grad")
             raise UsageError(HELD_BACK.format(name=name, until="synchronize()"))
         self.reductions.mark_all_ready()
-        self.reductions.launch_ready(self.reduce_bucket)
+        self._launch_ready()
         try:
             self.reductions.drain()
-        except Exception:
+        except Exception as e:
             self.passes.reset()
+            if isinstance(e, MismatchError):
+                raise agreement.mismatch_explained(e, self.wrapper_name, self.opt.param_groups) from e
             raise
         self.reductions.reset()
         sparse = self.grads.sparse
+        tag = agreement.tagged("", self.opt.param_groups) if sparse else ""
         for p in self.grads.params:  # in parameter order: the same order on every rank
             if id(p) in sparse:
-                name = f"DistributedOptimizer.sparse.{self.names.get(id(p), '?')}"
-                p.grad = self.meter.run(sparse_allreduce, p.grad, p, sparse[id(p)], self.op, name)
+                name = f"DistributedOptimizer.sparse.{self.names.get(id(p), '?')}{tag}"
+                try:
+                    p.grad = self.meter.run(sparse_allreduce, p.grad, p, sparse[id(p)], self.op, name)
+                except MismatchError as e:
+                    raise agreement.mismatch_explained(e, self.wrapper_name, self.opt.param_groups) from e
         if isinstance(self.opt, torch.optim.SparseAdam):  # takes sparse gradients only; any other gets them dense
             self.grads.resparsify()
         self.passes.reset()

@@ -129,9 +129,9 @@ class PowerSGDEngine(DenseEngine):
         """The PowerSGD state (errors, P and Q by bucket, ``iter``, the seed stream), torch's ``PowerSGDState``."""
         return self.state
 
-    def _allreduce_bucket(self, index: int) -> None:
+    def _allreduce_bucket(self, index: int, tag: str) -> None:
         _, flat = self.buckets[index]
-        name = f"DistributedOptimizer.powersgd.{index}"  # each of the bucket's calls; a failure joins the next
+        name = f"DistributedOptimizer.powersgd.{index}{tag}"  # each of the bucket's calls; a failure joins the next
 
         def allreduce(tensor: torch.Tensor, average: bool, what: str) -> None:
             self.meter.run(allreduce_, tensor, op=ReduceOp.Average if average else ReduceOp.Sum, name=name)

@@ -1,4 +1,5 @@
-"""Hyper-parameters that differ between ranks under an algorithm op: each op, with and without overlap, trains three
+"""Hyper-parameters that differ between ranks: each op (the algorithm ops, and op=Average, with top-k and with
+PowerSGD, wrapping SGD with momentum, whose param groups are compared whole), with and without overlap, trains three
 equal steps; then the last rank's first param group takes another lr (as a ReduceLROnPlateau fed that rank's own
 metric would), and the next step that communicates must raise MismatchError on every rank, naming this rank's
 hyper-parameters, with the parameters and the optimizer state as they were; with the lr equal again the step is
@@ -20,17 +21,27 @@ torch.set_num_threads(1)
 OPS = {"OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2},
        "ZeroOneAdam": {"var_freeze_step": 2, "local_step_scaler": 1, "variance_bias_correction": True},
        "SLAMB": {"sync_interval": 2}, "Birder": {},
-       "SignSGD": {}}
+       "SignSGD": {},
+       # The reductions any optimizer steps after: the wrapped optimizer's every hyper-parameter counts.
+       "Average": {}, "TopK": {"compression": hc.Compression.topk(0.25)},
+       "PowerSGD": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2}}
+#: The op each case runs (the case's own name where it is one).
+OP_OF = {"TopK": "Average"}
+WRAPS_SGD = ("SignSGD", "Average", "TopK", "PowerSGD")
 
 
 def make(op: str, overlap: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    # PowerSGD without biases: a bucket's first collective is then P's, after its Q was orthogonalized in place.
+    bias = op != "PowerSGD"
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=bias), torch.nn.ReLU(), torch.nn.Linear(32, 4, bias=bias))
     # Two param groups whose hyper-parameters differ from each other (that is fine: they are equal across ranks).
     groups = [{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 2e-2}]
     inner = (hc.Birder(groups, lr=1e-2) if op == "Birder" else hc.Lamb(groups, lr=1e-2) if op in ("SLAMB", "OneBitLamb")
-             else torch.optim.SGD(groups, lr=1e-2) if op == "SignSGD" else torch.optim.AdamW(groups, lr=1e-2))
-    return model, hc.DistributedOptimizer(inner, named_parameters=model.named_parameters(), op=getattr(hc, op),
+             else torch.optim.SGD(groups, lr=1e-2, momentum=0.0 if op == "SignSGD" else 0.9) if op in WRAPS_SGD
+             else torch.optim.AdamW(groups, lr=1e-2))
+    return model, hc.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
+                                          op=getattr(hc, OP_OF.get(op, op)),
                                           overlap=overlap, **OPS[op])
 
 
@@ -68,7 +79,7 @@ def digest(model: torch.nn.Module, opt: torch.optim.Optimizer | None = None) -> 
 
 results: dict[str, dict[str, str]] = {}
 for op in OPS:
-    for overlap in (True, False):
+    for overlap in (False,) if op == "TopK" else (True, False):  # top-k reduces in step(): overlap is refused
         model, opt = make(op, overlap)
         for s in range(3):
             step(model, opt, s)
