@@ -35,7 +35,7 @@ def test_ranks_whose_lr_differs_raise_mismatch_on_every_rank_state_unchanged(n: 
 def test_keras_ranks_whose_learning_rate_differs_raise_on_every_rank(face: str, n: int, out_dir) -> None:
     mpirun("keras_hyper_agreement.py", n, out_dir, face, timeout=400, env=keras_face_env(face))
     ranks = [rk["results"] for rk in load_pickled_ranks(out_dir, n)]
-    assert len(ranks[0]) == 5, sorted(ranks[0])
+    assert len(ranks[0]) == 8, sorted(ranks[0])
     for op in ranks[0]:
         for r, rk in enumerate(ranks):
             got = rk[op]

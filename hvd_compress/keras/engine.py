@@ -30,6 +30,7 @@ from hvd_compress.keras.wrapped_step import (
     clip_local_gradients,
     compression_config,
     error_feedback_step,
+    hyper_values,
     max_of_overwritten,
     parse_compression,
     parse_op,
@@ -287,8 +288,10 @@ class KerasEngine:
         # float8's scales and amax histories: the Max over ranks, applied with the others (max_of_overwritten)
         maxed = max_of_overwritten(grads, variables, f"{self.name}.overwritten", self.meter)
         apply_inner = with_maxed(self._apply_inner, maxed)
+        hyper = hyper_values(self.face.learning_rate(self.inner), self.inner)
         if self.reduction is not None:  # its state covers every variable: the maxima replace what it reduced
-            error_feedback_step(self.reduction, self.state, grads, variables, self.trainable, apply_inner, self.name)
+            error_feedback_step(self.reduction, self.state, grads, variables, self.trainable, apply_inner, self.name,
+                                hyper)
             return
         pairs = [(dense(g), v) for g, v in zip(grads, variables, strict=True) if g is not None]
         if not pairs:
@@ -303,7 +306,7 @@ class KerasEngine:
                 with none_gradients_left_out(left_out):
                     reduced = bucketed_allreduce(grads, config.op, f"{self.name}.grad", self.compressor,
                                                  config.bucket_mb, config.overlap, self.buckets, self.meter,
-                                                 config.predivide)
+                                                 config.predivide, hyper)
             apply_inner(reduced, variables)
             return
         adasum_delta_step(grads, variables, apply_inner, config, self.meter, f"{self.name}.adasum")

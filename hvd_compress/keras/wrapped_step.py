@@ -31,7 +31,7 @@ from hvd_compress.ops.process_sets import check_process_set
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import FusedStep, SlambStep, ZeroOneStep
 from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
-from hvd_compress.tensorflow.bucketed import check_bucket_mb, check_overlap
+from hvd_compress.tensorflow.bucketed import HyperValues, check_bucket_mb, check_overlap
 from hvd_compress.tensorflow.error_feedback import ErrorFeedbackReduction, check_inner_momentum
 from hvd_compress.tensorflow.functions import (
     check_group_compression,
@@ -47,6 +47,10 @@ LAMB_DEFAULTS = {"min_coeff": 0.01, "max_coeff": 10.0, "bias_correction": True} 
 #: The kinds (``algorithms.contract.Wraps``) whose Keras optimizer may be a Lamb, so take ``LAMB_DEFAULTS``' options
 #: (a face's reader refuses them where neither the optimizer nor the rule is a LAMB: ``keras.engine``).
 LAMB_KINDS = ("adam", "lamb", "slamb-lamb")
+#: What reaches the update of Keras's optimizers (both Kerases') beside the learning rate: those an inner optimizer
+#: has must be equal on every rank under op=Average/Sum/PowerSGD (``hyper_values``).
+KERAS_HYPER = ("momentum", "nesterov", "beta_1", "beta_2", "epsilon", "rho", "centered", "amsgrad", "weight_decay",
+               "initial_accumulator_value", "clipnorm", "clipvalue", "global_clipnorm")
 #: Options of the base optimizer that an algorithm's own step would silently ignore: refused instead. (Its
 #: clipnorm, clipvalue and global_clipnorm are applied: ``clip_local_gradients``.)
 BASE_ONLY = ("use_ema", "gradient_accumulation_steps", "loss_scale_factor")
@@ -189,12 +193,31 @@ def compression_from_config(value: Any) -> Compressor:
     raise ValueError(f"unknown compression in the optimizer's config: {value!r}")
 
 
+def hyper_values(learning_rate: Any, inner: Any) -> HyperValues:
+    """The wrapped optimizer's learning rate as the step runs (``learning_rate``: a tensor of this trace) and each of
+    ``KERAS_HYPER`` it has as a number, for the tag of the reductions' call names: ranks whose values differ (a
+    ``ReduceLROnPlateau`` fed one rank's own metric) would step apart on the same averaged gradients, and raise
+    MismatchError on every rank instead (``algorithms.agreement``)."""
+    names, values = ["learning_rate"], [tf.cast(learning_rate, tf.float64)]
+    for key in KERAS_HYPER:
+        value = getattr(inner, key, None)
+        if value is None or callable(value):
+            continue
+        try:
+            values.append(tf.cast(value, tf.float64))
+        except (TypeError, ValueError):  # no number: left out
+            continue
+        names.append(key)
+    return HyperValues(tuple(names), tf.stack(values))
+
+
 def error_feedback_step(reduction: StatefulReduction, state: dict[str, Any], grads: Sequence[Any],
                         variables: Sequence[Any], built_with: Sequence[Any],
-                        apply_inner: Callable[[list[Any], list[Any]], Any], name: str) -> None:
+                        apply_inner: Callable[[list[Any], list[Any]], Any], name: str,
+                        hyper: HyperValues | None = None) -> None:
     """A reduction with state (top-k/random-k: ``hvd_compress.tensorflow.error_feedback``; PowerSGD): the fused
     reduction of the gradients of all the variables the wrapper was ``built_with``, then ``apply_inner`` on those
-    that have a gradient."""
+    that have a gradient. ``hyper`` tags its call names (``hyper_values``)."""
     by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
     if sorted(by_var) != sorted(id(v) for v in built_with):
         raise ValueError(f"{name}: with {reduction.what} every step must get every variable the optimizer was built "
@@ -202,7 +225,7 @@ def error_feedback_step(reduction: StatefulReduction, state: dict[str, Any], gra
     ordered = [by_var[id(v)] for v in built_with]
     if all(g is None for g in ordered):
         raise ValueError("No gradients provided for any variable.")
-    reduced = reduction.reduce(ordered, built_with, state, f"{name}.grad")
+    reduced = reduction.reduce(ordered, built_with, state, f"{name}.grad", hyper)
     pairs = [(r, v) for r, v, g in zip(reduced, built_with, ordered, strict=True) if g is not None]
     apply_inner([r for r, _ in pairs], [v for _, v in pairs])
 

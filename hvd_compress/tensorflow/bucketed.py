@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from hvd_compress.algorithms import agreement
 from hvd_compress.ops import runtime
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB, FIRST_BUCKET_MB, plan_buckets
 from hvd_compress.ops.collectives import check_predivide, reject_allreduce
@@ -44,6 +45,20 @@ from hvd_compress.tensorflow.functions import (
 )
 
 MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class HyperValues:
+    """An optimizer's hyper-parameters for the tag of a reduction's call names (``algorithms.agreement.tagged``):
+    their ``names`` and a float64 tensor of their ``values``, read when the step runs (a schedule's or a
+    callback's learning rate counts), passed to the call as one more input."""
+
+    names: tuple[str, ...]
+    values: tf.Tensor
+
+    def group(self, values: np.ndarray) -> dict[str, float]:
+        """The param group ``agreement`` tags: each name with its value in this run."""
+        return dict(zip(self.names, np.asarray(values, np.float64).reshape(-1).tolist(), strict=True))
 
 
 def check_bucket_mb(bucket_mb: Any) -> float:
@@ -86,12 +101,14 @@ def none_gradients_left_out(count: int) -> Iterator[None]:
 def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compression: Any = None,
                        bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True,
                        stats: BucketStats | None = None, meter: CommMeter | None = None,
-                       predivide: float = 1.0) -> list[tf.Tensor]:
+                       predivide: float = 1.0, hyper: HyperValues | None = None) -> list[tf.Tensor]:
     """New tensors: Average or Sum of each of ``tensors`` over all ranks, bucket by bucket (module docstring).
 
     ``compression``: ``hc.Compression.none``, ``fp16`` or ``bf16``. A NaN is reduced as any value (Horovod's).
     ``meter``: counts the bytes of the reductions (a wrapper's ``comm_stats``). ``predivide`` (Horovod's
-    ``gradient_predivide_factor`` f, op=Average, floating tensors): the Sum of x / f, times f / size."""
+    ``gradient_predivide_factor`` f, op=Average, floating tensors): the Sum of x / f, times f / size.
+    ``hyper``: an optimizer's hyper-parameters, whose values when the step runs tag each bucket's call name
+    (``HyperValues``): ranks where they differ raise MismatchError on every rank before any data moves."""
     ensure_init()
     check_not_xla(name)
     op = ReduceOp(op)
@@ -109,7 +126,8 @@ def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compress
         if not all(t.dtype.is_floating for t in inputs):
             raise ValueError(f"{name}: gradient_predivide_factor needs floating tensors")
         scaled = [t * tf.constant(1.0 / predivide, t.dtype) for t in inputs]
-        summed = bucketed_allreduce(scaled, ReduceOp.Sum, name, compression, bucket_mb, overlap, stats, meter)
+        summed = bucketed_allreduce(scaled, ReduceOp.Sum, name, compression, bucket_mb, overlap, stats, meter,
+                                    hyper=hyper)
         post = predivide / runtime.size()
         return [t * tf.constant(post, t.dtype) for t in summed]
     # A size unknown at trace time (a densified IndexedSlices of a dynamic shape) closes a bucket of its own.
@@ -118,23 +136,24 @@ def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compress
     buckets = plan_buckets(items, bucket_bytes, min(bucket_bytes, int(FIRST_BUCKET_MB * MIB)))
     # token -> a bucket's reduction. Each run of a start op makes a new token, which only the finish op of the same
     # run receives (as data): runs that overlap (a loop of train steps) cannot take each other's results.
-    pending: dict[int, concurrent.futures.Future] = {}
+    pending: dict[int, tuple[concurrent.futures.Future, dict[str, float] | None]] = {}
     tokens_made = itertools.count()
 
     def starter(b: int) -> Any:
-        call = f"{name}.b{b}"
-
         def start(*arrays: np.ndarray) -> np.ndarray:
+            group = None if hyper is None else hyper.group(arrays[-1])
+            call = f"{name}.b{b}" if group is None else agreement.tagged(f"{name}.b{b}", [group])
             try:
-                copies = [aligned_copy(np.asarray(a)) for a in arrays]
+                copies = [aligned_copy(np.asarray(a)) for a in (arrays if hyper is None else arrays[:-1])]
             except Exception as e:  # this rank's alone: it joins the call as a rejection, the others raise too
                 runtime.submit(reject_allreduce, f"{type(e).__name__}: {e}", call).result()
                 raise
             token = next(tokens_made)
             if meter is None:
-                pending[token] = runtime.submit(reduce_group, copies, op, call, compressor)
+                future = runtime.submit(reduce_group, copies, op, call, compressor)
             else:  # the meter counts the calls of the thread that runs it: the background thread's
-                pending[token] = runtime.submit(meter.run, reduce_group, copies, op, call, compressor)
+                future = runtime.submit(meter.run, reduce_group, copies, op, call, compressor)
+            pending[token] = (future, group)
             if stats is not None:
                 stats.launched += 1
             return np.array(token, np.int64)
@@ -142,11 +161,13 @@ def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compress
         return start
 
     def finish(*tokens: np.ndarray) -> list[np.ndarray]:
-        futures = [pending.pop(int(t)) for t in tokens]
+        started = [pending.pop(int(t)) for t in tokens]
         results, errors = [], []
-        for future in futures:  # every bucket finishes before an error is raised: no collective left half-issued
+        for future, group in started:  # every bucket finishes before an error is raised: none left half-issued
             try:
                 results.append(future.result())
+            except MismatchError as e:
+                errors.append(agreement.mismatch_explained(e, name, None if group is None else [group]))
             except Exception as e:
                 errors.append(e)
         if errors:
@@ -159,7 +180,8 @@ def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compress
 
     gate = [] if overlap else inputs
     with tf.control_dependencies(gate):  # overlap=False: every bucket waits for every gradient
-        tokens = [numpy_call(starter(b), [inputs[i] for i in members], [tf.int64], f"{name}.b{b}")[0]
+        tagged = [] if hyper is None else [hyper.values]
+        tokens = [numpy_call(starter(b), [*(inputs[i] for i in members), *tagged], [tf.int64], f"{name}.b{b}")[0]
                   for b, members in enumerate(buckets)]
     outs = numpy_call(finish, tokens, [x.dtype for x in inputs], f"{name}.finish")
     for o, x in zip(outs, inputs, strict=True):

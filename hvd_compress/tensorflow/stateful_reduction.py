@@ -15,7 +15,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from hvd_compress.algorithms import agreement
+from hvd_compress.ops.errors import MismatchError
 from hvd_compress.tensorflow.algorithm_step import FlatLayout, StateShapes, float32_gradients
+from hvd_compress.tensorflow.bucketed import HyperValues
 from hvd_compress.tensorflow.functions import numpy_call
 
 
@@ -37,18 +40,26 @@ class StatefulReduction:
         ``grads`` and the ``saved`` state (TF's input arrays: read, never kept or written)."""
         raise NotImplementedError
 
-    def reduce(self, grads: Sequence[Any], variables: Sequence[Any], state: dict[str, Any], name: str) -> list[Any]:
+    def reduce(self, grads: Sequence[Any], variables: Sequence[Any], state: dict[str, Any], name: str,
+               hyper: HyperValues | None = None) -> list[Any]:
         """The reduced gradient of every one of ``variables`` (all the variables this was built for, in order;
         ``grads[i]`` None: zeros, decided by the program's structure, so alike on every rank); assigns the new
-        state to ``state`` (the variables named as ``state_shapes()``)."""
+        state to ``state`` (the variables named as ``state_shapes()``). ``hyper``: the optimizer's hyper-parameters
+        that tag the call names (``bucketed_allreduce``'s)."""
         gs = float32_gradients(grads, variables)
         names = list(self.state_shapes())
         touts = [tf.float32] * len(gs) + [tf.as_dtype(state[k].dtype) for k in names]
+        tagged = [] if hyper is None else [hyper.values]
 
         def call(*arrays: np.ndarray) -> list[np.ndarray]:
-            return self.run(name, arrays[: len(gs)], arrays[len(gs):])
+            group = None if hyper is None else hyper.group(arrays[-1])
+            saved = arrays[len(gs):] if hyper is None else arrays[len(gs):-1]
+            try:
+                return self.run(name if group is None else agreement.tagged(name, [group]), arrays[: len(gs)], saved)
+            except MismatchError as e:
+                raise agreement.mismatch_explained(e, name, None if group is None else [group]) from e
 
-        outs = numpy_call(call, [*gs, *(tf.convert_to_tensor(state[k]) for k in names)], touts, name)
+        outs = numpy_call(call, [*gs, *(tf.convert_to_tensor(state[k]) for k in names), *tagged], touts, name)
         for k, x in zip(names, outs[len(gs):], strict=True):
             state[k].assign(tf.reshape(x, state[k].shape))
         return [tf.reshape(x, v.shape) for x, v in zip(outs[: len(gs)], variables, strict=True)]

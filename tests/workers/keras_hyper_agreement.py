@@ -1,4 +1,5 @@
-"""Hyper-parameters that differ between ranks under a Keras algorithm op: each op trains three equal steps in a
+"""Hyper-parameters that differ between ranks under a Keras algorithm op, and under op=Average (also with top-k) and
+op=PowerSGD wrapping SGD with momentum (whose every hyper-parameter counts): each op trains three equal steps in a
 ``tf.function``; then the last rank's learning rate changes (as ``ReduceLROnPlateau`` fed that rank's own
 validation loss would), and the next step that communicates must raise on every rank, naming the hyper-parameters,
 with the variables as they were; with the learning rate equal again the step is taken.
@@ -20,11 +21,21 @@ hck.init()
 r, n = hck.rank(), hck.size()
 
 
-def run(op: str) -> dict[str, str]:
+#: The reductions any optimizer steps after (case: op, options).
+REDUCTIONS = {"Average": ("Average", {}), "TopK": ("Average", {"compression": hck.Compression.topk(0.25)}),
+              "PowerSGD": ("PowerSGD", {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2})}
+
+
+def run(case: str) -> dict[str, str]:
     keras.utils.set_random_seed(11)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
-    inner = inner_optimizer(keras, hck, op, 0.01)
-    opt = hck.DistributedOptimizer(inner, op=getattr(hck, op), **ALGORITHM_OPTIONS[op])
+    if case in REDUCTIONS:
+        op, options = REDUCTIONS[case]
+        inner = keras.optimizers.SGD(0.01, momentum=0.9)
+    else:
+        op, options = case, ALGORITHM_OPTIONS[case]
+        inner = inner_optimizer(keras, hck, op, 0.01)
+    opt = hck.DistributedOptimizer(inner, op=getattr(hck, op), **options)
 
     step = mse_step(model, opt)
     rng = np.random.default_rng(r)
@@ -49,4 +60,4 @@ def run(op: str) -> dict[str, str]:
     return res
 
 
-save(r, {"results": {op: run(op) for op in ALGORITHM_OPTIONS}})
+save(r, {"results": {case: run(case) for case in [*ALGORITHM_OPTIONS, *REDUCTIONS]}})
