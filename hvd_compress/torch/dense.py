@@ -116,6 +116,7 @@ class DenseEngine(Engine):
         self.bucket_of = {id(grads[i]): b for b, members in enumerate(plan) for i in members}
         self.reductions = BucketReductions([len(members) for members in plan])
         self.reduced_in_step = False
+        self._tag: str | None = None  # the step's hyper-parameter tag (``_launch_ready``), once it has one
 
     def count_pass(self, p: torch.Tensor) -> None:
         passes = self.passes.add(p)
@@ -153,12 +154,15 @@ class DenseEngine(Engine):
 
     def _launch_ready(self) -> int:
         """Start each next bucket that is ready (``reduce_bucket`` on the background thread); how many. Their
-        names carry the hash of the wrapped optimizer's param groups as they are now, taken on this (the
-        program's) thread (``agreement.tagged``): ranks whose hyper-parameters differ would step apart on the same
-        averaged gradients, and raise MismatchError on every rank instead, before any data moves."""
+        names carry the hash of the wrapped optimizer's param groups as they are when the step's first bucket
+        starts, taken on this (the program's) thread (``agreement.tagged``) once per step (hundreds of groups take
+        milliseconds): ranks whose hyper-parameters differ would step apart on the same averaged gradients, and
+        raise MismatchError on every rank instead, before any data moves."""
         if not self.reductions.next_is_ready():
             return 0
-        tag = agreement.tagged("", self.opt.param_groups)
+        if self._tag is None:
+            self._tag = agreement.tagged("", self.opt.param_groups)
+        tag = self._tag
         return self.reductions.launch_ready(lambda b: self.reduce_bucket(b, tag))
 
     def reduce_bucket(self, index: int, tag: str) -> None:
@@ -221,12 +225,13 @@ class DenseEngine(Engine):
             self.reductions.drain()
         except Exception as e:
             self.passes.reset()
+            self._tag = None  # the next try reads the groups again
             if isinstance(e, MismatchError):
                 raise agreement.mismatch_explained(e, self.wrapper_name, self.opt.param_groups) from e
             raise
         self.reductions.reset()
         sparse = self.grads.sparse
-        tag = agreement.tagged("", self.opt.param_groups) if sparse else ""
+        tag = (self._tag or agreement.tagged("", self.opt.param_groups)) if sparse else ""
         for p in self.grads.params:  # in parameter order: the same order on every rank
             if id(p) in sparse:
                 name = f"DistributedOptimizer.sparse.{self.names.get(id(p), '?')}{tag}"
@@ -313,6 +318,7 @@ class DenseEngine(Engine):
         """The step is taken, skipped or dropped (``zero_grad()``)."""
         self.protocol.step_done()
         self.reduced_in_step = False
+        self._tag = None
 
     def check_between_steps(self) -> None:
         """``state_dict()`` of a reduction with state (top-k/random-k's error feedback, PowerSGD's error, P and Q)
