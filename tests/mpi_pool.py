@@ -189,13 +189,18 @@ class ProcessState:
 
     def restore(self) -> None:
         """Put the process back as far as a worker can tell: environment, working directory, warning filters (and
-        the record of warnings shown), hvd_compress's and Horovod's runtimes, Keras's session and dtype policy,
-        torch's default dtype."""
+        the record of warnings shown), hvd_compress's and Horovod's runtimes, the routing of Horovod's entry points,
+        Keras's session and dtype policy, torch's default dtype."""
         os.environ.clear()
         os.environ.update(self.env)
         os.chdir(self.cwd)
         warnings.filters[:] = self.filters
         warnings._filters_mutated()  # forgets which warnings were already shown
+        entry = sys.modules.get("hvd_compress.ops.horovod_entry")
+        if entry is not None and entry._switched is not None:  # a script's horovod_entry(): the environment's again
+            entry._switched = None
+            entry.horovod_entry(entry._enabled())
+            entry._switched = None
         runtime = sys.modules.get("hvd_compress.ops.runtime")
         if runtime is not None and runtime.is_initialized():
             runtime.shutdown()  # the next script's hc.init() reads its own environment

@@ -1,10 +1,12 @@
 """The test harness's MPI pools (``mpi_pool``): a job finds the process as a launch of its own would (no
-environment, no hvd_compress runtime left by the job before; nor does a case of a ``Cases`` launch), and a job that
+environment, no hvd_compress runtime, no switch of Horovod's entry points left by the job before; nor does a case of
+a ``Cases`` launch), and a job that
 raises or hangs fails its test with its own output and does not take the next job with it."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import mpi_pool
@@ -12,6 +14,8 @@ import pytest
 from mpi_harness import mpirun
 
 pytestmark = pytest.mark.skipif(not mpi_pool.enabled(), reason="HVDC_TEST_POOL=0: no pools to test")
+#: Whether a fresh process routes Horovod's entry points (hvd_compress.ops.horovod_entry: on unless switched off).
+ROUTING = os.environ.get("HVDC_HOROVOD_ENTRY", "1").strip() != "0"
 
 
 def _found(out, n: int = 2) -> list[dict]:
@@ -28,6 +32,7 @@ def test_a_pooled_job_finds_no_state_of_the_job_before(tmp_path) -> None:
         assert a["probe"] == "first" and b["probe"] is None, "the first job's environment reached the second"
         assert b["left"] is None, "an environment variable the first job set reached the second"
         assert not b["initialized"], "hvd_compress's runtime of the first job was still up in the second"
+        assert b["routing"] == ROUTING, "the first job's horovod_entry(False) reached the second"
 
 
 def test_each_case_of_a_cases_launch_finds_no_state_of_the_case_before(tmp_path) -> None:
@@ -39,6 +44,7 @@ def test_each_case_of_a_cases_launch_finds_no_state_of_the_case_before(tmp_path)
         assert a["probe"] == "first" and b["probe"] is None, "the first case's environment reached the second"
         assert b["left"] is None, "an environment variable the first case set reached the second"
         assert not b["initialized"], "hvd_compress's runtime of the first case was still up in the second"
+        assert b["routing"] == ROUTING, "the first case's horovod_entry(False) reached the second"
 
 
 def test_a_job_that_raises_fails_with_its_output_and_the_next_one_runs_on_a_new_pool(tmp_path) -> None:
