@@ -155,9 +155,9 @@ class DenseEngine(Engine):
     def _launch_ready(self) -> int:
         """Start each next bucket that is ready (``reduce_bucket`` on the background thread); how many. Their
         names carry the hash of the wrapped optimizer's param groups as they are when the step's first bucket
-        starts, taken on this (the program's) thread (``agreement.tagged``) once per step (hundreds of groups take
-        milliseconds): ranks whose hyper-parameters differ would step apart on the same averaged gradients, and
-        raise MismatchError on every rank instead, before any data moves."""
+        starts, taken on this (the program's) thread (``agreement.tagged``) once per step (its cost grows with the
+        number of param groups): ranks whose hyper-parameters differ would step apart on the same averaged
+        gradients, and raise MismatchError on every rank instead, before any data moves."""
         if not self.reductions.next_is_ready():
             return 0
         if self._tag is None:
