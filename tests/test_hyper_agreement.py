@@ -43,6 +43,7 @@ def test_keras_ranks_whose_learning_rate_differs_raise_on_every_rank(face: str, 
             assert "MismatchError" in caught and "hyper-parameters" in caught, (op, r, caught)
             assert got["after_error"] == got["before"], (op, r)
             assert got["next"] == "no error", (op, r, got["next"])
-        # Each rank lists its own learning rate: the last rank's differs from the others'.
+        # Each rank lists its own learning rate, first: the last rank's differs from the others'.
         listed = [rk[op]["caught"].split("This rank's: ")[1].split(",")[0] for rk in ranks]
+        assert all(x.startswith(("group 0: lr=", "group 0: learning_rate=")) for x in listed), (op, listed)
         assert len(set(listed[:-1])) == 1 and listed[-1] != listed[0], (op, listed)

@@ -12,6 +12,9 @@ from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.errors import MismatchError
 from hvd_compress.ops.traffic import CommMeter
 
+#: The names a face's param group gives its learning rate (torch, Keras).
+LEARNING_RATES = ("lr", "learning_rate")
+
 
 def _value_text(v: Any) -> str | None:
     """``v`` as exact text (a float as the shortest text that reads back as it: equal text, equal value), or None
@@ -29,11 +32,12 @@ def _value_text(v: Any) -> str | None:
 
 def group_text(group: dict[str, Any], keys: Sequence[str] | None = None) -> str:
     """A param group's hyper-parameters, exactly, as text: the ``keys`` it has (those an algorithm's rule reads),
-    or, for a wrapped optimizer whose rule may read any of them, every plain entry but its parameters, lr first
-    and the rest by name (the same text whatever order a rank added them in)."""
+    or, for a wrapped optimizer whose rule may read any of them, every plain entry but its parameters, the learning
+    rate first (torch's ``lr``, Keras's ``learning_rate``: what a user most often sets on one rank) and the rest by
+    name (the same text whatever order a rank added them in)."""
     if keys is None:
         keys = sorted(k for k in group if k != "params")
-        keys = ["lr", *(k for k in keys if k != "lr")] if "lr" in keys else keys
+        keys = [*(k for k in LEARNING_RATES if k in keys), *(k for k in keys if k not in LEARNING_RATES)]
     texts = ((k, _value_text(group[k])) for k in keys if k in group)
     return ", ".join(f"{k}={t}" for k, t in texts if t is not None)
 

@@ -288,7 +288,10 @@ class KerasEngine:
         # float8's scales and amax histories: the Max over ranks, applied with the others (max_of_overwritten)
         maxed = max_of_overwritten(grads, variables, f"{self.name}.overwritten", self.meter)
         apply_inner = with_maxed(self._apply_inner, maxed)
-        hyper = hyper_values(self.face.learning_rate(self.inner), self.inner)
+        config = self.config
+        # Adasum's ranks end on the same parameters whatever their hyper-parameters: only the averages are tagged
+        tags = self.reduction is not None or config.op in (ReduceOp.Average, ReduceOp.Sum)
+        hyper = hyper_values(self.face.learning_rate(self.inner), self.inner) if tags else None
         if self.reduction is not None:  # its state covers every variable: the maxima replace what it reduced
             error_feedback_step(self.reduction, self.state, grads, variables, self.trainable, apply_inner, self.name,
                                 hyper)
@@ -299,7 +302,6 @@ class KerasEngine:
         left_out = len(grads) - len(pairs)
         pairs = [(g, v) for g, v in pairs if id(v) not in maxed]
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
-        config = self.config
         if config.op in (ReduceOp.Average, ReduceOp.Sum):
             reduced = []
             if grads:

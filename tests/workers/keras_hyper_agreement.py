@@ -1,8 +1,8 @@
-"""Hyper-parameters that differ between ranks under a Keras algorithm op, and under op=Average (also with top-k) and
-op=PowerSGD wrapping SGD with momentum (whose every hyper-parameter counts): each op trains three equal steps in a
-``tf.function``; then the last rank's learning rate changes (as ``ReduceLROnPlateau`` fed that rank's own
-validation loss would), and the next step that communicates must raise on every rank, naming the hyper-parameters,
-with the variables as they were; with the learning rate equal again the step is taken.
+"""Hyper-parameters that differ between ranks under a Keras algorithm op, and under op=Average (wrapping Adam),
+with top-k and op=PowerSGD wrapping SGD with momentum (whose every hyper-parameter counts): each op trains three
+equal steps in a ``tf.function``; then the last rank's learning rate changes (as ``ReduceLROnPlateau`` fed that
+rank's own validation loss would), and the next step that communicates must raise on every rank, naming the
+hyper-parameters, with the variables as they were; with the learning rate equal again the step is taken.
 
 argv: out_dir face ("keras" or "tf_keras", which TF_USE_LEGACY_KERAS must match)."""
 
@@ -21,17 +21,19 @@ hck.init()
 r, n = hck.rank(), hck.size()
 
 
-#: The reductions any optimizer steps after (case: op, options).
-REDUCTIONS = {"Average": ("Average", {}), "TopK": ("Average", {"compression": hck.Compression.topk(0.25)}),
-              "PowerSGD": ("PowerSGD", {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2})}
+#: The reductions any optimizer steps after (case: op, options, the wrapped optimizer). Adam's hyper-parameters
+#: sort before ``learning_rate`` by name: the message must still list the learning rate first.
+REDUCTIONS = {"Average": ("Average", {}, "Adam"),
+              "TopK": ("Average", {"compression": hck.Compression.topk(0.25)}, "SGD"),
+              "PowerSGD": ("PowerSGD", {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2}, "SGD")}
 
 
 def run(case: str) -> dict[str, str]:
     keras.utils.set_random_seed(11)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
     if case in REDUCTIONS:
-        op, options = REDUCTIONS[case]
-        inner = keras.optimizers.SGD(0.01, momentum=0.9)
+        op, options, wrapped = REDUCTIONS[case]
+        inner = keras.optimizers.Adam(0.01) if wrapped == "Adam" else keras.optimizers.SGD(0.01, momentum=0.9)
     else:
         op, options = case, ALGORITHM_OPTIONS[case]
         inner = inner_optimizer(keras, hck, op, 0.01)
