@@ -9,9 +9,9 @@ Per bucket and step (``reduce_bucket``), as torch's ``powerSGD_hook`` (ddp_comm_
   4); P orthogonalized (line 5); Q = M^T P (line 6); Q averaged (line 7); the result is P Q^T (line 8);
 - error = M - result (Alg. 2 line 5; the dense part's error is its local minus its average, as in torch's hook).
 
-The matrix work runs on the face's ``MatrixBackend``; the reductions are the face's core calls. All state (errors,
-P, Q, step, the seed stream) is one picklable ``PowerSGDState``. Options, moving over from DDP, checkpoints:
-docs/algorithms/powersgd.md.
+The matrix work runs on the face's ``MatrixBackend``; the reductions are the face's core calls. All state (errors
+and the loss scale they are in, P, Q, step, the seed stream) is one picklable ``PowerSGDState``. Options, moving
+over from DDP, checkpoints: docs/algorithms/powersgd.md.
 """
 
 from __future__ import annotations
@@ -137,6 +137,8 @@ class MatrixBackend(Protocol):
 
     def add_(self, x: Tensor, y: Tensor) -> Tensor: ...
 
+    def mul_(self, x: Tensor, factor: float) -> Tensor: ...
+
     def sub(self, a: Tensor, b: Tensor) -> Tensor:
         """A new tensor a - b."""
 
@@ -177,10 +179,12 @@ Allreduce = Callable[[Tensor, bool, str], None]
 @dataclasses.dataclass
 class PowerSGDState:
     """Everything PowerSGD keeps between steps, per bucket index (torch's ``PowerSGDState`` without its process
-    group): the error feedback, the P and Q memories (warm start), the step count and the seed stream."""
+    group): the error feedback, the P and Q memories (warm start), the step count and the seed stream, and the
+    factor (a loss scale) that the gradients the errors came from carried."""
 
     options: PowerSGDOptions
     iter: int = 0
+    error_scale: float = 1.0
     errors: dict[int, Tensor] = dataclasses.field(default_factory=dict)
     p_memory: dict[int, Tensor] = dataclasses.field(default_factory=dict)
     q_memory: dict[int, Tensor] = dataclasses.field(default_factory=dict)
@@ -199,6 +203,16 @@ class PowerSGDState:
         """After every bucket of a step (torch's ``maybe_increase_iter`` on the last bucket)."""
         self.iter += 1
 
+    def scale_errors(self, scale: float, mul_: Callable[[Tensor, float], Any]) -> None:
+        """The coming step's gradients carry the factor ``scale`` (a loss scaler's, where a face reduces them before
+        they are unscaled): bring the errors, kept in the units of the step they came from, to it (``mul_(x, f)``
+        multiplies in place), so that Alg. 2 line 3 adds what the last step left out and not that times the ratio
+        of two scales. A scaler's scale changes by powers of two: exact."""
+        if scale != self.error_scale:
+            for error in self.errors.values():
+                mul_(error, scale / self.error_scale)
+            self.error_scale = scale
+
     def reset_error_feedback(self) -> None:
         """Start this rank's error from zero (a checkpoint of another rank's); P, Q and the step stay, which every
         rank shares."""
@@ -209,6 +223,7 @@ class PowerSGDState:
         return {
             "options": dataclasses.asdict(self.options),
             "iter": self.iter,
+            "error_scale": self.error_scale,
             "rng": _rng_state(self.rng),
             "errors": {k: clone(v) for k, v in self.errors.items()},
             "p_memory": {k: clone(v) for k, v in self.p_memory.items()},
@@ -237,6 +252,7 @@ class PowerSGDState:
         """Restore a checked ``state_dict()``; ``copy(bucket, tensor)`` makes this face's tensor of a saved one, on
         that bucket's device."""
         self.iter = int(saved["iter"])
+        self.error_scale = float(saved.get("error_scale", 1.0))
         name, keys, pos, has_gauss, cached = saved["rng"]
         self.rng = np.random.RandomState()
         self.rng.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))

@@ -60,6 +60,11 @@ class NumpyMatrices:
             offset += t.size
 
     @staticmethod
+    def mul_(x: np.ndarray, factor: float) -> np.ndarray:
+        x *= np.float32(factor)
+        return x
+
+    @staticmethod
     def all_finite(x: np.ndarray) -> bool:
         return bool(np.isfinite(x).all())
 

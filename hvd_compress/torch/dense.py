@@ -161,9 +161,13 @@ class DenseEngine(Engine):
         if not self.reductions.next_is_ready():
             return 0
         if self._tag is None:
+            self._step_starts()
             self._tag = agreement.tagged("", self.opt.param_groups)
         tag = self._tag
         return self.reductions.launch_ready(lambda b: self.reduce_bucket(b, tag))
+
+    def _step_starts(self) -> None:
+        """The step's first bucket is about to start, on the program's thread (again after a refused step)."""
 
     def reduce_bucket(self, index: int, tag: str) -> None:
         """One bucket's allreduce (on the background thread), its name ending in ``tag``. A failure before the core

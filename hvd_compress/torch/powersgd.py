@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.amp.grad_scaler import OptState
 
 from hvd_compress.algorithms import powersgd
 from hvd_compress.ops.buckets import failure_joins_as_rejection
@@ -37,6 +38,10 @@ class TorchMatrices:
     @staticmethod
     def add_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return x.add_(y)
+
+    @staticmethod
+    def mul_(x: torch.Tensor, factor: float) -> torch.Tensor:
+        return x.mul_(factor)
 
     @staticmethod
     def sub(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -119,6 +124,33 @@ class PowerSGDEngine(DenseEngine):
         self.shapes: list[list[tuple[int, ...]]] = [[] for _ in self.buckets]
         for p in self.grads.params:  # in buffer order within each bucket
             self.shapes[self.bucket_of[id(p)]].append(tuple(p.shape))
+        self._scaler: Any = None  # the GradScaler that handed itself to the last step() (scaler.step(opt)), or None
+        self._scale_known = False  # whether this step's buckets were reduced in units the state knows
+
+    def _step_starts(self) -> None:
+        """Bring the errors to the units of the gradients this step reduces (``PowerSGDState.scale_errors``): under
+        a GradScaler those reduced before ``step()`` unscales them (with overlap, during backward; or in an
+        explicit ``synchronize()`` before ``scaler.unscale_``) carry its scale, which ``scaler.update()`` doubles
+        or halves between steps; torch's hook adds the error in the old scale's units once after each change. The
+        scaler is the one of the last ``scaler.step(opt)``: the first step of a process under one is labelled in
+        ``step()``, after its reduction."""
+        scaler = self._scaler
+        self._scale_known = scaler is not None
+        if scaler is None:
+            return
+        unscaled = scaler._per_optimizer_states[id(self.opt)]["stage"] is OptState.UNSCALED
+        scale = 1.0 if unscaled or not scaler.is_enabled() else float(scaler.get_scale())
+        self.state.scale_errors(scale, self.matrices.mul_)
+
+    def step(self, closure: Any = None, grad_scaler: Any = None) -> Any:
+        """``DenseEngine.step``, noting the GradScaler (or its absence) for the units of the errors."""
+        if self.reduced_in_step and not self._scale_known:
+            # Reduced before this call with no scaler known then: in the units of this scaler's scale, which its
+            # update() has not changed yet, or of the gradients themselves.
+            scaled = grad_scaler is not None and grad_scaler.is_enabled()
+            self.state.error_scale = float(grad_scaler.get_scale()) if scaled else 1.0
+        self._scaler = grad_scaler
+        return super().step(closure, grad_scaler)
 
     @property
     def op_name(self) -> str:

@@ -2,13 +2,16 @@
 ``scaler.step(opt)``, ``scaler.update()``), overlap on and off, against the same run without a scaler.
 
 argv: out_dir ops (comma list of OneBitAdam, OneBitLamb, Birder, SLAMB, Average, PowerSGD, TopK: op=Average with
-top-k compression, ZeroOneAdam)
+top-k compression, ZeroOneAdam, PowerSGD0: op=PowerSGD compressing from the first step, whose error the scaler's
+first step makes before the optimizer has seen the scaler)
 Saves per rank, per (op, mode): (SHA-256 of the parameters, the scaler's final scale) or the error raised. Modes:
 ``plain`` (no scaler), ``scaler`` and ``scaler_nooverlap`` (a power-of-two scale: unscaling is exact, so these
-must equal ``plain`` bit for bit), ``inf_one_rank`` (rank 1's gradient holds an inf at step 4: every rank must
-skip that step and halve its scale alike) and ``clip`` (Horovod's AMP pattern: ``synchronize()``,
-``scaler.unscale_``, ``clip_grad_norm_``, ``skip_synchronize()`` + ``scaler.step``), ``clip_nooverlap``, ``recipe``
-(torch's AMP recipe: ``scaler.unscale_``, ``clip_grad_norm_``, ``scaler.step`` with no ``synchronize()``).
+must equal ``plain`` bit for bit), ``scaler_growing`` (the scale doubles after every step: PowerSGD's error
+feedback must follow it, and the run still equal ``plain``), ``inf_one_rank`` (rank 1's gradient holds an inf at
+step 4: every rank must skip that step and halve its scale alike) and ``clip`` (Horovod's AMP pattern:
+``synchronize()``, ``scaler.unscale_``, ``clip_grad_norm_``, ``skip_synchronize()`` + ``scaler.step``),
+``clip_nooverlap``, ``recipe`` (torch's AMP recipe: ``scaler.unscale_``, ``clip_grad_norm_``, ``scaler.step`` with no
+``synchronize()``).
 For op=Average and op=PowerSGD also three steps in small buckets of a model with an unused middle layer, with a
 layer used on rank 0 only, and with reentrant activation checkpointing.
 """
@@ -30,19 +33,21 @@ rank = hvd.rank()
 OPTIONS = {"OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2}, "Birder": {},
            "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1}, "Average": {},
            "PowerSGD": {"start_powerSGD_iter": 2, "min_compression_rate": 1},
+           "PowerSGD0": {"start_powerSGD_iter": 0, "min_compression_rate": 1},
            "TopK": {"compression": hc.Compression.topk(0.3)},
            "ZeroOneAdam": {"var_freeze_step": 3, "local_step_scaler": 1, "local_step_clipper": 2}}
-OP_OF = {"TopK": "Average"}  # a case that is op=Average with other options
+OP_OF = {"TopK": "Average", "PowerSGD0": "PowerSGD"}  # a case that is an op with other options
 NO_OVERLAP = ("TopK",)  # reduced in step() only: takes no overlap= (its *_nooverlap modes repeat the others)
 STEPS = 7
-MODES = ("plain", "scaler", "scaler_nooverlap", "inf_one_rank", "clip", "clip_nooverlap", "recipe")
+MODES = ("plain", "scaler", "scaler_growing", "scaler_nooverlap", "inf_one_rank", "clip", "clip_nooverlap", "recipe")
 
 
 def run(op: str, mode: str) -> tuple[str, float]:
     overlap = {} if op in NO_OVERLAP else {"overlap": not mode.endswith("nooverlap")}
     model, opt = small_wrapped(OP_OF.get(op, op), **overlap, **OPTIONS[op])
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    scaler = None if mode == "plain" else torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    growth = 1 if mode == "scaler_growing" else 2000
+    scaler = None if mode == "plain" else torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=growth)
     g = torch.Generator().manual_seed(10 + rank)
     for t in range(1, STEPS + 1):
         x = torch.randn(32, 8, generator=g) * 5
