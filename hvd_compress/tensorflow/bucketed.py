@@ -61,6 +61,28 @@ class HyperValues:
         return dict(zip(self.names, np.asarray(values, np.float64).reshape(-1).tolist(), strict=True))
 
 
+@dataclass(frozen=True)
+class CallTag:
+    """What one run of a reduction tags its call names with (``agreement.tagged``), or nothing (``group`` None)."""
+
+    group: dict[str, float] | None = None
+
+    def name(self, name: str) -> str:
+        return name if self.group is None else agreement.tagged(name, [self.group])
+
+    def explained(self, e: MismatchError, who: str) -> MismatchError:
+        """``e`` with this rank's hyper-parameters where the tags differed (``agreement.mismatch_explained``)."""
+        return agreement.mismatch_explained(e, who, None if self.group is None else [self.group])
+
+
+def call_tag(hyper: HyperValues | None, arrays: Sequence[np.ndarray]) -> tuple[CallTag, Sequence[np.ndarray]]:
+    """The tag of a NumPy call whose last input is ``hyper.values`` (where ``hyper`` is given) and its other
+    inputs."""
+    if hyper is None:
+        return CallTag(), arrays
+    return CallTag(hyper.group(arrays[-1])), arrays[:-1]
+
+
 def check_bucket_mb(bucket_mb: Any) -> float:
     if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
         raise ValueError(f"bucket_mb must be a number > 0, got {bucket_mb!r}")
@@ -136,15 +158,15 @@ def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compress
     buckets = plan_buckets(items, bucket_bytes, min(bucket_bytes, int(FIRST_BUCKET_MB * MIB)))
     # token -> a bucket's reduction. Each run of a start op makes a new token, which only the finish op of the same
     # run receives (as data): runs that overlap (a loop of train steps) cannot take each other's results.
-    pending: dict[int, tuple[concurrent.futures.Future, dict[str, float] | None]] = {}
+    pending: dict[int, tuple[concurrent.futures.Future, CallTag]] = {}
     tokens_made = itertools.count()
 
     def starter(b: int) -> Any:
-        def start(*arrays: np.ndarray) -> np.ndarray:
-            group = None if hyper is None else hyper.group(arrays[-1])
-            call = f"{name}.b{b}" if group is None else agreement.tagged(f"{name}.b{b}", [group])
+        def start(*inputs: np.ndarray) -> np.ndarray:
+            tag, arrays = call_tag(hyper, inputs)
+            call = tag.name(f"{name}.b{b}")
             try:
-                copies = [aligned_copy(np.asarray(a)) for a in (arrays if hyper is None else arrays[:-1])]
+                copies = [aligned_copy(np.asarray(a)) for a in arrays]
             except Exception as e:  # this rank's alone: it joins the call as a rejection, the others raise too
                 runtime.submit(reject_allreduce, f"{type(e).__name__}: {e}", call).result()
                 raise
@@ -153,7 +175,7 @@ def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compress
                 future = runtime.submit(reduce_group, copies, op, call, compressor)
             else:  # the meter counts the calls of the thread that runs it: the background thread's
                 future = runtime.submit(meter.run, reduce_group, copies, op, call, compressor)
-            pending[token] = (future, group)
+            pending[token] = (future, tag)
             if stats is not None:
                 stats.launched += 1
             return np.array(token, np.int64)
@@ -163,11 +185,11 @@ def bucketed_allreduce(tensors: Sequence[Any], op: ReduceOp, name: str, compress
     def finish(*tokens: np.ndarray) -> list[np.ndarray]:
         started = [pending.pop(int(t)) for t in tokens]
         results, errors = [], []
-        for future, group in started:  # every bucket finishes before an error is raised: none left half-issued
+        for future, tag in started:  # every bucket finishes before an error is raised: none left half-issued
             try:
                 results.append(future.result())
             except MismatchError as e:
-                errors.append(agreement.mismatch_explained(e, name, None if group is None else [group]))
+                errors.append(tag.explained(e, name))
             except Exception as e:
                 errors.append(e)
         if errors:

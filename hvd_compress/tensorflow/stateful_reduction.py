@@ -15,10 +15,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from hvd_compress.algorithms import agreement
 from hvd_compress.ops.errors import MismatchError
 from hvd_compress.tensorflow.algorithm_step import FlatLayout, StateShapes, float32_gradients
-from hvd_compress.tensorflow.bucketed import HyperValues
+from hvd_compress.tensorflow.bucketed import HyperValues, call_tag
 from hvd_compress.tensorflow.functions import numpy_call
 
 
@@ -51,13 +50,12 @@ class StatefulReduction:
         touts = [tf.float32] * len(gs) + [tf.as_dtype(state[k].dtype) for k in names]
         tagged = [] if hyper is None else [hyper.values]
 
-        def call(*arrays: np.ndarray) -> list[np.ndarray]:
-            group = None if hyper is None else hyper.group(arrays[-1])
-            saved = arrays[len(gs):] if hyper is None else arrays[len(gs):-1]
+        def call(*inputs: np.ndarray) -> list[np.ndarray]:
+            tag, arrays = call_tag(hyper, inputs)
             try:
-                return self.run(name if group is None else agreement.tagged(name, [group]), arrays[: len(gs)], saved)
+                return self.run(tag.name(name), arrays[: len(gs)], arrays[len(gs):])
             except MismatchError as e:
-                raise agreement.mismatch_explained(e, name, None if group is None else [group]) from e
+                raise tag.explained(e, name) from e
 
         outs = numpy_call(call, [*gs, *(tf.convert_to_tensor(state[k]) for k in names), *tagged], touts, name)
         for k, x in zip(names, outs[len(gs):], strict=True):
