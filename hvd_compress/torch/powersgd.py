@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.amp.grad_scaler import OptState
 
 from hvd_compress.algorithms import powersgd
 from hvd_compress.ops.buckets import failure_joins_as_rejection
@@ -20,7 +19,7 @@ from hvd_compress.ops.compression import Compression
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.torch.dense import DenseEngine
 from hvd_compress.torch.functions import allreduce_
-from hvd_compress.torch.wrapping import STATE_KEY, own_section
+from hvd_compress.torch.wrapping import STATE_KEY, own_section, unscaled
 
 
 class TorchMatrices:
@@ -125,7 +124,6 @@ class PowerSGDEngine(DenseEngine):
         for p in self.grads.params:  # in buffer order within each bucket
             self.shapes[self.bucket_of[id(p)]].append(tuple(p.shape))
         self._scaler: Any = None  # the GradScaler that handed itself to the last step() (scaler.step(opt)), or None
-        self._scale_known = False  # whether this step's buckets were reduced in units the state knows
 
     def _step_starts(self) -> None:
         """Bring the errors to the units of the gradients this step reduces (``PowerSGDState.scale_errors``): under
@@ -135,18 +133,16 @@ class PowerSGDEngine(DenseEngine):
         scaler is the one of the last ``scaler.step(opt)``: the first step of a process under one is labelled in
         ``step()``, after its reduction."""
         scaler = self._scaler
-        self._scale_known = scaler is not None
         if scaler is None:
             return
-        unscaled = scaler._per_optimizer_states[id(self.opt)]["stage"] is OptState.UNSCALED
-        scale = 1.0 if unscaled or not scaler.is_enabled() else float(scaler.get_scale())
+        scale = 1.0 if unscaled(scaler, self.opt) or not scaler.is_enabled() else float(scaler.get_scale())
         self.state.scale_errors(scale, self.matrices.mul_)
 
     def step(self, closure: Any = None, grad_scaler: Any = None) -> Any:
         """``DenseEngine.step``, noting the GradScaler (or its absence) for the units of the errors."""
-        if self.reduced_in_step and not self._scale_known:
-            # Reduced before this call with no scaler known then: in the units of this scaler's scale, which its
-            # update() has not changed yet, or of the gradients themselves.
+        if self.reduced_in_step and self._scaler is None:
+            # Reduced before this call with no scaler known then (``_scaler`` changes only here): in the units of
+            # this scaler's scale, which its update() has not changed yet, or of the gradients themselves.
             scaled = grad_scaler is not None and grad_scaler.is_enabled()
             self.state.error_scale = float(grad_scaler.get_scale()) if scaled else 1.0
         self._scaler = grad_scaler

@@ -486,11 +486,16 @@ def check_named_parameters(
     return names
 
 
+def unscaled(grad_scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``grad_scaler`` (a ``torch.amp.GradScaler``) has unscaled ``optimizer``'s gradients in this step."""
+    return grad_scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.UNSCALED
+
+
 def any_rank_nonfinite(grad_scaler: Any, optimizer: torch.optim.Optimizer, name: str) -> bool:
     """Unscale ``optimizer``'s gradients through ``grad_scaler`` (a ``torch.amp.GradScaler``) and OR its inf/NaN
     verdict over all ranks, written back into the scaler: every rank then skips or takes the step alike, and every
     rank's ``scaler.update()`` moves the scale the same way."""
-    if grad_scaler._per_optimizer_states[id(optimizer)]["stage"] is not OptState.UNSCALED:  # not by the user yet
+    if not unscaled(grad_scaler, optimizer):  # not by the user yet
         grad_scaler.unscale_(optimizer)
     found = grad_scaler._found_inf_per_device(optimizer)
     local = sum(float(t.item()) for t in found.values())
