@@ -7,7 +7,9 @@ each resume equals the run that loads rank 0's file with the other ranks' errors
 every rank would count it n times in the ranks' sum). A broadcast leaves each rank its own error feedback: in the
 middle of a run where the rest of the state is alike on every rank, it changes nothing. Hierarchical Birder (all
 ranks on one node here) keeps m and b of this rank's chunk only: another rank's are other elements' moments, so
-they go as the error feedback does."""
+they go as the error feedback does. The two broadcast resumes run as a new launch would (hc's runtime not started
+before the wrapper is built): a local call of rank 0 alone that started it (its set-up is a collective) would wait
+forever for the ranks waiting in Horovod's broadcast, which the worker's watchdog fails within a minute."""
 
 from __future__ import annotations
 

@@ -43,12 +43,16 @@ REGISTRY: dict[AlgorithmOp, type[Any]] = _registry(OneBitAdam, OneBitLamb, Slamb
 #: The ``op=`` constants the faces export, by name (``hc.OneBitAdam``, ...).
 OPS: dict[str, AlgorithmOp] = {op.name: op for op in REGISTRY}
 _BY_VALUE = {op.value: op for op in REGISTRY}
+_BY_NAME: dict[str, ReduceOp | AlgorithmOp] = {op.name.lower(): op for op in (*ReduceOp, *REGISTRY)}
 
 
 def resolve_op(op: Any) -> ReduceOp | AlgorithmOp:
     """``op=`` of ``DistributedOptimizer`` as a reduction or a registered algorithm: a ``ReduceOp`` or its value
     (Horovod's constants), an ``AlgorithmOp`` or its value (a Keras config), or an optimizer class that names its
-    algorithm (``hc.Birder``: its ``hvdc_op``). ValueError naming every op otherwise."""
+    algorithm (``hc.Birder``: its ``hvdc_op``), or the name of any of these as the error lists it (``"OneBitAdam"``,
+    ``"Average"``; in any case). ValueError naming every op otherwise."""
+    if isinstance(op, str):
+        op = _BY_NAME.get(op.lower(), op)
     op = getattr(op, "hvdc_op", op)
     if isinstance(op, AlgorithmOp) and op in REGISTRY:
         return op

@@ -15,7 +15,7 @@ from hvd_compress.ops import process_sets
 from hvd_compress.ops.buckets import DEFAULT_BUCKET_MB
 from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
-from hvd_compress.ops.errors import ProcessSetError
+from hvd_compress.ops.errors import NotInitializedError, ProcessSetError
 from hvd_compress.ops.horovod_args import pop_horovod_defaults
 from hvd_compress.torch.adasum_optimizer import AdasumEngine
 from hvd_compress.torch.birder import BirderEngine
@@ -101,6 +101,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    _start_runtime()
     op = algorithms.resolve_op(op)
     if process_set is not None:
         ensure_init()
@@ -123,6 +124,17 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     # Horovod's sparse_as_dense: interpreted by Average/Sum, refused by the other ops unless at its default.
     algorithm_options = {**algorithm_options, "sparse_as_dense": sparse_as_dense}
     return wrap(optimizer, named_parameters, op, backward_passes_per_step, algorithm_options)
+
+
+def _start_runtime() -> None:
+    """Start hvd_compress's runtime here, where every rank is: its set-up is a collective, and a call made later on
+    one rank alone (rank 0's ``load_state_dict`` in Horovod's resume, while the others wait in Horovod's broadcast)
+    must not be the one to start it, or both sides wait forever. Nothing where no job was started (one process
+    without ``init()``): the first collective says how to start one."""
+    try:
+        ensure_init()
+    except NotInitializedError:
+        pass
 
 
 def _bucket_options(options: dict[str, Any]) -> tuple[dict[str, Any], bool, float]:

@@ -18,9 +18,9 @@ from torch.amp.grad_scaler import OptState
 
 from hvd_compress import ops
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.ops.errors import NotInitializedError, UsageError
+from hvd_compress.ops.errors import UsageError
 from hvd_compress.ops.traffic import not_counting
-from hvd_compress.torch.context import ensure_init
+from hvd_compress.torch.context import horovod
 from hvd_compress.torch.functions import allreduce
 
 STATE_KEY = "hvd_compress"  # the section of state_dict() that holds a wrapper's own state
@@ -38,12 +38,13 @@ SAVED_BY = "rank"
 
 
 def _this_rank() -> int | None:
-    """This rank; None where no job was started (one process without ``init()``: no other rank to tell apart)."""
-    try:
-        ensure_init()
-    except NotInitializedError:
-        return None
-    return ops.rank()
+    """This rank; None where no job was started (one process without ``init()``: no other rank to tell apart).
+    Local: it never starts hvd_compress's runtime, whose set-up is a collective that a call made on one rank alone
+    (rank 0's ``load_state_dict`` in Horovod's resume) would wait in forever; Horovod's rank serves until then."""
+    if ops.is_initialized():
+        return ops.rank()
+    hvd = horovod()
+    return None if hvd is None else int(hvd.rank())
 
 
 def own_section(section: dict[str, Any]) -> dict[str, Any]:
@@ -94,8 +95,35 @@ def compose(optimizer: torch.optim.Optimizer, engine_cls: type[Engine], *args: A
     defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
     base.__init__(wrapped, optimizer.param_groups, **defaults)
     base.load_state_dict(wrapped, state)
+    # As Horovod's wrapper: the param groups are the wrapped optimizer's own, so that an LR scheduler made on it
+    # before wrapping, an edit of its param_groups and its add_param_group act on the steps (the engine reads the
+    # hyper-parameters there); torch's load_state_dict above made copies.
+    wrapped.param_groups = optimizer.param_groups
     wrapped._hvdc = engine_cls(wrapped, base, *args, **kwargs)
     return wrapped
+
+
+@contextlib.contextmanager
+def param_groups_kept(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Around torch's ``load_state_dict``, which replaces the param-group dicts (and their list) with new ones: the
+    loaded values go into the dicts there were, so that they stay the ones the wrapped optimizer shares
+    (``compose``) and an LR scheduler made on it before wrapping still acts after a resume."""
+    groups = optimizer.param_groups
+    try:
+        yield
+    finally:
+        _keep(optimizer, groups)
+
+
+def _keep(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]]) -> None:
+    loaded = optimizer.param_groups
+    if loaded is groups or len(loaded) != len(groups):
+        return
+    for kept, new in zip(groups, loaded, strict=True):
+        if kept is not new:
+            kept.clear()
+            kept.update(new)
+    optimizer.param_groups = groups
 
 
 def wrapped_engine(optimizer: Any) -> Engine | None:
@@ -113,6 +141,9 @@ def _delegate(engine_cls: type, name: str) -> Any:
     def call(engine: Engine, *args: Any, **kwargs: Any) -> Any:
         if name == "step":
             engine.check_param_groups()
+        if name == "load_state_dict":
+            with param_groups_kept(engine.opt):
+                return engine.load_state_dict(*args, **kwargs)
         return getattr(engine, name)(*args, **kwargs)
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -390,7 +421,8 @@ class Engine:
         section = state_dict.get(STATE_KEY)
         if isinstance(section, dict):  # as this rank's: nothing to warn of
             state_dict = {**state_dict, STATE_KEY: own_section(section)}
-        self.load_state_dict(state_dict)
+        with param_groups_kept(self.opt):
+            self.load_state_dict(state_dict)
         now = self.error_feedback()
         if [e.shape for e in now] == [e.shape for e in own]:
             for e, mine in zip(now, own, strict=True):

@@ -7,10 +7,12 @@ file), ``reference`` (every rank loads rank 0's file with the error feedback zer
 its own, so that nothing of the wrapper's acts on it), ``root_errors`` (rank 0's file marked as each rank's own:
 rank 0's error feedback on every rank), ``full`` (the run never stopped) and ``midway`` (the run never stopped, with
 hc.broadcast_optimizer_state from rank 0 after SAVED_AT steps); ``<op> hvd`` the outcome of the Horovod resume and
-``<op> warnings <mode>`` the warnings the ``file`` load and the two broadcasts gave.
+``<op> warnings <mode>`` the warnings the ``file`` load and the two broadcasts gave. ``hvd`` and ``hc`` start from
+hc's runtime shut down, as in a new launch; a rank stuck there for RECIPE_TIMEOUT_S exits with its stacks.
 """
 
 import copy
+import faulthandler
 import hashlib
 import io
 import warnings
@@ -20,11 +22,13 @@ import torch
 from common import outcome, save
 
 import hvd_compress.torch as hc
+from hvd_compress.ops import runtime
 
 hvd.init()
 torch.set_num_threads(1)
 r = hvd.rank()
 STEPS, SAVED_AT = 7, 4
+RECIPE_TIMEOUT_S = 60  # the Horovod recipe and the steps after it take seconds
 
 
 def adam(ps):
@@ -107,6 +111,19 @@ def as_own(state: dict, zero_errors: bool, moments: bool) -> dict:
 
 
 def resume(name: str, saved: bytes, mode: str, seen: list) -> list[str]:
+    if mode in ("hvd", "hc"):
+        # The recipe as a new launch runs it: hc's runtime not yet started when the wrapper is built (a local call
+        # that started it, such as rank 0's load_state_dict, would wait for the others forever: they wait in
+        # Horovod's broadcast). The watchdog turns such a hang into this rank's failure, with every thread's stack.
+        runtime.shutdown()
+        faulthandler.dump_traceback_later(RECIPE_TIMEOUT_S, exit=True)
+    try:
+        return resumed(name, saved, mode, seen)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def resumed(name: str, saved: bytes, mode: str, seen: list) -> list[str]:
     m = model()
     opt = make(name, m)
     ckpt = torch.load(io.BytesIO(saved), weights_only=False)

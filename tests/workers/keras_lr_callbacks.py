@@ -1,6 +1,7 @@
 """hck's LearningRateWarmupCallback and LearningRateScheduleCallback (Horovod's, whose own raise under Keras 3
 installed): the learning rate at each batch, as the optimizer holds it when the batch begins, and whether the step
-takes it (the parameters equal a run that assigns the same rates by hand, and differ from one at a constant rate),
+takes it (the parameters equal a run that assigns the same rates by hand, to the optimizer that 1-bit Adam's wrapper
+holds, which is built with the op's name, and differ from one at a constant rate),
 with hvd_compress's 1-bit Adam and a plain Keras optimizer; momentum correction where the momentum is a variable
 (tf_keras's legacy SGD) and the warning where it is a number. argv: out_dir, "keras" (Keras 3) or "tf_keras"
 (TF_USE_LEGACY_KERAS=1)."""
@@ -44,15 +45,15 @@ class Seen(keras.callbacks.Callback):
 
 
 class Assign(keras.callbacks.Callback):
-    """Assigns ``rates[i]`` as the learning rate when batch i begins: the reference for whether the step takes
-    what the callbacks set."""
+    """Assigns ``rates[i]`` as the learning rate when batch i begins (of ``optimizer``, default the model's): the
+    reference for whether the step takes what the callbacks set."""
 
-    def __init__(self, rates: list[float]) -> None:
+    def __init__(self, rates: list[float], optimizer: object = None) -> None:
         super().__init__()
-        self.rates, self.i = rates, 0
+        self.rates, self.i, self.optimizer = rates, 0, optimizer
 
     def on_train_batch_begin(self, batch: int, logs: object = None) -> None:
-        self.model.optimizer.learning_rate = self.rates[self.i]
+        (self.optimizer or self.model.optimizer).learning_rate = self.rates[self.i]
         self.i += 1
 
 
@@ -64,8 +65,8 @@ def run(opt: object, cbs: list, epochs: int = 4) -> tuple[str, list]:
     return digest([v.numpy() for v in model.trainable_variables]), [float(v) for v in hist.history.get("lr", [])]
 
 
-def onebit() -> object:
-    return hck.DistributedOptimizer(keras.optimizers.Adam(0.02), op=hck.OneBitAdam, freeze_step=3)
+def onebit(op: object = hck.OneBitAdam) -> object:
+    return hck.DistributedOptimizer(keras.optimizers.Adam(0.02), op=op, freeze_step=3)
 
 
 out: dict = {}
@@ -73,7 +74,9 @@ for name, make in (("onebit", onebit), ("adam", lambda: keras.optimizers.Adam(0.
     seen = Seen()
     out[f"warmup_{name}"] = (*run(make(), [callbacks.LearningRateWarmupCallback(0.01, warmup_epochs=2), seen]),
                              seen.lr)
-    out[f"warmup_{name}_by_hand"] = run(make(), [Assign(seen.lr)])[0]
+    # 1-bit Adam by hand: the op by its name (a string), the rates set on the optimizer the wrapper holds
+    by_hand = onebit("OneBitAdam") if name == "onebit" else make()
+    out[f"warmup_{name}_by_hand"] = run(by_hand, [Assign(seen.lr, getattr(by_hand, "inner_optimizer", None))])[0]
     out[f"constant_{name}"] = run(make(), [])[0]
     seen = Seen()
     out[f"schedule_{name}"] = (*run(make(), [callbacks.LearningRateScheduleCallback(

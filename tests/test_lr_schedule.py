@@ -1,0 +1,49 @@
+"""An LR schedule on the optimizer the user wrapped acts on every op's steps, as with Horovod's wrapper: a StepLR
+made on the inner optimizer before wrapping (through ``hc.DistributedOptimizer`` and Horovod's routed entry), one
+made on the wrapper after, and one that goes on after the wrapper loads a state_dict, each step as the run whose
+rates are written by hand (``workers/lr_schedule.py``); Horovod's own wrapper for Average and Sum; the inner
+optimizer's lr set to 0 after wrapping moves nothing. 2 and 3 ranks, real processes, numbers compared exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mpi_harness import load_ranks, mpirun
+
+#: Ops reduced as Horovod reduces them (its own wrapper runs them in the ``routed`` run): equal up to the order of
+#: the sum, not bit for bit
+HOROVODS = ("Average", "Sum")
+#: What lr=0 may move, relative to the value: SLAMB's dense parameter average every sync_interval steps (two in the
+#: run) rounds the float32 sum of n equal values (a unit in the last place each at 3 ranks, as Horovod's would)
+ROUNDING = {"SLAMB": 2 * 2.0**-23}
+
+
+def _differ(a: list[torch.Tensor], b: list[torch.Tensor]) -> str | None:
+    """Where the parameter sequences ``a`` and ``b`` first differ, or None."""
+    for s, (x, y) in enumerate(zip(a, b, strict=True)):
+        if not torch.equal(x, y):
+            return f"step {s} by {float((x - y).abs().max())}"
+    return None
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_lr_scheduler_on_the_wrapped_optimizer_acts_on_every_op(n: int, out_dir) -> None:
+    mpirun("lr_schedule.py", n, out_dir, timeout=300)
+    for r, rk in enumerate(load_ranks(out_dir, n)):
+        for name, runs in rk.items():
+            where = f"op={name} rank {r} of {n}"
+            want = runs["by_hand"]
+            assert _differ(want, runs["constant"]), f"{where}: the scheduled rates changed nothing"
+            for mode in ("before", "after", "routed", "resumed"):
+                if mode not in runs:
+                    continue
+                if mode == "routed" and name in HOROVODS:
+                    for s, (x, y) in enumerate(zip(runs[mode], want, strict=True)):
+                        assert torch.allclose(x, y, rtol=1e-5, atol=1e-7), \
+                            f"{where} step {s}: Horovod's wrapper under StepLR differs by {float((x - y).abs().max())}"
+                    continue
+                differ = _differ(runs[mode], want)
+                assert differ is None, f"{where}: StepLR ({mode}) did not step as the scheduled rates: {differ}"
+            x0 = runs["initial"]
+            moved = [float(((p - x0).abs() / x0.abs()).max()) for p in runs["zero"]]
+            assert max(moved) <= ROUNDING.get(name, 0.0), f"{where}: the inner lr=0 still moved it by {moved} (rel.)"
