@@ -1,8 +1,9 @@
 """An LR schedule on the optimizer the user wrapped acts on every op's steps, as with Horovod's wrapper: a StepLR
-made on the inner optimizer before wrapping (through ``hc.DistributedOptimizer`` and Horovod's routed entry), one
-made on the wrapper after, and one that goes on after the wrapper loads a state_dict, each step as the run whose
-rates are written by hand (``workers/lr_schedule.py``); Horovod's own wrapper for Average and Sum; the inner
-optimizer's lr set to 0 after wrapping moves nothing. 2 and 3 ranks, real processes, numbers compared exactly."""
+made on the inner optimizer before wrapping (through ``hc.DistributedOptimizer`` and Horovod's routed entry, and
+going on after the wrapper loads a state_dict or after ``hvd.broadcast_optimizer_state``), and one made on the
+wrapper after, each step as the run whose rates are written by hand (``workers/lr_schedule.py``); Horovod's own
+wrapper for Average and Sum; the inner optimizer's lr set to 0 after wrapping moves nothing. 2 and 3 ranks, real
+processes, numbers compared exactly."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_lr_scheduler_on_the_wrapped_optimizer_acts_on_every_op(n: int, out_dir)
             where = f"op={name} rank {r} of {n}"
             want = runs["by_hand"]
             assert _differ(want, runs["constant"]), f"{where}: the scheduled rates changed nothing"
-            for mode in ("before", "after", "routed", "resumed"):
+            for mode in ("before", "after", "routed", "resumed", "broadcast"):
                 if mode not in runs:
                     continue
                 if mode == "routed" and name in HOROVODS:

@@ -4,7 +4,8 @@ the wrapped optimizer's param-group dicts).
 argv: out_dir. Saves per rank, per op, the flat parameters after each step of these runs (StepLR halving the rate
 after every step): ``before`` (StepLR made on the inner optimizer before wrapping), ``after`` (on the wrapper),
 ``routed`` (made before, wrapped by ``hvd.DistributedOptimizer(op=hc.X)``; for Average and Sum Horovod's own
-wrapper), ``resumed`` (as ``before``, with the wrapper's own ``state_dict()`` loaded midway), ``by_hand`` (the
+wrapper), ``resumed`` (as ``before``, with the wrapper's own ``state_dict()`` loaded midway), ``broadcast`` (as
+``before``, with ``hvd.broadcast_optimizer_state`` right after wrapping), ``by_hand`` (the
 scheduled rates written into the wrapper's param groups before each step; op given by its name, a string),
 ``constant`` (no schedule) and ``zero`` (the inner optimizer's lr set to 0 after wrapping); and ``initial``.
 """
@@ -39,7 +40,8 @@ OPS = {  # past each op's warm-up within STEPS, so that both stages follow the r
     "TopK": (sgd, {"compression": hc.Compression.topk(0.5), "overlap": False}),
     "Adasum": (adam, {}),
     "OneBitAdam": (adam, {"freeze_step": 2}),
-    "ZeroOneAdam": (adam, {"var_freeze_step": 2, "local_step_scaler": 1, "local_step_clipper": 2}),
+    "ZeroOneAdam": (adam, {"var_freeze_step": 2, "local_step_scaler": 1, "local_step_clipper": 2,
+                    "variance_bias_correction": True}),
     "OneBitLamb": (lambda ps: hc.Lamb(ps, lr=0.01), {"freeze_step": 2}),
     "SLAMB": (lambda ps: hc.Lamb(ps, lr=0.01), {"compress_ratio": 0.5, "sync_interval": 2}),
     "Birder": (lambda ps: hc.Birder(ps, lr=0.01), {}),
@@ -60,13 +62,16 @@ def run(name: str, mode: str) -> list[torch.Tensor]:
     m = model()
     inner = make(m.parameters())
     lr0 = inner.param_groups[0]["lr"]
-    scheduler = torch.optim.lr_scheduler.StepLR(inner, 1, 0.5) if mode in ("before", "routed", "resumed") else None
+    before = ("before", "routed", "resumed", "broadcast")
+    scheduler = torch.optim.lr_scheduler.StepLR(inner, 1, 0.5) if mode in before else None
     if mode == "routed":
         op = HOROVODS.get(name, getattr(hc, op_name))
         opt = hvd.DistributedOptimizer(inner, named_parameters=m.named_parameters(), op=op, **options)
     else:
         op = op_name if mode == "by_hand" else getattr(hc, op_name)  # op's name, a string, in one run
         opt = hc.DistributedOptimizer(inner, named_parameters=m.named_parameters(), op=op, **options)
+    if mode == "broadcast":  # as every Horovod script starts (routed to hc's for hc's wrappers)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
     if mode == "after":
         scheduler = torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)
     if mode == "zero":
@@ -93,7 +98,7 @@ def run(name: str, mode: str) -> list[torch.Tensor]:
 out = {}
 for name in OPS:
     # Horovod's own wrapper has no top-k compression: TopK has no routed run
-    modes = [m for m in ("before", "after", "routed", "resumed", "by_hand", "constant", "zero")
+    modes = [m for m in ("before", "after", "routed", "resumed", "broadcast", "by_hand", "constant", "zero")
              if not (name == "TopK" and m == "routed")]
     out[name] = {mode: run(name, mode) for mode in modes}
     out[name]["initial"] = flat_parameters(model())
