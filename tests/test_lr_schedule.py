@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mpi_harness import load_ranks, mpirun
+from mpi_harness import Cases
 
 #: Ops reduced as Horovod reduces them (its own wrapper runs them in the ``routed`` run): equal up to the order of
 #: the sum, not bit for bit
@@ -17,6 +17,7 @@ HOROVODS = ("Average", "Sum")
 #: What lr=0 may move, relative to the value: SLAMB's dense parameter average every sync_interval steps (two in the
 #: run) rounds the float32 sum of n equal values (a unit in the last place each at 3 ranks, as Horovod's would)
 ROUNDING = {"SLAMB": 2 * 2.0**-23}
+CASE = ("4",)  # steps: past every op's warm-up (2 steps in the worker), SLAMB's two parameter averages
 
 
 def _differ(a: list[torch.Tensor], b: list[torch.Tensor]) -> str | None:
@@ -27,11 +28,24 @@ def _differ(a: list[torch.Tensor], b: list[torch.Tensor]) -> str | None:
     return None
 
 
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Cases:
+    return Cases("lr_schedule.py", {2: [CASE], 3: [CASE]}, tmp_path_factory.mktemp("lr_schedule"), timeout_per_case=240)
+
+
 @pytest.mark.parametrize("n", [2, 3])
-def test_lr_scheduler_on_the_wrapped_optimizer_acts_on_every_op(n: int, out_dir) -> None:
-    mpirun("lr_schedule.py", n, out_dir, timeout=300)
-    for r, rk in enumerate(load_ranks(out_dir, n)):
-        for name, runs in rk.items():
+def test_op_is_taken_by_the_names_its_error_lists_and_no_others(n: int, launched) -> None:
+    # the by-hand runs of the schedule test name their op as a string; here what is refused, on every rank
+    for r, got in enumerate(launched.ranks(n, CASE)):
+        for op, refused in got["refused"].items():
+            assert refused.startswith("ValueError") and "'OneBitAdam', " in refused and "'Max'" not in refused, \
+                f"op={op} rank {r} of {n}: {refused}"
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_lr_scheduler_on_the_wrapped_optimizer_acts_on_every_op(n: int, launched) -> None:
+    for r, got in enumerate(launched.ranks(n, CASE)):
+        for name, runs in got["ops"].items():
             where = f"op={name} rank {r} of {n}"
             want = runs["by_hand"]
             assert _differ(want, runs["constant"]), f"{where}: the scheduled rates changed nothing"

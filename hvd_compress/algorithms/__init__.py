@@ -43,6 +43,8 @@ REGISTRY: dict[AlgorithmOp, type[Any]] = _registry(OneBitAdam, OneBitLamb, Slamb
 #: The ``op=`` constants the faces export, by name (``hc.OneBitAdam``, ...).
 OPS: dict[str, AlgorithmOp] = {op.name: op for op in REGISTRY}
 _BY_VALUE = {op.value: op for op in REGISTRY}
+#: The reductions an optimizer wrapper takes (Min, Max and Product reduce one tensor: ``allreduce`` only).
+_OPTIMIZER_REDUCTIONS = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum)
 _BY_NAME: dict[str, ReduceOp | AlgorithmOp] = {op.name.lower(): op for op in (*ReduceOp, *REGISTRY)}
 
 
@@ -60,10 +62,16 @@ def resolve_op(op: Any) -> ReduceOp | AlgorithmOp:
         if op in _BY_VALUE:
             return _BY_VALUE[op]
         try:
-            return ReduceOp(op)
+            op = ReduceOp(op)
         except ValueError:
             pass
-    raise ValueError(f"unknown op {op!r}; use one of {[o.name for o in ReduceOp] + list(OPS)}")
+        else:
+            if op in _OPTIMIZER_REDUCTIONS:
+                return op
+    names = [o.name for o in _OPTIMIZER_REDUCTIONS] + list(OPS)
+    if isinstance(op, ReduceOp):
+        raise ValueError(f"op={op.name} reduces one tensor (allreduce), it is no optimizer's op; use one of {names}")
+    raise ValueError(f"unknown op {op!r}; use one of {names}")
 
 
 def lookup(op: AlgorithmOp) -> type[Any]:

@@ -1,27 +1,29 @@
 """An LR schedule on the optimizer the user wrapped acts on every op's steps, as with Horovod's wrapper (which shares
 the wrapped optimizer's param-group dicts).
 
-argv: out_dir. Saves per rank, per op, the flat parameters after each step of these runs (StepLR halving the rate
-after every step): ``before`` (StepLR made on the inner optimizer before wrapping), ``after`` (on the wrapper),
-``routed`` (made before, wrapped by ``hvd.DistributedOptimizer(op=hc.X)``; for Average and Sum Horovod's own
-wrapper), ``resumed`` (as ``before``, with the wrapper's own ``state_dict()`` loaded midway), ``broadcast`` (as
-``before``, with ``hvd.broadcast_optimizer_state`` right after wrapping), ``by_hand`` (the
+argv: out_dir, the number of steps. Saves per rank, per op, the flat parameters after each step of these runs
+(StepLR halving the rate after every step): ``before`` (StepLR made on the inner optimizer before wrapping),
+``after`` (on the wrapper), ``routed`` (made before, wrapped by ``hvd.DistributedOptimizer(op=hc.X)``; for Average
+and Sum Horovod's own wrapper), ``resumed`` (as ``before``, with the wrapper's own ``state_dict()`` loaded midway),
+``broadcast`` (as ``before``, with ``hvd.broadcast_optimizer_state`` right after wrapping), ``by_hand`` (the
 scheduled rates written into the wrapper's param groups before each step; op given by its name, a string),
-``constant`` (no schedule) and ``zero`` (the inner optimizer's lr set to 0 after wrapping); and ``initial``.
+``constant`` (no schedule) and ``zero`` (the inner optimizer's lr set to 0 after wrapping); and ``initial``. Also
+the outcome of ``op=`` a reduction that is no optimizer's (Max by name, hc.Min) and of an unknown name.
 """
 
+import sys
 import warnings
 
 import horovod.torch as hvd
 import torch
-from common import flat_parameters, save
+from common import flat_parameters, outcome, save
 
 import hvd_compress.torch as hc
 
 hvd.init()
 torch.set_num_threads(1)
 r = hvd.rank()
-STEPS, RESUME_AT = 4, 2
+STEPS, RESUME_AT = int(sys.argv[2]), 2
 # A scheduler made on the inner optimizer never sees it step (the wrapper steps): torch warns of the order.
 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
 
@@ -102,4 +104,7 @@ for name in OPS:
              if not (name == "TopK" and m == "routed")]
     out[name] = {mode: run(name, mode) for mode in modes}
     out[name]["initial"] = flat_parameters(model())
-save(r, out)
+# A reduction of one tensor is no optimizer's op, by name or by constant; nor is an unknown name
+refused = {str(op): outcome(lambda op=op: hc.DistributedOptimizer(sgd(model().parameters()), op=op))
+           for op in ("Max", hc.Min, "Bogus")}
+save(r, {"ops": out, "refused": refused})
