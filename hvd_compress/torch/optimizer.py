@@ -96,8 +96,10 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
       construction, and at ``step()``/``synchronize()`` for one given later, before anything is sent);
       ``momentum_masking=False`` is what matched dense momentum SGD in tests/test_compression_fidelity.py.
 
-    The result is an instance of a subclass of ``optimizer``'s class, built on the same
-    ``param_groups`` and carrying over its state, so LR schedulers and ``state_dict()`` work.
+    ``op``: an ``hc`` constant or its name (``"OneBitAdam"``).
+    The result is an instance of a subclass of ``optimizer``'s class, built on the same ``param_groups`` (the same
+    dicts, as Horovod's: an LR scheduler made on ``optimizer`` before wrapping acts too) and carrying over its state,
+    so LR schedulers and ``state_dict()`` work.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")

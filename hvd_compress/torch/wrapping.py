@@ -106,7 +106,7 @@ def compose(optimizer: torch.optim.Optimizer, engine_cls: type[Engine], *args: A
 @contextlib.contextmanager
 def param_groups_kept(optimizer: torch.optim.Optimizer) -> Iterator[None]:
     """Around torch's ``load_state_dict``, which replaces the param-group dicts (and their list) with new ones: the
-    loaded values go into the dicts there were, so that they stay the ones the wrapped optimizer shares
+    loaded values go into the dicts that were there, so that they stay the ones the wrapped optimizer shares
     (``compose``) and an LR scheduler made on it before wrapping still acts after a resume."""
     groups = optimizer.param_groups
     try:
