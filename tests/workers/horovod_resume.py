@@ -2,7 +2,8 @@
 hvd.broadcast_optimizer_state give every rank its model and optimizer state; or every rank loads rank 0's file.
 
 argv: out_dir. Saves per rank, per op, the parameters' hashes of the steps after the resume, by mode: ``hvd``
-(Horovod's broadcast, routed to hc's), ``hc`` (hc.broadcast_optimizer_state), ``file`` (every rank loads rank 0's
+(Horovod's broadcasts, the optimizer's routed to hc's), ``hc`` (hc.broadcast_parameters and
+hc.broadcast_optimizer_state), ``file`` (every rank loads rank 0's
 file), ``reference`` (every rank loads rank 0's file with the error feedback zeroed on the other ranks and marked as
 its own, so that nothing of the wrapper's acts on it), ``root_errors`` (rank 0's file marked as each rank's own:
 rank 0's error feedback on every rank), ``full`` (the run never stopped) and ``midway`` (the run never stopped, with
@@ -138,7 +139,7 @@ def resumed(name: str, saved: bytes, mode: str, seen: list) -> list[str]:
             if r == 0:
                 m.load_state_dict(ckpt["model"])
                 opt.load_state_dict(ckpt["optimizer"])
-            hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+            (hvd if mode == "hvd" else hc).broadcast_parameters(m.state_dict(), root_rank=0)
             (hvd if mode == "hvd" else hc).broadcast_optimizer_state(opt, root_rank=0)
         else:
             m.load_state_dict(ckpt["model"])
