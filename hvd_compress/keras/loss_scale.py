@@ -55,6 +55,23 @@ class LossScaleOptimizer(InnerExclusions, keras.optimizers.LossScaleOptimizer):
         return self._hvdc_meter.take()
 
 
+def refuse_scaler_inside(optimizer: Any, scalers: tuple[type, ...], supported: str) -> None:
+    """A loss scaler goes around ``hck.DistributedOptimizer``, never inside, whatever the op (``supported`` names the
+    order). Keras scales the loss through the optimizer the model is compiled with (Keras 3's train step calls its
+    ``scale_loss``, tf_keras's ``minimize`` its ``get_scaled_loss``) and a scaler divides the gradients by its scale
+    in its own step: inside the wrapper the loss is never scaled while the gradients are still divided, so every
+    update would be 1/scale of the unscaled run's; and its skip decision would be this rank's alone. Horovod's
+    scripts put it outside too (``model.compile`` wraps the compiled optimizer under mixed_float16)."""
+    if isinstance(optimizer, scalers):
+        name = type(optimizer).__name__
+        raise TypeError(
+            f"hck.DistributedOptimizer got a loss scaler ({name}): put the loss scaler around it, for every op: "
+            f"{supported}, with opt the optimizer the {name} wraps (its inner_optimizer). Inside, its scale never "
+            "reaches the loss (Keras scales the loss through the optimizer the model is compiled with), while it "
+            "still divides the gradients by it: every update would be 1/scale of what it should be"
+        )
+
+
 def check_meter(inner_optimizer: Any) -> CommMeter:
     """Where the finite check counts its bytes: the meter of ``inner_optimizer`` where that is an
     ``hck.DistributedOptimizer`` (its ``comm_stats`` then holds all of the step's), else one of its own."""

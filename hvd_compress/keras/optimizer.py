@@ -27,6 +27,7 @@ from tensorflow.python.ops import control_flow_util
 
 from hvd_compress.keras.birder import Birder
 from hvd_compress.keras.engine import EngineMethods, Face, KerasEngine
+from hvd_compress.keras.loss_scale import refuse_scaler_inside
 from hvd_compress.keras.wrapped_step import check_sgd, compression_from_config, lamb_flags
 from hvd_compress.ops.constants import ReduceOp
 
@@ -58,6 +59,8 @@ def _check_inner(optimizer: Any) -> None:
             f"hck.DistributedOptimizer wraps a Keras 3 optimizer, got {type(optimizer).__module__}."
             f"{type(optimizer).__name__}"
         )
+    refuse_scaler_inside(optimizer, (keras.optimizers.LossScaleOptimizer,),
+                         "hck.LossScaleOptimizer(hck.DistributedOptimizer(opt, op=...))")
 
 
 def _adam_or_lamb(op_name: str, inner: Any, lamb_opts: dict[str, Any], lamb_only: bool = False) -> tuple[
