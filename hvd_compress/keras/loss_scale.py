@@ -10,6 +10,9 @@ and halves the loss scale on every rank, and all ranks keep identical parameters
     keras.mixed_precision.set_global_policy("mixed_float16")
     opt = hck.LossScaleOptimizer(hck.DistributedOptimizer(keras.optimizers.Adam(1e-3)))
     model.compile(optimizer=opt, loss=..., jit_compile=False)  # Keras does not wrap it a second time
+
+The scaler goes around the wrapper, for every op; one inside it is refused when the wrapper is made
+(``refuse_scaler_inside``).
 """
 
 from __future__ import annotations
