@@ -2,7 +2,8 @@
 
 - A loss scaler goes around ``hck.DistributedOptimizer``: with the agreed scaler around it (``hck.LossScaleOptimizer``,
   ``legacy.LossScaleOptimizer``) every op's ``model.fit`` update is the unscaled run's bit for bit (the scale is a
-  power of two, so scaling the loss and dividing the gradients is exact in float32 where nothing overflows). A loss
+  power of two, so scaling the loss and dividing the gradients is exact in float32 where nothing overflows); so is
+  it with Keras 3's fixed loss scale on the inner optimizer (``loss_scale_factor``, which the wrapper applies). A loss
   scaler inside (Keras's own or ours, also where a script that had Keras's follows our advice to put ours around) is
   refused at construction on every rank, for every op, naming the order to use; Keras's own around it is refused
   in ``fit`` (its skip decision is per rank).
@@ -46,6 +47,10 @@ def test_loss_scaler_around_the_wrapper_gives_the_unscaled_update_for_every_op(r
                 np.testing.assert_array_equal(a, b, err_msg=f"{where}: weight {i} with the loss scaler around the "
                                                             "wrapper differs from the run without it")
             assert rk[f"scale/{op}"] == 2.0**15, f"{where}: loss scale {rk[f'scale/{op}']}, none skipped: 2**15"
+            if face == "keras":  # the inner optimizer's fixed loss scale: the wrapper's scale_loss applies it
+                for i, (a, b) in enumerate(zip(rk[f"factor/{op}"], rk[f"plain/{op}"], strict=True)):
+                    np.testing.assert_array_equal(a, b, err_msg=f"{where}: weight {i} with loss_scale_factor=1024 on "
+                                                                "the inner optimizer differs from the run without it")
             np.testing.assert_array_equal(rk[f"around/{op}"][0], got[0][f"around/{op}"][0], err_msg=where)
 
 

@@ -62,7 +62,7 @@ class EvenSteps:
     params: Any
     train_batch_hooks = True  # the count of this fit's steps (tf_keras calls batch hooks only where asked)
     async_safe = True  # Keras 3: the count may run off the training thread
-    steps_taken = 0
+    steps_taken = epoch_start = 0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -70,7 +70,7 @@ class EvenSteps:
 
     def _check_even_steps(self) -> None:
         ensure_init()
-        self.steps_taken = 0
+        self.steps_taken = self.epoch_start = 0
         params = getattr(self, "params", None) or {}
         steps, epochs = params.get("steps"), params.get("epochs")
         mine = np.array([[-1 if steps is None else int(steps), -1 if epochs is None else int(epochs)]], np.int64)
@@ -86,8 +86,12 @@ class EvenSteps:
             "of batches (shard the data evenly and drop the remainder, or pass the same steps_per_epoch to fit on "
             "every rank)")
 
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.epoch_start = self.steps_taken
+
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        self.steps_taken += 1
+        # ``batch``: the epoch's last step run (with steps_per_execution, the last of the execution's)
+        self.steps_taken = self.epoch_start + int(batch) + 1
 
     def _join_at_end(self) -> None:
         ensure_init()

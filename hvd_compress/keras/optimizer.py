@@ -26,7 +26,7 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
 from hvd_compress.keras.birder import Birder
-from hvd_compress.keras.engine import EngineMethods, Face, KerasEngine
+from hvd_compress.keras.engine import EngineMethods, Face, KerasEngine, inner_attribute
 from hvd_compress.keras.loss_scale import refuse_scaler_inside
 from hvd_compress.keras.wrapped_step import check_sgd, compression_from_config, lamb_flags
 from hvd_compress.ops.constants import ReduceOp
@@ -142,6 +142,11 @@ class DistributedOptimizer(EngineMethods, keras.optimizers.Optimizer):
         self._hold(engine)
 
     # -- delegation, as LossScaleOptimizer (learning_rate, iterations: ``EngineMethods``) --------------
+    # Keras's fixed loss scale (its advice for a LossScaleOptimizer without dynamic scaling) is the inner
+    # optimizer's: ``scale_loss``, which model.fit calls on this wrapper, scales the loss by it, and the inner
+    # optimizer's ``apply`` (or the algorithm's step, ``engine.unscaled``) divides the gradients by it.
+    loss_scale_factor = inner_attribute("loss_scale_factor", "Keras's fixed loss scale")
+
     @property
     def variables(self) -> list[Any]:
         return self._variables + self.inner_optimizer.variables

@@ -5,6 +5,7 @@ Saves per rank:
 - ``start``, ``plain/<op>`` and ``around/<op>``: the weights at the start and after 3 steps of ``model.fit`` (float32),
   with the wrapper alone and with the agreed loss scaler around it (``hck.LossScaleOptimizer``, tf_keras's
   ``legacy.LossScaleOptimizer``; initial scale 2**15), and ``scale/<op>``: that scaler's loss scale after them;
+  ``factor/<op>`` (Keras 3): the same with Keras's fixed loss scale on the inner optimizer (``loss_scale_factor``);
 - ``inside/<scaler>/<op>``: what making the wrapper around a loss scaler raised (Keras's own, ours), and
   ``advice/<op>``: the same for a script that had Keras's scaler and wrapped it as our refusal of Keras's scaler
   outside says (``hck.LossScaleOptimizer(hck.DistributedOptimizer(keras LossScaleOptimizer))``);
@@ -57,8 +58,8 @@ OPTIONS = {**ALGORITHM_OPTIONS, "PowerSGD": {"matrix_approximation_rank": 1, "st
 out: dict = {}
 
 
-def inner(op: str) -> object:
-    return keras.optimizers.SGD(0.1) if op in SGD_OPS else inner_optimizer(keras, hck, op, 0.01)
+def inner(op: str, **kwargs: object) -> object:
+    return keras.optimizers.SGD(0.1, **kwargs) if op in SGD_OPS else inner_optimizer(keras, hck, op, 0.01, **kwargs)
 
 
 def wrapped(op: str, optimizer: object) -> object:
@@ -86,6 +87,8 @@ for op in OPS:
     scaler = AGREED(wrapped(op, inner(op)))
     out[f"around/{op}"] = fit(scaler)
     out[f"scale/{op}"] = float(np.asarray(scaler.loss_scale if FACE == "tf_keras" else scaler.dynamic_scale))
+    if FACE == "keras":  # Keras 3's fixed loss scale, set on the inner optimizer (tf_keras's have none)
+        out[f"factor/{op}"] = fit(wrapped(op, inner(op, loss_scale_factor=1024.0)))
     for kind, cls in (("keras", OWN_SCALER), ("ours", AGREED)):
         out[f"inside/{kind}/{op}"] = outcome(lambda cls=cls, op=op: wrapped(op, cls(inner(op))))
     out[f"advice/{op}"] = outcome(lambda op=op: AGREED(wrapped(op, OWN_SCALER(inner(op)))))
