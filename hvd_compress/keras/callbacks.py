@@ -4,7 +4,11 @@
 
 Horovod 0.28's own metric and learning-rate callbacks call ``keras.backend.constant`` and ``get_value``, which Keras 3
 no longer has: with TF 2.16 or later installed they raise under either Keras, with any optimizer. Ours take the same
-arguments."""
+arguments.
+
+``BroadcastGlobalVariablesCallback`` and ``MetricAverageCallback`` also guard ``fit()`` against uneven data
+(``EvenSteps``): hvd_compress's ops run every step on every rank, so a rank with fewer batches would leave the others
+waiting in a step's collective until the timeout."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import keras
 import numpy as np
 
 from hvd_compress import ops
+from hvd_compress.ops.errors import MismatchError
 from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.functions import broadcast_variables
 
@@ -44,7 +49,60 @@ class EitherKeras:
         return False
 
 
-class BroadcastMixin:
+class EvenSteps:
+    """Uneven data in ``fit()`` raises ``MismatchError`` on every rank within seconds, naming the step counts, where
+    the ranks with more batches would otherwise wait in their next step's collective until the timeout. At the start
+    of training every rank allgathers its batches per epoch and epochs as ``fit`` knows them (arrays, a ``tf.data``
+    of known cardinality) and all raise, naming each rank's, where they differ. At the end a rank calls ``join()``
+    (the core's, as torch's ``hc.join()``): where every rank finished it returns; a rank that finished while others
+    are still in a step's collective (data of unknown length, a ``fit`` stopped early on some ranks) makes every rank
+    raise, naming the ranks that joined, and that rank its own step count. One tiny collective at each end."""
+
+    model: Any
+    params: Any
+    train_batch_hooks = True  # the count of this fit's steps (tf_keras calls batch hooks only where asked)
+    async_safe = True  # Keras 3: the count may run off the training thread
+    steps_taken = epoch_start = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._supports_tf_logs = True  # tf_keras: the count reads no logs, so no batch's logs are copied to NumPy
+
+    def _check_even_steps(self) -> None:
+        ensure_init()
+        self.steps_taken = self.epoch_start = 0
+        params = getattr(self, "params", None) or {}
+        steps, epochs = params.get("steps"), params.get("epochs")
+        mine = np.array([[-1 if steps is None else int(steps), -1 if epochs is None else int(epochs)]], np.int64)
+        data, _ = ops.allgather(mine, name="fit.steps_per_epoch")
+        everyone = np.frombuffer(np.ascontiguousarray(data).tobytes(), np.int64).reshape(-1, 2)
+        if (everyone < 0).any() or (everyone == everyone[0]).all():
+            return  # a length some rank does not know: the join at the end catches what differs
+        per_rank = "; ".join(f"rank {r}={s}" for r, s in enumerate(everyone[:, 0]))
+        epochs_per_rank = "; ".join(f"rank {r}={e}" for r, e in enumerate(everyone[:, 1]))
+        raise MismatchError(
+            f"fit(): the ranks have different numbers of steps (uneven data): steps per epoch: {per_rank}; epochs: "
+            f"{epochs_per_rank}. hvd_compress's ops run every step on every rank: give every rank the same number "
+            "of batches (shard the data evenly and drop the remainder, or pass the same steps_per_epoch to fit on "
+            "every rank)")
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.epoch_start = self.steps_taken
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        # ``batch``: the epoch's last step run (with steps_per_execution, the last of the execution's)
+        self.steps_taken = self.epoch_start + int(batch) + 1
+
+    def _join_at_end(self) -> None:
+        ensure_init()
+        try:
+            ops.join()
+        except MismatchError as e:
+            raise MismatchError(f"fit() ended on rank {ops.rank()} after {self.steps_taken} steps while other ranks "
+                                f"were still in a step (uneven data): {e}") from None
+
+
+class BroadcastMixin(EvenSteps):
     """The body of both Keras flavours' ``BroadcastGlobalVariablesCallback`` (Keras 3 here, tf_keras in
     ``hvd_compress.keras.legacy``): only their ``Callback`` base differs."""
 
@@ -54,9 +112,13 @@ class BroadcastMixin:
         self.broadcast_done = False
 
     def on_train_begin(self, logs: Any = None) -> None:
+        self._check_even_steps()
         if not self.broadcast_done:
             broadcast_model(self.model, self.root_rank)
             self.broadcast_done = True
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self._join_at_end()
 
 
 class SynchronizeParametersMixin:
@@ -102,10 +164,16 @@ def broadcast_model(model: Any, root_rank: int, local: Collection[Any] = ()) -> 
     broadcast_variables(variables, root_rank=root_rank, name="BroadcastGlobalVariablesCallback")
 
 
-class MetricAverageMixin:
+class MetricAverageMixin(EvenSteps):
     """The body of both Keras flavours' ``MetricAverageCallback``: at the end of each epoch, replaces each numeric
     metric in ``logs`` by its average over all ranks (in the sorted order of the metric names, so every rank
     reduces the same values in the same order)."""
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self._check_even_steps()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self._join_at_end()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not logs:

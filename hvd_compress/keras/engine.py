@@ -324,13 +324,21 @@ class KerasEngine:
             raise ValueError(f"op={self.config.op.name}: the inner optimizer's exclude_from_weight_decay() (or its "
                              "weight_decay, from or to 0) changed after its first step; the algorithm's state is laid "
                              "out by it: set it before")
-        grads = clip_local_gradients(self.inner, grads)
+        grads = clip_local_gradients(self.inner, unscaled(self.inner, grads))
         by_var = {id(v): g for g, v in zip(grads, variables, strict=True)}
         hyper = [self.face.learning_rate(self.inner), *self.hyper]
         apply_algorithm_step(self.runner, self.state, self.stepped, by_var, hyper, self.flags,
                              f"{self.name}.{self.algorithm.name}", self.config.overlap)
         apply_constraints(self.stepped)
         self.inner.iterations.assign_add(1)
+
+
+def unscaled(inner: Any, grads: list[Any]) -> list[Any]:
+    """``grads`` divided by the inner optimizer's ``loss_scale_factor`` (Keras 3's fixed loss scale), where an
+    algorithm steps in place of its ``apply``, which would divide them first: the wrapper's ``scale_loss`` scaled the
+    loss by it (``DistributedOptimizer.loss_scale_factor`` is the inner optimizer's)."""
+    scale = getattr(inner, "loss_scale_factor", None)
+    return grads if scale is None else [None if g is None else dense(g) / scale for g in grads]
 
 
 def _check_float32(variables: Sequence[Any], what: str) -> None:
@@ -351,7 +359,7 @@ def _check_not_overwritten(variables: Sequence[Any], what: str) -> None:
                          "PowerSGD")
 
 
-def _inner_attribute(name: str, why: str) -> property:
+def inner_attribute(name: str, why: str) -> property:
     """A property of the wrapper that is the inner optimizer's ``name``. The Keras base's own ``__init__`` sets it
     (to None) before the wrapper holds the inner optimizer: that assignment is not the user's, and is dropped."""
 
@@ -403,10 +411,10 @@ class EngineMethods:
     # Set on the wrapper, as on Horovod's (a subclass of the optimizer), they reach the inner optimizer, which
     # clips and decays under op=Average, Adasum and PowerSGD; the algorithm ops clip by its rule
     # (``clip_local_gradients``) and read its weight decay when their step is traced.
-    clipnorm = _inner_attribute("clipnorm", "clipping")
-    global_clipnorm = _inner_attribute("global_clipnorm", "clipping")
-    clipvalue = _inner_attribute("clipvalue", "clipping")
-    weight_decay = _inner_attribute("weight_decay", "which it or the algorithm applies")
+    clipnorm = inner_attribute("clipnorm", "clipping")
+    global_clipnorm = inner_attribute("global_clipnorm", "clipping")
+    clipvalue = inner_attribute("clipvalue", "clipping")
+    weight_decay = inner_attribute("weight_decay", "which it or the algorithm applies")
 
     def exclude_from_weight_decay(self, var_list: Any = None, var_names: Any = None) -> None:
         """The inner optimizer's (which applies the weight decay, or hands it to the algorithm): Horovod's Keras

@@ -34,7 +34,7 @@ from hvd_compress.keras.callbacks import (
     SynchronizeParametersMixin,
 )
 from hvd_compress.keras.engine import EngineMethods, Face, KerasEngine
-from hvd_compress.keras.loss_scale import InnerExclusions, agreed_all_finite, check_meter
+from hvd_compress.keras.loss_scale import InnerExclusions, agreed_all_finite, check_meter, refuse_scaler_inside
 from hvd_compress.keras.wrapped_step import check_sgd, compression_from_config, lamb_flags
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.tensorflow.functions import check_not_xla
@@ -138,6 +138,8 @@ class DistributedOptimizer(EngineMethods, tf_keras.optimizers.Optimizer):
             optimizer = optimizer.inner_optimizer
         if not is_tf_keras_optimizer(optimizer):
             raise TypeError(f"expected a tf_keras optimizer, got {type(optimizer).__name__}")
+        refuse_scaler_inside(optimizer, (tf_keras_lso.BaseLossScaleOptimizer,),
+                             "hvd_compress.keras.legacy.LossScaleOptimizer(hck.DistributedOptimizer(opt, op=...))")
         name = name or f"Distributed{type(optimizer).__name__}"
         engine = KerasEngine(optimizer, op, backward_passes_per_step, compression, algorithm_options, _FACE, name)
         super().__init__(name=name, jit_compile=False)

@@ -10,6 +10,9 @@ and halves the loss scale on every rank, and all ranks keep identical parameters
     keras.mixed_precision.set_global_policy("mixed_float16")
     opt = hck.LossScaleOptimizer(hck.DistributedOptimizer(keras.optimizers.Adam(1e-3)))
     model.compile(optimizer=opt, loss=..., jit_compile=False)  # Keras does not wrap it a second time
+
+The scaler goes around the wrapper, for every op; one inside it is refused when the wrapper is made
+(``refuse_scaler_inside``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,23 @@ class LossScaleOptimizer(InnerExclusions, keras.optimizers.LossScaleOptimizer):
         """Bytes this rank sent and received since the last call: the optimizer's inside (``comm_stats``) with
         the finite checks', which it counts too."""
         return self._hvdc_meter.take()
+
+
+def refuse_scaler_inside(optimizer: Any, scalers: tuple[type, ...], supported: str) -> None:
+    """A loss scaler goes around ``hck.DistributedOptimizer``, never inside, whatever the op (``supported`` names the
+    order). Keras scales the loss through the optimizer the model is compiled with (Keras 3's train step calls its
+    ``scale_loss``, tf_keras's ``minimize`` its ``get_scaled_loss``) and a scaler divides the gradients by its scale
+    in its own step: inside the wrapper the loss is never scaled while the gradients are still divided, so every
+    update would be 1/scale of the unscaled run's; and its skip decision would be this rank's alone. Horovod's
+    scripts put it outside too (``model.compile`` wraps the compiled optimizer under mixed_float16)."""
+    if isinstance(optimizer, scalers):
+        name = type(optimizer).__name__
+        raise TypeError(
+            f"hck.DistributedOptimizer got a loss scaler ({name}): put the loss scaler around it, for every op: "
+            f"{supported}, with opt the optimizer the {name} wraps (its inner_optimizer). Inside, its scale never "
+            "reaches the loss (Keras scales the loss through the optimizer the model is compiled with), while it "
+            "still divides the gradients by it: every update would be 1/scale of what it should be"
+        )
 
 
 def check_meter(inner_optimizer: Any) -> CommMeter:

@@ -26,7 +26,8 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
 from hvd_compress.keras.birder import Birder
-from hvd_compress.keras.engine import EngineMethods, Face, KerasEngine
+from hvd_compress.keras.engine import EngineMethods, Face, KerasEngine, inner_attribute
+from hvd_compress.keras.loss_scale import refuse_scaler_inside
 from hvd_compress.keras.wrapped_step import check_sgd, compression_from_config, lamb_flags
 from hvd_compress.ops.constants import ReduceOp
 
@@ -58,6 +59,8 @@ def _check_inner(optimizer: Any) -> None:
             f"hck.DistributedOptimizer wraps a Keras 3 optimizer, got {type(optimizer).__module__}."
             f"{type(optimizer).__name__}"
         )
+    refuse_scaler_inside(optimizer, (keras.optimizers.LossScaleOptimizer,),
+                         "hck.LossScaleOptimizer(hck.DistributedOptimizer(opt, op=...))")
 
 
 def _adam_or_lamb(op_name: str, inner: Any, lamb_opts: dict[str, Any], lamb_only: bool = False) -> tuple[
@@ -139,6 +142,11 @@ class DistributedOptimizer(EngineMethods, keras.optimizers.Optimizer):
         self._hold(engine)
 
     # -- delegation, as LossScaleOptimizer (learning_rate, iterations: ``EngineMethods``) --------------
+    # Keras's fixed loss scale (its advice for a LossScaleOptimizer without dynamic scaling) is the inner
+    # optimizer's: ``scale_loss``, which model.fit calls on this wrapper, scales the loss by it, and the inner
+    # optimizer's ``apply`` (or the algorithm's step, ``engine.unscaled``) divides the gradients by it.
+    loss_scale_factor = inner_attribute("loss_scale_factor", "Keras's fixed loss scale")
+
     @property
     def variables(self) -> list[Any]:
         return self._variables + self.inner_optimizer.variables

@@ -53,7 +53,7 @@ KERAS_HYPER = ("momentum", "nesterov", "beta_1", "beta_2", "epsilon", "rho", "ce
                "initial_accumulator_value", "clipnorm", "clipvalue", "global_clipnorm")
 #: Options of the base optimizer that an algorithm's own step would silently ignore: refused instead. (Its
 #: clipnorm, clipvalue and global_clipnorm are applied: ``clip_local_gradients``.)
-BASE_ONLY = ("use_ema", "gradient_accumulation_steps", "loss_scale_factor")
+BASE_ONLY = ("use_ema", "gradient_accumulation_steps")
 
 
 @dataclass

@@ -25,6 +25,7 @@ from hvd_compress.ops.errors import (
     NotInProcessSetError,
     PeerExitedError,
     ProcessSetError,
+    RejectedInputError,
     UsageError,
 )
 from hvd_compress.ops.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -66,6 +67,7 @@ __all__ = [
     "ProcessSetError",
     "Product",
     "ReduceOp",
+    "RejectedInputError",
     "Sum",
     "UsageError",
     "add_process_set",
