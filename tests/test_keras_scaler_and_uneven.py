@@ -23,6 +23,9 @@ from mpi_harness import keras_face_env, load_pickled_ranks, mpirun
 
 OPS = ["Average", "Sum", "Adasum", "PowerSGD", "TopK", "OneBitAdam", "OneBitLamb", "ZeroOneAdam", "SLAMB", "Birder",
        "SignSGD"]
+#: At 3 ranks one op of each kind (dense, delta-reduced, 1-bit, masked, quantized update): TensorFlow ranks are slow
+#: to step on a 2-core CI host, and what the scaler does is decided per kind, not per op.
+OPS_AT_3 = ["Average", "Adasum", "OneBitAdam", "SLAMB", "Birder"]
 BATCHES = {0: 22, 1: 13}  # rank 2: 17
 
 
@@ -32,13 +35,17 @@ def ranks(request, tmp_path_factory) -> tuple[str, int, list[dict]]:
     face, n = request.param
     env = {**(keras_face_env(face) or {}), "HVDC_TIMEOUT": "60"}  # a regression fails in a minute, not 300 s
     out: Path = tmp_path_factory.mktemp(f"{face}{n}")
-    mpirun("keras_scaler_and_uneven.py", n, out, face, ",".join(OPS), timeout=400, env=env)
+    mpirun("keras_scaler_and_uneven.py", n, out, face, ",".join(ops_at(n)), timeout=400, env=env)
     return face, n, load_pickled_ranks(out, n)
+
+
+def ops_at(n: int) -> list[str]:
+    return OPS if n == 2 else OPS_AT_3
 
 
 def test_loss_scaler_around_the_wrapper_gives_the_unscaled_update_for_every_op(ranks) -> None:
     face, n, got = ranks
-    for op in OPS:
+    for op in ops_at(n):
         for r, rk in enumerate(got):
             where = f"{face} op={op}, rank {r} of {n}"
             moved = max(float(np.abs(a - b).max()) for a, b in zip(rk[f"plain/{op}"], rk["start"], strict=True))
@@ -58,7 +65,7 @@ def test_loss_scaler_inside_the_wrapper_is_refused_at_construction_on_every_rank
     face, n, got = ranks
     order = ("hvd_compress.keras.legacy.LossScaleOptimizer(hck.DistributedOptimizer(opt" if face == "tf_keras" else
              "hck.LossScaleOptimizer(hck.DistributedOptimizer(opt")
-    for op in OPS:
+    for op in ops_at(n):
         for r, rk in enumerate(got):
             for key in (f"inside/keras/{op}", f"inside/ours/{op}", f"advice/{op}"):
                 said = rk[key]
