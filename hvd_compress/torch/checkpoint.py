@@ -47,8 +47,8 @@ OTHER_WORLD_PARTS = (
     "To resume it exactly, launch {saved} ranks"
 )
 OTHER_WORLD = (
-    "{name}.load_state_dict: the checkpoint was written by a job of {saved} ranks and this job has {size} ({why}). "
-    "To resume it, launch {saved} ranks. To go on with {size}, load it without hvd_compress's entries, "
+    "{why}: the checkpoint was written by a job of {saved} ranks and this job has {size}. To resume it, launch "
+    "{saved} ranks. To go on with {size}, load it without hvd_compress's entries, "
     "{{k: v for k, v in state.items() if not k.startswith('hvd_compress')}}: the rest of the optimizer state is "
     "loaded and the op's own state starts afresh where the op can start mid-run (1-bit LAMB and 0/1 Adam past their "
     "freeze steps and Birder cannot: start their optimizer anew)"
@@ -159,7 +159,7 @@ def load(engine: Any, state_dict: dict[str, Any], name: str, defer: bool = True)
     except ValueError as e:
         if saved is None or saved == size:
             raise
-        refusal = ValueError(OTHER_WORLD.format(name=name, saved=saved, size=size, why=e))
+        refusal = ValueError(OTHER_WORLD.format(saved=saved, size=size, why=e))
         if not defer or size == 1:
             raise refusal from e
         engine.loaded = Loaded(error=str(refusal))
@@ -170,12 +170,11 @@ def load(engine: Any, state_dict: dict[str, Any], name: str, defer: bool = True)
 
 
 def before_step(engine: Any) -> None:
-    """At ``step()``: a refused load (``Loaded.error``) raises here on the ranks that loaded it; a load is then
-    no longer for a broadcast."""
-    loaded = engine.loaded
+    """At ``step()``: a refused load (``Loaded.error``) raises here, once, on the ranks that loaded it, before the
+    step does anything (the state is as before that load); a load is then no longer for a broadcast."""
+    loaded, engine.loaded = engine.loaded, None
     if loaded is not None and loaded.error is not None:
         raise ValueError(loaded.error)
-    engine.loaded = None
 
 
 def broadcast(engine: Any, optimizer: torch.optim.Optimizer, root_rank: int, process_set: Any, name: str) -> None:
