@@ -68,6 +68,9 @@ def test_horovod_resume_takes_rank_zeros_state_and_this_ranks_error_feedback(n: 
                 assert rk[f"{name} root_errors"] != rk[f"{name} reference"], f"op={name} rank {r}: error was zero"
             else:
                 assert not warned, f"op={name} rank {r}: {warned}"
+    for r, rk in enumerate(ranks):  # each load of another rank's file warns, not the first of the process only
+        want = 0 if r == 0 else 2
+        assert rk["warned per load"] == want, f"rank {r}: two loads of rank 0's file warned {rk['warned per load']}x"
 
 
 def test_checkpoint_of_two_ranks_on_three_refused_or_reset_on_every_rank(out_dir) -> None:
