@@ -478,7 +478,8 @@ class EngineMethods:
         """Keras's ``.keras`` loading. A file another rank wrote holds that rank's error feedback: counted again
         in the ranks' sum, it would leave this rank's out, so this rank starts its own from zero, with a warning
         (``reset_compression_state``; as the torch face's ``load_state_dict``). Files without ``SAVED_BY`` (no
-        error feedback, or written before it was recorded) load as written."""
+        error feedback, or written before it was recorded) load as written. A file that holds every rank's part
+        (``gather_per_rank_state``) gives this rank its own, and keeps them all for the broadcast callback."""
         keys = list(store.keys())
         own = {k: store[k] for k in keys if k != SAVED_BY and not per_rank_state.ours(k)}
         super().load_own_variables(own)  # type: ignore[misc]
