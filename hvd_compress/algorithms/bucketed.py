@@ -183,6 +183,10 @@ class BucketedAlgorithm:
         """What ``error_feedback_buffers`` holds, in words for a warning."""
         return "error feedback"
 
+    def per_rank_what(self) -> str | None:
+        """The state that is each rank's own, in words (for a warning of a resume without it); None: none."""
+        return self.error_feedback_what() if self.error_feedback_buffers() else None
+
     def sharded_moments(self) -> bool:
         """Whether moments are kept for this rank's chunk only, so another rank's are other elements' (hierarchical
         Birder's m and b); none here."""

@@ -571,6 +571,10 @@ class Slamb(BucketedAlgorithm):
         shapes = iter(self.buf.shapes)  # the buckets tile the parameters in order
         return [{**self.layout_state(seg), "shapes": [list(next(shapes)) for _ in seg.sizes]} for seg in self.buckets]
 
+    def per_rank_what(self) -> str | None:
+        """m outside the step's mask, v (local, line 11) and x between syncs are each rank's (steps 3, 5, 9)."""
+        return "moments (each rank's outside the mask)"
+
     def check_state_dict(self, ours: dict[str, Any]) -> None:
         """Raise a clear ValueError, before anything changes, if ``ours`` cannot be resumed here."""
         what = f"{self.name}.load_state_dict"

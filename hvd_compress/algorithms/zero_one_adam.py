@@ -522,6 +522,10 @@ class ZeroOneAdam(BucketedAlgorithm):
     def error_feedback_buffers(self) -> list[Tensor]:
         return [e for seg in self.buckets for e in (seg.onebit.worker_error, seg.onebit.server_error)]
 
+    def per_rank_what(self) -> str | None:
+        """The errors, and in phase 2 each rank's local steps: m, u (L1-L3)."""
+        return "error feedback and local-step state (m, u)"
+
     def load_state_dict(self, ours: dict[str, Any] | None, plain_step: int = 0) -> None:
         """Restore ``state_dict()``, or start a plain checkpoint's step ``plain_step`` (call the checks first); a step
         started but not taken is dropped first. The saved counters stand even where the options changed."""

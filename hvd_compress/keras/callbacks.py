@@ -20,6 +20,7 @@ import keras
 import numpy as np
 
 from hvd_compress import ops
+from hvd_compress.keras import per_rank_state
 from hvd_compress.ops.errors import MismatchError
 from hvd_compress.tensorflow.context import ensure_init
 from hvd_compress.tensorflow.functions import broadcast_variables
@@ -162,6 +163,37 @@ def broadcast_model(model: Any, root_rank: int, local: Collection[Any] = ()) -> 
         own = {id(v) for v in getattr(distributed(optimizer), "per_rank_variables", [])}  # per-rank error feedback
         variables += [v for v in optimizer.variables if id(v) not in own]
     broadcast_variables(variables, root_rank=root_rank, name="BroadcastGlobalVariablesCallback")
+    ours = distributed(optimizer)
+    if ours is not None:  # each rank's part of a file the root loaded (per_rank_state)
+        per_rank_state.broadcast(ours, root_rank, "BroadcastGlobalVariablesCallback")
+
+
+class GatherPerRankStateMixin:
+    """The body of both Keras flavours' ``GatherPerRankStateCallback``: at the end of each epoch every rank's
+    per-rank optimizer state is gathered (``opt.gather_per_rank_state()``, a collective), so that rank 0's
+    ``ModelCheckpoint`` listed after this callback saves it in its one file. ``every_epoch=False``: at the end of
+    training only (a ``model.save`` after ``fit``)."""
+
+    def __init__(self, every_epoch: bool = True) -> None:
+        super().__init__()
+        self.every_epoch = every_epoch
+
+    def _gather(self) -> None:
+        optimizer = distributed(getattr(self.model, "optimizer", None))
+        if optimizer is not None:
+            optimizer.gather_per_rank_state()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.every_epoch:
+            self._gather()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self._gather()
+
+
+class GatherPerRankStateCallback(GatherPerRankStateMixin, EitherKeras, keras.callbacks.Callback):
+    """Every rank's per-rank optimizer state (error feedback, local moments) gathered at the end of each epoch, for
+    rank 0's one checkpoint to resume every rank exactly: list it before ``ModelCheckpoint``, on every rank."""
 
 
 class MetricAverageMixin(EvenSteps):

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from hvd_compress import ops
 from hvd_compress.algorithms.options import option_names
+from hvd_compress.keras import per_rank_state
 from hvd_compress.keras.wrapped_step import (
     accumulate_then_step,
     adasum_delta_step,
@@ -43,6 +44,7 @@ from hvd_compress.keras.wrapped_step import (
 )
 from hvd_compress.ops.compression import Compression
 from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.errors import PerRankStateWarning
 from hvd_compress.ops.horovod_args import NOTE
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import apply_algorithm_step, make_step
@@ -117,6 +119,10 @@ class KerasEngine:
         self.decay_excluded: list[int] = []  # ``_decay_excluded`` at build: the order the runner's state is in
         self.built = False
         self.owner: Any = None  # the wrapper's ``OWNER`` variable, where the op has error feedback
+        #: Every rank's per-rank values: as gathered for rank 0's save, and as a file loaded them for the broadcast
+        #: callback (``keras.per_rank_state``)
+        self.gathered: per_rank_state.Gathered | None = None
+        self.loaded: per_rank_state.Gathered | None = None
         if self.algorithm is not None:
             self.hyper, self.flags = self._hyper_flags()
         _ENGINES.add(self)
@@ -208,6 +214,14 @@ class KerasEngine:
         if not self.built or (self.runner is None and self.reduction is None):
             return []
         return rank_bound_keys(self.state, self._moments())
+
+    def per_rank_what(self) -> str:
+        """``per_rank_variables`` in words, for a warning."""
+        if self.runner is not None:
+            return self.runner.algorithm.per_rank_what() or "local state"
+        if self.config.op == ReduceOp.Adasum:
+            return "optimizer moments (each rank steps on its own gradient)"
+        return "error feedback"
 
     def rank_bound_what(self) -> str:
         """What ``reset_compression_state`` zeroes, in words for a warning: the algorithm's own words, as the torch
@@ -452,30 +466,44 @@ class EngineMethods:
             setattr(self, OWNER, owner)  # an attribute: the wrapper tracks it
             self._hvdc.owner = owner
 
+    def gather_per_rank_state(self) -> None:
+        """A collective, every rank calls it before rank 0's ``model.save`` (``GatherPerRankStateCallback`` does
+        before ``ModelCheckpoint``): every rank's ``per_rank_variables`` as of this step go into that save, so
+        that ``load_model`` of rank 0's one file, on every rank or on rank 0 followed by the broadcast callback,
+        resumes every rank bit for bit (``hvd_compress.keras.per_rank_state``). ``model.save`` stays local."""
+        self._hvdc.gathered = per_rank_state.gather(self)
+
     def save_own_variables(self, store: Any) -> None:
         """Keras's ``.keras`` saving, and where this wrapper has error feedback the rank that wrote it
-        (``SAVED_BY``), so that a load on another rank can tell that the error feedback is not its own."""
+        (``SAVED_BY``), so that a load on another rank can tell that the error feedback is not its own; after
+        ``gather_per_rank_state()`` at this step, every rank's per-rank variables too."""
         super().save_own_variables(store)  # type: ignore[misc]
         if self._hvdc.rank_bound():
             store[SAVED_BY] = np.asarray(ops.rank(), np.int64)
+        per_rank_state.save(self, self._hvdc.gathered, store)
 
     def load_own_variables(self, store: Any) -> None:
         """Keras's ``.keras`` loading. A file another rank wrote holds that rank's error feedback: counted again
         in the ranks' sum, it would leave this rank's out, so this rank starts its own from zero, with a warning
         (``reset_compression_state``; as the torch face's ``load_state_dict``). Files without ``SAVED_BY`` (no
-        error feedback, or written before it was recorded) load as written."""
+        error feedback, or written before it was recorded) load as written. A file that holds every rank's part
+        (``gather_per_rank_state``) gives this rank its own, and keeps them all for the broadcast callback."""
         keys = list(store.keys())
-        if SAVED_BY not in keys:
-            super().load_own_variables(store)  # type: ignore[misc]
+        own = {k: store[k] for k in keys if k != SAVED_BY and not per_rank_state.ours(k)}
+        super().load_own_variables(own)  # type: ignore[misc]
+        if len(own) != len(self.variables):  # type: ignore[attr-defined]
+            return  # Keras warned and loaded nothing
+        loaded = self._hvdc.loaded = per_rank_state.load(self, store)
+        if SAVED_BY not in keys or loaded.values:  # this rank's own part, or no error feedback
             return
         saved_by = int(np.asarray(store[SAVED_BY]))
-        own = {k: store[k] for k in keys if k != SAVED_BY}
-        super().load_own_variables(own)  # type: ignore[misc]
         here = ops.rank()
-        if saved_by != here and len(own) == len(self.variables) and self._hvdc.rank_bound():  # type: ignore[attr-defined]
+        if saved_by != here and self._hvdc.rank_bound():
             warnings.warn(f"{type(self).__name__}.load_own_variables: the file was written by rank {saved_by}; "
                           f"rank {here} starts its {self._hvdc.rank_bound_what()} from zero (the rest of the state "
-                          "is loaded). Save and load each rank's own file to resume it exactly", stacklevel=2)
+                          "is loaded). For an exact resume, every rank calls opt.gather_per_rank_state() before "
+                          "rank 0's model.save, or each rank saves and loads its own file", PerRankStateWarning,
+                          stacklevel=2)
             self.reset_compression_state()
 
     def reset_compression_state(self) -> None:

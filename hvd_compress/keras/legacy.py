@@ -28,6 +28,7 @@ from hvd_compress.algorithms import birder as birder_alg
 from hvd_compress.keras import birder as keras_birder
 from hvd_compress.keras.callbacks import (
     BroadcastMixin,
+    GatherPerRankStateMixin,
     LearningRateScheduleMixin,
     LearningRateWarmupMixin,
     MetricAverageMixin,
@@ -252,6 +253,11 @@ class BroadcastGlobalVariablesCallback(BroadcastMixin, tf_keras.callbacks.Callba
     """tf_keras twin of ``hck.callbacks.BroadcastGlobalVariablesCallback``: at the start of training every rank
     takes ``root_rank``'s model and optimizer variables (the optimizer built first; per-rank error feedback
     stays)."""
+
+
+class GatherPerRankStateCallback(GatherPerRankStateMixin, tf_keras.callbacks.Callback):
+    """tf_keras twin of ``hck.callbacks.GatherPerRankStateCallback``: every rank's per-rank optimizer state gathered
+    at the end of each epoch, for rank 0's one checkpoint (list it before ``ModelCheckpoint``)."""
 
 
 class LearningRateScheduleCallback(LearningRateScheduleMixin, tf_keras.callbacks.Callback):

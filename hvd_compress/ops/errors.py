@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from hvd_compress import _core
 
 #: Bad input on some rank (dtype, device, layout); every rank raises it. A ``ValueError``.
@@ -35,6 +37,15 @@ class NotInProcessSetError(ValueError):
 
 class LaunchError(RuntimeError):
     """The processes were not started by an MPI launcher, or Horovod and MPI disagree on the world."""
+
+
+class PerRankStateWarning(UserWarning):
+    """A load or broadcast of optimizer state left some rank without its own per-rank state (error feedback, local
+    moments): the resume is not exact. Shown at every load, not once per process (Python's default for a warning
+    of one place): each load is another checkpoint. A user's own filter for it comes first."""
+
+
+warnings.filterwarnings("always", category=PerRankStateWarning, append=True)
 
 #: What the core raises on every rank of a collective alike (a rank that sees one of these needs no rejection).
 CORE_ERRORS = (UsageError, MismatchError, CommTimeoutError, CommError)

@@ -23,6 +23,7 @@ from hvd_compress.ops.errors import (
     NotInitializedError,
     NotInProcessSetError,
     PeerExitedError,
+    PerRankStateWarning,
     ProcessSetError,
     RejectedInputError,
     UsageError,
@@ -41,6 +42,7 @@ from hvd_compress.torch.asynchronous import (
     synchronize,
 )
 from hvd_compress.torch.birder import Birder
+from hvd_compress.torch.checkpoint import full_optimizer_state_dict
 from hvd_compress.torch.compression import Compression, CompressionState, Compressor
 from hvd_compress.torch.context import init, rank, size
 from hvd_compress.torch.functions import (
@@ -80,6 +82,7 @@ __all__ = [
     "NotInitializedError",
     "OneBitState",
     "PeerExitedError",
+    "PerRankStateWarning",
     "ProcessSet",
     "ProcessSetError",
     "Product",
@@ -105,6 +108,7 @@ __all__ = [
     "comm_stats",
     "compressed_allreduce",
     "compressed_allreduce_",
+    "full_optimizer_state_dict",
     "global_process_set",
     "grouped_allreduce",
     "grouped_allreduce_",

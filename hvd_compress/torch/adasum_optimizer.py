@@ -179,3 +179,10 @@ class AdasumEngine(Engine):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.base.zero_grad(self.opt, set_to_none)
+
+    def per_rank_what(self) -> str | None:
+        """The wrapped optimizer's state: each rank steps it on its own gradient (paper 002, Section 4.1)."""
+        return "optimizer state (each rank steps on its own gradient)" if self.opt.state else None
+
+    def per_rank_fallback(self, root: int) -> str:
+        return f"takes rank {root}'s"

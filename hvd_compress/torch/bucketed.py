@@ -299,6 +299,14 @@ class BucketedEngine(Engine):
     def reset_error_feedback(self) -> None:
         self.alg.reset_error_feedback()
 
+    def per_rank_what(self) -> str | None:
+        return self.alg.per_rank_what()
+
+    def per_rank_fallback(self, root: int) -> str:
+        if self.error_feedback():
+            return f"starts its {self.alg.error_feedback_what()} from zero and takes the rest from rank {root}"
+        return f"takes rank {root}'s"
+
     def plain_step(self, state_dict: dict[str, Any]) -> int:
         """The step of a plain checkpoint (the largest per-parameter ``step``), if the algorithm can start there."""
         steps = [float(s["step"]) for s in state_dict.get("state", {}).values() if "step" in s]

@@ -205,13 +205,17 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     ``state_dict()`` travels, so a rank whose state is still empty (only the root loaded a checkpoint) takes it as
     it is, without a step. The error feedback is the exception: root's is root's residual, so each other rank keeps
     its own (zero where its state was still empty), as the Keras faces' broadcast leaves their
-    ``per_rank_variables``. ``hvd.broadcast_optimizer_state`` on an hvd_compress optimizer runs this one.
+    ``per_rank_variables``. Where the root loaded a state dict that holds every rank's part
+    (``hc.full_optimizer_state_dict``), each rank takes its own instead: an exact resume; where it loaded a plain
+    one, every rank warns that its per-rank state is not restored (``hvd_compress.torch.checkpoint``).
+    ``hvd.broadcast_optimizer_state`` on an hvd_compress optimizer runs this one.
     ``process_set``: to its members only, from ``root_rank`` (a world rank in it)."""
-    from hvd_compress.torch.wrapping import wrapped_engine  # the wrappers' plumbing builds on these functions
+    from hvd_compress.torch import checkpoint  # the wrappers' plumbing builds on these functions
+    from hvd_compress.torch.wrapping import wrapped_engine
 
-    state = broadcast_object(optimizer.state_dict(), root_rank, "optimizer_state", process_set)
     engine = wrapped_engine(optimizer)
-    if engine is None:
-        optimizer.load_state_dict(state)
-    else:
-        engine.load_broadcast_state(state)
+    if engine is not None:
+        checkpoint.broadcast(engine, optimizer, root_rank, process_set, "broadcast_optimizer_state")
+        return
+    state = broadcast_object(optimizer.state_dict(), root_rank, "optimizer_state", process_set)
+    optimizer.load_state_dict(state)

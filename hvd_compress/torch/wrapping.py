@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch.amp.grad_scaler import OptState
 
-from hvd_compress import ops
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.ops.errors import UsageError
+from hvd_compress.ops.errors import PerRankStateWarning, UsageError
 from hvd_compress.ops.traffic import not_counting
-from hvd_compress.torch.context import horovod
+from hvd_compress.torch import checkpoint
+from hvd_compress.torch.checkpoint import WORLD_KEY
 from hvd_compress.torch.functions import allreduce
 
 STATE_KEY = "hvd_compress"  # the section of state_dict() that holds a wrapper's own state
@@ -41,15 +41,15 @@ def _this_rank() -> int | None:
     """This rank; None where no job was started (one process without ``init()``: no other rank to tell apart).
     Local: it never starts hvd_compress's runtime, whose set-up is a collective that a call made on one rank alone
     (rank 0's ``load_state_dict`` in Horovod's resume) would wait in forever; Horovod's rank serves until then."""
-    if ops.is_initialized():
-        return ops.rank()
-    hvd = horovod()
-    return None if hvd is None else int(hvd.rank())
+    world = checkpoint.local_world()
+    return None if world is None else world[0]
 
 
 def own_section(section: dict[str, Any]) -> dict[str, Any]:
-    """A wrapper's section of ``state_dict()``, marked as this rank's (its error feedback is this rank's)."""
-    return {**section, SAVED_BY: _this_rank()}
+    """A wrapper's section of ``state_dict()``, marked as this rank's (its error feedback is this rank's), with the
+    world size of the job (a load at another size is refused on every rank where the op cannot take it)."""
+    world = checkpoint.local_world()
+    return {**section, SAVED_BY: None if world is None else world[0], WORLD_KEY: None if world is None else world[1]}
 
 
 def _another_ranks_section(section: dict[str, Any] | None, name: str, what: str = "error feedback") -> bool:
@@ -63,8 +63,9 @@ def _another_ranks_section(section: dict[str, Any] | None, name: str, what: str 
     if saved_by is None or here is None or saved_by == here:
         return False
     warnings.warn(f"{name}.load_state_dict: the checkpoint was written by rank {saved_by}; rank {here} starts "
-                  f"its {what} from zero (the rest of the state is loaded). Save and load each rank's own "
-                  "state_dict() to resume it exactly", stacklevel=5)
+                  f"its {what} from zero (the rest of the state is loaded). For an exact resume, save "
+                  "hc.full_optimizer_state_dict(opt) (every rank calls it; rank 0 saves the dict it returns), or "
+                  "each rank its own state_dict()", PerRankStateWarning, stacklevel=5)
     return True
 
 
@@ -141,9 +142,10 @@ def _delegate(engine_cls: type, name: str) -> Any:
     def call(engine: Engine, *args: Any, **kwargs: Any) -> Any:
         if name == "step":
             engine.check_param_groups()
-        if name == "load_state_dict":
+            checkpoint.before_step(engine)
+        elif name == "load_state_dict":  # every rank's part of a full state dict, or a refusal kept for all ranks
             with param_groups_kept(engine.opt):
-                return engine.load_state_dict(*args, **kwargs)
+                return checkpoint.load(engine, *args, name="DistributedOptimizer", **kwargs)
         return getattr(engine, name)(*args, **kwargs)
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -315,6 +317,8 @@ class Engine:
     ``synchronize`` and ``step``."""
 
     exports: tuple[str, ...] = ()
+    #: What ``load_state_dict`` loaded since the last step, for the broadcast that follows (``checkpoint.Loaded``)
+    loaded: checkpoint.Loaded | None = None
     amp_scaling = False  # whether ``step`` takes torch's ``grad_scaler=``
     end_queued = False  # ``at_end_of_backward`` has queued ``end_of_backward`` for the running backward pass
     frozen_later_ok = False  # whether a parameter frozen after wrapping is left unstepped (``check_param_groups``)
@@ -404,6 +408,14 @@ class Engine:
     def reset_error_feedback(self) -> None:
         for e in self.error_feedback():
             e.zero_()
+
+    def per_rank_what(self) -> str | None:
+        """This op's state that is each rank's own, in words (for a warning); None where every rank's is alike."""
+        return "error feedback" if self.error_feedback() else None
+
+    def per_rank_fallback(self, root: int) -> str:
+        """What a rank's per-rank state starts from when a broadcast of ``root``'s plain state dict lacks it."""
+        return f"starts its error feedback from zero and takes the rest from rank {root}"
 
     def drop_another_ranks_error_feedback(self, section: dict[str, Any] | None, name: str,
                                           what: str = "error feedback") -> None:

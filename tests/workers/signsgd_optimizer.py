@@ -93,5 +93,13 @@ other["hvd_compress"]["algorithm"] = "Birder"
 result["other_algorithm"] = outcome(lambda: wrapped(model()).load_state_dict(other))
 other = copy.deepcopy(ckpt)
 other["hvd_compress"]["world_size"] = n + 1
-result["other_world"] = outcome(lambda: wrapped(model()).load_state_dict(other))
+
+
+def refused_by_step(opt, state) -> None:
+    """A load at another world size is refused on every rank by the broadcast or step that follows it."""
+    opt.load_state_dict(state)
+    opt.step()
+
+
+result["other_world"] = outcome(lambda: refused_by_step(wrapped(model()), other))
 save(r, result)

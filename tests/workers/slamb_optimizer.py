@@ -190,7 +190,7 @@ elif mode == "bad":
     onebit = dict(sd, hvd_compress=dict(sd["hvd_compress"], algorithm="OneBitLamb"))
     bad["other_algorithm"] = outcome(lambda: opt.load_state_dict(onebit))
     world = dict(sd, hvd_compress=dict(sd["hvd_compress"], world_size=n + 1))
-    bad["other_world"] = outcome(lambda: opt.load_state_dict(world))
+    bad["other_world"] = outcome(lambda: (opt.load_state_dict(world), opt.step()))  # refused by the step
     bad["load_unchanged"] = unchanged()
     # After all that the ranks still step together.
     opt.zero_grad()
