@@ -7,7 +7,9 @@ mode: "match" saves every step's parameters, hashes, kinds, lrs and bytes; "matc
 zero_one_adam_bad.py's checks.
 ``stops=a:b:...`` among the options: the run saves a checkpoint before each of those steps and restarts from each
 (fresh objects, torch.load), saving the resumed runs' hashes and final state. Each run's warnings about inflated
-steps after the freeze are saved as "warned".
+steps after the freeze are saved as "warned". ``lrs=a:b:...``: one more run from the start with those learning
+rates, one per step, set in every param group before the step (an lr schedule; spec Z21), its parameters saved
+as "scheduled".
 """
 
 import hashlib
@@ -24,6 +26,7 @@ mode, steps = sys.argv[2], int(sys.argv[3])
 sizes = [int(s) for s in sys.argv[4].split(",")]
 options = dict(kv.split("=") for kv in sys.argv[5].split(",") if kv)
 stops = [int(s) for s in options.pop("stops", "").split(":") if s]
+schedule = [float(s) for s in options.pop("lrs", "").split(":") if s]
 BOOLS = ("variance_bias_correction", "reset_momentum_at_sync")
 options = {k: v == "1" if k in BOOLS else int(v) for k, v in options.items()}
 overlap = sys.argv[6] != "0" if len(sys.argv) > 6 else True
@@ -102,6 +105,17 @@ for stop, blob in checkpoints.items():
     run(params, opt, sched, stop, b)
     result["resumed"][stop] = {"hashes": b["hashes"], "kinds": b["kinds"], "final_state": state_digest(opt),
                                "warned": b["warned"]}
+if schedule:
+    params, opt, _ = make()
+    result["scheduled"] = []
+    for step, lr in enumerate(schedule):
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.zero_grad()
+        grads = rank_input(r, total, torch.float32, seed=step + 1).split(sizes)
+        sum((p * g).sum() for p, g in zip(params, grads, strict=True)).backward()
+        opt.step()
+        result["scheduled"].append(flat(params).clone())
 if mode == "match+bad":
     from zero_one_adam_bad import bad_cases
 
