@@ -9,7 +9,8 @@ zero_one_adam_bad.py's checks.
 (fresh objects, torch.load), saving the resumed runs' hashes and final state. Each run's warnings about inflated
 steps after the freeze are saved as "warned". ``lrs=a:b:...``: one more run from the start with those learning
 rates, one per step, set in every param group before the step (an lr schedule; spec Z21), its parameters saved
-as "scheduled".
+as "scheduled". ``trains=N``: a small ReLU MLP trained N steps by op=ZeroOneAdam with its default options and
+var_freeze_step 3 around Adam(lr=3e-3), full-data loss after each step (or the error it raised) as "trains".
 """
 
 import hashlib
@@ -27,6 +28,7 @@ sizes = [int(s) for s in sys.argv[4].split(",")]
 options = dict(kv.split("=") for kv in sys.argv[5].split(",") if kv)
 stops = [int(s) for s in options.pop("stops", "").split(":") if s]
 schedule = [float(s) for s in options.pop("lrs", "").split(":") if s]
+train_steps = int(options.pop("trains", "0"))
 BOOLS = ("variance_bias_correction", "reset_momentum_at_sync")
 options = {k: v == "1" if k in BOOLS else int(v) for k, v in options.items()}
 overlap = sys.argv[6] != "0" if len(sys.argv) > 6 else True
@@ -116,6 +118,28 @@ if schedule:
         sum((p * g).sum() for p, g in zip(params, grads, strict=True)).backward()
         opt.step()
         result["scheduled"].append(flat(params).clone())
+if train_steps:
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 4))
+    data = torch.Generator().manual_seed(1)
+    teacher = torch.randn(32, 4, generator=data)
+    xs = torch.rand(512, 32, generator=data)
+    ys = ((xs - 0.5) @ teacher).argmax(1)
+    opt = hc.DistributedOptimizer(torch.optim.Adam(mlp.parameters(), lr=3e-3), mlp.named_parameters(),
+                                  op=hc.ZeroOneAdam, var_freeze_step=3)
+    order = torch.Generator().manual_seed(100 + r)
+    result["trains"] = {"losses": [], "error": None}
+    try:
+        for _ in range(train_steps):
+            batch = torch.randint(512, (32,), generator=order)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(mlp(xs[batch]), ys[batch]).backward()
+            opt.step()
+            with torch.no_grad():
+                result["trains"]["losses"].append(torch.nn.functional.cross_entropy(mlp(xs), ys).item())
+    except hc.UsageError as e:
+        result["trains"]["error"] = str(e)
 if mode == "match+bad":
     from zero_one_adam_bad import bad_cases
 
