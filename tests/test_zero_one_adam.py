@@ -362,3 +362,46 @@ def test_keras_faces_refuse_lamb_options_around_adam_on_every_rank(flavour: str,
                 f"{flavour} rank {r}, op={op} with {option}: {got}"
         want = "no error" if flavour == "tf_keras" else "TypeError: op=OneBitLamb wraps keras.optimizers.Lamb, got Adam"
         assert rk["lamb_over_adam"] == want, f"{flavour} rank {r}, op=OneBitLamb around Adam: {rk['lamb_over_adam']}"
+
+
+#: What each op's constructor names as the optimizers it wraps, per Keras face (docs: each op's page).
+TORCH_WRAPS = {"OneBitAdam": "torch.optim.Adam or AdamW", "ZeroOneAdam": "torch.optim.Adam or AdamW",
+               "OneBitLamb": "hc.Lamb", "SLAMB": "hc.Lamb", "Birder": "hc.Birder", "SignSGD": "torch.optim.SGD"}
+
+
+@pytest.mark.parametrize("n", SCHEDULED)
+def test_torch_face_refuses_an_inner_optimizer_of_another_kind_on_every_rank(runs, n: int) -> None:
+    """Each op around an optimizer it does not wrap (1-bit Adam and 0/1 Adam around hc.Lamb or hc.Birder, 1-bit LAMB
+    and SLAMB around Adam or hc.Birder, Birder around Adam or hc.Lamb, SignSGD around Adam): a TypeError at
+    construction on every rank naming what the op wraps and what it got."""
+    for r, rk in enumerate(runs(n)):
+        got = rk["inner_mismatch"]
+        assert len(got) == 11, f"n={n} rank {r}: {sorted(got)}"
+        for (op, inner), said in got.items():
+            assert said == f"TypeError: op={op} wraps {TORCH_WRAPS[op]}, got {inner}", (
+                f"n={n} rank {r}, op={op} around {inner}: {said}")
+
+
+ADAM_3, ADAM_TF = "keras.optimizers.Adam or AdamW", "tf_keras.optimizers.Adam/AdamW"
+KERAS_WRAPS = {"keras": {"OneBitAdam": ADAM_3, "ZeroOneAdam": ADAM_3, "OneBitLamb": "keras.optimizers.Lamb",
+                         "SLAMB": "keras.optimizers.Lamb", "Birder": "hck.Birder"},
+               "tf_keras": {"OneBitAdam": ADAM_TF, "ZeroOneAdam": ADAM_TF, "OneBitLamb": ADAM_TF, "SLAMB": ADAM_TF,
+                            "Birder": "hvd_compress.keras.legacy.Birder"}}
+
+
+@pytest.mark.parametrize("name", ["keras", "tf_keras"])
+def test_keras_faces_refuse_an_inner_optimizer_of_another_kind_on_every_rank(
+        name: str, keras_runs: Callable[[str], list[dict]]) -> None:
+    """Each op around an optimizer it does not wrap (Keras 3: 1-bit Adam and 0/1 Adam around a Lamb or a Birder, 1-bit
+    LAMB and SLAMB around an AdamW or a Birder, Birder around an AdamW or a Lamb; tf_keras, which has no Lamb, each
+    op around the other of its Adam and Birder): a TypeError at construction on every rank naming what the op wraps
+    and what it got, never a run of one rule on another optimizer's hyper-parameters."""
+    flavour = KERAS_LAUNCHES[name][0]
+    want = 10 if flavour == "keras" else 5
+    for r, rk in enumerate(keras_runs(name)):
+        got = rk["inner_mismatch"]
+        assert len(got) == want, f"{name} rank {r}: {sorted(got)}"
+        for (op, inner), said in got.items():
+            wraps = KERAS_WRAPS[flavour][op]
+            assert said.startswith("TypeError: op=") and f"wraps {wraps}" in said and f"got {inner}" in said, (
+                f"{name} rank {r}, op={op} around {inner}: {said}")

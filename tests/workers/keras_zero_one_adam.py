@@ -78,6 +78,25 @@ for op, needs in ((hck.OneBitAdam, {"freeze_step": 2}), (hck.ZeroOneAdam, {})):
             hck.DistributedOptimizer(keras.optimizers.AdamW(0.01), op=op, **needs, **{option: value})))
 lamb_over_adam = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.Adam(0.01), op=hck.OneBitLamb,
                                                           freeze_step=2, min_coeff=0.5))
-save(r, {"trace": trace, "hashes": hashes, "legacy": legacy, "lamb_options": lamb_options,
+# Each op around an inner optimizer of another kind than the one it wraps: what the constructor says (item 10).
+if legacy:
+    from hvd_compress.keras.legacy import Birder as FaceBirder
+else:
+    FaceBirder = hck.Birder
+INNER = {"AdamW": lambda: keras.optimizers.AdamW(0.01), "Birder": lambda: FaceBirder(0.01)}
+if not legacy:
+    INNER["Lamb"] = lambda: keras.optimizers.Lamb(0.01)
+MISMATCHED = {"OneBitAdam": ("Lamb", "Birder"), "ZeroOneAdam": ("Lamb", "Birder"), "OneBitLamb": ("Birder",),
+              "SLAMB": ("Birder",), "Birder": ("AdamW", "Lamb")}
+needs = {"OneBitAdam": {"freeze_step": 2}, "OneBitLamb": {"freeze_step": 2}}
+inner_mismatch = {(op, name): outcome(lambda op=op, name=name: hck.DistributedOptimizer(
+    INNER[name](), op=getattr(hck, op), **needs.get(op, {})))
+    for op, names in MISMATCHED.items() for name in names if name in INNER}
+if not legacy:  # Keras 3's LAMB ops wrap a Lamb only (tf_keras has none: an Adam supplies LAMB's hyper-parameters)
+    for op in ("OneBitLamb", "SLAMB"):
+        inner_mismatch[(op, "AdamW")] = outcome(lambda op=op: hck.DistributedOptimizer(
+            INNER["AdamW"](), op=getattr(hck, op), **needs.get(op, {})))
+save(r, {"inner_mismatch": inner_mismatch, "trace": trace, "hashes": hashes, "legacy": legacy,
+         "lamb_options": lamb_options,
          "lamb_over_adam": lamb_over_adam, "edited": run(True) if edits else None,
          "scheduled": run(False, schedule) if schedule else None})

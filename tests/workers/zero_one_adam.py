@@ -118,6 +118,21 @@ if schedule:
         sum((p * g).sum() for p, g in zip(params, grads, strict=True)).backward()
         opt.step()
         result["scheduled"].append(flat(params).clone())
+# Each op around an inner optimizer of another kind than the one it wraps: what the constructor says (item 10).
+net = torch.nn.Linear(4, 2)
+INNER = {"Adam": torch.optim.Adam, "Lamb": hc.Lamb, "Birder": hc.Birder, "SGD": torch.optim.SGD}
+MISMATCHED = {"OneBitAdam": ("Lamb", "Birder"), "ZeroOneAdam": ("Lamb", "Birder"), "OneBitLamb": ("Adam", "Birder"),
+              "SLAMB": ("Adam", "Birder"), "Birder": ("Adam", "Lamb"), "SignSGD": ("Adam",)}
+result["inner_mismatch"] = {}
+for op, names in MISMATCHED.items():
+    for name in names:
+        try:
+            hc.DistributedOptimizer(INNER[name](net.parameters(), lr=0.01), net.named_parameters(), op=getattr(hc, op),
+                                    **({"freeze_step": 2} if op.startswith("OneBit") else {}))
+            said = "no error"
+        except Exception as e:
+            said = f"{type(e).__name__}: {e}"
+        result["inner_mismatch"][(op, name)] = said
 if train_steps:
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
