@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from hvd_compress.algorithms import contract
-from hvd_compress.algorithms.lamb import lamb_step
+from hvd_compress.algorithms.lamb import trust_ratio
 from hvd_compress.algorithms.onebit import OneBitAlgorithm, OneBitBucket, OneBitOptions
 from hvd_compress.ops import onebit_lamb_kernels as fused_ops
 from hvd_compress.ops.backend import Tensor
@@ -64,17 +64,23 @@ class OneBitLamb(OneBitAlgorithm):
     options: OneBitLambOptions
 
     def warmup(self, seg: OneBitBucket, group: dict[str, Any], t: int) -> None:
-        """LAMB on the averaged gradient, averaging the trust ratios (001 Alg. 1 lines 2-3). Line 2 is LAMB's own
-        step, so each layer takes ``lamb.lamb_step``, the wrapped ``hc.Lamb``'s step with its operations in their
-        order: the same bits as the wrapped optimizer would give."""
+        """LAMB on the averaged gradient, averaging the trust ratios (001 Alg. 1 lines 2-3)."""
         xp = self.xp
-        beta3 = self.options.coeff_beta
-        layers = zip(seg.params, seg.views(seg.grad), seg.views(seg.exp_avg), seg.views(seg.exp_avg_sq), strict=True)
-        for i, (x, g, m, v) in enumerate(layers):
-            c = lamb_step(xp, x, g, m, v, t, group)
-            seg.lamb_coeff_freeze[i] = beta3 * seg.lamb_coeff_freeze[i] + (1 - beta3) * c
+        b1, b2 = group["betas"]
+        g = seg.grad
+        xp.add_(xp.mul_(seg.exp_avg, b1), g, alpha=1 - b1)
+        xp.addcmul_(xp.mul_(seg.exp_avg_sq, b2), g, g, value=1 - b2)
         if t == self.freeze_step:  # line 3: the fresh variance starts from the frozen one
             xp.copy_(seg.fresh, seg.exp_avg_sq)
+        u = self.direction(seg, group, t, t)
+        beta3 = self.options.coeff_beta
+        scales = []
+        for i, (xn, un) in enumerate(zip(xp.foreach_norm(seg.params), xp.foreach_norm(u), strict=True)):
+            c = trust_ratio(xn, un, group["min_coeff"], group["max_coeff"])
+            seg.lamb_coeff_freeze[i] = beta3 * seg.lamb_coeff_freeze[i] + (1 - beta3) * c
+            scales.append(-group["lr"] * c)
+        xp.foreach_mul_(u, scales)
+        xp.foreach_add_(seg.params, u, alpha=1.0)
 
     def compressed(self, seg: OneBitBucket, group: dict[str, Any], t: int) -> None:
         """Lines 14-21: reconstructed gradient, fresh variance, clipped ratio, update with frozen v.
@@ -148,3 +154,18 @@ class OneBitLamb(OneBitAlgorithm):
 
     def adopt_denom(self, seg: OneBitBucket, denom: Tensor) -> None:
         seg.denom = denom
+
+    def direction(self, seg: OneBitBucket, group: dict[str, Any], t_m: int, t_v: int) -> list[Tensor]:
+        """u = mh / (sqrt(vh) + eps) + wd x per layer, in ``work`` (views)."""
+        xp = self.xp
+        b1, b2, eps = *group["betas"], group["eps"]
+        u = seg.work
+        if group.get("bias_correction", True):
+            xp.add_(xp.div_(xp.sqrt(seg.exp_avg_sq, out=u), math.sqrt(1 - b2**t_v)), eps)
+            xp.div_(xp.mul_(xp.reciprocal_(u), seg.exp_avg), 1 - b1**t_m)
+        else:
+            xp.mul_(xp.reciprocal_(xp.add_(xp.sqrt(seg.exp_avg_sq, out=u), eps)), seg.exp_avg)
+        views = seg.views(u)
+        if group["weight_decay"] != 0:
+            xp.foreach_add_(views, seg.params, alpha=group["weight_decay"])
+        return views
