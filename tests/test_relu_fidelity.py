@@ -69,7 +69,7 @@ def test_onebit_optimizers_on_relu_networks_within_two_percent_of_dense(task: st
 # spec Z17), without which the MLP can diverge; ``DEEPSPEED`` is DeepSpeed's rule (no floor, no correction).
 # Figures: docs/algorithms/zero-one-adam.md, 'Fidelity and bytes'.
 ZO_SCHEDULE = "ZeroOneAdam:51:4:16:16"
-ZERO_ONE, DEEPSPEED = f"{ZO_SCHEDULE}:0.01:25:1", f"{ZO_SCHEDULE}:0"
+ZERO_ONE, DEEPSPEED = f"{ZO_SCHEDULE}:0.01:25:1", f"{ZO_SCHEDULE}:0:25:0"
 ZO_RUNS = ["Adam", "OneBitAdam:0.01:51", ZERO_ONE]
 ZO_CASES = {2: [("cnn", "255", ",".join([*ZO_RUNS, DEEPSPEED])), ("mlp", "255", ",".join(ZO_RUNS))]}
 

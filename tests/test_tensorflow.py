@@ -329,7 +329,7 @@ def test_tf_keras_fit_every_op_identical_ranks_checkpoint_resume_and_keras3_pari
 
 
 def test_numpy_backend_slamb_and_birder_primitives_match_the_torch_backend() -> None:
-    """The primitives the Keras face's SLAMB and Birder steps added to the NumPy backend, against the torch
+    """The primitives the Keras face's SLAMB, Birder and 1-bit Adam steps added to the NumPy backend, against the torch
     backend (the reference order) on the same float32 data: bit for bit, norms within one float32 ulp."""
     import torch
 
@@ -353,5 +353,11 @@ def test_numpy_backend_slamb_and_birder_primitives_match_the_torch_backend() -> 
         fn(NP, a, mask)
         fn(TB, t, torch.from_numpy(mask))
         np.testing.assert_array_equal(a, t.numpy(), err_msg=what)
+    y = rng.standard_normal(1000).astype(np.float32)
+    for weight in (0.1, 0.7):  # torch's two forms: x + w (y - x), and y + (w - 1) (y - x)
+        a, t = x.copy(), torch.from_numpy(x.copy())
+        NP.lerp_(a, y, weight)
+        TB.lerp_(t, torch.from_numpy(y), weight)
+        np.testing.assert_array_equal(a, t.numpy(), err_msg=f"lerp_ weight {weight}")
     flags = NP.bool_like(17, None)
     assert flags.dtype == np.bool_ and flags.shape == (17,) and not flags.any() and flags.ctypes.data % 64 == 0

@@ -1,11 +1,12 @@
 """hc.DistributedOptimizer(op=ZeroOneAdam) on real MPI processes (2, 3 and 4 ranks) against the NumPy reference
 hvd_compress.reference.zero_one_adam, element by element at every step, over variance steps, 1-bit gradient steps,
 the freeze and three doublings of the local-step interval; checkpoint resume bit for bit; bad input refused on
-every rank. One launch per rank count serves all tests of that count (module-scoped). The Keras 3 and tf_keras faces
-against the same reference, one launch each at 2, 3 and 4 ranks."""
+every rank; an lr schedule through 0 and a 10x drop (spec Z21). One launch per rank count serves all tests of that
+count (module-scoped). The Keras 3 and tf_keras faces against the same reference, each at 2 and 3 ranks."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,17 +26,27 @@ STEPS = 32
 # Variance steps 1, 2, 3, 5, 7, 1-bit steps 4, 6, 8-10, freeze after 10; syncs at 11, 12, 13, 15, 23, 31 (the
 # interval doubles 1 -> 2 -> 4 -> 8, clipped there); local steps in between.
 OPTIONS = {"var_freeze_step": 10, "var_update_scaler": 2, "local_step_scaler": 2, "local_step_clipper": 8}
+# Spec Z21, one lr per step (1-based): 0 at the variance step 5 and the 1-bit step 6; 0.01 again; 0 over the whole
+# intervals of the syncs at 13 and 15, whose errors the syncs at 11 and 12 left at 0.01; 0.01 again; a tenth of it
+# from step 24 (the sync at 31 sends what the sync at 23 left at 0.01). Run at 2 and 3 ranks and by the Keras faces.
+LR_SCHEDULE = [0.0 if t in (5, 6, 13, 14, 15) else 0.001 if t >= 24 else 0.01 for t in range(1, STEPS + 1)]
+SCHEDULED = (2, 3)
+# The 2-rank launch also trains a small ReLU MLP with op=ZeroOneAdam's defaults and var_freeze_step 3 (n_v = 3).
+TRAIN_STEPS = 40
 # n -> (overlap, the step the run restarts from its checkpoint after, whether the bad-input checks run)
 LAUNCHES = {2: ("1", 7, False), 3: ("0", 10, True), 4: ("1", 17, False)}
-# The 3-rank run divides v by 1 - b2^n_v (variance_bias_correction), the 4-rank run zeroes m after each sync
-# (reset_momentum_at_sync); the 2-rank run is DeepSpeed's rule.
-EXTRA = {3: {"variance_bias_correction": True}, 4: {"reset_momentum_at_sync": True}}
+# The 3-rank run divides v by 1 - b2^n_v (variance_bias_correction, the default), the 4-rank run does not and zeroes
+# m after each sync (reset_momentum_at_sync); the 2-rank run is DeepSpeed's rule.
+EXTRA = {2: {"variance_bias_correction": False}, 3: {"variance_bias_correction": True},
+         4: {"variance_bias_correction": False, "reset_momentum_at_sync": True}}
 # The Keras launches: name -> (flavour, ranks, options beyond OPTIONS). Keras 3 runs DeepSpeed's rule at 2 ranks and
-# both of our options at 3; tf_keras the reset at 4.
-KERAS_LAUNCHES = {"keras": ("keras", 2, {}),
+# both of our options at 3; tf_keras the defaults at 2 and DeepSpeed's rule with the reset at 3. Each also runs
+# LR_SCHEDULE.
+KERAS_LAUNCHES = {"keras": ("keras", 2, {"variance_bias_correction": False}),
                   "keras_corrected_reset": ("keras", 3, {"variance_bias_correction": True,
                                                          "reset_momentum_at_sync": True}),
-                  "tf_keras": ("tf_keras", 4, {"reset_momentum_at_sync": True})}
+                  "tf_keras_defaults": ("tf_keras", 2, {}),
+                  "tf_keras": ("tf_keras", 3, {"variance_bias_correction": False, "reset_momentum_at_sync": True})}
 # Keras: a second run halves the first variable before the 18th step (a local step) on every rank, which the step
 # sees, calls synchronize_parameters() before the 26th (local) and shifts the second on rank 1 before the 23rd (a
 # sync step: its exchange is redone) (spec Z20).
@@ -51,6 +62,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict]]:
             overlap, stop, bad = LAUNCHES[n]
             out: Path = tmp_path_factory.mktemp(f"zero_one_adam{n}")
             opts = ",".join(f"{k}={int(v)}" for k, v in {**OPTIONS, **EXTRA.get(n, {})}.items()) + f",stops={stop}"
+            if n in SCHEDULED:
+                opts += ",lrs=" + ":".join(map(str, LR_SCHEDULE))
+            if n == 2:
+                opts += f",trains={TRAIN_STEPS}"
             mpirun("zero_one_adam.py", n, out, "match+bad" if bad else "match", str(STEPS),
                    ",".join(map(str, SIZES)), opts, overlap, timeout=300)
             done[n] = load_ranks(out, n)
@@ -96,8 +111,9 @@ def _assert_matches(got: np.ndarray, want: np.ndarray, what: str, kinds: list[st
     for t in range(len(want)):
         floor = 4.0 * ulp(np.abs(want[t]).max(), "float32")
         tol = np.maximum(4.0 * (t + 1) * ulp(np.maximum(np.abs(want[t]), 0.1), "float32"), floor)
+        assert np.isfinite(want[t]).all(), f"{what} step {t + 1} ({kinds[t]}): the reference is not finite"
         err = np.abs(got[t] - want[t])
-        bad = np.flatnonzero(err > tol)
+        bad = np.flatnonzero(~(err <= tol))  # a NaN is off
         assert bad.size == 0, (
             f"{what} step {t + 1} ({kinds[t]}): {bad.size} element(s) off the reference, first {bad[0]}: "
             f"got {got[t][bad[0]]!r}, reference {want[t][bad[0]]!r} (tolerance {tol[bad[0]]:.3g})")
@@ -113,6 +129,39 @@ def test_every_step_matches_the_reference_on_every_rank(runs, n: int) -> None:
     assert {"variance", "onebit", "sync", "local"} == set(kinds)
     for r, rk in enumerate(ranks):
         _assert_matches(torch.stack(rk["trace"]).double().numpy(), want[:, r], f"n={n} rank {r}", kinds)
+
+
+def _assert_lr_zero_moves_nothing(got: np.ndarray, lrs: list[float], kinds: list[str], what: str) -> None:
+    """Bit for bit the parameters of the step before, at every step whose lr is 0 (its sync interval's too)."""
+    for t, lr in enumerate(lrs):
+        if lr == 0:
+            moved = np.abs(got[t] - got[t - 1]).max()
+            assert moved == 0, f"{what}: lr 0 at step {t + 1} ({kinds[t]}) moved a parameter by {moved:.3g}"
+
+
+@pytest.mark.parametrize("n", SCHEDULED)
+def test_the_carried_error_follows_the_lr_and_lr_zero_moves_nothing(runs, n: int) -> None:
+    """Spec Z21: the lr dropped to 0 over variance, 1-bit, sync and local steps, restored, then dropped 10x: at lr 0
+    no parameter moves, though two syncs at 0.01 left their errors, and every step matches the reference, whose
+    errors follow the lr (kept in the old lr's units, the first sync at 0 moves x and the 10x drop steps as 0.01)."""
+    want, kinds = _reference(n, LR_SCHEDULE)
+    assert [kinds[t] for t in (4, 5, 12, 13, 14)] == ["variance", "onebit", "sync", "local", "sync"], kinds
+    for r, rk in enumerate(runs(n)):
+        got = torch.stack(rk["scheduled"]).double().numpy()
+        _assert_lr_zero_moves_nothing(got, LR_SCHEDULE, kinds, f"n={n} rank {r}")
+        _assert_matches(got, want[:, r], f"n={n} rank {r}, lr schedule", kinds)
+
+
+def test_the_default_options_train_a_relu_mlp_after_a_short_freeze(runs) -> None:
+    """The default variance_bias_correction=True (spec Z17): frozen after 3 variance updates, the uncorrected v
+    (DeepSpeed's rule) steps 18 times a corrected Adam's and ends in a non-finite gradient within 20 steps here; the
+    default keeps every loss finite and cuts the first step's loss by 30% or more in 40 steps, on every rank."""
+    for r, rk in enumerate(runs(2)):
+        got = rk["trains"]
+        assert got["error"] is None, f"rank {r}: {got['error']}"
+        losses = got["losses"]
+        assert len(losses) == TRAIN_STEPS and all(math.isfinite(v) for v in losses), f"rank {r}: {losses}"
+        assert losses[-1] < 0.7 * losses[0], f"rank {r}: loss {losses[0]:.4f} -> {losses[-1]:.4f}"
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -228,7 +277,7 @@ def keras_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], list
             out_dir = tmp_path_factory.mktemp(f"keras_zero_one_adam_{name}")
             opts = ",".join(f"{k}={int(v)}" for k, v in {**OPTIONS, **extra}.items())
             mpirun("keras_zero_one_adam.py", n, out_dir, str(STEPS), ",".join(map(str, SIZES)), opts,
-                   ",".join(map(str, KERAS_EDITS)), timeout=300,
+                   ",".join(map(str, KERAS_EDITS)), ":".join(map(str, LR_SCHEDULE)), timeout=300,
                    env={"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else None)
             done[name] = load_pickled_ranks(out_dir, n)
         return done[name]
@@ -277,6 +326,27 @@ def test_keras_faces_match_the_reference_on_every_rank(name: str, keras_runs: Ca
                         f"{name} rank {r}, edited", trace.kinds)
 
 
+@pytest.mark.parametrize("name", list(KERAS_LAUNCHES))
+def test_keras_faces_errors_follow_the_lr_and_lr_zero_moves_nothing(name: str,
+                                                                     keras_runs: Callable[[str], list[dict]]) -> None:
+    """Spec Z21 in the Keras faces: the wrapper's ``learning_rate`` set before each step as ``LearningRateScheduler``
+    sets it, LR_SCHEDULE (0, restored, a 10x drop): no movement at lr 0 and the reference at every step."""
+    _, n, extra = KERAS_LAUNCHES[name]
+    total = sum(SIZES)
+
+    def given(seed: int, rank: int) -> np.ndarray:
+        return np.random.default_rng(1000 * seed + rank).standard_normal(total).astype(np.float32).astype(np.float64)
+
+    lrs = [_f32(lr) for lr in LR_SCHEDULE]
+    grads = [[given(t + 1, r) for r in range(n)] for t in range(STEPS)]
+    trace = z.zero_one_adam(given(777, 0), grads, lrs, betas=(_f32(0.9), _f32(0.999)), eps=_f32(1e-8),
+                            weight_decay=_f32(0.05), sizes=SIZES, **OPTIONS, **extra)
+    for r, rk in enumerate(keras_runs(name)):
+        got = np.stack(rk["scheduled"]).astype(np.float64)
+        _assert_lr_zero_moves_nothing(got, lrs, trace.kinds, f"{name} rank {r}")
+        _assert_matches(got, np.stack([p[r] for p in trace.params]), f"{name} rank {r}, lr schedule", trace.kinds)
+
+
 @pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
 def test_keras_faces_refuse_lamb_options_around_adam_on_every_rank(flavour: str,
                                                                    keras_runs: Callable[[str], list[dict]]) -> None:
@@ -292,3 +362,46 @@ def test_keras_faces_refuse_lamb_options_around_adam_on_every_rank(flavour: str,
                 f"{flavour} rank {r}, op={op} with {option}: {got}"
         want = "no error" if flavour == "tf_keras" else "TypeError: op=OneBitLamb wraps keras.optimizers.Lamb, got Adam"
         assert rk["lamb_over_adam"] == want, f"{flavour} rank {r}, op=OneBitLamb around Adam: {rk['lamb_over_adam']}"
+
+
+#: What each op's constructor names as the optimizers it wraps, per Keras face (docs: each op's page).
+TORCH_WRAPS = {"OneBitAdam": "torch.optim.Adam or AdamW", "ZeroOneAdam": "torch.optim.Adam or AdamW",
+               "OneBitLamb": "hc.Lamb", "SLAMB": "hc.Lamb", "Birder": "hc.Birder", "SignSGD": "torch.optim.SGD"}
+
+
+@pytest.mark.parametrize("n", SCHEDULED)
+def test_torch_face_refuses_an_inner_optimizer_of_another_kind_on_every_rank(runs, n: int) -> None:
+    """Each op around an optimizer it does not wrap (1-bit Adam and 0/1 Adam around hc.Lamb or hc.Birder, 1-bit LAMB
+    and SLAMB around Adam or hc.Birder, Birder around Adam or hc.Lamb, SignSGD around Adam): a TypeError at
+    construction on every rank naming what the op wraps and what it got."""
+    for r, rk in enumerate(runs(n)):
+        got = rk["inner_mismatch"]
+        assert len(got) == 11, f"n={n} rank {r}: {sorted(got)}"
+        for (op, inner), said in got.items():
+            assert said == f"TypeError: op={op} wraps {TORCH_WRAPS[op]}, got {inner}", (
+                f"n={n} rank {r}, op={op} around {inner}: {said}")
+
+
+ADAM_3, ADAM_TF = "keras.optimizers.Adam or AdamW", "tf_keras.optimizers.Adam/AdamW"
+KERAS_WRAPS = {"keras": {"OneBitAdam": ADAM_3, "ZeroOneAdam": ADAM_3, "OneBitLamb": "keras.optimizers.Lamb",
+                         "SLAMB": "keras.optimizers.Lamb", "Birder": "hck.Birder"},
+               "tf_keras": {"OneBitAdam": ADAM_TF, "ZeroOneAdam": ADAM_TF, "OneBitLamb": ADAM_TF, "SLAMB": ADAM_TF,
+                            "Birder": "hvd_compress.keras.legacy.Birder"}}
+
+
+@pytest.mark.parametrize("name", ["keras", "tf_keras"])
+def test_keras_faces_refuse_an_inner_optimizer_of_another_kind_on_every_rank(
+        name: str, keras_runs: Callable[[str], list[dict]]) -> None:
+    """Each op around an optimizer it does not wrap (Keras 3: 1-bit Adam and 0/1 Adam around a Lamb or a Birder, 1-bit
+    LAMB and SLAMB around an AdamW or a Birder, Birder around an AdamW or a Lamb; tf_keras, which has no Lamb, each
+    op around the other of its Adam and Birder): a TypeError at construction on every rank naming what the op wraps
+    and what it got, never a run of one rule on another optimizer's hyper-parameters."""
+    flavour = KERAS_LAUNCHES[name][0]
+    want = 10 if flavour == "keras" else 5
+    for r, rk in enumerate(keras_runs(name)):
+        got = rk["inner_mismatch"]
+        assert len(got) == want, f"{name} rank {r}: {sorted(got)}"
+        for (op, inner), said in got.items():
+            wraps = KERAS_WRAPS[flavour][op]
+            assert said.startswith("TypeError: op=") and f"wraps {wraps}" in said and f"got {inner}" in said, (
+                f"{name} rank {r}, op={op} around {inner}: {said}")

@@ -68,7 +68,8 @@ def test_dense_phase_is_plain_adam_on_the_averaged_gradient(n: int) -> None:
     x0 = np.linspace(-1, 1, d)
     opts = {"betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.01}
     # var_update_scaler >= steps keeps the interval at 1: every step of phase 1 is a dense variance step.
-    trace = z.zero_one_adam(x0, grads, lr, var_update_scaler=steps, var_freeze_step=steps, variance_floor=0, **opts)
+    trace = z.zero_one_adam(x0, grads, lr, var_update_scaler=steps, var_freeze_step=steps, variance_floor=0,
+                            variance_bias_correction=False, **opts)
     assert set(trace.kinds) == {z.VARIANCE}
     want = _plain_adam(x0, grads, lr, opts["betas"], opts["eps"], opts["weight_decay"])
     for t in range(steps):
@@ -83,7 +84,7 @@ def test_one_rank_without_compression_error_interval_one_is_adam_with_frozen_var
     lr = [5e-3] * steps
     x0 = np.linspace(0.5, -0.5, d)
     trace = z.zero_one_adam(x0, grads, lr, var_update_scaler=steps, var_freeze_step=freeze, local_step_scaler=10**6,
-                            compress=False, weight_decay=0.02, variance_floor=0)
+                            compress=False, weight_decay=0.02, variance_floor=0, variance_bias_correction=False)
     assert _steps_of(trace.kinds, z.SYNC) == list(range(freeze + 1, steps + 1))
     want = _plain_adam(x0, grads, lr, (0.9, 0.999), 1e-8, 0.02, freeze=freeze)
     for t in range(steps):
@@ -98,7 +99,7 @@ def test_one_rank_without_compression_error_a_sync_lands_where_the_local_steps_w
     grads = _grads(steps, 1, d, seed=5)
     lr = [1e-2 / (1 + 0.1 * t) for t in range(steps)]
     opts = z.Options(var_freeze_step=3, var_update_scaler=100, local_step_scaler=2, local_step_clipper=8,
-                     compress=False, variance_floor=0)
+                     compress=False, variance_floor=0, variance_bias_correction=False)
     st = z.ZeroOneAdamState.zeros(np.linspace(-1, 1, d), 1)
     b1 = opts.betas[0]
     local_m, local_lr = [], []
@@ -203,8 +204,9 @@ def test_least_squares_at_four_ranks_ends_near_dense_adam() -> None:
         return loss(np.mean(st.x, axis=0)), kinds
 
     initial = loss(np.zeros(d))
-    dense, _ = run(var_freeze_step=steps, var_update_scaler=steps)
-    zoa, kinds = run(var_freeze_step=300, var_update_scaler=16, local_step_scaler=100, local_step_clipper=8)
+    dense, _ = run(var_freeze_step=steps, var_update_scaler=steps, variance_bias_correction=False)
+    zoa, kinds = run(var_freeze_step=300, var_update_scaler=16, local_step_scaler=100, local_step_clipper=8,
+                     variance_bias_correction=False)
     rounds = sum(k != z.LOCAL for k in kinds)
     assert dense < 1e-2 * initial, f"dense Adam did not converge: {dense:.4g} from {initial:.4g}"
     assert zoa <= dense * 1.02, f"0/1 Adam {zoa:.5g} vs dense Adam {dense:.5g} (initial {initial:.4g})"

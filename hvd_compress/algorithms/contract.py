@@ -40,7 +40,7 @@ class Wraps:
         return {"lr": lr, **named, **flags}
 
 
-ADAM = Wraps("adam", ("beta1", "beta2", "eps", "weight_decay"))  # torch Adam/AdamW; Keras Adam/AdamW (or Lamb)
+ADAM = Wraps("adam", ("beta1", "beta2", "eps", "weight_decay"))  # torch Adam/AdamW; Keras Adam/AdamW
 LAMB = Wraps("lamb", ("beta1", "beta2", "eps", "weight_decay"))  # hc.Lamb; Keras Lamb (tf_keras: Adam/AdamW)
 SLAMB_LAMB = Wraps("slamb-lamb", ("beta1", "beta2", "eps", "weight_decay"))  # as LAMB, Keras 3's Lamb only
 BIRDER = Wraps("birder", ("beta", "eps", "weight_decay"))  # hc.Birder / hck.Birder

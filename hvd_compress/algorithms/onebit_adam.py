@@ -1,7 +1,10 @@
 """1-bit Adam: paper 003 (Tang et al. 2021), Algorithm 1, over a wrapped Adam/AdamW.
 
 - warm-up (line 2): Adam's step on the averaged gradient, with Adam's bias correction, and weight decay
-  as L2 in the gradient (Adam) or decoupled (AdamW: x *= 1 - lr wd);
+  as L2 in the gradient (Adam) or decoupled (AdamW: x *= 1 - lr wd); the line says "the original Adam", so its
+  operations are those of torch's ``torch.optim.Adam``/``AdamW`` (the single-tensor form, torch's default on the
+  CPU) in their order: m by ``lerp_``, v by ``mul_`` then ``addcmul_``, d = sqrt(v) / sqrt(1 - b2^t) + eps,
+  x += -lr / (1 - b1^t) * m / d: on the torch face the same bits as the wrapped optimizer's own step;
 - compression (lines 5-13): m_r = b1 m + (1 - b1) g_r (line 6, ``OneBitAlgorithm.local_momentum``),
   compressed average (lines 7-11, the core), m = that average (line 12), and
   x = x - lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^freeze_step)) + eps) with v frozen (line 13), whose
@@ -52,7 +55,7 @@ class OneBitAdam(OneBitAlgorithm):
         if group["weight_decay"] != 0 and not self.decoupled(group):
             g = xp.copy_(seg.scratch, seg.grad)
             self.add_l2(g, seg, group, group["weight_decay"])
-        xp.add_(xp.mul_(seg.exp_avg, b1), g, alpha=1 - b1)
+        xp.lerp_(seg.exp_avg, g, 1 - b1)  # m + (1 - b1) (g - m): torch's Adam's own rounding (docstring above)
         xp.addcmul_(xp.mul_(seg.exp_avg_sq, b2), g, g, value=1 - b2)
         self.apply(seg, group, t, t)
 

@@ -9,14 +9,23 @@ and docs/algorithms/zero-one-adam-spec.md fixes it (lines P1-P5 and L1-L6 of its
   multiple of local_step_interval) u goes through the 1-bit allreduce, m = ubar / lrs and
   x = x_anchor - ubar / d - wd lrs x_anchor on every rank alike (L4-L6, Z3, Z4).
 
-Weight decay is decoupled (Z3); no bias correction (Z2) unless ``variance_bias_correction`` (Z17: v / (1 - b2^n_v)
-after n_v variance updates). ``reset_momentum_at_sync`` (Z18, not DeepSpeed's): m = 0 after a sync's L6 in place of
-L5's ubar / lrs, whose 1-bit error the next interval's local steps would otherwise step on. Deviation,
+Weight decay is decoupled (Z3); m is not bias-corrected (Z2), v is by default (``variance_bias_correction``, Z17:
+v / (1 - b2^n_v) after n_v variance updates; False is DeepSpeed's rule). ``reset_momentum_at_sync`` (Z18, not
+DeepSpeed's): m = 0 after a sync's L6 in place of L5's ubar / lrs, whose 1-bit error the next interval's local
+steps would otherwise step on. Deviation,
 ``variance_floor`` (Z12; 0 is DeepSpeed's rule): d = max(sqrt(v), sqrt(floor)) + eps per layer with 1-bit Adam's
 floor, and an element it lifted moves at most lr. The step kind depends on t and the options only, so a bucket's
 collective is chosen before backward ends (overlap). Errors, u, x_anchor and lrs are per bucket; the counters are
 the algorithm's. All of it is in ``state_dict()`` (nothing is reset on load: Z13). The NumPy twin is
 ``hvd_compress.reference.zero_one_adam``.
+
+The learning rate (Z21). u sums lr m (L3: Algorithm 1's u_{t+1/2} = u_t + gamma_t m_{t+1/2}, as the spec restates
+it), so the error feedback that L4's 1-bit exchange of u (ubar = C[u]) leaves is in the units of the lr of that
+sync; the algorithm box says nothing of the carried error when gamma changes. Kept as it is, each later sync would
+still send the error of the old lr: at lr 0 every sync would move x, and after a 10x drop they would step as the
+old lr did. Each bucket's errors are therefore brought to the lr of the sync that sends them, as PowerSGD's error
+follows a GradScaler's scale: times lr / ``error_lr`` (the lr of the sync that made them, in ``state_dict()``), and
+dropped where either is 0, so at lr 0 nothing moves.
 
 L6 starts from x_anchor, so a change made to the parameters outside the optimizer in phase 2 would be replaced at
 the next sync (Z20): ``synchronize_parameters()`` ends the interval with the exact mean of the ranks' x, and a face
@@ -33,6 +42,8 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from hvd_compress import ops
 from hvd_compress.algorithms import contract
@@ -54,6 +65,21 @@ VARIANCE, ONEBIT, LOCAL, SYNC = "variance", "onebit", "local", "sync"
 STEP_INFLATION_WARNED = 4.0
 
 
+def errors_to_lr(xp: Backend, errors: Any, error_lr: float, lr: float) -> None:
+    """Spec Z21: bring the worker and server error of phase 2, made by a sync at ``error_lr``, to the units of a
+    sync at ``lr`` before its exchange of u (L4): times lr / error_lr, rounded to float32 as the errors are; dropped
+    where either lr is 0 (an error of lr 0 moves nothing, nor does any error at lr 0). The reference's
+    ``errors_to_lr`` is the same rule."""
+    if lr == error_lr > 0:
+        return
+    if lr > 0 and error_lr > 0:
+        factor = float(np.float32(lr / error_lr))
+        xp.mul_(errors.worker_error, factor)
+        xp.mul_(errors.server_error, factor)
+    else:
+        errors.reset()
+
+
 def variance_correction(b2: float, var_updates: int) -> float:
     """1 - b2^n_v: the bias correction of v after n_v variance updates (spec Z17)."""
     return 1 - b2 ** var_updates
@@ -68,14 +94,18 @@ def step_inflation(b2: float, var_updates: int) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class ZeroOneAdamOptions:
-    """DeepSpeed's names and defaults (spec section 5; ``local_step_scaler`` keeps its 32678: Z9)."""
+    """DeepSpeed's names and defaults (spec section 5; ``local_step_scaler`` keeps its 32678: Z9), but for two guards:
+    ``variance_floor`` (Z12) and ``variance_bias_correction``. True (the default) divides v by 1 - b2^n_v wherever d
+    is formed (Z17), the rule that trains; False is DeepSpeed's (Z2), whose uncorrected v, frozen after a short
+    var_freeze_step, makes every later step 1 / sqrt(1 - b2^n_v) times a corrected Adam's and diverges on a ReLU
+    MLP (docs/algorithms/zero-one-adam.md, "A short var_freeze_step diverges"). ``reset_momentum_at_sync``: Z18."""
 
     var_freeze_step: int = 100000
     var_update_scaler: int = 16
     local_step_scaler: int = 32678
     local_step_clipper: int = 16
     variance_floor: float = DEFAULT_VARIANCE_FLOOR
-    variance_bias_correction: bool = False
+    variance_bias_correction: bool = True
     reset_momentum_at_sync: bool = False
 
     def validate(self, op_name: str) -> None:
@@ -113,7 +143,8 @@ class ZeroOneBucket:
 
     ``grad`` (each ``.grad`` a view), ``exp_avg`` (m) and ``exp_avg_sq`` (v, views of the wrapped optimizer's state);
     ``u`` and ``anchor`` (x_anchor); ``work`` (the collective's buffer), ``scratch`` and ``denom`` (d while v is
-    frozen); ``onebit``: the error feedback (``OneBitState``); ``lrs``: the sum of lr since the last sync."""
+    frozen); ``onebit``: the error feedback (``OneBitState``); ``lrs``: the sum of lr since the last sync;
+    ``error_lr``: the lr of the sync that left the phase-2 errors, the units they are in (Z21; 0: none to keep)."""
 
     group: int
     params: list[Tensor]
@@ -129,6 +160,7 @@ class ZeroOneBucket:
     onebit: Any
     views: Callable[[Tensor], list[Tensor]]
     lrs: float = 0.0
+    error_lr: float = 0.0
     denom_key: tuple[float, float] | None = None  # the (eps, bc2) ``denom`` holds d for (None: to compute)
     floor_denoms: list[float] | None = None  # per layer the d of an element the variance floor lifted (None: no floor)
 
@@ -235,6 +267,8 @@ class ZeroOneAdam(BucketedAlgorithm):
                 self._local_momentum(seg, group, seg.scratch)
                 xp.add_(xp.copy_(seg.work, seg.u), seg.scratch, alpha=group["lr"])
             self.backup(i)  # a later bucket may still fail: keep a way back
+            if kind == SYNC:
+                errors_to_lr(self.xp, seg.onebit, seg.error_lr, group["lr"])
         self.meter.run(compressed_allreduce_, seg.work, *self.mutable_state(seg), name=name)
 
     def synchronize(self, groups: Sequence[dict[str, Any]] | None = None) -> None:
@@ -453,6 +487,7 @@ class ZeroOneAdam(BucketedAlgorithm):
             xp.zero_(seg.exp_avg)
         xp.zero_(seg.u)
         seg.lrs = 0.0
+        seg.error_lr = lr  # Z21: the errors L4 left are in this sync's lr
 
     def _local_step(self, seg: ZeroOneBucket, group: dict[str, Any]) -> None:
         """L1 and L2: m = b1 m + (1 - b1) g_r (formed in ``work``, free on a local step, as on a sync step),
@@ -489,7 +524,7 @@ class ZeroOneAdam(BucketedAlgorithm):
             "counters": [self.var_interval, self.var_counter, self.local_step_interval, self.local_step_counter],
             "buckets": [
                 {**self.layout_state(seg), "onebit": seg.onebit.state_dict(), "u": self._copy(seg.u),
-                 "anchor": self._copy(seg.anchor), "lrs": float(seg.lrs)}
+                 "anchor": self._copy(seg.anchor), "lrs": float(seg.lrs), "error_lr": float(seg.error_lr)}
                 for seg in self.buckets
             ],
         }
@@ -537,7 +572,7 @@ class ZeroOneAdam(BucketedAlgorithm):
             self.reset_error_feedback()
             for seg in self.buckets:
                 self.xp.zero_(seg.u)
-                seg.lrs = 0.0
+                seg.lrs, seg.error_lr = 0.0, 0.0
             self._anchor()
             return
         self.restore_schedule(int(ours["step"]), ours["counters"])
@@ -546,3 +581,4 @@ class ZeroOneAdam(BucketedAlgorithm):
             self.xp.copy_(seg.u, saved["u"])
             self.xp.copy_(seg.anchor, saved["anchor"])
             seg.lrs = float(saved["lrs"])
+            seg.error_lr = float(saved.get("error_lr", 0.0))  # none saved: the errors are dropped at the next sync

@@ -17,7 +17,6 @@ program order, and every step-dependent decision is taken at run time, not at tr
 
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Any
 
@@ -63,21 +62,23 @@ def _check_inner(optimizer: Any) -> None:
                          "hck.LossScaleOptimizer(hck.DistributedOptimizer(opt, op=...))")
 
 
-def _adam_or_lamb(op_name: str, inner: Any, lamb_opts: dict[str, Any], lamb_only: bool = False) -> tuple[
-        list[Any], dict[str, Any]]:
-    """(beta1, beta2, eps, weight_decay) of a Keras Adam/AdamW or Lamb and the rule's flags (a Lamb's: the LAMB
-    options given, at ``hc.Lamb``'s defaults otherwise)."""
-    if lamb_only and not isinstance(inner, keras.optimizers.Lamb):
-        raise TypeError(f"op={op_name} wraps keras.optimizers.Lamb, got {type(inner).__name__}")
-    if isinstance(inner, keras.optimizers.Adam):
-        if inner.amsgrad:
-            raise ValueError(f"op={op_name} does not support amsgrad=True")
-        flags = {"decoupled_weight_decay": True}  # Keras applies weight_decay decoupled (as AdamW) on every optimizer
-    elif isinstance(inner, keras.optimizers.Lamb):
-        flags = lamb_flags(lamb_opts)
-    else:
-        raise TypeError(f"op={op_name} wraps keras.optimizers.Adam/AdamW or Lamb, got {type(inner).__name__}")
+def _adam(op_name: str, inner: Any, lamb_opts: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """(beta1, beta2, eps, weight_decay) of a Keras Adam/AdamW and the rule's flags. Any other optimizer (a Lamb
+    too) is refused: the rule is Adam's, and would step on another optimizer's hyper-parameters as if Adam's."""
+    if not isinstance(inner, keras.optimizers.Adam):
+        raise TypeError(f"op={op_name} wraps keras.optimizers.Adam or AdamW, got {type(inner).__name__}")
+    if inner.amsgrad:
+        raise ValueError(f"op={op_name} does not support amsgrad=True")
+    flags = {"decoupled_weight_decay": True}  # Keras applies weight_decay decoupled (as AdamW) on every optimizer
     return [inner.beta_1, inner.beta_2, inner.epsilon, inner.weight_decay or 0.0], flags
+
+
+def _lamb(op_name: str, inner: Any, lamb_opts: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """(beta1, beta2, eps, weight_decay) of a Keras Lamb and the rule's flags (the LAMB options given, at
+    ``hc.Lamb``'s defaults otherwise)."""
+    if not isinstance(inner, keras.optimizers.Lamb):
+        raise TypeError(f"op={op_name} wraps keras.optimizers.Lamb, got {type(inner).__name__}")
+    return [inner.beta_1, inner.beta_2, inner.epsilon, inner.weight_decay or 0.0], lamb_flags(lamb_opts)
 
 
 def _birder(op_name: str, inner: Any, lamb_opts: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -86,10 +87,9 @@ def _birder(op_name: str, inner: Any, lamb_opts: dict[str, Any]) -> tuple[list[A
     return [inner.beta, inner.epsilon, inner.birder_weight_decay], {}
 
 
-_LAMB_ONLY = functools.partial(_adam_or_lamb, lamb_only=True)
 #: Keras 3's optimizers per kind an algorithm wraps (``engine.Face``).
 _FACE = Face(
-    readers={"adam": _adam_or_lamb, "lamb": _LAMB_ONLY, "slamb-lamb": _LAMB_ONLY, "birder": _birder,
+    readers={"adam": _adam, "lamb": _lamb, "slamb-lamb": _lamb, "birder": _birder,
              "sgd": lambda op_name, inner, lamb_opts: check_sgd(op_name, inner, keras.optimizers.SGD)},
     apply_inner=lambda inner, grads, variables: inner.apply(grads, variables),
     learning_rate=lambda inner: inner.learning_rate,

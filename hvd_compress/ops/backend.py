@@ -37,6 +37,9 @@ class Backend(Protocol):
 
     def mul_(self, x: Tensor, y: Tensor | Scalar) -> Tensor: ...
 
+    def lerp_(self, x: Tensor, y: Tensor, weight: Scalar) -> Tensor:
+        """x += weight * (y - x), rounded as torch's ``lerp_`` on the CPU (torch's Adam forms its momentum so)."""
+
     def div_(self, x: Tensor, y: Tensor | Scalar) -> Tensor: ...
 
     def addcmul_(self, x: Tensor, a: Tensor, b: Tensor, value: Scalar) -> Tensor:

@@ -243,7 +243,8 @@ def onebit_adam(
     """1-bit Adam (paper 003, Algorithm 1) on n = len(grads[0]) virtual ranks, steps t = 1..len(grads).
 
     - Warm-up, t <= freeze_step (line 2, "the original Adam"): g = mean over ranks of grads (a dense
-      average); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2.
+      average); m = m + (1 - b1) (g - m) (= b1 m + (1 - b1) g, rounded as torch's Adam's ``lerp_``);
+      v = b2 v + (1 - b2) g^2.
     - Compression, t > freeze_step (lines 5-13): v stays v_{freeze_step}; every rank forms
       m_r = b1 m + (1 - b1) g_r from the shared m of the last step and its own gradient; m becomes the
       compressed average of the m_r (``compressed_allreduce``, inputs rounded to float32, errors carried
@@ -277,7 +278,7 @@ def onebit_adam(
             gm = rd(np.mean(g, axis=0))
             if not decoupled:
                 gm = r32(gm + weight_decay * x)
-            m = rd(rd(b1 * m) + (1 - b1) * gm)
+            m = rd(m + (1 - b1) * r32(gm - m))  # torch's Adam: m.lerp_(g, 1 - b1), one rounding of the sum
             v = rd(rd(b2 * v) + (1 - b2) * gm * gm)
         else:
             l2 = 0.0 if decoupled else (1 - b1) * weight_decay

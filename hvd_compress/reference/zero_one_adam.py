@@ -1,5 +1,5 @@
 """NumPy simulation of 0/1 Adam over n virtual ranks, written from docs/algorithms/zero-one-adam-spec.md
-(section 2, lines P1-P5 and L1-L6; schedules of section 3; ambiguities Z1-Z16), independently of any framework.
+(section 2, lines P1-P5 and L1-L6; schedules of section 3; ambiguities Z1-Z21), independently of any framework.
 
 Lu et al., ICLR 2023 (arXiv 2202.06009), Algorithm 1, as DeepSpeed's ``runtime/fp16/onebit/zoadam.py`` instantiates
 it: variance updated from the dense average on an exponentially sparser schedule up to ``var_freeze_step``, 1-bit
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hvd_compress.reference.onebit import CompressorState, _capped, _floored_root, _layers
+from hvd_compress.reference.onebit import CompressorState, _capped, _floored_root, _layers, f32
 
 #: Step kinds (spec section 3): dense variance step, 1-bit gradient step, local step, 1-bit sync of u.
 VARIANCE, ONEBIT, LOCAL, SYNC = "variance", "onebit", "local", "sync"
@@ -26,8 +26,9 @@ VARIANCE, ONEBIT, LOCAL, SYNC = "variance", "onebit", "local", "sync"
 
 @dataclass(frozen=True)
 class Options:
-    """0/1 Adam's options with DeepSpeed's names and defaults (spec section 5); ``compress=False`` replaces the
-    1-bit exchange by the exact mean (a test switch: no compression error)."""
+    """0/1 Adam's options with DeepSpeed's names and defaults (spec section 5), but for the guards that train:
+    ``variance_floor`` (Z12) and ``variance_bias_correction`` (Z17); ``compress=False`` replaces the 1-bit exchange
+    by the exact mean (a test switch: no compression error)."""
 
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
@@ -37,7 +38,7 @@ class Options:
     local_step_scaler: int = 32678
     local_step_clipper: int = 16
     variance_floor: float = 0.01
-    variance_bias_correction: bool = False
+    variance_bias_correction: bool = True
     reset_momentum_at_sync: bool = False
     compress: bool = True
 
@@ -67,6 +68,7 @@ class ZeroOneAdamState:
     u: list[np.ndarray]  # sum of lr * m since the last sync (phase 2)
     anchor: np.ndarray  # the parameters at the last sync, theta_{t'} (equal on all ranks)
     lrs: float  # sum of lr since the last sync
+    error_lr: float = 0.0  # the lr of the sync that left the phase-2 errors, the units they are in (Z21; 0: none)
     var_interval: int = 1
     var_counter: int = 0
     local_step_interval: int = 1
@@ -126,6 +128,22 @@ def _average(state: ZeroOneAdamState, per_rank: list[np.ndarray], opts: Options)
     return state.comp.allreduce(per_rank) if opts.compress else np.mean(per_rank, axis=0)
 
 
+def errors_to_lr(state: ZeroOneAdamState, lr: float) -> None:
+    """Z21: the phase-2 errors, made by a sync at ``state.error_lr``, brought to the units of a sync at ``lr``
+    before its exchange of u (L4): times lr / error_lr rounded to float32 (the errors are float32), dropped where
+    either lr is 0. u sums lr m (L3), so its error scales with the lr; at lr 0 nothing moves."""
+    if lr == state.error_lr > 0:
+        return
+    comp = state.comp
+    if lr > 0 and state.error_lr > 0:
+        factor = f32(lr / state.error_lr)
+        comp.worker = [f32(e * factor) for e in comp.worker]
+        comp.server = [f32(e * factor) for e in comp.server]
+    else:
+        comp.worker = [np.zeros_like(e) for e in comp.worker]
+        comp.server = [np.zeros_like(e) for e in comp.server]
+
+
 def _denominator(v: np.ndarray, layers: Sequence[slice], opts: Options,
                  var_updates: int) -> Callable[[np.ndarray], np.ndarray]:
     """m -> the d that m is divided by (Z10, Z12): max(sqrt(v / bc2), sqrt(floor)) + eps per layer, 1-bit Adam's
@@ -168,13 +186,17 @@ def step(state: ZeroOneAdamState, grads: Sequence[np.ndarray], lr: float, opts: 
             state.anchor = state.x[0].copy()
     else:
         state.lrs += lr  # L3
+        m_before = [m.copy() for m in state.m]
         for r in range(n):
             state.m[r] = b1 * state.m[r] + (1 - b1) * g[r]  # L1
             state.u[r] = state.u[r] + lr * state.m[r]  # L3
             state.x[r] = state.x[r] - lr * state.m[r] / d(state.m[r]) - lr * lam * state.x[r]  # L2
         if kind == SYNC:
+            errors_to_lr(state, lr)  # Z21
             ubar = _average(state, state.u, opts)  # L4
-            state.m = [ubar / state.lrs for _ in range(n)]  # L5
+            state.error_lr = lr
+            # L5; with no lr over the interval no step moved, m stays as it was before this step (and ubar is 0: Z21)
+            state.m = [ubar / state.lrs for _ in range(n)] if state.lrs > 0 else m_before
             x = state.anchor - ubar / d(state.m[0]) - state.lrs * lam * state.anchor  # L6 (Z3, Z4)
             state.x = [x.copy() for _ in range(n)]
             state.anchor = x.copy()

@@ -443,7 +443,7 @@ class ZeroOneStep(FusedStep):
     variables between two of its steps (the step count as it left it, the values not) is the algorithm's
     ``parameters_edited`` (spec Z20): ``_written`` holds what the last step left."""
 
-    scalars = ("step", "counters", "lrs", LAYOUT, DECAY_ORDER)
+    scalars = ("step", "counters", "lrs", LAYOUT, DECAY_ORDER, "error_lr")
     per_rank = ("exp_avg", "u", "worker_error", "server_error")
     FRESH_COUNTERS = (1, 0, 1, 0)  # var_interval, var_counter, local_step_interval, local_step_counter at step 0
 
@@ -464,7 +464,8 @@ class ZeroOneStep(FusedStep):
                 "worker_error": ((self._error_cuts[0][-1],), "float32", "zeros"),
                 "server_error": ((self._error_cuts[1][-1],), "float32", "zeros"),
                 "step": ((), "int64", "zeros"), "counters": ((4,), "int64", "zeros"),
-                "lrs": ((buckets,), "float64", "zeros"), **self.layout_shape()}
+                "lrs": ((buckets,), "float64", "zeros"), **self.layout_shape(),
+                "error_lr": ((buckets,), "float64", "zeros")}  # last: the variables before keep their positions
 
     def bind(self, session: _Session) -> None:
         alg, bufs, saved, (w, s) = self.algorithm, session.bufs, session.saved, self._error_cuts
@@ -473,6 +474,7 @@ class ZeroOneStep(FusedStep):
         alg.parameters_edited = written is not None and written[0] == t and not np.array_equal(written[1], session.x)
         alg.restore_schedule(t, self.FRESH_COUNTERS if t == 0 else saved["counters"])
         lrs = np.asarray(saved["lrs"], dtype=np.float64)
+        error_lr = np.asarray(saved["error_lr"], dtype=np.float64)
         buckets = []
         for i, layout in enumerate(self.layouts):
             a, b = self.span(i)
@@ -483,7 +485,7 @@ class ZeroOneStep(FusedStep):
                 anchor=bufs["anchor"][a:b], work=self._work[a:b], scratch=self._scratch[a:b],
                 denom=self._denom[a:b], onebit=_Errors(bufs["worker_error"][w[i]:w[i + 1]],
                                                        bufs["server_error"][s[i]:s[i + 1]]),
-                views=layout.views, lrs=float(lrs[i]),
+                views=layout.views, lrs=float(lrs[i]), error_lr=float(error_lr[i]),
             ))
         alg.buckets = buckets
 
@@ -493,7 +495,8 @@ class ZeroOneStep(FusedStep):
         self._written = (t, session.x.copy()) if t >= alg.options.var_freeze_step else None
         counters = [alg.var_interval, alg.var_counter, alg.local_step_interval, alg.local_step_counter]
         return {"step": np.asarray(t, dtype=np.int64), "counters": _fresh_copy(np.asarray(counters, np.int64)),
-                "lrs": _fresh_copy(np.asarray([seg.lrs for seg in buckets], dtype=np.float64))}
+                "lrs": _fresh_copy(np.asarray([seg.lrs for seg in buckets], dtype=np.float64)),
+                "error_lr": _fresh_copy(np.asarray([seg.error_lr for seg in buckets], dtype=np.float64))}
 
     def synchronize_parameters(self, *arrays: np.ndarray) -> list[np.ndarray]:
         """``ZeroOneAdam.synchronize_parameters`` (spec Z20: the dense average that ends the local interval) over

@@ -128,6 +128,16 @@ class NumpyBackend:
         return x
 
     @staticmethod
+    def lerp_(x: np.ndarray, y: np.ndarray, weight: float) -> np.ndarray:
+        """torch's CPU lerp: d = y - x rounded, then one fused multiply-add, x + w d (|w| < 0.5) or y + (w - 1) d."""
+        wide = _wide(x)
+        w = wide(weight)
+        d = y.astype(wide) - x.astype(wide)
+        if abs(w) < 0.5:
+            return _fma(x, x.astype(wide), d, w)
+        return _fma(x, y.astype(wide), d, wide(w - wide(1)))
+
+    @staticmethod
     def div_(x: np.ndarray, y: np.ndarray | float) -> np.ndarray:
         if x.dtype == np.float16:
             other = y.astype(np.float32) if isinstance(y, np.ndarray) else np.float32(y)

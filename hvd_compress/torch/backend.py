@@ -64,6 +64,12 @@ class TorchBackend:
         return x.mul_(y)
 
     @staticmethod
+    def lerp_(x: torch.Tensor, y: torch.Tensor, weight: float) -> torch.Tensor:
+        if x.dtype == y.dtype:
+            return x.lerp_(y, weight)
+        return x.copy_(x.float().lerp_(y.float(), weight))  # a half x with a float32 y: in float32, rounded once
+
+    @staticmethod
     def div_(x: torch.Tensor, y: torch.Tensor | float) -> torch.Tensor:
         return x.div_(y)
 

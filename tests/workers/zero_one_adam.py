@@ -7,7 +7,10 @@ mode: "match" saves every step's parameters, hashes, kinds, lrs and bytes; "matc
 zero_one_adam_bad.py's checks.
 ``stops=a:b:...`` among the options: the run saves a checkpoint before each of those steps and restarts from each
 (fresh objects, torch.load), saving the resumed runs' hashes and final state. Each run's warnings about inflated
-steps after the freeze are saved as "warned".
+steps after the freeze are saved as "warned". ``lrs=a:b:...``: one more run from the start with those learning
+rates, one per step, set in every param group before the step (an lr schedule; spec Z21), its parameters saved
+as "scheduled". ``trains=N``: a small ReLU MLP trained N steps by op=ZeroOneAdam with its default options and
+var_freeze_step 3 around Adam(lr=3e-3), full-data loss after each step (or the error it raised) as "trains".
 """
 
 import hashlib
@@ -24,6 +27,8 @@ mode, steps = sys.argv[2], int(sys.argv[3])
 sizes = [int(s) for s in sys.argv[4].split(",")]
 options = dict(kv.split("=") for kv in sys.argv[5].split(",") if kv)
 stops = [int(s) for s in options.pop("stops", "").split(":") if s]
+schedule = [float(s) for s in options.pop("lrs", "").split(":") if s]
+train_steps = int(options.pop("trains", "0"))
 BOOLS = ("variance_bias_correction", "reset_momentum_at_sync")
 options = {k: v == "1" if k in BOOLS else int(v) for k, v in options.items()}
 overlap = sys.argv[6] != "0" if len(sys.argv) > 6 else True
@@ -102,6 +107,54 @@ for stop, blob in checkpoints.items():
     run(params, opt, sched, stop, b)
     result["resumed"][stop] = {"hashes": b["hashes"], "kinds": b["kinds"], "final_state": state_digest(opt),
                                "warned": b["warned"]}
+if schedule:
+    params, opt, _ = make()
+    result["scheduled"] = []
+    for step, lr in enumerate(schedule):
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.zero_grad()
+        grads = rank_input(r, total, torch.float32, seed=step + 1).split(sizes)
+        sum((p * g).sum() for p, g in zip(params, grads, strict=True)).backward()
+        opt.step()
+        result["scheduled"].append(flat(params).clone())
+# Each op around an inner optimizer of another kind than the one it wraps: what the constructor says (item 10).
+net = torch.nn.Linear(4, 2)
+INNER = {"Adam": torch.optim.Adam, "Lamb": hc.Lamb, "Birder": hc.Birder, "SGD": torch.optim.SGD}
+MISMATCHED = {"OneBitAdam": ("Lamb", "Birder"), "ZeroOneAdam": ("Lamb", "Birder"), "OneBitLamb": ("Adam", "Birder"),
+              "SLAMB": ("Adam", "Birder"), "Birder": ("Adam", "Lamb"), "SignSGD": ("Adam",)}
+result["inner_mismatch"] = {}
+for op, names in MISMATCHED.items():
+    for name in names:
+        try:
+            hc.DistributedOptimizer(INNER[name](net.parameters(), lr=0.01), net.named_parameters(), op=getattr(hc, op),
+                                    **({"freeze_step": 2} if op.startswith("OneBit") else {}))
+            said = "no error"
+        except Exception as e:
+            said = f"{type(e).__name__}: {e}"
+        result["inner_mismatch"][(op, name)] = said
+if train_steps:
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 4))
+    data = torch.Generator().manual_seed(1)
+    teacher = torch.randn(32, 4, generator=data)
+    xs = torch.rand(512, 32, generator=data)
+    ys = ((xs - 0.5) @ teacher).argmax(1)
+    opt = hc.DistributedOptimizer(torch.optim.Adam(mlp.parameters(), lr=3e-3), mlp.named_parameters(),
+                                  op=hc.ZeroOneAdam, var_freeze_step=3)
+    order = torch.Generator().manual_seed(100 + r)
+    result["trains"] = {"losses": [], "error": None}
+    try:
+        for _ in range(train_steps):
+            batch = torch.randint(512, (32,), generator=order)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(mlp(xs[batch]), ys[batch]).backward()
+            opt.step()
+            with torch.no_grad():
+                result["trains"]["losses"].append(torch.nn.functional.cross_entropy(mlp(xs), ys).item())
+    except hc.UsageError as e:
+        result["trains"]["error"] = str(e)
 if mode == "match+bad":
     from zero_one_adam_bad import bad_cases
 
