@@ -165,7 +165,11 @@ def run(key: tuple, n: int, env: dict[str, str], script: Path, args: list[str], 
         _pools.pop(next(iter(_pools))).close()
     if pool is None:
         pool = Pool(n, env)
-    code, out = pool.run(script, args, job_env, timeout)
+    try:
+        code, out = pool.run(script, args, job_env, timeout)
+    except BaseException:  # an interrupted test run (Ctrl-C): the pool is in no list that _close_all reads
+        pool.close()
+        raise
     failures = ""
     if code == 0:
         _pools[key] = pool
