@@ -108,7 +108,7 @@ def test_hierarchical_adasum_averages_nodes_then_matches_reference(n: int, ranks
             _assert_matches(f"{label} {dname} local_size={LOCAL_SIZE}", got, want, _tolerance(inputs, dname, steps), n)
 
 
-@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(5, marks=pytest.mark.long)])
 def test_adasum_identities_orthogonal_identical_zero_and_nan(n: int, ranks) -> None:
     saved = ranks(n)
     for dname in ("float32", "float64"):
