@@ -14,7 +14,7 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 # more ranks than slots (see docs/benchmarks.md).
 MPIRUN := mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 -x PYTHONPATH -x OMP_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL
 
-.PHONY: install build test lint cpptest cudacheck demo bench bench-e2e bench-keras bench-kernels bench-two-nodes bench-docs clean
+.PHONY: install build test test-long lint cpptest cudacheck demo bench bench-e2e bench-keras bench-kernels bench-two-nodes bench-docs clean
 
 install:
 	bash tools/install.sh
@@ -25,11 +25,17 @@ build:
 lint: install
 	$(PY) -m ruff check .
 
-# The C++ and CUDA builds run one job per core (their objects are independent); pytest after both.
+# The C++ and CUDA builds run one job per core (their objects are independent); pytest after both, the fast tier:
+# every test not marked long (docs/design.md, "Test tiers").
 JOBS ?= $(shell getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
 test: install lint
 	$(MAKE) --no-print-directory -j$(JOBS) cpptest cudacheck
-	$(PY) -m pytest -q -p no:cacheprovider -rxX --durations=25 tests
+	$(PY) -m pytest -q -p no:cacheprovider -rxX --durations=25 -m "not long" tests
+
+# The long tier: the tests marked long (fidelity runs of hundreds of steps, several seeds, 4 ranks). A change to an
+# algorithm runs it before its issue is called resolved.
+test-long: install
+	$(PY) -m pytest -q -p no:cacheprovider -rxX --durations=25 -m long tests
 
 # C++ tests of the collectives over the in-process thread communicator (cpp/tests), without MPI,
 # nanobind or Python headers, under AddressSanitizer + UndefinedBehaviorSanitizer; any finding or

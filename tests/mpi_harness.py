@@ -83,7 +83,10 @@ def mpirun(
     else:
         res = launch(cmd, timeout, mpi_env(env))
     if check and res.returncode != 0:
-        raise AssertionError(f"{worker} on {n} ranks exited {res.returncode}:\n{res.stdout[-6000:]}")
+        # A pooled job's failed ranks' report (mpi_pool.Pool.failures) first: its first line names the rank, the op
+        # and the step, as `pytest -x` shows it.
+        failed = f"{res.stderr}\n" if res.stderr else ""
+        raise AssertionError(f"{failed}{worker} on {n} ranks exited {res.returncode}:\n{res.stdout[-6000:]}")
     return res
 
 
@@ -108,13 +111,13 @@ def _pooled(cmd: list[str], worker: str, n: int, args: list[str], env: dict[str,
     legacy = env.get("TF_USE_LEGACY_KERAS", os.environ.get("TF_USE_LEGACY_KERAS", "")) in ("1", "true", "True")
     key = (n, mpi_pool.face(scripts), legacy)
     pool_env = mpi_env({"PYTHONUNBUFFERED": "1", **({"TF_USE_LEGACY_KERAS": "1"} if legacy else {})})
-    code, out = mpi_pool.run(key, n, pool_env, script.resolve(), args, env, timeout)
+    code, out, failures = mpi_pool.run(key, n, pool_env, script.resolve(), args, env, timeout)
     if code is None:
         raise AssertionError(f"job hung or its pool died: stopped after {timeout:.0f} s at most: {' '.join(cmd)}\n"
                              f"{out[-6000:]}\n{ALONE}")
     if code:
         out += f"\n{ALONE}"
-    return subprocess.CompletedProcess(cmd, code, out, "")
+    return subprocess.CompletedProcess(cmd, code, out, failures)
 
 
 def horovodrun(
@@ -221,8 +224,12 @@ def _run_cases(out: Path, worker: str, specs: list[str]) -> None:
     for i, spec in enumerate(specs):
         case = json.loads(spec)
         (out / f"case{i}").mkdir(exist_ok=True)
-        mpi_pool.run_script(str(WORKERS / case.get("worker", worker)), [str(out / f"case{i}"), *case["args"]],
-                            case.get("env", {}))
+        try:
+            mpi_pool.run_script(str(WORKERS / case.get("worker", worker)), [str(out / f"case{i}"), *case["args"]],
+                                case.get("env", {}))
+        except BaseException as e:  # the case's arguments name it in the pool's failure line
+            e.hvdc_where = {"case": f"{i} {' '.join(case['args'])}", **getattr(e, "hvdc_where", {})}
+            raise
         fresh.restore()
 
 

@@ -6,8 +6,11 @@ A pool is ``mpirun -np n python mpi_pool.py DIR``; each rank reads jobs (a worke
 environment) from its own FIFO in DIR, runs the script as its own process would (``runpy``, ``__main__``), puts the
 process back as it found it (environment, working directory, warning filters, hvd_compress's and Horovod's runtimes,
 Keras's session) and prints an end line with its status on stdout and stderr. The test side reads the pool's output
-up to every rank's end lines, so a job's output is the job's own. A job that fails, hangs or kills a rank ends its
-pool; the next job starts a new one. ``HVDC_TEST_POOL=0`` turns pools off (a launch per job, as without them).
+up to every rank's end lines, so a job's output is the job's own. A rank whose job raises writes one line that names
+the rank, the op and the step (``failure_line``) and its traceback into a file of the pool's, and prints only that line:
+the test's error starts with the first failing rank's line, not with every rank's traceback. A job that fails, hangs
+or kills a rank ends its pool; the next job starts a new one. ``HVDC_TEST_POOL=0`` turns pools off (a launch per job,
+as without them).
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ class Pool:
     def run(self, script: Path, args: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str]:
         """Run one job on every rank: (0, output) when every rank ended it normally, (1, output) when one raised or
         exited non-zero, (None, output) when it hung past ``timeout`` or the pool died. After any but 0 the pool
-        is of no more use: ``close`` it."""
+        is of no more use: ``close`` it (``failures`` first, for what its ranks reported)."""
         deadline = time.monotonic() + timeout
         self.jobs += 1
         stats["jobs"] += 1
@@ -115,6 +118,16 @@ class Pool:
                     return (1 if failed_at is not None else None), self._text(out, log)
                 time.sleep(0.01)
 
+    def failures(self) -> str:
+        """What the ranks that failed the last job reported, the first to fail first: each one's ``failure_line``,
+        then the first one's traceback; "" when none reported."""
+        files = sorted(self.dir.glob(f"fail{self.jobs}.*"), key=lambda f: f.stat().st_mtime_ns)
+        reports = [f.read_text(errors="replace") for f in files]
+        if not reports:
+            return ""
+        lines = [r.partition("\n")[0] for r in reports]
+        return "\n".join([lines[0], *(f"  and {line}" for line in lines[1:]), reports[0].partition("\n")[2]])
+
     @staticmethod
     def _text(out: bytearray, log) -> str:
         """The job's output so far, with what is still unread."""
@@ -141,8 +154,9 @@ stats = {"pools": 0, "jobs": 0}
 
 
 def run(key: tuple, n: int, env: dict[str, str], script: Path, args: list[str], job_env: dict[str, str],
-        timeout: float) -> tuple[int | None, str]:
-    """Run a job on the pool of ``key`` (started, or replaced, here)."""
+        timeout: float) -> tuple[int | None, str, str]:
+    """Run a job on the pool of ``key`` (started, or replaced, here): its status and output as ``Pool.run``'s, and
+    what its failed ranks reported (``Pool.failures``)."""
     pool = _pools.pop(key, None)
     if pool is not None and (pool.proc.poll() is not None or pool.jobs >= JOBS_PER_POOL):
         pool.close()
@@ -151,12 +165,18 @@ def run(key: tuple, n: int, env: dict[str, str], script: Path, args: list[str], 
         _pools.pop(next(iter(_pools))).close()
     if pool is None:
         pool = Pool(n, env)
-    code, out = pool.run(script, args, job_env, timeout)
+    try:
+        code, out = pool.run(script, args, job_env, timeout)
+    except BaseException:  # an interrupted test run (Ctrl-C): the pool is in no list that _close_all reads
+        pool.close()
+        raise
+    failures = ""
     if code == 0:
         _pools[key] = pool
     else:
+        failures = pool.failures()
         pool.close()
-    return code, out
+    return code, out, failures
 
 
 def _free_bytes() -> int:
@@ -231,6 +251,52 @@ def run_script(script: str, args: list[str], env: dict[str, str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+#: The names under which a worker's frame holds what it runs (an op's name or class, a run's name) and which step.
+OP_NAMES, STEP_NAMES = ("op", "run"), ("step",)
+
+
+def failure_line(exc: BaseException, rank: int, size: int) -> str:
+    """``rank 1 of 3, op OneBitAdam, step 7, at worker.py:52: AssertionError: <message's first line>``.
+
+    The op and the step come from ``exc.hvdc_where`` where a worker or ``mpi_harness.Cases`` set it (a dict, e.g.
+    {"case": 2}), else from the innermost frame of a worker script that holds one of ``OP_NAMES`` (a string or a
+    class) or an int in one of ``STEP_NAMES``: the loops of most workers, which need no change for it."""
+    where = dict(getattr(exc, "hvdc_where", {}))
+    frames, tb = [], exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    at = ""
+    for frame, line in reversed(frames):
+        if not frame.f_code.co_filename.startswith(str(WORKERS)):
+            continue
+        at = at or f"{Path(frame.f_code.co_filename).name}:{line}"
+        names = frame.f_locals
+        for key, wanted in (("op", OP_NAMES), ("step", STEP_NAMES)):
+            value = next((names[k] for k in wanted if k in names), None)
+            if key == "step" and not isinstance(value, int):
+                value = None
+            if key not in where and value is not None and (key == "step" or isinstance(value, str | type)):
+                where[key] = value.__name__ if isinstance(value, type) else value
+    parts = [f"rank {rank} of {size}", *(f"{k} {where[k]}" for k in ("case", "op", "step") if k in where)]
+    if at:
+        parts.append(f"at {at}")
+    message = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+    return f"{', '.join(parts)}: {message}"
+
+
+def _report(pool_dir: Path, job: int, exc: BaseException) -> None:
+    """This rank's ``failure_line`` on stderr, and with the traceback into the pool's file for the test side; the
+    traceback on stderr where the file cannot be written."""
+    rank, size = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    line = failure_line(exc, rank, size)
+    try:
+        (pool_dir / f"fail{job}.{rank}").write_text(f"{line}\n{''.join(traceback.format_exception(exc))}")
+    except OSError:
+        traceback.print_exc()
+    print(line, file=sys.stderr)
+
+
 def _serve(pool_dir: Path) -> None:
     rank = os.environ["OMPI_COMM_WORLD_RANK"]
     fresh = ProcessState()
@@ -243,9 +309,9 @@ def _serve(pool_dir: Path) -> None:
             except SystemExit as e:
                 status = "ok" if e.code in (None, 0) else "exited"
                 if status != "ok":
-                    print(f"SystemExit: {e.code}", file=sys.stderr)
-            except BaseException:
-                traceback.print_exc()
+                    _report(pool_dir, job["id"], e)
+            except BaseException as e:
+                _report(pool_dir, job["id"], e)
                 status = "raised"
             try:
                 fresh.restore()

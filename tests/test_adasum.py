@@ -66,7 +66,7 @@ def _assert_matches(label: str, got: list[np.ndarray], want: list[np.ndarray], t
         assert np.array_equal(g, got[0], equal_nan=True), f"{label} n={n}: rank {r} differs from rank 0"
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long), pytest.param(5, marks=pytest.mark.long)])
 def test_adasum_matches_reference_for_every_dtype_and_size(n: int, ranks) -> None:
     saved = ranks(n)
     for dname, dtype in DTYPES.items():
@@ -79,7 +79,7 @@ def test_adasum_matches_reference_for_every_dtype_and_size(n: int, ranks) -> Non
             )
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long), pytest.param(5, marks=pytest.mark.long)])
 def test_grouped_adasum_has_per_tensor_coefficients_and_matches_reference(n: int, ranks) -> None:
     saved = ranks(n)
     for dname, dtype in DTYPES.items():
@@ -95,7 +95,7 @@ def test_grouped_adasum_has_per_tensor_coefficients_and_matches_reference(n: int
             assert np.array_equal(fused, got[r]), f"adasum_fused_ {dname} n={n}: rank {r} differs from grouped"
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long), pytest.param(5, marks=pytest.mark.long)])
 def test_hierarchical_adasum_averages_nodes_then_matches_reference(n: int, ranks) -> None:
     saved = ranks(n)
     nodes = -(-n // LOCAL_SIZE)
@@ -108,7 +108,7 @@ def test_hierarchical_adasum_averages_nodes_then_matches_reference(n: int, ranks
             _assert_matches(f"{label} {dname} local_size={LOCAL_SIZE}", got, want, _tolerance(inputs, dname, steps), n)
 
 
-@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(5, marks=pytest.mark.long)])
 def test_adasum_identities_orthogonal_identical_zero_and_nan(n: int, ranks) -> None:
     saved = ranks(n)
     for dname in ("float32", "float64"):
@@ -143,7 +143,7 @@ def test_adasum_in_place_on_noncontiguous_tensor(n: int, ranks) -> None:
     _assert_matches("noncontiguous", got, want, _tolerance(inputs, "float32", _steps(n)), n)
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_adasum_mismatched_or_bad_arguments_raise_on_every_rank(n: int, ranks) -> None:
     saved = ranks(n)
     expect = {
@@ -166,7 +166,7 @@ def test_adasum_mismatched_or_bad_arguments_raise_on_every_rank(n: int, ranks) -
         np.testing.assert_allclose(_np(rk["recovered"]), want, rtol=1e-6, err_msg=f"rank {r}: Adasum after the errors")
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_adasum_comm_stats_count_halving_and_allgather_bytes(n: int, ranks) -> None:
     saved = ranks(n)
     p = 1 << (n.bit_length() - 1)
@@ -183,7 +183,7 @@ def test_adasum_comm_stats_count_halving_and_allgather_bytes(n: int, ranks) -> N
         assert 0 <= overhead <= 256 * (n - 1) + 64 * _steps(n), f"rank {r} of {n}: data {data}, {s}"
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.long)])
 def test_adasum_matches_horovod_at_power_of_two(n: int, out_dir) -> None:
     mpirun("adasum_horovod.py", n, out_dir, timeout=240)
     for r, rk in enumerate(load_ranks(out_dir, n)):

@@ -30,7 +30,7 @@ def _tolerance(expected: np.ndarray, inputs: list[np.ndarray], dtype: str, n: in
     return reference.ulp(expected, dtype) + eps * n * abs_sum
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [1, 2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_allreduce_matches_reference_for_every_dtype_and_size(n: int, launched) -> None:
     ranks = launched.ranks(n, ALL)
     keys = [k for k in ranks[0]["results"] if isinstance(k, tuple)]
@@ -66,7 +66,7 @@ def test_allreduce_in_place_on_noncontiguous_tensor_keeps_layout(n: int, launche
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"rank {r} of {n}")
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_comm_stats_count_ring_bytes_of_each_call(n: int, launched) -> None:
     ranks = launched.ranks(n, STATS)
     for r, rk in enumerate(ranks):

@@ -48,7 +48,7 @@ def test_tensor_on_unsupported_device_raises_on_every_rank(launched) -> None:
     _recovered(caught, 3)
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_mismatched_shape_dtype_op_raise_mismatch_on_every_rank(n: int, launched) -> None:
     caught = _caught(launched, n, "shape")
     for r, c in enumerate(caught):

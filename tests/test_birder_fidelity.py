@@ -51,6 +51,8 @@ import math
 import pytest
 from mpi_harness import load_ranks, mpirun, relu_fidelity_runs
 
+pytestmark = pytest.mark.long  # the long tier (make test-long): docs/design.md, "Test tiers"
+
 N = 4
 
 

@@ -18,7 +18,7 @@ from mpi_harness import load_ranks, mpirun
 HONOURED = ["OneBitAdam", "OneBitLamb", "Birder", "SLAMB", "ZeroOneAdam"]
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_clipping_is_honoured_or_refused_on_every_rank(n: int, out_dir) -> None:
     mpirun("clipping.py", n, out_dir, ",".join([*HONOURED, "Adasum", "Average", "PowerSGD"]), timeout=400)
     ranks = load_ranks(out_dir, n)

@@ -10,7 +10,7 @@ import pytest
 from mpi_harness import load_ranks, mpirun
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_comm_stats_counts_every_byte_of_the_optimizer_and_no_other(n: int, out_dir) -> None:
     mpirun("comm_stats.py", n, out_dir, timeout=300)
     ranks = load_ranks(out_dir, n)

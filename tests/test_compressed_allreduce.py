@@ -44,7 +44,7 @@ def _assert_close(got: np.ndarray, want: np.ndarray, what: str, rtol: float = 2.
     )
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_compressed_allreduce_matches_reference_at_every_call(n: int, launched) -> None:
     ranks = launched.ranks(n, FLOAT32)
     _compare(ranks, n, "float32", SIZES)
@@ -230,7 +230,7 @@ def test_reference_onebit_lamb_freezes_variance_and_clips_ratio() -> None:
     np.testing.assert_array_equal(st["lamb_coeff_freeze"], warm["lamb_coeff_freeze"])
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_pipelined_compressed_allreduce_over_mpi_matches_reference(n: int, out_dir) -> None:
     """From 2^20 elements the core pipelines the call over non-blocking MPI sends and receives
     (HVDC_ONEBIT_PIPELINE: pieces of 4096 elements here, so that every chunk is cut in many); the result, worker and

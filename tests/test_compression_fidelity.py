@@ -17,6 +17,8 @@ import statistics
 import pytest
 from mpi_harness import load_ranks, mpirun
 
+pytestmark = pytest.mark.long  # the long tier (make test-long): docs/design.md, "Test tiers"
+
 N, STEPS, EVERY, SEEDS = 4, 1200, 200, (1, 2, 3, 4, 5, 6)
 DENSE, WARMUP = 150, 550
 SPARSE_FROM = DENSE + WARMUP  # the first step at 1%

@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 from mpi_harness import WORKERS, launch, mpi_env
+
+pytestmark = pytest.mark.long  # the long tier (make test-long): docs/design.md, "Test tiers"
 
 
 def test_onebit_optimizers_within_two_percent_of_dense(tmp_path) -> None:

@@ -25,7 +25,8 @@ PORTED = ["test_orthogonal", "test_parallel", "test_stability", "test_stability_
 FOLDED = {"test_parallel", "test_stability", "test_stability_2"}  # Horovod's expectation needs a power of two
 
 
-@pytest.fixture(scope="module", params=[(n, m) for n in (2, 3, 4) for m in ("hc", "hvd")],
+@pytest.fixture(scope="module", params=[(n, m) if n < 4 else pytest.param((n, m), marks=pytest.mark.long)
+                                       for n in (2, 3, 4) for m in ("hc", "hvd")],
                 ids=lambda p: f"n{p[0]}-{p[1]}")
 def ranks(request, tmp_path_factory) -> tuple[int, str, list[dict]]:
     n, mode = request.param

@@ -33,7 +33,7 @@ ALIKE = ("OneBitAdam", "OneBitLamb", "BirderHierarchical", "SignSGD", "PowerSGD"
 PER_RANK = (*ERROR_FEEDBACK, "SLAMB", "Adasum")
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_horovod_resume_takes_rank_zeros_state_and_this_ranks_error_feedback(n: int, out_dir) -> None:
     mpirun("horovod_resume.py", n, out_dir, timeout=300)
     ranks = load_ranks(out_dir, n)

@@ -10,7 +10,7 @@ import pytest
 from mpi_harness import keras_face_env, load_pickled_ranks, load_ranks, mpirun
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_ranks_whose_lr_differs_raise_mismatch_on_every_rank_state_unchanged(n: int, out_dir) -> None:
     mpirun("hyper_agreement.py", n, out_dir, timeout=300)
     ranks = [rk["results"] for rk in load_ranks(out_dir, n)]
@@ -31,7 +31,8 @@ def test_ranks_whose_lr_differs_raise_mismatch_on_every_rank_state_unchanged(n: 
                 assert got["end"] == res["end"], f"{case}: rank {r}'s parameters differ from rank 0's"
 
 
-@pytest.mark.parametrize(("face", "n"), [("keras", 3), ("tf_keras", 2), ("keras", 4)])
+@pytest.mark.parametrize(("face", "n"), [("keras", 3), ("tf_keras", 2),
+                                           pytest.param("keras", 4, marks=pytest.mark.long)])
 def test_keras_ranks_whose_learning_rate_differs_raise_on_every_rank(face: str, n: int, out_dir) -> None:
     mpirun("keras_hyper_agreement.py", n, out_dir, face, timeout=400, env=keras_face_env(face))
     ranks = [rk["results"] for rk in load_pickled_ranks(out_dir, n)]

@@ -10,7 +10,7 @@ from mpi_harness import load_pickled_ranks, load_ranks, mpirun
 TIMEOUT = {"HVDC_TIMEOUT": "60"}  # a regression fails in a minute, not at the 300 s default
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_uneven_data_raises_on_every_rank_naming_the_rank_that_joined(n: int, out_dir) -> None:
     mpirun("join.py", n, out_dir, "ops", env=TIMEOUT, timeout=240)
     for r, rk in enumerate(load_ranks(out_dir, n)):

@@ -15,7 +15,7 @@ from mpi_harness import load_pickled_ranks, mpirun
 LR = 0.01
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_float8_scales_and_amax_histories_take_the_largest_rank_value(n: int, out_dir) -> None:
     pytest.importorskip("keras", minversion="3")
     mpirun("keras_float8.py", n, out_dir, timeout=400)

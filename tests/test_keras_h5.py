@@ -10,7 +10,8 @@ from mpi_harness import keras_face_env, load_pickled_ranks, mpirun
 OPS = ("Average", "OneBitAdam", "PowerSGD", "Adasum")
 
 
-@pytest.mark.parametrize(("face", "n"), [("tf_keras", 2), ("tf_keras", 3), ("tf_keras", 4), ("keras", 2)])
+@pytest.mark.parametrize(("face", "n"), [("tf_keras", 2), ("tf_keras", 3),
+                                           pytest.param("tf_keras", 4, marks=pytest.mark.long), ("keras", 2)])
 def test_hdf5_checkpoint_of_our_optimizer(face: str, n: int, out_dir) -> None:
     pytest.importorskip("h5py")
     pytest.importorskip("horovod.tensorflow.keras")

@@ -11,7 +11,8 @@ import pytest
 from mpi_harness import keras_face_env, load_pickled_ranks, mpirun
 
 
-@pytest.mark.parametrize(("face", "n"), [("tf_keras", 2), ("tf_keras", 3), ("tf_keras", 4), ("keras", 2)])
+@pytest.mark.parametrize(("face", "n"), [("tf_keras", 2), ("tf_keras", 3),
+                                           pytest.param("tf_keras", 4, marks=pytest.mark.long), ("keras", 2)])
 def test_horovods_broadcast_callback_on_our_optimizer(face: str, n: int, out_dir) -> None:
     pytest.importorskip("horovod.tensorflow.keras")
     mpirun("keras_horovod_callback.py", n, out_dir, face, timeout=400, env=keras_face_env(face))

@@ -23,7 +23,8 @@ def schedule_rates() -> list[float]:
     return [lr for lr in per_epoch for _ in range(STEPS)]
 
 
-@pytest.mark.parametrize(("face", "n"), [("keras", 2), ("keras", 3), ("keras", 4), ("tf_keras", 2)])
+@pytest.mark.parametrize(("face", "n"), [("keras", 2), ("keras", 3),
+                                           pytest.param("keras", 4, marks=pytest.mark.long), ("tf_keras", 2)])
 def test_learning_rate_callbacks_follow_horovods_rule(face: str, n: int, out_dir) -> None:
     mpirun("keras_lr_callbacks.py", n, out_dir, face, timeout=400, env=keras_face_env(face))
     ranks = load_pickled_ranks(out_dir, n)

@@ -10,7 +10,7 @@ import pytest
 from mpi_harness import load_ranks, mpirun
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_checkpoint_between_backward_and_step_resumes_exactly(n: int, out_dir) -> None:
     mpirun("mid_step_checkpoint.py", n, out_dir, timeout=300)
     for r, rk in enumerate(load_ranks(out_dir, n)):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import mpi_pool
@@ -48,10 +49,16 @@ def test_each_case_of_a_cases_launch_finds_no_state_of_the_case_before(tmp_path)
 
 
 def test_a_job_that_raises_fails_with_its_output_and_the_next_one_runs_on_a_new_pool(tmp_path) -> None:
+    """The error's first line names the rank, the op and the step (the worker's locals ``op`` and ``step``) and the
+    worker's line, and it holds that rank's traceback once: not every rank's."""
     bad, good = tmp_path / "bad", tmp_path / "good"
     bad.mkdir(), good.mkdir()
-    with pytest.raises(AssertionError, match="pool_probe: rank 1 raised"):
+    with pytest.raises(AssertionError, match="pool_probe: rank 1 raised") as failed:
         mpirun("pool_probe.py", 2, bad, "raise")
+    first = str(failed.value).splitlines()[0]
+    assert re.fullmatch(r"rank 1 of 2, op OneBitAdam, step 2, at pool_probe\.py:\d+: RuntimeError: pool_probe: "
+                        r"rank 1 raised", first), first
+    assert str(failed.value).count("Traceback (most recent call last)") == 1, str(failed.value)
     mpirun("pool_probe.py", 2, good, "leave")
     assert {f["pid"] for f in _found(bad)}.isdisjoint(f["pid"] for f in _found(good))
     assert not any(f["initialized"] or f["left"] for f in _found(good))

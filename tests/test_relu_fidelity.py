@@ -17,6 +17,8 @@ import math
 import pytest
 from mpi_harness import Cases, relu_fidelity_runs
 
+pytestmark = pytest.mark.long  # the long tier (make test-long): docs/design.md, "Test tiers"
+
 N = 4
 # (task, steps, freeze_step): 20% of the steps (paper 003: 15-25% of training), and 40% on the long MLP run,
 # which brings both optimizers within about 2% there (docs/algorithms/onebit-adam.md, 'Measured fidelity')

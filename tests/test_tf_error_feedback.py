@@ -68,7 +68,7 @@ def _reference(case: str, n: int) -> tuple[list[np.ndarray], list[np.ndarray], l
     return steps, errors, velocities
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_keras_topk_randomk_dgc_equal_the_reference_with_error_feedback_in_variables(n: int, out_dir: Path) -> None:
     mpirun("tf_error_feedback.py", n, out_dir, timeout=300)
     ranks = load_pickled_ranks(out_dir, n)
@@ -118,6 +118,7 @@ def test_keras_topk_randomk_dgc_equal_the_reference_with_error_feedback_in_varia
         assert rk["bad/float64"].startswith("ValueError") and "float32" in rk["bad/float64"], (r, rk["bad/float64"])
 
 
+@pytest.mark.long
 def test_keras_topk_one_percent_within_two_percent_of_dense_sgd_on_relu_digits(out_dir: Path) -> None:
     n, seeds = 4, (1, 2, 3)
     mpirun("keras_compression_fidelity.py", n, out_dir, "800", ",".join(map(str, seeds)), timeout=600)

@@ -18,7 +18,9 @@ os.environ["LEFT"] = "by an earlier job"
 horovod_entry.horovod_entry(False)  # Horovod's own entry points from here on, in this process
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
     json.dump(found, f)
-if mode == "raise" and rank == 1:
-    raise RuntimeError("pool_probe: rank 1 raised")
+op = "OneBitAdam"  # as a worker's loop names its op and step: the test side's failure line names both
+for step in range(3):
+    if mode == "raise" and rank == 1 and step == 2:
+        raise RuntimeError("pool_probe: rank 1 raised")
 if mode == "hang" and rank == 0:
     time.sleep(60)
