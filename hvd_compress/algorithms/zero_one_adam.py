@@ -69,8 +69,9 @@ def errors_to_lr(xp: Backend, errors: Any, error_lr: float, lr: float) -> None:
     """Spec Z21: bring the worker and server error of phase 2, made by a sync at ``error_lr``, to the units of a
     sync at ``lr`` before its exchange of u (L4): times lr / error_lr, rounded to float32 as the errors are; dropped
     where either lr is 0 (an error of lr 0 moves nothing, nor does any error at lr 0). The reference's
-    ``errors_to_lr`` is the same rule."""
-    if lr == error_lr > 0:
+    ``errors_to_lr`` is the same rule. A NaN ``error_lr`` (a checkpoint that did not record it) keeps the errors as
+    they are, in the units of this sync's lr: dropping them would lose what the checkpoint holds."""
+    if lr == error_lr > 0 or math.isnan(error_lr):
         return
     if lr > 0 and error_lr > 0:
         factor = float(np.float32(lr / error_lr))
@@ -581,4 +582,4 @@ class ZeroOneAdam(BucketedAlgorithm):
             self.xp.copy_(seg.u, saved["u"])
             self.xp.copy_(seg.anchor, saved["anchor"])
             seg.lrs = float(saved["lrs"])
-            seg.error_lr = float(saved.get("error_lr", 0.0))  # none saved: the errors are dropped at the next sync
+            seg.error_lr = float(saved.get("error_lr", math.nan))  # none saved: taken to be the next sync's
