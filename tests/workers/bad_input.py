@@ -3,6 +3,7 @@
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 
@@ -100,6 +101,24 @@ elif case == "gil":
     stop.set()
     t.join()
     caught["ticks"] = str(ticks[0])
+elif case == "slow_peer":
+    # Rank 0 alone is elsewhere (an evaluation, a checkpoint) for 3 s, longer than HVDC_STALL_WARNING (1 s) and far
+    # shorter than HVDC_TIMEOUT: the others warn on stderr (fd 2, written by the core) naming the collective and
+    # rank 0, then the collective completes. Each rank keeps what it wrote to fd 2 meanwhile.
+    with tempfile.TemporaryFile() as err:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            if r == 0:
+                time.sleep(3.0)
+            y = hc.allreduce(torch.full((2,), float(r + 1)), op=hc.Sum, name="Eval.metric")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        caught["stderr"] = err.read().decode(errors="replace")
+    caught["slow_peer"] = str(y.tolist())
 # After every error above, the ranks still agree and communicate.
 z = hc.allreduce(torch.full((3,), float(r)), op=hc.Sum)
 caught["recovered"] = str(z.tolist())
