@@ -11,8 +11,8 @@ from mpi_harness import ROOT, Cases, horovodrun, load_ranks, mpi_env, mpirun
 
 # The cases that end with a working collective, at one rank count in one launch.
 SLOW_PEER = (("slow_peer",), {"HVDC_STALL_WARNING": "1"})
-CASES = {2: [("dtype",), ("shape",), ("shape_2d",), SLOW_PEER],
-         3: [("dtype",), ("device",), ("shape",), ("shape_2d",), SLOW_PEER], 4: [("shape",)]}
+CASES = {2: [("dtype",), ("shape",), ("shape_2d",), SLOW_PEER, ("optimizers_differ",)],
+         3: [("dtype",), ("device",), ("shape",), ("shape_2d",), SLOW_PEER, ("optimizers_differ",)], 4: [("shape",)]}
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +96,23 @@ def test_slow_peer_is_waited_for_with_warnings_naming_the_collective_and_the_ran
             assert w.startswith(f"hvd_compress: rank {r} has waited "), f"rank {r} of {n}: {w}"
             assert "in Eval.metric (allreduce of float32 [2]) for rank 0 to join it" in w, f"rank {r} of {n}: {w}"
             assert "HVDC_TIMEOUT=3600 s" in w and "HVDC_STALL_WARNING=1 s" in w, f"rank {r} of {n}: {w}"
+    _recovered(caught, n)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_optimizers_that_differ_between_ranks_raise_naming_the_field_and_each_rank_value(n: int, launched) -> None:
+    caught = _caught(launched, n, "optimizers_differ")
+    ops = "".join(f" rank {r}={'OneBitAdam' if r == 0 else 'Average'};" for r in range(n))
+    freeze = "".join(f" rank {r}={10 if r == 0 else 20};" for r in range(n))
+    for r, c in enumerate(caught):
+        for case in ("op", "freeze_step"):
+            assert c[case].startswith("MismatchError"), f"rank {r} of {n}, {case}: {c[case]}"
+            # The ranks' hyper-parameters are equal: nothing may blame them.
+            assert "lr, momentum, betas, eps or weight decay" not in c[case], f"rank {r} of {n}: {c[case]}"
+            assert "hyper-parameters" not in c[case] and "lr:" not in c[case], f"rank {r} of {n}: {c[case]}"
+        assert f"\n  op:{ops}" in c["op"], f"rank {r} of {n}: {c['op']}"
+        assert f"\n  freeze_step:{freeze}" in c["freeze_step"], f"rank {r} of {n}: {c['freeze_step']}"
+        assert "\n  op:" not in c["freeze_step"], f"rank {r} of {n}: {c['freeze_step']}"
     _recovered(caught, n)
 
 

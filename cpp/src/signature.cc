@@ -136,9 +136,9 @@ std::vector<std::pair<std::string, std::string>> detail_fields(const std::string
 }
 
 // The ranks' names (a second exchange: every rank is here, since every rank found the same mismatch),
-// as lines of `out`: the shown names where they differ, then each detail that differs with every rank's
-// value ("(none)" where a rank's name has no such detail). Returns false when nothing could be told
-// apart (the differing part was cut off).
+// as lines of `out`: the shown names where they differ, then each detail that every rank's name has and
+// that differs, with every rank's value, then the keys of the details only some have. Returns false
+// when nothing could be told apart (the differing part was cut off).
 bool describe_names(std::ostringstream& out, Communicator& comm, const std::string& what, double timeout_s) {
   std::vector<char> mine(kNameBytes, '\0');
   std::memcpy(mine.data(), what.data(), std::min(what.size(), kNameBytes - 1));
@@ -157,14 +157,23 @@ bool describe_names(std::ostringstream& out, Communicator& comm, const std::stri
   for (const auto& f : fields)
     for (const auto& kv : f)
       if (std::find(keys.begin(), keys.end(), kv.first) == keys.end()) keys.push_back(kv.first);
+  // A detail that some ranks' calls lack (calls of different ops, whose options differ in kind) is
+  // named once, after those every rank has: listing each with its values would bury the op that differs.
+  std::string partial;
   for (const std::string& key : keys) {
     std::vector<std::string> values;
+    bool everywhere = true;
     for (const auto& f : fields) {
       const auto it = std::find_if(f.begin(), f.end(), [&](const auto& kv) { return kv.first == key; });
-      values.push_back(it == f.end() ? "(none)" : it->second);
+      everywhere &= it != f.end();
+      values.push_back(it == f.end() ? "" : it->second);
     }
-    describe(out, key.c_str(), values, [](const std::string& v) { return v; });
+    if (everywhere)
+      describe(out, key.c_str(), values, [](const std::string& v) { return v; });
+    else
+      partial += (partial.empty() ? "" : ", ") + key;
   }
+  if (!partial.empty()) out << "\n  details only some ranks' calls have: " << partial;
   return out.str().size() > before;
 }
 

@@ -119,12 +119,13 @@ void detail_mismatch(Failures& f, int n) {
                     : std::string("OneBitAdam.grad.0|op=OneBitAdam\nfreeze_step=") + (r == 0 ? "10" : "20") +
                           "\nlr=0.1";
   };
-  std::string op = "op:", freeze = "freeze_step:", shown = "name:";
+  std::string op = "op:", shown = "name:";
   for (int r = 0; r < n; ++r) {
     op += str(" rank ", r, "=", r == odd ? "Average" : "OneBitAdam", ";");
-    freeze += str(" rank ", r, "=", r == odd ? "(none)" : r == 0 ? "10" : "20", ";");
     shown += str(" rank ", r, "=", r == odd ? "DistributedOptimizer.grad.0" : "OneBitAdam.grad.0", ";");
   }
+  // The odd rank's call has no freeze_step: named once, without values.
+  const std::string freeze = "\n  details only some ranks' calls have: freeze_step";
   expect(
       f, "details differ", n,
       [&](int r) {
@@ -143,8 +144,26 @@ void detail_mismatch(Failures& f, int n) {
     if (comm.rank() == 0) message = o.message;
   });
   f.check(message.find("lr:") == std::string::npos && message.find('|') == std::string::npos &&
+              message.find("freeze_step:") == std::string::npos &&
               message.rfind("OneBitAdam.grad.0: ranks called it", 0) == 0,
           str("details differ at ", n, ": ", message));
+}
+
+// Ranks of one op whose option differs: that option, with every rank's value.
+void option_mismatch(Failures& f, int n) {
+  const auto name_of = [](int r) {
+    return std::string("OneBitAdam.grad.0|op=OneBitAdam\nfreeze_step=") + (r == 0 ? "10" : "20") + "\nlr=0.1";
+  };
+  std::string freeze = "freeze_step:";
+  for (int r = 0; r < n; ++r) freeze += str(" rank ", r, "=", r == 0 ? "10" : "20", ";");
+  expect(
+      f, "an option differs", n,
+      [&](int r) {
+        CallSignature s = base_signature();
+        s.name_hash = fnv1a(name_of(r).data(), name_of(r).size());
+        return s;
+      },
+      "MismatchError", {freeze}, kNameExchangeBytes, name_of);
 }
 
 // Rank `late` joins after `late_s`, longer than the warning interval and shorter than the timeout: every other
@@ -236,6 +255,7 @@ int main() {
     hvdc::agreement(f, n);
     if (n > 1) hvdc::mismatch(f, n);
     if (n > 1) hvdc::detail_mismatch(f, n);
+    if (n > 1) hvdc::option_mismatch(f, n);
     if (n > 1) hvdc::late_rank_warned(f, n, n == 2 ? 0 : 1);
     hvdc::rejection(f, n, n - 1, "tensor is not contiguous", "tensor is not contiguous");
     hvdc::rejection(f, n, 0, "bad dtype", "bad dtype");

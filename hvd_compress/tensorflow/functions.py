@@ -18,6 +18,7 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
 from hvd_compress import ops
+from hvd_compress.algorithms import agreement
 from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops import masks as mask_ops
 from hvd_compress.ops import onebit as onebit_ops
@@ -297,7 +298,8 @@ def broadcast_values(tensors: Sequence[Any], root_rank: int = 0, name: str | Non
         with process_sets.scope(ps):
             for i, o in enumerate(outs):
                 if o.size:  # as bytes: every dtype (int64 step counters, bool, bfloat16) travels alike
-                    process_sets.broadcast_in_set(o.reshape(-1).view(np.uint8), int(root_rank), f"{name}.{i}", ps)
+                    process_sets.broadcast_in_set(o.reshape(-1).view(np.uint8), int(root_rank),
+                                                  agreement.indexed(name, i), ps)
         return outs
 
     outs = numpy_call(run, inputs, [t.dtype for t in inputs], name)

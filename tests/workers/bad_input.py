@@ -101,6 +101,20 @@ elif case == "gil":
     stop.set()
     t.join()
     caught["ticks"] = str(ticks[0])
+elif case == "optimizers_differ":
+    # Rank 0's optimizer wrapper differs from the others': another op (OneBitAdam against Average), then another
+    # option (freeze_step 10 against 20). The first step raises on every rank, naming what differs.
+    def first_step(**options):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        opt = hc.DistributedOptimizer(torch.optim.Adam(model.parameters()), named_parameters=model.named_parameters(),
+                                      **options)
+        x = torch.randn(8, 6)
+        torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+        opt.step()
+
+    attempt("op", lambda: first_step(**({"op": hc.OneBitAdam, "freeze_step": 10} if r == 0 else {"op": hc.Average})))
+    attempt("freeze_step", lambda: first_step(op=hc.OneBitAdam, freeze_step=10 if r == 0 else 20))
 elif case == "slow_peer":
     # Rank 0 alone is elsewhere (an evaluation, a checkpoint) for 3 s, longer than HVDC_STALL_WARNING (1 s) and far
     # shorter than HVDC_TIMEOUT: the others warn on stderr (fd 2, written by the core) naming the collective and
