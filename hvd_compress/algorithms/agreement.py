@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hvd_compress import ops
+from hvd_compress.ops import call_names
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.ops.errors import MismatchError
@@ -86,12 +87,6 @@ def with_details(name: str, details: Mapping[str, Any]) -> str:
     return f"{name}|" + "\n".join(lines)
 
 
-def indexed(name: str, i: int) -> str:
-    """``name`` (perhaps with details: ``with_details``) with ``.i`` added to the part messages show."""
-    shown, bar, details = name.partition("|")
-    return f"{shown}.{i}{bar}{details}"
-
-
 #: A line of the core's MismatchError that names a field whose value differs: "  <field>: rank 0=...".
 _DIFFERING = re.compile(r"^  (.+?): rank 0=", re.MULTILINE)
 
@@ -127,7 +122,7 @@ def nonfinite_everywhere(xp: Backend, buffers: Sequence[Tensor], meter: CommMete
     would come after an earlier one's state (error feedback, moments) changed: agreeing first keeps a rejected
     step free of side effects."""
     local = sum(int(xp.any_nonfinite(b)) for b in buffers)
-    return counts_everywhere(xp, buffers[0], [local], meter, f"{name}.finite")[0]
+    return counts_everywhere(xp, buffers[0], [local], meter, call_names.suffixed(name, ".finite"))[0]
 
 
 def counts_everywhere(xp: Backend, like: Tensor, counts: Sequence[int], meter: CommMeter, name: str) -> list[int]:
