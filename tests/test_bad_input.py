@@ -10,8 +10,9 @@ import pytest
 from mpi_harness import ROOT, Cases, horovodrun, load_ranks, mpi_env, mpirun
 
 # The cases that end with a working collective, at one rank count in one launch.
-CASES = {2: [("dtype",), ("shape",), ("shape_2d",)], 3: [("dtype",), ("device",), ("shape",), ("shape_2d",)],
-         4: [("shape",)]}
+SLOW_PEER = (("slow_peer",), {"HVDC_STALL_WARNING": "1"})
+CASES = {2: [("dtype",), ("shape",), ("shape_2d",), SLOW_PEER, ("optimizers_differ",)],
+         3: [("dtype",), ("device",), ("shape",), ("shape_2d",), SLOW_PEER, ("optimizers_differ",)], 4: [("shape",)]}
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +79,50 @@ def test_same_numel_in_different_shapes_raises_mismatch_naming_each_rank_shape(n
     _recovered(caught, n)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_slow_peer_is_waited_for_with_warnings_naming_the_collective_and_the_rank(n: int, launched) -> None:
+    caught = [rk["caught"] for rk in launched.ranks(n, SLOW_PEER)]
+    want = str([float(n * (n + 1) // 2)] * 2)
+    for r, c in enumerate(caught):
+        assert c["slow_peer"] == want, f"rank {r} of {n}: {c['slow_peer']}, want {want}"
+        warnings = [w for w in c["stderr"].splitlines() if "has waited" in w]
+        if r == 0:  # the late rank waits for nobody
+            assert not warnings, f"rank 0 of {n} warned: {warnings}"
+            continue
+        # At 1 s and 2 s of rank 0's 3 s (a loaded machine may let one pass), each naming the collective (its
+        # name, kind, dtype and shape) and rank 0 alone: the other ranks joined at once.
+        assert len(warnings) >= 1, f"rank {r} of {n}: no warning on stderr: {c['stderr']!r}"
+        for w in warnings:
+            assert w.startswith(f"hvd_compress: rank {r} has waited "), f"rank {r} of {n}: {w}"
+            assert "in Eval.metric (allreduce of float32 [2]) for rank 0 to join it" in w, f"rank {r} of {n}: {w}"
+            assert "HVDC_TIMEOUT=3600 s" in w and "HVDC_STALL_WARNING=1 s" in w, f"rank {r} of {n}: {w}"
+    _recovered(caught, n)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_optimizers_that_differ_between_ranks_raise_naming_the_field_and_each_rank_value(n: int, launched) -> None:
+    caught = _caught(launched, n, "optimizers_differ")
+    ops = "".join(f" rank {r}={'OneBitAdam' if r == 0 else 'Average'};" for r in range(n))
+    freeze = "".join(f" rank {r}={10 if r == 0 else 20};" for r in range(n))
+    for r, c in enumerate(caught):
+        for case in ("op", "freeze_step"):
+            assert c[case].startswith("MismatchError"), f"rank {r} of {n}, {case}: {c[case]}"
+            # The ranks' hyper-parameters are equal: nothing may blame them.
+            assert "lr, momentum, betas, eps or weight decay" not in c[case], f"rank {r} of {n}: {c[case]}"
+            assert "hyper-parameters" not in c[case] and "lr:" not in c[case], f"rank {r} of {n}: {c[case]}"
+        assert f"\n  op:{ops}" in c["op"], f"rank {r} of {n}: {c['op']}"
+        assert f"\n  freeze_step:{freeze}" in c["freeze_step"], f"rank {r} of {n}: {c['freeze_step']}"
+        assert "\n  op:" not in c["freeze_step"], f"rank {r} of {n}: {c['freeze_step']}"
+    _recovered(caught, n)
+
+
 def test_peer_that_never_joins_gives_timeout_error_not_hang(out_dir) -> None:
     # Rank 0 leaves without MPI_Finalize (its request can never complete), so mpirun reports an
     # abnormal exit: the verdict comes from what rank 0 recorded.
     mpirun("bad_input.py", 2, out_dir, "timeout", timeout=60, check=False)
     c0 = load_ranks(out_dir, 1)[0]["caught"]
     assert c0["timeout"].startswith("CommTimeoutError") and "HVDC_TIMEOUT" in c0["timeout"], c0
+    assert " s for rank 1 to join a collective" in c0["timeout"], c0  # the rank it waited for, by number
     assert 1.5 <= float(c0["waited"]) < 5.0, c0
     # The communicator is unusable after a timeout; later calls say so instead of hanging.
     assert c0["after_timeout"].startswith("CommTimeoutError") and "restarted" in c0["after_timeout"], c0

@@ -6,6 +6,8 @@ every op with and without overlap (top-k: without; workers/hyper_agreement.py)."
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from mpi_harness import keras_face_env, load_pickled_ranks, load_ranks, mpirun
 
@@ -22,6 +24,11 @@ def test_ranks_whose_lr_differs_raise_mismatch_on_every_rank_state_unchanged(n: 
             assert caught.startswith("MismatchError") and "hyper-parameters" in caught, (case, r, caught)
             lr = "0.03" if r == n - 1 else "0.01"
             assert f"group 0: lr={lr}, " in caught and "group 1: lr=0.02, " in caught, (case, r, caught)
+            # The core names the lr that differs, with every rank's value (an algorithm's bucket holds one group:
+            # "lr"; op=Average's names carry every group: "lr (group 0)"), and not the one that agrees.
+            rates = "".join(f" rank {q}={0.03 if q == n - 1 else 0.01};" for q in range(n))
+            assert re.search(rf"\n  lr( \(group 0\))?:{rates}", caught), (case, r, caught)
+            assert "lr (group 1):" not in caught and "rank 0=0.02" not in caught, (case, r, caught)
             # Refused as a whole: parameters and every state (the algorithm's included) as before the step.
             assert got["after_error"] == got["before"], (case, r)
             assert got["next"] == "no error", (case, r, got["next"])
@@ -48,3 +55,22 @@ def test_keras_ranks_whose_learning_rate_differs_raise_on_every_rank(face: str, 
         listed = [rk[op]["caught"].split("This rank's: ")[1].split(",")[0] for rk in ranks]
         assert all(x.startswith(("group 0: lr=", "group 0: learning_rate=")) for x in listed), (op, listed)
         assert len(set(listed[:-1])) == 1 and listed[-1] != listed[0], (op, listed)
+        # ... and the core names the learning rate that differs (read from a float32 variable), with each rank's.
+        assert re.search(r"\n  (lr|learning_rate): rank 0=0\.0099\d*; rank 1=0\.0", ranks[0][op]["caught"]), (
+            op, ranks[0][op]["caught"])
+    # Optimizer wrappers that differ between ranks: the message names what differs, with every rank's value, and
+    # does not blame hyper-parameters that are equal.
+    differs = [rk["differs"] for rk in load_pickled_ranks(out_dir, n)]
+    ops = "".join(f" rank {r}={'OneBitAdam' if r == 0 else 'Average'};" for r in range(n))
+    freeze = "".join(f" rank {r}={10 if r == 0 else 20};" for r in range(n))
+    for r, d in enumerate(differs):
+        for case, text in d.items():
+            assert "MismatchError" in text, (face, n, r, case, text)  # inside a tf.function: an UnknownError
+            assert "lr, momentum, betas, eps or weight decay" not in text and "hyper-parameters" not in text, (
+                face, n, r, case, text)
+        assert f"\n  op:{ops}" in d["op"], (face, n, r, d["op"])
+        assert f"\n  freeze_step:{freeze}" in d["freeze_step"], (face, n, r, d["freeze_step"])
+        assert "\n  op:" not in d["freeze_step"], (face, n, r, d["freeze_step"])
+        callback = d["callback"]
+        assert "The ranks' optimizers differ" in callback and "\n  optimizer: rank 0=DistributedOptimizer(op=" \
+            "OneBitAdam, freeze_step=10) around Adam;" in callback, (face, n, r, callback)

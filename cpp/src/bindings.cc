@@ -163,10 +163,12 @@ NB_MODULE(_core, m) {
       .def(
           "__init__",
           [](Runtime* self, intptr_t comm_handle, double timeout_s, int local_size,
-             const std::string& invalid, bool scalar_kernels, int64_t onebit_piece) {
+             const std::string& invalid, bool scalar_kernels, int64_t onebit_piece,
+             double stall_warning_s) {
             RuntimeConfig config;
             if (onebit_piece >= 0) config.onebit_pipeline.piece = onebit_piece;
             config.timeout_s = timeout_s;
+            config.stall_warning_s = stall_warning_s;
             config.local_size = local_size;
             config.invalid = invalid;
             config.kernels = scalar_kernels ? KernelChoice::kScalar : KernelChoice::kAuto;
@@ -177,16 +179,19 @@ NB_MODULE(_core, m) {
           },
           nb::arg("comm_handle"), nb::arg("timeout_s"), nb::arg("local_size") = 0,
           nb::arg("invalid") = "", nb::arg("scalar_kernels") = false,
-          nb::arg("onebit_piece") = -1,
+          nb::arg("onebit_piece") = -1, nb::arg("stall_warning_s") = 60.0,
           "Runtime over the MPI communicator whose handle mpi4py gives as comm.handle; collective. "
           "local_size: HVDC_LOCAL_SIZE (0: the shared-memory node). invalid: why this rank's "
           "settings are invalid (raises UsageError on every rank), else empty. scalar_kernels: "
           "HVDC_ONEBIT_KERNELS=scalar (the element-wise kernels run the portable code). "
           "onebit_piece: HVDC_ONEBIT_PIPELINE, elements per piece of the pipelined 1-bit "
-          "collective (0: never pipeline; -1: the default).")
+          "collective (0: never pipeline; -1: the default). stall_warning_s: HVDC_STALL_WARNING, "
+          "seconds between the warnings of a collective waiting for ranks that have not joined "
+          "(0: none).")
       .def_prop_ro("rank", &Runtime::rank)
       .def_prop_ro("size", &Runtime::size)
       .def_prop_rw("timeout", &Runtime::timeout, &Runtime::set_timeout)
+      .def_prop_ro("stall_warning", &Runtime::stall_warning)
       .def_prop_ro("scalar_kernels",
                    [](const Runtime& rt) { return rt.kernels() == KernelChoice::kScalar; })
       .def(

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -385,30 +387,92 @@ void MpiCommunicator::allgather(const void* send, void* recv, size_t bytes) {
   stats_.add(bytes * (size_ - 1), bytes * (size_ - 1));
 }
 
-void MpiCommunicator::allgather_timed(const void* send, void* recv, size_t bytes, double timeout_s) {
+namespace {
+
+// Tag of allgather_timed's blocks, apart from sendrecv (7), the ring (9) and isend/irecv (64 and up).
+constexpr int kJoinTag = 8;
+
+}  // namespace
+
+// Point to point, not MPI_Iallgather: a receive per peer tells which ranks have joined (a collective
+// request tells only that some rank has not), for the warnings and the timeout's message. The
+// blocks are a call's signature (256 bytes), so n - 1 small messages each way cost no more than
+// the collective's rounds.
+void MpiCommunicator::allgather_timed(const void* send, void* recv, size_t bytes, double timeout_s,
+                                      const JoinWatch& join) {
   if (bytes >= kMaxChunkBytes) throw UsageError("allgather block too large");
-  MPI_Request req;
-  check(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
-                       MPI_BYTE, comm_, &req),
-        "MPI_Iallgather");
-  double waited = 0;
+  auto* out = static_cast<char*>(recv);
+  if (bytes > 0) std::memmove(out + bytes * rank_, send, bytes);
+  // The block sent is this communicator's own copy: a failed call leaves sends it cannot cancel,
+  // which must not read the caller's freed buffer. One call at a time per communicator.
+  join_send_.assign(static_cast<const char*>(send), static_cast<const char*>(send) + bytes);
+  std::vector<MPI_Request> recvs(size_, MPI_REQUEST_NULL), sends;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    check(MPI_Irecv(out + bytes * r, static_cast<int>(bytes), MPI_BYTE, r, kJoinTag, comm_, &recvs[r]),
+          "MPI_Irecv");
+    sends.emplace_back();
+    check(MPI_Isend(join_send_.data(), static_cast<int>(bytes), MPI_BYTE, r, kJoinTag, comm_, &sends.back()),
+          "MPI_Isend");
+  }
+  std::vector<MPI_Request> all(recvs);
+  all.insert(all.end(), sends.begin(), sends.end());
+  // The ranks whose block has not arrived (a completed receive is set to MPI_REQUEST_NULL by MPI_Test).
+  const auto missing = [&] {
+    std::vector<int> late;
+    for (int r = 0; r < size_; ++r) {
+      int done = 1;
+      if (all[r] != MPI_REQUEST_NULL) check(MPI_Test(&all[r], &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (!done) late.push_back(r);
+    }
+    return late;
+  };
+  const double start = now_s();
+  const double forever = std::numeric_limits<double>::infinity();
+  const double limit = timeout_s > 0 ? timeout_s : forever;
+  double next_report = join.every_s > 0 ? join.every_s : forever;
+  Waited result = Waited::kDone;
   int gone = -1;
-  const Waited result = wait_yielding(1, &req, timeout_s, &waited, watch_.get(), &gone, 0.0);
-  // Not done: the request cannot be cancelled portably; it is left pending and this communicator
-  // must not be used again. The caller turns this into an error on this rank.
+  for (;;) {
+    // Until the next report or the timeout, whichever comes first (neither: no limit).
+    const double until = std::min(limit, next_report);
+    const double slice = until == forever ? 0 : std::max(until - (now_s() - start), 1e-6);
+    double waited = 0;
+    result = wait_yielding(static_cast<int>(all.size()), all.data(), slice, &waited, watch_.get(), &gone, 0.0);
+    if (result != Waited::kTimedOut) break;
+    waited = now_s() - start;
+    if (waited >= limit) break;
+    if (waited >= next_report) {
+      const std::vector<int> late = missing();
+      if (!late.empty() && join.report) join.report(waited, late);
+      next_report += join.every_s;
+    }
+  }
+  if (result == Waited::kDone) {
+    stats_.add(bytes * (size_ - 1), bytes * (size_ - 1));
+    return;
+  }
+  // Failed: the late ranks' receives are cancelled (their blocks must not land in the caller's freed
+  // buffer); sends that cannot complete are left to MPI. The caller must not use this communicator
+  // again (a late block would match a later call's receive), and turns this into an error.
+  const std::vector<int> late = missing();
+  for (int r : late) {
+    MPI_Cancel(&all[r]);
+    MPI_Wait(&all[r], MPI_STATUS_IGNORE);
+  }
+  for (size_t i = size_; i < all.size(); ++i)
+    if (all[i] != MPI_REQUEST_NULL) MPI_Request_free(&all[i]);
   if (result == Waited::kPeerLeft)
     throw PeerExitedError("rank " + std::to_string(gone) +
                           " left the job (its process exited: its script ended or called sys.exit) while rank " +
                           std::to_string(rank_) +
                           " waited for it to join this collective; every rank must make the same collective calls "
                           "until all are done");
-  if (result == Waited::kTimedOut) {
-    throw CommTimeoutError("rank " + std::to_string(rank_) + " waited " +
-                           std::to_string(static_cast<int>(waited)) +
-                           " s for the other ranks to join a collective; a peer is dead or "
-                           "running different code (HVDC_TIMEOUT sets the limit)");
-  }
-  stats_.add(bytes * (size_ - 1), bytes * (size_ - 1));
+  throw CommTimeoutError("rank " + std::to_string(rank_) + " waited " +
+                         std::to_string(static_cast<int>(now_s() - start)) + " s for " +
+                         (late.empty() ? std::string("the other ranks") : rank_list(late)) +
+                         " to join a collective; a peer is dead or running different code (HVDC_TIMEOUT sets "
+                         "the limit)");
 }
 
 void MpiCommunicator::sendrecv(const void* send, size_t send_bytes, int dst, void* recv,

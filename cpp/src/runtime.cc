@@ -31,10 +31,12 @@ int adasum_op(bool hierarchical) {
 Runtime::Runtime(std::unique_ptr<Communicator> world, const RuntimeConfig& config,
                  const NodeSplit& shared_node)
     : world_(std::move(world)),
-      timeout_s_(config.timeout_s),
       kernels_(config.kernels),
       onebit_pipeline_(config.onebit_pipeline) {
-  world_->set_stall_timeout(timeout_s_);
+  wait_.timeout_s = config.timeout_s;
+  wait_.warn_every_s = config.stall_warning_s;
+  wait_.warn = config.warn;
+  world_->set_stall_timeout(wait_.timeout_s);
   // Every rank must split the same way: agree on the local size (and on every rank's settings
   // being valid) before any split.
   CallSignature settings;
@@ -65,7 +67,7 @@ void Runtime::agree(const CallSignature& sig, const std::string& what) {
     throw CommTimeoutError(message);
   }
   try {
-    agree_on_signature(*world_, sig, timeout_s_, what.empty() ? "hvd_compress collective" : what);
+    agree_on_signature(*world_, sig, wait_, what.empty() ? "hvd_compress collective" : what);
   } catch (const CommTimeoutError& e) {
     broken_ = true;
     broken_by_ = e.what();
@@ -309,9 +311,11 @@ CommStats Runtime::sparse_allreduce(const TensorView& buffer, const TensorView& 
   sig.ntensors = spec.segments.empty() ? 1 : static_cast<int64_t>(spec.segments.size());
   const std::string why = sparse_check_input(buffer, error, velocity, spec);
   if (!why.empty()) set_rejected(sig, why);
+  const CallName call = split_call_name(name);
   const std::string what = std::string("allreduce(compression=") + sparse_kind_name(spec.kind) +
-                           (name.empty() ? "" : ", name=" + name) +
-                           ") [kind, ratio, seed, momentum and step must match on every rank]";
+                           (call.shown.empty() ? "" : ", name=" + call.shown) +
+                           ") [kind, ratio, seed, momentum and step must match on every rank]" +
+                           (call.details.empty() ? "" : "|" + call.details);
   return run(sig, what, [&] { sparse_allreduce_prepared(*world_, buffer, error, velocity, spec); });
 }
 

@@ -1,5 +1,6 @@
 #include "hvdc/signature.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -91,9 +92,9 @@ void set_rejected(CallSignature& sig, const std::string& why) {
 namespace {
 
 // Adds "field: rank 0=...; rank 1=...;" to `out` when `key` differs between ranks.
-template <typename Key, typename Show>
-void describe(std::ostringstream& out, const char* field, const std::vector<CallSignature>& all,
-              Key key, Show show) {
+template <typename Item, typename Key, typename Show>
+void describe(std::ostringstream& out, const char* field, const std::vector<Item>& all, Key key,
+              Show show) {
   bool differs = false;
   for (const auto& s : all) differs |= key(s) != key(all[0]);
   if (!differs) return;
@@ -101,19 +102,134 @@ void describe(std::ostringstream& out, const char* field, const std::vector<Call
   for (size_t r = 0; r < all.size(); ++r) out << " rank " << r << "=" << show(all[r]) << ";";
 }
 
-template <typename Get>
-void describe(std::ostringstream& out, const char* field, const std::vector<CallSignature>& all,
-              Get get) {
+template <typename Item, typename Get>
+void describe(std::ostringstream& out, const char* field, const std::vector<Item>& all, Get get) {
   describe(out, field, all, get, get);
 }
 
 }  // namespace
 
-void agree_on_signature(Communicator& comm, const CallSignature& sig, double timeout_s,
-                        const std::string& what) {
+namespace {
+
+// Each rank's name in the second exchange of a mismatch, cut to fit.
+constexpr size_t kNameBytes = 2048;
+
+// "allreduce of float32 [4, 5]": what the call moves, for a warning.
+std::string call_text(const CallSignature& sig) {
+  std::string shape(sig.shape, strnlen(sig.shape, sizeof(sig.shape)));
+  std::string out = collective_name(sig.collective);
+  if (sig.collective != kJoin && sig.collective != kInit)
+    out += std::string(" of ") + dtype_name(DType(sig.dtype)) + " " + shape;
+  return out;
+}
+
+// The "key=value" lines of a name's details, in order (a line without '=' is a key with no value).
+std::vector<std::pair<std::string, std::string>> detail_fields(const std::string& details) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  std::istringstream in(details);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const size_t eq = line.find('=');
+    fields.emplace_back(line.substr(0, eq), eq == std::string::npos ? "" : line.substr(eq + 1));
+  }
+  return fields;
+}
+
+// The ranks' names (a second exchange: every rank is here, since every rank found the same mismatch),
+// as lines of `out`: the shown names where they differ, then each detail that every rank's name has and
+// that differs, with every rank's value, then the keys of the details only some have. Returns false
+// when nothing could be told apart (the differing part was cut off).
+bool describe_names(std::ostringstream& out, Communicator& comm, const std::string& what, double timeout_s) {
+  std::vector<char> mine(kNameBytes, '\0');
+  std::memcpy(mine.data(), what.data(), std::min(what.size(), kNameBytes - 1));
+  std::vector<char> all(kNameBytes * comm.size());
+  comm.allgather_timed(mine.data(), all.data(), kNameBytes, timeout_s);
+  std::vector<CallName> names;
+  std::vector<std::vector<std::pair<std::string, std::string>>> fields;
+  for (int r = 0; r < comm.size(); ++r) {
+    const char* text = all.data() + kNameBytes * r;
+    names.push_back(split_call_name(std::string(text, strnlen(text, kNameBytes - 1))));
+    fields.push_back(detail_fields(names.back().details));
+  }
+  const size_t before = out.str().size();
+  describe(out, "name", names, [](const CallName& n) { return n.shown; });
+  std::vector<std::string> keys;  // every rank's keys, in the order they first appear
+  for (const auto& f : fields)
+    for (const auto& kv : f)
+      if (std::find(keys.begin(), keys.end(), kv.first) == keys.end()) keys.push_back(kv.first);
+  // A detail that some ranks' calls lack (calls of different ops, whose options differ in kind) is
+  // named once, after those every rank has: listing each with its values would bury the op that differs.
+  std::string partial;
+  for (const std::string& key : keys) {
+    std::vector<std::string> values;
+    bool everywhere = true;
+    for (const auto& f : fields) {
+      const auto it = std::find_if(f.begin(), f.end(), [&](const auto& kv) { return kv.first == key; });
+      everywhere &= it != f.end();
+      values.push_back(it == f.end() ? "" : it->second);
+    }
+    if (everywhere)
+      describe(out, key.c_str(), values, [](const std::string& v) { return v; });
+    else
+      partial += (partial.empty() ? "" : ", ") + key;
+  }
+  if (!partial.empty()) out << "\n  details only some ranks' calls have: " << partial;
+  return out.str().size() > before;
+}
+
+}  // namespace
+
+const char* collective_name(int32_t c) {
+  switch (c) {
+    case kAllreduce: return "allreduce";
+    case kBroadcast: return "broadcast";
+    case kAdasum: return "Adasum allreduce";
+    case kCompressedAllreduce: return "1-bit compressed allreduce";
+    case kInit: return "start-up exchange";
+    case kAllgather: return "allgather";
+    case kMaskedAllreduce: return "masked allreduce";
+    case kSparseAllreduce: return "sparse allreduce";
+    case kHierarchicalCompressedAllreduce: return "hierarchical 1-bit allreduce";
+    case kMaskedGather: return "masked gather";
+    case kJoin: return "join";
+    default: return "collective";
+  }
+}
+
+CallName split_call_name(const std::string& name) {
+  const size_t bar = name.find('|');
+  if (bar == std::string::npos) return {name, ""};
+  return {name.substr(0, bar), name.substr(bar + 1)};
+}
+
+void agree_on_signature(Communicator& comm, const CallSignature& sig, const JoinWait& wait,
+                        const std::string& what_in) {
+  const std::string what = split_call_name(what_in).shown;
   std::vector<CallSignature> all(comm.size());
+  // A rank that has not joined after wait.warn_every_s: say so on this rank, and again at that
+  // interval, naming the call and the ranks missing (a rank busy elsewhere, such as rank 0 alone
+  // evaluating or checkpointing, joins late; one that exited is named at once by its goodbye).
+  Communicator::JoinWatch join;
+  join.every_s = wait.warn_every_s;
+  join.report = [&](double waited_s, const std::vector<int>& missing) {
+    char head[96];
+    std::snprintf(head, sizeof head, "hvd_compress: rank %d has waited %.0f s in ", comm.rank(), waited_s);
+    char tail[160];
+    std::snprintf(tail, sizeof tail, "HVDC_TIMEOUT=%.0f s; HVDC_STALL_WARNING=%.0f s sets how often this repeats",
+                  wait.timeout_s, wait.warn_every_s);
+    const std::string message =
+        head + what + " (" + call_text(sig) + ") for " + rank_list(missing) +
+        " to join it. Still waiting: a rank busy elsewhere (evaluation, checkpointing) joins late; it raises "
+        "CommTimeoutError after " + (wait.timeout_s > 0 ? tail : std::string("never (HVDC_TIMEOUT <= 0)")) + ".";
+    if (wait.warn) {
+      wait.warn(message);
+    } else {
+      std::fprintf(stderr, "%s\n", message.c_str());
+      std::fflush(stderr);
+    }
+  };
   try {  // a rank that never joins: the error names the collective this rank waited in
-    comm.allgather_timed(&sig, all.data(), sizeof(CallSignature), timeout_s);
+    comm.allgather_timed(&sig, all.data(), sizeof(CallSignature), wait.timeout_s, join);
   } catch (const PeerExitedError& e) {
     throw PeerExitedError(what + ": " + e.what());
   } catch (const CommTimeoutError& e) {
@@ -152,7 +268,10 @@ void agree_on_signature(Communicator& comm, const CallSignature& sig, double tim
       [](const CallSignature& s) { return std::string(s.shape); });
   describe(out, "tensor count", all, [](const CallSignature& s) { return s.ntensors; });
   describe(out, "tensor sizes (hash)", all, [](const CallSignature& s) { return s.layout_hash; });
-  describe(out, "name (hash)", all, [](const CallSignature& s) { return s.name_hash; });
+  bool names_differ = false;
+  for (const auto& s : all) names_differ |= s.name_hash != all[0].name_hash;
+  if (names_differ && !describe_names(out, comm, what_in, wait.timeout_s))
+    describe(out, "name (hash)", all, [](const CallSignature& s) { return s.name_hash; });
   throw MismatchError(out.str());
 }
 

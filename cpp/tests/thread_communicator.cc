@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -186,29 +187,14 @@ ThreadCommunicator::ThreadCommunicator(std::shared_ptr<ThreadMailbox> box, int r
 
 ThreadCommunicator::~ThreadCommunicator() = default;
 
-void ThreadCommunicator::gather_blocks(const void* send, void* recv, size_t bytes,
-                                       double timeout_s) const {
-  const bool timed = timeout_s > 0;
-  const Clock::time_point start = Clock::now();
-  // One deadline for the whole call, as MpiCommunicator's one wait on one request.
-  const Clock::time_point deadline =
-      timed ? start + std::chrono::duration_cast<Clock::duration>(
-                          std::chrono::duration<double>(timeout_s))
-            : start;
+void ThreadCommunicator::gather_blocks(const void* send, void* recv, size_t bytes) const {
   auto* out = static_cast<unsigned char*>(recv);
   for (int dst = 0; dst < size_; ++dst)
     if (dst != rank_) box_->post(kCollective, rank_, dst, send, bytes);
   if (bytes > 0) std::memmove(out + bytes * rank_, send, bytes);
-  for (int src = 0; src < size_; ++src) {
-    if (src == rank_) continue;
-    if (!box_->take(kCollective, src, rank_, out + bytes * src, bytes, timed, deadline,
-                    "allgather"))
-      // The same words as MpiCommunicator: callers and tests see one error whatever the transport.
-      throw CommTimeoutError("rank " + std::to_string(rank_) + " waited " +
-                             std::to_string(static_cast<int>(seconds_since(start))) +
-                             " s for the other ranks to join a collective; a peer is dead or "
-                             "running different code (HVDC_TIMEOUT sets the limit)");
-  }
+  for (int src = 0; src < size_; ++src)
+    if (src != rank_)
+      box_->take(kCollective, src, rank_, out + bytes * src, bytes, false, Clock::time_point{}, "allgather");
 }
 
 void ThreadCommunicator::allreduce_sum(void* buf, int64_t count, DType dtype) {
@@ -216,7 +202,7 @@ void ThreadCommunicator::allreduce_sum(void* buf, int64_t count, DType dtype) {
     throw UsageError(std::string("MPI sum is not defined for ") + dtype_name(dtype));
   const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
   std::vector<unsigned char> all(bytes * size_);
-  gather_blocks(buf, all.data(), bytes, 0);
+  gather_blocks(buf, all.data(), bytes);
   if (dtype == DType::kFloat32)
     sum_in_rank_order<float>(all.data(), size_, count, buf);
   else
@@ -230,7 +216,7 @@ void ThreadCommunicator::allreduce_op(void* buf, int64_t count, DType dtype, Red
     throw UsageError(std::string("ThreadCommunicator: no element-wise op ") + reduce_op_name(op));
   const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
   std::vector<unsigned char> all(bytes * size_);
-  gather_blocks(buf, all.data(), bytes, 0);
+  gather_blocks(buf, all.data(), bytes);
   const unsigned char* a = all.data();
   switch (dtype) {
     case DType::kFloat32: reduce_in_rank_order<float>(a, size_, count, buf, op); break;
@@ -247,13 +233,50 @@ void ThreadCommunicator::allreduce_op(void* buf, int64_t count, DType dtype, Red
 }
 
 void ThreadCommunicator::allgather(const void* send, void* recv, size_t bytes) {
-  gather_blocks(send, recv, bytes, 0);
+  gather_blocks(send, recv, bytes);
   stats_.add(bytes * (size_ - 1), bytes * (size_ - 1));
 }
 
 void ThreadCommunicator::allgather_timed(const void* send, void* recv, size_t bytes,
-                                         double timeout_s) {
-  gather_blocks(send, recv, bytes, timeout_s);
+                                         double timeout_s, const JoinWatch& join) {
+  // As MpiCommunicator's: each peer's block taken on its own, so the wait knows who is missing.
+  const Clock::time_point start = Clock::now();
+  const double forever = std::numeric_limits<double>::infinity();
+  const double limit = timeout_s > 0 ? timeout_s : forever;
+  double next_report = join.every_s > 0 ? join.every_s : forever;
+  auto* out = static_cast<unsigned char*>(recv);
+  for (int dst = 0; dst < size_; ++dst)
+    if (dst != rank_) box_->post(kCollective, rank_, dst, send, bytes);
+  if (bytes > 0) std::memmove(out + bytes * rank_, send, bytes);
+  std::vector<int> late;
+  for (int src = 0; src < size_; ++src)
+    if (src != rank_) late.push_back(src);
+  while (!late.empty()) {
+    // Every block that is there, then a short wait for the first one still missing.
+    std::vector<int> still;
+    for (int src : late)
+      if (!box_->take(kCollective, src, rank_, out + bytes * src, bytes, true, Clock::time_point{},
+                      "allgather", /*poll=*/true))
+        still.push_back(src);
+    late.swap(still);
+    if (late.empty()) break;
+    const double waited = seconds_since(start);
+    if (waited >= limit)
+      // The same words as MpiCommunicator: callers and tests see one error whatever the transport.
+      throw CommTimeoutError("rank " + std::to_string(rank_) + " waited " +
+                             std::to_string(static_cast<int>(waited)) + " s for " + rank_list(late) +
+                             " to join a collective; a peer is dead or running different code "
+                             "(HVDC_TIMEOUT sets the limit)");
+    if (waited >= next_report) {
+      if (join.report) join.report(waited, late);
+      next_report += join.every_s;
+    }
+    const double until = std::min({limit, next_report, waited + 0.005});
+    const Clock::time_point deadline =
+        start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(until));
+    if (box_->take(kCollective, late[0], rank_, out + bytes * late[0], bytes, true, deadline, "allgather"))
+      late.erase(late.begin());
+  }
   stats_.add(bytes * (size_ - 1), bytes * (size_ - 1));
 }
 
@@ -356,7 +379,7 @@ std::unique_ptr<Communicator> ThreadCommunicator::split(int color, int key) cons
   };
   const Entry mine{color, key};
   std::vector<Entry> all(static_cast<size_t>(size_));
-  gather_blocks(&mine, all.data(), sizeof(Entry), 0);
+  gather_blocks(&mine, all.data(), sizeof(Entry));
   // Members of this rank's color, ordered by (key, rank) as MPI_Comm_split orders them.
   std::vector<int> members;
   for (int r = 0; r < size_; ++r)

@@ -8,8 +8,9 @@
 //     keeps collective traffic apart from point-to-point traffic;
 //   - allreduce_sum sums float32/float64 in rank order on every rank, so every rank holds the same
 //     bits (and throws UsageError for other dtypes, as MpiCommunicator does);
-//   - allgather_timed throws CommTimeoutError when some rank has not joined within the timeout; the
-//     communicator must not be used again afterwards (its late messages stay queued);
+//   - allgather_timed throws CommTimeoutError naming the ranks that have not joined within the
+//     timeout, and reports them to its JoinWatch meanwhile; the communicator must not be used again
+//     afterwards (its late messages stay queued);
 //   - split(color, key) is collective and orders each new group by (key, rank);
 //   - stats() counts the same bytes as MpiCommunicator for every call (hvdc/comm_stats.h model
 //     for allreduce_sum); the exchange inside split() is not counted, as MPI_Comm_split's is not.
@@ -46,7 +47,9 @@ class ThreadCommunicator final : public Communicator {
   void allreduce_sum(void* buf, int64_t count, DType dtype) override;
   void allreduce_op(void* buf, int64_t count, DType dtype, ReduceOp op) override;
   void allgather(const void* send, void* recv, size_t bytes) override;
-  void allgather_timed(const void* send, void* recv, size_t bytes, double timeout_s) override;
+  using Communicator::allgather_timed;
+  void allgather_timed(const void* send, void* recv, size_t bytes, double timeout_s,
+                       const JoinWatch& join) override;
   void sendrecv(const void* send, size_t send_bytes, int dst, void* recv, size_t recv_bytes,
                 int src) override;
   void alltoall(const void* send, void* recv, size_t bytes) override;
@@ -56,8 +59,8 @@ class ThreadCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) const override;
 
  private:
-  // allgather on the collective channel, uncounted; waits at most `timeout_s` (> 0) in all.
-  void gather_blocks(const void* send, void* recv, size_t bytes, double timeout_s) const;
+  // allgather on the collective channel, uncounted.
+  void gather_blocks(const void* send, void* recv, size_t bytes) const;
 
   std::shared_ptr<ThreadMailbox> box_;
   int rank_ = 0;

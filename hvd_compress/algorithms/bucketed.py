@@ -17,6 +17,7 @@ keys loads where its buckets have the same sizes. SLAMB overrides it: its state 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -250,7 +251,15 @@ class BucketedAlgorithm:
         rank (``mismatch_explained`` says why). Without ``groups`` the name is left as it is."""
         if groups is None:
             return name
-        return agreement.tagged(name, groups if i is None else [groups[self.buckets[i].group]], HYPER_KEYS)
+        return agreement.tagged(name, groups if i is None else [groups[self.buckets[i].group]], HYPER_KEYS,
+                                self.call_details())
+
+    def call_details(self) -> dict[str, Any]:
+        """What a call name's details hold beside the hyper-parameters: the op and its options, which must be the
+        same on every rank (``agreement.tagged``): ranks that differ there raise MismatchError naming them."""
+        options = self.options
+        fields = dataclasses.fields(options) if dataclasses.is_dataclass(options) else ()
+        return {"op": self.name, **{f.name: getattr(options, f.name) for f in fields}}
 
     def mismatch_explained(self, e: MismatchError, groups: Sequence[dict[str, Any]] | None) -> MismatchError:
         """``e`` (raised on every rank), with this rank's hyper-parameters where the names differed."""

@@ -27,7 +27,7 @@ from hvd_compress import ops
 from hvd_compress.algorithms import contract
 from hvd_compress.algorithms.birder import BirderBucket
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
-from hvd_compress.ops import hierarchical_onebit
+from hvd_compress.ops import call_names, hierarchical_onebit
 from hvd_compress.ops.backend import Backend, Tensor
 from hvd_compress.ops.buckets import failure_joins_as_rejection
 from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
@@ -99,7 +99,7 @@ class SignSGD(BucketedAlgorithm):
         n = seg.numel
         e, s, p = seg.m[:n], seg.b[:n], seg.update
         name = self.call_name(f"{self.name}.{i}", i, groups)
-        with failure_joins_as_rejection(self.meter, f"{name}.scale"):
+        with failure_joins_as_rejection(self.meter, call_names.suffixed(name, ".scale")):
             if groups is None:
                 raise ValueError(f"{self.name}: reducing a bucket needs the param groups")
             group = groups[seg.group]
@@ -113,7 +113,7 @@ class SignSGD(BucketedAlgorithm):
             for k, c in enumerate(local):
                 scales[k] = c
             self.backup(i)
-        self.meter.run(ops.allreduce_, scales, op=ReduceOp.Average, name=f"{name}.scale")
+        self.meter.run(ops.allreduce_, scales, op=ReduceOp.Average, name=call_names.suffixed(name, ".scale"))
         mean = [float(c) for c in scales.tolist()]
         if not all(math.isfinite(c) for c in mean):
             raise UsageError(f"{self.name}: non-finite gradient on some rank (bucket {i}); state unchanged")
@@ -124,7 +124,8 @@ class SignSGD(BucketedAlgorithm):
         uw, us = self._tie_uniforms(seg)
         self.meter.run(
             hierarchical_onebit.hierarchical_compressed_allreduce_, s, seg.worker_error, seg.server_error,
-            payload=hierarchical_onebit.PAYLOAD_SIGN, hierarchical=False, uniforms=(uw, us), name=f"{name}.vote",
+            payload=hierarchical_onebit.PAYLOAD_SIGN, hierarchical=False, uniforms=(uw, us),
+            name=call_names.suffixed(name, ".vote"),
         )
         xp.copy_(e, p)
         self._scales[i] = mean

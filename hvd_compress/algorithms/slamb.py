@@ -27,6 +27,7 @@ from typing import Any
 from hvd_compress import ops
 from hvd_compress.algorithms import contract
 from hvd_compress.algorithms.bucketed import BucketedAlgorithm
+from hvd_compress.ops import call_names
 from hvd_compress.ops import masks as mask_ops
 from hvd_compress.ops import slamb_kernels as fused_ops
 from hvd_compress.ops.backend import Backend, Tensor
@@ -306,7 +307,8 @@ class Slamb(BucketedAlgorithm):
         self._counts[i] = count
         self._agreement.settle(True)
         if count:
-            self.meter.run(ops.allreduce_, b.work[lo:lo + count], op=ReduceOp.Average, name=f"{name}.avg")
+            self.meter.run(ops.allreduce_, b.work[lo:lo + count], op=ReduceOp.Average,
+                           name=call_names.suffixed(name, ".avg"))
 
     def _await_agreement(self, groups: Sequence[dict[str, Any]] | None) -> None:
         """Start every bucket not started yet and wait until each is agreed on (``_gather_bucket``); if any was

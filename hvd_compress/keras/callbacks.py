@@ -20,6 +20,7 @@ import keras
 import numpy as np
 
 from hvd_compress import ops
+from hvd_compress.algorithms import agreement
 from hvd_compress.keras import per_rank_state
 from hvd_compress.ops.errors import MismatchError
 from hvd_compress.tensorflow.context import ensure_init
@@ -157,15 +158,43 @@ def broadcast_model(model: Any, root_rank: int, local: Collection[Any] = ()) -> 
     ensure_init()
     variables = [v for v in model.variables if not (local and hasattr(v, "ref") and v.ref() in local)]
     optimizer = getattr(model, "optimizer", None)
+    details = {"model variables": len(variables)}
     if optimizer is not None:
         if not (getattr(optimizer, "built", False) or getattr(optimizer, "_built", False)):
             optimizer.build(model.trainable_variables)
         own = {id(v) for v in getattr(distributed(optimizer), "per_rank_variables", [])}  # per-rank error feedback
-        variables += [v for v in optimizer.variables if id(v) not in own]
-    broadcast_variables(variables, root_rank=root_rank, name="BroadcastGlobalVariablesCallback")
+        kept = [v for v in optimizer.variables if id(v) not in own]
+        variables += kept
+        details.update({"optimizer": optimizer_text(optimizer), "optimizer variables": len(kept)})
+    # The call names carry the optimizer and the variable counts: ranks whose optimizers differ are told so (the
+    # core names each that differs, with every rank's) before the first variable whose size differs.
+    try:
+        broadcast_variables(variables, root_rank=root_rank,
+                            name=agreement.with_details("BroadcastGlobalVariablesCallback", details))
+    except MismatchError as e:
+        if not {"optimizer", "optimizer variables"}.intersection(agreement.differing_fields(e)):
+            raise
+        raise MismatchError(f"{e}\n  The ranks' optimizers differ (their op, options or wrapped optimizer, and so "
+                            "the layout of their state): build the same optimizer on every rank") from e
     ours = distributed(optimizer)
     if ours is not None:  # each rank's part of a file the root loaded (per_rank_state)
         per_rank_state.broadcast(ours, root_rank, "BroadcastGlobalVariablesCallback")
+
+
+def optimizer_text(optimizer: Any) -> str:
+    """``optimizer`` for a message: its class and, inside hvd_compress's wrapper, its op and options, then the
+    optimizers it wraps (``LossScaleOptimizer`` around ``DistributedOptimizer(op=OneBitAdam, freeze_step=10)``
+    around ``Adam``)."""
+    parts = []
+    while optimizer is not None:
+        text = type(optimizer).__name__
+        if hasattr(optimizer, "per_rank_variables") and hasattr(optimizer, "op"):
+            options = sorted(getattr(optimizer, "algorithm_options", {}).items())
+            text += f"(op={getattr(optimizer.op, 'name', optimizer.op)}" + "".join(
+                f", {k}={v!r}" for k, v in options) + ")"
+        parts.append(text)
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return " around ".join(parts)
 
 
 class GatherPerRankStateMixin:

@@ -305,7 +305,7 @@ class KerasEngine:
         config = self.config
         # Adasum's ranks end on the same parameters whatever their hyper-parameters: only the averages are tagged
         tags = self.reduction is not None or config.op in (ReduceOp.Average, ReduceOp.Sum)
-        hyper = hyper_values(self.face.learning_rate(self.inner), self.inner) if tags else None
+        hyper = hyper_values(self.face.learning_rate(self.inner), self.inner, config.op.name) if tags else None
         if self.reduction is not None:  # its state covers every variable: the maxima replace what it reduced
             error_feedback_step(self.reduction, self.state, grads, variables, self.trainable, apply_inner, self.name,
                                 hyper)

@@ -193,11 +193,11 @@ def compression_from_config(value: Any) -> Compressor:
     raise ValueError(f"unknown compression in the optimizer's config: {value!r}")
 
 
-def hyper_values(learning_rate: Any, inner: Any) -> HyperValues:
+def hyper_values(learning_rate: Any, inner: Any, op: str = "") -> HyperValues:
     """The wrapped optimizer's learning rate as the step runs (``learning_rate``: a tensor of this trace) and each of
     ``KERAS_HYPER`` it has as a number, for the tag of the reductions' call names: ranks whose values differ (a
     ``ReduceLROnPlateau`` fed one rank's own metric) would step apart on the same averaged gradients, and raise
-    MismatchError on every rank instead (``algorithms.agreement``)."""
+    MismatchError on every rank instead (``algorithms.agreement``). ``op``: the op, named in the tag's details."""
     names, values = ["learning_rate"], [tf.cast(learning_rate, tf.float64)]
     for key in KERAS_HYPER:
         value = getattr(inner, key, None)
@@ -208,7 +208,7 @@ def hyper_values(learning_rate: Any, inner: Any) -> HyperValues:
         except (TypeError, ValueError):  # no number: left out
             continue
         names.append(key)
-    return HyperValues(tuple(names), tf.stack(values))
+    return HyperValues(tuple(names), tf.stack(values), (("op", op),) if op else ())
 
 
 def error_feedback_step(reduction: StatefulReduction, state: dict[str, Any], grads: Sequence[Any],

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hvd_compress.ops import runtime
+from hvd_compress.ops import call_names, runtime
 from hvd_compress.ops.compression import compressed_allreduce_
 from hvd_compress.ops.compression import resolve as resolve_compression
 from hvd_compress.ops.constants import DENSE_OPS, AlgorithmOp, ReduceOp
@@ -117,7 +117,7 @@ def grouped_allreduce_(
         record(runtime.get_in_order().adasum_group(buffers, _hierarchical(hierarchical), name or ""), traffic)
         return tensors
     for i, t in enumerate(tensors):
-        allreduce_(t, op=op, name=f"{name}.{i}" if name else None, traffic=traffic)
+        allreduce_(t, op=op, name=call_names.indexed(name, i) if name else None, traffic=traffic)
     return tensors
 
 

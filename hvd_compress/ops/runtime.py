@@ -12,6 +12,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import dataclasses
+import math
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -20,7 +21,12 @@ from typing import Any
 from hvd_compress import _core
 from hvd_compress.ops.errors import LaunchError, NotInitializedError
 
-DEFAULT_TIMEOUT_S = 300.0
+#: ``HVDC_TIMEOUT``'s default. Long: a peer that exited is named within seconds (its goodbye, ``_leave``), so the
+#: timeout only ends a wait for a live peer that is elsewhere, and one rank may spend many minutes alone on an
+#: evaluation or a checkpoint while the others wait (Horovod waits with no limit).
+DEFAULT_TIMEOUT_S = 3600.0
+#: ``HVDC_STALL_WARNING``'s default: Horovod's ``HOROVOD_STALL_CHECK_TIME_SECONDS``.
+DEFAULT_STALL_WARNING_S = 60.0
 
 
 def _bounded_int(raw: str, lo: int, hi: int, invalid: int) -> int:
@@ -38,7 +44,7 @@ class Config:
 
     #: ``HVDC_TIMEOUT``: seconds a collective waits for every rank to join (``CommTimeoutError``), and the longest
     #: a transfer inside a collective every rank joined may make no progress before the job is aborted with a
-    #: message (``set_timeout`` changes both).
+    #: message (``set_timeout`` changes both). 0 or less: no limit.
     timeout_s: float = DEFAULT_TIMEOUT_S
     #: ``HVDC_ADASUM_HIERARCHICAL``: the Adasum mode when a call does not say (not "" and not "0": on).
     adasum_hierarchical: bool = False
@@ -53,6 +59,9 @@ class Config:
     onebit_piece: int = -1
     #: Why a setting is invalid on this rank ("" if none): ``init()`` then raises on every rank.
     invalid: str = ""
+    #: ``HVDC_STALL_WARNING``: while a collective waits for ranks that have not joined it, every waiting rank warns
+    #: on stderr this often (seconds), naming the collective and those ranks; 0: never.
+    stall_warning_s: float = DEFAULT_STALL_WARNING_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Config:
@@ -63,6 +72,9 @@ class Config:
             timeout_s = float(raw) if raw else DEFAULT_TIMEOUT_S
         except ValueError:
             problems.append(f"HVDC_TIMEOUT={raw!r} is not a number of seconds")
+        if math.isnan(timeout_s):
+            problems.append(f"HVDC_TIMEOUT={raw!r} is not a number of seconds")
+            timeout_s = DEFAULT_TIMEOUT_S
         local_size = 0
         raw = env.get("HVDC_LOCAL_SIZE", "")
         if raw:
@@ -79,7 +91,18 @@ class Config:
             onebit_piece = _bounded_int(raw, 0, 1 << 40, -1)
             if onebit_piece < 0:
                 problems.append(f"HVDC_ONEBIT_PIPELINE={raw} is not a number of elements (0: off)")
-        return cls(timeout_s, hierarchical, local_size, kernels == "scalar", onebit_piece, "; ".join(problems))
+        stall_warning_s = DEFAULT_STALL_WARNING_S
+        raw = env.get("HVDC_STALL_WARNING", "").strip()
+        if raw:
+            try:
+                stall_warning_s = float(raw)
+            except ValueError:
+                stall_warning_s = -1.0
+            if not 0 <= stall_warning_s < math.inf:
+                problems.append(f"HVDC_STALL_WARNING={raw} is not a number of seconds >= 0 (0: no warnings)")
+                stall_warning_s = DEFAULT_STALL_WARNING_S
+        return cls(timeout_s, hierarchical, local_size, kernels == "scalar", onebit_piece, "; ".join(problems),
+                   stall_warning_s)
 
 
 @dataclasses.dataclass
@@ -158,7 +181,7 @@ def init(comm: Any = None, expected_size: int | None = None, expected_rank: int 
     # Collective: agrees on the settings (a bad one on any rank raises UsageError on every rank) and
     # builds the node topology once.
     core = _core.Runtime(MPI._handleof(world), config.timeout_s, config.local_size, config.invalid,
-                         config.scalar_kernels, config.onebit_piece)
+                         config.scalar_kernels, config.onebit_piece, config.stall_warning_s)
     _session = _Session(core, world, config)
     global _leave_registered
     if not _leave_registered:
@@ -217,7 +240,8 @@ def new_subset(comm: Any) -> _core.Runtime:
 
     session = _current()
     c = session.config
-    core = _core.Runtime(MPI._handleof(comm), session.core.timeout, 0, "", c.scalar_kernels, c.onebit_piece)
+    core = _core.Runtime(MPI._handleof(comm), session.core.timeout, 0, "", c.scalar_kernels, c.onebit_piece,
+                         c.stall_warning_s)
     with session.lock:
         session.subsets.append(core)
     return core

@@ -55,6 +55,8 @@ class HyperValues:
 
     names: tuple[str, ...]
     values: tf.Tensor
+    #: What the call names' details hold beside them: the op (``agreement.tagged``'s ``call``), known when traced.
+    call: tuple[tuple[str, str], ...] = ()
 
     def group(self, values: np.ndarray) -> dict[str, float]:
         """The param group ``agreement`` tags: each name with its value in this run."""
@@ -66,9 +68,10 @@ class CallTag:
     """What one run of a reduction tags its call names with (``agreement.tagged``), or nothing (``group`` None)."""
 
     group: dict[str, float] | None = None
+    call: tuple[tuple[str, str], ...] = ()
 
     def name(self, name: str) -> str:
-        return name if self.group is None else agreement.tagged(name, [self.group])
+        return name if self.group is None else agreement.tagged(name, [self.group], call=dict(self.call))
 
     def explained(self, e: MismatchError, who: str) -> MismatchError:
         """``e`` with this rank's hyper-parameters where the tags differed (``agreement.mismatch_explained``)."""
@@ -80,7 +83,7 @@ def call_tag(hyper: HyperValues | None, arrays: Sequence[np.ndarray]) -> tuple[C
     inputs."""
     if hyper is None:
         return CallTag(), arrays
-    return CallTag(hyper.group(arrays[-1])), arrays[:-1]
+    return CallTag(hyper.group(arrays[-1]), hyper.call), arrays[:-1]
 
 
 def check_bucket_mb(bucket_mb: Any) -> float:

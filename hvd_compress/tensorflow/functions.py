@@ -18,10 +18,10 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
 from hvd_compress import ops
+from hvd_compress.ops import call_names, process_sets
 from hvd_compress.ops import compression as compression_ops
 from hvd_compress.ops import masks as mask_ops
 from hvd_compress.ops import onebit as onebit_ops
-from hvd_compress.ops import process_sets
 from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.backend import BACKEND, aligned_copy, aligned_empty
@@ -117,7 +117,7 @@ def reduce_group(arrays: list[np.ndarray], op: ReduceOp, name: str, compression:
         return arrays
     # A fused buffer loses the shapes: they go into the call's name, which every rank's signature must match.
     shapes = ";".join("x".join(map(str, a.shape)) for a in arrays)
-    name = f"{name}#{zlib.crc32(shapes.encode()):08x}"
+    name = call_names.suffixed(name, f"#{zlib.crc32(shapes.encode()):08x}")
     by_dtype: dict[np.dtype, list[int]] = {}
     for i, a in enumerate(arrays):
         by_dtype.setdefault(a.dtype, []).append(i)
@@ -126,7 +126,8 @@ def reduce_group(arrays: list[np.ndarray], op: ReduceOp, name: str, compression:
         offsets = np.cumsum([0] + [arrays[i].size for i in members])
         for i, lo, hi in zip(members, offsets[:-1], offsets[1:], strict=True):
             fused[lo:hi] = arrays[i].reshape(-1)
-        ops.allreduce_(fused, op=op, name=f"{name}.{k}" if len(by_dtype) > 1 else name, compression=compression)
+        ops.allreduce_(fused, op=op, name=call_names.indexed(name, k) if len(by_dtype) > 1 else name,
+                       compression=compression)
         for i, lo, hi in zip(members, offsets[:-1], offsets[1:], strict=True):
             arrays[i].reshape(-1)[...] = fused[lo:hi]
     return arrays
@@ -297,7 +298,8 @@ def broadcast_values(tensors: Sequence[Any], root_rank: int = 0, name: str | Non
         with process_sets.scope(ps):
             for i, o in enumerate(outs):
                 if o.size:  # as bytes: every dtype (int64 step counters, bool, bfloat16) travels alike
-                    process_sets.broadcast_in_set(o.reshape(-1).view(np.uint8), int(root_rank), f"{name}.{i}", ps)
+                    process_sets.broadcast_in_set(o.reshape(-1).view(np.uint8), int(root_rank),
+                                                  call_names.indexed(name, i), ps)
         return outs
 
     outs = numpy_call(run, inputs, [t.dtype for t in inputs], name)

@@ -154,7 +154,7 @@ class DenseEngine(Engine):
 
     def _launch_ready(self) -> int:
         """Start each next bucket that is ready (``reduce_bucket`` on the background thread); how many. Their
-        names carry the hash of the wrapped optimizer's param groups as they are when the step's first bucket
+        names carry the wrapped optimizer's param groups as they are when the step's first bucket
         starts, taken on this (the program's) thread (``agreement.tagged``) once per step (its cost grows with the
         number of param groups): ranks whose hyper-parameters differ would step apart on the same averaged
         gradients, and raise MismatchError on every rank instead, before any data moves."""
@@ -162,7 +162,7 @@ class DenseEngine(Engine):
             return 0
         if self._tag is None:
             self._step_starts()
-            self._tag = agreement.tagged("", self.opt.param_groups)
+            self._tag = agreement.tagged("", self.opt.param_groups, call={"op": self.op_name})
         tag = self._tag
         return self.reductions.launch_ready(lambda b: self.reduce_bucket(b, tag))
 
@@ -235,7 +235,7 @@ class DenseEngine(Engine):
             raise
         self.reductions.reset()
         sparse = self.grads.sparse
-        tag = (self._tag or agreement.tagged("", self.opt.param_groups)) if sparse else ""
+        tag = (self._tag or agreement.tagged("", self.opt.param_groups, call={"op": self.op_name})) if sparse else ""
         for p in self.grads.params:  # in parameter order: the same order on every rank
             if id(p) in sparse:
                 name = f"DistributedOptimizer.sparse.{self.names.get(id(p), '?')}{tag}"

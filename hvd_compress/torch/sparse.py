@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from hvd_compress import ops
+from hvd_compress.ops import call_names
 from hvd_compress.ops.constants import ReduceOp
 from hvd_compress.torch.gather import allgather
 
@@ -26,8 +27,8 @@ def sparse_allreduce(
         values = torch.zeros(0, *dense_shape, dtype=like.dtype)
     else:
         indices, values = grad._indices(), grad._values()
-    all_indices = allgather(indices.t().contiguous(), name=f"{name}.indices")
-    all_values = allgather(values.contiguous(), name=f"{name}.values")
+    all_indices = allgather(indices.t().contiguous(), name=call_names.suffixed(name, ".indices"))
+    all_values = allgather(values.contiguous(), name=call_names.suffixed(name, ".values"))
     out = torch.sparse_coo_tensor(all_indices.t(), all_values, like.shape).coalesce()
     if op == ReduceOp.Average:
         out = out / ops.size()

@@ -3,6 +3,7 @@
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 
@@ -100,6 +101,38 @@ elif case == "gil":
     stop.set()
     t.join()
     caught["ticks"] = str(ticks[0])
+elif case == "optimizers_differ":
+    # Rank 0's optimizer wrapper differs from the others': another op (OneBitAdam against Average), then another
+    # option (freeze_step 10 against 20). The first step raises on every rank, naming what differs.
+    def first_step(**options):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        opt = hc.DistributedOptimizer(torch.optim.Adam(model.parameters()), named_parameters=model.named_parameters(),
+                                      **options)
+        x = torch.randn(8, 6)
+        torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+        opt.step()
+
+    attempt("op", lambda: first_step(**({"op": hc.OneBitAdam, "freeze_step": 10} if r == 0 else {"op": hc.Average})))
+    attempt("freeze_step", lambda: first_step(op=hc.OneBitAdam, freeze_step=10 if r == 0 else 20))
+elif case == "slow_peer":
+    # Rank 0 alone is elsewhere (an evaluation, a checkpoint) for 3 s, longer than HVDC_STALL_WARNING (1 s) and far
+    # shorter than HVDC_TIMEOUT: the others warn on stderr (fd 2, written by the core) naming the collective and
+    # rank 0, then the collective completes. Each rank keeps what it wrote to fd 2 meanwhile.
+    with tempfile.TemporaryFile() as err:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            if r == 0:
+                time.sleep(3.0)
+            y = hc.allreduce(torch.full((2,), float(r + 1)), op=hc.Sum, name="Eval.metric")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        caught["stderr"] = err.read().decode(errors="replace")
+    caught["slow_peer"] = str(y.tolist())
 # After every error above, the ranks still agree and communicate.
 z = hc.allreduce(torch.full((3,), float(r)), op=hc.Sum)
 caught["recovered"] = str(z.tolist())

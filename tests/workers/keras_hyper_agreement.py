@@ -2,7 +2,8 @@
 with top-k and op=PowerSGD wrapping SGD with momentum (whose every hyper-parameter counts): each op trains three
 equal steps in a ``tf.function``; then the last rank's learning rate changes (as ``ReduceLROnPlateau`` fed that
 rank's own validation loss would), and the next step that communicates must raise on every rank, naming the
-hyper-parameters, with the variables as they were; with the learning rate equal again the step is taken.
+hyper-parameters, with the variables as they were; with the learning rate equal again the step is taken. Then
+optimizer wrappers that differ between ranks (``differs``).
 
 argv: out_dir face ("keras" or "tf_keras", which TF_USE_LEGACY_KERAS must match)."""
 
@@ -62,4 +63,27 @@ def run(case: str) -> dict[str, str]:
     return res
 
 
-save(r, {"results": {case: run(case) for case in [*ALGORITHM_OPTIONS, *REDUCTIONS]}})
+def differs(case: str) -> str:
+    """What the first step raises when rank 0's optimizer wrapper differs from the others': another op ("op":
+    OneBitAdam against Average), another option ("freeze_step": 10 against 20), or another op under model.fit with
+    the broadcast callback ("callback", whose broadcast of the optimizer's variables comes first)."""
+    keras.utils.set_random_seed(11)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    inner = keras.optimizers.Adam(0.01)
+    if case == "freeze_step":
+        opt = hck.DistributedOptimizer(inner, op=hck.OneBitAdam, freeze_step=10 if r == 0 else 20)
+    elif r == 0:
+        opt = hck.DistributedOptimizer(inner, op=hck.OneBitAdam, freeze_step=10)
+    else:
+        opt = hck.DistributedOptimizer(inner, op=hck.Average)
+    x = np.random.default_rng(r).standard_normal((16, 6)).astype(np.float32)
+    y = np.sin(x.sum(1, keepdims=True))
+    if case == "callback":
+        model.compile(optimizer=opt, loss="mse", jit_compile=False)
+        return outcome(lambda: model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+                                         callbacks=[hck.callbacks.BroadcastGlobalVariablesCallback(0)]))
+    return outcome(lambda: mse_step(model, opt)(tf.constant(x), tf.constant(y)))
+
+
+save(r, {"results": {case: run(case) for case in [*ALGORITHM_OPTIONS, *REDUCTIONS]},
+         "differs": {case: differs(case) for case in ("op", "freeze_step", "callback")}})

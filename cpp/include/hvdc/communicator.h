@@ -4,7 +4,10 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "hvdc/comm_stats.h"
 #include "hvdc/dtype.h"
@@ -42,9 +45,20 @@ class Communicator {
   virtual void allreduce_op(void* buf, int64_t count, DType dtype, ReduceOp op) = 0;
   // Every rank contributes `bytes` and receives size() * bytes, ordered by rank.
   virtual void allgather(const void* send, void* recv, size_t bytes) = 0;
-  // As allgather, but gives up with CommTimeoutError when some rank has not joined within
-  // `timeout_s` seconds (a non-positive timeout waits forever).
-  virtual void allgather_timed(const void* send, void* recv, size_t bytes, double timeout_s) = 0;
+  // What allgather_timed tells its caller while some rank has not joined: every `every_s` seconds
+  // (> 0; 0: never), the seconds waited and the ranks whose block has not arrived yet, in rank order.
+  struct JoinWatch {
+    double every_s = 0;
+    std::function<void(double waited_s, const std::vector<int>& missing)> report;
+  };
+  // As allgather, but gives up with CommTimeoutError naming the ranks that have not joined when some
+  // rank has not within `timeout_s` seconds (a non-positive timeout waits forever). Each rank's block
+  // travels on its own, so the wait knows which ranks it still waits for (`watch`).
+  virtual void allgather_timed(const void* send, void* recv, size_t bytes, double timeout_s,
+                               const JoinWatch& watch) = 0;
+  void allgather_timed(const void* send, void* recv, size_t bytes, double timeout_s) {
+    allgather_timed(send, recv, bytes, timeout_s, JoinWatch{});
+  }
   // Send to `dst` and receive from `src` at once; either may equal rank() only if both do.
   virtual void sendrecv(const void* send, size_t send_bytes, int dst, void* recv, size_t recv_bytes,
                         int src) = 0;
@@ -76,5 +90,13 @@ class Communicator {
  protected:
   CommStats stats_;
 };
+
+// "rank 0", "ranks 0 and 2", "ranks 0, 1 and 3": ranks for a message.
+inline std::string rank_list(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+  return out;
+}
 
 }  // namespace hvdc

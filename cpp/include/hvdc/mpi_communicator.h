@@ -81,7 +81,9 @@ class MpiCommunicator final : public Communicator {
   void allreduce_sum(void* buf, int64_t count, DType dtype) override;
   void allreduce_op(void* buf, int64_t count, DType dtype, ReduceOp op) override;
   void allgather(const void* send, void* recv, size_t bytes) override;
-  void allgather_timed(const void* send, void* recv, size_t bytes, double timeout_s) override;
+  using Communicator::allgather_timed;
+  void allgather_timed(const void* send, void* recv, size_t bytes, double timeout_s,
+                       const JoinWatch& join) override;
   void sendrecv(const void* send, size_t send_bytes, int dst, void* recv, size_t recv_bytes,
                 int src) override;
   void alltoall(const void* send, void* recv, size_t bytes) override;
@@ -123,6 +125,8 @@ class MpiCommunicator final : public Communicator {
   // one communicator are serial).
   std::unique_ptr<char[]> ring_scratch_;
   size_t ring_scratch_bytes_ = 0;
+  // allgather_timed's block as sent (see there).
+  std::vector<char> join_send_;
 };
 
 // The world communicator of a Runtime: a duplicate of `world` that watches for departed peers, set

@@ -30,7 +30,17 @@ struct SparseSpec;  // hvdc/sparse_allreduce.h
 
 // What the runtime reads once, at start-up (hvd_compress.ops reads it from the environment).
 struct RuntimeConfig {
-  double timeout_s = 300;  // HVDC_TIMEOUT: seconds a collective waits for every rank to join
+  // HVDC_TIMEOUT: seconds a collective waits for every rank to join (then CommTimeoutError), and the
+  // longest a transfer inside a collective every rank joined may stall (then the job is aborted). Long:
+  // a peer that exited is named at once (its goodbye), so this only ends a wait for a live peer that
+  // is elsewhere, and a rank may well spend many minutes alone evaluating or checkpointing.
+  double timeout_s = 3600;
+  // HVDC_STALL_WARNING: while a collective waits for ranks that have not joined, a warning naming it
+  // and them, this often (seconds; <= 0: none), on every waiting rank (Horovod's stall inspector:
+  // HOROVOD_STALL_CHECK_TIME_SECONDS).
+  double stall_warning_s = 60;
+  // Where those warnings go (empty: stderr).
+  std::function<void(const std::string&)> warn;
   // HVDC_LOCAL_SIZE=k: consecutive blocks of k ranks form a node (emulates nodes on one machine);
   // 0 means the node the transport reports (Runtime's `shared_node`; MPI: the shared-memory node).
   int local_size = 0;
@@ -57,13 +67,14 @@ class Runtime {
 
   int rank() const { return world_->rank(); }
   int size() const { return world_->size(); }
-  double timeout() const { return timeout_s_; }
+  double timeout() const { return wait_.timeout_s; }
+  double stall_warning() const { return wait_.warn_every_s; }
   KernelChoice kernels() const { return kernels_; }
   // Ranks in this rank's node (the topology built at start-up).
   int node_size() const { return hierarchical_plan_->node().size(); }
   // Also the stall timeout of every transfer inside an agreed collective (mpi_communicator.h).
   void set_timeout(double s) {
-    timeout_s_ = s;
+    wait_.timeout_s = s;
     world_->set_stall_timeout(s);
   }
 
@@ -159,7 +170,7 @@ class Runtime {
   // shared, so one collective runs at a time. Taken with the GIL released.
   std::mutex mu_;
   std::unique_ptr<Communicator> world_;
-  double timeout_s_;
+  JoinWait wait_;  // how the signature exchange waits (timeout, warnings)
   KernelChoice kernels_;
   OneBitPipeline onebit_pipeline_;
   bool broken_ = false;  // set after a timeout: a pending request makes the communicator unusable

@@ -3,6 +3,7 @@
 // deadlocking or reducing mismatched bytes.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,11 +63,39 @@ CallSignature signature_of(Collective collective, const std::vector<TensorView>&
 // Marks `sig` as rejected by this rank, for the reason `why` (cut to fit).
 void set_rejected(CallSignature& sig, const std::string& why);
 
-// Allgathers `sig` (with `timeout_s`). Throws UsageError on every rank if any rank rejected its
-// input (RejectedInputError, a UsageError), else MismatchError on every rank if any signature differs
-// from rank 0's (naming the ranks in join() where only some are: uneven data). `what` names the call
-// in the message.
-void agree_on_signature(Communicator& comm, const CallSignature& sig, double timeout_s,
+// The core entry point `c` in words ("allreduce", "broadcast", ...), for messages.
+const char* collective_name(int32_t c);
+
+// A call's name may carry details after a '|': lines "key=value" (an algorithm's op, its options, its
+// hyper-parameters). The whole name is hashed into the signature, so ranks whose details differ
+// raise MismatchError; messages show the part before the '|', and a mismatch names each detail
+// that differs with every rank's value.
+struct CallName {
+  std::string shown;
+  std::string details;
+};
+CallName split_call_name(const std::string& name);
+
+// How a rank waits in the signature exchange for the ranks that have not joined.
+struct JoinWait {
+  double timeout_s = 0;     // then CommTimeoutError (<= 0: forever)
+  double warn_every_s = 0;  // a warning this often, naming the call and the missing ranks (<= 0: none)
+  // Where the warnings go (empty: stderr).
+  std::function<void(const std::string&)> warn;
+};
+
+// Allgathers `sig`, waiting as `wait` says. Throws UsageError on every rank if any rank rejected
+// its input (RejectedInputError, a UsageError), else MismatchError on every rank if any signature
+// differs from rank 0's (naming the ranks in join() where only some are: uneven data; where the
+// names differ, a second exchange of the names names each detail that differs). `what` names the
+// call in messages (and may carry details: split_call_name).
+void agree_on_signature(Communicator& comm, const CallSignature& sig, const JoinWait& wait,
                         const std::string& what);
+inline void agree_on_signature(Communicator& comm, const CallSignature& sig, double timeout_s,
+                               const std::string& what) {
+  JoinWait wait;
+  wait.timeout_s = timeout_s;
+  agree_on_signature(comm, sig, wait, what);
+}
 
 }  // namespace hvdc
