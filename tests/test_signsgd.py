@@ -54,15 +54,39 @@ def test_birder_sign_collective_with_tie_uniforms_is_the_vote(n: int) -> None:
     assert all(not e.any() for e in errors_w), "+/-1 inputs leave the worker error at zero"
 
 
-def _replay(ranks: list[dict], n: int) -> list[list[np.ndarray]]:
-    """The reference run from the same initial parameters and every rank's recorded gradients."""
-    x = [t.numpy() for t in ranks[0]["initial"]]
+def _replay(ranks: list[dict], n: int, key: str = "params", lrs: list[float] | None = None) -> list[list[np.ndarray]]:
+    """The reference run from the same initial parameters and every rank's recorded gradients of the run ``key``, at
+    the lrs ``lrs`` (0.05 every step if None)."""
+    grads = "grads" if key == "params" else f"{key}_grads"
+    lrs = [0.05] * len(ranks[0][grads]) if lrs is None else lrs
+    x = [np.asarray(t) for t in ranks[0]["initial"]]
     e = [[np.zeros_like(a) for a in x] for _ in range(n)]
-    out = []
-    for t in range(len(ranks[0]["params"])):
-        x, e = ref.step(x, [[g.numpy() for g in ranks[r]["grads"][t]] for r in range(n)], e, 0.05)
+    out, error_lr = [], lrs[0]
+    for t, lr in enumerate(lrs):
+        x, e = ref.step(x, [[np.asarray(g) for g in ranks[r][grads][t]] for r in range(n)], e, lr, error_lr)
         out.append(x)
+        error_lr = lr
     return out
+
+
+def _assert_schedule_followed(ranks: list[dict], n: int, lrs: list[float], what: str) -> None:
+    """The scheduled run (lr through 0, restored, dropped 10x): every rank alike, equal to the reference, and at lr 0
+    not one element moved (the error carried from the lr before is dropped, not stepped on)."""
+    assert 0.0 in lrs and lrs[-1] < max(lrs), "the schedule must pass through 0 and a drop"
+    want = _replay(ranks, n, "scheduled", lrs)
+    initial = [np.asarray(a) for a in ranks[0]["initial"]]
+    for r in range(n):
+        got = [[np.asarray(a) for a in step] for step in ranks[r]["scheduled"]]
+        for t, lr in enumerate(lrs):
+            for k, (a, b) in enumerate(zip(got[t], want[t], strict=True)):
+                np.testing.assert_array_equal(a, np.asarray(ranks[0]["scheduled"][t][k]),
+                                              err_msg=f"{what} rank {r} differs from rank 0 at step {t + 1}")
+                np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7,
+                                           err_msg=f"{what} rank {r} step {t + 1} (lr {lr}) param {k} vs the reference")
+                if lr == 0:
+                    before = got[t - 1][k] if t else initial[k]
+                    moved = float(np.abs(a - before).max())
+                    assert moved == 0, f"{what} rank {r}: lr 0 at step {t + 1} moved param {k} by {moved:.3g}"
 
 
 @pytest.mark.parametrize(("n", "overlap", "bucket_mb"), [(2, "1", "25"), (3, "0", "0.0001"), (4, "1", "0.0001")],
@@ -90,6 +114,7 @@ def test_signsgd_optimizer_on_every_rank(n: int, overlap: str, bucket_mb: str, o
         assert "TypeError" in ranks[r]["not_sgd"] and "SGD" in ranks[r]["not_sgd"]
         assert "ValueError" in ranks[r]["other_algorithm"] and "Birder" in ranks[r]["other_algorithm"]
         assert "ValueError" in ranks[r]["other_world"] and "world_size" in ranks[r]["other_world"]
+    _assert_schedule_followed(ranks, n, ranks[0]["schedule"], f"torch n={n}")
 
 
 @pytest.mark.parametrize(("n", "legacy", "bucket_mb"), [(3, "0", "0.0001"), (2, "1", "25")],

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from hvd_compress import ops
 from hvd_compress.algorithms import contract
@@ -79,7 +79,8 @@ class BirderBucket:
     """The float32 parameters of one bucket (of one param group), with the face's flat buffers.
 
     ``grad``: the fused gradient (each parameter's ``.grad`` is a view); ``update``: float32 numel, the input
-    of the collective and its result u; ``m``, ``b``, ``worker_error`` (c1) and ``server_error`` (c2): state.
+    of the collective and its result u; ``m``, ``b``, ``worker_error`` (c1) and ``server_error`` (c2): state;
+    ``error_lr``: SignSGD's lr of the step that left its error in ``m`` (``bucket_scalars``; Birder's rule has none).
     """
 
     group: int
@@ -92,6 +93,7 @@ class BirderBucket:
     worker_error: Tensor
     server_error: Tensor
     views: Callable[[Tensor], list[Tensor]]
+    error_lr: float = 0.0
 
     @property
     def numel(self) -> int:
@@ -110,6 +112,9 @@ class BirderAlgorithm(BucketedAlgorithm):
     options_cls = BirderOptions
     op = AlgorithmOp("Birder", 19)
     buffers = "flat"
+    #: Per-bucket float state beside the buffers (``BirderBucket`` fields), alike on every rank: kept by the faces
+    #: (the TF face as one float64 variable each, a value per bucket)
+    bucket_scalars: ClassVar[tuple[str, ...]] = ()
     wraps = contract.BIRDER
 
     def __init__(self, options: BirderOptions, backend: Backend, buckets: Sequence[BirderBucket],

@@ -12,6 +12,12 @@ the mean of the signs stochastically. Given s exactly +/-1, a zero worker error 
 uniforms of ``TIE_UNIFORM`` (just below 1/2), its quantizer is deterministic and returns v. The scales c_r travel
 in one dense float32 allreduce per bucket (one float per parameter), which shows a non-finite gradient to every rank.
 The buckets are Birder's (``BirderBucket``, flat): ``m`` holds e (first numel), ``b`` s and then v.
+
+The learning rate (the rule's step 1). e = p - c_r s is in the units of the lr that formed p (p = lr g + e), and
+Karimireddy's Alg. 1 keeps a fixed lr. Carried as it is across an lr change, e would step as the old lr did: at
+lr 0, p = e and x would still move. Each bucket keeps the lr its error was made at (``error_lr``, in
+``state_dict()``) and ``error_to_lr`` brings e to the current lr before p is formed, so at lr 0 nothing moves and
+after a change the steps scale with it, as 0/1 Adam's errors do (``zero_one_adam.errors_to_lr``).
 """
 
 from __future__ import annotations
@@ -37,6 +43,19 @@ from hvd_compress.ops.traffic import CommMeter
 #: The injected uniform u of Birder's quantizer Q(y) = +1 iff u < (y + 1) / 2: just below 1/2, so that the server's
 #: mean vote y = 0 (a tie) gives +1 and any y <= -1/n gives -1 (n < 2**23 ranks); y = +/-1 gives +/-1 for any u.
 TIE_UNIFORM = float(np.nextafter(np.float32(0.5), np.float32(0)))
+
+
+def error_to_lr(xp: Backend, out: Tensor, e: Tensor, error_lr: float, lr: float) -> Tensor | None:
+    """e, made at ``error_lr``, in the units of ``lr`` (docs/algorithms/signsgd.md, "The rule", step 1: Karimireddy
+    et al. 2019, Alg. 1, p_t = gamma g_t + e_t): e itself where the lrs are equal or ``error_lr`` is unknown (NaN: a
+    checkpoint that did not record it), ``out`` = e times lr / error_lr rounded to float32 (e is float32) where both
+    are > 0, None (no error) where either is 0. e is left as it is, so a step that fails keeps it. The reference's
+    ``error_to_lr`` is the same rule."""
+    if lr == error_lr or math.isnan(error_lr):
+        return e
+    if lr > 0 and error_lr > 0:
+        return xp.mul_(xp.copy_(out, e), float(np.float32(lr / error_lr)))
+    return None
 
 
 def check_hyperparameters(group: dict[str, Any]) -> None:
@@ -68,12 +87,14 @@ class SignSGD(BucketedAlgorithm):
     options_cls = SignSGDOptions
     op = AlgorithmOp("SignSGD", 20)
     buffers = "flat"  # Birder's buckets: m holds e, b the signs and then the vote
+    bucket_scalars: ClassVar[tuple[str, ...]] = ("error_lr",)  # the lr each bucket's e was made at
     wraps = contract.SGD
 
     def __init__(self, options: SignSGDOptions, backend: Backend, buckets: Sequence[BirderBucket],
                  meter: CommMeter | None) -> None:
         super().__init__(options, backend, buckets, meter)
         self._scales: dict[int, list[float]] = {}  # bucket -> this step's c of each parameter
+        self._lrs: dict[int, float] = {}  # bucket -> this step's lr, its error_lr once the step is taken
         self._uniforms: dict[int, tuple[Tensor, Tensor]] = {}  # padded numel -> (worker, server) uniforms
 
     @staticmethod
@@ -104,7 +125,11 @@ class SignSGD(BucketedAlgorithm):
                 raise ValueError(f"{self.name}: reducing a bucket needs the param groups")
             group = groups[seg.group]
             check_hyperparameters(group)
-            xp.add_(xp.mul_(xp.copy_(p, seg.grad), group["lr"]), e)  # p = lr g + e
+            lr = group["lr"]
+            carried = error_to_lr(xp, seg.worker_error[:n], e, seg.error_lr, lr)  # worker_error: scratch here
+            xp.mul_(xp.copy_(p, seg.grad), lr)
+            if carried is not None:
+                xp.add_(p, carried)  # p = lr g + e
             xp.copy_(s, p >= 0)
             xp.add_(xp.mul_(s, 2.0), -1.0)  # s = sign(p), 0 -> +1
             xp.abs(p, out=seg.worker_error[:n])
@@ -129,6 +154,7 @@ class SignSGD(BucketedAlgorithm):
         )
         xp.copy_(e, p)
         self._scales[i] = mean
+        self._lrs[i] = lr
 
     def step(self, groups: Sequence[dict[str, Any]]) -> int:
         """x = x - c v on every bucket (reducing the buckets not reduced yet); returns the new step count."""
@@ -143,6 +169,7 @@ class SignSGD(BucketedAlgorithm):
             votes = seg.views(seg.b[: seg.numel])
             for x, v, c in zip(seg.params, votes, self._scales[i], strict=True):
                 self.xp.add_(x, v, alpha=-c)
+            seg.error_lr = self._lrs[i]  # with the step: a bucket's failure restores every e (backup), not this
         self.t += 1
         return self.t
 
@@ -154,8 +181,9 @@ class SignSGD(BucketedAlgorithm):
             "step": self.t,
             "world_size": ops.size(),
             "buckets": [{**self.layout_state(seg), "error": xp.copy_(xp.float32_like(seg.numel, seg.m),
-                                                                       seg.m[: seg.numel])}
-                         for seg in self.buckets],
+                                                                       seg.m[: seg.numel]),
+                         "error_lr": float(seg.error_lr)}
+                        for seg in self.buckets],
         }
 
     def check_state_dict(self, ours: dict[str, Any] | None) -> None:
@@ -186,7 +214,10 @@ class SignSGD(BucketedAlgorithm):
         self.abandon()
         if ours is None:
             self.reset_error_feedback()
+            for seg in self.buckets:
+                seg.error_lr = 0.0
         else:
             for i, seg in enumerate(self.buckets):
                 self.xp.copy_(seg.m[: seg.numel], ours["buckets"][i]["error"])
+                seg.error_lr = float(ours["buckets"][i].get("error_lr", math.nan))  # none: in the next step's lr
         self.t = plain_step if ours is None else int(ours["step"])

@@ -571,7 +571,8 @@ class SlambStep(FusedStep):
 class BirderStep(FusedStep):
     """Birder's 1-bit algorithm (``hvd_compress.algorithms.birder``): this rank's shards of m, b and the error
     feedback, all per rank and per bucket (each bucket its own); the step count (with the seed, the RNG position)
-    alike everywhere. With more than one bucket the state records the cut (``LAYOUT``)."""
+    alike everywhere. With more than one bucket the state records the cut (``LAYOUT``). The algorithm's
+    ``bucket_scalars`` (SignSGD's ``error_lr``) are float64 variables of a value per bucket, after the others."""
 
     per_rank = ("m", "b", "worker_error", "server_error")
 
@@ -581,6 +582,8 @@ class BirderStep(FusedStep):
         numels = [algorithm.state_numels(n, options.hierarchical) for n in self.bucket_numels()]
         self._state_cuts = [list(itertools.accumulate((0, *(c[k] for c in numels)))) for k in (0, 1)]
         self._update = BACKEND.float32_like(self.numel, None)  # the gradient's copy each step: made once
+        self.bucket_scalars: tuple[str, ...] = tuple(algorithm.bucket_scalars)
+        self.scalars = (*FusedStep.scalars, *self.bucket_scalars)
 
     def rank_bound_moments(self) -> tuple[str, ...]:
         """m and b where they are this rank's chunk's only (``BirderAlgorithm.sharded_moments``): another rank's
@@ -591,10 +594,12 @@ class BirderStep(FusedStep):
         c1, c2 = self._state_cuts[0][-1], self._state_cuts[1][-1]
         return {"m": ((c1,), "float32", "zeros"), "b": ((c1,), "float32", "zeros"),
                 "worker_error": ((c1,), "float32", "zeros"), "server_error": ((c2,), "float32", "zeros"),
-                "step": ((), "int64", "zeros"), **self.layout_shape()}
+                "step": ((), "int64", "zeros"), **self.layout_shape(),
+                **{k: ((len(self.ranges),), "float64", "zeros") for k in self.bucket_scalars}}
 
     def bind(self, session: _Session) -> None:
         (c1, c2), bufs, buckets = self._state_cuts, session.bufs, []
+        scalars = {k: np.asarray(session.saved[k], dtype=np.float64) for k in self.bucket_scalars}
         for i, layout in enumerate(self.layouts):
             a, b = self.span(i)
             buckets.append(BirderBucket(
@@ -603,12 +608,17 @@ class BirderStep(FusedStep):
                 update=self._update[a:b], m=bufs["m"][c1[i]:c1[i + 1]], b=bufs["b"][c1[i]:c1[i + 1]],
                 worker_error=bufs["worker_error"][c1[i]:c1[i + 1]],
                 server_error=bufs["server_error"][c2[i]:c2[i + 1]], views=layout.views,
+                **{k: float(v[i]) for k, v in scalars.items()},
             ))
         self.algorithm.buckets = buckets
         self.algorithm.t = int(session.saved["step"])
 
     def finish_state(self, session: _Session) -> dict[str, np.ndarray]:
-        return {"step": np.asarray(self._step(session), dtype=np.int64)}
+        buckets = self.algorithm.buckets
+        new = {"step": np.asarray(self._step(session), dtype=np.int64)}
+        for k in self.bucket_scalars:
+            new[k] = _fresh_copy(np.asarray([getattr(seg, k) for seg in buckets], dtype=np.float64))
+        return new
 
 
 def make_step(op_algorithm: type, options: Any, shapes: Sequence[tuple[int, ...]], world_size: int,

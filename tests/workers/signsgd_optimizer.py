@@ -1,6 +1,7 @@
 """hc.DistributedOptimizer(torch.optim.SGD(...), op=hc.SignSGD) on a small MLP: each rank's gradients and the
 parameters after every step (the test replays them through the NumPy reference), exact resume from a mid-run
-state_dict, a NaN gradient on the last rank, bad options and refused checkpoints. Saves one dict per rank.
+state_dict, a run whose lr is set before each step to ``SCHEDULE`` (through 0, restored, dropped 10x), a NaN
+gradient on the last rank, bad options and refused checkpoints. Saves one dict per rank.
 
 argv: out_dir, overlap (0/1), bucket_mb.
 """
@@ -17,6 +18,7 @@ hc.init()
 r, n = hc.rank(), hc.size()
 overlap, bucket_mb = sys.argv[2] == "1", float(sys.argv[3])
 STEPS, RESUME_AT, LR = 6, 3, 0.05
+SCHEDULE = [LR, LR, 0.0, 0.0, LR, LR / 10, LR / 10]  # the lr of each step of the scheduled run
 
 
 def model() -> torch.nn.Module:
@@ -33,9 +35,12 @@ def flat(net: torch.nn.Module) -> list[torch.Tensor]:
     return [p.detach().flatten().clone() for p in net.parameters()]
 
 
-def train(net: torch.nn.Module, opt: torch.optim.Optimizer, steps: range) -> tuple[list, list]:
+def train(net: torch.nn.Module, opt: torch.optim.Optimizer, steps: range, lrs=None) -> tuple[list, list]:
     params, grads = [], []
     for t in steps:
+        if lrs is not None:
+            for group in opt.param_groups:
+                group["lr"] = lrs[t]
         x, y = batch(t)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(net(x), y).backward()
@@ -66,6 +71,10 @@ with torch.no_grad():
     for p, q in zip(net2.parameters(), result["params"][RESUME_AT - 1], strict=True):
         p.copy_(q.view_as(p))
 result["resumed"], _ = train(net2, opt2, range(RESUME_AT, STEPS))
+
+net3 = model()
+result["scheduled"], result["scheduled_grads"] = train(net3, wrapped(net3), range(len(SCHEDULE)), SCHEDULE)
+result["schedule"] = SCHEDULE
 
 # A NaN gradient on the last rank: every rank raises, nothing changes.
 before_state = copy.deepcopy(opt.state_dict())
