@@ -121,7 +121,9 @@ def test_signsgd_optimizer_on_every_rank(n: int, overlap: str, bucket_mb: str, o
                          ids=["keras3-n3-buckets", "tf_keras-n2"])
 def test_signsgd_keras_on_every_rank(n: int, legacy: str, bucket_mb: str, out_dir) -> None:
     """Keras 3 and tf_keras: the same rule through ``tensorflow.algorithm_step`` (a custom loop), replayed through
-    the reference; a tf.train.Checkpoint resume bit for bit; bad options raising on every rank."""
+    the reference; a tf.train.Checkpoint resume bit for bit; an lr schedule through 0 (``learning_rate`` set as
+    LearningRateScheduler sets it) equal to the reference, nothing moving at lr 0; bad options raising on every
+    rank."""
     mpirun("keras_signsgd.py", n, out_dir, bucket_mb, timeout=400, env={"TF_USE_LEGACY_KERAS": legacy})
     ranks = load_pickled_ranks(out_dir, n)
     x = ranks[0]["initial"]
@@ -140,3 +142,4 @@ def test_signsgd_keras_on_every_rank(n: int, legacy: str, bucket_mb: str, out_di
         assert "TypeError" in ranks[r]["lamb_option"] and "min_coeff" in ranks[r]["lamb_option"]
         assert "ValueError" in ranks[r]["momentum"] and "momentum" in ranks[r]["momentum"]
         assert "TypeError" in ranks[r]["not_sgd"] and "SGD" in ranks[r]["not_sgd"]
+    _assert_schedule_followed(ranks, n, ranks[0]["schedule"], f"{'tf_keras' if legacy == '1' else 'keras3'} n={n}")

@@ -1,6 +1,8 @@
 """hck.DistributedOptimizer(SGD(lr), op=hck.SignSGD) under Keras 3 or tf_keras (``TF_USE_LEGACY_KERAS=1``): each
 rank's gradients and the variables after every step of a custom loop (the test replays them through the NumPy
-reference), a resume from a tf.train.Checkpoint, bad options. Pickles one dict per rank.
+reference), a resume from a tf.train.Checkpoint, a run whose ``learning_rate`` is set before each step to
+``SCHEDULE`` (through 0, restored, dropped 10x) as ``LearningRateScheduler`` sets it, bad options. Pickles one dict
+per rank.
 
 argv: out_dir, bucket_mb.
 """
@@ -24,6 +26,7 @@ hck.init()
 r, n = hck.rank(), hck.size()
 bucket_mb = float(sys.argv[2])
 STEPS, RESUME_AT, LR = 5, 2, 0.05
+SCHEDULE = [LR, LR, 0.0, 0.0, LR, LR / 10, LR / 10]  # the lr of each step of the scheduled run
 
 
 def model() -> "keras.Model":
@@ -42,9 +45,11 @@ def wrapped(**options) -> object:
     return hck.DistributedOptimizer(keras.optimizers.SGD(LR), op=hck.SignSGD, bucket_mb=bucket_mb, **options)
 
 
-def train(net, opt, steps) -> tuple[list, list]:
+def train(net, opt, steps, lrs=None) -> tuple[list, list]:
     params, grads = [], []
     for t in steps:
+        if lrs is not None:
+            opt.learning_rate = lrs[t]
         x, y = batch(t)
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((net(x) - y) ** 2)
@@ -69,6 +74,8 @@ opt2 = wrapped()
 opt2.build(net2.trainable_variables)
 tf.train.Checkpoint(model=net2, optimizer=opt2).read(path).expect_partial()
 out["resumed"], _ = train(net2, opt2, range(RESUME_AT, STEPS))
+out["scheduled"], out["scheduled_grads"] = train(model(), wrapped(), range(len(SCHEDULE)), SCHEDULE)
+out["schedule"] = [float(np.float32(lr)) for lr in SCHEDULE]  # the float32 rates the optimizer holds
 out["unknown_option"] = outcome(lambda: wrapped(seed=1))
 out["lamb_option"] = outcome(lambda: wrapped(min_coeff=0.1))
 out["momentum"] = outcome(lambda: hck.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9), op=hck.SignSGD))
