@@ -2,7 +2,8 @@
 made on the inner optimizer before wrapping (through ``hc.DistributedOptimizer`` and Horovod's routed entry, and
 going on after the wrapper loads a state_dict or after ``hvd.broadcast_optimizer_state``), and one made on the
 wrapper after, each step as the run whose rates are written by hand (``workers/lr_schedule.py``); Horovod's own
-wrapper for Average and Sum; the inner optimizer's lr set to 0 after wrapping moves nothing. 2 and 3 ranks, real
+wrapper for Average and Sum; the inner optimizer's lr set to 0 after wrapping moves nothing, from the start or after
+steps at its lr (whatever error feedback they left). 2 and 3 ranks, real
 processes, numbers compared exactly."""
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ HOROVODS = ("Average", "Sum")
 #: What lr=0 may move, relative to the value: SLAMB's dense parameter average every sync_interval steps (two in the
 #: run) rounds the float32 sum of n equal values (a unit in the last place each at 3 ranks, as Horovod's would)
 ROUNDING = {"SLAMB": 2 * 2.0**-23}
+RESUME_AT = 2  # workers/lr_schedule.py: the step of the resumed run's load and of the to_zero run's drop to lr 0
+TINY = torch.finfo(torch.float32).tiny  # a zero element that stays zero moved by 0, not 0 / 0
 CASE = ("4",)  # steps: past every op's warm-up (2 steps in the worker), SLAMB's two parameter averages
 
 
@@ -62,3 +65,10 @@ def test_lr_scheduler_on_the_wrapped_optimizer_acts_on_every_op(n: int, launched
             x0 = runs["initial"]
             moved = [float(((p - x0).abs() / x0.abs()).max()) for p in runs["zero"]]
             assert max(moved) <= ROUNDING.get(name, 0.0), f"{where}: the inner lr=0 still moved it by {moved} (rel.)"
+            # lr 0 after RESUME_AT steps at the op's lr: what the error feedback carries from then moves nothing
+            later = runs["to_zero"]
+            assert _differ(later[:RESUME_AT], runs["constant"][:RESUME_AT]) is None, f"{where}: to_zero's first steps"
+            x0 = later[RESUME_AT - 1]
+            moved = [float(((p - x0).abs() / x0.abs().clamp_min(TINY)).max()) for p in later[RESUME_AT:]]
+            assert max(moved) <= ROUNDING.get(name, 0.0), \
+                f"{where}: lr 0 after {RESUME_AT} steps still moved it by {moved} (rel.)"

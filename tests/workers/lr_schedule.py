@@ -7,7 +7,9 @@ argv: out_dir, the number of steps. Saves per rank, per op, the flat parameters 
 and Sum Horovod's own wrapper), ``resumed`` (as ``before``, with the wrapper's own ``state_dict()`` loaded midway),
 ``broadcast`` (as ``before``, with ``hvd.broadcast_optimizer_state`` right after wrapping), ``by_hand`` (the
 scheduled rates written into the wrapper's param groups before each step; op given by its name, a string),
-``constant`` (no schedule) and ``zero`` (the inner optimizer's lr set to 0 after wrapping); and ``initial``. Also
+``constant`` (no schedule), ``zero`` (the inner optimizer's lr set to 0 after wrapping) and ``to_zero`` (as
+``constant`` until step RESUME_AT, the inner optimizer's lr 0 from there: error feedback made at the old lr must not
+move anything); and ``initial``. Also
 the outcome of ``op=`` a reduction that is no optimizer's (Max by name, hc.Min) and of an unknown name.
 """
 
@@ -84,6 +86,9 @@ def run(name: str, mode: str) -> list[torch.Tensor]:
         if mode == "by_hand":
             for group in opt.param_groups:
                 group["lr"] = lr0 * 0.5**s
+        if mode == "to_zero" and s == RESUME_AT:
+            for group in inner.param_groups:
+                group["lr"] = 0.0
         if mode == "resumed" and s == RESUME_AT:
             opt.load_state_dict(opt.state_dict())
         g = torch.Generator().manual_seed(100 * s + r)
@@ -100,7 +105,8 @@ def run(name: str, mode: str) -> list[torch.Tensor]:
 out = {}
 for name in OPS:
     # Horovod's own wrapper has no top-k compression: TopK has no routed run
-    modes = [m for m in ("before", "after", "routed", "resumed", "broadcast", "by_hand", "constant", "zero")
+    modes = [m for m in ("before", "after", "routed", "resumed", "broadcast", "by_hand", "constant", "zero",
+                                 "to_zero")
              if not (name == "TopK" and m == "routed")]
     out[name] = {mode: run(name, mode) for mode in modes}
     out[name]["initial"] = flat_parameters(model())
