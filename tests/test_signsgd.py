@@ -103,9 +103,11 @@ def test_signsgd_optimizer_on_every_rank(n: int, overlap: str, bucket_mb: str, o
                 assert torch.equal(a, ranks[0]["params"][t][k]), f"rank {r} differs from rank 0 at step {t + 1}"
                 np.testing.assert_allclose(a.numpy(), b, rtol=2e-6, atol=1e-7,
                                            err_msg=f"n={n} rank {r} step {t + 1} param {k} vs the reference")
-        for t, (got, exp) in enumerate(zip(ranks[r]["resumed"], ranks[r]["params"][3:], strict=True)):
-            for a, b in zip(got, exp, strict=True):
-                assert torch.equal(a, b), f"rank {r}: resumed run differs at step {t + 4}"
+        for run in ("resumed", "resumed_unrecorded"):  # the latter from a checkpoint without error_lr
+            for t, (got, exp) in enumerate(zip(ranks[r][run], ranks[r]["params"][3:], strict=True)):
+                for a, b in zip(got, exp, strict=True):
+                    assert torch.equal(a, b), f"rank {r}: {run} run differs at step {t + 4}"
+        assert "ValueError" in ranks[r]["bad_error_lr"] and "error_lr" in ranks[r]["bad_error_lr"]
         nan = ranks[r]["nan"]
         assert any(k in nan for k in USAGE) and "non-finite" in nan, f"rank {r}: {nan}"
         assert ranks[r]["nan_state_unchanged"] and ranks[r]["nan_params_unchanged"], f"rank {r}: changed on NaN"

@@ -200,6 +200,9 @@ class SignSGD(BucketedAlgorithm):
             if self.xp.describe(s.get("error")) != ("float32", seg.numel):
                 raise ValueError(f"{what}: error is {self.xp.describe(s.get('error'))}, expected float32 x "
                                  f"{seg.numel}")
+            error_lr = s.get("error_lr", math.nan)
+            if not isinstance(error_lr, int | float) or error_lr < 0:
+                raise ValueError(f"{what}: error_lr is {error_lr!r}, expected a float >= 0 (or NaN)")
 
     def check_plain_step(self, t: int, key: str) -> None:
         """A plain SGD checkpoint starts EF-signSGD with zero error only at step 0."""

@@ -71,6 +71,20 @@ with torch.no_grad():
     for p, q in zip(net2.parameters(), result["params"][RESUME_AT - 1], strict=True):
         p.copy_(q.view_as(p))
 result["resumed"], _ = train(net2, opt2, range(RESUME_AT, STEPS))
+# A checkpoint without error_lr keeps its errors (taken to be in the next step's lr): the same resume
+unrecorded = copy.deepcopy(ckpt)
+for saved in unrecorded["hvd_compress"]["buckets"]:
+    del saved["error_lr"]
+net2 = model()
+opt2 = wrapped(net2)
+opt2.load_state_dict(unrecorded)
+with torch.no_grad():
+    for p, q in zip(net2.parameters(), result["params"][RESUME_AT - 1], strict=True):
+        p.copy_(q.view_as(p))
+result["resumed_unrecorded"], _ = train(net2, opt2, range(RESUME_AT, STEPS))
+bad = copy.deepcopy(ckpt)
+bad["hvd_compress"]["buckets"][0]["error_lr"] = "0.05"
+result["bad_error_lr"] = outcome(lambda: wrapped(model()).load_state_dict(bad))
 
 net3 = model()
 result["scheduled"], result["scheduled_grads"] = train(net3, wrapped(net3), range(len(SCHEDULE)), SCHEDULE)
