@@ -100,7 +100,7 @@ real_allreduce = face.allreduce_
 
 
 def failing_allreduce(tensor, *args, name=None, **kwargs):
-    if armed and r == 1 and (name or "").split("@")[0] == "DistributedOptimizer.grad.1":
+    if armed and r == 1 and (name or "").split("|")[0].split("@")[0] == "DistributedOptimizer.grad.1":
         raise RuntimeError("injected failure in rank 1's bucket 1")
     return real_allreduce(tensor, *args, name=name, **kwargs)
 
