@@ -44,7 +44,7 @@ from hvd_compress.keras.wrapped_step import (
 )
 from hvd_compress.ops.compression import Compression
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.ops.errors import PerRankStateWarning
+from hvd_compress.ops.errors import warn_per_rank_state
 from hvd_compress.ops.horovod_args import NOTE
 from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import apply_algorithm_step, make_step
@@ -495,15 +495,16 @@ class EngineMethods:
             return  # Keras warned and loaded nothing
         loaded = self._hvdc.loaded = per_rank_state.load(self, store)
         if SAVED_BY not in keys or loaded.values:  # this rank's own part, or no error feedback
+            loaded.own = bool(loaded.values)
             return
         saved_by = int(np.asarray(store[SAVED_BY]))
         here = ops.rank()
+        loaded.own = saved_by == here
         if saved_by != here and self._hvdc.rank_bound():
-            warnings.warn(f"{type(self).__name__}.load_own_variables: the file was written by rank {saved_by}; "
+            warn_per_rank_state(f"{type(self).__name__}.load_own_variables: the file was written by rank {saved_by}; "
                           f"rank {here} starts its {self._hvdc.rank_bound_what()} from zero (the rest of the state "
                           "is loaded). For an exact resume, every rank calls opt.gather_per_rank_state() before "
-                          "rank 0's model.save, or each rank saves and loads its own file", PerRankStateWarning,
-                          stacklevel=2)
+                          "rank 0's model.save, or each rank saves and loads its own file", stacklevel=2)
             self.reset_compression_state()
 
     def reset_compression_state(self) -> None:

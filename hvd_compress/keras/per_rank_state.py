@@ -12,13 +12,13 @@ every rank that the per-rank state was not restored."""
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any
 
 import numpy as np
 
 from hvd_compress import ops
-from hvd_compress.ops.errors import PerRankStateWarning
+from hvd_compress.ops.constants import ReduceOp
+from hvd_compress.ops.errors import warn_per_rank_state
 
 #: The ``.keras`` store entries of every rank's part: ``WORLD`` the world size that wrote them, ``PART + str(i)``
 #: every rank's values of the i-th per-rank variable, stacked on a first dim of that size.
@@ -40,6 +40,8 @@ class Gathered:
     iteration: int
     world: int
     values: list[np.ndarray]
+    #: Whether this rank holds its own per-rank state after the load: its part of such a file, or its own file
+    own: bool = False
 
 
 def gather(optimizer: Any) -> Gathered:
@@ -93,11 +95,16 @@ def broadcast(optimizer: Any, root_rank: int, name: str) -> None:
         return
     engine = optimizer._hvdc
     loaded = engine.loaded
-    code = np.zeros(1, np.float64)
+    # [what the root loaded, how many ranks hold their own state]: where every rank loaded its own file (each rank
+    # resumes its own, the callback then runs in fit), nothing is lost and nothing is said.
+    code = np.zeros(2, np.float64)
     if ops.rank() == root_rank and loaded is not None:
         code[0] = 1 if loaded.values else 2
-    ops.broadcast_(code, root_rank, f"{name}.per_rank_kind")
+    code[1] = 1 if loaded is not None and loaded.own else 0
+    ops.allreduce_(code, op=ReduceOp.Sum, name=f"{name}.per_rank_kind")
     engine.loaded = None
+    if code[0] == 2 and code[1] == ops.size():
+        return
     if code[0] == 1:
         for i, x in enumerate(variables):
             dtype = np.dtype(getattr(x.dtype, "as_numpy_dtype", x.dtype))
@@ -107,10 +114,11 @@ def broadcast(optimizer: Any, root_rank: int, name: str) -> None:
             x.assign(buf[ops.rank()])
     elif code[0] == 2 and ops.size() > 1:
         rank = ops.rank()
-        fallback = ("keeps its own (it loaded it)" if rank == root_rank else
+        kept = rank == root_rank or (loaded is not None and loaded.own)
+        fallback = ("keeps its own (it loaded it)" if kept else
                     "starts its error feedback from zero and keeps the rest as it was built" if engine.rank_bound()
                     else "keeps its own as it was built")
-        warnings.warn(PLAIN.format(name=name, root=root_rank, what=engine.per_rank_what(), rank=rank,
-                                   fallback=fallback), PerRankStateWarning, stacklevel=3)
-        if rank != root_rank:
+        warn_per_rank_state(PLAIN.format(name=name, root=root_rank, what=engine.per_rank_what(), rank=rank,
+                                   fallback=fallback), stacklevel=3)
+        if not kept:
             optimizer.reset_compression_state()

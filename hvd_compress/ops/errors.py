@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 from hvd_compress import _core
@@ -45,7 +46,13 @@ class PerRankStateWarning(UserWarning):
     of one place): each load is another checkpoint. A user's own filter for it comes first."""
 
 
-warnings.filterwarnings("always", category=PerRankStateWarning, append=True)
+def warn_per_rank_state(message: str, stacklevel: int = 1) -> None:
+    """``warnings.warn(message, PerRankStateWarning, stacklevel)``, shown at every call that the filters let through:
+    with no registry, Python's default action ("once per place") cannot hide a second load's warning, and nothing
+    is added to the process's filters (a user's own for the category still decides)."""
+    frame = sys._getframe(stacklevel)
+    warnings.warn_explicit(message, PerRankStateWarning, frame.f_code.co_filename, frame.f_lineno,
+                           module=frame.f_globals.get("__name__"), registry=None)
 
 #: What the core raises on every rank of a collective alike (a rank that sees one of these needs no rejection).
 CORE_ERRORS = (UsageError, MismatchError, CommTimeoutError, CommError)

@@ -18,13 +18,12 @@ which would leave the other ranks waiting in the broadcast."""
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any
 
 import torch
 
 from hvd_compress import ops
-from hvd_compress.ops.errors import PerRankStateWarning
+from hvd_compress.ops.errors import warn_per_rank_state
 from hvd_compress.torch.context import ensure_init, horovod
 from hvd_compress.torch.functions import broadcast_object
 from hvd_compress.torch.gather import allgather_object
@@ -164,8 +163,8 @@ def load(engine: Any, state_dict: dict[str, Any], name: str, defer: bool = True)
         if not defer or size == 1:
             raise refusal from e
         engine.loaded = Loaded(error=str(refusal))
-        warnings.warn(f"{refusal} (raised on every rank by broadcast_optimizer_state or the next step())",
-                      PerRankStateWarning, stacklevel=4)
+        warn_per_rank_state(f"{refusal} (raised on every rank by broadcast_optimizer_state or the next step())",
+                            stacklevel=4)
         return
     engine.loaded = Loaded(plain=True, saved=saved)
 
@@ -210,8 +209,8 @@ def broadcast(engine: Any, optimizer: torch.optim.Optimizer, root_rank: int, pro
         fallback = "keeps its own (it loaded it)" if rank == root_rank else engine.per_rank_fallback(root_rank)
         saved = payload["saved"]
         text = PLAIN if saved is None or saved == world[1] else OTHER_WORLD_PARTS
-        warnings.warn(text.format(name=name, root=root_rank, what=what, rank=rank, fallback=fallback, saved=saved,
-                                  size=world[1]), PerRankStateWarning, stacklevel=3)
+        warn_per_rank_state(text.format(name=name, root=root_rank, what=what, rank=rank, fallback=fallback,
+                                        saved=saved, size=world[1]), stacklevel=3)
         if rank != root_rank:
             engine.load_broadcast_state(payload["state"])
             engine.reset_error_feedback()

@@ -17,7 +17,7 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from hvd_compress.ops.constants import ReduceOp
-from hvd_compress.ops.errors import PerRankStateWarning, UsageError
+from hvd_compress.ops.errors import UsageError, warn_per_rank_state
 from hvd_compress.ops.traffic import not_counting
 from hvd_compress.torch import checkpoint
 from hvd_compress.torch.checkpoint import WORLD_KEY
@@ -62,10 +62,10 @@ def _another_ranks_section(section: dict[str, Any] | None, name: str, what: str 
     saved_by = (section or {}).get(SAVED_BY)
     if saved_by is None or here is None or saved_by == here:
         return False
-    warnings.warn(f"{name}.load_state_dict: the checkpoint was written by rank {saved_by}; rank {here} starts "
+    warn_per_rank_state(f"{name}.load_state_dict: the checkpoint was written by rank {saved_by}; rank {here} starts "
                   f"its {what} from zero (the rest of the state is loaded). For an exact resume, save "
                   "hc.full_optimizer_state_dict(opt) (every rank calls it; rank 0 saves the dict it returns), or "
-                  "each rank its own state_dict()", PerRankStateWarning, stacklevel=5)
+                  "each rank its own state_dict()", stacklevel=5)
     return True
 
 
