@@ -103,8 +103,8 @@ LINK = re.compile(r"\]\((?!https?://)(?P<target>[^)#\s]*)(?:#(?P<anchor>[^)\s]*)
 
 
 def anchors(path: Path) -> set[str]:
-    """GitHub's anchors of a Markdown file's headings: lower case, punctuation dropped, spaces as dashes. A line
-    inside a code fence (a shell or Python comment) is no heading."""
+    """GitHub's anchors of a Markdown file's headings (lower case, punctuation dropped, spaces as dashes) and its
+    ``<a id="...">`` anchors. A line inside a code fence (a shell or Python comment) is no heading."""
     out, fenced = set(), False
     for line in path.read_text().split("\n"):
         if FENCE.match(line):
@@ -112,6 +112,8 @@ def anchors(path: Path) -> set[str]:
         elif line.startswith("#") and not fenced:
             title = line.lstrip("#").strip().lower()
             out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+        if not fenced:  # an explicit anchor, as the generated pages put before a table or a run's stamp
+            out.update(re.findall(r'<a id="([^"]+)"></a>', line))
     return out
 
 

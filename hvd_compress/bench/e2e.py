@@ -35,7 +35,9 @@ import torch.distributed as dist
 from torch import nn
 
 import hvd_compress.torch as hc
+from hvd_compress.bench.e2e_results import link_bits_per_s
 from hvd_compress.bench.models import MODELS, Data, build, digits
+from hvd_compress.bench.plots import smooth
 from hvd_compress.bench.stamp import stamp
 from hvd_compress.bench.tables import e2e_seeds, vs_dense
 
@@ -269,24 +271,6 @@ def _reduce(comm, values: list[float], op) -> list[float]:
     return recv.tolist()
 
 
-def smooth(xs: list[float], k: int = 10) -> list[float]:
-    out, acc = [], []
-    for x in xs:
-        acc.append(x)
-        acc = acc[-k:]
-        out.append(sum(acc) / len(acc))
-    return out
-
-
-def link_bits_per_s(net: str) -> float | None:
-    """The rate of a tc rate string (``1gbit``, ``100mbit``, ``500kbit``), or None for shared memory."""
-    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0}
-    for unit, scale in units.items():
-        if net.endswith(unit) and net[: -len(unit)].replace(".", "", 1).isdigit():
-            return float(net[: -len(unit)]) * scale
-    return None
-
-
 def _measured_ms(run: Run, warmup: int) -> list[float]:
     """The steps after ``warmup``, or every step of a run that its time budget ended before."""
     return run.step_ms[warmup:] or run.step_ms
@@ -397,29 +381,20 @@ def markdown(rows: list[dict], label: str, size: int, args) -> str:
 
 
 def plot(runs: list[Run], stem: Path, window: int = 10) -> list[Path]:
+    """One PNG per model, ``<stem>_<model>.png``: training loss against wall-clock time, one line per run."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from hvd_compress.bench import plots
 
     paths = []
     for model in dict.fromkeys(r.model for r in runs):
-        fig, ax = plt.subplots(figsize=(9, 5.5))
         mine = [r for r in runs if r.model == model and r.step_ms]
-        colors = plt.get_cmap("tab20")
-        for i, r in enumerate(mine):
-            # ours solid, the alternatives dotted, the no-communication floors dashed
-            style = "--" if r.method.startswith("floor") else "-" if r.method.startswith("hc") else ":"
-            ax.plot(r.wall_s, smooth(r.losses, window), label=r.method, color=colors(i % 20), linestyle=style)
-        ax.set_xlabel("wall-clock s (rank 0)")
-        ax.set_ylabel(f"training loss (mean over ranks, smoothed over {window} steps)")
-        ax.set_yscale("log")
-        ax.set_title(f"{model}: {stem.name}")
-        ax.legend(fontsize=7, ncol=2)
-        path = stem.parent / f"{stem.name}_{model}.png"
-        fig.savefig(path, dpi=100, bbox_inches="tight")
-        plt.close(fig)
-        paths.append(path)
+        with matplotlib.rc_context(plots.RC):
+            fig, ax = plots.pyplot().subplots(figsize=(9, 5.5))
+            plots.loss_panel(ax, [(r.method, r.wall_s, r.losses, r.test_loss) for r in mine],
+                             plots.palette([r.method for r in mine]), window)
+            ax.set_title(f"{model}: {stem.name}")
+            paths.append(plots.save(fig, stem.parent / f"{stem.name}_{model}.png"))
     return paths
 
 

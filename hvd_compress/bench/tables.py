@@ -132,3 +132,67 @@ def e2e_bytes(rows: list[dict]) -> str:
                              f"{r['test_loss']:.3f}" + (f" ({vs})" if vs else ""))
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _percent(v: float | None) -> str:
+    return "" if v is None else f"{100 * v:+.1f}%"
+
+
+def e2e_group(group) -> str:
+    """docs/benchmarks.md's table of one link and rank count (an e2e_results.Group): a row per run, model and method,
+    in the order each run wrote them, so a method or a result file new to the bench shows up without a change here.
+    Horovod / this is Horovod's mean step of the same rule, model, link and ranks over this one (its own run's where
+    it has one, else the group's dense run, marked *). Seeds: the mean held-out loss over the model seeds against
+    the dense rule's mean, and the per-seed ratios' geometric mean [95% interval] (``paired_ratio``)."""
+    from hvd_compress.bench import e2e_results
+
+    header = ["run", "model", "method", "median step ms", "mean step ms", "Horovod / this", "MB / step / rank",
+              "held-out loss", "vs dense", "over seeds: mean vs dense; per seed [95%]"]
+    body = []
+    borrowed = set()
+    for name, result in group.results:
+        run = f"[{result['label']}](#{stamp_anchor(name)})"
+        for row in result["rows"]:
+            head = [run, row["model"], row["method"]]
+            if row.get("skipped"):
+                body.append([*head, f"skipped: {row['skipped']}", *[""] * (len(header) - 4)])
+                continue
+            mean = e2e_results.mean_step_ms(result, row)
+            ratio = e2e_results.vs_horovod(group, name, result, row)
+            ratio_cell = ""
+            if ratio is not None and not row["method"].startswith("Horovod"):
+                ratio_cell = f"{ratio[0]:.2f}" if ratio[0] < 10 else f"{ratio[0]:.0f}"
+                if ratio[1] != name:
+                    ratio_cell += "\\*"
+                    borrowed.add(ratio[1])
+            if row.get("hc_bytes_per_step") is not None:
+                sent = f"{row['hc_bytes_per_step'] / 1e6:.3f}"
+            elif row.get("wire_bytes_per_step") is not None:
+                sent = f"{row['wire_bytes_per_step'] / 1e6:.3f} (wire)"
+            else:
+                sent = ""
+            test = row.get("test_loss")
+            test_cell = ("" if test is None or not math.isfinite(test)
+                         else f"{test:.4f}" if test < 1e3 else f"{test:.1e}")
+            seeds = ""
+            if row.get("test_loss_vs_dense_over_seeds") is not None:
+                seeds = _percent(row["test_loss_vs_dense_over_seeds"])
+                paired = paired_ratio(row["seed_test_losses"], row["seed_dense_test_losses"])
+                if paired is not None:
+                    seeds += "; {:+.0%} [{:+.0%}, {:+.0%}]".format(*paired) + f" ({len(row['seeds'])} seeds)"
+            body.append([*head, f"{row['median_step_ms']:.1f}", "" if mean is None else f"{mean:.1f}", ratio_cell,
+                         sent, test_cell, _percent(row.get("test_loss_vs_dense")), seeds])
+    # A column no row of this group fills (no Horovod step, no dense reference, no seeds) is left out.
+    keep = [i for i in range(len(header)) if i < 4 or any(cells[i] for cells in body)]
+    lines = ["| " + " | ".join(header[i] for i in keep) + " |",
+             "|" + "|".join("---" if i < 3 or i == len(header) - 1 else "---:" for i in keep) + "|"]
+    lines += ["| " + " | ".join(cells[i] for i in keep) + " |" for cells in body]
+    out = "\n".join(lines) + "\n"
+    if borrowed:
+        out += f"\n\\* against Horovod's step in {', '.join(sorted(borrowed))} (same link, ranks and model).\n"
+    return out
+
+
+def stamp_anchor(name: str) -> str:
+    """The id of a result's provenance line on docs/benchmarks.md."""
+    return "run-" + name.removesuffix(".json").replace("_", "-").replace(".", "-")
