@@ -182,17 +182,18 @@ $(CUDACHECK_DIR)/%.o: cpp/cuda/%.cu cpp/cuda/nvcc_flags Makefile $(wildcard cpp/
 	@mkdir -p $(@D)
 	$(NVCC) $(shell cat cpp/cuda/nvcc_flags) -Icpp/include -c $< -o $@
 
-# examples/demo.py on NP ranks behind an emulated DEMO_NET link (tools/slow_link.sh) where root and `ip netns` allow
-# it, else on shared memory (the demo says which); then the Keras demo on shared memory. DEMO_NET= skips the link.
+# The Keras demo on shared memory, then examples/demo.py on NP ranks behind an emulated DEMO_NET link
+# (tools/slow_link.sh) where root and `ip netns` allow it, else on shared memory (the demo says which), so that the
+# output ends with its table and the path of its plot. DEMO_NET= skips the link.
 DEMO_NET ?= 100mbit
 demo: install
+	$(MPIRUN) -np $(NP) $(PY) examples/keras_demo.py --out examples/out
 	@if [ -n "$(DEMO_NET)" ] && bash tools/slow_link.sh $(DEMO_NET) true >/dev/null 2>&1; then \
 		bash tools/slow_link.sh $(DEMO_NET) $(MPIRUN) -np $(NP) $(PY) examples/demo.py --out examples/out; \
 	else \
 		echo "[demo] no emulated $(or $(DEMO_NET),slow) link here (it needs root, ip netns and tc tbf): shared memory"; \
 		$(MPIRUN) -np $(NP) $(PY) examples/demo.py --out examples/out; \
 	fi
-	$(MPIRUN) -np $(NP) $(PY) examples/keras_demo.py --out examples/out
 
 bench: install
 	SAVE=$(SAVE) NP=$(BENCH_NP) PY=$(PY) bash tools/bench.sh $(NET)

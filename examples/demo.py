@@ -5,10 +5,11 @@ Every rank trains a ReLU MLP of about a million parameters (a 4.5 MB gradient pe
 handwritten digits, which ship with the package: Horovod's ``hvd.DistributedOptimizer`` around Adam, then
 ``hc.DistributedOptimizer`` with ``op=`` Average and Adasum (around Adam), OneBitAdam, ZeroOneAdam and PowerSGD
 rank 4 (Adam), OneBitLamb and SLAMB (``hc.Lamb``) and Birder (``hc.Birder``), from the same weights on the same
-batches (the methods and the training loop of ``hvd_compress.bench.e2e``). It prints one table (step time, bytes
-per step, final loss, held-out accuracy, seconds to reach the loss Horovod's step reached in its budget) and
-writes under ``--out`` the training loss against wall-clock seconds as a PNG, one line per op, with the table as
-Markdown and JSON.
+batches (the methods and the training loop of ``hvd_compress.bench.e2e``). It ends with one table, each op's step
+time and held-out accuracy against Horovod's dense step (with bytes per step, losses, seconds to reach the loss
+Horovod's step reached in its budget), and the path of one PNG: training loss against wall-clock seconds per op,
+and held-out accuracy against step time. Table and PNG are rendered from the stamped JSON it writes under
+``--out`` beside them (hvd_compress/bench/tables.py, plots.py), as the benchmark pages are.
 ``make demo`` runs it on 4 ranks behind an emulated 100 Mbit/s link (tools/slow_link.sh: a network namespace
 whose loopback tc tbf limits, MPI over TCP) where the machine allows it, else on shared memory, and says which.
 By hand: ``mpirun -np 4 python examples/demo.py --out examples/out``.
@@ -21,6 +22,7 @@ import json
 import math
 import os
 import statistics
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -29,10 +31,14 @@ import torch
 from mpi4py import MPI
 
 import hvd_compress.torch as hc
-from hvd_compress.bench.e2e import Run, methods, plot, smooth, summarize, train
+from hvd_compress.bench import plots, tables
+from hvd_compress.bench.e2e import Run, methods, summarize, train
 from hvd_compress.bench.models import build, digits
+from hvd_compress.bench.plots import smooth
+from hvd_compress.bench.report import stamp_line
+from hvd_compress.bench.stamp import stamp
 
-HOROVOD = "Horovod Adam"
+HOROVOD = tables.DEMO_BASELINE
 # Losses are smoothed over this many steps: few, since a window of steps is seconds long for a dense step behind a
 # slow link, which would lag its curve and its time to the target behind the fast steps' by that much.
 WINDOW = 3
@@ -45,27 +51,6 @@ def target_loss(horovod_loss: float) -> float:
     sums in another order, ends a few ulps away and reaches the target too."""
     scale = 10.0 ** (math.floor(math.log10(horovod_loss)) - 2)
     return math.ceil(horovod_loss / scale) * scale
-
-
-def table(rows: list[dict], horovod_ms: float, target: float) -> str:
-    """The terminal table: one line per op."""
-    head = (f"| op | ms/step | Horovod ms / this | MB sent/step/rank | steps | final train loss | held-out loss "
-            f"| held-out accuracy | s to loss {target:.3g} |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        if r["hc_bytes_per_step"] is not None:
-            sent = f"{r['hc_bytes_per_step'] / 1e6:.3f}"
-        elif r["wire_bytes_per_step"] is not None:
-            sent = f"{r['wire_bytes_per_step'] / 1e6:.3f} *"
-        else:
-            sent = "n/a"
-        reached = "not reached" if r["time_to_dense_loss_s"] is None else f"{r['time_to_dense_loss_s']:.1f}"
-        lines.append(
-            f"| {r['method']} | {r['median_step_ms']:.1f} | {horovod_ms / r['median_step_ms']:.1f}x | {sent} | "
-            f"{r['steps']} | {r['final_train_loss']:.4f} | {r['test_loss']:.4f} | {100 * r['test_accuracy']:.1f}% | "
-            f"{reached} |"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def notes(net: str, size: int, args: argparse.Namespace) -> str:
@@ -92,7 +77,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default=",".join(OPS), help=f"comma-separated, any of {list(OPS)}")
-    parser.add_argument("--out", type=Path, default=None, help="write the PNG, .md and .json here")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the PNG, .md and .json here (default: a new temporary directory)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     hvd.init()
@@ -130,19 +116,23 @@ def main() -> None:
     if rank != 0:
         return
     target = target_loss(smooth(runs[wanted.index(HOROVOD)].losses, WINDOW)[-1])
-    rows = summarize(runs, args.warmup, size, net, target=target, window=WINDOW)
-    horovod_ms = rows[wanted.index(HOROVOD)]["median_step_ms"]
-    text = table(rows, horovod_ms, target)
-    print("\n" + text + "\n" + notes(net, size, args))
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        stem = args.out / f"demo_{net or 'shm'}_np{size}"
-        stem.with_suffix(".md").write_text(text + "\n" + notes(net, size, args))
-        stem.with_suffix(".json").write_text(json.dumps({"net": net, "ranks": size, "target": target, "rows": rows,
-                                                          "runs": [r.__dict__ for r in runs]}, indent=1))
-        pngs = plot(runs, stem, window=WINDOW)
-        print(f"[demo] wrote {stem}.md, {stem}.json and {', '.join(str(p) for p in pngs)}")
-
+    result = {"stamp": stamp("demo", "hvd_compress.bench.e2e", size), "net": net, "ranks": size, "target": target,
+              "rows": summarize(runs, args.warmup, size, net, target=target, window=WINDOW),
+              "runs": [r.__dict__ for r in runs]}
+    result["stamp"]["command"] = ["python", "examples/demo.py", *result["stamp"]["command"][3:]]
+    out = args.out if args.out is not None else Path(tempfile.mkdtemp(prefix="hvdc_demo_"))
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"demo_{net or 'shm'}_np{size}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    # What follows is rendered from the JSON just written, as docs/benchmarks.md is from the bench's.
+    result = json.loads(stem.with_suffix(".json").read_text())
+    provenance = stamp_line(result["stamp"], stem.name + ".json", str(stem.with_suffix(".json")))
+    text = tables.demo(result) + "\n" + notes(net, size, args) + "\n" + provenance
+    stem.with_suffix(".md").write_text(text + "\n")
+    png = plots.demo(result, stem.with_suffix(".png"), window=WINDOW)
+    print("\n" + text + "\n")
+    print(f"[demo] table: {stem}.md, results: {stem}.json")
+    print(f"[demo] plot: {png}")
 
 if __name__ == "__main__":
     main()

@@ -43,8 +43,9 @@ def network(net: str) -> str:
     return f"an emulated {net} link (tools/slow_link.sh: tc tbf on a network namespace's loopback, MPI over TCP)"
 
 
-def stamp_line(stamp: dict, name: str) -> str:
-    """One paragraph: when, which commit, which machine, how many ranks, which network, which command."""
+def stamp_line(stamp: dict, name: str, href: str | None = None) -> str:
+    """One paragraph: when, which commit, which machine, how many ranks, which network, which command; ``name``
+    links to ``href`` (default: the committed result ``bench-data/<name>``)."""
     if stamp.get("commit"):
         commit = f"commit `{stamp['commit'][:10]}`" + (" with uncommitted changes" if stamp.get("dirty") else "")
     else:
@@ -61,7 +62,7 @@ def stamp_line(stamp: dict, name: str) -> str:
     if stamp.get("loadavg"):
         settings += ", load average {:g} / {:g} / {:g} (1 / 5 / 15 min) at the end".format(*stamp["loadavg"])
     return (f"Measured {stamp['date']} at {commit} on {machine}, {ranks}, {network(stamp['net'])}{env}{settings}: "
-            f"`{shlex.join(stamp['command'])}` ([{name}](bench-data/{name}))")
+            f"`{shlex.join(stamp['command'])}` ([{name}]({href or f'bench-data/{name}'}))")
 
 
 def result_tables(result: dict) -> str:

@@ -196,3 +196,32 @@ def e2e_group(group) -> str:
 def stamp_anchor(name: str) -> str:
     """The id of a result's provenance line on docs/benchmarks.md."""
     return "run-" + name.removesuffix(".json").replace("_", "-").replace(".", "-")
+
+
+#: The op every demo row is compared with.
+DEMO_BASELINE = "Horovod Adam"
+
+
+def demo(result: dict) -> str:
+    """``make demo``'s table, from the JSON it writes: a row per op, its step and held-out accuracy against
+    Horovod's dense step (the row ``DEMO_BASELINE``), bytes, losses and the seconds to reach ``result["target"]``,
+    the training loss Horovod's step ended at."""
+    rows = [r for r in result["rows"] if not r.get("skipped")]
+    base = next(r for r in rows if r["method"] == DEMO_BASELINE)
+    lines = [f"| op | ms/step | Horovod ms / this | held-out accuracy | vs Horovod (points) | MB sent/step/rank "
+             f"| steps | final train loss | held-out loss | s to loss {result['target']:.3g} |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["hc_bytes_per_step"] is not None:
+            sent = f"{r['hc_bytes_per_step'] / 1e6:.3f}"
+        elif r.get("wire_bytes_per_step") is not None:
+            sent = f"{r['wire_bytes_per_step'] / 1e6:.3f} *"
+        else:
+            sent = "n/a"
+        reached = "not reached" if r["time_to_dense_loss_s"] is None else f"{r['time_to_dense_loss_s']:.1f}"
+        lines.append(
+            f"| {r['method']} | {r['median_step_ms']:.1f} | {base['median_step_ms'] / r['median_step_ms']:.1f}x | "
+            f"{100 * r['test_accuracy']:.1f}% | {100 * (r['test_accuracy'] - base['test_accuracy']):+.1f} | {sent} | "
+            f"{r['steps']} | {r['final_train_loss']:.4f} | {r['test_loss']:.4f} | {reached} |"
+        )
+    return "\n".join(lines) + "\n"
