@@ -221,8 +221,9 @@ TWO_NODES_ARGS ?= --sizes 1,16,64 --only "Birder step,Birder hierarchical step,O
 bench-two-nodes: install
 	SAVE=$(SAVE) BENCH_ARGS='$(TWO_NODES_ARGS)' PY=$(PY) bash tools/two_nodes.sh $(TWO_NODES_RATE)
 
-# docs/benchmarks.md from docs/bench-data/*.json and the page's template docs/bench-data/benchmarks.md.in
-# (hvd_compress/bench/report.py; no run, no MPI). tests/test_bench_docs.py fails when the page is out of date.
+# docs/benchmarks.md, its PNGs (docs/img/bench/) and README's op table from docs/bench-data/*.json and the page's
+# template docs/bench-data/benchmarks.md.in (hvd_compress/bench/report.py; no run, no MPI).
+# tests/test_bench_docs.py fails when any of them differs from its render.
 bench-docs:
 	$(PY) -m hvd_compress.bench.report
 
