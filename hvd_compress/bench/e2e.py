@@ -382,14 +382,12 @@ def markdown(rows: list[dict], label: str, size: int, args) -> str:
 
 def plot(runs: list[Run], stem: Path, window: int = 10) -> list[Path]:
     """One PNG per model, ``<stem>_<model>.png``: training loss against wall-clock time, one line per run."""
-    import matplotlib
-
     from hvd_compress.bench import plots
 
     paths = []
     for model in dict.fromkeys(r.model for r in runs):
         mine = [r for r in runs if r.model == model and r.step_ms]
-        with matplotlib.rc_context(plots.RC):
+        with plots.context():
             fig, ax = plots.pyplot().subplots(figsize=(9, 5.5))
             plots.loss_panel(ax, [(r.method, r.wall_s, r.losses, r.test_loss) for r in mine],
                              plots.palette([r.method for r in mine]), window)

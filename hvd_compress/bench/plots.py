@@ -8,6 +8,7 @@ Software entry names the matplotlib that drew it, which is how the test knows wh
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 #: dpi of every PNG; with the fixed figure sizes, the pixel size.
@@ -24,6 +25,17 @@ def smooth(xs: list[float], k: int = 10) -> list[float]:
         acc = acc[-k:]
         out.append(sum(acc) / len(acc))
     return out
+
+
+@contextlib.contextmanager
+def context():
+    """matplotlib's own defaults (not a matplotlibrc's or another caller's settings) and ``RC``, for this block."""
+    import matplotlib
+
+    with matplotlib.rc_context():
+        matplotlib.rcdefaults()
+        matplotlib.rcParams.update(RC)
+        yield
 
 
 def pyplot():
@@ -81,13 +93,12 @@ def e2e_group(group, path: Path, window: int = 10) -> Path:
     every method of that run; where the run has no Horovod step, the group's Horovod run of that model is drawn
     beside it (same link and ranks, another run: its legend names the file)."""
     plt = pyplot()
-    import matplotlib
 
     panels = []
     for name, result in group.results:
         for model in dict.fromkeys(r["model"] for r in result.get("runs", [])):
             panels.append((name, result, model))
-    with matplotlib.rc_context(RC):
+    with context():
         cols = min(2, len(panels)) or 1
         rows = (len(panels) + cols - 1) // cols or 1
         fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
@@ -121,9 +132,8 @@ def demo(result: dict, path: Path, window: int) -> Path:
     """The demo's PNG: training loss against wall-clock time per op (left), and each op's held-out accuracy
     against its step time (right), Horovod's dense step marked."""
     plt = pyplot()
-    import matplotlib
 
-    with matplotlib.rc_context(RC):
+    with context():
         fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
         runs = [r for r in result["runs"] if r.get("step_ms")]
         colors = palette([r["method"] for r in runs])
