@@ -9,6 +9,7 @@ Software entry names the matplotlib that drew it, which is how the test knows wh
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 
 #: dpi of every PNG; with the fixed figure sizes, the pixel size.
@@ -75,6 +76,13 @@ def loss_panel(ax, curves: list[tuple[str, list[float], list[float], float | Non
         ax.plot(wall_s, smooth(losses, window), label=method, color=color, linestyle=style(method), linewidth=1.2)
         if test_loss is not None and wall_s:
             ax.plot([wall_s[-1]], [test_loss], marker="o", markersize=4, color=color, linestyle="none")
+    # A diverged run leaves the chart above twice the highest starting loss instead of squashing every other line.
+    starts = [losses[0] for _, _, losses, _ in curves if losses and math.isfinite(losses[0])]
+    if starts:
+        top = 2 * max(starts)
+        shown = [v for _, _, losses, test in curves for v in [*smooth(losses, window), test]
+                 if v is not None and math.isfinite(v) and 0 < v <= top]
+        ax.set_ylim(0.7 * min(shown, default=top / 10), top)
     ax.set_xlabel("wall-clock s (rank 0)")
     ax.set_ylabel(f"training loss (smoothed over {window} steps)\ndot: held-out loss at the end")
     ax.set_yscale("log")
@@ -123,8 +131,12 @@ def e2e_group(group, path: Path, window: int = 10) -> Path:
             ax.set_title(f"{name}: {model}")
         for ax in list(axes.flat)[len(panels):]:
             ax.set_visible(False)
-        fig.suptitle(f"End to end, {group.title}: training loss against wall-clock time", fontsize=10)
-        fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()))
+        fig.suptitle(f"End to end, {group.title}: training loss against wall-clock time", fontsize=10,
+                     y=1 - 0.12 / fig.get_figheight(), va="top")
+        # Fixed margins in inches rather than tight_layout, which draws every panel once more to measure it.
+        w, h = fig.get_figwidth(), fig.get_figheight()
+        fig.subplots_adjust(left=1.0 / w, right=1 - 0.15 / w, bottom=0.5 / h, top=1 - 0.7 / h, wspace=0.24,
+                            hspace=0.28)
         return save(fig, path)
 
 
