@@ -15,6 +15,7 @@ import torch
 from mpi_harness import Cases
 from workers.diloco_task import CONFIGS, REGROW, RESUMES, SIZES, STEPS, initial, inner_step
 
+from hvd_compress.reference.block_quant import block_quant_allreduce
 from hvd_compress.reference.diloco import ReferenceDiLoCo
 
 WORLDS = (2, 3, 4)
@@ -73,6 +74,9 @@ def test_diloco_sends_only_at_syncs_and_less_per_step_with_fragments(launched, w
             f"{world} ranks, rank {r}: peak bytes {halves} with 2 fragments, {full} with 1"
         fp16 = max(got["runs"]["fp16"]["sent"])
         assert 0 < fp16 <= 0.55 * halves, f"{world} ranks, rank {r}: peak bytes {fp16} fp16, {halves} float32"
+        int8, int4 = max(got["runs"]["int8"]["sent"]), max(got["runs"]["int4"]["sent"])
+        assert 0 < int8 <= 0.3 * full, f"{world} ranks, rank {r}: peak bytes {int8} int8, {full} float32"
+        assert 0 < int4 <= 0.2 * halves, f"{world} ranks, rank {r}: peak bytes {int4} int4, {halves} float32"
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -105,6 +109,34 @@ def test_diloco_checkpoint_of_2_ranks_continues_at_3(launched) -> None:
                                                                    "regrow.pt")))):
         for t, flat in enumerate(got["flats"]):
             check_close(flat, want[t][r], False, f"resumed at 3 ranks, rank {r}, step {at + t}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_block_quantized_allreduce_matches_reference(launched, world) -> None:
+    """The core's int8/int4 collective (Average and Sum, sizes that pad a chunk) against reference/block_quant.py, bit
+    for bit: the result on every rank and each rank's new error; a NaN on one rank and bits that differ by rank raise
+    on every rank, the error unchanged."""
+    ranks = launched.ranks(world, ("main",))
+    for key in ranks[0]["quantized"]["calls"]:
+        bits, op, numel = key
+        xs = [got["quantized"]["calls"][key][0] for got in ranks]
+        es = [got["quantized"]["calls"][key][1] for got in ranks]
+        want, errors = block_quant_allreduce(xs, es, bits, op)
+        for r, got in enumerate(ranks):
+            _, _, result, error = got["quantized"]["calls"][key]
+            where = f"int{bits} {op} of {numel}, {world} ranks, rank {r}"
+            assert np.array_equal(result, want), f"{where}: result differs by {np.abs(result - want).max():.3g}"
+            assert np.array_equal(error, errors[r]), f"{where}: error differs by {np.abs(error - errors[r]).max():.3g}"
+        # Not vacuous: quantization lost something, and the result is close to the exact average.
+        exact = np.mean([x + e for x, e in zip(xs, es, strict=True)], axis=0) * (world if op == "Sum" else 1)
+        assert np.abs(errors[0]).max() > 0
+        assert np.abs(want - exact).max() <= (0.2 if bits == 4 else 0.02) * np.abs(exact).max() * world
+    for r, got in enumerate(ranks):
+        refusals = got["quantized"]["refusals"]
+        assert refusals["nan"].startswith("RejectedInputError") and "non-finite" in refusals["nan"], \
+            f"rank {r}: {refusals['nan']}"
+        assert refusals["nan_error_kept"], f"rank {r}: a refused call changed the error"
+        assert refusals["bits"].startswith("MismatchError"), f"rank {r}: {refusals['bits']}"
 
 
 BAD = {

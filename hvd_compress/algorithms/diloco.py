@@ -16,8 +16,10 @@ paper's algorithm it belongs to:
   (1 - alpha) theta_global + alpha theta_local (``mix`` alpha) of the new global and the local parameters as they
   are tau steps later.
 - Section 2.4 (quantized outer gradients): ``outer_compression`` fp16 or bf16 sends the outer gradient rounded to
-  16 bits (round to nearest even), summed in float32 on each rank's chunk and rounded once more; the rounding error
-  of each rank's send is carried to the next sync of that fragment (error feedback).
+  16 bits (round to nearest even), int8 or int4 in blocks of 64 with a float32 scale each (the core's
+  block-quantized allreduce, format in cpp/include/hvdc/elementwise/block_quant.h); each rank's chunk of the sum is
+  reduced in float32 and re-quantized once, and the quantization error of each rank's send is carried to the next
+  sync of that fragment (error feedback).
 
 Everything runs on the host in float32, whatever device and dtype the parameters have: the synced copy, the outer
 momentum and the error feedback of each fragment are NumPy arrays in one ``DiLoCoState``, the same on every rank
@@ -38,12 +40,13 @@ import numpy as np
 from hvd_compress import ops
 from hvd_compress.algorithms import contract
 from hvd_compress.ops import runtime
+from hvd_compress.ops.block_quant import BITS, block_quant_allreduce_
 from hvd_compress.ops.compression import Compressor, compressed_allreduce_
 from hvd_compress.ops.constants import AlgorithmOp, ReduceOp
 from hvd_compress.ops.traffic import CommMeter
 
 #: The wire formats of the outer gradient (``outer_compression``).
-OUTER_COMPRESSIONS = ("none", "fp16", "bf16")
+OUTER_COMPRESSIONS = ("none", "fp16", "bf16", "int8", "int4")
 
 
 def _integer(x: Any) -> bool:
@@ -241,8 +244,9 @@ class DiLoCoSync:
         self.meter = meter
         self.name = name
         self.state = DiLoCoState(options)
-        # Syncs in flight: fragment -> (start step, future of the average, the array reduced in place).
-        self.inflight: dict[int, tuple[int, concurrent.futures.Future, np.ndarray]] = {}
+        # Syncs in flight: fragment -> (start step, future, the array averaged in place, a copy of it as sent, the
+        # error array the core updates for int8/int4).
+        self.inflight: dict[int, tuple[int, concurrent.futures.Future, np.ndarray, np.ndarray, Any]] = {}
 
     # -- the schedule ------------------------------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -272,30 +276,37 @@ class DiLoCoSync:
         st = self.state
         delta = st.synced[f] - self.io.read(f)  # DiLoCo Algorithm 1: Delta = theta_synced - theta_local
         kind = self.options.outer_compression
-        if kind != "none":  # Section 2.4: send the error-compensated delta rounded; keep what rounding lost
+        if kind in ("fp16", "bf16"):  # Section 2.4: send the error-compensated delta rounded; keep what rounding lost
             compensated = delta + st.error[f]
             delta = round_to_wire(compensated, kind)
             st.error[f] = compensated - delta
         name = f"{self.name}.{f}"
         if self.options.sync_delay == 0:
-            self.meter.run(self._average, delta, name)
+            self.meter.run(self._average, delta, f, name)
             st.averaged[f] = (st.step, delta)
-        else:
-            future = runtime.submit(self.meter.run, self._average, delta, name)
-            self.inflight[f] = (st.step, future, delta)
+        else:  # the int8/int4 error of fragment f is the core's to update until the merge
+            # the core updates a copy of the error: the state's stays as before the sync until its merge
+            sent, error = delta.copy(), None if st.error is None else st.error[f].copy()
+            future = runtime.submit(self.meter.run, self._average, delta, f, name, error)
+            self.inflight[f] = (st.step, future, delta, sent, error)
 
-    def _average(self, delta: np.ndarray, name: str) -> None:
+    def _average(self, delta: np.ndarray, f: int, name: str, error: np.ndarray | None = None) -> None:
         kind = self.options.outer_compression
         if kind == "none":
             ops.allreduce_(delta, op=ReduceOp.Average, name=name)
+        elif kind in BITS:  # error feedback inside the core's call: c = delta + error, error = c - sent
+            error = self.state.error[f] if error is None else error
+            block_quant_allreduce_(delta, BITS[kind], error, op=ReduceOp.Average, name=name)
         else:
             compressed_allreduce_(delta, Compressor(kind), op=ReduceOp.Average, name=name)
 
     def _wait(self, f: int) -> None:
         """The average of fragment ``f``'s sync in flight, waited for, kept in ``state.averaged``."""
-        start, future, delta = self.inflight.pop(f)
+        start, future, delta, _, error = self.inflight.pop(f)
         future.result()
         self.state.averaged[f] = (start, delta)
+        if error is not None:  # the array the core updated (a face may have replaced the state's since)
+            self.state.error[f] = error
 
     def _finish(self, f: int) -> None:
         """The outer step of fragment ``f`` on its averaged outer gradient, then the merge into the parameters."""
@@ -306,6 +317,13 @@ class DiLoCoSync:
         outer_step(st.synced[f], st.momentum[f], gradient, self.options)
         self.io.write(f, merge(st.synced[f], self.io.read(f) if self.options.mix else st.synced[f],
                                self.options.mix))
+
+    def average_now(self, f: int, start: int, sent: np.ndarray) -> None:
+        """The average of a sync whose call this process never made (a face restored it from variables that hold
+        what this rank sent, ``sent``): made now, on every rank alike, before its merge."""
+        delta = np.array(sent, dtype=np.float32)
+        self.meter.run(self._average, delta, f, f"{self.name}.{f}")
+        self.state.averaged[f] = (start, delta)
 
     def wait_all(self) -> None:
         """Wait for every sync in flight (its average kept for its merge at its step)."""

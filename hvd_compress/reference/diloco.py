@@ -4,7 +4,8 @@ Written from the rules as issue 59 states them from the papers (arXiv 2311.08105
 Sections 2.2 to 2.4), independently of the algorithm module: each virtual rank holds its parameters as one flat
 float32 vector and steps it with ``inner_step(rank, step, params)``; every ``sync_every`` steps, per fragment at its
 offset, the outer gradient synced - local is averaged (exactly, rounded once to float32, as ``reference.allreduce``;
-16-bit wire formats as ``reference.compression.half_wire_allreduce``), an outer Nesterov SGD steps the synced copy,
+16-bit wire formats as ``reference.compression.half_wire_allreduce``, int8/int4 as
+``reference.block_quant``), an outer Nesterov SGD steps the synced copy,
 and after ``sync_delay`` further inner steps each rank's fragment becomes (1 - mix) synced + mix local.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from hvd_compress.reference.allreduce import allreduce
+from hvd_compress.reference.block_quant import block_quant_allreduce
 from hvd_compress.reference.compression import half_wire_allreduce
 from hvd_compress.reference.dtypes import round_to
 
@@ -72,6 +74,11 @@ class ReferenceDiLoCo:
         deltas = [self.synced[f] - p[ix] for p in self.params]
         if self.wire == "none":
             return allreduce(deltas)[0].astype(np.float32)
+        if self.wire in ("int8", "int4"):
+            out, errors = block_quant_allreduce(deltas, [e[f] for e in self.error], int(self.wire[3:]))
+            for r, e in enumerate(errors):
+                self.error[r][f] = e
+            return out
         sent = []
         for r, d in enumerate(deltas):
             c = d + self.error[r][f]

@@ -94,6 +94,32 @@ def bad_options() -> dict[str, str]:
     return out
 
 
+def quantized(rank: int) -> dict:
+    """The core's int8/int4 collective alone, at sizes that pad: each (bits, op, numel) -> (inputs, errors,
+    result, new errors); and its refusals on every rank (a NaN on rank 1 only, bits that differ by rank)."""
+    from hvd_compress.ops.block_quant import block_quant_allreduce_
+    from hvd_compress.ops.constants import ReduceOp
+
+    out = {}
+    for bits in (8, 4):
+        for op in ("Average", "Sum"):
+            for numel in (5, 1000):
+                gen = np.random.default_rng(100 * bits + numel + 7 * rank)
+                x = (gen.standard_normal(numel) * np.exp(gen.standard_normal(numel))).astype(np.float32)
+                e = (gen.standard_normal(numel) * 0.01).astype(np.float32)
+                result, error = x.copy(), e.copy()
+                block_quant_allreduce_(result, bits, error, op=getattr(ReduceOp, op), name=f"q{bits}{op}{numel}")
+                out[(bits, op, numel)] = (x, e, result, error)
+    x, e = np.ones(70, np.float32), np.zeros(70, np.float32)
+    if rank == 1:
+        x[3] = np.nan
+    before = e.copy()
+    refusals = {"nan": outcome(lambda: block_quant_allreduce_(x, 8, e, name="nan")), "nan_error_kept":
+                bool(np.array_equal(e, before))}
+    refusals["bits"] = outcome(lambda: block_quant_allreduce_(np.ones(70, np.float32), 8 if rank == 0 else 4))
+    return {"calls": out, "refusals": refusals}
+
+
 def via_horovod(rank: int) -> tuple[list[np.ndarray], list[np.ndarray], bool]:
     """hvd.DistributedOptimizer(op=hc.DiLoCo) after hvd.init() runs hc's; the op by name is the same op."""
     import horovod.torch as hvd
@@ -143,6 +169,7 @@ def main() -> None:
         "runs": runs,
         "resumed": {f"{name}@{at}": resumed(rank, name, at) for name, at in RESUMES},
         "bad": bad_options(),
+        "quantized": quantized(rank),
         "horovod": via_horovod(rank),
     })
 

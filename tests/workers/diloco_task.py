@@ -19,9 +19,11 @@ CONFIGS = {
     "stream3": {"sync_every": 6, "fragments": 3, "sync_delay": 2},
     "fp16": {"sync_every": 2, "fragments": 2, "outer_compression": "fp16"},
     "bf16": {"sync_every": 3, "sync_delay": 1, "mix": 0.25, "outer_compression": "bf16"},
+    "int8": {"sync_every": 2, "outer_compression": "int8"},
+    "int4": {"sync_every": 4, "fragments": 2, "sync_delay": 1, "outer_compression": "int4"},
 }
 #: (config, step after which the checkpoint is taken): mid-phase, and with a sync in flight where there is a delay.
-RESUMES = [("stream", 6), ("fp16", 3), ("plain", 4)]
+RESUMES = [("stream", 6), ("fp16", 3), ("plain", 4), ("int4", 6)]
 #: The 2 -> 3 rank resume: the config and the step of the 2-rank checkpoint (a sync in flight).
 REGROW = ("stream", 6)
 
