@@ -21,12 +21,21 @@ from hvd_compress.reference.diloco import ReferenceDiLoCo
 WORLDS = (2, 3, 4)
 
 
+class RegrowCases(Cases):
+    """The 3-rank launch loads the checkpoint the 2-rank launch writes: that one runs first, whichever test asks."""
+
+    def ranks(self, n: int, case: tuple) -> list[dict]:
+        if n == 3:
+            super().ranks(2, ("regrow-save",))
+        return super().ranks(n, case)
+
+
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> Cases:
     base = tmp_path_factory.mktemp("diloco")
     regrow = str(base / "diloco_n2" / "case1" / "regrow.pt")  # the 2-rank launch's second case writes it
     cases = {2: [("main",), ("regrow-save",)], 3: [("main",), ("regrow-load", regrow)], 4: [("main",)]}
-    return Cases("diloco.py", cases, base, timeout_per_case=120)
+    return RegrowCases("diloco.py", cases, base, timeout_per_case=120)
 
 
 def reference_run(world: int, options: dict) -> list[list[np.ndarray]]:
