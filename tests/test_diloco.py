@@ -157,6 +157,7 @@ BAD = {
     "compression": ("ValueError", "outer_compression"), "unknown": ("TypeError", "outer_beta"),
     "bucket": ("TypeError", "bucket_mb"), "predivide": ("ValueError", "gradient_predivide_factor"),
     "load_other_options": ("ValueError", "DiLoCo options"),
+    "nan_none": ("RejectedInputError", "not finite"), "nan_int8": ("RejectedInputError", "non-finite"),
 }
 
 

@@ -293,6 +293,11 @@ class DiLoCoSync:
     def _average(self, delta: np.ndarray, f: int, name: str, error: np.ndarray | None = None) -> None:
         kind = self.options.outer_compression
         if kind == "none":
+            # The dense allreduce takes any value; a NaN/inf on one rank would reach every rank's synced copy. The
+            # compressed calls refuse them themselves (the core's input check).
+            if not np.isfinite(delta).all():
+                ops.reject_allreduce(f"op=DiLoCo: the outer gradient of fragment {f} is not finite on this rank "
+                                     "(a NaN or inf in its parameters)", name)
             ops.allreduce_(delta, op=ReduceOp.Average, name=name)
         elif kind in BITS:  # error feedback inside the core's call: c = delta + error, error = c - sent
             error = self.state.error[f] if error is None else error

@@ -89,6 +89,13 @@ def bad_options() -> dict[str, str]:
         "predivide": {"gradient_predivide_factor": 2.0},
     }
     out = {name: outcome(lambda kw=kw: wrap(**kw)) for name, kw in cases.items()}
+    for kind in ("none", "int8"):  # a NaN in rank 1's parameters at a sync: refused on every rank
+        params = model_from(initial())
+        opt = make(params, {"sync_every": 1, "outer_compression": kind})
+        if hc.rank() == 1:
+            with torch.no_grad():
+                params[2].view(-1)[5] = float("nan")
+        out[f"nan_{kind}"] = outcome(lambda opt=opt, params=params: steps(hc.rank(), params, opt, 0, 1))
     a, b = make(model_from(initial()), {"sync_every": 3}), make(model_from(initial()), {"sync_every": 4})
     out["load_other_options"] = outcome(lambda: b.load_state_dict(a.state_dict()))
     return out
