@@ -1,10 +1,10 @@
 """hc.DistributedOptimizer(op=hc.DiLoCo) (DiLoCo, arXiv 2311.08105; Streaming DiLoCo, arXiv 2501.18512) against the
-NumPy reference (hvd_compress/reference/diloco.py), one process per rank at 2, 3 and 4 ranks, one launch per rank
-count: every rank's parameters after every step of every config of tests/workers/diloco_task.py (plain DiLoCo,
-momentum without Nesterov, fragments with a sync delay and a mix, fp16 and bf16 outer gradients with error
-feedback); bytes only on sync steps, falling with the fragments and the wire format; a run resumed from a
-mid-phase state_dict() (a sync in flight, error feedback) continues bit for bit; a 2-rank checkpoint continues at 3
-ranks as the reference does; bad options raise on every rank; hvd.DistributedOptimizer and the op's name run the
+NumPy reference (hvd_compress/reference/diloco.py), one process per rank at 2, 3 and 4 ranks, one launch per rank count:
+every rank's parameters after every step of every config of tests/workers/diloco_task.py (plain DiLoCo, momentum
+without Nesterov, fragments with a sync delay and a mix, every outer_compression with error feedback; the core's
+int8/int4 collective alone); bytes only on sync steps, falling with the fragments and the wire format; a run resumed
+from a mid-phase state_dict() (a sync in flight, error feedback) continues bit for bit; a 2-rank checkpoint continues
+at 3 ranks as the reference does; bad options raise on every rank; hvd.DistributedOptimizer and the op's name run the
 same op."""
 
 from __future__ import annotations
@@ -158,6 +158,7 @@ BAD = {
     "bucket": ("TypeError", "bucket_mb"), "predivide": ("ValueError", "gradient_predivide_factor"),
     "load_other_options": ("ValueError", "DiLoCo options"),
     "nan_none": ("RejectedInputError", "not finite"), "nan_int8": ("RejectedInputError", "non-finite"),
+    "schedules_differ": ("MismatchError", "sync_every: rank 0=2"),
 }
 
 

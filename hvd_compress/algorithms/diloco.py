@@ -39,6 +39,7 @@ import numpy as np
 
 from hvd_compress import ops
 from hvd_compress.algorithms import contract
+from hvd_compress.algorithms.agreement import with_details
 from hvd_compress.ops import runtime
 from hvd_compress.ops.block_quant import BITS, block_quant_allreduce_
 from hvd_compress.ops.compression import Compressor, compressed_allreduce_
@@ -280,7 +281,7 @@ class DiLoCoSync:
             compensated = delta + st.error[f]
             delta = round_to_wire(compensated, kind)
             st.error[f] = compensated - delta
-        name = f"{self.name}.{f}"
+        name = self._call_name(f, st.step)
         if self.options.sync_delay == 0:
             self.meter.run(self._average, delta, f, name)
             st.averaged[f] = (st.step, delta)
@@ -289,6 +290,12 @@ class DiLoCoSync:
             sent, error = delta.copy(), None if st.error is None else st.error[f].copy()
             future = runtime.submit(self.meter.run, self._average, delta, f, name, error)
             self.inflight[f] = (st.step, future, delta, sent, error)
+
+    def _call_name(self, f: int, start: int) -> str:
+        """The call's name with the sync's step and DiLoCo's options as details: the core hashes them into the
+        signature, so ranks whose schedules or options differ raise MismatchError on every rank instead of averaging
+        the outer gradients of different steps."""
+        return with_details(f"{self.name}.{f}", {"op": "DiLoCo", "step": start, **dataclasses.asdict(self.options)})
 
     def _average(self, delta: np.ndarray, f: int, name: str, error: np.ndarray | None = None) -> None:
         kind = self.options.outer_compression
@@ -327,7 +334,7 @@ class DiLoCoSync:
         """The average of a sync whose call this process never made (a face restored it from variables that hold
         what this rank sent, ``sent``): made now, on every rank alike, before its merge."""
         delta = np.array(sent, dtype=np.float32)
-        self.meter.run(self._average, delta, f, f"{self.name}.{f}")
+        self.meter.run(self._average, delta, f, self._call_name(f, start))
         self.state.averaged[f] = (start, delta)
 
     def wait_all(self) -> None:

@@ -96,6 +96,9 @@ def bad_options() -> dict[str, str]:
             with torch.no_grad():
                 params[2].view(-1)[5] = float("nan")
         out[f"nan_{kind}"] = outcome(lambda opt=opt, params=params: steps(hc.rank(), params, opt, 0, 1))
+    params = model_from(initial())  # rank 1's schedule differs: its first sync is not the others'
+    opt = make(params, {"sync_every": 3 if hc.rank() == 1 else 2})
+    out["schedules_differ"] = outcome(lambda: steps(hc.rank(), params, opt, 0, 3))
     a, b = make(model_from(initial()), {"sync_every": 3}), make(model_from(initial()), {"sync_every": 4})
     out["load_other_options"] = outcome(lambda: b.load_state_dict(a.state_dict()))
     return out
