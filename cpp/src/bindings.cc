@@ -25,6 +25,7 @@
 #include "hvdc/mpi_communicator.h"
 #include "hvdc/runtime.h"
 #include "hvdc/sparse_bindings.h"
+#include "hvdc/block_quant_bindings.h"
 
 namespace nb = nanobind;
 using namespace hvdc;
@@ -311,4 +312,5 @@ NB_MODULE(_core, m) {
   hvdc::register_scaled_add(m);
   hvdc::register_birder(m, runtime);
   hvdc::register_sparse(m);
+  hvdc::register_block_quant(m);
 }

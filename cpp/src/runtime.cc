@@ -11,6 +11,7 @@
 #include "hvdc/masked_allreduce.h"
 #include "hvdc/signature.h"
 #include "hvdc/sparse_allreduce.h"
+#include "hvdc/block_quant_allreduce.h"
 
 namespace hvdc {
 namespace {
@@ -317,6 +318,18 @@ CommStats Runtime::sparse_allreduce(const TensorView& buffer, const TensorView& 
                            ") [kind, ratio, seed, momentum and step must match on every rank]" +
                            (call.details.empty() ? "" : "|" + call.details);
   return run(sig, what, [&] { sparse_allreduce_prepared(*world_, buffer, error, velocity, spec); });
+}
+
+CommStats Runtime::block_quant_allreduce(const TensorView& buffer, const TensorView& error, int bits, ReduceOp op,
+                                         const std::string& name) {
+  CallSignature sig = signature_of(kBlockQuantAllreduce, buffer, static_cast<int>(op) | (bits << 8), name);
+  const std::string why = block_quant_check_input(buffer, error, bits, op);
+  if (!why.empty()) set_rejected(sig, why);
+  const CallName call = split_call_name(name);
+  const std::string what = "allreduce(compression=int" + std::to_string(bits) +
+                           (call.shown.empty() ? "" : ", name=" + call.shown) + ") [bits must match on every rank]" +
+                           (call.details.empty() ? "" : "|" + call.details);
+  return run(sig, what, [&] { block_quant_allreduce_prepared(*world_, buffer, error, bits, op); });
 }
 
 void Runtime::join() {

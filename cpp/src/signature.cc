@@ -192,6 +192,7 @@ const char* collective_name(int32_t c) {
     case kHierarchicalCompressedAllreduce: return "hierarchical 1-bit allreduce";
     case kMaskedGather: return "masked gather";
     case kJoin: return "join";
+    case kBlockQuantAllreduce: return "block-quantized allreduce";
     default: return "collective";
   }
 }

@@ -16,6 +16,7 @@ from typing import Any
 
 from hvd_compress.algorithms.birder import BirderAlgorithm
 from hvd_compress.algorithms.contract import check_declared
+from hvd_compress.algorithms.diloco import DiLoCo
 from hvd_compress.algorithms.onebit import OneBitAlgorithm
 from hvd_compress.algorithms.onebit_adam import OneBitAdam
 from hvd_compress.algorithms.onebit_lamb import OneBitLamb
@@ -38,7 +39,7 @@ def _registry(*classes: type) -> dict[AlgorithmOp, type]:
 
 #: Optimizer algorithms by op: the class that runs it over a face's buckets.
 REGISTRY: dict[AlgorithmOp, type[Any]] = _registry(OneBitAdam, OneBitLamb, Slamb, BirderAlgorithm, SignSGD,
-                                              ZeroOneAdam, PowerSGD)
+                                              ZeroOneAdam, PowerSGD, DiLoCo)
 
 #: The ``op=`` constants the faces export, by name (``hc.OneBitAdam``, ...).
 OPS: dict[str, AlgorithmOp] = {op.name: op for op in REGISTRY}
@@ -87,6 +88,6 @@ def parse(op: AlgorithmOp, given: dict[str, Any], also: Sequence[str] = BUCKET_O
 
 
 __all__ = [
-    "OPS", "REGISTRY", "BirderAlgorithm", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "PowerSGD", "SignSGD",
-    "Slamb", "ZeroOneAdam", "lookup", "parse", "resolve_op",
+    "OPS", "REGISTRY", "BirderAlgorithm", "DiLoCo", "OneBitAdam", "OneBitAlgorithm", "OneBitLamb", "PowerSGD",
+    "SignSGD", "Slamb", "ZeroOneAdam", "lookup", "parse", "resolve_op",
 ]

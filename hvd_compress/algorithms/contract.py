@@ -19,8 +19,9 @@ from hvd_compress.ops.constants import AlgorithmOp
 #: "flat" (per-bucket flat buffers ``m``, ``b`` and the 1-bit exchange's error: ``algorithms.birder.BirderBucket``),
 #: "zeroone" (per-bucket m, v, u, x_anchor, error feedback and sum of lr: ``algorithms.zero_one_adam.ZeroOneBucket``),
 #: "lowrank" (op=Average's gradient buckets, each with its error, P and Q: ``algorithms.powersgd``; a reduction:
-#: the wrapped optimizer steps on what it returns).
-BUFFERS = ("onebit", "slamb", "flat", "zeroone", "lowrank")
+#: the wrapped optimizer steps on what it returns), "local" (no gradient buffers: the wrapped optimizer steps on each
+#: rank's own gradients and fragments of the parameters are synced on a schedule: ``algorithms.diloco``).
+BUFFERS = ("onebit", "slamb", "flat", "zeroone", "lowrank", "local")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,8 @@
 what a user would pick instead (``make bench-e2e``, ``make bench-e2e NET=1gbit``).
 
 For each model of ``hvd_compress.bench.models`` and each method (every ``hc`` op, Horovod's
-``DistributedOptimizer``, torch DDP, DDP with the PowerSGD hook of rank 4 beside ``hc.PowerSGD`` with the same
+``DistributedOptimizer`` (dense and with ``Compression.fp16``), DiLoCo and Streaming DiLoCo, torch DDP, DDP with the
+PowerSGD hook of rank 4 beside ``hc.PowerSGD`` with the same
 options, and the floor: the same step with the local optimizer and no communication at all), from the same initial
 weights and the same per-rank batches: the median step time of the slowest rank after ``--warmup``, its ratio to the
 floor of its rule and, under ``NET=...``, to max(floor, wire time), the speed-up over Horovod's step of the same
@@ -107,6 +108,18 @@ def _hvd(model, opt):
 POWERSGD = {"matrix_approximation_rank": 4, "start_powerSGD_iter": 2}
 
 
+def _hvd_fp16(model, opt):
+    """Horovod with its 16-bit wire format: the strong 16-bit baseline."""
+    return model, hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                           compression=hvd.Compression.fp16)
+
+
+#: DiLoCo's rows: a sync every 16 steps; Streaming DiLoCo's: 4 fragments, a sync overlapping one inner step, the
+#: paper's mix of 0.5 and 4-bit outer gradients (docs/algorithms/diloco.md).
+DILOCO = {"sync_every": 16}
+STREAMING_DILOCO = {"sync_every": 16, "fragments": 4, "sync_delay": 1, "mix": 0.5, "outer_compression": "int4"}
+
+
 def _ddp(powersgd: bool) -> Callable:
     def wrap(model, opt):
         from torch.nn.parallel import DistributedDataParallel
@@ -149,6 +162,9 @@ def methods(freeze: int) -> list[Method]:
         Method("hc ZeroOneAdam sync/4", "adam", _zero_one_adam(freeze, clipper=4), True),
         # The same bytes as the first row; m = 0 after each sync (Z18) rather than the 1-bit ubar / lrs.
         Method("hc ZeroOneAdam reset m", "adam", _zero_one_adam(freeze, reset_momentum_at_sync=True), True),
+        Method("Horovod fp16 Adam", "adam", _hvd_fp16, needs_horovod=True),
+        Method("hc DiLoCo (Adam)", "adam", _hc(hc.DiLoCo, **DILOCO), True),
+        Method("hc Streaming DiLoCo (Adam)", "adam", _hc(hc.DiLoCo, **STREAMING_DILOCO), True),
         Method("hc Average (Lamb)", "lamb", _hc(hc.Average), True),
         Method("Horovod Lamb", "lamb", _hvd, needs_horovod=True),
         Method("hc OneBitLamb", "lamb", _hc(hc.OneBitLamb, freeze_step=freeze), True),

@@ -50,6 +50,7 @@ from hvd_compress.ops.traffic import CommMeter
 from hvd_compress.tensorflow.algorithm_step import apply_algorithm_step, make_step
 from hvd_compress.tensorflow.bucketed import BucketStats, bucketed_allreduce, none_gradients_left_out
 from hvd_compress.tensorflow.context import ensure_init
+from hvd_compress.tensorflow.diloco import KerasDiLoCo
 from hvd_compress.tensorflow.functions import dense, numpy_call
 
 #: The ``.keras`` store entry beside the optimizer's variables naming the rank that saved them
@@ -111,6 +112,7 @@ class KerasEngine:
         self.buckets = BucketStats()  # Average/Sum: the gradient buckets started so far
         self.reduction: Any = None  # a reduction with state (top-k/random-k, PowerSGD): ``stateful_reduction``
         self.runner: Any = None  # an algorithm's step: ``tensorflow.algorithm_step``
+        self.local: KerasDiLoCo | None = None  # op=DiLoCo's schedule: ``tensorflow.diloco``
         self.state: dict[str, Any] = {}
         self.accumulators: list[Any] = []
         self.pass_count: Any = None
@@ -165,6 +167,11 @@ class KerasEngine:
             self.reduction = stateful_reduction(self.config, self.stateful, [tuple(v.shape) for v in var_list],
                                                 self.meter)
             self.state = self._make_state(self.reduction.state_shapes(), add_variable)
+        if self.config.local is not None:
+            _check_float32(var_list, f"op={self.config.op.name}")
+            _check_not_overwritten(var_list, f"op={self.config.op.name}")
+            self.local = KerasDiLoCo(self.config.options, [tuple(v.shape) for v in var_list], self.meter, self.name)
+            self.state = self._make_state(self.local.state_shapes(), add_variable)
         if self.algorithm is None:
             self.inner.build(var_list)
         else:
@@ -202,16 +209,19 @@ class KerasEngine:
     def per_rank_variables(self) -> list[Any]:
         if not self.built:
             return []
-        holder = self.reduction if self.reduction is not None else self.runner
+        holder = self.reduction if self.reduction is not None else self.runner if self.runner is not None else \
+            self.local
         keys = holder.per_rank if holder is not None else ()
         return per_rank_variables(self.config, self.inner, self.state, keys, self.accumulators)
 
     def _moments(self) -> tuple[str, ...]:
+        if self.local is not None:
+            return ("diloco_error",)
         return self.runner.rank_bound_moments() if self.runner is not None else ()
 
     def rank_bound(self) -> list[str]:
         """The state keys ``reset_compression_state`` zeroes (none before the build or without error feedback)."""
-        if not self.built or (self.runner is None and self.reduction is None):
+        if not self.built or (self.runner is None and self.reduction is None and self.local is None):
             return []
         return rank_bound_keys(self.state, self._moments())
 
@@ -221,6 +231,8 @@ class KerasEngine:
             return self.runner.algorithm.per_rank_what() or "local state"
         if self.config.op == ReduceOp.Adasum:
             return "optimizer moments (each rank steps on its own gradient)"
+        if self.local is not None:
+            return "optimizer state (each rank steps on its own gradient) and outer error feedback"
         return "error feedback"
 
     def rank_bound_what(self) -> str:
@@ -229,7 +241,7 @@ class KerasEngine:
         return self.runner.algorithm.error_feedback_what() if self.runner is not None else "error feedback"
 
     def reset_compression_state(self) -> None:
-        if self.runner is not None or self.reduction is not None:
+        if self.runner is not None or self.reduction is not None or self.local is not None:
             reset_error_feedback(self.state, self._moments())
         if self.owner is not None:
             self.owner.assign(ops.rank())
@@ -296,6 +308,9 @@ class KerasEngine:
 
     def step(self, grads: list[Any], variables: list[Any]) -> None:
         self._adopt_restored_state()
+        if self.local is not None:  # each rank's own gradients, then DiLoCo's schedule
+            self.local.step(grads, variables, self.trainable, self.state, self._apply_inner, self.name)
+            return
         if self.runner is not None:  # the algorithms refuse overwritten variables (_check_not_overwritten)
             self._algorithm_step(grads, variables)
             return

@@ -73,6 +73,7 @@ class OpConfig:
     predivide: float = 1.0
     average_passes: bool = False
     reduction: type | None = None  # an algorithm that is a reduction with state (``stateful_reduction``)
+    local: type | None = None  # an algorithm of local steps and scheduled syncs (op=DiLoCo: ``tensorflow.diloco``)
 
 
 def check_passes(backward_passes_per_step: Any) -> int:
@@ -112,6 +113,9 @@ def parse_op(op: Any, algorithm_options: dict[str, Any]) -> OpConfig:
         return OpConfig(op, bucket_mb=float(parsed.bucket_mb), hierarchical=parsed.hierarchical,
                         average_passes=average_passes)
     algorithm = algorithms.lookup(op)
+    if algorithm.buffers == "local":  # no gradient reduction: local steps, fragments synced on a schedule
+        pop_horovod_defaults(options, what, takes=option_names(algorithm.options_cls, ()))
+        return OpConfig(op, local=algorithm, options=algorithms.parse(op, options, ()), average_passes=average_passes)
     if algorithm.buffers == "lowrank":  # a reduction with state over one bucket (``stateful_reduction``)
         pop_horovod_defaults(options, what, takes=option_names(algorithm.options_cls, ()))
         return OpConfig(op, reduction=algorithm, options=algorithms.parse(op, options, ()),
@@ -142,7 +146,7 @@ def per_rank_variables(config: OpConfig, inner: Any, state: dict[str, Any], per_
     but its step counter and learning rate (each rank steps it on its own gradient: its moments are that rank's).
     A broadcast from one rank must leave them alone, so that a resume from per-rank checkpoints stays exact."""
     out = [state[k] for k in per_rank_keys if k in state] + list(accumulators)
-    if config.op == ReduceOp.Adasum:
+    if config.op == ReduceOp.Adasum or config.local is not None:
         alike = {id(v) for v in (inner.iterations, getattr(inner, "_learning_rate", None)) if v is not None}
         out += [v for v in inner.variables if id(v) not in alike]
     return out

@@ -22,6 +22,7 @@ from hvd_compress.torch.birder import BirderEngine
 from hvd_compress.torch.bucketed import BucketedEngine
 from hvd_compress.torch.context import ensure_init
 from hvd_compress.torch.dense import DenseEngine, check_overlap_options
+from hvd_compress.torch.diloco import DiLoCoEngine
 from hvd_compress.torch.inner import check_inner
 from hvd_compress.torch.onebit_optimizer import OneBitEngine
 from hvd_compress.torch.powersgd import PowerSGDEngine
@@ -178,6 +179,10 @@ def _algorithm(optimizer: torch.optim.Optimizer, named_parameters: Any, op: Algo
     over a wrapped torch optimizer of the kind it wraps (``inner.check``)."""
     algorithm = algorithms.lookup(op)
     check_inner(optimizer, algorithm)
+    if algorithm.buffers == "local":  # no gradient buckets: bucket_mb and overlap are unknown options here
+        options = _horovod_defaults(options, op, option_names(algorithm.options_cls, ()))
+        parsed = algorithms.parse(op, options, also=())
+        return compose(optimizer, DiLoCoEngine, named_parameters, passes, algorithm, parsed)
     options = _horovod_defaults(options, op, option_names(algorithm.options_cls))
     options, overlap, bucket_mb = _bucket_options(options)
     parsed = algorithms.parse(op, options)

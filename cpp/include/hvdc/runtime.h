@@ -131,6 +131,10 @@ class Runtime {
   // rank accepted its input. The kind, ratio, seed, (random-k) step and momentum are part of the signature.
   CommStats sparse_allreduce(const TensorView& buffer, const TensorView& error, const TensorView& velocity,
                              const SparseSpec& spec, const std::string& name);
+  // In place: `buffer` (float32) becomes its int8/int4 block-quantized reduction (hvdc/block_quant_allreduce.h);
+  // `error` (or none) is updated only if every rank accepted its input. The bits are part of the signature.
+  CommStats block_quant_allreduce(const TensorView& buffer, const TensorView& error, int bits, ReduceOp op,
+                                  const std::string& name);
 
   // Horovod's join(): returns once every rank called it. A rank that called it while another is in
   // some other collective fails with the others, on every rank (MismatchError naming it): the

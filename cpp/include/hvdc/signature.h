@@ -26,6 +26,7 @@ enum Collective : int32_t {
   kHierarchicalCompressedAllreduce = 9,  // Birder's hierarchical 1-bit allreduce
   kMaskedGather = 10,  // SLAMB's agreed mask and gather, its average left to a dense allreduce
   kJoin = 11,  // join(): this rank is out of data; every rank must reach it together
+  kBlockQuantAllreduce = 12,  // DiLoCo's int8/int4 outer gradients (block_quant_allreduce.h)
 };
 
 struct CallSignature {

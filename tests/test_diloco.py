@@ -1,0 +1,179 @@
+"""hc.DistributedOptimizer(op=hc.DiLoCo) (DiLoCo, arXiv 2311.08105; Streaming DiLoCo, arXiv 2501.18512) against the
+NumPy reference (hvd_compress/reference/diloco.py), one process per rank at 2, 3 and 4 ranks, one launch per rank count:
+every rank's parameters after every step of every config of tests/workers/diloco_task.py (plain DiLoCo, momentum
+without Nesterov, fragments with a sync delay and a mix, every outer_compression with error feedback; the core's
+int8/int4 collective alone); bytes only on sync steps, falling with the fragments and the wire format; a run resumed
+from a mid-phase state_dict() (a sync in flight, error feedback) continues bit for bit; a 2-rank checkpoint continues
+at 3 ranks as the reference does; bad options raise on every rank; hvd.DistributedOptimizer and the op's name run the
+same op."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from mpi_harness import Cases
+from workers.diloco_task import CONFIGS, REGROW, RESUMES, SIZES, STEPS, initial, inner_step
+
+from hvd_compress.reference.block_quant import block_quant_allreduce
+from hvd_compress.reference.diloco import ReferenceDiLoCo
+
+WORLDS = (2, 3, 4)
+
+
+class RegrowCases(Cases):
+    """The 3-rank launch loads the checkpoint the 2-rank launch writes: that one runs first, whichever test asks."""
+
+    def ranks(self, n: int, case: tuple) -> list[dict]:
+        if n == 3:
+            super().ranks(2, ("regrow-save",))
+        return super().ranks(n, case)
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Cases:
+    base = tmp_path_factory.mktemp("diloco")
+    regrow = str(base / "diloco_n2" / "case1" / "regrow.pt")  # the 2-rank launch's second case writes it
+    cases = {2: [("main",), ("regrow-save",)], 3: [("main",), ("regrow-load", regrow)], 4: [("main",)]}
+    return RegrowCases("diloco.py", cases, base, timeout_per_case=120)
+
+
+def reference_run(world: int, options: dict) -> list[list[np.ndarray]]:
+    """Each step's parameters of every virtual rank."""
+    ref = ReferenceDiLoCo([initial()] * world, SIZES, **options)
+    return [ref.run(inner_step) for _ in range(STEPS)]
+
+
+def check_close(got: np.ndarray, want: np.ndarray, exact: bool, where: str) -> None:
+    """Bit for bit where every sum is in a fixed order (2 ranks, the 16-bit wire's rank-order float32 sums); else
+    (MPI's float32 sum of 3 or 4 ranks, the reference's exact one) to 1e-6 of the largest magnitude."""
+    diff = float(np.abs(got - want).max())
+    if exact:
+        assert np.array_equal(got, want), f"{where}: differs from the reference by {diff:.3g}"
+    else:
+        assert diff <= 1e-6 * max(1.0, float(np.abs(want).max())), f"{where}: differs from the reference by {diff:.3g}"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_diloco_matches_reference_at_every_step(launched, world) -> None:
+    ranks = launched.ranks(world, ("main",))
+    for name, options in CONFIGS.items():
+        want = reference_run(world, options)
+        exact = world == 2 or options.get("outer_compression", "none") != "none"
+        for r, got in enumerate(ranks):
+            for t in range(STEPS):
+                check_close(got["runs"][name]["flats"][t], want[t][r], exact,
+                            f"config {name} {options}, {world} ranks, rank {r}, after step {t}")
+        # Not vacuous: the ranks' local steps differ, and syncs bring the synced fragments together.
+        first = ranks[0]["runs"][name]["flats"]
+        assert any(not np.array_equal(first[t], ranks[1]["runs"][name]["flats"][t]) for t in range(STEPS)), name
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_diloco_sends_only_at_syncs_and_less_per_step_with_fragments(launched, world) -> None:
+    """Plain DiLoCo sends on its sync steps only; 2 fragments halve the peak bytes of a step (give or take the
+    calls' fixed bytes); fp16 halves a fragment's bytes again."""
+    for r, got in enumerate(launched.ranks(world, ("main",))):
+        sent = got["runs"]["plain"]["sent"]
+        h = CONFIGS["plain"]["sync_every"]
+        for t, b in enumerate(sent):
+            assert (b > 0) == ((t + 1) % h == 0), f"{world} ranks, rank {r}: plain DiLoCo sent {sent}"
+        full, halves = max(sent), max(got["runs"]["stream"]["sent"])
+        assert 0 < halves <= 0.55 * full, \
+            f"{world} ranks, rank {r}: peak bytes {halves} with 2 fragments, {full} with 1"
+        fp16 = max(got["runs"]["fp16"]["sent"])
+        assert 0 < fp16 <= 0.55 * halves, f"{world} ranks, rank {r}: peak bytes {fp16} fp16, {halves} float32"
+        int8, int4 = max(got["runs"]["int8"]["sent"]), max(got["runs"]["int4"]["sent"])
+        assert 0 < int8 <= 0.3 * full, f"{world} ranks, rank {r}: peak bytes {int8} int8, {full} float32"
+        assert 0 < int4 <= 0.2 * halves, f"{world} ranks, rank {r}: peak bytes {int4} int4, {halves} float32"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_diloco_resumes_bit_for_bit_mid_phase(launched, world) -> None:
+    for r, got in enumerate(launched.ranks(world, ("main",))):
+        for name, at in RESUMES:
+            want, resumed = got["resumed"][f"{name}@{at}"]
+            assert len(want) == len(resumed) == STEPS - at
+            for t, (a, b) in enumerate(zip(want, resumed, strict=True)):
+                assert np.array_equal(a, b), \
+                    f"{name} resumed after step {at}, {world} ranks, rank {r}, step {at + t}: differs by " \
+                    f"{float(np.abs(a - b).max()):.3g}"
+
+
+def test_diloco_checkpoint_of_2_ranks_continues_at_3(launched) -> None:
+    """Rank 0's state_dict() of a 2-rank run (a sync in flight) loaded on every rank of a 3-rank run: DiLoCo's state
+    is the same on every rank, so the 3 ranks continue from rank 0's parameters as the reference does."""
+    assert launched.ranks(2, ("regrow-save",))[0]["done"]
+    saved = torch.load(launched.base / "diloco_n2" / "case1" / "regrow.pt", weights_only=True)
+    name, at = REGROW
+    section = saved["opt"]["hvd_compress"]["diloco"]
+    state = {"step": section["step"], "synced": [x.numpy() for x in section["synced"]],
+             "momentum": [x.numpy() for x in section["momentum"]],
+             "averaged": {f: (s, a.numpy()) for f, (s, a) in section["averaged"].items()}}
+    assert state["step"] == at and state["averaged"], "the checkpoint should hold a sync in flight"
+    ref = ReferenceDiLoCo([initial()] * 3, SIZES, **CONFIGS[name])
+    ref.load(state, [np.array(saved["params"], dtype=np.float32)] * 3)
+    want = [ref.run(inner_step) for _ in range(at, STEPS)]
+    for r, got in enumerate(launched.ranks(3, ("regrow-load", str(launched.base / "diloco_n2" / "case1" /
+                                                                   "regrow.pt")))):
+        for t, flat in enumerate(got["flats"]):
+            check_close(flat, want[t][r], False, f"resumed at 3 ranks, rank {r}, step {at + t}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_block_quantized_allreduce_matches_reference(launched, world) -> None:
+    """The core's int8/int4 collective (Average and Sum, sizes that pad a chunk) against reference/block_quant.py, bit
+    for bit: the result on every rank and each rank's new error; a NaN on one rank and bits that differ by rank raise
+    on every rank, the error unchanged."""
+    ranks = launched.ranks(world, ("main",))
+    for key in ranks[0]["quantized"]["calls"]:
+        bits, op, numel = key
+        xs = [got["quantized"]["calls"][key][0] for got in ranks]
+        es = [got["quantized"]["calls"][key][1] for got in ranks]
+        want, errors = block_quant_allreduce(xs, es, bits, op)
+        for r, got in enumerate(ranks):
+            _, _, result, error = got["quantized"]["calls"][key]
+            where = f"int{bits} {op} of {numel}, {world} ranks, rank {r}"
+            assert np.array_equal(result, want), f"{where}: result differs by {np.abs(result - want).max():.3g}"
+            assert np.array_equal(error, errors[r]), f"{where}: error differs by {np.abs(error - errors[r]).max():.3g}"
+        # Not vacuous: quantization lost something, and the result is close to the exact average.
+        exact = np.mean([x + e for x, e in zip(xs, es, strict=True)], axis=0) * (world if op == "Sum" else 1)
+        assert np.abs(errors[0]).max() > 0
+        assert np.abs(want - exact).max() <= (0.2 if bits == 4 else 0.02) * np.abs(exact).max() * world
+    for r, got in enumerate(ranks):
+        refusals = got["quantized"]["refusals"]
+        assert refusals["nan"].startswith("RejectedInputError") and "non-finite" in refusals["nan"], \
+            f"rank {r}: {refusals['nan']}"
+        assert refusals["nan_error_kept"], f"rank {r}: a refused call changed the error"
+        assert refusals["bits"].startswith("MismatchError"), f"rank {r}: {refusals['bits']}"
+
+
+BAD = {
+    "sync_every0": ("ValueError", "sync_every"), "sync_every_float": ("ValueError", "sync_every"),
+    "outer_lr0": ("ValueError", "outer_lr"), "outer_lr_nan": ("ValueError", "outer_lr"),
+    "momentum1": ("ValueError", "outer_momentum"), "nesterov_str": ("ValueError", "nesterov"),
+    "fragments_over_h": ("ValueError", "fragments"), "fragments_over_params": ("ValueError", "fragments=6"),
+    "delay_h": ("ValueError", "sync_delay"), "mix1": ("ValueError", "mix"),
+    "compression": ("ValueError", "outer_compression"), "unknown": ("TypeError", "outer_beta"),
+    "bucket": ("TypeError", "bucket_mb"), "predivide": ("ValueError", "gradient_predivide_factor"),
+    "load_other_options": ("ValueError", "DiLoCo options"),
+    "nan_none": ("RejectedInputError", "not finite"), "nan_int8": ("RejectedInputError", "non-finite"),
+    "schedules_differ": ("MismatchError", "sync_every: rank 0=2"),
+}
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_diloco_bad_options_raise_on_every_rank(launched, world) -> None:
+    for r, got in enumerate(launched.ranks(world, ("main",))):
+        assert set(got["bad"]) == set(BAD)
+        for case, (kind, words) in BAD.items():
+            text = got["bad"][case]
+            assert text.startswith(kind + ":") and words in text, f"{world} ranks, rank {r}, {case}: {text}"
+
+
+def test_diloco_through_horovod_and_by_name(launched) -> None:
+    for r, got in enumerate(launched.ranks(2, ("main",))):
+        through_hvd, by_name, wrapped = got["horovod"]
+        assert wrapped, f"rank {r}: hvd.DistributedOptimizer(op=hc.DiLoCo) did not return hc's wrapper"
+        for t, (a, b) in enumerate(zip(through_hvd, by_name, strict=True)):
+            assert np.array_equal(a, b), f"rank {r}, step {t}: hvd's and op='diloco' differ"
