@@ -8,8 +8,10 @@ The same for op=SLAMB, Birder, OneBitAdam and OneBitLamb (model.fit), whose buck
 ops (hvd_compress.tensorflow.algorithm_step), also with one bucket, with steps_per_execution and resumed from a
 tf.train.Checkpoint; and a Birder state of another bucket cut.
 
-With TF_USE_LEGACY_KERAS=1 the same under tf_keras (model.fit only). Saves per rank, per (face, overlap): the
-parameters after every step, those buckets-started counts, and the buckets started in all. argv: out_dir."""
+With TF_USE_LEGACY_KERAS=1 the same under tf_keras (model.fit only). TF_OVERLAP_OPS (a comma list, default all
+four) names the algorithm ops to run; Birder's other cut runs where Birder is one. Saves per rank, per (face,
+overlap): the parameters after every step, those buckets-started counts, and the buckets started in all.
+argv: out_dir."""
 
 import os
 import time
@@ -252,7 +254,7 @@ for face, run in (("fit", fit),) if LEGACY else (("fit", fit), ("tape", tape)):
     for overlap in (True, False):
         out[f"{face}-{overlap}"] = run(overlap)
 out["fit-steps_per_execution"] = fit_steps_per_execution()
-for op in ALGORITHMS:
+for op in os.environ.get("TF_OVERLAP_OPS", ",".join(ALGORITHMS)).split(","):
     for overlap in (True, False):
         out[f"{op}-{overlap}"] = fit_algorithm(op, overlap)
     out[f"{op}-one-bucket"] = fit_algorithm(op, True, bucket_mb=100.0)
@@ -263,6 +265,7 @@ for op in ALGORITHMS:
                                                                               bucket_mb=0)),
         f"{op} overlap=1": outcome(lambda op=op: hck.DistributedOptimizer(inner(op), op=getattr(hck, op), overlap=1)),
     })
-out["Birder-other-layout"] = birder_other_layout()
+if "Birder" in os.environ.get("TF_OVERLAP_OPS", "Birder"):
+    out["Birder-other-layout"] = birder_other_layout()
 
 save(r, out)
