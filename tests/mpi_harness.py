@@ -92,9 +92,9 @@ def mpirun(
 
 
 #: Workers that need a process of their own: they end it themselves (``os._exit``, a peer that stops or leaves),
-#: read their environment at import, or run the docs' blocks, each its own program. So does a job whose environment sets the Horovod entry switch
-#: (HVDC_HOROVOD_ENTRY), which a process reads when it imports a face: a pool's ranks route Horovod's entry points
-#: as a fresh process without it does (``mpi_pool.ProcessState.restore``).
+#: read their environment at import, or run the docs' blocks, each its own program. So does a job whose environment
+#: sets the Horovod entry switch (HVDC_HOROVOD_ENTRY), which a process reads when it imports a face: a pool's ranks
+#: route Horovod's entry points as a fresh process without it does (``mpi_pool.ProcessState.restore``).
 OWN_LAUNCH = frozenset({"peer_exits.py", "config_invalid.py", "doc_blocks.py", "launch_mode.py",
                         "adasum_wait.py"})
 
