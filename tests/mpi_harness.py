@@ -78,7 +78,8 @@ def mpirun(
 ) -> subprocess.CompletedProcess[str]:
     cmd = ["mpirun", "--oversubscribe", "-np", str(n), "--bind-to", "none", *mpi_args]
     cmd += [sys.executable, str(WORKERS / worker), str(out_dir), *args]
-    if check and not mpi_args and mpi_pool.enabled() and Path(worker).name not in OWN_LAUNCH:
+    if check and not mpi_args and mpi_pool.enabled() and Path(worker).name not in OWN_LAUNCH and \
+            "HVDC_HOROVOD_ENTRY" not in (env or {}):
         res = _pooled(cmd, worker, n, [str(out_dir), *args], env or {}, timeout)
     else:
         res = launch(cmd, timeout, mpi_env(env))
@@ -91,9 +92,11 @@ def mpirun(
 
 
 #: Workers that need a process of their own: they end it themselves (``os._exit``, a peer that stops or leaves),
-#: read their environment at import (the Horovod entry switch), or run the docs' blocks, each its own program.
-OWN_LAUNCH = frozenset({"bad_input.py", "peer_exits.py", "config_invalid.py", "doc_blocks.py", "horovod_entry.py",
-                        "horovod_entry_keras.py", "launch_mode.py", "adasum_wait.py"})
+#: read their environment at import, or run the docs' blocks, each its own program. So does a job whose environment
+#: sets the Horovod entry switch (HVDC_HOROVOD_ENTRY), which a process reads when it imports a face: a pool's ranks
+#: route Horovod's entry points as a fresh process without it does (``mpi_pool.ProcessState.restore``).
+OWN_LAUNCH = frozenset({"peer_exits.py", "config_invalid.py", "doc_blocks.py", "launch_mode.py",
+                        "adasum_wait.py"})
 
 
 ALONE = "(a pooled job: HVDC_TEST_POOL=0 gives each job a launch of its own, to rule out what an earlier job left)"

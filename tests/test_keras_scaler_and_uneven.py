@@ -29,7 +29,9 @@ OPS_AT_3 = ["Average", "Adasum", "OneBitAdam", "SLAMB", "Birder"]
 BATCHES = {0: 22, 1: 13}  # rank 2: 17
 
 
-@pytest.fixture(scope="module", params=[("keras", 2), ("keras", 3), ("tf_keras", 2), ("tf_keras", 3)],
+# The fast tier: every op on each face at 2 ranks, and Keras 3 at 3; the long tier repeats tf_keras at 3.
+@pytest.fixture(scope="module", params=[("keras", 2), ("keras", 3), ("tf_keras", 2),
+                                        pytest.param(("tf_keras", 3), marks=pytest.mark.long)],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def ranks(request, tmp_path_factory) -> tuple[str, int, list[dict]]:
     face, n = request.param

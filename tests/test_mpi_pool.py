@@ -67,5 +67,5 @@ def test_a_job_that_raises_fails_with_its_output_and_the_next_one_runs_on_a_new_
 def test_a_job_that_hangs_is_stopped_at_its_timeout(tmp_path) -> None:
     start = time.monotonic()
     with pytest.raises(AssertionError, match="job hung"):
-        mpirun("pool_probe.py", 2, tmp_path, "hang", timeout=15)
-    assert time.monotonic() - start < 40
+        mpirun("pool_probe.py", 2, tmp_path, "hang", timeout=5)  # rank 0 sleeps 60 s: it must not be waited for
+    assert time.monotonic() - start < 30

@@ -14,13 +14,20 @@ import pytest
 from mpi_harness import load_pickled_ranks, mpirun
 
 STEPS, BUCKETS = 3, 2  # the worker's model in ~1 KB buckets: [Dense3, Dense2], [Dense1]
+ALGORITHMS = ("SLAMB", "Birder", "OneBitAdam", "OneBitLamb")
 
 
 # Keras 3 at 3 ranks (an odd count, where averaging is not a power-of-two split) and tf_keras at 2: the worker's
-# checks do not depend on the rank count otherwise, so a third launch (Keras 3 at 2) would only repeat them.
-@pytest.mark.parametrize(("n", "legacy"), [(3, False), (2, True)], ids=["3", "2-tf_keras"])
-def test_tf_buckets_start_before_backward_ends_with_identical_results(n: int, legacy: bool, out_dir) -> None:
-    mpirun("tf_overlap.py", n, out_dir, timeout=300, env={"TF_USE_LEGACY_KERAS": "1"} if legacy else None)
+# checks do not depend on the rank count otherwise, so a third launch (Keras 3 at 2) would only repeat them. The
+# fast tier's tf_keras run takes two of the algorithm ops (Birder, per-bucket state and its cut; 1-bit Adam, the
+# 1-bit ops' warm-up then compressed steps), the long tier's every one.
+@pytest.mark.parametrize(("n", "legacy", "ops"), [(3, False, ALGORITHMS), (2, True, ("Birder", "OneBitAdam")),
+                                                  pytest.param(2, True, ALGORITHMS, marks=pytest.mark.long)],
+                         ids=["3", "2-tf_keras", "2-tf_keras-every-op"])
+def test_tf_buckets_start_before_backward_ends_with_identical_results(n: int, legacy: bool, ops: tuple[str, ...],
+                                                                      out_dir) -> None:
+    env = {"TF_OVERLAP_OPS": ",".join(ops), **({"TF_USE_LEGACY_KERAS": "1"} if legacy else {})}
+    mpirun("tf_overlap.py", n, out_dir, timeout=300, env=env)
     ranks = load_pickled_ranks(out_dir, n)
     for r, rk in enumerate(ranks):
         bad = rk["bad"]
@@ -52,7 +59,7 @@ def test_tf_buckets_start_before_backward_ends_with_identical_results(n: int, le
             for a, b in zip(ranks[0][f"{face}-True"]["params"][s], ranks[0][f"{face}-False"]["params"][s],
                             strict=True):
                 assert np.array_equal(a, b), f"{face}, step {s}: overlap=True and False differ"
-    for op in ("SLAMB", "Birder", "OneBitAdam", "OneBitLamb"):
+    for op in ops:
         for r, rk in enumerate(ranks):
             where = f"{op} rank {r} of {n}"
             bad = rk["bad"]

@@ -8,8 +8,10 @@ The same for op=SLAMB, Birder, OneBitAdam and OneBitLamb (model.fit), whose buck
 ops (hvd_compress.tensorflow.algorithm_step), also with one bucket, with steps_per_execution and resumed from a
 tf.train.Checkpoint; and a Birder state of another bucket cut.
 
-With TF_USE_LEGACY_KERAS=1 the same under tf_keras (model.fit only). Saves per rank, per (face, overlap): the
-parameters after every step, those buckets-started counts, and the buckets started in all. argv: out_dir."""
+With TF_USE_LEGACY_KERAS=1 the same under tf_keras (model.fit only). TF_OVERLAP_OPS (a comma list, default all
+four) names the algorithm ops to run; Birder's other cut runs where Birder is one. Saves per rank, per (face,
+overlap): the parameters after every step, those buckets-started counts, and the buckets started in all.
+argv: out_dir."""
 
 import os
 import time
@@ -45,12 +47,12 @@ def shard(rank: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class SlowGradient(keras.layers.Layer):
-    """Identity forward; backward sleeps 0.3 s, then records ``probe()`` (buckets started by then). Without a
+    """Identity forward; backward sleeps ``delay`` s, then records ``probe()`` (buckets started by then). Without a
     probe it does not sleep: the runs that record nothing need no late gradient, only the same graph."""
 
-    def __init__(self, probe, seen: list[int]) -> None:
+    def __init__(self, probe, seen: list[int], delay: float = 0.3) -> None:
         super().__init__()
-        self._delay = 0.3 if probe is not None else 0.0
+        self._delay = delay if probe is not None else 0.0
         self._record = (lambda: seen.append(probe())) if probe is not None else (lambda: None)
 
     def call(self, x):
@@ -71,9 +73,9 @@ class SlowGradient(keras.layers.Layer):
         return ident(x)
 
 
-def model(probe=None, seen: list[int] | None = None) -> keras.Model:
+def model(probe=None, seen: list[int] | None = None, delay: float = 0.3) -> keras.Model:
     keras.utils.set_random_seed(7)  # the same start on every rank
-    return keras.Sequential([keras.Input((12,)), keras.layers.Dense(32), SlowGradient(probe, seen),
+    return keras.Sequential([keras.Input((12,)), keras.layers.Dense(32), SlowGradient(probe, seen, delay),
                              keras.layers.ReLU(), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(3)])
 
 
@@ -115,7 +117,9 @@ def fit_algorithm(op: str, overlap: bool, bucket_mb: float = BUCKET_MB, steps_pe
     counted by the algorithm for the step under way."""
     seen: list[int] = []
     holder: list = []
-    net = model(lambda: holder[0]._hvdc.runner.algorithm.launched, seen)
+    # One bucket holds the first layer, whose gradient needs the probe's output: it cannot have started by the probe,
+    # whatever the delay.
+    net = model(lambda: holder[0]._hvdc.runner.algorithm.launched, seen, 0.3 if bucket_mb == BUCKET_MB else 0.0)
     opt = hck.DistributedOptimizer(inner(op), op=getattr(hck, op), bucket_mb=bucket_mb, overlap=overlap,
                                    **ALGORITHMS[op])
     holder.append(opt)
@@ -252,7 +256,7 @@ for face, run in (("fit", fit),) if LEGACY else (("fit", fit), ("tape", tape)):
     for overlap in (True, False):
         out[f"{face}-{overlap}"] = run(overlap)
 out["fit-steps_per_execution"] = fit_steps_per_execution()
-for op in ALGORITHMS:
+for op in os.environ.get("TF_OVERLAP_OPS", ",".join(ALGORITHMS)).split(","):
     for overlap in (True, False):
         out[f"{op}-{overlap}"] = fit_algorithm(op, overlap)
     out[f"{op}-one-bucket"] = fit_algorithm(op, True, bucket_mb=100.0)
@@ -263,6 +267,7 @@ for op in ALGORITHMS:
                                                                               bucket_mb=0)),
         f"{op} overlap=1": outcome(lambda op=op: hck.DistributedOptimizer(inner(op), op=getattr(hck, op), overlap=1)),
     })
-out["Birder-other-layout"] = birder_other_layout()
+if "Birder" in os.environ.get("TF_OVERLAP_OPS", "Birder"):
+    out["Birder-other-layout"] = birder_other_layout()
 
 save(r, out)
