@@ -52,7 +52,7 @@ def check_build() -> list[str]:
 
         lines.append(f"    [X] _cuda (CUDA kernels for {' '.join(_cuda.architectures())}; "
                      f"{_cuda.device_count()} device(s) visible; device table: 1-bit allreduce, dense allreduce, "
-                     "broadcast; the faces refuse CUDA tensors yet)")
+                     "broadcast, flat Adasum; the faces refuse CUDA tensors yet)")
     except ImportError as e:
         lines.append(f"    [ ] _cuda: {e} (built only where nvcc is on PATH)")
     lines += ["", "Frameworks:"]

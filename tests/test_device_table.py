@@ -11,10 +11,11 @@ import pytest
 from mpi_harness import load_ranks, mpirun
 
 # The ops whose collectives go through the table: the 1-bit allreduce (and the dense one in warm-up), the dense
-# allreduce (PowerSGD's too), the broadcast. The others' collectives (Adasum, Birder's and SignSGD's hierarchical
+# allreduce (PowerSGD's too), flat Adasum, the broadcast. The others' collectives (Birder's and SignSGD's hierarchical
 # 1-bit, SLAMB's masked) run on the CPU's table whatever the test device; they must still give the same bits.
 NUMEL = 1000  # the direct calls' elements (tests/workers/device_table.py)
-THROUGH_TABLE = ("OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Average", "Sum", "PowerSGD", "broadcast_parameters")
+THROUGH_TABLE = ("OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Average", "Sum", "PowerSGD", "Adasum",
+                 "broadcast_parameters")
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

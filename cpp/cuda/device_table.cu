@@ -140,5 +140,16 @@ int64_t CudaDevice::onebit_first_nonfinite(const void* x, DType dtype, const flo
   return -1;
 }
 
+void CudaDevice::adasum_dot_norms(const void* left, const void* right, DType dtype, int64_t n,
+                                  double* dots) {
+  Scratch s(sizeof(double) * static_cast<size_t>(adasum_workspace_doubles(n)), stream_);
+  cuda::adasum_dot_norms(left, right, dtype, n, dots, s.as<double>(), stream_);
+}
+
+void CudaDevice::adasum_combine(const void* left, double left_coeff, const void* right,
+                                double right_coeff, void* out, DType dtype, int64_t n) {
+  cuda::adasum_combine(left, left_coeff, right, right_coeff, out, dtype, n, stream_);
+}
+
 }  // namespace cuda
 }  // namespace hvdc

@@ -2,6 +2,7 @@
 #include <cstring>
 #include <vector>
 
+#include "hvdc/adasum_kernels.h"
 #include "hvdc/device.h"
 #include "hvdc/onebit_kernels.h"
 
@@ -53,6 +54,17 @@ class CpuDevice final : public DeviceTable {
   }
   int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error, int64_t n) override {
     return hvdc::onebit_first_nonfinite(x, dtype, error, n, k_);
+  }
+  void adasum_dot_norms(const void* left, const void* right, DType dtype, int64_t n,
+                        double* dots) override {
+    const AdasumDots d = hvdc::adasum_dot_norms(left, right, dtype, n);
+    dots[0] = d.dot;
+    dots[1] = d.left_sq;
+    dots[2] = d.right_sq;
+  }
+  void adasum_combine(const void* left, double left_coeff, const void* right, double right_coeff,
+                      void* out, DType dtype, int64_t n) override {
+    hvdc::adasum_combine(left, left_coeff, right, right_coeff, out, dtype, n);
   }
 
  protected:

@@ -171,15 +171,20 @@ CommStats Runtime::adasum(const TensorView& fused, const std::vector<int64_t>& t
                           " tensors, " + std::to_string(total) +
                           " elements) do not cut the fused buffer of " +
                           std::to_string(fused.numel) + " elements");
-  return run(sig, name, [&] { run_adasum(fused, tensor_sizes, hierarchical); });
+  DeviceTable& dev = device_or_reject(fused, sig, "Adasum");
+  if (hierarchical && dev.device_type() != Device::kCPU)
+    set_rejected(sig, "hierarchical Adasum: CUDA tensors are not supported yet");
+  const uint64_t host_before = dev.host_bytes();
+  return add_host_bytes(run(sig, name, [&] { run_adasum(fused, tensor_sizes, hierarchical, &dev); }),
+                        dev, host_before);
 }
 
 void Runtime::run_adasum(const TensorView& fused, const std::vector<int64_t>& tensor_sizes,
-                         bool hierarchical) {
+                         bool hierarchical, DeviceTable* dev) {
   if (hierarchical)
-    adasum_hierarchical(*hierarchical_plan_, fused, tensor_sizes);
+    adasum_hierarchical(*hierarchical_plan_, fused, tensor_sizes);  // on host memory only
   else
-    adasum_rvh(*adasum_plan_, fused, tensor_sizes);
+    adasum_rvh(*adasum_plan_, fused, tensor_sizes, dev);
 }
 
 CommStats Runtime::adasum_group(const std::vector<TensorView>& tensors, bool hierarchical,

@@ -148,4 +148,14 @@ int64_t StagedDevice::onebit_first_nonfinite(const void* x, DType dtype, const f
   return *found;
 }
 
+void StagedDevice::adasum_dot_norms(const void* left, const void* right, DType dtype, int64_t n,
+                                    double* dots) {
+  enqueue([=] { cpu_.adasum_dot_norms(left, right, dtype, n, dots); });
+}
+
+void StagedDevice::adasum_combine(const void* left, double left_coeff, const void* right,
+                                  double right_coeff, void* out, DType dtype, int64_t n) {
+  enqueue([=] { cpu_.adasum_combine(left, left_coeff, right, right_coeff, out, dtype, n); });
+}
+
 }  // namespace hvdc

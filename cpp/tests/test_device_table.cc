@@ -7,6 +7,8 @@
 // in). And the staged device catches the mistakes it is there for: one dropped copy to the host,
 // copy to the device or wait on rank 0 changes some byte of the outcome (or makes a rank throw).
 // A non-finite input on the staged device is rejected with the CPU's message, state unchanged.
+// Flat Adasum (cpp/src/adasum.cc) at n = 2..5 (folds at 3 and 5), two tensors in the fused buffer:
+// staged gives the CPU's bytes, and a dropped copy on rank 0 changes them.
 //
 // Usage: test_device_table [FIXTURES] (the fixtures are not read).
 #include <cmath>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "check.h"
+#include "hvdc/adasum.h"
 #include "hvdc/compressed_allreduce.h"
 #include "hvdc/device.h"
 #include "hvdc/errors.h"
@@ -184,6 +187,47 @@ void nonfinite_rejected(Failures& f) {
   f.check(std::memcmp(werr.data(), werr0.data(), 4 * numel) == 0, "non-finite input: worker error changed");
 }
 
+// Every rank's fused buffer after flat Adasum; `staged`: on a staged device of its own per rank,
+// rank 0's dropping its `index`-th operation of `fault`.
+std::vector<std::vector<uint8_t>> adasum_run(int n, DType dtype, bool staged, StagedFault fault,
+                                             int index) {
+  const std::vector<int64_t> sizes = {7, 13};
+  std::vector<std::vector<uint8_t>> out(static_cast<size_t>(n));
+  ThreadWorld world(n, kHangS);
+  const std::vector<std::string> failed = world.run([&](Communicator& comm) {
+    const int r = comm.rank();
+    AdasumPlan plan(comm);
+    std::unique_ptr<StagedDevice> dev(staged ? new StagedDevice() : nullptr);
+    if (dev && r == 0) dev->set_fault(fault, index);
+    std::vector<uint8_t> buf = input(r, 0, 20, dtype);
+    adasum_rvh(plan, view_of(buf.data(), 20, dtype), sizes, dev.get());
+    out[r] = buf;
+    if (dev) {
+      dev->set_fault(StagedFault::kNone);
+      dev->wait();
+    }
+  });
+  for (int r = 0; r < n; ++r)
+    if (!failed[r].empty()) out[r].clear();
+  return out;
+}
+
+void adasum_staged_equals_cpu(Failures& f, int n) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat16}) {
+    f.ran();
+    const auto cpu = adasum_run(n, dtype, false, StagedFault::kNone, 0);
+    const auto staged = adasum_run(n, dtype, true, StagedFault::kNone, 0);
+    const auto dropped = adasum_run(n, dtype, true, StagedFault::kSkipToHost, 0);
+    bool differs = false;
+    for (int r = 0; r < n; ++r) {
+      f.check(!cpu[r].empty() && staged[r] == cpu[r],
+              str("Adasum n=", n, " ", dtype_name(dtype), ": rank ", r, ": staged differs from CPU"));
+      differs = differs || dropped[r] != cpu[r];
+    }
+    f.check(differs, str("Adasum n=", n, " ", dtype_name(dtype), ": a dropped copy went unnoticed"));
+  }
+}
+
 }  // namespace
 }  // namespace hvdc
 
@@ -195,6 +239,7 @@ int main() {
         hvdc::staged_equals_cpu(f, n, numel, dtype);
     hvdc::a_dropped_copy_or_wait_shows(f, n);
   }
+  for (int n = 2; n <= 5; ++n) hvdc::adasum_staged_equals_cpu(f, n);
   hvdc::nonfinite_rejected(f);
   return f.finish("test_device_table");
 }

@@ -273,8 +273,9 @@ def cuda_device_table() -> Any:
 
 def _set_test_device(which: str, fault: str = "", index: int = 0) -> None:
     """Tests only, called alike on every rank: ``"staged"`` runs the collectives that go through the device table
-    on the staged test device (``cpp/include/hvdc/staged_device.h``), ``""`` on the CPU's; ``fault``
-    (``"to_host"``, ``"to_device"``, ``"wait"``) drops that operation's ``index``-th occurrence from now on."""
+    (allreduce, broadcast, the 1-bit allreduce, flat Adasum) on the staged test device
+    (``cpp/include/hvdc/staged_device.h``), ``""`` on the CPU's; ``fault`` (``"to_host"``, ``"to_device"``,
+    ``"wait"``) drops that operation's ``index``-th occurrence from now on."""
     session = _current()
     for core in [session.core, *session.subsets]:
         core._set_test_device(which, fault, index)

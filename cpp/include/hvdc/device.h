@@ -87,6 +87,14 @@ class DeviceTable {
   virtual int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error,
                                          int64_t n) = 0;
 
+  // ---- kernels of Adasum (hvdc/adasum_kernels.h) -----------------------------------------------
+  // dots[0..2] (device memory) = <left, right>, |left|^2, |right|^2 (the CUDA table sums in the
+  // block order of block_sum.h: the last bits may differ from the CPU's).
+  virtual void adasum_dot_norms(const void* left, const void* right, DType dtype, int64_t n,
+                                double* dots) = 0;
+  virtual void adasum_combine(const void* left, double left_coeff, const void* right,
+                              double right_coeff, void* out, DType dtype, int64_t n) = 0;
+
  protected:
   virtual void copy_to_host(void* host, const void* device, size_t bytes) = 0;
   virtual void copy_to_device(void* device, const void* host, size_t bytes) = 0;

@@ -162,7 +162,7 @@ class Runtime {
   // Called by hvd_compress._cuda's loader; the table outlives the runtime (the module keeps it).
   void register_device(DeviceTable* table);
   // Tests only, the same on every rank: "staged" runs the collectives that go through the table
-  // (allreduce, broadcast, compressed_allreduce) on the staged test device, "" on the CPU's; `fault` drops the
+  // (allreduce, broadcast, compressed_allreduce, flat adasum) on the staged test device, "" on the CPU's; `fault` drops the
   // `index`-th "to_host", "to_device" or "wait" of the staged device from now on ("": none).
   void set_test_device(const std::string& which, const std::string& fault = "", int index = 0);
   std::string test_device() const;
@@ -179,8 +179,9 @@ class Runtime {
   CommStats add_host_bytes(CommStats moved, const DeviceTable& dev, uint64_t before);
   void agree(const CallSignature& sig, const std::string& what);
   // The Adasum of a fused buffer, flat or hierarchical, on the topology built at start-up.
+  // `dev`: the flat run's device table (null: the CPU's); the hierarchical run is the CPU's.
   void run_adasum(const TensorView& fused, const std::vector<int64_t>& tensor_sizes,
-                  bool hierarchical);
+                  bool hierarchical, DeviceTable* dev = nullptr);
   // Moves what the plans' group communicators counted onto the world's counters.
   void absorb_plan_stats();
 

@@ -61,6 +61,10 @@ class StagedDevice final : public DeviceTable {
                                         const uint8_t* worker_block,
                                         const uint8_t* result_block) override;
   int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error, int64_t n) override;
+  void adasum_dot_norms(const void* left, const void* right, DType dtype, int64_t n,
+                        double* dots) override;
+  void adasum_combine(const void* left, double left_coeff, const void* right, double right_coeff,
+                      void* out, DType dtype, int64_t n) override;
 
   static constexpr uint8_t kPoison = 0xA5;
 
