@@ -52,14 +52,23 @@ void* CudaDevice::allocate(size_t bytes) {
 
 void CudaDevice::release(void* p) { check(cudaFreeAsync(p, stream_), "cudaFreeAsync"); }
 
-void* CudaDevice::allocate_host(size_t bytes) {
-  void* p = nullptr;
-  check(cudaMallocHost(&p, bytes), "cudaMallocHost");
-  return p;
-}
+CudaDevice::CudaDevice(cudaStream_t stream)
+    : stream_(stream),
+      pinned_(
+          [](size_t bytes) {
+            void* p = nullptr;
+            check(cudaMallocHost(&p, bytes), "cudaMallocHost");
+            return p;
+          },
+          [](void* p) { cudaFreeHost(p); }) {}
 
-// cudaFreeHost waits for the device: no copy into or out of the buffer is still pending.
-void CudaDevice::release_host(void* p) { check(cudaFreeHost(p), "cudaFreeHost"); }
+void* CudaDevice::allocate_host(size_t bytes) { return pinned_.take(bytes); }
+
+// Reused only once the stream has passed every copy queued on it. The collectives wait before
+// they release, so this wait finds the stream idle; a failed one keeps the buffer out of reuse.
+void CudaDevice::release_host(void* p) {
+  if (cudaStreamSynchronize(stream_) == cudaSuccess) pinned_.give(p);
+}
 
 void CudaDevice::wait() { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 

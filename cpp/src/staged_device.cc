@@ -6,7 +6,10 @@
 namespace hvdc {
 
 StagedDevice::StagedDevice(KernelChoice kernels)
-    : cpu_(cpu_device(kernels)), worker_([this] { work(); }) {}
+    : cpu_(cpu_device(kernels)),
+      host_pool_([](size_t bytes) { return static_cast<void*>(new uint8_t[bytes]); },
+                 [](void* p) { delete[] static_cast<uint8_t*>(p); }),
+      worker_([this] { work(); }) {}
 
 StagedDevice::~StagedDevice() {
   {
@@ -92,19 +95,31 @@ void* StagedDevice::allocate(size_t bytes) {
 }
 
 void StagedDevice::release(void* p) {
-  enqueue([p] { delete[] static_cast<uint8_t*>(p); });  // in stream order, like cudaFreeAsync
+  // In stream order, like cudaFreeAsync: at once where nothing is queued.
+  when_idle([p] { delete[] static_cast<uint8_t*>(p); });
+}
+
+void StagedDevice::when_idle(std::function<void()> job) {
+  {
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (!queue_.empty() || busy_) {
+      queue_.push_back(std::move(job));
+      return;
+    }
+  }
+  job();
 }
 
 void* StagedDevice::allocate_host(size_t bytes) {
-  auto* p = new uint8_t[bytes];
-  std::memset(p, kPoison, bytes);
+  void* p = host_pool_.take(bytes);
+  std::memset(p, kPoison, bytes);  // a reused buffer starts poisoned too
   return p;
 }
 
 void StagedDevice::release_host(void* p) {
-  // In stream order too: freeing pinned memory waits for the device (cudaFreeHost), so a dropped
-  // wait shows in the answer, not as a use after free.
-  enqueue([p] { delete[] static_cast<uint8_t*>(p); });
+  // Back to the pool once the copies queued on it have run (at once where nothing is queued), as
+  // the CUDA table waits for its stream before reusing a pinned buffer.
+  when_idle([this, p] { host_pool_.give(p); });
 }
 
 void StagedDevice::copy_to_host(void* host, const void* device, size_t bytes) {

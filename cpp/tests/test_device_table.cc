@@ -4,7 +4,7 @@
 // CPU run, for result, worker error and server error, over three calls in a row (errors carried),
 // float32/float16/bfloat16, with and without padding; the host bytes counted are exactly the
 // payload (phase 1's blocks out, the gathered blocks in, the server block out, the result blocks
-// in). And the staged device catches the mistakes it is there for: one dropped copy to the host,
+// in), in host buffers allocated by the first call and reused by the others. And the staged device catches the mistakes it is there for: one dropped copy to the host,
 // copy to the device or wait on rank 0 changes some byte of the outcome (or makes a rank throw).
 // A non-finite input on the staged device is rejected with the CPU's message, state unchanged.
 // Flat Adasum (cpp/src/adasum.cc) at n = 2..5 (folds at 3 and 5), two tensors in the fused buffer:
@@ -67,6 +67,7 @@ struct Outcome1 {
   std::vector<uint8_t> buf;  // the calls' results, one after the other
   std::vector<float> werr, serr;
   uint64_t host_bytes = 0;
+  uint64_t host_allocations[2] = {0, 0};  // staged: host buffers allocated by the first call, by all
   std::string threw;
   bool operator==(const Outcome1& o) const {
     return threw == o.threw && buf == o.buf &&
@@ -105,6 +106,7 @@ std::vector<Outcome1> run(int n, int64_t numel, DType dtype, bool staged, Staged
         o.host_bytes += dev ? dev->host_bytes() - before : 0;
         // What the caller sees as the call returns (a later kernel must not change it).
         o.buf.insert(o.buf.end(), buf.begin(), buf.end());
+        if (dev) o.host_allocations[c == 0 ? 0 : 1] = dev->host_allocations();
       }
     } catch (const std::exception& e) {
       o.threw = e.what();
@@ -137,6 +139,11 @@ void staged_equals_cpu(Failures& f, int n, int64_t numel, DType dtype) {
     f.check(staged[r] == cpu[r], str(what, ": rank ", r, ": staged run differs from the CPU run"));
     f.check(staged[r].host_bytes == want_host,
             str(what, ": rank ", r, " copied ", staged[r].host_bytes, " host bytes, want ", want_host));
+    // The host staging buffers of the first call serve the later ones (same sizes: one bucket).
+    f.check(staged[r].host_allocations[0] > 0 &&
+                staged[r].host_allocations[1] == staged[r].host_allocations[0],
+            str(what, ": rank ", r, " allocated ", staged[r].host_allocations[0],
+                " host buffers in call 0 and ", staged[r].host_allocations[1], " by call ", kCalls - 1));
   }
 }
 

@@ -24,6 +24,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
 
 #include "hvdc/dtype.h"
 #include "hvdc/kernel_isa.h"
@@ -105,6 +108,67 @@ class DeviceTable {
 
 // The CPU's table, running the portable or vectorized kernels as `kernels` says.
 DeviceTable& cpu_device(KernelChoice kernels);
+
+// Host staging buffers kept for reuse by size, for the tables whose host buffers are costly to
+// allocate (pinned memory): a collective asks for the same sizes at every step (one set per
+// bucket), so from the second step on no buffer is allocated. Thread-safe; at most kKept buffers
+// wait for reuse (the oldest size's go first).
+class HostBufferPool {
+ public:
+  HostBufferPool(std::function<void*(size_t)> allocate, std::function<void(void*)> release)
+      : allocate_(std::move(allocate)), release_(std::move(release)) {}
+  ~HostBufferPool() {
+    for (auto& kept : free_) release_(kept.second);
+  }
+  HostBufferPool(const HostBufferPool&) = delete;
+  HostBufferPool& operator=(const HostBufferPool&) = delete;
+
+  // A kept buffer of exactly `bytes`, else a new one.
+  void* take(size_t bytes) {
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(bytes);
+      if (it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        return p;
+      }
+      ++allocations_;
+    }
+    void* p = allocate_(bytes);
+    const std::lock_guard<std::mutex> lock(mu_);
+    size_of_[p] = bytes;
+    return p;
+  }
+  // `p` (from take) back for reuse; no copy may be pending on it.
+  void give(void* p) {
+    void* drop = nullptr;
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      free_.emplace(size_of_.at(p), p);
+      if (free_.size() > kKept) {
+        drop = free_.begin()->second;
+        size_of_.erase(drop);
+        free_.erase(free_.begin());
+      }
+    }
+    if (drop) release_(drop);
+  }
+  // Buffers allocated so far (not reused).
+  uint64_t allocations() const {
+    const std::lock_guard<std::mutex> lock(mu_);
+    return allocations_;
+  }
+
+ private:
+  static constexpr size_t kKept = 64;
+  const std::function<void*(size_t)> allocate_;
+  const std::function<void(void*)> release_;
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> free_;  // by size
+  std::map<void*, size_t> size_of_;    // every buffer taken and not released
+  uint64_t allocations_ = 0;
+};
 
 // Memory of a device table owned for one scope: device scratch (released in stream order) or, with
 // kHost, a host staging buffer. None for 0 bytes (what a collective asks for where stage_out needs

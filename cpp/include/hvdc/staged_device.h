@@ -43,6 +43,8 @@ class StagedDevice final : public DeviceTable {
   void set_fault(StagedFault kind, int index = 0);
   // How many operations the fault has dropped (1 once it struck).
   int faults_struck() const;
+  // Host staging buffers allocated so far (the rest were reused: HostBufferPool).
+  uint64_t host_allocations() const { return host_pool_.allocations(); }
 
   const char* name() const override { return "staged"; }
   Device device_type() const override { return Device::kCPU; }
@@ -74,6 +76,7 @@ class StagedDevice final : public DeviceTable {
 
  private:
   void enqueue(std::function<void()> job);
+  void when_idle(std::function<void()> job);  // now if nothing is queued, else in stream order
   bool strikes(StagedFault kind);  // whether this operation of `kind` is the one to drop
   void work();
   void drain();  // wait() that no fault drops
@@ -85,6 +88,7 @@ class StagedDevice final : public DeviceTable {
   bool busy_ = false, stop_ = false;
   int draining_ = 0;  // hosts in wait(): the worker runs jobs only then
   std::exception_ptr failed_;  // the first job that threw, rethrown by wait()
+  HostBufferPool host_pool_;
   StagedFault fault_ = StagedFault::kNone;
   int fault_index_ = 0, fault_seen_ = 0, struck_ = 0;
   std::thread worker_;  // last: started once everything above is built

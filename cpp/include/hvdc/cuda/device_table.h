@@ -14,7 +14,7 @@ class CudaDevice final : public DeviceTable {
  public:
   // Work goes to `stream` (0: the legacy default stream); the face sets the caller's current
   // stream before each call (set_stream).
-  explicit CudaDevice(cudaStream_t stream = nullptr) : stream_(stream) {}
+  explicit CudaDevice(cudaStream_t stream = nullptr);
   void set_stream(cudaStream_t stream) { stream_ = stream; }
 
   const char* name() const override { return "cuda"; }
@@ -45,6 +45,7 @@ class CudaDevice final : public DeviceTable {
 
  private:
   cudaStream_t stream_;
+  HostBufferPool pinned_;  // pinned host staging, reused by size
 };
 
 }  // namespace cuda
