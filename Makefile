@@ -54,8 +54,8 @@ CPPTEST_FLAGS := -std=c++17 -g1 -fsanitize=address,undefined -fno-omit-frame-poi
 # One line per test program (and its core objects), so that new programs merge without conflict.
 CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature onebit_kernels
 CPPTEST_OBJS_thread_communicator :=
-CPPTEST_OBJS_adasum := adasum adasum_kernels
-CPPTEST_OBJS_compressed_allreduce := compressed_allreduce onebit_kernels signature
+CPPTEST_OBJS_adasum := adasum adasum_kernels cpu_device onebit_kernels
+CPPTEST_OBJS_compressed_allreduce := compressed_allreduce onebit_kernels signature cpu_device adasum_kernels
 CPPTEST_OBJS_signature := signature
 CPPTEST_OBJS_onebit_kernels := onebit_kernels onebit_self_check
 CPPTEST_BINS += philox
@@ -80,7 +80,9 @@ CPPTEST_BINS += dlpack_view
 CPPTEST_OBJS_dlpack_view := dlpack_view
 CPPTEST_BINS += runtime
 CPPTEST_OBJS_runtime := runtime dlpack_view adasum adasum_kernels allgather cast compressed_allreduce dense_allreduce \
-	hierarchical_allreduce masked_allreduce masks onebit_kernels philox signature sparse_allreduce stochastic_kernels
+	cpu_device staged_device hierarchical_allreduce masked_allreduce masks onebit_kernels philox signature sparse_allreduce stochastic_kernels
+CPPTEST_BINS += device_table
+CPPTEST_OBJS_device_table := compressed_allreduce onebit_kernels signature cpu_device staged_device adasum adasum_kernels
 CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
 # Every program runs, even after one failed, so that one run reports them all; then any failure

@@ -20,6 +20,8 @@ def test_check_build_names_extensions_kernels_mpi_and_frameworks() -> None:
     assert "[X] _core (CUDA: no)" in out and f"1-bit kernels: {_core.onebit_kernel_isa()}" in out, out
     assert "[X] _kernel_bench" in out and "[X] PyTorch 2.13.0" in out, out
     assert "[X] MPI: Open MPI" in out and "[X] Horovod 0.28.1" in out, out
+    # This machine's Open MPI is built without CUDA, and says so when asked.
+    assert "MPI CUDA-aware: no (MPIX_Query_cuda_support)" in out, out
     assert "\0" not in out, "a NUL byte makes grep call the output binary"
     try:
         from hvd_compress import _cuda
@@ -27,7 +29,8 @@ def test_check_build_names_extensions_kernels_mpi_and_frameworks() -> None:
         assert "[ ] _cuda" in out, out
     else:
         archs = " ".join(_cuda.architectures())
-        assert f"[X] _cuda (CUDA kernels for {archs}; {_cuda.device_count()} device(s) visible" in out, out
+        want = f"[X] _cuda (CUDA kernels for {archs}; {_cuda.device_count()} device(s) visible; device table: "
+        assert want in out, out
 
 
 def test_module_without_flags_prints_usage_and_fails() -> None:

@@ -29,34 +29,72 @@ std::vector<int64_t> tensor_offsets(const std::vector<int64_t>& sizes, int64_t n
 // destination (which is one of the two). `group` holds every rank that owns a piece of the same
 // logical vectors; null when this rank holds them whole (the fold-in). The partial sums of all
 // tensors travel in one allreduce, so a level costs one round trip however many tensors it has.
-void combine_slice(Communicator* group, const std::vector<int64_t>& offsets, int64_t lo,
-                   int64_t hi, const unsigned char* left, const unsigned char* right,
-                   unsigned char* out, DType dtype, std::vector<double>& dots) {
+// Per tensor of the slice: the dots on the device, summed over `group` on the host, the
+// coefficients on the host, the combination on the device. `dots_dev` holds 3 doubles per tensor.
+void combine_slice(DeviceTable& dev, Communicator* group, const std::vector<int64_t>& offsets,
+                   int64_t lo, int64_t hi, const unsigned char* left, const unsigned char* right,
+                   unsigned char* out, DType dtype, double* dots_dev, std::vector<double>& dots) {
   const size_t es = dtype_size(dtype);
   const size_t ntensors = offsets.size() - 1;
   dots.assign(3 * ntensors, 0.0);
+  std::vector<bool> present(ntensors, false);
   for (size_t i = 0; i < ntensors; ++i) {
     const int64_t a = std::max(lo, offsets[i]), b = std::min(hi, offsets[i + 1]);
     if (a >= b) continue;  // tensor i has no element in this slice: it contributes zeros
+    present[i] = true;
     const size_t at = static_cast<size_t>(a - lo) * es;
-    const AdasumDots d = adasum_dot_norms(left + at, right + at, dtype, b - a);
-    dots[3 * i] = d.dot;
-    dots[3 * i + 1] = d.left_sq;
-    dots[3 * i + 2] = d.right_sq;
+    dev.adasum_dot_norms(left + at, right + at, dtype, b - a, dots_dev + 3 * i);
+  }
+  if (ntensors > 0) {
+    // The absent tensors' dots are the zeros of `dots`: only the present ones are read back.
+    std::vector<double> host(3 * ntensors);
+    const auto* got = reinterpret_cast<const double*>(
+        stage_out(dev, reinterpret_cast<uint8_t*>(host.data()),
+                  reinterpret_cast<const uint8_t*>(dots_dev), sizeof(double) * 3 * ntensors));
+    dev.wait();
+    for (size_t i = 0; i < ntensors; ++i)
+      if (present[i]) std::copy(got + 3 * i, got + 3 * i + 3, dots.begin() + 3 * i);
   }
   if (group != nullptr && group->size() > 1)
     group->allreduce_sum(dots.data(), static_cast<int64_t>(dots.size()), DType::kFloat64);
   for (size_t i = 0; i < ntensors; ++i) {
-    const int64_t a = std::max(lo, offsets[i]), b = std::min(hi, offsets[i + 1]);
-    if (a >= b) continue;
+    if (!present[i]) continue;
+    const int64_t a = std::max(lo, offsets[i]);
     const size_t at = static_cast<size_t>(a - lo) * es;
     const double cl = adasum_coefficient(dots[3 * i], dots[3 * i + 1]);
     const double cr = adasum_coefficient(dots[3 * i], dots[3 * i + 2]);
-    adasum_combine(left + at, cl, right + at, cr, out + at, dtype, b - a);
+    dev.adasum_combine(left + at, cl, right + at, cr, out + at, dtype,
+                       std::min(hi, offsets[i + 1]) - a);
   }
 }
 
-// Node averaging works through a bounded double scratch, whatever the tensor size.
+// The exchanges of adasum_rvh on device memory: what is sent is read through the device's copies
+// and what arrives is written through them; on the CPU, the memory itself.
+class Exchange {
+ public:
+  Exchange(DeviceTable& dev, Communicator& comm, size_t bytes, unsigned char* host_recv)
+      : dev_(dev), comm_(comm), send_(dev, dev.host_memory() ? 0 : bytes), recv_(host_recv) {}
+  // Sends [send, send + send_bytes) to `peer` and receives recv_bytes from it into device memory
+  // at `into` (which may be null for none).
+  void sendrecv(const unsigned char* send, size_t send_bytes, int peer, unsigned char* into,
+                size_t recv_bytes) {
+    const uint8_t* out = send_bytes ? stage_out(dev_, send_.get(), send, send_bytes) : nullptr;
+    if (send_bytes) dev_.wait();
+    unsigned char* in = dev_.host_memory() ? into : recv_;
+    comm_.sendrecv(out, send_bytes, peer, recv_bytes ? in : nullptr, recv_bytes, peer);
+    if (recv_bytes && !dev_.host_memory()) {
+      dev_.to_device(into, recv_, recv_bytes);
+      dev_.wait();  // recv_ is written by the next exchange
+    }
+  }
+
+ private:
+  DeviceTable& dev_;
+  Communicator& comm_;
+  HostStaging send_;
+  unsigned char* recv_;
+};
+
 constexpr int64_t kAverageSliceElems = int64_t{1} << 22;
 
 }  // namespace
@@ -87,27 +125,36 @@ unsigned char* AdasumPlan::scratch(size_t bytes) {
   return scratch_.data();
 }
 
-void adasum_rvh(AdasumPlan& plan, const TensorView& fused, const std::vector<int64_t>& tensor_sizes) {
+void adasum_rvh(AdasumPlan& plan, const TensorView& fused, const std::vector<int64_t>& tensor_sizes,
+                DeviceTable* device) {
   const std::vector<int64_t> offsets = tensor_offsets(tensor_sizes, fused.numel);
   Communicator& comm = plan.comm();
   const int n = comm.size(), r = comm.rank(), p = plan.pow2();
   if (fused.numel == 0 || n == 1) return;
+  DeviceTable& dev = device ? *device : cpu_device(KernelChoice::kAuto);
   const DType dtype = fused.dtype;
   const size_t es = dtype_size(dtype);
   const size_t nbytes = fused.nbytes();
   auto* x = static_cast<unsigned char*>(fused.data);
   std::vector<double> dots;
+  // The host side of every receive (the plan's, kept between calls); on a device, also its
+  // device side (`recv`) and the dots of a slice.
+  unsigned char* host_recv = plan.scratch(nbytes);
+  DeviceBuffer dev_recv(dev, dev.host_memory() ? 0 : nbytes);
+  unsigned char* recv = dev.host_memory() ? host_recv : dev_recv.get();
+  DeviceBuffer dots_dev(dev, sizeof(double) * 3 * (offsets.size() - 1) + sizeof(double));
+  auto* dots_at = reinterpret_cast<double*>(dots_dev.get());
+  Exchange ex(dev, comm, nbytes, host_recv);
 
   // fold-in: rank r >= p hands its vector to r - p and waits for the final result (fold-out).
   if (r >= p) {
-    comm.sendrecv(x, nbytes, r - p, nullptr, 0, r - p);
-    comm.sendrecv(nullptr, 0, r - p, x, nbytes, r - p);
+    ex.sendrecv(x, nbytes, r - p, nullptr, 0);
+    ex.sendrecv(nullptr, 0, r - p, x, nbytes);
     return;
   }
-  unsigned char* recv = plan.scratch(nbytes);
   if (r + p < n) {
-    comm.sendrecv(nullptr, 0, r + p, recv, nbytes, r + p);
-    combine_slice(nullptr, offsets, 0, fused.numel, x, recv, x, dtype, dots);  // Adasum(g[r], g[r+p])
+    ex.sendrecv(nullptr, 0, r + p, recv, nbytes);
+    combine_slice(dev, nullptr, offsets, 0, fused.numel, x, recv, x, dtype, dots_at, dots);  // Adasum(g[r], g[r+p])
   }
 
   // levels (Algorithm 1, lines 2-20): slice [lo, lo + len) of the fused buffer is this rank's.
@@ -123,10 +170,10 @@ void adasum_rvh(AdasumPlan& plan, const TensorView& fused, const std::vector<int
     before.push_back({lo, len});
     const int64_t keep_lo = lower ? lo : lo + first, keep_len = lower ? first : second;
     const int64_t send_lo = lower ? lo + first : lo, send_len = lower ? second : first;
-    comm.sendrecv(x + send_lo * es, send_len * es, peer, recv, keep_len * es, peer);
+    ex.sendrecv(x + send_lo * es, send_len * es, peer, recv, keep_len * es);
     unsigned char* own = x + keep_lo * es;
-    combine_slice(&plan.level_group(level), offsets, keep_lo, keep_lo + keep_len,
-                  lower ? own : recv, lower ? recv : own, own, dtype, dots);
+    combine_slice(dev, &plan.level_group(level), offsets, keep_lo, keep_lo + keep_len,
+                  lower ? own : recv, lower ? recv : own, own, dtype, dots_at, dots);
     lo = keep_lo;
     len = keep_len;
   }
@@ -139,13 +186,14 @@ void adasum_rvh(AdasumPlan& plan, const TensorView& fused, const std::vector<int
     const int64_t first = s.len / 2;
     const int64_t other_lo = lower ? s.lo + first : s.lo;
     const int64_t other_len = lower ? s.len - first : first;
-    comm.sendrecv(x + lo * es, len * es, peer, x + other_lo * es, other_len * es, peer);
+    ex.sendrecv(x + lo * es, len * es, peer, x + other_lo * es, other_len * es);
     lo = s.lo;
     len = s.len;
   }
 
   // fold-out
-  if (r + p < n) comm.sendrecv(x, nbytes, r + p, nullptr, 0, r + p);
+  if (r + p < n) ex.sendrecv(x, nbytes, r + p, nullptr, 0);
+  dev.wait();  // the last combination, before the caller reads the result
 }
 
 HierarchicalAdasumPlan::HierarchicalAdasumPlan(Communicator& world,

@@ -80,6 +80,7 @@ nb::dict as_dict(const CommStats& s) {
   d["bytes_sent"] = s.bytes_sent;
   d["bytes_received"] = s.bytes_received;
   d["calls"] = s.calls;
+  d["host_bytes"] = s.host_bytes;
   return d;
 }
 
@@ -149,6 +150,8 @@ NB_MODULE(_core, m) {
   nb::exception<CommError>(m, "CommError", PyExc_RuntimeError);
 
   m.def("mpi_initialized", &MpiCommunicator::mpi_initialized);
+  m.def("mpi_cuda_support", &MpiCommunicator::cuda_support,
+        "MPIX_Query_cuda_support(): 1 (device pointers accepted), 0 (not), -1 (this MPI cannot say).");
   m.def("build_info", []() {
     nb::dict d;
 #ifdef HVDC_WITH_CUDA
@@ -296,6 +299,28 @@ NB_MODULE(_core, m) {
           "Joins an allreduce that this rank could not even start (`why`, e.g. a Python error while "
           "preparing a background reduction), so that every rank raises RejectedInputError instead "
           "of the others waiting for it. Always raises.")
+      .def(
+          "_set_test_device",
+          [](Runtime& rt, const std::string& which, const std::string& fault, int index) {
+            nb::gil_scoped_release nogil;  // waits for a collective in flight
+            rt.set_test_device(which, fault, index);
+          },
+          nb::arg("which"), nb::arg("fault") = "", nb::arg("index") = 0,
+          "Tests only, the same on every rank: \"staged\" runs the collectives that go through "
+          "the device table on the staged test device (hvdc/staged_device.h), \"\" on the CPU's; "
+          "`fault` (\"to_host\", \"to_device\", \"wait\") drops that operation's `index`-th "
+          "occurrence from now on.")
+      .def_prop_ro("_test_device", &Runtime::test_device)
+      .def(
+          "_register_device",
+          [](Runtime& rt, nb::capsule table) {
+            if (std::string(table.name() ? table.name() : "") != "hvdc.DeviceTable")
+              throw UsageError("_register_device: not a device table capsule");
+            rt.register_device(static_cast<DeviceTable*>(table.data()));
+          },
+          nb::arg("table"),
+          "Registers the CUDA device table of hvd_compress._cuda (its device_table() capsule, "
+          "which the caller keeps alive as long as this runtime).")
       .def("stats", [](const Runtime& rt) { return as_dict(rt.stats()); })
       .def("reset_stats", &Runtime::reset_stats)
       .def("join", &Runtime::join, nb::call_guard<nb::gil_scoped_release>(),

@@ -52,13 +52,15 @@ namespace {
 
 // The checks that read no data: dtypes, devices, error sizes.
 std::string check_layout(const TensorView& buffer, const TensorView& worker_error,
-                         const TensorView& server_error, int world_size) {
+                         const TensorView& server_error, int world_size, const DeviceTable& dev) {
   const std::string what = "compressed_allreduce: ";
   if (buffer.dtype != DType::kFloat32 && !is_half(buffer.dtype))
     return what + "tensor dtype " + dtype_name(buffer.dtype) +
            " is not supported; use float32, float16 or bfloat16";
   for (const TensorView* t : {&buffer, &worker_error, &server_error})
-    if (t->device != Device::kCPU) return what + "tensors must be on the CPU";
+    if (t->device != dev.device_type() || t->device_id != buffer.device_id)
+      return what + (dev.device_type() == Device::kCPU ? std::string("tensors must be on the CPU")
+                                                       : "tensors must be on one CUDA device");
   if (worker_error.dtype != DType::kFloat32)
     return what + "worker error must be float32, got " + dtype_name(worker_error.dtype);
   if (server_error.dtype != DType::kFloat32)
@@ -75,16 +77,28 @@ std::string check_layout(const TensorView& buffer, const TensorView& worker_erro
   return "";
 }
 
-// The message for a non-finite compensated value at element `bad`.
-std::string nonfinite_message(const TensorView& buffer, const float* e, int64_t bad) {
-  // The offending value, for the message (the kernel reports only where).
-  const auto* half = static_cast<const uint16_t*>(buffer.data);
-  const float x = buffer.dtype == DType::kFloat32 ? static_cast<const float*>(buffer.data)[bad]
-                  : buffer.dtype == DType::kFloat16 ? half_to_float(half[bad])
-                                                    : bf16_to_float(half[bad]);
+// The message for a non-finite compensated value at element `bad`; the two values it names are
+// read through the device's copies.
+std::string nonfinite_message(DeviceTable& dev, const TensorView& buffer, const float* e,
+                              int64_t bad) {
+  const size_t esize = dtype_size(buffer.dtype);
+  uint8_t host[2 * sizeof(float)];
+  const uint8_t* xv = stage_out(dev, host, static_cast<const uint8_t*>(buffer.data) + bad * esize, esize);
+  const uint8_t* ev = stage_out(dev, host + sizeof(float), reinterpret_cast<const uint8_t*>(e + bad),
+                                sizeof(float));
+  dev.wait();
+  uint16_t half;
+  float x, err;
+  std::memcpy(&err, ev, sizeof err);
+  if (buffer.dtype == DType::kFloat32) {
+    std::memcpy(&x, xv, sizeof x);
+  } else {
+    std::memcpy(&half, xv, sizeof half);
+    x = buffer.dtype == DType::kFloat16 ? half_to_float(half) : bf16_to_float(half);
+  }
   return "compressed_allreduce: non-finite input: element " + std::to_string(bad) + " is " +
-         (std::isfinite(x) ? describe_value(x) + " + worker error " + describe_value(e[bad]) +
-                                 " = " + describe_value(x + e[bad])
+         (std::isfinite(x) ? describe_value(x) + " + worker error " + describe_value(err) +
+                                 " = " + describe_value(x + err)
                            : describe_value(x)) +
          "; state unchanged";
 }
@@ -93,17 +107,20 @@ std::string nonfinite_message(const TensorView& buffer, const float* e, int64_t 
 
 std::string onebit_check_input(const TensorView& buffer, const TensorView& worker_error,
                                const TensorView& server_error, int world_size) {
-  const std::string why = check_layout(buffer, worker_error, server_error, world_size);
+  DeviceTable& dev = cpu_device(KernelChoice::kAuto);
+  const std::string why = check_layout(buffer, worker_error, server_error, world_size, dev);
   if (!why.empty()) return why;
   const auto* e = static_cast<const float*>(worker_error.data);
-  const int64_t bad = onebit_first_nonfinite(buffer.data, buffer.dtype, e, buffer.numel);
-  return bad >= 0 ? nonfinite_message(buffer, e, bad) : "";
+  const int64_t bad = dev.onebit_first_nonfinite(buffer.data, buffer.dtype, e, buffer.numel);
+  return bad >= 0 ? nonfinite_message(dev, buffer, e, bad) : "";
 }
 
 std::string onebit_prepare(const TensorView& buffer, const TensorView& worker_error,
                            const TensorView& server_error, int world_size, OneBitCall& call) {
   call.prepared = false;
-  const std::string why = check_layout(buffer, worker_error, server_error, world_size);
+  if (!call.device) call.device = &cpu_device(call.kernels);
+  DeviceTable& dev = *call.device;
+  const std::string why = check_layout(buffer, worker_error, server_error, world_size, dev);
   if (!why.empty()) return why;
   const int n = world_size;
   const int64_t numel = buffer.numel;
@@ -114,27 +131,34 @@ std::string onebit_prepare(const TensorView& buffer, const TensorView& worker_er
   call.chunk = onebit_padded_numel(numel, n) / n;  // C, a multiple of 8
   call.block = sizeof(float) + static_cast<size_t>(call.chunk / 8);
   call.send.reset();
+  call.host_send.reset();
+  call.send_host = nullptr;
   if (numel > 0) {
     // Phase 1, pass 1 (003 Alg. 1 line 7): the signs and scale of every compensated chunk; block
-    // j for rank j. Reads only: a non-finite value shows as a non-finite sum of squares.
-    call.send.reset(new uint8_t[call.block * n]);
+    // j for rank j. Reads only: a non-finite value shows as a non-finite scale.
+    const size_t bytes = call.block * n;
+    call.send.reset(new DeviceBuffer(dev, bytes));
     const size_t esize = dtype_size(buffer.dtype);
     const auto* x = static_cast<const uint8_t*>(buffer.data);
     const auto* werr = static_cast<const float*>(worker_error.data);
-    for (int j = 0; j < n; ++j) {
-      const int64_t real = real_in_chunk(numel, call.chunk, j);
-      uint8_t* out = call.send.get() + call.block * j;
-      const double sumsq = onebit_compress_signs(x + j * call.chunk * esize, buffer.dtype,
-                                                 werr + j * call.chunk, real, call.chunk,
-                                                 out + sizeof(float), call.kernels);
-      if (!std::isfinite(sumsq)) {  // where exactly: the first non-finite element overall
+    uint8_t* send = call.send->get();
+    for (int j = 0; j < n; ++j)
+      dev.onebit_compress_signs(x + j * call.chunk * esize, buffer.dtype, werr + j * call.chunk,
+                                real_in_chunk(numel, call.chunk, j), call.chunk,
+                                send + call.block * j);
+    // The blocks to the host: the gather's payload, and the scales for the finiteness check.
+    call.host_send.reset(new HostStaging(dev, dev.host_memory() ? 0 : bytes));
+    call.send_host = stage_out(dev, call.host_send->get(), send, bytes);
+    dev.wait();
+    for (int j = 0; j < n; ++j)
+      if (!std::isfinite(get_scale(call.send_host + call.block * j))) {
+        // where exactly: the first non-finite element overall
         call.send.reset();
-        const int64_t bad =
-            onebit_first_nonfinite(buffer.data, buffer.dtype, werr, numel, call.kernels);
-        return nonfinite_message(buffer, werr, bad >= 0 ? bad : j * call.chunk);
+        call.host_send.reset();
+        call.send_host = nullptr;
+        const int64_t bad = dev.onebit_first_nonfinite(buffer.data, buffer.dtype, werr, numel);
+        return nonfinite_message(dev, buffer, werr, bad >= 0 ? bad : j * call.chunk);
       }
-      put_scale(out, onebit_scale(sumsq, real));
-    }
   }
   call.prepared = true;
   return "";
@@ -184,7 +208,7 @@ void pipelined(Communicator& comm, OneBitCall& call, int64_t piece) {
   auto* x = static_cast<uint8_t*>(call.buffer.data);
   auto* werr = static_cast<float*>(call.worker_error.data);
   auto* serr = static_cast<float*>(call.server_error.data);
-  const uint8_t* send = call.send.get();
+  const uint8_t* send = call.send_host;  // host memory: the pipelined run is the CPU's
   // At most kMaxPieces pieces per chunk, so that the 2 * S + 1 tags of a call fit.
   constexpr int64_t kMaxPieces = (Communicator::kMaxTag - 1) / 2;
   const int64_t min_piece = (chunk + kMaxPieces - 1) / kMaxPieces;
@@ -315,63 +339,64 @@ void compressed_allreduce_prepared(Communicator& comm, OneBitCall& call) {
   call.prepared = false;  // one run per preparation
   const int64_t numel = call.buffer.numel;
   if (numel == 0) return;  // every rank agreed on numel: nobody communicates
+  DeviceTable& dev = *call.device;
   const int64_t piece = call.pipeline.piece / 32 * 32;
-  if (n > 1 && piece > 0 && numel >= call.pipeline.min_numel) {
+  if (n > 1 && piece > 0 && numel >= call.pipeline.min_numel && dev.host_memory() &&
+      dev.device_type() == Device::kCPU) {
     pipelined(comm, call, piece);
     call.send.reset();
+    call.host_send.reset();
     return;
   }
   const int64_t chunk = call.chunk;
   const size_t block = call.block;
+  const size_t bytes = block * n;
   const DType dtype = call.buffer.dtype;
   const size_t esize = dtype_size(dtype);
   auto* x = static_cast<uint8_t*>(call.buffer.data);
   auto* werr = static_cast<float*>(call.worker_error.data);
   auto* serr = static_cast<float*>(call.server_error.data);
-  uint8_t* send = call.send.get();
-
-  // The worker scale of every chunk, for its error update at the end (the send blocks are reused).
-  std::vector<float> wscales(static_cast<size_t>(n));
-  for (int j = 0; j < n; ++j) wscales[j] = get_scale(send + block * j);
+  const uint8_t* send = call.send->get();  // device: every chunk's worker scale and bits
+  const bool staged = !dev.host_memory();
 
   // Gather (line 8): rank j receives every rank's chunk j. No zero-filling: every byte of `recv`
   // is written by the collective before it is read.
-  std::unique_ptr<uint8_t[]> recv(new uint8_t[block * n]);
-  comm.alltoall(send, recv.get(), block);
+  HostStaging host_recv(dev, bytes);
+  comm.alltoall(call.send_host, host_recv.get(), block);
+  DeviceBuffer dev_recv(dev, staged ? bytes : 0);
+  const uint8_t* recv = stage_in(dev, dev_recv.get(), host_recv.get(), bytes);
 
   // Average (line 10): this rank serves chunk `me`; the sum over ranks in rank order, the average
   // and the re-compression in one kernel (no float32 sum buffer).
-  const int64_t mine = real_in_chunk(numel, chunk, me);
-  std::vector<const uint8_t*> bits(static_cast<size_t>(n));
-  std::vector<float> scales(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    bits[r] = recv.get() + block * r + sizeof(float);
-    scales[r] = get_scale(recv.get() + block * r);
-  }
-  // `send` is free again: its first block carries this rank's server chunk.
-  uint8_t* own = send;
-  const float s = onebit_server_reduce_compress(bits.data(), scales.data(), n, serr, mine, chunk,
-                                                own + sizeof(float), call.kernels);
-  put_scale(own, s);
+  DeviceBuffer dev_own(dev, block);
+  dev.onebit_server_reduce_compress(recv, block, n, serr, real_in_chunk(numel, chunk, me), chunk,
+                                    dev_own.get());
+  HostStaging host_own(dev, staged ? block : 0);
+  const uint8_t* own = stage_out(dev, host_own.get(), dev_own.get(), block);
+  // Also the point after which host_recv (copied to the device above) may be written again.
+  dev.wait();
   // Scatter (line 11): every rank receives every server chunk.
-  comm.allgather(own, recv.get(), block);
+  comm.allgather(own, host_recv.get(), block);
+  const uint8_t* result = stage_in(dev, dev_recv.get(), host_recv.get(), bytes);
 
   // Result (line 13): identical bytes on every rank decompress to identical values. Fused with
   // phase 1's second pass (the worker error of the chunk, line 7), which needs the buffer's input
   // values: one pass over the buffer and the worker error instead of two.
-  for (int j = 0; j < n; ++j) {
-    const uint8_t* in = recv.get() + block * j;
-    onebit_compress_error_decompress(x + j * chunk * esize, dtype, werr + j * chunk,
-                                     real_in_chunk(numel, chunk, j), wscales[j],
-                                     in + sizeof(float), get_scale(in), call.kernels);
-  }
+  for (int j = 0; j < n; ++j)
+    dev.onebit_compress_error_decompress(x + j * chunk * esize, dtype, werr + j * chunk,
+                                         real_in_chunk(numel, chunk, j), send + block * j,
+                                         result + block * j);
+  // Before host_recv goes (its copy to the device must have run) and the caller reads the tensors.
+  dev.wait();
   call.send.reset();
+  call.host_send.reset();
 }
 
 void compressed_allreduce(Communicator& comm, const TensorView& buffer,
                           const TensorView& worker_error, const TensorView& server_error,
-                          KernelChoice kernels, OneBitPipeline pipeline) {
+                          KernelChoice kernels, OneBitPipeline pipeline, DeviceTable* device) {
   OneBitCall call;
+  call.device = device;
   call.kernels = kernels;
   call.pipeline = pipeline;
   const std::string why = onebit_prepare(buffer, worker_error, server_error, comm.size(), call);

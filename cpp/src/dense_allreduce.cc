@@ -66,4 +66,15 @@ void dense_allreduce(Communicator& comm, const TensorView& t, ReduceOp op) {
   }
 }
 
+void dense_allreduce(Communicator& comm, DeviceTable& dev, const TensorView& t, ReduceOp op) {
+  if (op != ReduceOp::kAverage && !is_elementwise_op(op))
+    throw UsageError(std::string("dense_allreduce: op ") + reduce_op_name(op));
+  HostCopy host(dev, t.data, t.nbytes());
+  TensorView h = t;
+  h.data = host.get();
+  h.device = Device::kCPU;
+  dense_allreduce(comm, h, op);
+  host.write_back();
+}
+
 }  // namespace hvdc

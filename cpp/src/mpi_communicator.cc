@@ -1,5 +1,9 @@
 #include "hvdc/mpi_communicator.h"
 
+#if defined(OPEN_MPI) && OPEN_MPI && __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // MPIX_Query_cuda_support
+#endif
+
 #include <sched.h>
 
 #include <algorithm>
@@ -237,6 +241,14 @@ void PeerWatch::leave(double timeout_s) {
   // A peer that does not match it in time (stopped, or gone without a word) leaves its request to
   // MPI_Finalize; the receives stay posted, so that the peers' goodbyes are matched too.
   if (!sends.empty()) wait_yielding(static_cast<int>(sends.size()), sends.data(), timeout_s, nullptr);
+}
+
+int MpiCommunicator::cuda_support() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT)
+  return MPIX_Query_cuda_support() ? 1 : 0;
+#else
+  return -1;
+#endif
 }
 
 bool MpiCommunicator::mpi_initialized() {

@@ -12,6 +12,7 @@
 #include "hvdc/signature.h"
 #include "hvdc/sparse_allreduce.h"
 #include "hvdc/block_quant_allreduce.h"
+#include "hvdc/staged_device.h"
 
 namespace hvdc {
 namespace {
@@ -118,7 +119,9 @@ CommStats Runtime::allreduce(const TensorView& t, ReduceOp op, const std::string
   CallSignature sig = signature_of(kAllreduce, t, static_cast<int>(op), name);
   if (op != ReduceOp::kAverage && !is_elementwise_op(op))
     set_rejected(sig, "allreduce: unknown op " + std::to_string(static_cast<int>(op)));
-  return run(sig, name, [&] { dense_allreduce(*world_, t, op); });
+  DeviceTable& dev = device_or_reject(t, sig, "allreduce");
+  const uint64_t host_before = dev.host_bytes();
+  return add_host_bytes(run(sig, name, [&] { dense_allreduce(*world_, dev, t, op); }), dev, host_before);
 }
 
 CommStats Runtime::allgather(const TensorView& t, const std::string& name,
@@ -141,7 +144,16 @@ CommStats Runtime::broadcast(const TensorView& t, int root, const std::string& n
   if (root < 0 || root >= size())
     set_rejected(sig, "broadcast root " + std::to_string(root) + " is not a rank of a world of " +
                           std::to_string(size()));
-  return run(sig, name, [&] { world_->broadcast(t.data, t.nbytes(), root); });
+  DeviceTable& dev = device_or_reject(t, sig, "broadcast");
+  const uint64_t host_before = dev.host_bytes();
+  return add_host_bytes(run(sig, name,
+                            [&] {
+                              // Only the root's bytes travel out; every rank's come back.
+                              HostCopy host(dev, t.data, t.nbytes(), rank() == root);
+                              world_->broadcast(host.get(), t.nbytes(), root);
+                              host.write_back();
+                            }),
+                        dev, host_before);
 }
 
 CommStats Runtime::adasum(const TensorView& fused, const std::vector<int64_t>& tensor_sizes,
@@ -160,15 +172,20 @@ CommStats Runtime::adasum(const TensorView& fused, const std::vector<int64_t>& t
                           " tensors, " + std::to_string(total) +
                           " elements) do not cut the fused buffer of " +
                           std::to_string(fused.numel) + " elements");
-  return run(sig, name, [&] { run_adasum(fused, tensor_sizes, hierarchical); });
+  DeviceTable& dev = device_or_reject(fused, sig, "Adasum");
+  if (hierarchical && dev.device_type() != Device::kCPU)
+    set_rejected(sig, "hierarchical Adasum: CUDA tensors are not supported yet");
+  const uint64_t host_before = dev.host_bytes();
+  return add_host_bytes(run(sig, name, [&] { run_adasum(fused, tensor_sizes, hierarchical, &dev); }),
+                        dev, host_before);
 }
 
 void Runtime::run_adasum(const TensorView& fused, const std::vector<int64_t>& tensor_sizes,
-                         bool hierarchical) {
+                         bool hierarchical, DeviceTable* dev) {
   if (hierarchical)
-    adasum_hierarchical(*hierarchical_plan_, fused, tensor_sizes);
+    adasum_hierarchical(*hierarchical_plan_, fused, tensor_sizes);  // on host memory only
   else
-    adasum_rvh(*adasum_plan_, fused, tensor_sizes);
+    adasum_rvh(*adasum_plan_, fused, tensor_sizes, dev);
 }
 
 CommStats Runtime::adasum_group(const std::vector<TensorView>& tensors, bool hierarchical,
@@ -213,10 +230,13 @@ CommStats Runtime::compressed_allreduce(const TensorView& buffer, const TensorVi
   OneBitCall call;
   call.kernels = kernels_;
   call.pipeline = onebit_pipeline_;
+  call.device = &device_or_reject(buffer, sig, "compressed_allreduce");
+  const uint64_t host_before = call.device->host_bytes();
   const std::string why = onebit_prepare(buffer, worker_error, server_error, size(), call);
   if (!why.empty()) set_rejected(sig, why);
-  return run(sig, name.empty() ? "compressed_allreduce" : name,
-             [&] { compressed_allreduce_prepared(*world_, call); });
+  return add_host_bytes(run(sig, name.empty() ? "compressed_allreduce" : name,
+                            [&] { compressed_allreduce_prepared(*world_, call); }),
+                        *call.device, host_before);
 }
 
 namespace {
@@ -349,6 +369,57 @@ void Runtime::reject(Collective collective, const std::string& why, const std::s
 void Runtime::leave(double timeout_s) {
   world_->leave(timeout_s);
 }
+
+Runtime::~Runtime() = default;
+
+CommStats Runtime::add_host_bytes(CommStats moved, const DeviceTable& dev, uint64_t before) {
+  moved.host_bytes = dev.host_bytes() - before;
+  const std::lock_guard<std::mutex> totals_lock(stats_mu_);
+  totals_.host_bytes += moved.host_bytes;
+  return moved;
+}
+
+DeviceTable& Runtime::device_or_reject(const TensorView& t, CallSignature& sig, const char* what) {
+  DeviceTable* dev = device_for(t);
+  if (dev) return *dev;
+  set_rejected(sig, std::string(what) + ": a CUDA tensor, and no CUDA device table is loaded "
+                                        "(hvd_compress._cuda)");
+  return cpu_device(kernels_);  // never runs: every rank raises in the agreement
+}
+
+DeviceTable* Runtime::device_for(const TensorView& t) {
+  if (t.device == Device::kCUDA) return cuda_device_;
+  if (staged_device_) return staged_device_.get();
+  return &cpu_device(kernels_);
+}
+
+void Runtime::register_device(DeviceTable* table) {
+  if (!table || table->device_type() != Device::kCUDA)
+    throw UsageError("register_device: not a CUDA device table");
+  const std::lock_guard<std::mutex> lock(mu_);
+  cuda_device_ = table;
+}
+
+void Runtime::set_test_device(const std::string& which, const std::string& fault, int index) {
+  StagedFault kind = StagedFault::kNone;
+  if (fault == "to_host") kind = StagedFault::kSkipToHost;
+  else if (fault == "to_device") kind = StagedFault::kSkipToDevice;
+  else if (fault == "wait") kind = StagedFault::kSkipWait;
+  else if (!fault.empty()) throw UsageError("set_test_device: unknown fault '" + fault + "'");
+  if (which != "staged" && which != "")
+    throw UsageError("set_test_device: unknown device '" + which + "' (\"staged\" or \"\")");
+  if (which.empty() && kind != StagedFault::kNone)
+    throw UsageError("set_test_device: faults are the staged device's");
+  const std::lock_guard<std::mutex> lock(mu_);
+  if (which.empty()) {
+    staged_device_.reset();
+    return;
+  }
+  if (!staged_device_) staged_device_.reset(new StagedDevice(kernels_));
+  staged_device_->set_fault(kind, index);
+}
+
+std::string Runtime::test_device() const { return staged_device_ ? "staged" : ""; }
 
 CommStats Runtime::stats() const {
   const std::lock_guard<std::mutex> lock(stats_mu_);

@@ -118,6 +118,10 @@ class _Session:
     # The runtimes of this rank's process sets (``hvd_compress.ops.process_sets``): each over a communicator of
     # the set's ranks, counted in ``comm_stats``, told of ``set_timeout`` and of this process leaving.
     subsets: list[Any] = dataclasses.field(default_factory=list)
+    # hvd_compress._cuda's device table (a capsule it owns), registered with every runtime once loaded.
+    cuda_table: Any = None
+    # The private test device of ``_set_test_device`` (set on process sets made later too).
+    test_device: tuple[str, str, int] = ("", "", 0)
 
 
 # The runtime that collectives issued by this thread run on, inside ``scoped`` (a process set's).
@@ -242,9 +246,40 @@ def new_subset(comm: Any) -> _core.Runtime:
     c = session.config
     core = _core.Runtime(MPI._handleof(comm), session.core.timeout, 0, "", c.scalar_kernels, c.onebit_piece,
                          c.stall_warning_s)
+    if session.cuda_table is not None:
+        core._register_device(session.cuda_table)
+    if session.test_device[0]:
+        core._set_test_device(*session.test_device)
     with session.lock:
         session.subsets.append(core)
     return core
+
+
+def cuda_device_table() -> Any:
+    """Load ``hvd_compress._cuda`` and register its device table (``cpp/include/hvdc/device.h``) with every
+    runtime of this process, once; what a face calls when the first CUDA tensor arrives. ImportError where the
+    module was not built (no nvcc at build time) or cannot load."""
+    session = _current()
+    with session.lock:
+        if session.cuda_table is None:
+            from hvd_compress import _cuda
+
+            table = _cuda.device_table()
+            for core in [session.core, *session.subsets]:
+                core._register_device(table)
+            session.cuda_table = table
+        return session.cuda_table
+
+
+def _set_test_device(which: str, fault: str = "", index: int = 0) -> None:
+    """Tests only, called alike on every rank: ``"staged"`` runs the collectives that go through the device table
+    (allreduce, broadcast, the 1-bit allreduce, flat Adasum) on the staged test device
+    (``cpp/include/hvdc/staged_device.h``), ``""`` on the CPU's; ``fault`` (``"to_host"``, ``"to_device"``,
+    ``"wait"``) drops that operation's ``index``-th occurrence from now on."""
+    session = _current()
+    for core in [session.core, *session.subsets]:
+        core._set_test_device(which, fault, index)
+    session.test_device = (which, fault, index)
 
 
 def drop_subset(core: _core.Runtime) -> None:

@@ -20,11 +20,12 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-_KEYS = ("bytes_sent", "bytes_received", "calls")
+_KEYS = ("bytes_sent", "bytes_received", "calls", "host_bytes")
 
 
 class Traffic:
-    """A thread-safe accumulator of per-call byte counts: ``bytes_sent``, ``bytes_received``, ``calls``."""
+    """A thread-safe accumulator of per-call byte counts: ``bytes_sent``, ``bytes_received``, ``calls``, and
+    ``host_bytes`` (copied between a device and host memory; 0 on the CPU)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -23,6 +23,7 @@
 
 #include "hvdc/comm_stats.h"
 #include "hvdc/communicator.h"
+#include "hvdc/device.h"
 #include "hvdc/tensor.h"
 
 namespace hvdc {
@@ -61,7 +62,10 @@ class AdasumPlan {
 // In place: every rank's `fused` becomes the Adasum of all ranks' `fused`, with dot products and
 // coefficients per tensor; `tensor_sizes` (sum = fused.numel) cut the fused buffer into tensors.
 // Identical arguments on every rank are the caller's job (Runtime exchanges a signature first).
-void adasum_rvh(AdasumPlan& plan, const TensorView& fused, const std::vector<int64_t>& tensor_sizes);
+// `dev`: the device whose memory `fused` is in (hvdc/device.h; null: the CPU's); every kernel, and
+// every byte that crosses the wire, goes through it (a device's halves are staged in host buffers).
+void adasum_rvh(AdasumPlan& plan, const TensorView& fused, const std::vector<int64_t>& tensor_sizes,
+                DeviceTable* dev = nullptr);
 
 // Hierarchical Adasum: the ranks of a node average their vectors (sum in double, divided by the
 // node size, rounded to the storage dtype), the node leaders (local rank 0) run adasum_rvh over

@@ -1,4 +1,5 @@
-// Bytes this rank put on and took off the wire, kept per communicator.
+// Bytes this rank put on and took off the wire, kept per communicator; and, beside them, the bytes
+// a collective copied between a device and host memory (hvdc/device.h; 0 on the CPU).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +10,7 @@ struct CommStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t calls = 0;
+  uint64_t host_bytes = 0;
 
   void add(uint64_t sent, uint64_t received) {
     bytes_sent += sent;

@@ -50,6 +50,7 @@
 #include <string>
 
 #include "hvdc/communicator.h"
+#include "hvdc/device.h"
 #include "hvdc/kernel_isa.h"
 #include "hvdc/tensor.h"
 
@@ -78,12 +79,20 @@ struct OneBitPipeline {
   int64_t min_numel = int64_t{1} << 20;  // smaller buffers run unpipelined
 };
 
+// The unpipelined run reaches the tensors only through `device` (hvdc/device.h): kernels, copies
+// of the wire blocks between device and host, waits. The pipelined run is the CPU's alone (it
+// calls the CPU kernels between the transfers): on another device the call runs unpipelined.
 struct OneBitCall {
   TensorView buffer, worker_error, server_error;
   int world_size = 0;
   int64_t chunk = 0;  // C: elements per chunk (padded)
   size_t block = 0;   // bytes of one wire block: float32 scale + C / 8 bytes of bits
-  std::unique_ptr<uint8_t[]> send;  // block j: [worker scale of chunk j][bits of chunk j]
+  DeviceTable* device = nullptr;  // the tensors' device; null: cpu_device(kernels)
+  // Device memory, block j: [worker scale of chunk j][bits of chunk j]; the host reads the
+  // blocks at `send_host` (their host copy in `host_send`, or the blocks themselves on the CPU).
+  std::unique_ptr<DeviceBuffer> send;
+  std::unique_ptr<HostStaging> host_send;
+  const uint8_t* send_host = nullptr;
   bool prepared = false;
   KernelChoice kernels = KernelChoice::kAuto;  // set before onebit_prepare (the runtime's setting)
   OneBitPipeline pipeline;
@@ -105,9 +114,10 @@ void compressed_allreduce_prepared(Communicator& comm, OneBitCall& call);
 // (numel float32) and `server_error` (padded numel / size float32) are updated. Every rank must
 // call it with the same numel and dtype (the caller agrees on a signature first) and with input
 // that passes onebit_check_input (throws UsageError otherwise, before communicating).
+// `device`: the tensors' device table (null: the CPU's).
 void compressed_allreduce(Communicator& comm, const TensorView& buffer,
                           const TensorView& worker_error, const TensorView& server_error,
                           KernelChoice kernels = KernelChoice::kAuto,
-                          OneBitPipeline pipeline = OneBitPipeline{});
+                          OneBitPipeline pipeline = OneBitPipeline{}, DeviceTable* device = nullptr);
 
 }  // namespace hvdc

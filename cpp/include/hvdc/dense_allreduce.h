@@ -4,11 +4,15 @@
 // double, truncated toward zero.
 #pragma once
 #include "hvdc/communicator.h"
+#include "hvdc/device.h"
 #include "hvdc/reduce_op.h"
 #include "hvdc/tensor.h"
 
 namespace hvdc {
 
 void dense_allreduce(Communicator& comm, const TensorView& t, ReduceOp op);
+// The same on `t` in `dev`'s memory (hvdc/device.h): the whole tensor is the payload, reduced on the
+// host between a copy out and a copy back (none on the CPU).
+void dense_allreduce(Communicator& comm, DeviceTable& dev, const TensorView& t, ReduceOp op);
 
 }  // namespace hvdc

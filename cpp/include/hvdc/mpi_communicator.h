@@ -96,6 +96,9 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split_shared() const;
 
   static bool mpi_initialized();
+  // MPIX_Query_cuda_support(): 1 where this MPI takes device pointers, 0 where it does not, -1
+  // where it has no such query (an MPI other than Open MPI).
+  static int cuda_support();
 
   // A wait inside an agreed collective that outlasts the stall timeout aborts the job (see above).
   void set_stall_timeout(double s) override { stall_->store(s); }

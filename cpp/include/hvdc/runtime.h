@@ -16,6 +16,7 @@
 #include "hvdc/adasum.h"
 #include "hvdc/comm_stats.h"
 #include "hvdc/compressed_allreduce.h"
+#include "hvdc/device.h"
 #include "hvdc/kernel_isa.h"
 #include "hvdc/masks.h"
 #include "hvdc/hierarchical_allreduce.h"
@@ -27,6 +28,7 @@
 namespace hvdc {
 
 struct SparseSpec;  // hvdc/sparse_allreduce.h
+class StagedDevice;  // hvdc/staged_device.h
 
 // What the runtime reads once, at start-up (hvd_compress.ops reads it from the environment).
 struct RuntimeConfig {
@@ -64,6 +66,7 @@ class Runtime {
   // then builds the node topology and the Adasum level groups once. A null `shared_node` makes the
   // whole world one node. Throws UsageError on every rank if some rank's config is invalid.
   Runtime(std::unique_ptr<Communicator> world, const RuntimeConfig& config, const NodeSplit& shared_node);
+  ~Runtime();
 
   int rank() const { return world_->rank(); }
   int size() const { return world_->size(); }
@@ -156,16 +159,33 @@ class Runtime {
   CommStats stats() const;
   void reset_stats();
 
+  // Device tables (hvdc/device.h). The table for a tensor: CUDA tensors the registered CUDA table
+  // (null until hvd_compress._cuda registered one), CPU tensors the CPU's, or the staged test
+  // device where set_test_device("staged") chose it.
+  DeviceTable* device_for(const TensorView& t);
+  // Called by hvd_compress._cuda's loader; the table outlives the runtime (the module keeps it).
+  void register_device(DeviceTable* table);
+  // Tests only, the same on every rank: "staged" runs the collectives that go through the table
+  // (allreduce, broadcast, compressed_allreduce, flat adasum) on the staged test device, "" on the CPU's; `fault` drops the
+  // `index`-th "to_host", "to_device" or "wait" of the staged device from now on ("": none).
+  void set_test_device(const std::string& which, const std::string& fault = "", int index = 0);
+  std::string test_device() const;
+
  private:
   // The protocol of every collective: under mu_, agree on `sig` (throws on every rank if some rank
   // rejected its input or the signatures differ; a timeout marks the runtime broken), count the
   // call, run `body`, and return what this call moved. Defined in runtime.cc.
   template <typename Body>
   CommStats run(const CallSignature& sig, const std::string& what, Body&& body);
+  // The table of `t`'s device; where there is none, `sig` rejected (every rank raises).
+  DeviceTable& device_or_reject(const TensorView& t, CallSignature& sig, const char* what);
+  // `moved` with the bytes `dev` copied since it counted `before`, added to the totals too.
+  CommStats add_host_bytes(CommStats moved, const DeviceTable& dev, uint64_t before);
   void agree(const CallSignature& sig, const std::string& what);
   // The Adasum of a fused buffer, flat or hierarchical, on the topology built at start-up.
+  // `dev`: the flat run's device table (null: the CPU's); the hierarchical run is the CPU's.
   void run_adasum(const TensorView& fused, const std::vector<int64_t>& tensor_sizes,
-                  bool hierarchical);
+                  bool hierarchical, DeviceTable* dev = nullptr);
   // Moves what the plans' group communicators counted onto the world's counters.
   void absorb_plan_stats();
 
@@ -194,6 +214,10 @@ class Runtime {
   std::vector<uint8_t> masked_mask_;
   mutable std::mutex stats_mu_;
   CommStats totals_;
+  // The devices of device_for (the CUDA table is the _cuda module's; the staged one is the
+  // runtime's own).
+  DeviceTable* cuda_device_ = nullptr;
+  std::unique_ptr<StagedDevice> staged_device_;
 };
 
 }  // namespace hvdc

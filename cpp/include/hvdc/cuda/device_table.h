@@ -1,0 +1,52 @@
+// The CUDA device table (hvdc/device.h) of hvd_compress._cuda: the launchers of
+// hvdc/cuda/kernels.h on one stream, copies by cudaMemcpyAsync into pinned host buffers, scratch
+// from the stream-ordered allocator. Handed to the core's runtime as a capsule when the module is
+// loaded (cpp/cuda/module.cc); _core reaches it only through the table's virtual functions.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "hvdc/device.h"
+
+namespace hvdc {
+namespace cuda {
+
+class CudaDevice final : public DeviceTable {
+ public:
+  // Work goes to `stream` (0: the legacy default stream); the face sets the caller's current
+  // stream before each call (set_stream).
+  explicit CudaDevice(cudaStream_t stream = nullptr);
+  void set_stream(cudaStream_t stream) { stream_ = stream; }
+
+  const char* name() const override { return "cuda"; }
+  Device device_type() const override { return Device::kCUDA; }
+  bool host_memory() const override { return false; }
+  void* allocate(size_t bytes) override;
+  void release(void* p) override;
+  void* allocate_host(size_t bytes) override;
+  void release_host(void* p) override;
+  void wait() override;
+
+  void onebit_compress_signs(const void* x, DType dtype, const float* error, int64_t n_real,
+                             int64_t n_padded, uint8_t* block) override;
+  void onebit_server_reduce_compress(const uint8_t* blocks, size_t stride, int nranks, float* error,
+                                     int64_t n_real, int64_t n_padded, uint8_t* out_block) override;
+  void onebit_compress_error_decompress(void* x, DType dtype, float* error, int64_t n_real,
+                                        const uint8_t* worker_block,
+                                        const uint8_t* result_block) override;
+  int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error, int64_t n) override;
+  void adasum_dot_norms(const void* left, const void* right, DType dtype, int64_t n,
+                        double* dots) override;
+  void adasum_combine(const void* left, double left_coeff, const void* right, double right_coeff,
+                      void* out, DType dtype, int64_t n) override;
+
+ protected:
+  void copy_to_host(void* host, const void* device, size_t bytes) override;
+  void copy_to_device(void* device, const void* host, size_t bytes) override;
+
+ private:
+  cudaStream_t stream_;
+  HostBufferPool pinned_;  // pinned host staging, reused by size
+};
+
+}  // namespace cuda
+}  // namespace hvdc

@@ -1,0 +1,252 @@
+// The device table (hvdc/device.h) under the 1-bit allreduce (cpp/src/compressed_allreduce.cc), on
+// thread ranks at n = 2, 3, 4: every rank on the staged test device (hvdc/staged_device.h: the CPU
+// kernels on a delayed worker thread, memory reached only through copies) gives the bytes of the
+// CPU run, for result, worker error and server error, over three calls in a row (errors carried),
+// float32/float16/bfloat16, with and without padding; the host bytes counted are exactly the
+// payload (phase 1's blocks out, the gathered blocks in, the server block out, the result blocks
+// in), in host buffers allocated by the first call and reused by the others. And the staged device catches the mistakes it is there for: one dropped copy to the host,
+// copy to the device or wait on rank 0 changes some byte of the outcome (or makes a rank throw).
+// A non-finite input on the staged device is rejected with the CPU's message, state unchanged.
+// Flat Adasum (cpp/src/adasum.cc) at n = 2..5 (folds at 3 and 5), two tensors in the fused buffer:
+// staged gives the CPU's bytes, and a dropped copy on rank 0 changes them.
+//
+// Usage: test_device_table [FIXTURES] (the fixtures are not read).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "hvdc/adasum.h"
+#include "hvdc/compressed_allreduce.h"
+#include "hvdc/device.h"
+#include "hvdc/errors.h"
+#include "hvdc/staged_device.h"
+#include "thread_communicator.h"
+
+namespace hvdc {
+namespace {
+
+constexpr double kHangS = 60;
+constexpr int kCalls = 3;
+
+TensorView view_of(void* data, int64_t numel, DType dtype) {
+  TensorView v;
+  v.data = data;
+  v.numel = numel;
+  v.dtype = dtype;
+  return v;
+}
+
+// Deterministic inputs of rank r, call c (float32 values stored in `dtype`).
+std::vector<uint8_t> input(int r, int c, int64_t numel, DType dtype) {
+  std::vector<uint8_t> out(static_cast<size_t>(numel) * dtype_size(dtype));
+  for (int64_t i = 0; i < numel; ++i) {
+    const float v = std::sin(0.37f * static_cast<float>(i + 1) + 1.3f * r + 0.7f * c) *
+                    (1.0f + 0.01f * static_cast<float>(i % 7));
+    if (dtype == DType::kFloat32) {
+      std::memcpy(out.data() + 4 * i, &v, 4);
+    } else {
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      // bfloat16: the top half; float16: a fixed small set of exact halves (sign and 10 bits).
+      const uint16_t h = dtype == DType::kBFloat16
+                             ? static_cast<uint16_t>(u >> 16)
+                             : static_cast<uint16_t>((v < 0 ? 0x8000u : 0u) | 0x3800u | (i % 1024));
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+// Everything one rank ends with: every call's result, both errors, the host bytes copied.
+struct Outcome1 {
+  std::vector<uint8_t> buf;  // the calls' results, one after the other
+  std::vector<float> werr, serr;
+  uint64_t host_bytes = 0;
+  uint64_t host_allocations[2] = {0, 0};  // staged: host buffers allocated by the first call, by all
+  std::string threw;
+  bool operator==(const Outcome1& o) const {
+    return threw == o.threw && buf == o.buf &&
+           std::memcmp(werr.data(), o.werr.data(), werr.size() * 4) == 0 &&
+           std::memcmp(serr.data(), o.serr.data(), serr.size() * 4) == 0;
+  }
+};
+
+// The rank outcomes of kCalls calls; `staged`: every rank on a staged device of its own, rank 0's
+// dropping its `index`-th operation of `fault`.
+std::vector<Outcome1> run(int n, int64_t numel, DType dtype, bool staged, StagedFault fault,
+                          int index, bool* struck) {
+  std::vector<Outcome1> out(static_cast<size_t>(n));
+  const int64_t server = onebit_padded_numel(numel, n) / n;
+  int struck_count = 0;
+  ThreadWorld world(n, kHangS);
+  const std::vector<std::string> failed = world.run([&](Communicator& comm) {
+    const int r = comm.rank();
+    Outcome1& o = out[r];
+    std::unique_ptr<StagedDevice> dev;
+    if (staged) dev.reset(new StagedDevice(KernelChoice::kAuto));
+    if (dev && r == 0) dev->set_fault(fault, index);
+    o.werr.assign(static_cast<size_t>(numel), 0.0f);
+    o.serr.assign(static_cast<size_t>(server), 0.0f);
+    // Every call's buffer lives until the end: a dropped wait leaves kernels queued on it.
+    std::vector<std::vector<uint8_t>> bufs(kCalls);
+    try {
+      for (int c = 0; c < kCalls; ++c) {
+        std::vector<uint8_t>& buf = bufs[c];
+        buf = input(r, c, numel, dtype);
+        const uint64_t before = dev ? dev->host_bytes() : 0;
+        compressed_allreduce(comm, view_of(buf.data(), numel, dtype),
+                             view_of(o.werr.data(), numel, DType::kFloat32),
+                             view_of(o.serr.data(), server, DType::kFloat32), KernelChoice::kAuto,
+                             OneBitPipeline{}, dev.get());
+        o.host_bytes += dev ? dev->host_bytes() - before : 0;
+        // What the caller sees as the call returns (a later kernel must not change it).
+        o.buf.insert(o.buf.end(), buf.begin(), buf.end());
+        if (dev) o.host_allocations[c == 0 ? 0 : 1] = dev->host_allocations();
+      }
+    } catch (const std::exception& e) {
+      o.threw = e.what();
+    }
+    if (dev) {
+      if (r == 0) struck_count = dev->faults_struck();
+      dev->set_fault(StagedFault::kNone);
+      dev->wait();  // nothing of a dropped wait may outlive the buffers
+    }
+  });
+  for (int r = 0; r < n; ++r)
+    if (!failed[r].empty()) out[r].threw = failed[r];
+  *struck = struck_count > 0;
+  return out;
+}
+
+void staged_equals_cpu(Failures& f, int n, int64_t numel, DType dtype) {
+  const std::string what = str("n=", n, " numel=", numel, " ", dtype_name(dtype));
+  bool struck = false;
+  const std::vector<Outcome1> cpu = run(n, numel, dtype, false, StagedFault::kNone, 0, &struck);
+  const std::vector<Outcome1> staged = run(n, numel, dtype, true, StagedFault::kNone, 0, &struck);
+  f.ran();
+  const int64_t server = onebit_padded_numel(numel, n) / n;
+  const uint64_t block = sizeof(float) + static_cast<uint64_t>(server / 8);
+  // Per call: n blocks out (phase 1), n in (gathered), 1 out (served), n in (result).
+  const uint64_t want_host = kCalls * (3 * static_cast<uint64_t>(n) + 1) * block;
+  for (int r = 0; r < n; ++r) {
+    f.check(cpu[r].threw.empty() && staged[r].threw.empty(),
+            str(what, ": rank ", r, " threw: ", cpu[r].threw, staged[r].threw));
+    f.check(staged[r] == cpu[r], str(what, ": rank ", r, ": staged run differs from the CPU run"));
+    f.check(staged[r].host_bytes == want_host,
+            str(what, ": rank ", r, " copied ", staged[r].host_bytes, " host bytes, want ", want_host));
+    // The host staging buffers of the first call serve the later ones (same sizes: one bucket).
+    f.check(staged[r].host_allocations[0] > 0 &&
+                staged[r].host_allocations[1] == staged[r].host_allocations[0],
+            str(what, ": rank ", r, " allocated ", staged[r].host_allocations[0],
+                " host buffers in call 0 and ", staged[r].host_allocations[1], " by call ", kCalls - 1));
+  }
+}
+
+// Each dropped operation of rank 0 (the first few of each kind over the calls) changes the outcome.
+void a_dropped_copy_or_wait_shows(Failures& f, int n) {
+  const int64_t numel = 1000;
+  bool struck = false;
+  const std::vector<Outcome1> cpu = run(n, numel, DType::kFloat32, false, StagedFault::kNone, 0, &struck);
+  struct Drop {
+    StagedFault kind;
+    const char* name;
+    int count;  // how many of the kind one call has on rank 0
+  };
+  // One call: to_host: phase 1's blocks, the served block; to_device: gathered, result; wait:
+  // after phase 1, after the server step, at the end.
+  for (const Drop& d : {Drop{StagedFault::kSkipToHost, "to_host", 2},
+                        Drop{StagedFault::kSkipToDevice, "to_device", 2},
+                        Drop{StagedFault::kSkipWait, "wait", 3}})
+    for (int index = 0; index < d.count; ++index) {
+      f.ran();
+      const std::vector<Outcome1> got = run(n, numel, DType::kFloat32, true, d.kind, index, &struck);
+      bool differs = false;
+      for (int r = 0; r < n; ++r) differs = differs || !(got[r] == cpu[r]);
+      f.check(struck, str("n=", n, ": dropping ", d.name, " #", index, " never happened"));
+      f.check(differs, str("n=", n, ": dropping ", d.name, " #", index,
+                           " on rank 0 left every rank's outcome equal to the CPU run's"));
+    }
+}
+
+void nonfinite_rejected(Failures& f) {
+  f.ran();
+  const int64_t numel = 37;
+  std::vector<float> x(numel, 1.0f), werr(numel, 0.5f), serr(onebit_padded_numel(numel, 1), 0.0f);
+  x[9] = std::numeric_limits<float>::infinity();
+  const std::vector<float> werr0 = werr;
+  std::string why[2];
+  for (int staged = 0; staged < 2; ++staged) {
+    std::unique_ptr<StagedDevice> dev(staged ? new StagedDevice() : nullptr);
+    OneBitCall call;
+    call.device = dev.get();
+    why[staged] = onebit_prepare(view_of(x.data(), numel, DType::kFloat32),
+                                 view_of(werr.data(), numel, DType::kFloat32),
+                                 view_of(serr.data(), static_cast<int64_t>(serr.size()), DType::kFloat32),
+                                 1, call);
+  }
+  f.check(!why[0].empty() && why[0] == why[1],
+          str("non-finite input: CPU says '", why[0], "', staged says '", why[1], "'"));
+  f.check(std::memcmp(werr.data(), werr0.data(), 4 * numel) == 0, "non-finite input: worker error changed");
+}
+
+// Every rank's fused buffer after flat Adasum; `staged`: on a staged device of its own per rank,
+// rank 0's dropping its `index`-th operation of `fault`.
+std::vector<std::vector<uint8_t>> adasum_run(int n, DType dtype, bool staged, StagedFault fault,
+                                             int index) {
+  const std::vector<int64_t> sizes = {7, 13};
+  std::vector<std::vector<uint8_t>> out(static_cast<size_t>(n));
+  ThreadWorld world(n, kHangS);
+  const std::vector<std::string> failed = world.run([&](Communicator& comm) {
+    const int r = comm.rank();
+    AdasumPlan plan(comm);
+    std::unique_ptr<StagedDevice> dev(staged ? new StagedDevice() : nullptr);
+    if (dev && r == 0) dev->set_fault(fault, index);
+    std::vector<uint8_t> buf = input(r, 0, 20, dtype);
+    adasum_rvh(plan, view_of(buf.data(), 20, dtype), sizes, dev.get());
+    out[r] = buf;
+    if (dev) {
+      dev->set_fault(StagedFault::kNone);
+      dev->wait();
+    }
+  });
+  for (int r = 0; r < n; ++r)
+    if (!failed[r].empty()) out[r].clear();
+  return out;
+}
+
+void adasum_staged_equals_cpu(Failures& f, int n) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat16}) {
+    f.ran();
+    const auto cpu = adasum_run(n, dtype, false, StagedFault::kNone, 0);
+    const auto staged = adasum_run(n, dtype, true, StagedFault::kNone, 0);
+    const auto dropped = adasum_run(n, dtype, true, StagedFault::kSkipToHost, 0);
+    bool differs = false;
+    for (int r = 0; r < n; ++r) {
+      f.check(!cpu[r].empty() && staged[r] == cpu[r],
+              str("Adasum n=", n, " ", dtype_name(dtype), ": rank ", r, ": staged differs from CPU"));
+      differs = differs || dropped[r] != cpu[r];
+    }
+    f.check(differs, str("Adasum n=", n, " ", dtype_name(dtype), ": a dropped copy went unnoticed"));
+  }
+}
+
+}  // namespace
+}  // namespace hvdc
+
+int main() {
+  hvdc::Failures f;
+  for (int n = 2; n <= 4; ++n) {
+    for (hvdc::DType dtype : {hvdc::DType::kFloat32, hvdc::DType::kFloat16, hvdc::DType::kBFloat16})
+      for (int64_t numel : {int64_t{1}, int64_t{8 * n}, int64_t{1000}})
+        hvdc::staged_equals_cpu(f, n, numel, dtype);
+    hvdc::a_dropped_copy_or_wait_shows(f, n);
+  }
+  for (int n = 2; n <= 5; ++n) hvdc::adasum_staged_equals_cpu(f, n);
+  hvdc::nonfinite_rejected(f);
+  return f.finish("test_device_table");
+}

@@ -1,0 +1,113 @@
+"""Every op through hc.DistributedOptimizer, and broadcast_parameters, on the plain CPU device and on the staged test
+device (cpp/include/hvdc/staged_device.h, selected by the private ``runtime._set_test_device``): the parameters after
+every step, and the host bytes the staged run copied (``comm_stats()["host_bytes"]``). Then the 1-bit and the dense
+allreduce called directly: their host bytes per call, and their outcome with one copy or one wait dropped on rank 0.
+Also: hvd_compress._cuda's device table registered once (where the module is built). Saves one dict per rank.
+
+argv: out_dir.
+"""
+
+import torch
+from common import save, small_wrapped
+
+import hvd_compress.torch as hc
+from hvd_compress.ops import onebit, runtime
+
+hc.init()
+torch.set_num_threads(1)
+r = hc.rank()
+STEPS = 4
+OPTIONS = {"OneBitAdam": {"freeze_step": 1}, "OneBitLamb": {"freeze_step": 1},
+           "ZeroOneAdam": {"var_freeze_step": 1, "local_step_scaler": 1, "local_step_clipper": 1},
+           "Average": {}, "Sum": {}, "PowerSGD": {"start_powerSGD_iter": 1, "min_compression_rate": 1},
+           "SignSGD": {}, "Adasum": {}, "Birder": {}, "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1}}
+# One 1-bit call copies to the host twice (phase 1's blocks, the served block), to the device twice (the gathered
+# blocks, the result's) and waits three times; one dense call copies each way once and waits twice.
+DROPS = {"onebit": (("to_host", 0), ("to_host", 1), ("to_device", 0), ("to_device", 1), ("wait", 0), ("wait", 1),
+                    ("wait", 2)),
+         "dense": (("to_host", 0), ("to_device", 0), ("wait", 0), ("wait", 1))}
+NUMEL = 1000
+
+
+def flat(model: torch.nn.Module) -> bytes:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().tobytes()
+
+
+def wrapped(op: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    if op != "SignSGD":
+        return small_wrapped(op, **OPTIONS[op])
+    model, _ = small_wrapped("Average")  # its model; EF-signSGD wraps plain SGD
+    base = torch.optim.SGD(model.parameters(), lr=0.05)
+    return model, hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), op=hc.SignSGD)
+
+
+def train(op: str) -> list[bytes]:
+    model, opt = wrapped(op)
+    g = torch.Generator().manual_seed(10 + r)
+    trace = []
+    for _ in range(STEPS):
+        x, y = torch.randn(16, 8, generator=g), torch.randint(0, 2, (16,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        trace.append(flat(model))
+    return trace
+
+
+def broadcast() -> bytes:
+    model, _ = small_wrapped("Average")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(float(r))
+    hc.broadcast_parameters(model.state_dict(), root_rank=hc.size() - 1)
+    return flat(model)
+
+
+def call(kind: str, keep: list) -> bytes:
+    """One call of ``kind`` on rank-dependent input: every buffer it changed, as the call returns. The buffers go
+    to ``keep``: after a dropped wait, kernels are still queued on them."""
+    g = torch.Generator().manual_seed(r)
+    x = torch.randn(NUMEL, generator=g)
+    keep.append(x)
+    if kind == "dense":
+        hc.allreduce_(x, op=hc.Sum, name="dense")
+        return x.numpy().tobytes()
+    werr = torch.randn(NUMEL, generator=g) * 0.1
+    serr = torch.zeros(onebit.server_error_numel(NUMEL, hc.size()))
+    keep += [werr, serr]
+    onebit.compressed_allreduce_(x, werr, serr)
+    return x.numpy().tobytes() + werr.numpy().tobytes() + serr.numpy().tobytes()
+
+
+def plain_and_staged(run) -> tuple[object, object, int]:
+    """``run()`` on the CPU's device and on the staged one; the host bytes of the staged run."""
+    plain = run()
+    runtime._set_test_device("staged")
+    hc.comm_stats(reset=True)
+    staged = run()
+    host = hc.comm_stats(reset=True)["host_bytes"]
+    runtime._set_test_device("")
+    return plain, staged, host
+
+
+out: dict = {"ops": {}, "calls": {}, "drops": {}}
+try:  # hvd_compress._cuda's table registers without a GPU (it touches none until a collective runs on it)
+    table = runtime.cuda_device_table()
+    out["cuda_table"] = table is runtime.cuda_device_table() and "hvdc.DeviceTable" in repr(table)
+except ImportError as e:
+    out["cuda_table"] = f"ImportError: {e}"
+cases = {"broadcast_parameters": broadcast, **{op: (lambda op=op: train(op)) for op in OPTIONS}}
+for name, run in cases.items():
+    plain, staged, host = plain_and_staged(run)
+    out["ops"][name] = {"same": plain == staged, "host_bytes": host}
+for kind, drops in DROPS.items():
+    plain, staged, host = plain_and_staged(lambda kind=kind: call(kind, []))
+    out["calls"][kind] = {"same": plain == staged, "host_bytes": host}
+    for fault, index in drops:
+        # Only rank 0 drops; every rank is on the staged device.
+        runtime._set_test_device("staged", fault if r == 0 else "", index)
+        keep: list = []
+        dropped = call(kind, keep)
+        runtime._set_test_device("")  # waits for what a dropped wait left queued, before `keep` goes
+        out["drops"][f"{kind} {fault}#{index}"] = dropped == plain
+save(r, out)
