@@ -162,7 +162,7 @@ def run(key: tuple, n: int, env: dict[str, str], script: Path, args: list[str], 
         pool.close()
         pool = None
     while _pools and (sum(p.n for p in _pools.values()) + n > MAX_RANKS_ALIVE or _free_bytes() < MIN_FREE_BYTES):
-        _pools.pop(next(iter(_pools))).close()
+        _pools.pop(_evictee()).close()
     if pool is None:
         pool = Pool(n, env)
     try:
@@ -177,6 +177,12 @@ def run(key: tuple, n: int, env: dict[str, str], script: Path, args: list[str], 
         failures = pool.failures()
         pool.close()
     return code, out, failures
+
+
+def _evictee() -> tuple:
+    """The key of the pool to close to make room: a torch pool before a TensorFlow one (a TensorFlow pool takes
+    several times as long to start), the least recently used of a face first."""
+    return min(_pools, key=lambda key: key[1] == "tf")  # min keeps the first of equals: _pools is in order of use
 
 
 def _free_bytes() -> int:

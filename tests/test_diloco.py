@@ -1,11 +1,11 @@
 """hc.DistributedOptimizer(op=hc.DiLoCo) (DiLoCo, arXiv 2311.08105; Streaming DiLoCo, arXiv 2501.18512) against the
-NumPy reference (hvd_compress/reference/diloco.py), one process per rank at 2, 3 and 4 ranks, one launch per rank count:
-every rank's parameters after every step of every config of tests/workers/diloco_task.py (plain DiLoCo, momentum
-without Nesterov, fragments with a sync delay and a mix, every outer_compression with error feedback; the core's
-int8/int4 collective alone); bytes only on sync steps, falling with the fragments and the wire format; a run resumed
-from a mid-phase state_dict() (a sync in flight, error feedback) continues bit for bit; a 2-rank checkpoint continues
-at 3 ranks as the reference does; bad options raise on every rank; hvd.DistributedOptimizer and the op's name run the
-same op."""
+NumPy reference (hvd_compress/reference/diloco.py), one process per rank at 2, 3 and 4 ranks (4: the long tier), one
+launch per rank count: every rank's parameters after every step of every config of tests/workers/diloco_task.py (plain
+DiLoCo, momentum without Nesterov, fragments with a sync delay and a mix, every outer_compression with error feedback;
+the core's int8/int4 collective alone); bytes only on sync steps, falling with the fragments and the wire format; a run
+resumed from a mid-phase state_dict() (a sync in flight, error feedback) continues bit for bit; a 2-rank checkpoint
+continues at 3 ranks as the reference does; bad options raise on every rank; hvd.DistributedOptimizer and the op's name
+run the same op."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from workers.diloco_task import CONFIGS, REGROW, RESUMES, SIZES, STEPS, initial,
 from hvd_compress.reference.block_quant import block_quant_allreduce
 from hvd_compress.reference.diloco import ReferenceDiLoCo
 
-WORLDS = (2, 3, 4)
+WORLDS = (2, 3, pytest.param(4, marks=pytest.mark.long))
 
 
 class RegrowCases(Cases):

@@ -69,3 +69,12 @@ def test_a_job_that_hangs_is_stopped_at_its_timeout(tmp_path) -> None:
     with pytest.raises(AssertionError, match="job hung"):
         mpirun("pool_probe.py", 2, tmp_path, "hang", timeout=5)  # rank 0 sleeps 60 s: it must not be waited for
     assert time.monotonic() - start < 30
+
+
+def test_a_torch_pool_is_closed_for_room_before_a_tensorflow_one(monkeypatch) -> None:
+    # Keys as mpi_harness makes them, (rank count, face, tf_keras), in order of last use; no pool is started here.
+    order = [(3, "tf", False), (2, "torch", False), (2, "tf", True), (4, "torch", False)]
+    monkeypatch.setattr(mpi_pool, "_pools", dict.fromkeys(order))
+    assert mpi_pool._evictee() == (2, "torch", False), "not the least recently used torch pool"
+    monkeypatch.setattr(mpi_pool, "_pools", dict.fromkeys([(3, "tf", False), (2, "tf", True)]))
+    assert mpi_pool._evictee() == (3, "tf", False), "with no torch pool, not the least recently used TensorFlow one"

@@ -66,10 +66,9 @@ def run(opt, vs: list, start: int, stop: int, traced=None) -> list[np.ndarray]:
     return out
 
 
-def resumed(name: str, at: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    vs = variables(initial())
-    opt = make(CONFIGS[name])
-    run(opt, vs, 0, at)
+def resumed(opt, vs: list, name: str, at: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(the run's variables after each step from ``at`` on, a new optimizer's resumed from the run's variables and
+    the optimizer's variables after step ``at``): one run serves as the config's run and the uninterrupted one."""
     values, snapshot = flat_of(vs), [v.numpy() for v in opt_variables(opt)]
     want = run(opt, vs, at, STEPS)
     vs2 = variables(values)
@@ -110,15 +109,19 @@ def bad() -> dict:
 
 
 def main() -> None:
-    runs = {}
+    runs, resumes = {}, {}
     for name, options in CONFIGS.items():
         vs = variables(initial())
         opt = make(options)
-        runs[name] = run(opt, vs, 0, STEPS)
+        at = dict(RESUMES).get(name, STEPS)
+        runs[name] = run(opt, vs, 0, at)
+        if at < STEPS:
+            resumes[f"{name}@{at}"] = resumed(opt, vs, name, at)
+            runs[name] += resumes[f"{name}@{at}"][0]
         if name == "int4":
             per_rank = sorted(v.name for v in opt.per_rank_variables)
-    save(rank, {"runs": runs, "resumed": {f"{n}@{a}": resumed(n, a) for n, a in RESUMES},
-                "function": in_function("stream"), "bad": bad(), "per_rank": per_rank})
+    save(rank, {"runs": runs, "resumed": resumes, "function": in_function("stream"), "bad": bad(),
+                "per_rank": per_rank})
 
 
 main()
