@@ -76,6 +76,8 @@ class Run:
     skipped: str | None = None  # why the method did not run here ("no Horovod")
     #: ``--fidelity-seeds``: per model seed (the timed run's first) the steps run and the held-out loss
     seeds: list[dict] = field(default_factory=list)
+    #: every ``--eval-every`` steps: [step, wall_s, held-out loss] (``held_out``), wall_s training time only
+    test_curve: list[list[float]] = field(default_factory=list)
 
 
 def _local_optimizer(rule: str, params, lr: float) -> torch.optim.Optimizer:
@@ -201,10 +203,44 @@ def _wire_bytes() -> int:
     return int((LO_STATS / "tx_bytes").read_text()) if LO_STATS.exists() else 0
 
 
+def _kept_model(kept: nn.Module, model: nn.Module, opt) -> nn.Module:
+    """``kept`` (a model of the same shape) made the model a user would keep at this step: this rank's, with
+    DiLoCo's synced copy (``diloco_state``) in place of the parameters under DiLoCo, whose local parameters drift
+    between syncs. Read only: training goes on from the model and optimizer untouched."""
+    inner = model.module if hasattr(model, "module") else model
+    kept.load_state_dict(inner.state_dict())  # BatchNorm's running statistics included
+    state = getattr(opt, "diloco_state", None)
+    if state is not None and state.synced is not None:
+        from hvd_compress.algorithms.diloco import fragment_members
+        from hvd_compress.torch.diloco import TorchFragments
+
+        params = [p for p in kept.parameters() if p.requires_grad]  # the optimizer's order: built from parameters()
+        members = [[params[i] for i in m] for m in fragment_members(len(params), len(state.synced))]
+        io = TorchFragments(members)
+        for f, synced in enumerate(state.synced):
+            io.write(f, synced)
+    return kept
+
+
+def held_out(model: nn.Module, data: Data) -> tuple[float, float]:
+    """Held-out loss and accuracy in eval mode (BatchNorm on its running statistics), the mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(data.x_test)
+            return (float(nn.functional.cross_entropy(logits, data.y_test)),
+                    float((logits.argmax(1) == data.y_test).double().mean()))
+    finally:
+        model.train(was_training)
+
+
 def train(method: Method, model_name: str, data: Data, comm, args, seconds: float | None = None,
           **model_options) -> Run:
     """``args.steps`` steps of ``method``, or fewer where ``seconds`` of wall-clock (rank 0's, every rank stops
-    at the same step) run out first."""
+    at the same step) run out first. Every ``args.eval_every`` steps (0: never) each rank evaluates the model it
+    would keep (``_kept_model``; rank 0's is recorded in ``test_curve``) with the clock stopped, so the step times,
+    the wall-clock axis and the budget count training alone."""
     from mpi4py import MPI  # here and in main: importing it starts MPI, which the table helpers do without
 
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -217,10 +253,13 @@ def train(method: Method, model_name: str, data: Data, comm, args, seconds: floa
     n_train = data.x_train.shape[0]
     wire0 = _wire_bytes()
     hc.comm_stats()  # resets: what follows is this method's traffic
+    eval_every = getattr(args, "eval_every", 0)
+    kept = None
     comm.Barrier()
     start = time.perf_counter()
+    paused = 0.0  # seconds spent evaluating: off the clock
     for step in range(args.steps):
-        if seconds is not None and comm.bcast(time.perf_counter() - start >= seconds, root=0):
+        if seconds is not None and comm.bcast(time.perf_counter() - start - paused >= seconds, root=0):
             break
         if step == args.warmup:
             comm.Barrier()
@@ -234,7 +273,16 @@ def train(method: Method, model_name: str, data: Data, comm, args, seconds: floa
         opt.step()
         run.step_ms.append((time.perf_counter() - t0) * 1e3)
         run.losses.append(float(loss.detach()))
-        run.wall_s.append(time.perf_counter() - start)
+        run.wall_s.append(time.perf_counter() - start - paused)
+        if eval_every and (step + 1) % eval_every == 0:
+            t_eval = time.perf_counter()
+            if kept is None:
+                with torch.random.fork_rng():  # leaves the global generator as training left it
+                    kept = build(model_name, seed=args.seed, **model_options)
+            loss_now, _ = held_out(_kept_model(kept, model, opt), data)
+            run.test_curve.append([step + 1, run.wall_s[-1], loss_now])
+            comm.Barrier()  # every rank resumes together: no rank's evaluation lands in another's step
+            paused += time.perf_counter() - t_eval
     comm.Barrier()
     # The steps the counts cover: those after the warm-up, or all of a run whose time ran out before its end.
     measured = len(run.step_ms) - args.warmup if len(run.step_ms) > args.warmup else len(run.step_ms)
@@ -249,11 +297,8 @@ def train(method: Method, model_name: str, data: Data, comm, args, seconds: floa
     run.losses = [v / size for v in _reduce(comm, run.losses, MPI.SUM)]
     if hasattr(opt, "synchronize_parameters"):
         opt.synchronize_parameters()  # SLAMB, 0/1 Adam: the ranks' models differ between syncs; evaluate their average
-    with torch.no_grad():
-        inner = model.module if hasattr(model, "module") else model
-        logits = inner(data.x_test)
-        run.test_loss = float(loss_fn(logits, data.y_test))
-        run.test_accuracy = float((logits.argmax(1) == data.y_test).double().mean())
+    inner = model.module if hasattr(model, "module") else model
+    run.test_loss, run.test_accuracy = held_out(inner, data)
     return run
 
 
@@ -262,7 +307,10 @@ def dense_reference(rule: str, model_name: str, data: Data, args, size: int, ste
     process: each step's batch is every rank's batch of that step (``train``'s generators, in rank order). With
     equal batches the gradient of its mean loss is the average of the ranks' gradients, the step of hc Average,
     Horovod and DDP to rounding, so a method's held-out loss is judged against the dense rule's at its own step
-    count without a dense run behind the slow link. (A model with BatchNorm would differ: none of the bench's has.)"""
+    count without a dense run behind the slow link. Each rank's batch goes through the model on its own, as on its
+    rank, so BatchNorm normalizes over the same samples as there; its running statistics are rank 0's (one update
+    per step, from rank 0's batch), as in the model rank 0 evaluates. The loss is the mean of the ranks'. Held out:
+    in eval mode."""
     model = build(model_name, seed=args.seed)
     opt = _local_optimizer(rule, model.parameters(), args.lr)
     loss_fn = nn.CrossEntropyLoss()
@@ -270,12 +318,18 @@ def dense_reference(rule: str, model_name: str, data: Data, args, size: int, ste
     n_train = data.x_train.shape[0]
     out = []
     for _ in range(steps):
-        idx = torch.cat([torch.randint(0, n_train, (args.batch,), generator=g) for g in gens])
+        batches = [torch.randint(0, n_train, (args.batch,), generator=g) for g in gens]
         opt.zero_grad()
-        loss_fn(model(data.x_train[idx]), data.y_train[idx]).backward()
-        opt.step()
+        rank0 = {}
+        for r, idx in enumerate(batches):  # backward per batch: the next forward updates BatchNorm's buffers in place
+            (loss_fn(model(data.x_train[idx]), data.y_train[idx]) / size).backward()
+            if r == 0:
+                rank0 = {k: v.clone() for k, v in model.named_buffers()}
         with torch.no_grad():
-            out.append(float(loss_fn(model(data.x_test), data.y_test)))
+            for k, v in model.named_buffers():
+                v.copy_(rank0[k])
+        opt.step()
+        out.append(held_out(model, data)[0])
     return out
 
 
@@ -433,6 +487,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=10,
+                        help="steps between held-out evaluations (test_curve; off the clock); 0: at the end only")
     parser.add_argument("--fidelity-seeds", default="",
                         help="comma-separated further model seeds: each reruns every chosen method (untimed) and "
                         "the dense reference from that seed; rows get the mean held-out loss over --seed and these "
@@ -446,6 +502,8 @@ def main() -> None:
         parser.error(f"--models: {args.models!r}; the models are {', '.join(MODELS)}")
     if args.budget is not None and not args.budget > 0:
         parser.error(f"--budget: seconds > 0, got {args.budget}")
+    if args.eval_every < 0:
+        parser.error(f"--eval-every: steps >= 0, got {args.eval_every}")
     try:
         chosen = select(methods(args.warmup), args.only)
         more_seeds = [int(v) for v in args.fidelity_seeds.split(",") if v.strip()]

@@ -2,7 +2,8 @@
 handwritten digits, 1797 8x8 images, 10 classes), three model shapes a user trains.
 
 - ``mlp``: a wide ReLU MLP, communication-bound (most of a step is the gradient's bytes);
-- ``cnn``: a small ReLU CNN, compute-heavier per parameter;
+- ``cnn``: a small ReLU CNN with BatchNorm, compute-heavier per parameter (each rank normalizes over its own
+  batch, as under Horovod and DDP without SyncBatchNorm);
 - ``transformer``: a small transformer encoder over the image's 8 rows as 8 tokens.
 """
 
@@ -56,9 +57,10 @@ class Cnn(nn.Module):
     def __init__(self, channels: int = 64) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(2 * channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(2 * channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels), nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(2 * channels * 4, 256), nn.ReLU(), nn.Linear(256, 10))
 

@@ -90,6 +90,23 @@ def loss_panel(ax, curves: list[tuple[str, list[float], list[float], float | Non
     ax.legend(ncol=2, loc="best")
 
 
+def held_out_panel(ax, curves: list[tuple[str, list[float], list[float]]], colors: dict[str, object]) -> None:
+    """One panel: each ``(method, wall_s, held-out losses)`` (a run's ``test_curve``) against training seconds."""
+    for method, wall_s, losses in curves:
+        ax.plot(wall_s, losses, label=method, color=colors[method], linestyle=style(method), linewidth=1.2,
+                marker=".", markersize=2)
+    ax.set_xlabel("training s (rank 0; evaluation off the clock)")
+    ax.set_ylabel("held-out loss")
+    ax.set_yscale("log")
+    ax.grid(True, which="major", linewidth=0.3)
+    ax.legend(ncol=2, loc="best")
+
+
+def has_test_curves(result: dict) -> bool:
+    """Whether a result's runs recorded held-out loss during training (older results hold it at the end only)."""
+    return any(r.get("test_curve") for r in result.get("runs", []))
+
+
 def palette(methods: list[str]) -> dict[str, object]:
     """A color per method, the same in every panel of a figure."""
     cmap = pyplot().get_cmap("tab20")
@@ -127,11 +144,17 @@ def e2e_group(group, path: Path, window: int = 10) -> Path:
                         curves.append((label, r["wall_s"], r["losses"], tests.get(r["method"])))
                     if other != name and hv:
                         break
-            loss_panel(ax, curves, colors, window)
+            if has_test_curves(result):
+                held_out_panel(ax, [(r["method"], [p[1] for p in r["test_curve"]], [p[2] for p in r["test_curve"]])
+                                    for r in result["runs"] if r["model"] == model and r.get("test_curve")], colors)
+            else:
+                loss_panel(ax, curves, colors, window)
             ax.set_title(f"{name}: {model}")
         for ax in list(axes.flat)[len(panels):]:
             ax.set_visible(False)
-        fig.suptitle(f"End to end, {group.title}: training loss against wall-clock time", fontsize=10,
+        held = [has_test_curves(res) for _, res, _ in panels]
+        what = "held-out loss" if held and all(held) else "held-out or training loss" if any(held) else "training loss"
+        fig.suptitle(f"End to end, {group.title}: {what} against wall-clock time", fontsize=10,
                      y=1 - 0.12 / fig.get_figheight(), va="top")
         # Fixed margins in inches rather than tight_layout, which draws every panel once more to measure it.
         w, h = fig.get_figwidth(), fig.get_figheight()
