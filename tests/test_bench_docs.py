@@ -129,7 +129,15 @@ def test_render_gives_the_e2e_tables_and_stamp_of_a_fixture() -> None:
     assert "Test CPU 9000 (x86_64, 8 cores, 31.2 GiB), 4 ranks (2 cores per rank), an emulated 1gbit link" in stamp_line
     assert "`python -m hvd_compress.bench.e2e --only 'Horovod Adam,hc OneBitAdam'`" in stamp_line
     assert "(bench-data/e2e_1gbit_np4.json)" in stamp_line
-    assert "![1 Gbit/s, 4 ranks: training loss against wall-clock time](img/bench/e2e-1gbit-np4.png)" in lines
+    assert ("![1 Gbit/s, 4 ranks: training loss (these runs recorded held-out loss at the end only) against "
+            "wall-clock time](img/bench/e2e-1gbit-np4.png)") in lines
+    # A run with held-out curves (--eval-every) is drawn and captioned as held-out loss.
+    curved = e2e_fixture()
+    for r in curved["runs"]:
+        r["test_curve"] = [[2, w, 0.5] for w in r["wall_s"][1:2]]
+    page = report.render(TEMPLATE, {"e2e_1gbit_np4.json": curved, "keras_shm_np2.json": keras_fixture()})
+    assert ("![1 Gbit/s, 4 ranks: held-out loss against wall-clock time](img/bench/e2e-1gbit-np4.png)"
+            in page.splitlines()), page
     # The prose stays in place around the tables, in the template's order.
     assert page.index("prose one") < page.index("| mlp | Horovod Adam") < page.index("prose two")
     assert page.index("prose two") < page.index("| OneBitAdam overlap | 12.3 |")
