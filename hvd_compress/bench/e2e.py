@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import math
 import os
 import statistics
 import time
@@ -275,7 +276,11 @@ def train(method: Method, model_name: str, data: Data, comm, args, seconds: floa
         run.losses.append(float(loss.detach()))
         run.wall_s.append(time.perf_counter() - start - paused)
         if eval_every and (step + 1) % eval_every == 0:
+            # On the clock: the ranks catch up with the slowest (without a collective per step, as the floor and
+            # DiLoCo, they drift apart); the step ends when every rank has run it. Then off the clock: evaluating.
+            comm.Barrier()
             t_eval = time.perf_counter()
+            run.wall_s[-1] = t_eval - start - paused
             if kept is None:
                 with torch.random.fork_rng():  # leaves the global generator as training left it
                     kept = build(model_name, seed=args.seed, **model_options)
@@ -302,7 +307,8 @@ def train(method: Method, model_name: str, data: Data, comm, args, seconds: floa
     return run
 
 
-def dense_reference(rule: str, model_name: str, data: Data, args, size: int, steps: int) -> list[float]:
+def dense_reference(rule: str, model_name: str, data: Data, args, size: int, steps: int,
+                    eval_every: int = 1) -> list[float]:
     """The held-out loss after each of ``steps`` steps of ``rule`` trained densely over ``size`` ranks, in one
     process: each step's batch is every rank's batch of that step (``train``'s generators, in rank order). With
     equal batches the gradient of its mean loss is the average of the ranks' gradients, the step of hc Average,
@@ -310,7 +316,7 @@ def dense_reference(rule: str, model_name: str, data: Data, args, size: int, ste
     count without a dense run behind the slow link. Each rank's batch goes through the model on its own, as on its
     rank, so BatchNorm normalizes over the same samples as there; its running statistics are rank 0's (one update
     per step, from rank 0's batch), as in the model rank 0 evaluates. The loss is the mean of the ranks'. Held out:
-    in eval mode."""
+    in eval mode, after every ``eval_every``-th step (NaN after the others) and the last."""
     model = build(model_name, seed=args.seed)
     opt = _local_optimizer(rule, model.parameters(), args.lr)
     loss_fn = nn.CrossEntropyLoss()
@@ -329,7 +335,8 @@ def dense_reference(rule: str, model_name: str, data: Data, args, size: int, ste
             for k, v in model.named_buffers():
                 v.copy_(rank0[k])
         opt.step()
-        out.append(held_out(model, data)[0])
+        due = len(out) + 1 == steps or (len(out) + 1) % eval_every == 0
+        out.append(held_out(model, data)[0] if due else math.nan)
     return out
 
 

@@ -222,8 +222,10 @@ def main() -> None:
         args.equal_time = args.budget / 2
     if not args.budget > 0 or not 0 < args.equal_time <= args.budget:
         parser.error(f"--budget > 0 and 0 < --equal-time <= --budget, got {args.budget}, {args.equal_time}")
-    if args.seeds < 1 or not 0 < args.target_step <= args.steps or args.eval_every < 1:
-        parser.error("--seeds >= 1, 0 < --target-step <= --steps and --eval-every >= 1")
+    if args.seeds < 1 or not 0 < args.target_step <= args.steps or args.eval_every < 1 or \
+            args.target_step % args.eval_every:
+        parser.error("--seeds >= 1, 0 < --target-step <= --steps, --eval-every >= 1 dividing --target-step (the "
+                     "dense reference is evaluated where the methods are)")
     try:
         chosen = e2e.select(race_methods(args.warmup), args.only)
     except ValueError as e:
@@ -257,8 +259,8 @@ def main() -> None:
                           f"{run.test_curve[-1][2] if run.test_curve else float('nan'):.4f}", flush=True)
             if comm.Get_rank() == 0:
                 steps = max([args.target_step] + [len(r.step_ms) for r in runs])
-                dense = e2e.dense_reference("adam", model, data, seeded, comm.Get_size(), steps)
-                dense_curves.setdefault(model, {})[str(seed)] = dense
+                dense = e2e.dense_reference("adam", model, data, seeded, comm.Get_size(), steps, args.eval_every)
+                dense_curves.setdefault(model, {})[str(seed)] = [None if math.isnan(v) else v for v in dense]
                 for run in runs:
                     rec = seed_record(run, seed, args.warmup, dense, dense[args.target_step - 1], args.equal_time)
                     records.append({"model": model, **rec})
