@@ -134,7 +134,7 @@ def test_e2e_runs_at_2_ranks_without_horovod_and_tensorflow(tmp_path: Path) -> N
     only = "Horovod Adam,hc Average (Adam),*PowerSGD*,hc ZeroOneAdam,floor Adam (no comm)"
     cmd = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none", sys.executable, "-m", "hvd_compress.bench.e2e",
            "--out", str(out), "--label", "shm", "--models", "mlp", "--only", only, "--steps", "6", "--warmup", "3",
-           "--burnin", "0", "--fidelity-seeds", "1", "--eval-every", "3"]
+           "--burnin", "0", "--fidelity-seeds", "1", "--eval-every", "4"]
     env = mpi_env({"PYTHONPATH": f"{hide}:{ROOT}"})
     env.pop("HVDC_BENCH_NET", None)
     res = launch(cmd, 240, env)
@@ -165,12 +165,12 @@ def test_e2e_runs_at_2_ranks_without_horovod_and_tensorflow(tmp_path: Path) -> N
     assert abs(average["test_loss_vs_dense_over_seeds"]) < 1e-4, average
     assert abs(rows["floor Adam (no comm)"]["test_loss_vs_dense_over_seeds"]) > 1e-3, rows["floor Adam (no comm)"]
     assert "| mlp | hc ZeroOneAdam | " in (out / "e2e_shm_np2.md").read_text().split("from model seeds 0, 1")[1]
-    # --eval-every 3: the held-out curve at steps 3 and 6, at those steps' training times; its last point is the
-    # final held-out loss where the ranks' models agree.
+    # --eval-every 4: the held-out curve at step 4 and the last, at those steps' training times; its last point is
+    # the final held-out loss where the ranks' models agree.
     for run in (r for r in result["runs"] if not r["skipped"]):
         curve = run["test_curve"]
-        assert [p[0] for p in curve] == [3, 6], run["method"]
-        assert [p[1] for p in curve] == [run["wall_s"][2], run["wall_s"][5]] and curve[0][1] < curve[1][1], run
+        assert [p[0] for p in curve] == [4, 6], run["method"]
+        assert [p[1] for p in curve] == [run["wall_s"][3], run["wall_s"][5]] and curve[0][1] < curve[1][1], run
     hc_average = next(r for r in result["runs"] if r["method"] == "hc Average (Adam)")
     assert hc_average["test_curve"][-1][2] == average["test_loss"], (hc_average["test_curve"], average)
 

@@ -111,11 +111,11 @@ def test_e2e_records_held_out_every_eval_every_steps_with_the_clock_stopped(monk
     args = argparse.Namespace(seed=0, lr=1e-3, steps=7, warmup=1, batch=4, eval_every=2)
     method = next(m for m in e2e.methods(1) if m.name == "floor Adam (no comm)")
     run = e2e.train(method, "mlp", data, Comm(), args, seconds=500.0, width=8, depth=1)
-    assert len(run.step_ms) == 7  # the 500 s budget counts training only: 3000 s of evaluation do not end it
-    assert [p[0] for p in run.test_curve] == [2, 4, 6]
-    assert [p[1] for p in run.test_curve] == [run.wall_s[1], run.wall_s[3], run.wall_s[5]]
+    assert len(run.step_ms) == 7  # the 500 s budget counts training only: 4000 s of evaluation do not end it
+    assert [p[0] for p in run.test_curve] == [2, 4, 6, 7]  # and the last step, between evaluations
+    assert [p[1] for p in run.test_curve] == [run.wall_s[1], run.wall_s[3], run.wall_s[5], run.wall_s[6]]
     walls = [p[1] for p in run.test_curve]
-    assert walls == sorted(walls) and len(set(walls)) == 3
+    assert walls == sorted(walls) and len(set(walls)) == 4
     assert max(b - a for a, b in zip(run.wall_s, run.wall_s[1:], strict=False)) < 100, run.wall_s
     assert max(run.step_ms) < 100e3, run.step_ms
 
@@ -165,3 +165,15 @@ def test_a_race_result_renders_its_table_stamp_and_png(tmp_path) -> None:
     assert "_No race result" in report.render("{{results race}}\n", {})
     pngs = report.render_pngs(results, tmp_path)
     assert [p.name for p in pngs] == ["race-100mbit-np2-mlp-mlp.png"] and pngs[0].stat().st_size > 0
+
+
+def test_dense_reference_evaluates_every_eval_every_steps_and_the_last() -> None:
+    import math
+
+    from hvd_compress.bench.models import digits
+
+    data, args = digits(0), argparse.Namespace(seed=0, lr=1e-3, batch=4)
+    every = e2e.dense_reference("adam", "cnn", data, args, 2, 5)
+    sparse = e2e.dense_reference("adam", "cnn", data, args, 2, 5, eval_every=2, also=frozenset({1}))
+    assert [math.isnan(v) for v in sparse] == [False, False, True, False, False], sparse
+    assert (sparse[1], sparse[3], sparse[4]) == (every[1], every[3], every[4])  # evaluating changes no training

@@ -289,6 +289,13 @@ def train(method: Method, model_name: str, data: Data, comm, args, seconds: floa
             comm.Barrier()  # every rank resumes together: no rank's evaluation lands in another's step
             paused += time.perf_counter() - t_eval
     comm.Barrier()
+    if eval_every and run.step_ms and (not run.test_curve or run.test_curve[-1][0] != len(run.step_ms)):
+        # a run its budget or step count ended between evaluations: its last model too (a capped run's only one)
+        if kept is None:
+            with torch.random.fork_rng():
+                kept = build(model_name, seed=args.seed, **model_options)
+        run.wall_s[-1] = time.perf_counter() - start - paused
+        run.test_curve.append([len(run.step_ms), run.wall_s[-1], held_out(_kept_model(kept, model, opt), data)[0]])
     # The steps the counts cover: those after the warm-up, or all of a run whose time ran out before its end.
     measured = len(run.step_ms) - args.warmup if len(run.step_ms) > args.warmup else len(run.step_ms)
     wire = _wire_bytes() - wire0
@@ -308,7 +315,7 @@ def train(method: Method, model_name: str, data: Data, comm, args, seconds: floa
 
 
 def dense_reference(rule: str, model_name: str, data: Data, args, size: int, steps: int,
-                    eval_every: int = 1) -> list[float]:
+                    eval_every: int = 1, also: frozenset[int] = frozenset()) -> list[float]:
     """The held-out loss after each of ``steps`` steps of ``rule`` trained densely over ``size`` ranks, in one
     process: each step's batch is every rank's batch of that step (``train``'s generators, in rank order). With
     equal batches the gradient of its mean loss is the average of the ranks' gradients, the step of hc Average,
@@ -316,7 +323,7 @@ def dense_reference(rule: str, model_name: str, data: Data, args, size: int, ste
     count without a dense run behind the slow link. Each rank's batch goes through the model on its own, as on its
     rank, so BatchNorm normalizes over the same samples as there; its running statistics are rank 0's (one update
     per step, from rank 0's batch), as in the model rank 0 evaluates. The loss is the mean of the ranks'. Held out:
-    in eval mode, after every ``eval_every``-th step (NaN after the others) and the last."""
+    in eval mode, after every ``eval_every``-th step, the steps in ``also`` and the last (NaN after the others)."""
     model = build(model_name, seed=args.seed)
     opt = _local_optimizer(rule, model.parameters(), args.lr)
     loss_fn = nn.CrossEntropyLoss()
@@ -335,7 +342,8 @@ def dense_reference(rule: str, model_name: str, data: Data, args, size: int, ste
             for k, v in model.named_buffers():
                 v.copy_(rank0[k])
         opt.step()
-        due = len(out) + 1 == steps or (len(out) + 1) % eval_every == 0
+        n = len(out) + 1
+        due = n == steps or n % eval_every == 0 or n in also
         out.append(held_out(model, data)[0] if due else math.nan)
     return out
 

@@ -259,7 +259,8 @@ def main() -> None:
                           f"{run.test_curve[-1][2] if run.test_curve else float('nan'):.4f}", flush=True)
             if comm.Get_rank() == 0:
                 steps = max([args.target_step] + [len(r.step_ms) for r in runs])
-                dense = e2e.dense_reference("adam", model, data, seeded, comm.Get_size(), steps, args.eval_every)
+                dense = e2e.dense_reference("adam", model, data, seeded, comm.Get_size(), steps, args.eval_every,
+                                           frozenset(len(r.step_ms) for r in runs))
                 dense_curves.setdefault(model, {})[str(seed)] = [None if math.isnan(v) else v for v in dense]
                 for run in runs:
                     rec = seed_record(run, seed, args.warmup, dense, dense[args.target_step - 1], args.equal_time)
