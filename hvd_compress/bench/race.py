@@ -12,8 +12,9 @@ floor's (the same step without communication). Per method: the mean over seeds w
 
 DiLoCo's settings here (``RACE_DILOCO``) are sized for the 4.8M-parameter MLP behind 100 Mbit/s at 2 ranks: a sync
 of 4-bit outer gradients moves about 2.4 MB per rank through reduce-scatter and all-gather, 4.8 MB over the one
-shared link, about 0.4 s, under a tenth of 80 floor steps (about 55 ms each on one core); 8 bits would need twice
-the interval. Streaming DiLoCo (``RACE_STREAMING``) syncs 4 strided fragments, the largest about half the model
+shared link, about 0.4 s, under a tenth of 80 of its floor steps on one core; 8 bits would need twice
+the interval; behind 1 Gbit/s H = 16 keeps the same tenth (``--sync-every``).
+Streaming DiLoCo (``RACE_STREAMING``) syncs 4 strided fragments, the largest about half the model
 (the MLP's two big matrices fall into two fragments), about 0.2 s of wire, hidden behind ``sync_delay`` = 6 inner
 steps.
 """
@@ -41,14 +42,17 @@ E2E_METHODS = ("Horovod Adam", "Horovod fp16 Adam", "DDP+PowerSGD r4 Adam", "hc 
 FLOOR = "floor Adam (no comm)"
 
 
-def race_methods(warmup: int) -> list[e2e.Method]:
+def race_methods(warmup: int, sync_every: int | None = None) -> list[e2e.Method]:
+    """e2e's methods of ``E2E_METHODS``, DiLoCo's two (``sync_every``: H in place of the settings' 80) and the
+    floor."""
     by_name = {m.name: m for m in e2e.methods(warmup)}
-    h, p, tau = RACE_STREAMING["sync_every"], RACE_STREAMING["fragments"], RACE_STREAMING["sync_delay"]
+    diloco = {**RACE_DILOCO, "sync_every": sync_every or RACE_DILOCO["sync_every"]}
+    streaming = {**RACE_STREAMING, "sync_every": sync_every or RACE_STREAMING["sync_every"]}
+    h, p, tau = streaming["sync_every"], streaming["fragments"], streaming["sync_delay"]
     return [by_name[n] for n in E2E_METHODS] + [
-        e2e.Method(f"hc DiLoCo H{RACE_DILOCO['sync_every']} int4 (Adam)", "adam", e2e._hc(hc.DiLoCo, **RACE_DILOCO),
+        e2e.Method(f"hc DiLoCo H{diloco['sync_every']} int4 (Adam)", "adam", e2e._hc(hc.DiLoCo, **diloco), True),
+        e2e.Method(f"hc Streaming DiLoCo H{h} P{p} tau{tau} int4 (Adam)", "adam", e2e._hc(hc.DiLoCo, **streaming),
                    True),
-        e2e.Method(f"hc Streaming DiLoCo H{h} P{p} tau{tau} int4 (Adam)", "adam",
-                   e2e._hc(hc.DiLoCo, **RACE_STREAMING), True),
         by_name[FLOOR],
     ]
 
@@ -213,6 +217,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--out", default="bench_results")
     parser.add_argument("--label", default=os.environ.get("HVDC_BENCH_NET") or "shm")
+    parser.add_argument("--sync-every", type=int, default=RACE_DILOCO["sync_every"],
+                        help="DiLoCo's H for both DiLoCo rows: 80 keeps a 4-bit sync of the MLP under a tenth of H "
+                        "floor steps behind 100 Mbit/s; 16 does behind 1 Gbit/s")
     parser.add_argument("--race", action="store_true", help="accepted for tools/bench.sh's BENCH_ARGS; no effect")
     args = parser.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -227,7 +234,9 @@ def main() -> None:
         parser.error("--seeds >= 1, 0 < --target-step <= --steps, --eval-every >= 1 dividing --target-step (the "
                      "dense reference is evaluated where the methods are)")
     try:
-        chosen = e2e.select(race_methods(args.warmup), args.only)
+        if not RACE_STREAMING["sync_delay"] < args.sync_every:
+            raise ValueError(f"--sync-every: more than Streaming DiLoCo's sync_delay {RACE_STREAMING['sync_delay']}")
+        chosen = e2e.select(race_methods(args.warmup, args.sync_every), args.only)
     except ValueError as e:
         parser.error(str(e))
     import torch
@@ -272,7 +281,8 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         stem = out / f"race_{args.label}_np{comm.Get_size()}_{'-'.join(models)}"
-        settings = {**vars(args), "n_seeds": args.seeds, "diloco": RACE_DILOCO, "streaming": RACE_STREAMING}
+        settings = {**vars(args), "n_seeds": args.seeds, "diloco": {**RACE_DILOCO, "sync_every": args.sync_every},
+                    "streaming": {**RACE_STREAMING, "sync_every": args.sync_every}}
         result = {"stamp": stamp("race", "hvd_compress.bench.race", comm.Get_size()), "label": args.label,
                   "args": settings, "records": records, "dense_reference": dense_curves,
                   "rows": {m: summarize([r for r in records if r["model"] == m], args.target_step) for m in models}}
