@@ -125,7 +125,7 @@ def test_diloco_is_evaluated_on_its_synced_copy_and_batchnorm_in_eval_mode() -> 
     from hvd_compress.algorithms.diloco import DiLoCoOptions, DiLoCoState
     from hvd_compress.bench.models import build
 
-    model, kept = build("cnn", seed=0), build("cnn", seed=1)
+    model, kept = build("cnn_bn", seed=0), build("cnn_bn", seed=1)
     params = [p for p in model.parameters()]
     state = DiLoCoState(DiLoCoOptions(sync_every=4, fragments=2))
     from hvd_compress.algorithms.diloco import fragment_members
@@ -173,7 +173,7 @@ def test_dense_reference_evaluates_every_eval_every_steps_and_the_last() -> None
     from hvd_compress.bench.models import digits
 
     data, args = digits(0), argparse.Namespace(seed=0, lr=1e-3, batch=4)
-    every = e2e.dense_reference("adam", "cnn", data, args, 2, 5)
-    sparse = e2e.dense_reference("adam", "cnn", data, args, 2, 5, eval_every=2, also=frozenset({1}))
+    every = e2e.dense_reference("adam", "cnn_bn", data, args, 2, 5)
+    sparse = e2e.dense_reference("adam", "cnn_bn", data, args, 2, 5, eval_every=2, also=frozenset({1}))
     assert [math.isnan(v) for v in sparse] == [False, False, True, False, False], sparse
     assert (sparse[1], sparse[3], sparse[4]) == (every[1], every[3], every[4])  # evaluating changes no training

@@ -38,7 +38,7 @@ from torch import nn
 
 import hvd_compress.torch as hc
 from hvd_compress.bench.e2e_results import link_bits_per_s
-from hvd_compress.bench.models import MODELS, Data, build, digits
+from hvd_compress.bench.models import E2E_MODELS, MODELS, Data, build, digits
 from hvd_compress.bench.plots import smooth
 from hvd_compress.bench.stamp import stamp
 from hvd_compress.bench.tables import e2e_seeds, vs_dense
@@ -490,7 +490,7 @@ def _init_gloo(comm) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--models", default=",".join(E2E_MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--only", default="", help="comma-separated method names or shell patterns, e.g. "
                         "'*PowerSGD*,hc ZeroOneAdam,floor Adam*' (default: all)")
     parser.add_argument("--steps", type=int, default=60)

@@ -2,8 +2,9 @@
 handwritten digits, 1797 8x8 images, 10 classes), three model shapes a user trains.
 
 - ``mlp``: a wide ReLU MLP, communication-bound (most of a step is the gradient's bytes);
-- ``cnn``: a small ReLU CNN with BatchNorm, compute-heavier per parameter (each rank normalizes over its own
-  batch, as under Horovod and DDP without SyncBatchNorm);
+- ``cnn``: a small ReLU CNN, compute-heavier per parameter;
+- ``cnn_bn``: the same CNN with BatchNorm after each convolution (each rank normalizes over its own batch, as under
+  Horovod and DDP without SyncBatchNorm), the race's real-data model;
 - ``transformer``: a small transformer encoder over the image's 8 rows as 8 tokens.
 """
 
@@ -54,13 +55,15 @@ class Mlp(nn.Module):
 
 
 class Cnn(nn.Module):
-    def __init__(self, channels: int = 64) -> None:
+    def __init__(self, channels: int = 64, batch_norm: bool = False) -> None:
         super().__init__()
+
+        def conv(cin: int, cout: int) -> list[nn.Module]:
+            return [nn.Conv2d(cin, cout, 3, padding=1), *([nn.BatchNorm2d(cout)] if batch_norm else []), nn.ReLU()]
+
         self.features = nn.Sequential(
-            nn.Conv2d(1, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
-            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(2 * channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels), nn.ReLU(),
-            nn.MaxPool2d(2),
+            *conv(1, channels), *conv(channels, 2 * channels), nn.MaxPool2d(2),
+            *conv(2 * channels, 2 * channels), nn.MaxPool2d(2),
         )
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(2 * channels * 4, 256), nn.ReLU(), nn.Linear(256, 10))
 
@@ -82,7 +85,14 @@ class Transformer(nn.Module):
         return self.head(h.mean(1))
 
 
-MODELS = {"mlp": Mlp, "cnn": Cnn, "transformer": Transformer}
+class CnnBn(Cnn):
+    def __init__(self, channels: int = 64) -> None:
+        super().__init__(channels, batch_norm=True)
+
+
+MODELS = {"mlp": Mlp, "cnn": Cnn, "transformer": Transformer, "cnn_bn": CnnBn}
+#: What ``make bench-e2e`` trains unless ``--models`` says otherwise.
+E2E_MODELS = ("mlp", "cnn", "transformer")
 
 
 def build(name: str, seed: int = 0, **options) -> nn.Module:
