@@ -71,6 +71,28 @@ def test_summary_counts_censored_seeds_and_judges_each_seed_against_its_own_dens
     assert "| 2/3 |" in line and "| 3 |" in line, table  # reached, and the projection in its own column
 
 
+class _Comm:
+    """One rank's mpi4py communicator, for e2e.train in one process."""
+
+    def Get_rank(self):  # noqa: N802 (mpi4py's names)
+        return 0
+
+    def Get_size(self):  # noqa: N802 (mpi4py's names)
+        return 1
+
+    def Barrier(self):  # noqa: N802 (mpi4py's names)
+        pass
+
+    def bcast(self, v, root=0):
+        return v
+
+    def allreduce(self, v, op=None):
+        return v
+
+    def Allreduce(self, send, recv, op=None):  # noqa: N802 (mpi4py's names)
+        recv[...] = send
+
+
 def test_e2e_records_held_out_every_eval_every_steps_with_the_clock_stopped(monkeypatch) -> None:
     """A fake clock that ticks once per reading and jumps 1000 s in every evaluation: the step times and the time
     axis never see the jump."""
@@ -84,25 +106,6 @@ def test_e2e_records_held_out_every_eval_every_steps_with_the_clock_stopped(monk
         clock[0] += 1000.0
         return 0.5, 0.5
 
-    class Comm:
-        def Get_rank(self):  # noqa: N802 (mpi4py's names)
-            return 0
-
-        def Get_size(self):  # noqa: N802 (mpi4py's names)
-            return 1
-
-        def Barrier(self):  # noqa: N802 (mpi4py's names)
-            pass
-
-        def bcast(self, v, root=0):
-            return v
-
-        def allreduce(self, v, op=None):
-            return v
-
-        def Allreduce(self, send, recv, op=None):  # noqa: N802 (mpi4py's names)
-            recv[...] = send
-
     monkeypatch.setattr(e2e, "time", types.SimpleNamespace(perf_counter=perf_counter))
     monkeypatch.setattr(e2e, "held_out", slow_held_out)
     monkeypatch.setattr(e2e.hc, "comm_stats", lambda: {"bytes_sent": 0})
@@ -110,7 +113,7 @@ def test_e2e_records_held_out_every_eval_every_steps_with_the_clock_stopped(monk
     data = Data(torch.randn(16, 64), torch.randint(0, 10, (16,)), torch.randn(8, 64), torch.randint(0, 10, (8,)))
     args = argparse.Namespace(seed=0, lr=1e-3, steps=7, warmup=1, batch=4, eval_every=2)
     method = next(m for m in e2e.methods(1) if m.name == "floor Adam (no comm)")
-    run = e2e.train(method, "mlp", data, Comm(), args, seconds=500.0, width=8, depth=1)
+    run = e2e.train(method, "mlp", data, _Comm(), args, seconds=500.0, width=8, depth=1)
     assert len(run.step_ms) == 7  # the 500 s budget counts training only: 4000 s of evaluation do not end it
     assert [p[0] for p in run.test_curve] == [2, 4, 6, 7]  # and the last step, between evaluations
     assert [p[1] for p in run.test_curve] == [run.wall_s[1], run.wall_s[3], run.wall_s[5], run.wall_s[6]]
@@ -177,3 +180,42 @@ def test_dense_reference_evaluates_every_eval_every_steps_and_the_last() -> None
     sparse = e2e.dense_reference("adam", "cnn_bn", data, args, 2, 5, eval_every=2, also=frozenset({1}))
     assert [math.isnan(v) for v in sparse] == [False, False, True, False, False], sparse
     assert (sparse[1], sparse[3], sparse[4]) == (every[1], every[3], every[4])  # evaluating changes no training
+
+
+def test_a_run_refused_for_a_non_finite_gradient_ends_there_as_diverged_and_other_errors_propagate(monkeypatch):
+    """0/1 Adam with a short variance freeze diverges behind a slow link; the race counts it (every rank raises the
+    agreed non-finite error alike) instead of losing the other methods' runs."""
+    monkeypatch.setattr(e2e.hc, "comm_stats", lambda: {"bytes_sent": 0})
+    monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=types.SimpleNamespace(SUM=0, MAX=1)))
+    data = Data(torch.randn(16, 64), torch.randint(0, 10, (16,)), torch.randn(8, 64), torch.randint(0, 10, (8,)))
+    args = argparse.Namespace(seed=0, lr=1e-3, steps=7, warmup=1, batch=4, eval_every=2)
+
+    def failing(message: str):
+        def wrap(model, opt):
+            class Opt:
+                steps = 0
+
+                def zero_grad(self):
+                    opt.zero_grad()
+
+                def step(self):
+                    Opt.steps += 1
+                    if Opt.steps == 3:
+                        raise e2e.hc.UsageError(message)
+                    opt.step()
+
+            return model, Opt()
+
+        return e2e.Method("failing", "adam", wrap)
+
+    run = e2e.train(failing("X: non-finite gradient on some rank at step 3"), "mlp", data, _Comm(), args,
+                    width=8, depth=1)
+    assert run.diverged == 3 and len(run.step_ms) == 2, (run.diverged, run.step_ms)
+    rec = race.seed_record(run, 0, 0, [1.0] * 7, 0.5, equal_time=2.5)
+    assert rec["diverged"] == 3
+    row = race.summarize([{"model": "mlp", **rec}], target_step=4)[0]
+    table = race.markdown([row], "mlp", {"target_step": 4, "equal_time": 2.5, "n_seeds": 1, "steps": 7,
+                                         "budget": 60.0, "eval_every": 2})
+    assert "0/1 (1 diverged)" in table, table
+    with pytest.raises(e2e.hc.UsageError, match="wrong shape"):
+        e2e.train(failing("X: wrong shape"), "mlp", data, _Comm(), args, width=8, depth=1)

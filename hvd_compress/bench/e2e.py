@@ -79,6 +79,8 @@ class Run:
     seeds: list[dict] = field(default_factory=list)
     #: every ``--eval-every`` steps: [step, wall_s, held-out loss] (``held_out``), wall_s training time only
     test_curve: list[list[float]] = field(default_factory=list)
+    #: the step whose update the method refused for a non-finite gradient (raised on every rank): the run ends there
+    diverged: int | None = None
 
 
 def _local_optimizer(rule: str, params, lr: float) -> torch.optim.Optimizer:
@@ -271,7 +273,14 @@ def train(method: Method, model_name: str, data: Data, comm, args, seconds: floa
         opt.zero_grad()
         loss = loss_fn(model(data.x_train[idx]), data.y_train[idx])
         loss.backward()
-        opt.step()
+        try:
+            opt.step()
+        except hc.UsageError as e:
+            # The ops agree on a non-finite gradient before raising, so every rank stops here alike.
+            if "non-finite" not in str(e):
+                raise
+            run.diverged = step + 1
+            break
         run.step_ms.append((time.perf_counter() - t0) * 1e3)
         run.losses.append(float(loss.detach()))
         run.wall_s.append(time.perf_counter() - start - paused)

@@ -92,7 +92,7 @@ def seed_record(run: e2e.Run, seed: int, warmup: int, dense: list[float], target
     last_step, _, last_loss = curve[-1] if curve else (0, 0.0, math.nan)
     last_step = int(last_step)
     return {
-        "seed": seed, "method": run.method, "steps": len(run.step_ms),
+        "seed": seed, "method": run.method, "steps": len(run.step_ms), "diverged": run.diverged,
         "mean_step_ms": statistics.fmean(e2e._measured_ms(run, warmup)) if run.step_ms else None,
         "test_curve": curve, "target": target, "time_to_target_s": time_to_target(curve, target),
         "test_loss_at_equal_time": loss_at_time(curve, equal_time),
@@ -118,6 +118,7 @@ def summarize(records: list[dict], target_step: int) -> list[dict]:
                   if r["dense_test_loss_at_last_eval"] is not None]
         rows.append({
             "method": method, "seeds": len(mine), "reached": len(reached),
+            "diverged": sum(1 for r in mine if r.get("diverged")),
             "time_to_target_s": mean_interval(reached),
             "test_loss_at_equal_time": mean_interval([r["test_loss_at_equal_time"] for r in mine
                                                       if r["test_loss_at_equal_time"] is not None]),
@@ -155,7 +156,8 @@ def markdown(rows: list[dict], model: str, args: dict) -> str:
         eq_cell = "—" if eq is None else "{:+.1%} [{:+.1%}, {:+.1%}]".format(*eq)
         proj = r["projected_s_to_target_step"]
         lines.append(
-            f"| {r['method']} | {_cell(r['time_to_target_s'])} | {r['reached']}/{r['seeds']} | "
+            f"| {r['method']} | {_cell(r['time_to_target_s'])} | {r['reached']}/{r['seeds']}"
+            f"{' (' + str(r['diverged']) + ' diverged)' if r.get('diverged') else ''} | "
             f"{'—' if proj is None else format(proj, '.3g')} | {_cell(r['test_loss_at_equal_time'], '{:.4f}')} | "
             f"{eq_cell} | {_cell(r['mean_step_ms'], '{:.1f}')} | {_cell(r['ratio_to_floor'], '{:.2f}')} |")
     return "\n".join(lines) + "\n"
