@@ -441,6 +441,31 @@ void block_quant_staged_equals_cpu(Failures& f, int n) {
     }
 }
 
+// The input checks run on the table's kernel: the staged device finds the CPU's first non-finite
+// element (the block-quantized allreduce's x + error; the masked calls' x in every float dtype).
+void table_nonfinite_equals_cpu(Failures& f) {
+  f.ran();
+  const int64_t numel = 300;
+  std::vector<float> x(numel, 1.0f), err(numel, 0.5f);
+  err[211] = std::numeric_limits<float>::infinity();
+  x[250] = std::numeric_limits<float>::quiet_NaN();
+  StagedDevice staged;
+  const TensorView xv = view_of(x.data(), numel, DType::kFloat32), ev = view_of(err.data(), numel, DType::kFloat32);
+  const std::string cpu_why = block_quant_check_input(xv, ev, 4, ReduceOp::kAverage);
+  const std::string staged_why = block_quant_check_input(xv, ev, 4, ReduceOp::kAverage, &staged);
+  f.check(cpu_why.find("element 211") != std::string::npos && staged_why == cpu_why,
+          str("block-quantized non-finite: CPU says '", cpu_why, "', staged says '", staged_why, "'"));
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kFloat64}) {
+    f.ran();
+    std::vector<uint8_t> buf = input(0, 0, numel, dtype);
+    const size_t esize = dtype_size(dtype);
+    std::memset(buf.data() + 123 * esize, 0xff, esize);  // all ones: a NaN in every float format
+    const int64_t cpu = cpu_device(KernelChoice::kAuto).first_nonfinite(buf.data(), dtype, nullptr, numel);
+    const int64_t got = staged.first_nonfinite(buf.data(), dtype, nullptr, numel);
+    f.check(cpu == 123 && got == cpu, str("first_nonfinite ", dtype_name(dtype), ": CPU ", cpu, ", staged ", got));
+  }
+}
+
 }  // namespace
 }  // namespace hvdc
 
@@ -454,6 +479,7 @@ int main() {
   }
   for (int n = 2; n <= 5; ++n) hvdc::adasum_staged_equals_cpu(f, n);
   hvdc::nonfinite_rejected(f);
+  hvdc::table_nonfinite_equals_cpu(f);
   for (int n = 2; n <= 4; ++n) {
     hvdc::masked_staged_equals_cpu(f, n);
     hvdc::block_quant_staged_equals_cpu(f, n);
