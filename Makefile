@@ -54,8 +54,9 @@ CPPTEST_FLAGS := -std=c++17 -g1 -fsanitize=address,undefined -fno-omit-frame-poi
 # One line per test program (and its core objects), so that new programs merge without conflict.
 CPPTEST_BINS := thread_communicator adasum compressed_allreduce signature onebit_kernels
 CPPTEST_OBJS_thread_communicator :=
-CPPTEST_OBJS_adasum := adasum adasum_kernels cpu_device onebit_kernels
-CPPTEST_OBJS_compressed_allreduce := compressed_allreduce onebit_kernels signature cpu_device adasum_kernels
+CPPTEST_OBJS_adasum := adasum adasum_kernels cpu_device onebit_kernels masks philox stochastic_kernels block_quant_allreduce
+CPPTEST_OBJS_compressed_allreduce := compressed_allreduce onebit_kernels signature cpu_device adasum_kernels masks philox \
+	stochastic_kernels block_quant_allreduce
 CPPTEST_OBJS_signature := signature
 CPPTEST_OBJS_onebit_kernels := onebit_kernels onebit_self_check
 CPPTEST_BINS += philox
@@ -63,7 +64,8 @@ CPPTEST_OBJS_philox := philox
 CPPTEST_BINS += reduce_ops
 CPPTEST_OBJS_reduce_ops := dense_allreduce cast allgather
 CPPTEST_BINS += masks
-CPPTEST_OBJS_masks := masks masked_allreduce philox signature dense_allreduce cast stochastic_kernels
+CPPTEST_OBJS_masks := masks masked_allreduce philox signature dense_allreduce cast stochastic_kernels cpu_device onebit_kernels \
+	adasum_kernels block_quant_allreduce
 CPPTEST_BINS += hierarchical
 CPPTEST_OBJS_hierarchical = $(CPPTEST_OBJS_runtime)
 CPPTEST_BINS += slamb_kernels
@@ -83,7 +85,8 @@ CPPTEST_OBJS_runtime := runtime dlpack_view adasum adasum_kernels allgather cast
 	block_quant_allreduce cpu_device staged_device hierarchical_allreduce masked_allreduce masks onebit_kernels philox signature sparse_allreduce \
 	stochastic_kernels
 CPPTEST_BINS += device_table
-CPPTEST_OBJS_device_table := compressed_allreduce onebit_kernels signature cpu_device staged_device adasum adasum_kernels
+CPPTEST_OBJS_device_table := compressed_allreduce onebit_kernels signature cpu_device staged_device adasum adasum_kernels \
+	masks masked_allreduce philox stochastic_kernels block_quant_allreduce dense_allreduce cast
 CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
 # Every program runs, even after one failed, so that one run reports them all; then any failure

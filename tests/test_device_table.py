@@ -11,11 +11,13 @@ import pytest
 from mpi_harness import load_ranks, mpirun
 
 # The ops whose collectives go through the table: the 1-bit allreduce (and the dense one in warm-up), the dense
-# allreduce (PowerSGD's too), flat Adasum, the broadcast. The others' collectives (Birder's and SignSGD's hierarchical
-# 1-bit, SLAMB's masked) run on the CPU's table whatever the test device; they must still give the same bits.
-NUMEL = 1000  # the direct calls' elements (tests/workers/device_table.py)
+# allreduce (PowerSGD's too), flat Adasum, the broadcast, SLAMB's masked gather and average, DiLoCo's block-quantized
+# allreduce. The others' collectives (Birder's and SignSGD's hierarchical 1-bit) run on the CPU's table whatever the
+# test device; they must still give the same bits.
 THROUGH_TABLE = ("OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Average", "Sum", "PowerSGD", "Adasum",
-                 "broadcast_parameters")
+                 "broadcast_parameters", "SLAMB", "DiLoCo")
+# The direct calls (tests/workers/device_table.py) and how many copies or waits each drops on rank 0.
+DROPS = {"onebit": 7, "dense": 4, "masked": 4, "block_quant": 7}
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -28,14 +30,15 @@ def test_staged_device_equals_cpu_and_catches_a_dropped_copy_or_wait(n: int, out
             assert got["same"], f"rank {r} of {n}: {op} on the staged device differs from the CPU run"
             if op in THROUGH_TABLE:
                 assert got["host_bytes"] > 0, f"rank {r} of {n}: {op} copied no host bytes: not through the table"
-        assert set(rk["ops"]) >= {*THROUGH_TABLE, "SignSGD", "Adasum", "Birder", "SLAMB"}
-        # Exactly the payload: the 1-bit call's (3n + 1) wire blocks of a float32 scale and C / 8 bytes of bits
-        # (C the padded chunk); the dense call's tensor out and back.
-        chunk = -(-NUMEL // (8 * n)) * 8
-        assert rk["calls"]["onebit"] == {"same": True, "host_bytes": (3 * n + 1) * (4 + chunk // 8)}, (r, n)
-        assert rk["calls"]["dense"] == {"same": True, "host_bytes": 2 * 4 * NUMEL}, (r, n)
+        assert set(rk["ops"]) >= {*THROUGH_TABLE, "SignSGD", "Adasum", "Birder"}
+        # Exactly the payload (the worker's payload()): the 1-bit call's (3n + 1) wire blocks of a float32 scale and
+        # C / 8 bytes of bits (C the padded chunk); the dense call's tensor out and back; the masked call's selected
+        # values out and back; the block-quantized call's (3n + 1) chunks of int4 blocks.
+        assert set(rk["calls"]) == set(DROPS), (r, n)
+        for kind, got in rk["calls"].items():
+            assert got["same"] and got["payload"] > 0 and got["host_bytes"] == got["payload"], (r, n, kind, got)
     drops = {d for rk in load_ranks(out_dir, n) for d in rk["drops"]}
-    assert len(drops) == 11, drops
+    assert len(drops) == sum(DROPS.values()), drops
     for d in drops:
         # The drop is rank 0's: a wrong payload reaches every rank, a dropped last wait rank 0's own result.
         assert not all(rk["drops"][d] for rk in load_ranks(out_dir, n)), f"{n} ranks: dropping {d} went unnoticed"

@@ -7,8 +7,11 @@
 
 #include "hvdc/cuda/device_table.h"
 #include "hvdc/cuda/kernels.h"
+#include "hvdc/elementwise/block_quant.h"
 #include "hvdc/elementwise/half.h"
+#include "hvdc/elementwise/mask.h"
 #include "hvdc/elementwise/onebit.h"
+#include "launch.cuh"
 
 namespace hvdc {
 namespace cuda {
@@ -41,6 +44,58 @@ class Scratch {
 
 // Bytes for `doubles` doubles after a leading 16-byte slot (a float scale or a double sum).
 size_t with_slot(int64_t doubles) { return 16 + sizeof(double) * static_cast<size_t>(doubles); }
+
+// ---- thin grid-stride kernels over the per-element functions the CPU kernels share ---------------
+
+// SLAMB's masked allreduce: how many mask bytes are set; the first non-finite element.
+__global__ void mask_count_kernel(const uint8_t* mask, int64_t n, unsigned long long* count) {
+  unsigned long long c = 0;
+  for (int64_t i = grid_first(); i < n; i += grid_step()) c += mask[i] != 0;
+  if (c) atomicAdd(count, c);
+}
+
+__global__ void first_nonfinite_kernel(const void* x, DType dtype, const float* error, int64_t n,
+                                       unsigned long long* first) {
+  for (int64_t i = grid_first(); i < n; i += grid_step()) {
+    bool bad;
+    if (error != nullptr) {
+      bad = !isfinite(static_cast<const float*>(x)[i] + error[i]);
+    } else if (dtype == DType::kFloat32) {
+      bad = !isfinite(static_cast<const float*>(x)[i]);
+    } else if (dtype == DType::kFloat64) {
+      bad = !isfinite(static_cast<const double*>(x)[i]);
+    } else {  // float16 / bfloat16: all exponent bits set
+      const uint16_t exp = dtype == DType::kFloat16 ? 0x7c00 : 0x7f80;
+      bad = (static_cast<const uint16_t*>(x)[i] & exp) == exp;
+    }
+    if (bad) atomicMin(first, static_cast<unsigned long long>(i));
+  }
+}
+
+// The block-quantized allreduce (hvdc/elementwise/block_quant.h): one thread per block of 64 for the
+// quantizer (its scale is the block's max), one per element for the sum and the decode.
+__global__ void block_quant_compress_kernel(const float* x, float* error, int64_t blocks, int64_t valid,
+                                            int bits, uint8_t* out) {
+  const int bytes = block_quant_block_bytes(bits);
+  for (int64_t b = grid_first(); b < blocks; b += grid_step()) {
+    const int64_t first = b * kBlockQuantBlock;
+    int64_t in_block = valid - first;
+    in_block = in_block < 0 ? 0 : in_block > kBlockQuantBlock ? kBlockQuantBlock : in_block;
+    block_quant_compress_block(x + (in_block ? first : 0),
+                               error != nullptr && in_block ? error + first : nullptr,
+                               static_cast<int>(in_block), bits, out + b * bytes);
+  }
+}
+
+__global__ void block_quant_reduce_kernel(const uint8_t* chunks, int64_t stride, int nranks, int64_t count,
+                                          int bits, bool average, float* out) {
+  for (int64_t i = grid_first(); i < count; i += grid_step())
+    out[i] = block_quant_reduce_at(chunks, stride, nranks, i, bits, average);
+}
+
+__global__ void block_quant_decompress_kernel(const uint8_t* in, int64_t count, int bits, float* x) {
+  for (int64_t i = grid_first(); i < count; i += grid_step()) x[i] = block_quant_decode(in, i, bits);
+}
 
 }  // namespace
 
@@ -158,6 +213,111 @@ void CudaDevice::adasum_dot_norms(const void* left, const void* right, DType dty
 void CudaDevice::adasum_combine(const void* left, double left_coeff, const void* right,
                                 double right_coeff, void* out, DType dtype, int64_t n) {
   cuda::adasum_combine(left, left_coeff, right, right_coeff, out, dtype, n, stream_);
+}
+
+// ---- SLAMB's masked allreduce ------------------------------------------------------------------
+
+const uint32_t* CudaDevice::device_ranks(int64_t numel, uint64_t seed, const uint32_t* host_ranks) {
+  if (ranks_ && ranks_numel_ == numel && ranks_seed_ == seed) return ranks_;
+  if (!host_ranks) throw CudaError("cyclic mask: no permutation ranks given");
+  if (ranks_) check(cudaFree(ranks_), "cudaFree");
+  ranks_ = nullptr;
+  ranks_numel_ = -1;
+  check(cudaMalloc(&ranks_, sizeof(uint32_t) * static_cast<size_t>(numel)), "cudaMalloc");
+  // Counted with the host bytes: once per (numel, seed), not per call.
+  to_device(ranks_, host_ranks, sizeof(uint32_t) * static_cast<size_t>(numel));
+  ranks_numel_ = numel;
+  ranks_seed_ = seed;
+  return ranks_;
+}
+
+void CudaDevice::mask_draw(const MaskSpec& spec, const uint32_t* ranks, uint8_t* mask) {
+  const int64_t n = spec.length >= 0 ? spec.length : spec.numel - spec.first;
+  if (n <= 0) return;
+  if (spec.kind == MaskKind::kBernoulli) {
+    cuda::bernoulli_mask_draw(spec.seed, spec.step, spec.ratio, spec.first, n, mask, stream_);
+  } else {
+    const CyclicWindow w = cyclic_window(spec.numel, spec.ratio, spec.step);
+    if (w.width == 0)
+      check(cudaMemsetAsync(mask, 0, static_cast<size_t>(n), stream_), "cudaMemsetAsync");
+    else
+      cuda::cyclic_mask_compare(device_ranks(spec.numel, spec.seed, ranks) + spec.first, w.base,
+                                w.width, n, mask, stream_);
+  }
+  const int64_t end = spec.first + n;
+  for (size_t i = 0; i + 1 < spec.always.size(); i += 2) {  // clipped to the drawn range
+    const int64_t lo = spec.always[i] > spec.first ? spec.always[i] : spec.first;
+    const int64_t hi = spec.always[i] + spec.always[i + 1] < end ? spec.always[i] + spec.always[i + 1] : end;
+    if (lo < hi)
+      check(cudaMemsetAsync(mask + (lo - spec.first), 1, static_cast<size_t>(hi - lo), stream_),
+            "cudaMemsetAsync");
+  }
+}
+
+int64_t CudaDevice::mask_count(const uint8_t* mask, int64_t n) {
+  if (n <= 0) return 0;
+  Scratch s(sizeof(unsigned long long), stream_);
+  check(cudaMemsetAsync(s.as<unsigned long long>(), 0, sizeof(unsigned long long), stream_),
+        "cudaMemsetAsync");
+  mask_count_kernel<<<grid_for(n), kThreads, 0, stream_>>>(mask, n, s.as<unsigned long long>());
+  check_launch("mask count");
+  unsigned long long count = 0;
+  copy_to_host(&count, s.as<unsigned long long>(), sizeof count);  // the answer, not payload
+  wait();
+  return static_cast<int64_t>(count);
+}
+
+void CudaDevice::mask_gather(const void* src, const uint8_t* mask, int64_t n, int64_t count,
+                             size_t elem, void* dst) {
+  if (n <= 0) return;
+  Scratch ws(sizeof(int64_t) * static_cast<size_t>(mask_workspace_int64(n)), stream_);
+  cuda::mask_gather(src, mask, n, count, elem, dst, nullptr, ws.as<int64_t>(), stream_);
+}
+
+void CudaDevice::mask_scatter(const void* compact, const uint8_t* mask, int64_t n, int64_t count,
+                              size_t elem, void* dst) {
+  if (n <= 0) return;
+  Scratch ws(sizeof(int64_t) * static_cast<size_t>(mask_workspace_int64(n)), stream_);
+  cuda::mask_scatter(compact, mask, n, count, elem, dst, nullptr, ws.as<int64_t>(), stream_);
+}
+
+int64_t CudaDevice::first_nonfinite(const void* x, DType dtype, const float* error, int64_t n) {
+  if (n <= 0) return -1;
+  Scratch s(sizeof(unsigned long long), stream_);
+  check(cudaMemsetAsync(s.as<unsigned long long>(), 0xff, sizeof(unsigned long long), stream_),
+        "cudaMemsetAsync");
+  first_nonfinite_kernel<<<grid_for(n), kThreads, 0, stream_>>>(x, dtype, error, n,
+                                                                s.as<unsigned long long>());
+  check_launch("first non-finite");
+  unsigned long long first = 0;
+  copy_to_host(&first, s.as<unsigned long long>(), sizeof first);  // the answer, not payload
+  wait();
+  return first == ~0ull ? -1 : static_cast<int64_t>(first);
+}
+
+// ---- the block-quantized allreduce ----------------------------------------------------------------
+
+void CudaDevice::block_quant_compress(const float* x, float* error, int64_t count, int64_t valid,
+                                      int bits, uint8_t* out) {
+  const int64_t blocks = count / kBlockQuantBlock;
+  if (blocks <= 0) return;
+  block_quant_compress_kernel<<<grid_for(blocks), kThreads, 0, stream_>>>(x, error, blocks, valid, bits,
+                                                                          out);
+  check_launch("block-quantized compress");
+}
+
+void CudaDevice::block_quant_reduce(const uint8_t* chunks, size_t stride, int nranks, int64_t count,
+                                    int bits, bool average, float* out) {
+  if (count <= 0) return;
+  block_quant_reduce_kernel<<<grid_for(count), kThreads, 0, stream_>>>(
+      chunks, static_cast<int64_t>(stride), nranks, count, bits, average, out);
+  check_launch("block-quantized reduce");
+}
+
+void CudaDevice::block_quant_decompress(const uint8_t* in, int64_t count, int bits, float* x) {
+  if (count <= 0) return;
+  block_quant_decompress_kernel<<<grid_for(count), kThreads, 0, stream_>>>(in, count, bits, x);
+  check_launch("block-quantized decompress");
 }
 
 }  // namespace cuda

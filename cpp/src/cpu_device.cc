@@ -1,10 +1,14 @@
 // The CPU's device table (hvdc/device.h): the core's kernels, run at once on host memory.
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "hvdc/adasum_kernels.h"
+#include "hvdc/block_quant_allreduce.h"
 #include "hvdc/device.h"
+#include "hvdc/masks.h"
 #include "hvdc/onebit_kernels.h"
+#include "hvdc/stochastic_kernels.h"
 
 namespace hvdc {
 namespace {
@@ -65,6 +69,60 @@ class CpuDevice final : public DeviceTable {
   void adasum_combine(const void* left, double left_coeff, const void* right, double right_coeff,
                       void* out, DType dtype, int64_t n) override {
     hvdc::adasum_combine(left, left_coeff, right, right_coeff, out, dtype, n);
+  }
+
+  void mask_draw(const MaskSpec& spec, const uint32_t*, uint8_t* mask) override {
+    random_mask(spec, mask);
+  }
+  int64_t mask_count(const uint8_t* mask, int64_t n) override { return hvdc::mask_count(mask, n); }
+  void mask_gather(const void* src, const uint8_t* mask, int64_t n, int64_t count, size_t elem,
+                   void* dst) override {
+    hvdc::mask_gather(src, mask, n, count, elem, dst);
+  }
+  void mask_scatter(const void* compact, const uint8_t* mask, int64_t n, int64_t count, size_t elem,
+                    void* dst) override {
+    hvdc::mask_scatter(compact, mask, n, count, elem, dst);
+  }
+  int64_t first_nonfinite(const void* x, DType dtype, const float* error, int64_t n) override {
+    if (error != nullptr) {  // float32 plus the error, as the block-quantized allreduce compensates
+      const auto* v = static_cast<const float*>(x);
+      for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(v[i] + error[i])) return i;
+      return -1;
+    }
+    switch (dtype) {
+      case DType::kFloat32:
+        return first_nonfinite_f32(static_cast<const float*>(x), n);
+      case DType::kFloat64: {
+        const auto* p = static_cast<const double*>(x);
+        for (int64_t i = 0; i < n; ++i)
+          if (!std::isfinite(p[i])) return i;
+        return -1;
+      }
+      case DType::kFloat16:
+      case DType::kBFloat16: {
+        // All exponent bits set: Inf or NaN.
+        const uint16_t exp = dtype == DType::kFloat16 ? 0x7c00 : 0x7f80;
+        const auto* p = static_cast<const uint16_t*>(x);
+        for (int64_t i = 0; i < n; ++i)
+          if ((p[i] & exp) == exp) return i;
+        return -1;
+      }
+      default:
+        return -1;
+    }
+  }
+
+  void block_quant_compress(const float* x, float* error, int64_t count, int64_t valid, int bits,
+                            uint8_t* out) override {
+    hvdc::block_quant_compress(x, error, count, valid, bits, out);
+  }
+  void block_quant_reduce(const uint8_t* chunks, size_t stride, int nranks, int64_t count, int bits,
+                          bool average, float* out) override {
+    hvdc::block_quant_reduce(chunks, stride, nranks, count, bits, average, out);
+  }
+  void block_quant_decompress(const uint8_t* in, int64_t count, int bits, float* x) override {
+    hvdc::block_quant_decompress(in, count, bits, x);
   }
 
  protected:

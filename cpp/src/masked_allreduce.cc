@@ -1,29 +1,40 @@
 #include "hvdc/masked_allreduce.h"
 
-#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
 #include "hvdc/dense_allreduce.h"
 #include "hvdc/masks.h"
-#include "hvdc/stochastic_kernels.h"
 
 namespace hvdc {
 
-void masked_average(Communicator& comm, const TensorView& t, const uint8_t* mask,
-                      std::vector<unsigned char>& scratch) {
+void masked_draw(DeviceTable& dev, const MaskSpec& spec, uint8_t* mask) {
+  std::shared_ptr<const std::vector<uint32_t>> ranks;
+  if (spec.kind == MaskKind::kCyclic && !dev.host_memory()) ranks = cyclic_ranks(spec.numel, spec.seed);
+  dev.mask_draw(spec, ranks ? ranks->data() : nullptr, mask);
+}
+
+void masked_average(Communicator& comm, DeviceTable& dev, const TensorView& t, const uint8_t* mask,
+                    std::vector<unsigned char>& scratch) {
   const size_t elem = dtype_size(t.dtype);
-  const int64_t count = mask_count(mask, t.numel);
-  if (scratch.size() < static_cast<size_t>(count) * elem) scratch.resize(count * elem);
-  mask_gather(t.data, mask, t.numel, count, elem, scratch.data());
-  TensorView dense;
-  dense.data = scratch.data();
+  const int64_t count = dev.mask_count(mask, t.numel);
+  const size_t bytes = static_cast<size_t>(count) * elem;
+  // The dense buffer: on the device (only it crosses to the host, in dense_allreduce's staging), or the
+  // reused scratch where the device's memory is the host's.
+  DeviceBuffer on_device(dev, dev.host_memory() ? 0 : bytes);
+  if (dev.host_memory() && scratch.size() < bytes) scratch.resize(bytes);
+  void* compact = dev.host_memory() ? static_cast<void*>(scratch.data()) : on_device.get();
+  dev.mask_gather(t.data, mask, t.numel, count, elem, compact);
+  TensorView dense = t;
+  dense.data = compact;
   dense.numel = count;
-  dense.dtype = t.dtype;
+  dense.shape = {count};
   // Even an empty selection joins the exchange shape-wise (dense_allreduce returns at once on 0
   // elements on every rank alike, since the mask, hence the count, is the same on every rank).
-  dense_allreduce(comm, dense, ReduceOp::kAverage);
-  mask_scatter(scratch.data(), mask, t.numel, count, elem, t.data);
+  dense_allreduce(comm, dev, dense, ReduceOp::kAverage);
+  dev.mask_scatter(compact, mask, t.numel, count, elem, t.data);
+  dev.wait();  // before the caller reads t
 }
 
 CallSignature masked_signature(const TensorView& t, const MaskSpec& spec, const std::string& name,
@@ -52,27 +63,7 @@ CallSignature masked_signature(const TensorView& t, const MaskSpec& spec, const 
 }
 
 int64_t first_nonfinite(const TensorView& t) {
-  switch (t.dtype) {
-    case DType::kFloat32:
-      return first_nonfinite_f32(static_cast<const float*>(t.data), t.numel);
-    case DType::kFloat64: {
-      const auto* p = static_cast<const double*>(t.data);
-      for (int64_t i = 0; i < t.numel; ++i)
-        if (!std::isfinite(p[i])) return i;
-      return -1;
-    }
-    case DType::kFloat16:
-    case DType::kBFloat16: {
-      // All exponent bits set: Inf or NaN.
-      const uint16_t exp = t.dtype == DType::kFloat16 ? 0x7c00 : 0x7f80;
-      const auto* p = static_cast<const uint16_t*>(t.data);
-      for (int64_t i = 0; i < t.numel; ++i)
-        if ((p[i] & exp) == exp) return i;
-      return -1;
-    }
-    default:
-      return -1;
-  }
+  return cpu_device(KernelChoice::kAuto).first_nonfinite(t.data, t.dtype, nullptr, t.numel);
 }
 
 }  // namespace hvdc

@@ -21,12 +21,6 @@ namespace {
 
 constexpr int64_t kMaxCyclicNumel = int64_t{1} << 32;  // ranks are kept as uint32
 
-// Chunks of a cyclic mask: nc = int(1 / ratio) (at least 1), cs = ceil(numel / nc).
-int64_t cyclic_chunks(double ratio) {
-  // 1 / ratio computed as Python's int(1 / k) computes it (double division, truncation).
-  return std::max<int64_t>(1, static_cast<int64_t>(1.0 / ratio));
-}
-
 // Position of every element in the permutation (the inverse of pi), by a stable LSD radix sort of
 // the Philox words: three passes of 11 bits over (word, index) pairs that start in index order.
 std::vector<uint32_t> permutation_ranks(int64_t numel, uint64_t seed) {
@@ -126,18 +120,13 @@ void cyclic_compare(const uint32_t* r, uint32_t base, uint32_t width, int64_t n,
 
 // Elements [s.first, s.first + n) of the cyclic mask into out[0, n).
 void cyclic_mask(const MaskSpec& s, int64_t n, uint8_t* out) {
-  const int64_t nc = cyclic_chunks(s.ratio);
-  const int64_t cs = (s.numel + nc - 1) / nc;
-  const int64_t lo = (s.step % nc) * cs;
-  const int64_t len = std::max<int64_t>(0, std::min(cs, s.numel - lo));
-  if (len == 0) {
+  const CyclicWindow w = cyclic_window(s.numel, s.ratio, s.step);
+  if (w.width == 0) {
     std::memset(out, 0, static_cast<size_t>(n));
     return;
   }
   const auto ranks = cached_ranks(s.numel, s.seed);
-  const uint32_t* r = ranks->data() + s.first;
-  const uint32_t base = static_cast<uint32_t>(lo), width = static_cast<uint32_t>(len);
-  cyclic_compare(r, base, width, n, out);
+  cyclic_compare(ranks->data() + s.first, w.base, w.width, n, out);
 }
 
 // Elements [s.first, s.first + n) of the Bernoulli mask (hvdc/masks.h) into out[0, n), from the
@@ -395,6 +384,10 @@ void random_mask(const MaskSpec& spec, uint8_t* out) {
     const int64_t hi = std::min(end, spec.always[i] + spec.always[i + 1]);
     if (lo < hi) std::memset(out + (lo - first), 1, static_cast<size_t>(hi - lo));
   }
+}
+
+std::shared_ptr<const std::vector<uint32_t>> cyclic_ranks(int64_t numel, uint64_t seed) {
+  return cached_ranks(numel, seed);
 }
 
 std::vector<int64_t> cyclic_permutation(int64_t numel, uint64_t seed) {

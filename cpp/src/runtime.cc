@@ -242,20 +242,23 @@ CommStats Runtime::compressed_allreduce(const TensorView& buffer, const TensorVi
 namespace {
 
 // What a masked call (allreduce or gather) agrees on: the mask's range `spec` of `t` (its length set to t's),
-// rejected for an invalid spec or, with `check_finite`, a NaN/Inf in `t`.
-CallSignature masked_agreement(const TensorView& t, MaskSpec& spec, bool check_finite, const std::string& name,
-                               Collective collective, const char* what) {
+// rejected for an invalid spec.
+CallSignature masked_agreement(const TensorView& t, MaskSpec& spec, const std::string& name, Collective collective) {
   spec.length = t.numel;  // `t` is elements [first, first + t.numel) of the mask's index space
   CallSignature sig = masked_signature(t, spec, name, collective);
-  std::string why = check_mask_spec(spec);
-  if (why.empty() && check_finite) {
-    const int64_t bad = first_nonfinite(t);
-    if (bad >= 0)
-      why = std::string(what) + ": non-finite value at element " + std::to_string(bad) + " of " +
-            std::to_string(t.numel);
-  }
+  const std::string why = check_mask_spec(spec);
   if (!why.empty()) set_rejected(sig, why);
   return sig;
+}
+
+// With `check_finite`, a NaN/Inf in `t` (found by dev's kernel) rejects `sig`, where nothing else did.
+void reject_nonfinite(CallSignature& sig, DeviceTable& dev, const TensorView& t, bool check_finite,
+                      const char* what) {
+  if (!check_finite || sig.error[0] != '\0') return;
+  const int64_t bad = dev.first_nonfinite(t.data, t.dtype, nullptr, t.numel);
+  if (bad >= 0)
+    set_rejected(sig, std::string(what) + ": non-finite value at element " + std::to_string(bad) + " of " +
+                          std::to_string(t.numel));
 }
 
 }  // namespace
@@ -264,32 +267,40 @@ CommStats Runtime::masked_allreduce(const TensorView& t, const MaskSpec& spec_in
                                     uint8_t* mask_out, bool check_finite,
                                     const std::string& name) {
   MaskSpec spec = spec_in;
-  const CallSignature sig = masked_agreement(t, spec, check_finite, name, kMaskedAllreduce, "masked_allreduce");
-  return run(sig, name.empty() ? "masked_allreduce" : name, [&] {
+  CallSignature sig = masked_agreement(t, spec, name, kMaskedAllreduce);
+  DeviceTable& dev = device_or_reject(t, sig, "masked_allreduce");
+  reject_nonfinite(sig, dev, t, check_finite, "masked_allreduce");
+  const uint64_t host_before = dev.host_bytes();
+  return add_host_bytes(run(sig, name.empty() ? "masked_allreduce" : name, [&] {
     // The mask is drawn once the ranks agreed: a rejected call leaves mask_out as it was.
-    if (!mask_out) masked_mask_.resize(static_cast<size_t>(t.numel));
-    uint8_t* m = mask_out ? mask_out : masked_mask_.data();
-    random_mask(spec, m);
-    masked_average(*world_, t, m, masked_scratch_);
-  });
+    DeviceBuffer own(dev, mask_out || dev.host_memory() ? 0 : static_cast<size_t>(t.numel));
+    if (!mask_out && dev.host_memory()) masked_mask_.resize(static_cast<size_t>(t.numel));
+    uint8_t* m = mask_out ? mask_out : dev.host_memory() ? masked_mask_.data() : own.get();
+    masked_draw(dev, spec, m);
+    masked_average(*world_, dev, t, m, masked_scratch_);
+  }), dev, host_before);
 }
 
 CommStats Runtime::masked_gather(const TensorView& t, const MaskSpec& spec_in, uint8_t* mask_out,
                                  void* compact, int64_t capacity, bool check_finite, const std::string& name,
                                  int64_t* count) {
   MaskSpec spec = spec_in;
-  const CallSignature sig = masked_agreement(t, spec, check_finite, name, kMaskedGather, "masked_gather");
-  return run(sig, name.empty() ? "masked_gather" : name, [&] {
-    random_mask(spec, mask_out);
-    const int64_t n = mask_count(mask_out, t.numel);
+  CallSignature sig = masked_agreement(t, spec, name, kMaskedGather);
+  DeviceTable& dev = device_or_reject(t, sig, "masked_gather");
+  reject_nonfinite(sig, dev, t, check_finite, "masked_gather");
+  const uint64_t host_before = dev.host_bytes();
+  return add_host_bytes(run(sig, name.empty() ? "masked_gather" : name, [&] {
+    masked_draw(dev, spec, mask_out);
+    const int64_t n = dev.mask_count(mask_out, t.numel);
     *count = n;
     if (compact == nullptr) return;
     // The mask is the same on every rank, and so is this check: a too small buffer throws everywhere.
     if (n > capacity)
       throw UsageError("masked_gather: " + std::to_string(n) + " elements selected, room for " +
                        std::to_string(capacity));
-    mask_gather(t.data, mask_out, t.numel, n, dtype_size(t.dtype), compact);
-  });
+    dev.mask_gather(t.data, mask_out, t.numel, n, dtype_size(t.dtype), compact);
+    dev.wait();  // before the caller reads compact
+  }), dev, host_before);
 }
 
 CommStats Runtime::hierarchical_compressed_allreduce(const HierarchicalCall& call, bool hierarchical,
@@ -343,13 +354,18 @@ CommStats Runtime::sparse_allreduce(const TensorView& buffer, const TensorView& 
 CommStats Runtime::block_quant_allreduce(const TensorView& buffer, const TensorView& error, int bits, ReduceOp op,
                                          const std::string& name) {
   CallSignature sig = signature_of(kBlockQuantAllreduce, buffer, static_cast<int>(op) | (bits << 8), name);
-  const std::string why = block_quant_check_input(buffer, error, bits, op);
-  if (!why.empty()) set_rejected(sig, why);
+  DeviceTable& dev = device_or_reject(buffer, sig, "block_quant_allreduce");
+  if (sig.error[0] == '\0') {
+    const std::string why = block_quant_check_input(buffer, error, bits, op, &dev);
+    if (!why.empty()) set_rejected(sig, why);
+  }
+  const uint64_t host_before = dev.host_bytes();
   const CallName call = split_call_name(name);
   const std::string what = "allreduce(compression=int" + std::to_string(bits) +
                            (call.shown.empty() ? "" : ", name=" + call.shown) + ") [bits must match on every rank]" +
                            (call.details.empty() ? "" : "|" + call.details);
-  return run(sig, what, [&] { block_quant_allreduce_prepared(*world_, buffer, error, bits, op); });
+  return add_host_bytes(run(sig, what, [&] { block_quant_allreduce_prepared(*world_, dev, buffer, error, bits, op); }),
+                        dev, host_before);
 }
 
 void Runtime::join() {

@@ -173,4 +173,47 @@ void StagedDevice::adasum_combine(const void* left, double left_coeff, const voi
   enqueue([=] { cpu_.adasum_combine(left, left_coeff, right, right_coeff, out, dtype, n); });
 }
 
+void StagedDevice::mask_draw(const MaskSpec& spec, const uint32_t* ranks, uint8_t* mask) {
+  enqueue([=] { cpu_.mask_draw(spec, ranks, mask); });  // the spec copied: the caller's may go
+}
+
+int64_t StagedDevice::mask_count(const uint8_t* mask, int64_t n) {
+  // The answer comes back through a copy of its own, as a device's would.
+  auto count = std::make_shared<int64_t>(-1);
+  enqueue([=] { *count = cpu_.mask_count(mask, n); });
+  drain();
+  return *count;
+}
+
+void StagedDevice::mask_gather(const void* src, const uint8_t* mask, int64_t n, int64_t count,
+                               size_t elem, void* dst) {
+  enqueue([=] { cpu_.mask_gather(src, mask, n, count, elem, dst); });
+}
+
+void StagedDevice::mask_scatter(const void* compact, const uint8_t* mask, int64_t n, int64_t count,
+                                size_t elem, void* dst) {
+  enqueue([=] { cpu_.mask_scatter(compact, mask, n, count, elem, dst); });
+}
+
+int64_t StagedDevice::first_nonfinite(const void* x, DType dtype, const float* error, int64_t n) {
+  auto found = std::make_shared<int64_t>(-1);
+  enqueue([=] { *found = cpu_.first_nonfinite(x, dtype, error, n); });
+  drain();
+  return *found;
+}
+
+void StagedDevice::block_quant_compress(const float* x, float* error, int64_t count, int64_t valid,
+                                        int bits, uint8_t* out) {
+  enqueue([=] { cpu_.block_quant_compress(x, error, count, valid, bits, out); });
+}
+
+void StagedDevice::block_quant_reduce(const uint8_t* chunks, size_t stride, int nranks,
+                                      int64_t count, int bits, bool average, float* out) {
+  enqueue([=] { cpu_.block_quant_reduce(chunks, stride, nranks, count, bits, average, out); });
+}
+
+void StagedDevice::block_quant_decompress(const uint8_t* in, int64_t count, int bits, float* x) {
+  enqueue([=] { cpu_.block_quant_decompress(in, count, bits, x); });
+}
+
 }  // namespace hvdc

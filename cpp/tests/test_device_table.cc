@@ -9,21 +9,31 @@
 // A non-finite input on the staged device is rejected with the CPU's message, state unchanged.
 // Flat Adasum (cpp/src/adasum.cc) at n = 2..5 (folds at 3 and 5), two tensors in the fused buffer:
 // staged gives the CPU's bytes, and a dropped copy on rank 0 changes them.
+// SLAMB's masked allreduce (cyclic and Bernoulli masks drawn by the table, float32/float16/float64)
+// and the block-quantized allreduce (int4 and int8, error carried over three calls) at n = 2, 3, 4:
+// staged gives the CPU's bytes copying exactly the payload (the selected values; the quantized
+// blocks), and each copy or wait they need, dropped on rank 0, changes the outcome.
 //
 // Usage: test_device_table [FIXTURES] (the fixtures are not read).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "check.h"
 #include "hvdc/adasum.h"
+#include "hvdc/block_quant_allreduce.h"
 #include "hvdc/compressed_allreduce.h"
 #include "hvdc/device.h"
+#include "hvdc/elementwise/block_quant.h"
 #include "hvdc/errors.h"
+#include "hvdc/masked_allreduce.h"
+#include "hvdc/masks.h"
 #include "hvdc/staged_device.h"
 #include "thread_communicator.h"
 
@@ -235,6 +245,227 @@ void adasum_staged_equals_cpu(Failures& f, int n) {
   }
 }
 
+// ---- SLAMB's masked allreduce and the block-quantized allreduce over the table ------------------
+
+// What one rank ends with: the bytes the calls left (each as it returned), the host bytes copied and
+// the payload bytes the calls should have copied.
+struct RankOut {
+  std::vector<uint8_t> bytes;
+  uint64_t host_bytes = 0, payload = 0;
+  std::string threw;
+};
+
+// `body(comm, dev, out)` on n thread ranks, dev the CPU's table or (staged) a staged device per rank,
+// rank 0's dropping its `index`-th operation of `fault`; *struck: whether the drop happened.
+template <typename Body>
+std::vector<RankOut> on_ranks(int n, bool staged, StagedFault fault, int index, bool* struck, Body body) {
+  std::vector<RankOut> out(static_cast<size_t>(n));
+  int struck_count = 0;
+  ThreadWorld world(n, kHangS);
+  const std::vector<std::string> failed = world.run([&](Communicator& comm) {
+    const int r = comm.rank();
+    std::unique_ptr<StagedDevice> dev(staged ? new StagedDevice() : nullptr);
+    if (dev && r == 0) dev->set_fault(fault, index);
+    DeviceTable& table = dev ? *dev : cpu_device(KernelChoice::kAuto);
+    const uint64_t before = table.host_bytes();
+    try {
+      body(comm, table, out[r]);
+    } catch (const std::exception& e) {
+      out[r].threw = e.what();
+    }
+    out[r].host_bytes = table.host_bytes() - before;
+    if (dev) {
+      if (r == 0) struck_count = dev->faults_struck();
+      dev->set_fault(StagedFault::kNone);
+      dev->wait();  // nothing of a dropped wait may outlive the buffers
+    }
+  });
+  for (int r = 0; r < n; ++r)
+    if (!failed[r].empty()) out[r].threw = failed[r];
+  if (struck) *struck = struck_count > 0;
+  return out;
+}
+
+// SLAMB's masked allreduce (masked_draw + masked_average) over kCalls steps of one mask spec, each
+// call on a fresh buffer: the buffer and the mask as each call returns. The payload: the selected
+// elements out and back.
+struct MaskedCase {
+  MaskKind kind;
+  DType dtype;
+  int64_t numel;
+};
+
+void masked_body(const MaskedCase& c, Communicator& comm, DeviceTable& dev, RankOut& o,
+                 std::vector<std::vector<uint8_t>>& keep) {
+  const size_t esize = dtype_size(c.dtype);
+  std::vector<unsigned char> scratch;
+  for (int call = 0; call < kCalls; ++call) {
+    MaskSpec spec;
+    spec.numel = c.numel;
+    spec.ratio = 0.3;
+    spec.seed = 5;
+    spec.step = call;
+    spec.kind = c.kind;
+    spec.always = {0, 3};
+    keep.push_back(input(comm.rank(), call, c.numel, c.dtype));
+    keep.push_back(std::vector<uint8_t>(static_cast<size_t>(c.numel), 0x5a));
+    std::vector<uint8_t>& buf = keep[keep.size() - 2];
+    std::vector<uint8_t>& mask = keep.back();
+    masked_draw(dev, spec, mask.data());
+    masked_average(comm, dev, view_of(buf.data(), c.numel, c.dtype), mask.data(), scratch);
+    o.bytes.insert(o.bytes.end(), buf.begin(), buf.end());
+    o.bytes.insert(o.bytes.end(), mask.begin(), mask.end());
+    // The payload, from this rank's own host count of what the call returned (a wrong mask shows above).
+    o.payload += 2 * static_cast<uint64_t>(mask_count(mask.data(), c.numel)) * esize;
+  }
+}
+
+std::vector<RankOut> masked_run(int n, const MaskedCase& c, bool staged, StagedFault fault, int index,
+                                bool* struck) {
+  std::vector<std::vector<std::vector<uint8_t>>> keep(static_cast<size_t>(n));
+  return on_ranks(n, staged, fault, index, struck, [&](Communicator& comm, DeviceTable& dev, RankOut& o) {
+    masked_body(c, comm, dev, o, keep[comm.rank()]);
+  });
+}
+
+// The block-quantized allreduce over kCalls calls with the error carried: the buffer as each call
+// returns, then the error. The payload: (3n + 1) chunks of blocks per call.
+struct BlockQuantCase {
+  int bits;
+  ReduceOp op;
+  int64_t numel;
+  bool with_error;
+};
+
+std::vector<RankOut> block_quant_run(int n, const BlockQuantCase& c, bool staged, StagedFault fault, int index,
+                                     bool* struck) {
+  std::vector<std::vector<std::vector<float>>> keep(static_cast<size_t>(n));
+  return on_ranks(n, staged, fault, index, struck, [&](Communicator& comm, DeviceTable& dev, RankOut& o) {
+    std::vector<std::vector<float>>& k = keep[comm.rank()];
+    k.emplace_back(static_cast<size_t>(c.numel), 0.0f);  // the error, carried
+    int64_t chunk = (c.numel + n - 1) / n;
+    chunk = (chunk + kBlockQuantBlock - 1) / kBlockQuantBlock * kBlockQuantBlock;
+    const uint64_t chunk_bytes = static_cast<uint64_t>(chunk / kBlockQuantBlock * block_quant_block_bytes(c.bits));
+    for (int call = 0; call < kCalls; ++call) {
+      std::vector<uint8_t> in = input(comm.rank(), call, c.numel, DType::kFloat32);
+      k.emplace_back(static_cast<size_t>(c.numel));
+      std::vector<float>& buf = k.back();
+      std::memcpy(buf.data(), in.data(), in.size());
+      TensorView err = c.with_error ? view_of(k[0].data(), c.numel, DType::kFloat32) : TensorView{};
+      block_quant_allreduce_prepared(comm, dev, view_of(buf.data(), c.numel, DType::kFloat32), err, c.bits, c.op);
+      const auto* b = reinterpret_cast<const uint8_t*>(buf.data());
+      o.bytes.insert(o.bytes.end(), b, b + 4 * c.numel);
+      o.payload += (3 * static_cast<uint64_t>(n) + 1) * chunk_bytes;
+    }
+    const auto* e = reinterpret_cast<const uint8_t*>(k[0].data());
+    o.bytes.insert(o.bytes.end(), e, e + 4 * c.numel);
+  });
+}
+
+// Staged equals CPU bit for bit on every rank, copying exactly the payload; each listed drop on rank
+// 0 changes some rank's outcome.
+template <typename Run>
+void staged_matches_and_drops_show(Failures& f, const std::string& what, int n, Run run,
+                                   std::initializer_list<std::pair<StagedFault, int>> drops) {
+  f.ran();
+  const std::vector<RankOut> cpu = run(false, StagedFault::kNone, 0, nullptr);
+  const std::vector<RankOut> staged = run(true, StagedFault::kNone, 0, nullptr);
+  for (int r = 0; r < n; ++r) {
+    f.check(cpu[r].threw.empty() && staged[r].threw.empty(),
+            str(what, ": rank ", r, " threw: ", cpu[r].threw, staged[r].threw));
+    f.check(staged[r].bytes == cpu[r].bytes, str(what, ": rank ", r, ": staged run differs from the CPU run"));
+    f.check(cpu[r].host_bytes == 0, str(what, ": rank ", r, ": the CPU run copied host bytes"));
+    f.check(staged[r].host_bytes == staged[r].payload && staged[r].payload > 0,
+            str(what, ": rank ", r, " copied ", staged[r].host_bytes, " host bytes, want ", staged[r].payload));
+  }
+  for (const auto& d : drops) {
+    f.ran();
+    bool struck = false;
+    const std::vector<RankOut> got = run(true, d.first, d.second, &struck);
+    bool differs = false;
+    for (int r = 0; r < n; ++r) differs = differs || got[r].bytes != cpu[r].bytes || !got[r].threw.empty();
+    const char* kind = d.first == StagedFault::kSkipToHost     ? "to_host"
+                       : d.first == StagedFault::kSkipToDevice ? "to_device"
+                                                               : "wait";
+    f.check(struck, str(what, ": dropping ", kind, " #", d.second, " never happened"));
+    f.check(differs, str(what, ": dropping ", kind, " #", d.second,
+                         " on rank 0 left every rank's outcome equal to the CPU run's"));
+  }
+}
+
+void masked_staged_equals_cpu(Failures& f, int n) {
+  for (MaskKind kind : {MaskKind::kCyclic, MaskKind::kBernoulli})
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kFloat64})
+      for (int64_t numel : {int64_t{1}, int64_t{200}}) {
+        const MaskedCase c{kind, dtype, numel};
+        const std::string what = str("masked n=", n, kind == MaskKind::kCyclic ? " cyclic " : " bernoulli ",
+                                     dtype_name(dtype), " numel=", numel);
+        // One call's drops: its dense average's copy out and back, the wait before the host reads the
+        // copy out, and the last wait (before the caller reads). The wait after the copy back is
+        // followed by the scatter in stream order, so dropping it changes nothing.
+        const bool full = numel > 1 && dtype == DType::kFloat32;
+        staged_matches_and_drops_show(
+            f, what, n,
+            [&](bool staged, StagedFault fault, int index, bool* struck) {
+              return masked_run(n, c, staged, fault, index, struck);
+            },
+            full ? std::initializer_list<std::pair<StagedFault, int>>{{StagedFault::kSkipToHost, 0},
+                                                                     {StagedFault::kSkipToDevice, 0},
+                                                                     {StagedFault::kSkipWait, 0},
+                                                                     {StagedFault::kSkipWait, 2}}
+                 : std::initializer_list<std::pair<StagedFault, int>>{});
+      }
+}
+
+void block_quant_staged_equals_cpu(Failures& f, int n) {
+  for (int bits : {4, 8})
+    for (int64_t numel : {int64_t{1}, int64_t{64} * n, int64_t{1000}}) {
+      const BlockQuantCase c{bits, bits == 4 ? ReduceOp::kAverage : ReduceOp::kSum, numel, numel != 1};
+      const std::string what = str("block-quantized n=", n, " int", bits, " numel=", numel);
+      // One call's drops: the compressed chunks out and the server's chunk out, the received chunks in
+      // and the result in, the waits after each copy out and the last one.
+      const bool full = numel == 1000;
+      staged_matches_and_drops_show(
+          f, what, n,
+          [&](bool staged, StagedFault fault, int index, bool* struck) {
+            return block_quant_run(n, c, staged, fault, index, struck);
+          },
+          full ? std::initializer_list<std::pair<StagedFault, int>>{{StagedFault::kSkipToHost, 0},
+                                                                   {StagedFault::kSkipToHost, 1},
+                                                                   {StagedFault::kSkipToDevice, 0},
+                                                                   {StagedFault::kSkipToDevice, 1},
+                                                                   {StagedFault::kSkipWait, 0},
+                                                                   {StagedFault::kSkipWait, 1},
+                                                                   {StagedFault::kSkipWait, 2}}
+               : std::initializer_list<std::pair<StagedFault, int>>{});
+    }
+}
+
+// The input checks run on the table's kernel: the staged device finds the CPU's first non-finite
+// element (the block-quantized allreduce's x + error; the masked calls' x in every float dtype).
+void table_nonfinite_equals_cpu(Failures& f) {
+  f.ran();
+  const int64_t numel = 300;
+  std::vector<float> x(numel, 1.0f), err(numel, 0.5f);
+  err[211] = std::numeric_limits<float>::infinity();
+  x[250] = std::numeric_limits<float>::quiet_NaN();
+  StagedDevice staged;
+  const TensorView xv = view_of(x.data(), numel, DType::kFloat32), ev = view_of(err.data(), numel, DType::kFloat32);
+  const std::string cpu_why = block_quant_check_input(xv, ev, 4, ReduceOp::kAverage);
+  const std::string staged_why = block_quant_check_input(xv, ev, 4, ReduceOp::kAverage, &staged);
+  f.check(cpu_why.find("element 211") != std::string::npos && staged_why == cpu_why,
+          str("block-quantized non-finite: CPU says '", cpu_why, "', staged says '", staged_why, "'"));
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kFloat64}) {
+    f.ran();
+    std::vector<uint8_t> buf = input(0, 0, numel, dtype);
+    const size_t esize = dtype_size(dtype);
+    std::memset(buf.data() + 123 * esize, 0xff, esize);  // all ones: a NaN in every float format
+    const int64_t cpu = cpu_device(KernelChoice::kAuto).first_nonfinite(buf.data(), dtype, nullptr, numel);
+    const int64_t got = staged.first_nonfinite(buf.data(), dtype, nullptr, numel);
+    f.check(cpu == 123 && got == cpu, str("first_nonfinite ", dtype_name(dtype), ": CPU ", cpu, ", staged ", got));
+  }
+}
+
 }  // namespace
 }  // namespace hvdc
 
@@ -248,5 +479,10 @@ int main() {
   }
   for (int n = 2; n <= 5; ++n) hvdc::adasum_staged_equals_cpu(f, n);
   hvdc::nonfinite_rejected(f);
+  hvdc::table_nonfinite_equals_cpu(f);
+  for (int n = 2; n <= 4; ++n) {
+    hvdc::masked_staged_equals_cpu(f, n);
+    hvdc::block_quant_staged_equals_cpu(f, n);
+  }
   return f.finish("test_device_table");
 }

@@ -270,7 +270,7 @@ void masked_average_on_ranks(Failures& f) {
         t.dtype = DType::kFloat32;
         agree_on_signature(comm, masked_signature(t, s, "m"), kHangS, "masked");
         std::vector<unsigned char> scratch;
-        masked_average(comm, t, mask.data(), scratch);
+        masked_average(comm, cpu_device(KernelChoice::kAuto), t, mask.data(), scratch);
         bool ok = true;
         for (int64_t i = 0; i < numel; ++i) {
           double mean = 0;

@@ -1,7 +1,8 @@
 """Every op through hc.DistributedOptimizer, and broadcast_parameters, on the plain CPU device and on the staged test
 device (cpp/include/hvdc/staged_device.h, selected by the private ``runtime._set_test_device``): the parameters after
-every step, and the host bytes the staged run copied (``comm_stats()["host_bytes"]``). Then the 1-bit and the dense
-allreduce called directly: their host bytes per call, and their outcome with one copy or one wait dropped on rank 0.
+every step, and the host bytes the staged run copied (``comm_stats()["host_bytes"]``). Then the 1-bit, the dense,
+SLAMB's masked and DiLoCo's block-quantized allreduce called directly: their host bytes per call against their payload,
+and their outcome with one copy or one wait dropped on rank 0.
 Also: hvd_compress._cuda's device table registered once (where the module is built). Saves one dict per rank.
 
 argv: out_dir.
@@ -11,7 +12,7 @@ import torch
 from common import save, small_wrapped
 
 import hvd_compress.torch as hc
-from hvd_compress.ops import onebit, runtime
+from hvd_compress.ops import block_quant, masks, onebit, runtime
 
 hc.init()
 torch.set_num_threads(1)
@@ -20,12 +21,20 @@ STEPS = 4
 OPTIONS = {"OneBitAdam": {"freeze_step": 1}, "OneBitLamb": {"freeze_step": 1},
            "ZeroOneAdam": {"var_freeze_step": 1, "local_step_scaler": 1, "local_step_clipper": 1},
            "Average": {}, "Sum": {}, "PowerSGD": {"start_powerSGD_iter": 1, "min_compression_rate": 1},
-           "SignSGD": {}, "Adasum": {}, "Birder": {}, "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1}}
+           "SignSGD": {}, "Adasum": {}, "Birder": {}, "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1},
+           "DiLoCo": {"sync_every": 2, "fragments": 2, "outer_compression": "int4"}}
 # One 1-bit call copies to the host twice (phase 1's blocks, the served block), to the device twice (the gathered
 # blocks, the result's) and waits three times; one dense call copies each way once and waits twice.
 DROPS = {"onebit": (("to_host", 0), ("to_host", 1), ("to_device", 0), ("to_device", 1), ("wait", 0), ("wait", 1),
                     ("wait", 2)),
-         "dense": (("to_host", 0), ("to_device", 0), ("wait", 0), ("wait", 1))}
+         "dense": (("to_host", 0), ("to_device", 0), ("wait", 0), ("wait", 1)),
+         # SLAMB's masked allreduce: its dense average's copies and the waits that stream order needs (the one after
+         # the copy back is followed by the scatter on the stream, so dropping it changes nothing).
+         "masked": (("to_host", 0), ("to_device", 0), ("wait", 0), ("wait", 2)),
+         # The block-quantized allreduce: the compressed chunks and the server's chunk out, the received chunks and
+         # the result in, the waits after each copy out and the last one.
+         "block_quant": (("to_host", 0), ("to_host", 1), ("to_device", 0), ("to_device", 1), ("wait", 0),
+                         ("wait", 1), ("wait", 2))}
 NUMEL = 1000
 
 
@@ -72,11 +81,38 @@ def call(kind: str, keep: list) -> bytes:
     if kind == "dense":
         hc.allreduce_(x, op=hc.Sum, name="dense")
         return x.numpy().tobytes()
+    if kind == "masked":
+        mask = torch.zeros(NUMEL, dtype=torch.bool)
+        keep.append(mask)
+        masks.masked_allreduce_(x, 0.3, 5, 2, "cyclic", always=(0, 3), mask_out=mask, check_finite=True)
+        return x.numpy().tobytes() + mask.numpy().tobytes()
+    if kind == "block_quant":
+        err = torch.randn(NUMEL, generator=g) * 0.01
+        keep.append(err)
+        block_quant.block_quant_allreduce_(x, 4, err)
+        return x.numpy().tobytes() + err.numpy().tobytes()
     werr = torch.randn(NUMEL, generator=g) * 0.1
     serr = torch.zeros(onebit.server_error_numel(NUMEL, hc.size()))
     keep += [werr, serr]
     onebit.compressed_allreduce_(x, werr, serr)
     return x.numpy().tobytes() + werr.numpy().tobytes() + serr.numpy().tobytes()
+
+
+def payload(kind: str, plain: bytes) -> int:
+    """The host bytes one direct call of ``kind`` must copy: exactly its payload."""
+    n = hc.size()
+    if kind == "dense":
+        return 2 * 4 * NUMEL
+    if kind == "onebit":
+        chunk = -(-NUMEL // (8 * n)) * 8
+        return (3 * n + 1) * (4 + chunk // 8)
+    if kind == "masked":  # the selected values out and back (the mask is the call's second half)
+        return 2 * 4 * sum(plain[4 * NUMEL:])
+    # block_quant: (3n + 1) chunks of int4 blocks (a float32 scale and 32 bytes per 64 elements); the chunk is
+    # ceil(NUMEL / n) rounded up to whole blocks
+    chunk = -(-NUMEL // n)
+    chunk = -(-chunk // 64) * 64
+    return (3 * n + 1) * chunk // 64 * (4 + 32)
 
 
 def plain_and_staged(run) -> tuple[object, object, int]:
@@ -102,7 +138,7 @@ for name, run in cases.items():
     out["ops"][name] = {"same": plain == staged, "host_bytes": host}
 for kind, drops in DROPS.items():
     plain, staged, host = plain_and_staged(lambda kind=kind: call(kind, []))
-    out["calls"][kind] = {"same": plain == staged, "host_bytes": host}
+    out["calls"][kind] = {"same": plain == staged, "host_bytes": host, "payload": payload(kind, plain)}
     for fault, index in drops:
         # Only rank 0 drops; every rank is on the staged device.
         runtime._set_test_device("staged", fault if r == 0 else "", index)

@@ -18,23 +18,32 @@
 #include <string>
 
 #include "hvdc/communicator.h"
+#include "hvdc/device.h"
 #include "hvdc/reduce_op.h"
 #include "hvdc/tensor.h"
 
 namespace hvdc {
 
 // Why this rank cannot run the call ("" if it can): bits (4 or 8), op (Average or Sum), a contiguous
-// float32 CPU buffer, an error buffer (if given) of the same numel, and finite compensated values.
-std::string block_quant_check_input(const TensorView& buffer, const TensorView& error, int bits, ReduceOp op);
+// float32 buffer on `device`'s memory (null: the CPU's), an error buffer (if given) of the same numel there, and
+// finite compensated values (found by the device's kernel).
+std::string block_quant_check_input(const TensorView& buffer, const TensorView& error, int bits, ReduceOp op,
+                                    DeviceTable* device = nullptr);
 
-// The call, once every rank accepted its input (Runtime::block_quant_allreduce).
-void block_quant_allreduce_prepared(Communicator& comm, const TensorView& buffer, const TensorView& error,
-                                    int bits, ReduceOp op);
+// The call, once every rank accepted its input (Runtime::block_quant_allreduce), on `dev`: its kernels on its
+// memory, only the quantized blocks copied to and from host memory ((3n + 1) chunks of blocks per call on a
+// device whose memory is not the host's).
+void block_quant_allreduce_prepared(Communicator& comm, DeviceTable& dev, const TensorView& buffer,
+                                    const TensorView& error, int bits, ReduceOp op);
 
-// The kernels, for a caller (and a test) without the exchange: quantize `count` elements of x + error (a
-// multiple of 64; error may be null) into `out` (count / 64 blocks), writing error = c - value; and decode
-// `count` elements of `in` into `x`.
+// The CPU kernels (the CPU's and the staged device's table), for a caller (and a test) without the exchange:
+// quantize `count` elements of x + error (a multiple of 64; error may be null; only the first `valid` are
+// read, the rest are zero padding) into `out` (count / 64 blocks), writing error = c - value; decode `count`
+// elements of `in` into `x`; and the server's sum of `nranks` chunks of `count` elements `stride` bytes apart
+// (block_quant_reduce_at) into `out`.
 void block_quant_compress(const float* x, float* error, int64_t count, int64_t valid, int bits, uint8_t* out);
 void block_quant_decompress(const uint8_t* in, int64_t count, int bits, float* x);
+void block_quant_reduce(const uint8_t* chunks, size_t stride, int nranks, int64_t count, int bits, bool average,
+                        float* out);
 
 }  // namespace hvdc

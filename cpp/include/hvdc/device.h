@@ -30,6 +30,7 @@
 
 #include "hvdc/dtype.h"
 #include "hvdc/kernel_isa.h"
+#include "hvdc/masks.h"
 #include "hvdc/tensor.h"
 
 namespace hvdc {
@@ -97,6 +98,32 @@ class DeviceTable {
                                 double* dots) = 0;
   virtual void adasum_combine(const void* left, double left_coeff, const void* right,
                               double right_coeff, void* out, DType dtype, int64_t n) = 0;
+
+  // ---- kernels of SLAMB's masked allreduce (hvdc/masks.h, hvdc/masked_allreduce.h) ------------
+  // Elements [spec.first, spec.first + spec.length) of the mask of `spec` (valid: check_mask_spec)
+  // into `mask` (spec.length bytes, 0/1), its `always` ranges selected, as random_mask. `ranks`: for
+  // a cyclic spec, the host's cyclic_ranks(spec.numel, spec.seed) (a device keeps its own copy, made
+  // once per (numel, seed)); the CPU kernels read their own cache and ignore it.
+  virtual void mask_draw(const MaskSpec& spec, const uint32_t* ranks, uint8_t* mask) = 0;
+  // mask_count, its answer on the host (waits for the stream).
+  virtual int64_t mask_count(const uint8_t* mask, int64_t n) = 0;
+  // mask_gather / mask_scatter (`count`: the mask's, from mask_count; `elem` 2, 4 or 8 bytes).
+  virtual void mask_gather(const void* src, const uint8_t* mask, int64_t n, int64_t count,
+                           size_t elem, void* dst) = 0;
+  virtual void mask_scatter(const void* compact, const uint8_t* mask, int64_t n, int64_t count,
+                            size_t elem, void* dst) = 0;
+  // The first i in [0, n) whose x[i] (float16, bfloat16, float32, float64), plus error[i] where
+  // `error` is given (float32 x only), is NaN or Inf, else -1; the answer on the host (waits).
+  virtual int64_t first_nonfinite(const void* x, DType dtype, const float* error, int64_t n) = 0;
+
+  // ---- kernels of the block-quantized allreduce (hvdc/block_quant_allreduce.h) ----------------
+  // The CPU kernels of that header, same arguments: quantize with error feedback, the server's sum
+  // of `nranks` received chunks (rank order, float32), decode.
+  virtual void block_quant_compress(const float* x, float* error, int64_t count, int64_t valid,
+                                    int bits, uint8_t* out) = 0;
+  virtual void block_quant_reduce(const uint8_t* chunks, size_t stride, int nranks, int64_t count,
+                                  int bits, bool average, float* out) = 0;
+  virtual void block_quant_decompress(const uint8_t* in, int64_t count, int bits, float* x) = 0;
 
  protected:
   virtual void copy_to_host(void* host, const void* device, size_t bytes) = 0;

@@ -23,6 +23,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,10 @@ void bernoulli_mask(PhiloxIsa isa, const MaskSpec& spec, uint8_t* out);
 // The permutation pi of a cyclic mask (for tests and the NumPy mirror): pi[j] = the element at
 // position j.
 std::vector<int64_t> cyclic_permutation(int64_t numel, uint64_t seed);
+
+// The place of every element of [0, numel) in the permutation of (numel, seed) (the inverse of pi),
+// the cache random_mask reads: what a device table copies once to draw cyclic masks itself.
+std::shared_ptr<const std::vector<uint32_t>> cyclic_ranks(int64_t numel, uint64_t seed);
 
 // Number of selected elements of mask[0, n).
 int64_t mask_count(const uint8_t* mask, int64_t n);

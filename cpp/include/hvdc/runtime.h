@@ -166,7 +166,8 @@ class Runtime {
   // Called by hvd_compress._cuda's loader; the table outlives the runtime (the module keeps it).
   void register_device(DeviceTable* table);
   // Tests only, the same on every rank: "staged" runs the collectives that go through the table
-  // (allreduce, broadcast, compressed_allreduce, flat adasum) on the staged test device, "" on the CPU's; `fault` drops the
+  // (allreduce, broadcast, compressed_allreduce, flat adasum, masked_allreduce, masked_gather,
+  // block_quant_allreduce) on the staged test device, "" on the CPU's; `fault` drops the
   // `index`-th "to_host", "to_device" or "wait" of the staged device from now on ("": none).
   void set_test_device(const std::string& which, const std::string& fault = "", int index = 0);
   std::string test_device() const;

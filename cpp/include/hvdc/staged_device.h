@@ -68,6 +68,20 @@ class StagedDevice final : public DeviceTable {
   void adasum_combine(const void* left, double left_coeff, const void* right, double right_coeff,
                       void* out, DType dtype, int64_t n) override;
 
+  void mask_draw(const MaskSpec& spec, const uint32_t* ranks, uint8_t* mask) override;
+  int64_t mask_count(const uint8_t* mask, int64_t n) override;
+  void mask_gather(const void* src, const uint8_t* mask, int64_t n, int64_t count, size_t elem,
+                   void* dst) override;
+  void mask_scatter(const void* compact, const uint8_t* mask, int64_t n, int64_t count, size_t elem,
+                    void* dst) override;
+  int64_t first_nonfinite(const void* x, DType dtype, const float* error, int64_t n) override;
+
+  void block_quant_compress(const float* x, float* error, int64_t count, int64_t valid, int bits,
+                            uint8_t* out) override;
+  void block_quant_reduce(const uint8_t* chunks, size_t stride, int nranks, int64_t count, int bits,
+                          bool average, float* out) override;
+  void block_quant_decompress(const uint8_t* in, int64_t count, int bits, float* x) override;
+
   static constexpr uint8_t kPoison = 0xA5;
 
  protected:

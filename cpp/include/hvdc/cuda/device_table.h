@@ -39,13 +39,34 @@ class CudaDevice final : public DeviceTable {
   void adasum_combine(const void* left, double left_coeff, const void* right, double right_coeff,
                       void* out, DType dtype, int64_t n) override;
 
+  void mask_draw(const MaskSpec& spec, const uint32_t* ranks, uint8_t* mask) override;
+  int64_t mask_count(const uint8_t* mask, int64_t n) override;
+  void mask_gather(const void* src, const uint8_t* mask, int64_t n, int64_t count, size_t elem,
+                   void* dst) override;
+  void mask_scatter(const void* compact, const uint8_t* mask, int64_t n, int64_t count, size_t elem,
+                    void* dst) override;
+  int64_t first_nonfinite(const void* x, DType dtype, const float* error, int64_t n) override;
+
+  void block_quant_compress(const float* x, float* error, int64_t count, int64_t valid, int bits,
+                            uint8_t* out) override;
+  void block_quant_reduce(const uint8_t* chunks, size_t stride, int nranks, int64_t count, int bits,
+                          bool average, float* out) override;
+  void block_quant_decompress(const uint8_t* in, int64_t count, int bits, float* x) override;
+
  protected:
   void copy_to_host(void* host, const void* device, size_t bytes) override;
   void copy_to_device(void* device, const void* host, size_t bytes) override;
 
  private:
+  // The cyclic masks' permutation ranks of the last (numel, seed) on the device (cudaMalloc: any
+  // stream may read them), copied from the host's once.
+  const uint32_t* device_ranks(int64_t numel, uint64_t seed, const uint32_t* host_ranks);
+
   cudaStream_t stream_;
   HostBufferPool pinned_;  // pinned host staging, reused by size
+  uint32_t* ranks_ = nullptr;
+  int64_t ranks_numel_ = -1;
+  uint64_t ranks_seed_ = 0;
 };
 
 }  // namespace cuda

@@ -72,4 +72,53 @@ HVDC_HOST_DEVICE inline int block_quant_get(const uint8_t* codes, int i, int bit
   return static_cast<int>((i & 1) ? (byte >> 4) : (byte & 0x0f)) - 8;
 }
 
+// A block's float32 scale, little-endian at any byte alignment (blocks follow each other unaligned).
+HVDC_HOST_DEVICE inline float block_quant_load_scale(const uint8_t* block) {
+  return bits_float(static_cast<uint32_t>(block[0]) | static_cast<uint32_t>(block[1]) << 8 |
+                    static_cast<uint32_t>(block[2]) << 16 | static_cast<uint32_t>(block[3]) << 24);
+}
+HVDC_HOST_DEVICE inline void block_quant_store_scale(uint8_t* block, float s) {
+  const uint32_t u = float_bits(s);
+  for (int b = 0; b < 4; ++b) block[b] = static_cast<uint8_t>(u >> (8 * b));
+}
+
+// One block of the compress kernel: c = x + error (error may be null) over the block's first `valid`
+// elements (0 <= valid <= 64; the rest are padding, 0, never read), its scale and codes into every byte of
+// `block`, and error = c - value(code) where error is given.
+HVDC_HOST_DEVICE inline void block_quant_compress_block(const float* x, float* error, int valid, int bits,
+                                                        uint8_t* block) {
+  float c[kBlockQuantBlock];
+  float amax = 0.0f;
+  for (int i = 0; i < kBlockQuantBlock; ++i) {
+    c[i] = i < valid ? (error != nullptr ? x[i] + error[i] : x[i]) : 0.0f;
+    const float a = abs32(c[i]);
+    amax = a > amax ? a : amax;
+  }
+  const float s = block_quant_scale(amax, bits);
+  block_quant_store_scale(block, s);
+  uint8_t* codes = block + 4;
+  for (int b = 0; b < kBlockQuantBlock * bits / 8; ++b) codes[b] = 0;
+  for (int i = 0; i < kBlockQuantBlock; ++i) {
+    const int q = block_quant_code(c[i], s, bits);
+    block_quant_put(codes, i, q, bits);
+    if (error != nullptr && i < valid) error[i] = c[i] - block_quant_value(q, s);
+  }
+}
+
+// Element i of the blocks that start at `blocks`, decoded.
+HVDC_HOST_DEVICE inline float block_quant_decode(const uint8_t* blocks, int64_t i, int bits) {
+  const uint8_t* block = blocks + (i / kBlockQuantBlock) * block_quant_block_bytes(bits);
+  return block_quant_value(block_quant_get(block + 4, static_cast<int>(i % kBlockQuantBlock), bits),
+                           block_quant_load_scale(block));
+}
+
+// The server's element i: the decoded values of `nranks` chunks `stride` bytes apart summed in float32 in
+// rank order (from 0.0f), divided by nranks (one float32 division) for `average` with more than one rank.
+HVDC_HOST_DEVICE inline float block_quant_reduce_at(const uint8_t* chunks, int64_t stride, int nranks, int64_t i,
+                                                    int bits, bool average) {
+  float sum = 0.0f;
+  for (int r = 0; r < nranks; ++r) sum += block_quant_decode(chunks + r * stride, i, bits);
+  return average && nranks > 1 ? sum / static_cast<float>(nranks) : sum;
+}
+
 }  // namespace hvdc

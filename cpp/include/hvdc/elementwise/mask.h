@@ -23,6 +23,25 @@ HVDC_HOST_DEVICE inline bool cyclic_selected(uint32_t rank, uint32_t base, uint3
   return rank - base < width;
 }
 
+// The chunk of the permutation that a cyclic mask of (numel, ratio) selects at `step`: places
+// [base, base + width) (width 0: none, where torch.chunk gives fewer chunks). nc = int(1 / ratio)
+// (Python's double division and truncation, at least 1), cs = ceil(numel / nc), c = step mod nc.
+struct CyclicWindow {
+  uint32_t base = 0, width = 0;
+};
+HVDC_HOST_DEVICE inline CyclicWindow cyclic_window(int64_t numel, double ratio, int64_t step) {
+  int64_t nc = static_cast<int64_t>(1.0 / ratio);
+  nc = nc < 1 ? 1 : nc;
+  const int64_t cs = (numel + nc - 1) / nc;
+  const int64_t lo = (step % nc) * cs;
+  int64_t len = numel - lo < cs ? numel - lo : cs;
+  len = len < 0 ? 0 : len;
+  CyclicWindow w;
+  w.base = static_cast<uint32_t>(lo);
+  w.width = static_cast<uint32_t>(len);
+  return w;
+}
+
 // T of a Bernoulli mask of `ratio`: ceil(float32(ratio) * 2^32), in [0, 2^32]. float32 has 24
 // significant bits, so the product is exact in double and only the ceil rounds.
 HVDC_HOST_DEVICE inline uint64_t bernoulli_threshold(double ratio) {
