@@ -84,6 +84,10 @@ CPPTEST_OBJS_runtime := runtime dlpack_view adasum adasum_kernels allgather cast
 	stochastic_kernels
 CPPTEST_BINS += device_table
 CPPTEST_OBJS_device_table := compressed_allreduce onebit_kernels signature cpu_device staged_device adasum adasum_kernels
+# The CPU's device table (cpu_device) runs the hierarchical 1-bit and the sparse allreduce's kernels too.
+CPPTEST_OBJS_device_table += stochastic_kernels philox sparse_allreduce cast allgather hierarchical_allreduce
+CPPTEST_OBJS_adasum += stochastic_kernels philox sparse_allreduce cast
+CPPTEST_OBJS_compressed_allreduce += stochastic_kernels philox sparse_allreduce cast
 CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
 # Every program runs, even after one failed, so that one run reports them all; then any failure
@@ -142,7 +146,7 @@ endif
 # device kernels of cudacheck, the check's cases (cpp/tests/kernel_cases.h).
 KCHECK_SIZES ?= 1,7,8,4095,16777219
 KCHECK_CPU := onebit_kernels stochastic_kernels philox cast masks adasum_kernels onebit_adam_kernels \
-	onebit_lamb_kernels slamb_kernels sparse_allreduce
+	onebit_lamb_kernels slamb_kernels sparse_allreduce cpu_device
 KCHECK_CPU_OBJS := $(patsubst %,$(KCHECK_DIR)/obj/%.o,$(KCHECK_CPU))
 KCHECK_CXXFLAGS := -std=c++17 -O2 -fPIC -ffp-contract=off -Wall -Werror -Wno-psabi -pthread -Icpp/include \
 	-Icpp/tests -MMD -MP
