@@ -1,7 +1,8 @@
-"""The device table (cpp/include/hvdc/device.h) from Python: every op through hc.DistributedOptimizer, and
-broadcast_parameters, on the staged test device at 2, 3 and 4 ranks give the parameters of the plain CPU run bit for
-bit; the ops whose collectives go through the table copy host bytes there; and one copy or wait dropped on one rank
-changes the parameters (the C++ side: cpp/tests/test_device_table.cc)."""
+"""The device table (cpp/include/hvdc/device.h) from Python: every op through hc.DistributedOptimizer (with
+compression=topk/randomk and hierarchical=True too), broadcast_parameters and allgather, on the staged test device at
+2, 3 and 4 ranks give the parameters of the plain CPU run bit for bit; the ops whose collectives go through the table
+copy host bytes there; and one copy or wait dropped on one rank changes the parameters (the C++ side:
+cpp/tests/test_device_table.cc)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import pytest
 from mpi_harness import load_ranks, mpirun
 
 # The ops whose collectives go through the table: the 1-bit allreduce (and the dense one in warm-up), the dense
-# allreduce (PowerSGD's too), flat Adasum, the broadcast. The others' collectives (Birder's and SignSGD's hierarchical
-# 1-bit, SLAMB's masked) run on the CPU's table whatever the test device; they must still give the same bits.
+# allreduce (PowerSGD's too), flat Adasum, the broadcast, the hierarchical 1-bit collective (Birder, SignSGD,
+# hierarchical=True), the sparse allreduce of compression=topk/randomk, allgather. The others' collectives (SLAMB's
+# masked) run on the CPU's table whatever the test device; they must still give the same bits.
 NUMEL = 1000  # the direct calls' elements (tests/workers/device_table.py)
 THROUGH_TABLE = ("OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Average", "Sum", "PowerSGD", "Adasum",
-                 "broadcast_parameters")
+                 "broadcast_parameters", "SignSGD", "Birder", "Birder hierarchical", "OneBitAdam hierarchical",
+                 "topk", "randomk", "allgather")
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -34,8 +37,15 @@ def test_staged_device_equals_cpu_and_catches_a_dropped_copy_or_wait(n: int, out
         chunk = -(-NUMEL // (8 * n)) * 8
         assert rk["calls"]["onebit"] == {"same": True, "host_bytes": (3 * n + 1) * (4 + chunk // 8)}, (r, n)
         assert rk["calls"]["dense"] == {"same": True, "host_bytes": 2 * 4 * NUMEL}, (r, n)
+        # The flat hierarchical call: the worker's bits out, n pieces of C / 8n bytes in, the served piece out, the
+        # chunk's bits in; allgather: this rank's r + 1 rows of 12 bytes out; top-k: k = 100 pairs of 8 bytes out,
+        # n k in.
+        piece = -(-NUMEL // (8 * n))
+        assert rk["calls"]["hierarchical"] == {"same": True, "host_bytes": (3 * n + 1) * piece}, (r, n)
+        assert rk["calls"]["allgather"] == {"same": True, "host_bytes": 12 * (r + 1)}, (r, n)
+        assert rk["calls"]["topk"] == {"same": True, "host_bytes": 8 * 100 * (1 + n)}, (r, n)
     drops = {d for rk in load_ranks(out_dir, n) for d in rk["drops"]}
-    assert len(drops) == 11, drops
+    assert len(drops) == 19, drops
     for d in drops:
         # The drop is rank 0's: a wrong payload reaches every rank, a dropped last wait rank 0's own result.
         assert not all(rk["drops"][d] for rk in load_ranks(out_dir, n)), f"{n} ranks: dropping {d} went unnoticed"

@@ -1,8 +1,9 @@
 """Every op through hc.DistributedOptimizer, and broadcast_parameters, on the plain CPU device and on the staged test
 device (cpp/include/hvdc/staged_device.h, selected by the private ``runtime._set_test_device``): the parameters after
 every step, and the host bytes the staged run copied (``comm_stats()["host_bytes"]``). Then the 1-bit and the dense
-allreduce called directly: their host bytes per call, and their outcome with one copy or one wait dropped on rank 0.
-Also: hvd_compress._cuda's device table registered once (where the module is built). Saves one dict per rank.
+allreduce, the flat hierarchical 1-bit collective, allgather and a top-k allreduce called directly: their host bytes
+per call, and their outcome with one copy or one wait dropped on rank 0. Also: hvd_compress._cuda's device table
+registered once (where the module is built). Saves one dict per rank.
 
 argv: out_dir.
 """
@@ -11,7 +12,7 @@ import torch
 from common import save, small_wrapped
 
 import hvd_compress.torch as hc
-from hvd_compress.ops import onebit, runtime
+from hvd_compress.ops import hierarchical_onebit, onebit, runtime
 
 hc.init()
 torch.set_num_threads(1)
@@ -20,12 +21,22 @@ STEPS = 4
 OPTIONS = {"OneBitAdam": {"freeze_step": 1}, "OneBitLamb": {"freeze_step": 1},
            "ZeroOneAdam": {"var_freeze_step": 1, "local_step_scaler": 1, "local_step_clipper": 1},
            "Average": {}, "Sum": {}, "PowerSGD": {"start_powerSGD_iter": 1, "min_compression_rate": 1},
-           "SignSGD": {}, "Adasum": {}, "Birder": {}, "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1}}
+           "SignSGD": {}, "Adasum": {}, "Birder": {}, "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1},
+           # The hierarchical 1-bit collective at one node of every rank (its node stages on the device too), and the
+           # sparse allreduce of compression=.
+           "Birder hierarchical": {"hierarchical": True},
+           "OneBitAdam hierarchical": {"freeze_step": 1, "hierarchical": True},
+           "topk": {"compression": hc.Compression.topk(0.3)},
+           "randomk": {"compression": hc.Compression.randomk(0.3, seed=1)}}
 # One 1-bit call copies to the host twice (phase 1's blocks, the served block), to the device twice (the gathered
 # blocks, the result's) and waits three times; one dense call copies each way once and waits twice.
 DROPS = {"onebit": (("to_host", 0), ("to_host", 1), ("to_device", 0), ("to_device", 1), ("wait", 0), ("wait", 1),
                     ("wait", 2)),
-         "dense": (("to_host", 0), ("to_device", 0), ("wait", 0), ("wait", 1))}
+         "dense": (("to_host", 0), ("to_device", 0), ("wait", 0), ("wait", 1)),
+         # The flat hierarchical call: bits out, pieces in, served piece out, chunk in; the first wait reads the bits.
+         "hierarchical": (("to_host", 0), ("to_device", 0), ("wait", 0)),
+         "allgather": (("to_host", 0), ("wait", 0)),
+         "topk": (("to_host", 0), ("to_device", 0), ("wait", 0))}
 NUMEL = 1000
 
 
@@ -34,8 +45,10 @@ def flat(model: torch.nn.Module) -> bytes:
 
 
 def wrapped(op: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    if op in ("topk", "randomk"):
+        return small_wrapped("Average", **OPTIONS[op])
     if op != "SignSGD":
-        return small_wrapped(op, **OPTIONS[op])
+        return small_wrapped(op.split(maxsplit=1)[0], **OPTIONS[op])
     model, _ = small_wrapped("Average")  # its model; EF-signSGD wraps plain SGD
     base = torch.optim.SGD(model.parameters(), lr=0.05)
     return model, hc.DistributedOptimizer(base, named_parameters=model.named_parameters(), op=hc.SignSGD)
@@ -72,6 +85,21 @@ def call(kind: str, keep: list) -> bytes:
     if kind == "dense":
         hc.allreduce_(x, op=hc.Sum, name="dense")
         return x.numpy().tobytes()
+    if kind == "allgather":  # rank r's r + 1 rows of 3 float32
+        rows = x[: 3 * (r + 1)].reshape(r + 1, 3)
+        return hc.allgather(rows, name="rows").numpy().tobytes()
+    if kind == "topk":
+        topk = hc.Compression.topk(0.1)
+        state = hc.CompressionState(NUMEL, topk)
+        keep.append(state)
+        out = hc.allreduce(x, compression=topk, state=state, name="topk")
+        return out.numpy().tobytes() + state.error.numpy().tobytes()
+    if kind == "hierarchical":  # flat: the world is one level of nodes of one rank
+        werr_n, serr_n = hierarchical_onebit.state_numels(NUMEL, False)
+        werr, serr = torch.zeros(werr_n), torch.zeros(serr_n)
+        keep += [werr, serr]
+        hierarchical_onebit.hierarchical_compressed_allreduce_(x, werr, serr, hierarchical=False, seed=5)
+        return x.numpy().tobytes() + werr.numpy().tobytes() + serr.numpy().tobytes()
     werr = torch.randn(NUMEL, generator=g) * 0.1
     serr = torch.zeros(onebit.server_error_numel(NUMEL, hc.size()))
     keep += [werr, serr]
@@ -96,7 +124,8 @@ try:  # hvd_compress._cuda's table registers without a GPU (it touches none unti
     out["cuda_table"] = table is runtime.cuda_device_table() and "hvdc.DeviceTable" in repr(table)
 except ImportError as e:
     out["cuda_table"] = f"ImportError: {e}"
-cases = {"broadcast_parameters": broadcast, **{op: (lambda op=op: train(op)) for op in OPTIONS}}
+cases = {"broadcast_parameters": broadcast, "allgather": lambda: call("allgather", []),
+         **{op: (lambda op=op: train(op)) for op in OPTIONS}}
 for name, run in cases.items():
     plain, staged, host = plain_and_staged(run)
     out["ops"][name] = {"same": plain == staged, "host_bytes": host}
@@ -107,7 +136,10 @@ for kind, drops in DROPS.items():
         # Only rank 0 drops; every rank is on the staged device.
         runtime._set_test_device("staged", fault if r == 0 else "", index)
         keep: list = []
-        dropped = call(kind, keep)
+        try:
+            dropped = call(kind, keep)
+        except RuntimeError as e:  # poisoned top-k indices: every rank raises (hvdc CommError)
+            dropped = repr(e).encode()
         runtime._set_test_device("")  # waits for what a dropped wait left queued, before `keep` goes
         out["drops"][f"{kind} {fault}#{index}"] = dropped == plain
 save(r, out)
