@@ -1,5 +1,5 @@
 """The device table (cpp/include/hvdc/device.h) from Python: every op through hc.DistributedOptimizer (with
-compression=topk/randomk and hierarchical=True too), broadcast_parameters and allgather, on the staged test device at
+compression=topk and hierarchical=True too), broadcast_parameters and allgather, on the staged test device at
 2, 3 and 4 ranks give the parameters of the plain CPU run bit for bit; the ops whose collectives go through the table
 copy host bytes there; and one copy or wait dropped on one rank changes the parameters (the C++ side:
 cpp/tests/test_device_table.cc)."""
@@ -13,12 +13,11 @@ from mpi_harness import load_ranks, mpirun
 
 # The ops whose collectives go through the table: the 1-bit allreduce (and the dense one in warm-up), the dense
 # allreduce (PowerSGD's too), flat Adasum, the broadcast, the hierarchical 1-bit collective (Birder, SignSGD,
-# hierarchical=True), the sparse allreduce of compression=topk/randomk, allgather. The others' collectives (SLAMB's
-# masked) run on the CPU's table whatever the test device; they must still give the same bits.
+# hierarchical=True), the sparse allreduce of compression=topk, allgather (called directly below). The others'
+# collectives (SLAMB's masked) run on the CPU's table whatever the test device; they must still give the same bits.
 NUMEL = 1000  # the direct calls' elements (tests/workers/device_table.py)
 THROUGH_TABLE = ("OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Average", "Sum", "PowerSGD", "Adasum",
-                 "broadcast_parameters", "SignSGD", "Birder", "Birder hierarchical", "OneBitAdam hierarchical",
-                 "topk", "randomk", "allgather")
+                 "broadcast_parameters", "SignSGD", "Birder", "OneBitAdam hierarchical", "topk")
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -23,11 +23,9 @@ OPTIONS = {"OneBitAdam": {"freeze_step": 1}, "OneBitLamb": {"freeze_step": 1},
            "Average": {}, "Sum": {}, "PowerSGD": {"start_powerSGD_iter": 1, "min_compression_rate": 1},
            "SignSGD": {}, "Adasum": {}, "Birder": {}, "SLAMB": {"compress_ratio": 0.5, "sync_interval": 3, "seed": 1},
            # The hierarchical 1-bit collective at one node of every rank (its node stages on the device too), and the
-           # sparse allreduce of compression=.
-           "Birder hierarchical": {"hierarchical": True},
+           # sparse allreduce of compression= (random-k and DGC: cpp/tests/test_device_table.cc).
            "OneBitAdam hierarchical": {"freeze_step": 1, "hierarchical": True},
-           "topk": {"compression": hc.Compression.topk(0.3)},
-           "randomk": {"compression": hc.Compression.randomk(0.3, seed=1)}}
+           "topk": {"compression": hc.Compression.topk(0.3)}}
 # One 1-bit call copies to the host twice (phase 1's blocks, the served block), to the device twice (the gathered
 # blocks, the result's) and waits three times; one dense call copies each way once and waits twice.
 DROPS = {"onebit": (("to_host", 0), ("to_host", 1), ("to_device", 0), ("to_device", 1), ("wait", 0), ("wait", 1),
@@ -45,7 +43,7 @@ def flat(model: torch.nn.Module) -> bytes:
 
 
 def wrapped(op: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    if op in ("topk", "randomk"):
+    if op == "topk":
         return small_wrapped("Average", **OPTIONS[op])
     if op != "SignSGD":
         return small_wrapped(op.split(maxsplit=1)[0], **OPTIONS[op])
@@ -124,8 +122,7 @@ try:  # hvd_compress._cuda's table registers without a GPU (it touches none unti
     out["cuda_table"] = table is runtime.cuda_device_table() and "hvdc.DeviceTable" in repr(table)
 except ImportError as e:
     out["cuda_table"] = f"ImportError: {e}"
-cases = {"broadcast_parameters": broadcast, "allgather": lambda: call("allgather", []),
-         **{op: (lambda op=op: train(op)) for op in OPTIONS}}
+cases = {"broadcast_parameters": broadcast, **{op: (lambda op=op: train(op)) for op in OPTIONS}}
 for name, run in cases.items():
     plain, staged, host = plain_and_staged(run)
     out["ops"][name] = {"same": plain == staged, "host_bytes": host}
