@@ -87,6 +87,11 @@ CPPTEST_OBJS_runtime := runtime dlpack_view adasum adasum_kernels allgather cast
 CPPTEST_BINS += device_table
 CPPTEST_OBJS_device_table := compressed_allreduce onebit_kernels signature cpu_device staged_device adasum adasum_kernels \
 	masks masked_allreduce philox stochastic_kernels block_quant_allreduce dense_allreduce cast
+# The CPU's device table (cpu_device) runs the hierarchical 1-bit and the sparse allreduce's kernels too.
+CPPTEST_OBJS_device_table += sparse_allreduce allgather hierarchical_allreduce
+CPPTEST_OBJS_adasum += sparse_allreduce cast
+CPPTEST_OBJS_compressed_allreduce += sparse_allreduce cast
+CPPTEST_OBJS_masks += sparse_allreduce
 CPPTEST_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
 # Every program runs, even after one failed, so that one run reports them all; then any failure
@@ -116,7 +121,7 @@ $(CPPTEST_DIR)/obj/%.o: cpp/bench/%.cc Makefile
 .PRECIOUS: $(CPPTEST_DIR)/obj/%.o
 .SECONDEXPANSION:
 $(CPPTEST_DIR)/test_%: $(CPPTEST_DIR)/obj/test_%.o $(CPPTEST_DIR)/obj/thread_communicator.o \
-		$$(addsuffix .o,$$(addprefix $(CPPTEST_DIR)/obj/,$$(CPPTEST_OBJS_$$*)))
+		$$(addsuffix .o,$$(addprefix $(CPPTEST_DIR)/obj/,$$(sort $$(CPPTEST_OBJS_$$*))))
 	$(CPPTEST_CXX) $(CPPTEST_FLAGS) $^ -o $@
 
 -include $(wildcard $(CPPTEST_DIR)/obj/*.d)
@@ -145,7 +150,7 @@ endif
 # device kernels of cudacheck, the check's cases (cpp/tests/kernel_cases.h).
 KCHECK_SIZES ?= 1,7,8,4095,16777219
 KCHECK_CPU := onebit_kernels stochastic_kernels philox cast masks adasum_kernels onebit_adam_kernels \
-	onebit_lamb_kernels slamb_kernels sparse_allreduce
+	onebit_lamb_kernels slamb_kernels sparse_allreduce cpu_device
 KCHECK_CPU_OBJS := $(patsubst %,$(KCHECK_DIR)/obj/%.o,$(KCHECK_CPU))
 KCHECK_CXXFLAGS := -std=c++17 -O2 -fPIC -ffp-contract=off -Wall -Werror -Wno-psabi -pthread -Icpp/include \
 	-Icpp/tests -MMD -MP

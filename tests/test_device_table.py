@@ -1,7 +1,8 @@
-"""The device table (cpp/include/hvdc/device.h) from Python: every op through hc.DistributedOptimizer, and
-broadcast_parameters, on the staged test device at 2, 3 and 4 ranks give the parameters of the plain CPU run bit for
-bit; the ops whose collectives go through the table copy host bytes there; and one copy or wait dropped on one rank
-changes the parameters (the C++ side: cpp/tests/test_device_table.cc)."""
+"""The device table (cpp/include/hvdc/device.h) from Python: every op through hc.DistributedOptimizer (with
+compression=topk and hierarchical=True too), broadcast_parameters and allgather, on the staged test device at
+2, 3 and 4 ranks give the parameters of the plain CPU run bit for bit; the ops whose collectives go through the table
+copy host bytes there; and one copy or wait dropped on one rank changes the parameters (the C++ side:
+cpp/tests/test_device_table.cc)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from mpi_harness import load_ranks, mpirun
 
 # The ops whose collectives go through the table: the 1-bit allreduce (and the dense one in warm-up), the dense
 # allreduce (PowerSGD's too), flat Adasum, the broadcast, SLAMB's masked gather and average, DiLoCo's block-quantized
-# allreduce. The others' collectives (Birder's and SignSGD's hierarchical 1-bit) run on the CPU's table whatever the
-# test device; they must still give the same bits.
+# allreduce, the hierarchical 1-bit collective (Birder, SignSGD, hierarchical=True), the sparse allreduce of
+# compression=topk, allgather (called directly below).
 THROUGH_TABLE = ("OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Average", "Sum", "PowerSGD", "Adasum",
-                 "broadcast_parameters", "SLAMB", "DiLoCo")
+                 "broadcast_parameters", "SLAMB", "DiLoCo", "SignSGD", "Birder", "OneBitAdam hierarchical", "topk")
 # The direct calls (tests/workers/device_table.py) and how many copies or waits each drops on rank 0.
-DROPS = {"onebit": 7, "dense": 4, "masked": 4, "block_quant": 7}
+DROPS = {"onebit": 7, "dense": 4, "masked": 4, "block_quant": 7, "hierarchical": 3, "allgather": 2, "topk": 3}
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -33,7 +34,8 @@ def test_staged_device_equals_cpu_and_catches_a_dropped_copy_or_wait(n: int, out
         assert set(rk["ops"]) >= {*THROUGH_TABLE, "SignSGD", "Adasum", "Birder"}
         # Exactly the payload (the worker's payload()): the 1-bit call's (3n + 1) wire blocks of a float32 scale and
         # C / 8 bytes of bits (C the padded chunk); the dense call's tensor out and back; the masked call's selected
-        # values out and back; the block-quantized call's (3n + 1) chunks of int4 blocks.
+        # values out and back; the block-quantized call's (3n + 1) chunks of int4 blocks; the flat hierarchical call's
+        # bits; allgather's own rows; top-k's pairs.
         assert set(rk["calls"]) == set(DROPS), (r, n)
         for kind, got in rk["calls"].items():
             assert got["same"] and got["payload"] > 0 and got["host_bytes"] == got["payload"], (r, n, kind, got)

@@ -1,6 +1,7 @@
 // The CUDA device table (hvdc/cuda/device_table.h). The wire blocks keep each scale in front of
 // its bits at any byte alignment; the kernels want aligned device floats, so scales move between
 // the blocks and aligned stream-ordered scratch by cudaMemcpyAsync (4 bytes each).
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "hvdc/elementwise/half.h"
 #include "hvdc/elementwise/mask.h"
 #include "hvdc/elementwise/onebit.h"
+#include "hvdc/elementwise/sparse.h"
+#include "hvdc/sparse_allreduce.h"
 #include "launch.cuh"
 
 namespace hvdc {
@@ -95,6 +98,74 @@ __global__ void block_quant_reduce_kernel(const uint8_t* chunks, int64_t stride,
 
 __global__ void block_quant_decompress_kernel(const uint8_t* in, int64_t count, int bits, float* x) {
   for (int64_t i = grid_first(); i < count; i += grid_step()) x[i] = block_quant_decode(in, i, bits);
+}
+
+// Thin grid-stride kernels of the hierarchical 1-bit and the sparse allreduce over the per-element
+// functions the CPU's table calls too (hvdc/elementwise/sparse.h); the sums in rank order per
+// element, as the CPU's.
+
+__global__ void chunk_mean_kernel(const float* chunks, int64_t stride, int nranks, int64_t n,
+                                  float* out) {
+  const float fm = static_cast<float>(nranks);
+  for (int64_t i = grid_first(); i < n; i += grid_step()) {
+    float acc = chunks[i];
+    for (int r = 1; r < nranks; ++r) acc += chunks[r * stride + i];
+    out[i] = acc / fm;
+  }
+}
+
+// *first = the smallest i whose value is not finite (left at its initial all-ones where none is).
+__global__ void first_nonfinite_kernel(const float* x, int64_t n, unsigned long long* first) {
+  for (int64_t i = grid_first(); i < n; i += grid_step())
+    if (!isfinite(x[i])) atomicMin(first, static_cast<unsigned long long>(i));
+}
+
+__global__ void sparse_compensate_kernel(const void* x, DType dtype, float* error, float* velocity,
+                                         float mu, int64_t n) {
+  for (int64_t i = grid_first(); i < n; i += grid_step())
+    error[i] = sparse_compensated(sparse_load(x, dtype, i), error[i], mu,
+                                  velocity ? velocity + i : nullptr);
+}
+
+__global__ void sparse_nonfinite_kernel(const void* x, DType dtype, const float* error,
+                                        const float* velocity, float mu, int64_t n,
+                                        unsigned long long* first) {
+  for (int64_t i = grid_first(); i < n; i += grid_step()) {
+    const float xi = sparse_load(x, dtype, i);
+    float u = velocity ? velocity[i] : 0.0f;
+    const float c = error ? sparse_compensated(xi, error[i], mu, velocity ? &u : nullptr) : xi;
+    if (!isfinite(xi) || !isfinite(c)) atomicMin(first, static_cast<unsigned long long>(i));
+  }
+}
+
+// A segment's selected indices (counted from the segment) made the buffer's, and their values.
+__global__ void offset_gather_kernel(uint32_t* idx, int64_t k, uint32_t offset, const float* c,
+                                     float* vals) {
+  for (int64_t j = grid_first(); j < k; j += grid_step()) {
+    idx[j] += offset;
+    vals[j] = c[idx[j]];
+  }
+}
+
+// One rank's k pairs added in: its indices are distinct, so no two threads meet. An index past
+// the buffer (a corrupt payload) writes nothing.
+__global__ void add_pairs_kernel(const uint32_t* pairs, int64_t k, float* out, int64_t numel) {
+  for (int64_t j = grid_first(); j < k; j += grid_step())
+    if (pairs[2 * j] < numel) out[pairs[2 * j]] += bits_float(pairs[2 * j + 1]);
+}
+
+__global__ void place_kernel(const uint32_t* idx, const float* vals, int64_t k, float* out) {
+  for (int64_t j = grid_first(); j < k; j += grid_step()) out[idx[j]] = vals[j];
+}
+
+__global__ void store_kernel(const float* out, float divisor, void* buffer, DType dtype,
+                             int64_t n) {
+  for (int64_t i = grid_first(); i < n; i += grid_step())
+    sparse_store(divisor != 1.0f ? out[i] / divisor : out[i], buffer, dtype, i);
+}
+
+__global__ void zero_at_kernel(float* a, const uint32_t* idx, int64_t k) {
+  for (int64_t j = grid_first(); j < k; j += grid_step()) a[idx[j]] = 0.0f;
 }
 
 }  // namespace
@@ -202,6 +273,133 @@ int64_t CudaDevice::onebit_first_nonfinite(const void* x, DType dtype, const flo
     if (!std::isfinite(onebit_compensated(v, es[i]))) return i;
   }
   return -1;
+}
+
+void CudaDevice::stochastic_quantize(const float* x, float* error, const BirderMoments* moments,
+                                     int64_t n_real, int64_t n_padded, const UniformSource& u,
+                                     uint8_t* bits) {
+  cuda::stochastic_quantize(x, error, moments, n_real, n_padded, u, bits, stream_);
+}
+
+void CudaDevice::stochastic_server_quantize(const uint8_t* bits, size_t stride, int nranks,
+                                            float* error, int64_t n_real, int64_t n_padded,
+                                            const UniformSource& u, uint8_t* out_bits) {
+  cuda::stochastic_server_quantize(bits, static_cast<int64_t>(stride), nranks, error, n_real,
+                                   n_padded, u, out_bits, stream_);
+}
+
+void CudaDevice::sign_unpack(const uint8_t* bits, float* out, int64_t n) {
+  cuda::sign_unpack(bits, out, n, stream_);
+}
+
+void CudaDevice::chunk_mean(const float* chunks, int64_t stride, int nranks, int64_t n,
+                            float* out) {
+  if (n <= 0) return;
+  chunk_mean_kernel<<<grid_for(n), kThreads, 0, stream_>>>(chunks, stride, nranks, n, out);
+  check_launch("chunk_mean");
+}
+
+namespace {
+
+// The answer of a first-non-finite kernel `launch(first)` on the host (waits for the stream).
+template <typename Launch>
+int64_t first_on_host(cudaStream_t stream, Launch launch) {
+  Scratch s(sizeof(unsigned long long), stream);
+  auto* first = s.as<unsigned long long>();
+  check(cudaMemsetAsync(first, 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync");
+  launch(first);
+  unsigned long long found = 0;
+  check(cudaMemcpyAsync(&found, first, sizeof found, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return found == ~0ull ? -1 : static_cast<int64_t>(found);
+}
+
+}  // namespace
+
+int64_t CudaDevice::first_nonfinite_f32(const float* x, int64_t n) {
+  if (n <= 0) return -1;
+  return first_on_host(stream_, [&](unsigned long long* first) {
+    first_nonfinite_kernel<<<grid_for(n), kThreads, 0, stream_>>>(x, n, first);
+    check_launch("first_nonfinite_f32");
+  });
+}
+
+void CudaDevice::sparse_compensate(const void* x, DType dtype, float* error, float* velocity,
+                                   float momentum, int64_t n) {
+  if (n <= 0) return;
+  sparse_compensate_kernel<<<grid_for(n), kThreads, 0, stream_>>>(x, dtype, error, velocity,
+                                                                   momentum, n);
+  check_launch("sparse_compensate");
+}
+
+int64_t CudaDevice::sparse_first_nonfinite(const void* x, DType dtype, const float* error,
+                                           const float* velocity, float momentum, int64_t n) {
+  if (n <= 0) return -1;
+  return first_on_host(stream_, [&](unsigned long long* first) {
+    sparse_nonfinite_kernel<<<grid_for(n), kThreads, 0, stream_>>>(x, dtype, error, velocity,
+                                                                    momentum, n, first);
+    check_launch("sparse_first_nonfinite");
+  });
+}
+
+void CudaDevice::sparse_select(const float* c, int64_t numel, const SparseSpec& spec,
+                               uint32_t* idx, float* vals) {
+  const std::vector<int64_t> whole{numel};
+  int64_t offset = 0, at = 0;
+  for (int64_t m : spec.segments.empty() ? whole : spec.segments) {
+    const int64_t k = sparse_k(m, spec.ratio);
+    if (k > 0) {
+      Scratch workspace(static_cast<size_t>(select_workspace_bytes(m)), stream_);
+      if (spec.kind == SparseKind::kTopK)
+        cuda::topk_select(c + offset, m, k, idx + at, workspace.as<uint8_t>(), stream_);
+      else
+        cuda::randomk_select(m, k, spec.seed, spec.step, idx + at, static_cast<uint64_t>(offset),
+                             workspace.as<uint8_t>(), stream_);
+      offset_gather_kernel<<<grid_for(k), kThreads, 0, stream_>>>(
+          idx + at, k, static_cast<uint32_t>(offset), c, vals + at);
+      check_launch("sparse_select");
+    }
+    at += k;
+    offset += m;
+  }
+}
+
+void CudaDevice::sparse_sum_pairs(const uint8_t* pairs, int nranks, int64_t k, float* out,
+                                  int64_t numel) {
+  check(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(numel), stream_),
+        "cudaMemsetAsync");
+  if (k <= 0) return;
+  // Rank after rank, as the CPU adds them: one launch per rank, in stream order.
+  for (int r = 0; r < nranks; ++r) {
+    add_pairs_kernel<<<grid_for(k), kThreads, 0, stream_>>>(
+        reinterpret_cast<const uint32_t*>(pairs) + 2 * k * r, k, out, numel);
+    check_launch("sparse_sum_pairs");
+  }
+}
+
+void CudaDevice::sparse_place(const uint32_t* idx, const float* vals, int64_t k, float* out,
+                              int64_t numel) {
+  check(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(numel), stream_),
+        "cudaMemsetAsync");
+  if (k <= 0) return;
+  place_kernel<<<grid_for(k), kThreads, 0, stream_>>>(idx, vals, k, out);
+  check_launch("sparse_place");
+}
+
+void CudaDevice::sparse_finish(const float* out, float divisor, void* buffer, DType dtype,
+                               int64_t numel, const uint32_t* idx, int64_t k, float* error,
+                               float* velocity) {
+  if (numel > 0) {
+    store_kernel<<<grid_for(numel), kThreads, 0, stream_>>>(out, divisor, buffer, dtype, numel);
+    check_launch("sparse_finish");
+  }
+  if (k <= 0) return;
+  for (float* a : {error, velocity}) {
+    if (!a) continue;
+    zero_at_kernel<<<grid_for(k), kThreads, 0, stream_>>>(a, idx, k);
+    check_launch("sparse_finish");
+  }
 }
 
 void CudaDevice::adasum_dot_norms(const void* left, const void* right, DType dtype, int64_t n,

@@ -1,13 +1,18 @@
 // The CPU's device table (hvdc/device.h): the core's kernels, run at once on host memory.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "hvdc/adasum_kernels.h"
 #include "hvdc/block_quant_allreduce.h"
 #include "hvdc/device.h"
+#include "hvdc/elementwise/sparse.h"
+#include "hvdc/errors.h"
 #include "hvdc/masks.h"
 #include "hvdc/onebit_kernels.h"
+#include "hvdc/sparse_allreduce.h"
 #include "hvdc/stochastic_kernels.h"
 
 namespace hvdc {
@@ -59,6 +64,87 @@ class CpuDevice final : public DeviceTable {
   int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error, int64_t n) override {
     return hvdc::onebit_first_nonfinite(x, dtype, error, n, k_);
   }
+  void stochastic_quantize(const float* x, float* error, const BirderMoments* moments,
+                           int64_t n_real, int64_t n_padded, const UniformSource& u,
+                           uint8_t* bits) override {
+    hvdc::stochastic_quantize(x, error, moments, n_real, n_padded, u, bits, k_);
+  }
+  void stochastic_server_quantize(const uint8_t* bits, size_t stride, int nranks, float* error,
+                                  int64_t n_real, int64_t n_padded, const UniformSource& u,
+                                  uint8_t* out_bits) override {
+    std::vector<const uint8_t*> rows(static_cast<size_t>(nranks));
+    for (int r = 0; r < nranks; ++r) rows[r] = bits + stride * r;
+    hvdc::stochastic_server_quantize(rows.data(), nranks, error, n_real, n_padded, u, out_bits, k_);
+  }
+  void sign_unpack(const uint8_t* bits, float* out, int64_t n) override {
+    hvdc::sign_unpack(bits, out, n, k_);
+  }
+  void chunk_mean(const float* chunks, int64_t stride, int nranks, int64_t n, float* out) override {
+    const float fm = static_cast<float>(nranks);
+    for (int64_t i = 0; i < n; ++i) {
+      float acc = chunks[i];
+      for (int r = 1; r < nranks; ++r) acc += chunks[r * stride + i];
+      out[i] = acc / fm;
+    }
+  }
+  int64_t first_nonfinite_f32(const float* x, int64_t n) override {
+    return hvdc::first_nonfinite_f32(x, n);
+  }
+
+  void sparse_compensate(const void* x, DType dtype, float* error, float* velocity, float momentum,
+                         int64_t n) override {
+    for (int64_t i = 0; i < n; ++i)
+      error[i] = sparse_compensated(sparse_load(x, dtype, i), error[i], momentum,
+                                    velocity ? velocity + i : nullptr);
+  }
+  int64_t sparse_first_nonfinite(const void* x, DType dtype, const float* error,
+                                 const float* velocity, float momentum, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) {
+      const float xi = sparse_load(x, dtype, i);
+      float u = velocity ? velocity[i] : 0.0f;
+      const float c = error ? sparse_compensated(xi, error[i], momentum, velocity ? &u : nullptr) : xi;
+      if (!std::isfinite(xi) || !std::isfinite(c)) return i;
+    }
+    return -1;
+  }
+  void sparse_select(const float* c, int64_t numel, const SparseSpec& spec, uint32_t* idx,
+                     float* vals) override {
+    std::vector<uint32_t> picked;
+    hvdc::sparse_select(c, numel, spec, picked);
+    for (size_t j = 0; j < picked.size(); ++j) {
+      idx[j] = picked[j];
+      vals[j] = c[picked[j]];
+    }
+  }
+  void sparse_sum_pairs(const uint8_t* pairs, int nranks, int64_t k, float* out,
+                        int64_t numel) override {
+    std::fill(out, out + numel, 0.0f);
+    for (int64_t j = 0; j < nranks * k; ++j) {  // rank order, then index order
+      uint32_t index;
+      float value;
+      std::memcpy(&index, pairs + 8 * j, 4);
+      std::memcpy(&value, pairs + 8 * j + 4, 4);
+      // The pairs come off the wire: an index past the buffer is a corrupt payload, not a write.
+      if (index >= numel)
+        throw CommError("sparse allreduce: a received top-k index " + std::to_string(index) +
+                        " is past the buffer of " + std::to_string(numel) + " elements");
+      out[index] += value;
+    }
+  }
+  void sparse_place(const uint32_t* idx, const float* vals, int64_t k, float* out,
+                    int64_t numel) override {
+    std::fill(out, out + numel, 0.0f);
+    for (int64_t j = 0; j < k; ++j) out[idx[j]] = vals[j];
+  }
+  void sparse_finish(const float* out, float divisor, void* buffer, DType dtype, int64_t numel,
+                     const uint32_t* idx, int64_t k, float* error, float* velocity) override {
+    for (int64_t i = 0; i < numel; ++i)
+      sparse_store(divisor != 1.0f ? out[i] / divisor : out[i], buffer, dtype, i);
+    for (int64_t j = 0; j < k; ++j) error[idx[j]] = 0.0f;
+    if (velocity)
+      for (int64_t j = 0; j < k; ++j) velocity[idx[j]] = 0.0f;
+  }
+
   void adasum_dot_norms(const void* left, const void* right, DType dtype, int64_t n,
                         double* dots) override {
     const AdasumDots d = hvdc::adasum_dot_norms(left, right, dtype, n);

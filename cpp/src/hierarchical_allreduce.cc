@@ -35,19 +35,22 @@ Shape shape_of(const HierarchicalGroups& g, int64_t d) {
 
 int64_t clamp_len(int64_t v, int64_t hi) { return std::clamp<int64_t>(v, 0, hi); }
 
-TensorView f32_view(float* data, int64_t numel) {
+TensorView f32_view(float* data, int64_t numel, const DeviceTable& dev) {
   TensorView v;
   v.data = data;
   v.numel = numel;
   v.dtype = DType::kFloat32;
+  v.device = dev.device_type();
   v.shape = {numel};
   return v;
 }
 
-std::string expect_f32(const char* what, const TensorView& t, int64_t numel, const std::string& why) {
+std::string expect_f32(const char* what, const TensorView& t, int64_t numel, const std::string& why,
+                       const DeviceTable& dev) {
   const std::string pre = std::string("hierarchical_compressed_allreduce: ") + what;
   if (t.dtype != DType::kFloat32) return pre + " must be float32, got " + dtype_name(t.dtype);
-  if (t.device != Device::kCPU) return pre + " must be on the CPU";
+  if (t.device != dev.device_type())
+    return pre + (dev.device_type() == Device::kCPU ? " must be on the CPU" : " must be on the CUDA device");
   if (t.numel != numel)
     return pre + " has " + std::to_string(t.numel) + " elements, expected " + std::to_string(numel) +
            " (" + why + ")";
@@ -129,6 +132,35 @@ void node_allgather(Communicator& node, const Shape& s, float* x) {
   }
 }
 
+// Stages 1 and 5 on a device whose memory the host reaches only through copies: the float32 chunks
+// (the node stages' payload) cross to the host, the mean is the device's (chunk_mean: the sum of
+// node_mean, in the same order).
+void node_mean_device(Communicator& node, const Shape& s, DeviceTable& dev, float* x) {
+  const size_t bytes = sizeof(float) * static_cast<size_t>(s.dpad);
+  HostStaging send(dev, bytes), recv(dev, bytes);
+  dev.to_host(send.get(), x, sizeof(float) * s.d);
+  std::memset(send.get() + sizeof(float) * s.d, 0, bytes - sizeof(float) * s.d);  // the padding
+  dev.wait();
+  node.alltoall(send.get(), recv.get(), sizeof(float) * s.c1);
+  DeviceBuffer chunks(dev, bytes);
+  dev.to_device(chunks.get(), recv.get(), bytes);
+  dev.chunk_mean(reinterpret_cast<const float*>(chunks.get()), s.c1, s.m, chunk_real(s, s.l),
+                 x + s.l * s.c1);
+  dev.wait();  // before `recv` goes back
+}
+
+void node_allgather_device(Communicator& node, const Shape& s, DeviceTable& dev, float* x) {
+  const size_t own = sizeof(float) * static_cast<size_t>(s.c1);
+  const size_t real = sizeof(float) * static_cast<size_t>(chunk_real(s, s.l));
+  HostStaging mine(dev, own), all(dev, own * s.m);
+  dev.to_host(mine.get(), x + s.l * s.c1, real);
+  std::memset(mine.get() + real, 0, own - real);
+  dev.wait();
+  node.allgather(mine.get(), all.get(), own);
+  dev.to_device(x, all.get(), sizeof(float) * s.d);
+  dev.wait();
+}
+
 }  // namespace
 
 int64_t hierarchical_padded_numel(int64_t numel, int world_size) {
@@ -140,6 +172,11 @@ int64_t hierarchical_padded_numel(int64_t numel, int world_size) {
 }
 
 std::string hierarchical_check(const HierarchicalGroups& g, const HierarchicalCall& call) {
+  DeviceTable& dev = call.device ? *call.device : cpu_device(call.kernels);
+  const auto expect_f32 = [&dev](const char* what, const TensorView& t, int64_t numel,
+                                 const std::string& why) {
+    return hvdc::expect_f32(what, t, numel, why, dev);
+  };
   const Shape s = shape_of(g, call.buffer.numel);
   const std::string c1 = "padded numel " + std::to_string(s.dpad) + " / " + std::to_string(s.m) +
                          " ranks per node";
@@ -168,17 +205,23 @@ std::string hierarchical_check(const HierarchicalGroups& g, const HierarchicalCa
   } else if (call.has_moments) {
     return "hierarchical_compressed_allreduce: moments go with the +/-1 (Birder) payload only";
   }
-  const int64_t bad = first_nonfinite_f32(static_cast<const float*>(call.buffer.data), s.d);
-  if (bad >= 0)
-    return "hierarchical_compressed_allreduce: non-finite input: element " + std::to_string(bad) +
-           " is " + std::to_string(static_cast<const float*>(call.buffer.data)[bad]) +
-           "; state unchanged";
-  return "";
+  const auto* x = static_cast<const float*>(call.buffer.data);
+  const int64_t bad = dev.first_nonfinite_f32(x, s.d);
+  if (bad < 0) return "";
+  float host = 0.0f, value;
+  std::memcpy(&value, stage_out(dev, reinterpret_cast<uint8_t*>(&host),
+                                reinterpret_cast<const uint8_t*>(x + bad), sizeof(float)),
+              sizeof value);
+  dev.wait();
+  return "hierarchical_compressed_allreduce: non-finite input: element " + std::to_string(bad) +
+         " is " + std::to_string(value) + "; state unchanged";
 }
 
 void hierarchical_compressed_allreduce(const HierarchicalGroups& g, const HierarchicalCall& call) {
   const Shape s = shape_of(g, call.buffer.numel);
   if (s.d == 0) return;  // every rank agreed on d: nobody communicates
+  DeviceTable& dev = call.device ? *call.device : cpu_device(call.kernels);
+  const bool host = dev.host_memory();
   Communicator& cross = *g.cross;
   auto* x = static_cast<float*>(call.buffer.data);
   auto* werr = static_cast<float*>(call.worker_error.data);
@@ -188,7 +231,9 @@ void hierarchical_compressed_allreduce(const HierarchicalGroups& g, const Hierar
   // 1. Intra-node reduce-scatter, MEAN, float32 (spec 4.1, B6), into this rank's own chunk of x.
   float* a = x + s.l * s.c1;  // flat (m == 1): the rank's own buffer is its worker's vector
   if (s.m > 1) {
-    if (rounds_pair_up(s))
+    if (!host)
+      node_mean_device(*g.node, s, dev, x);
+    else if (rounds_pair_up(s))
       node_mean(*g.node, s, x);
     else
       node_mean_staged(*g.node, s, x);
@@ -197,10 +242,12 @@ void hierarchical_compressed_allreduce(const HierarchicalGroups& g, const Hierar
   if (call.payload == HierarchicalPayload::kScaled) {
     // 2-4. The 1-bit compressed allreduce of paper 003 over the nodes, on the real part of C_l.
     const int64_t server = onebit_padded_numel(real1, s.n) / s.n;
-    compressed_allreduce(cross, f32_view(a, real1), f32_view(werr, real1), f32_view(serr, server),
-                         call.kernels, call.pipeline);
+    compressed_allreduce(cross, f32_view(a, real1, dev), f32_view(werr, real1, dev),
+                         f32_view(serr, server, dev), call.kernels, call.pipeline, &dev);
     if (s.m > 1) {  // 5. intra-node allgather of the float32 chunks
-      if (rounds_pair_up(s))
+      if (!host)
+        node_allgather_device(*g.node, s, dev, x);
+      else if (rounds_pair_up(s))
         node_allgather(*g.node, s, x);
       else
         node_allgather_staged(*g.node, s, x);
@@ -210,7 +257,7 @@ void hierarchical_compressed_allreduce(const HierarchicalGroups& g, const Hierar
 
   // 2. Worker (spec 4.2 / Alg. 1 lines 8-9): y = a + e_w, or the ratio of the updated moments.
   const size_t piece = static_cast<size_t>(s.c2 / 8);
-  std::vector<uint8_t> wbits(static_cast<size_t>(s.c1 / 8));
+  const size_t wbytes = static_cast<size_t>(s.c1 / 8);
   BirderMoments mo;
   if (call.has_moments) {
     mo.m = static_cast<float*>(call.m.data);
@@ -226,36 +273,43 @@ void hierarchical_compressed_allreduce(const HierarchicalGroups& g, const Hierar
   uw.offset = static_cast<uint64_t>(s.l * s.c1);
   if (injected)
     uw.injected = static_cast<const float*>(call.worker_uniforms.data) + s.j * s.dpad + s.l * s.c1;
-  stochastic_quantize(a, werr, call.has_moments ? &mo : nullptr, real1, s.c1, uw, wbits.data(),
-                      call.kernels);
+  DeviceBuffer wbits(dev, wbytes);
+  dev.stochastic_quantize(a, werr, call.has_moments ? &mo : nullptr, real1, s.c1, uw, wbits.get());
+  HostStaging wbits_host(dev, host ? 0 : wbytes);
+  const uint8_t* wsend = stage_out(dev, wbits_host.get(), wbits.get(), wbytes);
+  dev.wait();
 
   // 3. Inter-node alltoall among the same-l ranks: piece j' of C_l goes to node j'.
-  std::vector<uint8_t> recv(piece * s.n);
-  cross.alltoall(wbits.data(), recv.data(), piece);
+  HostStaging recv_host(dev, piece * s.n);
+  cross.alltoall(wsend, recv_host.get(), piece);
+  DeviceBuffer recv_dev(dev, host ? 0 : piece * s.n);
+  const uint8_t* recv = stage_in(dev, recv_dev.get(), recv_host.get(), piece * s.n);
 
   // 4. Server (spec 4.4 / Alg. 1 lines 11-12) of S_{l,j}, then the inter-node allgather of u[C_l].
   const int64_t start = s.l * s.c1 + s.j * s.c2;
   const int64_t real2 = clamp_len(s.d - start, s.c2);
-  std::vector<const uint8_t*> bits(static_cast<size_t>(s.n));
-  for (int r = 0; r < s.n; ++r) bits[r] = recv.data() + piece * r;
-  std::vector<uint8_t> sbits(piece);
   UniformSource us;
   us.key = call.key;
   us.key.stream = kServerStream;
   us.offset = static_cast<uint64_t>(start);
   if (injected) us.injected = static_cast<const float*>(call.server_uniforms.data) + start;
-  stochastic_server_quantize(bits.data(), s.n, serr, real2, s.c2, us, sbits.data(), call.kernels);
-  std::vector<uint8_t> chunk(static_cast<size_t>(s.c1 / 8));
-  cross.allgather(sbits.data(), chunk.data(), piece);
+  DeviceBuffer sbits(dev, piece);
+  dev.stochastic_server_quantize(recv, piece, s.n, serr, real2, s.c2, us, sbits.get());
+  HostStaging sbits_host(dev, host ? 0 : piece);
+  const uint8_t* ssend = stage_out(dev, sbits_host.get(), sbits.get(), piece);
+  dev.wait();  // also the point after which recv_host (copied to the device above) may go
+  HostStaging chunk(dev, wbytes);
+  cross.allgather(ssend, chunk.get(), piece);
 
   // 5. Intra-node allgather of the chunks' bits; the first d decode into the buffer.
-  if (s.m > 1) {
-    std::vector<uint8_t> all(static_cast<size_t>(s.dpad / 8));
-    g.node->allgather(chunk.data(), all.data(), chunk.size());
-    sign_unpack(all.data(), x, s.d, call.kernels);
-  } else {
-    sign_unpack(chunk.data(), x, s.d, call.kernels);
-  }
+  const size_t all_bytes = static_cast<size_t>(s.dpad / 8);
+  HostStaging all(dev, s.m > 1 ? all_bytes : 0);
+  if (s.m > 1) g.node->allgather(chunk.get(), all.get(), wbytes);
+  const uint8_t* bits_host = s.m > 1 ? all.get() : chunk.get();
+  const size_t bits_bytes = s.m > 1 ? all_bytes : wbytes;
+  DeviceBuffer bits_dev(dev, host ? 0 : bits_bytes);
+  dev.sign_unpack(stage_in(dev, bits_dev.get(), bits_host, bits_bytes), x, s.d);
+  dev.wait();  // before the host buffers go and the caller reads x
 }
 
 HierarchicalOneBitPlan::HierarchicalOneBitPlan(Communicator& world, Communicator& node)

@@ -136,7 +136,11 @@ CommStats Runtime::allgather(const TensorView& t, const std::string& name,
   CallSignature sig =
       signature_of(kAllgather, row, static_cast<int>(std::max<size_t>(t.shape.size(), 1)), name);
   const size_t row_bytes = static_cast<size_t>(row.numel) * dtype_size(t.dtype);
-  return run(sig, name, [&] { allgather_rows(*world_, t.data, rows, row_bytes, out, rows_per_rank); });
+  DeviceTable& dev = device_or_reject(t, sig, "allgather");
+  const uint64_t host_before = dev.host_bytes();
+  return add_host_bytes(
+      run(sig, name, [&] { allgather_rows(*world_, t.data, rows, row_bytes, out, rows_per_rank, &dev); }), dev,
+      host_before);
 }
 
 CommStats Runtime::broadcast(const TensorView& t, int root, const std::string& name) {
@@ -318,14 +322,18 @@ CommStats Runtime::hierarchical_compressed_allreduce(const HierarchicalCall& cal
   sig.layout_hash = fnv1a(&constants, sizeof constants);
   const HierarchicalGroups groups =
       hierarchical ? hierarchical_onebit_plan_->groups() : HierarchicalGroups{nullptr, world_.get()};
-  std::string why = hierarchical ? hierarchical_onebit_plan_->invalid() : "";
-  if (why.empty()) why = hierarchical_check(groups, call);
-  if (!why.empty()) set_rejected(sig, why);
   HierarchicalCall with_kernels = call;
   with_kernels.kernels = kernels_;
   with_kernels.pipeline = onebit_pipeline_;
-  return run(sig, name.empty() ? "hierarchical_compressed_allreduce" : name,
-             [&] { hvdc::hierarchical_compressed_allreduce(groups, with_kernels); });
+  with_kernels.device = &device_or_reject(call.buffer, sig, "hierarchical_compressed_allreduce");
+  DeviceTable& dev = *with_kernels.device;
+  const uint64_t host_before = dev.host_bytes();
+  std::string why = hierarchical ? hierarchical_onebit_plan_->invalid() : "";
+  if (why.empty()) why = hierarchical_check(groups, with_kernels);
+  if (!why.empty()) set_rejected(sig, why);
+  return add_host_bytes(run(sig, name.empty() ? "hierarchical_compressed_allreduce" : name,
+                            [&] { hvdc::hierarchical_compressed_allreduce(groups, with_kernels); }),
+                        dev, host_before);
 }
 
 CommStats Runtime::sparse_allreduce(const TensorView& buffer, const TensorView& error, const TensorView& velocity,
@@ -341,14 +349,17 @@ CommStats Runtime::sparse_allreduce(const TensorView& buffer, const TensorView& 
   std::memcpy(&key[3], &spec.momentum, sizeof(double));
   sig.layout_hash = fnv1a(spec.segments.data(), spec.segments.size() * sizeof(int64_t), fnv1a(key, sizeof(key)));
   sig.ntensors = spec.segments.empty() ? 1 : static_cast<int64_t>(spec.segments.size());
-  const std::string why = sparse_check_input(buffer, error, velocity, spec);
+  DeviceTable& dev = device_or_reject(buffer, sig, "allreduce(compression=)");
+  const uint64_t host_before = dev.host_bytes();
+  const std::string why = sparse_check_input(buffer, error, velocity, spec, &dev);
   if (!why.empty()) set_rejected(sig, why);
   const CallName call = split_call_name(name);
   const std::string what = std::string("allreduce(compression=") + sparse_kind_name(spec.kind) +
                            (call.shown.empty() ? "" : ", name=" + call.shown) +
                            ") [kind, ratio, seed, momentum and step must match on every rank]" +
                            (call.details.empty() ? "" : "|" + call.details);
-  return run(sig, what, [&] { sparse_allreduce_prepared(*world_, buffer, error, velocity, spec); });
+  return add_host_bytes(run(sig, what, [&] { sparse_allreduce_prepared(*world_, buffer, error, velocity, spec, &dev); }),
+                        dev, host_before);
 }
 
 CommStats Runtime::block_quant_allreduce(const TensorView& buffer, const TensorView& error, int bits, ReduceOp op,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hvdc/cast.h"
+#include "hvdc/elementwise/sparse.h"
 #include "hvdc/errors.h"
 #include "hvdc/philox.h"
 
@@ -55,6 +56,15 @@ std::string describe_value(float v) {
   char out[32];  // short: the message travels in the signature's error field
   std::snprintf(out, sizeof(out), "%.6g", static_cast<double>(v));
   return out;
+}
+
+// Element i of device memory `data` (a dtype of sparse_load) as float32, read through the device's copies.
+float value_at(DeviceTable& dev, const void* data, DType dtype, int64_t i) {
+  const size_t esize = dtype_size(dtype);
+  alignas(8) uint8_t host[8] = {};
+  const uint8_t* at = stage_out(dev, host, static_cast<const uint8_t*>(data) + i * esize, esize);
+  dev.wait();
+  return sparse_load(at, dtype, 0);
 }
 
 bool sparse(SparseKind kind) { return kind == SparseKind::kTopK || kind == SparseKind::kRandomK; }
@@ -142,14 +152,11 @@ const char* sparse_kind_name(SparseKind kind) {
   return "unknown";
 }
 
-int64_t sparse_k(int64_t numel, double ratio) {
-  if (numel <= 0) return 0;
-  const double k = std::floor(ratio * static_cast<double>(numel) + 0.5);
-  return std::clamp<int64_t>(static_cast<int64_t>(std::min(k, 9.0e18)), 1, numel);
-}
-
 std::string sparse_check_input(const TensorView& buffer, const TensorView& error, const TensorView& velocity,
-                               const SparseSpec& spec) {
+                               const SparseSpec& spec, DeviceTable* device) {
+  DeviceTable& dev = device ? *device : cpu_device(KernelChoice::kAuto);
+  const Device here = dev.device_type();
+  const std::string on = here == Device::kCPU ? "on the CPU" : "on the CUDA device";
   const std::string what = std::string("allreduce(compression=") + sparse_kind_name(spec.kind) + "): ";
   const auto kind = static_cast<int32_t>(spec.kind);
   if (kind < 1 || kind > 4) return "allreduce: unknown compression kind " + std::to_string(kind);
@@ -157,13 +164,12 @@ std::string sparse_check_input(const TensorView& buffer, const TensorView& error
     return what + "compression applies to op=Average or Sum only (Adasum and the 1-bit algorithms "
                   "compress their own way), got op " + std::to_string(static_cast<int>(spec.op));
   if (buffer.dtype == DType::kUInt8) return what + "tensor dtype uint8 is not supported; use a float type";
-  if (buffer.device != Device::kCPU) return what + "tensors must be on the CPU";
+  if (buffer.device != here) return what + "tensors must be " + on;
   if (!sparse(spec.kind)) {
-    std::vector<float> x(static_cast<size_t>(buffer.numel));
-    to_float(buffer, x.data());
-    for (int64_t i = 0; i < buffer.numel; ++i)
-      if (!std::isfinite(x[i]))
-        return what + "non-finite input: element " + std::to_string(i) + " is " + describe_value(x[i]);
+    const int64_t i = dev.sparse_first_nonfinite(buffer.data, buffer.dtype, nullptr, nullptr, 0.0f, buffer.numel);
+    if (i >= 0)
+      return what + "non-finite input: element " + std::to_string(i) + " is " +
+             describe_value(value_at(dev, buffer.data, buffer.dtype, i));
     return "";
   }
   if (!(spec.ratio > 0.0 && spec.ratio <= 1.0)) {
@@ -173,8 +179,8 @@ std::string sparse_check_input(const TensorView& buffer, const TensorView& error
   }
   if (buffer.numel > static_cast<int64_t>(UINT32_MAX))
     return what + "at most 2^32 - 1 elements (indices are uint32); split the tensor";
-  if (error.dtype != DType::kFloat32 || error.device != Device::kCPU)
-    return what + "error buffer must be float32 on the CPU, got " + dtype_name(error.dtype);
+  if (error.dtype != DType::kFloat32 || error.device != here)
+    return what + "error buffer must be float32 " + on + ", got " + dtype_name(error.dtype);
  {
     int64_t total = 0;
     bool negative = false;
@@ -195,29 +201,25 @@ std::string sparse_check_input(const TensorView& buffer, const TensorView& error
     std::snprintf(m, sizeof(m), "%g", spec.momentum);
     if (spec.kind != SparseKind::kTopK) return what + "momentum correction applies to top-k only, got momentum " + m;
     if (!(spec.momentum > 0.0 && spec.momentum < 1.0)) return what + "momentum must be in [0, 1), got " + m;
-    if (velocity.dtype != DType::kFloat32 || velocity.device != Device::kCPU || velocity.data == nullptr)
-      return what + "momentum " + m + " needs a float32 velocity buffer on the CPU";
+    if (velocity.dtype != DType::kFloat32 || velocity.device != here || velocity.data == nullptr)
+      return what + "momentum " + m + " needs a float32 velocity buffer " + on;
     if (velocity.numel != buffer.numel)
       return what + "velocity buffer has " + std::to_string(velocity.numel) + " elements, expected " +
              std::to_string(buffer.numel) + " (the tensor's numel)";
   }
-  std::vector<float> x(static_cast<size_t>(buffer.numel));
-  to_float(buffer, x.data());
   const auto* e = static_cast<const float*>(error.data);
   const auto* u = dgc ? static_cast<const float*>(velocity.data) : nullptr;
   const auto mu = static_cast<float>(spec.momentum);
-  for (int64_t i = 0; i < buffer.numel; ++i) {
-    const float g = u ? mu * u[i] + x[i] : x[i];  // what enters the error (DGC: the new velocity)
-    const float c = g + e[i];
-    if (!std::isfinite(c))
-      return what + "non-finite input: element " + std::to_string(i) + " is " +
-             (!std::isfinite(x[i]) ? describe_value(x[i])
-              : u ? describe_value(x[i]) + " + momentum * velocity " + describe_value(u[i]) + " + accumulator " +
-                        describe_value(e[i])
-                  : describe_value(x[i]) + " + error " + describe_value(e[i])) +
-             "; state unchanged";
-  }
-  return "";
+  const int64_t i = dev.sparse_first_nonfinite(buffer.data, buffer.dtype, e, u, mu, buffer.numel);
+  if (i < 0) return "";
+  const float xi = value_at(dev, buffer.data, buffer.dtype, i);
+  const float ei = value_at(dev, e, DType::kFloat32, i);
+  return what + "non-finite input: element " + std::to_string(i) + " is " +
+         (!std::isfinite(xi) ? describe_value(xi)
+          : u ? describe_value(xi) + " + momentum * velocity " +
+                    describe_value(value_at(dev, u, DType::kFloat32, i)) + " + accumulator " + describe_value(ei)
+              : describe_value(xi) + " + error " + describe_value(ei)) +
+         "; state unchanged";
 }
 
 void topk_select(const float* c, int64_t numel, int64_t k, uint32_t* idx) {
@@ -251,12 +253,15 @@ void sparse_select(const float* c, int64_t numel, const SparseSpec& spec, std::v
   }
 }
 
-bool topk_sends_dense(int64_t numel, const SparseSpec& spec, int n) {
-  if (spec.kind != SparseKind::kTopK) return false;
+int64_t sparse_total_k(int64_t numel, const SparseSpec& spec) {
   const std::vector<int64_t> whole{numel};
   int64_t k = 0;
   for (int64_t m : spec.segments.empty() ? whole : spec.segments) k += sparse_k(m, spec.ratio);
-  return k * n >= numel;
+  return k;
+}
+
+bool topk_sends_dense(int64_t numel, const SparseSpec& spec, int n) {
+  return spec.kind == SparseKind::kTopK && sparse_total_k(numel, spec) * n >= numel;
 }
 
 void sparse_allreduce(Communicator& comm, const TensorView& buffer, const TensorView& error,
@@ -266,31 +271,47 @@ void sparse_allreduce(Communicator& comm, const TensorView& buffer, const Tensor
   sparse_allreduce_prepared(comm, buffer, error, velocity, spec);
 }
 
+namespace {
+
+// The kinds whose whole buffer is the payload (16-bit wire, a top-k that sends every element) on a
+// device: the buffers are copied to the host and back and reduced there by the CPU's path.
+void dense_through_host(Communicator& comm, DeviceTable& dev, const TensorView& buffer, const TensorView& error,
+                        const TensorView& velocity, const SparseSpec& spec) {
+  const bool ef = sparse(spec.kind), dgc = ef && spec.momentum != 0.0;
+  HostCopy b(dev, buffer.data, buffer.nbytes());
+  HostCopy e(dev, ef ? error.data : nullptr, ef ? error.nbytes() : 0);
+  HostCopy u(dev, dgc ? velocity.data : nullptr, dgc ? velocity.nbytes() : 0);
+  TensorView hb = buffer, he = error, hu = velocity;
+  hb.data = b.get();
+  he.data = e.get();
+  hu.data = u.get();
+  for (TensorView* t : {&hb, &he, &hu}) t->device = Device::kCPU;
+  sparse_allreduce_prepared(comm, hb, he, hu, spec, nullptr);
+  b.write_back();
+  e.write_back();
+  u.write_back();
+}
+
+}  // namespace
+
 void sparse_allreduce_prepared(Communicator& comm, const TensorView& buffer, const TensorView& error,
-                               const TensorView& velocity, const SparseSpec& spec) {
+                               const TensorView& velocity, const SparseSpec& spec, DeviceTable* device) {
   const int64_t numel = buffer.numel;
   if (numel == 0) return;
+  DeviceTable& dev = device ? *device : cpu_device(KernelChoice::kAuto);
+  const int n = comm.size();
+  if (!dev.host_memory() && (!sparse(spec.kind) || topk_sends_dense(numel, spec, n)))
+    return dense_through_host(comm, dev, buffer, error, velocity, spec);
   if (!sparse(spec.kind))
     return half_wire_allreduce(comm, buffer, spec.kind == SparseKind::kFloat16 ? DType::kFloat16 : DType::kBFloat16,
                                spec.op);
-  const int n = comm.size();
   // c = x + e, the compensated value; it becomes the new error once the sent elements are cut out.
   // DGC (momentum > 0, top-k): u = mu * u + x, then c = e + u, in the same pass.
   auto* e = static_cast<float*>(error.data);
-  std::vector<float> x(static_cast<size_t>(numel));
-  to_float(buffer, x.data());
   float* u = spec.momentum != 0.0 ? static_cast<float*>(velocity.data) : nullptr;
-  if (u) {
-    const auto mu = static_cast<float>(spec.momentum);
-    for (int64_t i = 0; i < numel; ++i) {
-      u[i] = mu * u[i] + x[i];
-      e[i] += u[i];
-    }
-  } else {
-    for (int64_t i = 0; i < numel; ++i) e[i] += x[i];
-  }
+  dev.sparse_compensate(buffer.data, buffer.dtype, e, u, static_cast<float>(spec.momentum), numel);
   const float* c = e;
-  if (topk_sends_dense(numel, spec, n)) {
+  if (topk_sends_dense(numel, spec, n)) {  // on host memory (above)
     std::vector<float> out(c, c + numel);
     chunked_allreduce(comm, out.data(), numel, DType::kFloat32, spec.op);
     std::fill(e, e + numel, 0.0f);  // every element was sent
@@ -298,29 +319,49 @@ void sparse_allreduce_prepared(Communicator& comm, const TensorView& buffer, con
     from_float(out.data(), buffer);
     return;
   }
-  std::vector<uint32_t> idx;
-  sparse_select(c, numel, spec, idx);  // the same count on every rank: numel and segments agreed
-  const auto k = static_cast<int64_t>(idx.size());
-  std::vector<float> out(static_cast<size_t>(numel), 0.0f);
-  if (spec.kind == SparseKind::kTopK) {
-    std::vector<Pair> send(static_cast<size_t>(k)), all(static_cast<size_t>(k) * n);
-    for (int64_t j = 0; j < k; ++j) send[j] = Pair{idx[j], c[idx[j]]};
-    comm.allgather(send.data(), all.data(), static_cast<size_t>(k) * sizeof(Pair));
-    for (const Pair& p : all) out[p.index] += p.value;  // rank order, then index order
+  // The same count on every rank: numel and segments agreed.
+  const int64_t k = sparse_total_k(numel, spec);
+  const bool host = dev.host_memory();
+  const size_t kb = static_cast<size_t>(k) * 4;
+  DeviceBuffer idx(dev, kb), vals(dev, kb), out(dev, static_cast<size_t>(numel) * 4);
+  auto* idx_d = reinterpret_cast<uint32_t*>(idx.get());
+  auto* vals_d = reinterpret_cast<float*>(vals.get());
+  auto* out_d = reinterpret_cast<float*>(out.get());
+  dev.sparse_select(c, numel, spec, idx_d, vals_d);
+  // Only the payload crosses to the host: this rank's k values (and, for top-k, their indices).
+  const bool topk = spec.kind == SparseKind::kTopK;
+  HostStaging idx_h(dev, host || !topk ? 0 : kb), vals_h(dev, host ? 0 : kb);
+  const uint8_t* hi = topk ? stage_out(dev, idx_h.get(), idx.get(), kb) : nullptr;
+  const uint8_t* hv = stage_out(dev, vals_h.get(), vals.get(), kb);
+  dev.wait();
+  if (topk) {
+    const size_t all_bytes = sizeof(Pair) * static_cast<size_t>(k) * n;
+    std::vector<Pair> send(static_cast<size_t>(k));
+    for (int64_t j = 0; j < k; ++j) {
+      std::memcpy(&send[j].index, hi + 4 * j, 4);
+      std::memcpy(&send[j].value, hv + 4 * j, 4);
+    }
+    HostStaging all(dev, all_bytes);
+    comm.allgather(send.data(), all.get(), static_cast<size_t>(k) * sizeof(Pair));
+    DeviceBuffer all_d(dev, host ? 0 : all_bytes);
+    dev.sparse_sum_pairs(stage_in(dev, all_d.get(), all.get(), all_bytes), n, k, out_d, numel);
+    dev.wait();  // before `all` goes back
   } else {
-    std::vector<float> vals(static_cast<size_t>(k));
-    for (int64_t j = 0; j < k; ++j) vals[j] = c[idx[j]];
-    comm.allreduce_sum(vals.data(), k, DType::kFloat32);
-    for (int64_t j = 0; j < k; ++j) out[idx[j]] = vals[j];
+    HostStaging sum(dev, kb);
+    std::memcpy(sum.get(), hv, kb);
+    comm.allreduce_sum(sum.get(), k, DType::kFloat32);
+    DeviceBuffer sum_d(dev, host ? 0 : kb);
+    dev.sparse_place(idx_d, reinterpret_cast<const float*>(stage_in(dev, sum_d.get(), sum.get(), kb)), k, out_d,
+                     numel);
+    dev.wait();  // before `sum` goes back
   }
-  if (spec.op == ReduceOp::kAverage && n > 1)
-    for (float& v : out) v /= static_cast<float>(n);  // zeros stay zeros
-  // What this rank sent leaves the error: e = c - sent, exactly 0 at the sent elements; DGC's momentum
-  // factor masking zeroes the velocity at the same (this rank's selected) elements.
-  for (int64_t j = 0; j < k; ++j) e[idx[j]] = 0.0f;
-  if (u && spec.momentum_masking)
-    for (int64_t j = 0; j < k; ++j) u[idx[j]] = 0.0f;
-  from_float(out.data(), buffer);
+  // Average: the sum divided by n (zeros stay zeros). What this rank sent leaves the error: e = c - sent,
+  // exactly 0 at the sent elements; DGC's momentum factor masking zeroes the velocity at the same (this rank's
+  // selected) elements.
+  const float divisor = spec.op == ReduceOp::kAverage && n > 1 ? static_cast<float>(n) : 1.0f;
+  dev.sparse_finish(out_d, divisor, buffer.data, buffer.dtype, numel, idx_d, k, e,
+                    u && spec.momentum_masking ? u : nullptr);
+  dev.wait();  // the caller reads the buffers next
 }
 
 }  // namespace hvdc

@@ -3,6 +3,9 @@
 #include <cstring>
 #include <memory>
 
+#include "hvdc/sparse_allreduce.h"
+#include "hvdc/stochastic_kernels.h"
+
 namespace hvdc {
 
 StagedDevice::StagedDevice(KernelChoice kernels)
@@ -161,6 +164,78 @@ int64_t StagedDevice::onebit_first_nonfinite(const void* x, DType dtype, const f
   enqueue([=] { *found = cpu_.onebit_first_nonfinite(x, dtype, error, n); });
   drain();
   return *found;
+}
+
+void StagedDevice::stochastic_quantize(const float* x, float* error, const BirderMoments* moments,
+                                       int64_t n_real, int64_t n_padded, const UniformSource& u,
+                                       uint8_t* bits) {
+  // The moments' constants and pointers as they are at the call, as a launch takes its arguments.
+  const bool has_moments = moments != nullptr;
+  const BirderMoments mo = has_moments ? *moments : BirderMoments{};
+  enqueue([=] {
+    cpu_.stochastic_quantize(x, error, has_moments ? &mo : nullptr, n_real, n_padded, u, bits);
+  });
+}
+
+void StagedDevice::stochastic_server_quantize(const uint8_t* bits, size_t stride, int nranks,
+                                              float* error, int64_t n_real, int64_t n_padded,
+                                              const UniformSource& u, uint8_t* out_bits) {
+  enqueue([=] {
+    cpu_.stochastic_server_quantize(bits, stride, nranks, error, n_real, n_padded, u, out_bits);
+  });
+}
+
+void StagedDevice::sign_unpack(const uint8_t* bits, float* out, int64_t n) {
+  enqueue([=] { cpu_.sign_unpack(bits, out, n); });
+}
+
+void StagedDevice::chunk_mean(const float* chunks, int64_t stride, int nranks, int64_t n,
+                              float* out) {
+  enqueue([=] { cpu_.chunk_mean(chunks, stride, nranks, n, out); });
+}
+
+int64_t StagedDevice::first_nonfinite_f32(const float* x, int64_t n) {
+  auto found = std::make_shared<int64_t>(-1);
+  enqueue([=] { *found = cpu_.first_nonfinite_f32(x, n); });
+  drain();
+  return *found;
+}
+
+void StagedDevice::sparse_compensate(const void* x, DType dtype, float* error, float* velocity,
+                                     float momentum, int64_t n) {
+  enqueue([=] { cpu_.sparse_compensate(x, dtype, error, velocity, momentum, n); });
+}
+
+int64_t StagedDevice::sparse_first_nonfinite(const void* x, DType dtype, const float* error,
+                                             const float* velocity, float momentum, int64_t n) {
+  auto found = std::make_shared<int64_t>(-1);
+  enqueue([=] { *found = cpu_.sparse_first_nonfinite(x, dtype, error, velocity, momentum, n); });
+  drain();
+  return *found;
+}
+
+void StagedDevice::sparse_select(const float* c, int64_t numel, const SparseSpec& spec,
+                                 uint32_t* idx, float* vals) {
+  const SparseSpec copy = spec;
+  enqueue([=] { cpu_.sparse_select(c, numel, copy, idx, vals); });
+}
+
+void StagedDevice::sparse_sum_pairs(const uint8_t* pairs, int nranks, int64_t k, float* out,
+                                    int64_t numel) {
+  enqueue([=] { cpu_.sparse_sum_pairs(pairs, nranks, k, out, numel); });
+}
+
+void StagedDevice::sparse_place(const uint32_t* idx, const float* vals, int64_t k, float* out,
+                                int64_t numel) {
+  enqueue([=] { cpu_.sparse_place(idx, vals, k, out, numel); });
+}
+
+void StagedDevice::sparse_finish(const float* out, float divisor, void* buffer, DType dtype,
+                                 int64_t numel, const uint32_t* idx, int64_t k, float* error,
+                                 float* velocity) {
+  enqueue([=] {
+    cpu_.sparse_finish(out, divisor, buffer, dtype, numel, idx, k, error, velocity);
+  });
 }
 
 void StagedDevice::adasum_dot_norms(const void* left, const void* right, DType dtype, int64_t n,

@@ -7,6 +7,11 @@
 // in), in host buffers allocated by the first call and reused by the others. And the staged device catches the mistakes it is there for: one dropped copy to the host,
 // copy to the device or wait on rank 0 changes some byte of the outcome (or makes a rank throw).
 // A non-finite input on the staged device is rejected with the CPU's message, state unchanged.
+// The hierarchical 1-bit allreduce (Birder's +/-1 payload with and without moments, the scaled
+// payload; flat, and at n = 4 in nodes of 2), allgather_rows and the sparse allreduce (top-k with
+// and without DGC momentum over segments, random-k, a top-k that sends dense, the fp16 wire) at
+// n = 2, 3, 4: staged gives the CPU's bytes over two calls (state carried), the direct calls' host
+// bytes are exactly their payload, and a dropped copy or wait on rank 0 changes the outcome.
 // Flat Adasum (cpp/src/adasum.cc) at n = 2..5 (folds at 3 and 5), two tensors in the fused buffer:
 // staged gives the CPU's bytes, and a dropped copy on rank 0 changes them.
 // SLAMB's masked allreduce (cyclic and Bernoulli masks drawn by the table, float32/float16/float64)
@@ -18,6 +23,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <memory>
@@ -27,13 +34,16 @@
 
 #include "check.h"
 #include "hvdc/adasum.h"
+#include "hvdc/allgather.h"
 #include "hvdc/block_quant_allreduce.h"
 #include "hvdc/compressed_allreduce.h"
 #include "hvdc/device.h"
 #include "hvdc/elementwise/block_quant.h"
 #include "hvdc/errors.h"
+#include "hvdc/hierarchical_allreduce.h"
 #include "hvdc/masked_allreduce.h"
 #include "hvdc/masks.h"
+#include "hvdc/sparse_allreduce.h"
 #include "hvdc/staged_device.h"
 #include "thread_communicator.h"
 
@@ -202,6 +212,223 @@ void nonfinite_rejected(Failures& f) {
   f.check(!why[0].empty() && why[0] == why[1],
           str("non-finite input: CPU says '", why[0], "', staged says '", why[1], "'"));
   f.check(std::memcmp(werr.data(), werr0.data(), 4 * numel) == 0, "non-finite input: worker error changed");
+}
+
+// ---- the hierarchical 1-bit allreduce, allgather and the sparse allreduce ----------------------
+
+// Buffers that outlive a call (a dropped wait leaves kernels queued on them); a deque keeps them put.
+using Keep = std::deque<std::vector<uint8_t>>;
+// One rank's part of a case: what its calls leave (the bytes as each call returns), on `dev`
+// (null: the CPU's table).
+using Body = std::function<std::vector<uint8_t>(Communicator&, DeviceTable*, Keep&)>;
+
+struct CaseRun {
+  std::vector<std::vector<uint8_t>> out;  // per rank; a throw as its message's bytes
+  uint64_t host_bytes = 0;                // rank 0's
+  bool struck = false;
+};
+
+CaseRun run_case(int n, const Body& body, bool staged, StagedFault fault = StagedFault::kNone,
+                 int index = 0) {
+  CaseRun got;
+  got.out.resize(static_cast<size_t>(n));
+  ThreadWorld world(n, kHangS);
+  const std::vector<std::string> failed = world.run([&](Communicator& comm) {
+    const int r = comm.rank();
+    std::unique_ptr<StagedDevice> dev(staged ? new StagedDevice() : nullptr);
+    if (dev && r == 0) dev->set_fault(fault, index);
+    Keep keep;
+    try {
+      got.out[r] = body(comm, dev.get(), keep);
+    } catch (const std::exception& e) {
+      const std::string why = str("threw: ", e.what());
+      got.out[r].assign(why.begin(), why.end());
+      world.abort(why);  // the peers stop waiting for this rank
+    }
+    if (dev) {
+      if (r == 0) {
+        got.host_bytes = dev->host_bytes();
+        got.struck = dev->faults_struck() > 0;
+      }
+      dev->set_fault(StagedFault::kNone);
+      dev->wait();  // nothing of a dropped wait may outlive `keep`
+    }
+  });
+  for (int r = 0; r < n; ++r)
+    if (!failed[r].empty()) got.out[r].assign(failed[r].begin(), failed[r].end());
+  return got;
+}
+
+void append(std::vector<uint8_t>& out, const void* p, size_t bytes) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  out.insert(out.end(), b, b + bytes);
+}
+
+std::vector<uint8_t>& zeros(Keep& keep, int64_t floats) {
+  keep.emplace_back(static_cast<size_t>(floats) * 4, 0);
+  return keep.back();
+}
+
+// Two calls of the hierarchical collective; m_loc ranks per node (1: flat).
+Body hierarchical_body(HierarchicalPayload payload, bool moments, int m_loc, int64_t numel) {
+  return [=](Communicator& comm, DeviceTable* dev, Keep& keep) {
+    const int r = comm.rank();
+    std::unique_ptr<Communicator> node;
+    std::unique_ptr<HierarchicalOneBitPlan> plan;
+    HierarchicalGroups groups{nullptr, &comm};
+    if (m_loc > 1) {
+      node = comm.split(r / m_loc, r);
+      plan.reset(new HierarchicalOneBitPlan(comm, *node));
+      groups = plan->groups();
+    }
+    const int64_t dpad = hierarchical_padded_numel(numel, comm.size());
+    const int64_t c1 = dpad / m_loc, c2 = dpad / comm.size();
+    std::vector<uint8_t>&werr = zeros(keep, c1), &serr = zeros(keep, c2), &m = zeros(keep, c1),
+                         &b = zeros(keep, c1);
+    std::vector<uint8_t> out;
+    for (int c = 0; c < 2; ++c) {
+      keep.push_back(input(r, c, numel, DType::kFloat32));
+      std::vector<uint8_t>& x = keep.back();
+      HierarchicalCall hc;
+      hc.buffer = view_of(x.data(), numel, DType::kFloat32);
+      hc.worker_error = view_of(werr.data(), c1, DType::kFloat32);
+      hc.server_error = view_of(serr.data(), c2, DType::kFloat32);
+      hc.payload = payload;
+      hc.key.seed = 11;
+      hc.key.step = static_cast<uint32_t>(c);
+      hc.device = dev;
+      if (moments) {
+        hc.has_moments = true;
+        hc.m = view_of(m.data(), c1, DType::kFloat32);
+        hc.b = view_of(b.data(), c1, DType::kFloat32);
+      }
+      const std::string why = hierarchical_check(groups, hc);
+      if (!why.empty()) throw UsageError(why);
+      hierarchical_compressed_allreduce(groups, hc);
+      for (const std::vector<uint8_t>* v : {&x, &werr, &serr, &m, &b}) append(out, v->data(), v->size());
+    }
+    return out;
+  };
+}
+
+// Rank r's r + 1 rows of 12 bytes.
+Body allgather_body() {
+  return [](Communicator& comm, DeviceTable* dev, Keep& keep) {
+    const int r = comm.rank();
+    keep.push_back(input(r, 0, 3 * (r + 1), DType::kFloat32));
+    std::vector<unsigned char> out;
+    std::vector<int64_t> rows;
+    allgather_rows(comm, keep.back().data(), r + 1, 12, out, rows, dev);
+    std::vector<uint8_t> got(out.begin(), out.end());
+    append(got, rows.data(), rows.size() * sizeof(int64_t));
+    return got;
+  };
+}
+
+// Two calls of the sparse allreduce of `spec` (its step: the call) on `dtype` buffers.
+Body sparse_body(SparseSpec spec, DType dtype, int64_t numel) {
+  return [=](Communicator& comm, DeviceTable* dev, Keep& keep) mutable {
+    const int r = comm.rank();
+    std::vector<uint8_t>& u = zeros(keep, numel);
+    keep.push_back(input(r, 9, numel, DType::kFloat32));  // an error carried from an earlier call
+    std::vector<uint8_t>& e = keep.back();
+    const bool dgc = spec.momentum != 0.0;
+    std::vector<uint8_t> out;
+    for (int c = 0; c < 2; ++c) {
+      keep.push_back(input(r, c, numel, dtype));
+      std::vector<uint8_t>& x = keep.back();
+      spec.step = static_cast<uint32_t>(c);
+      const TensorView xv = view_of(x.data(), numel, dtype), ev = view_of(e.data(), numel, DType::kFloat32),
+                       uv = dgc ? view_of(u.data(), numel, DType::kFloat32) : TensorView{};
+      const std::string why = sparse_check_input(xv, ev, uv, spec, dev);
+      if (!why.empty()) throw UsageError(why);
+      sparse_allreduce_prepared(comm, xv, ev, uv, spec, dev);
+      for (const std::vector<uint8_t>* v : {&x, &e, &u}) append(out, v->data(), v->size());
+    }
+    return out;
+  };
+}
+
+SparseSpec sparse_spec(SparseKind kind, double ratio, double momentum = 0.0,
+                       std::vector<int64_t> segments = {}) {
+  SparseSpec spec;
+  spec.kind = kind;
+  spec.ratio = ratio;
+  spec.seed = 3;
+  spec.momentum = momentum;
+  spec.segments = std::move(segments);
+  return spec;
+}
+
+struct TableCase {
+  std::string name;
+  Body body;
+  uint64_t want_host;  // rank 0's host bytes over the case's calls (0: only more than none)
+  std::vector<std::pair<StagedFault, int>> drops;
+};
+
+std::vector<TableCase> table_cases(int n) {
+  constexpr int64_t kNumel = 203;
+  const int64_t dpad = hierarchical_padded_numel(kNumel, n);
+  const uint64_t piece = static_cast<uint64_t>(dpad / (8 * n));
+  const int64_t k = sparse_k(kNumel, 0.1);
+  const std::vector<std::pair<StagedFault, int>> all = {
+      {StagedFault::kSkipToHost, 0}, {StagedFault::kSkipToDevice, 0}, {StagedFault::kSkipWait, 0}};
+  std::vector<TableCase> cases = {
+      // Per call: the worker bits out, n pieces in, the server piece out, the chunk's bits in.
+      {"Birder", hierarchical_body(HierarchicalPayload::kSign, true, 1, kNumel), 2 * (3 * n + 1) * piece, all},
+      {"SignSGD", hierarchical_body(HierarchicalPayload::kSign, false, 1, kNumel), 2 * (3 * n + 1) * piece, all},
+      {"scaled 1-bit", hierarchical_body(HierarchicalPayload::kScaled, false, 1, kNumel), 0, all},
+      {"allgather", allgather_body(), 12, {{StagedFault::kSkipToHost, 0}, {StagedFault::kSkipWait, 0}}},
+      // Per call: k pairs out, n k pairs in.
+      {"top-k", sparse_body(sparse_spec(SparseKind::kTopK, 0.1), DType::kFloat32, kNumel),
+       static_cast<uint64_t>(2 * (8 * k + 8 * k * n)), all},
+      {"top-k DGC segments fp16",
+       sparse_body(sparse_spec(SparseKind::kTopK, 0.1, 0.9, {100, 3, 100}), DType::kFloat16, kNumel), 0, all},
+      // Per call: k values out, their sum in.
+      {"random-k", sparse_body(sparse_spec(SparseKind::kRandomK, 0.1), DType::kBFloat16, kNumel),
+       static_cast<uint64_t>(2 * 8 * k), all},
+      // The buffer, then the error copied out, each waited for: the second wait is the one the host's reads need.
+      {"top-k dense", sparse_body(sparse_spec(SparseKind::kTopK, 0.6), DType::kFloat32, kNumel), 0,
+       {{StagedFault::kSkipToHost, 0}, {StagedFault::kSkipToDevice, 0}, {StagedFault::kSkipWait, 1}}},
+      {"fp16 wire", sparse_body(sparse_spec(SparseKind::kFloat16, 1.0), DType::kFloat32, kNumel), 0, all},
+  };
+  if (n == 4)
+    for (HierarchicalPayload p : {HierarchicalPayload::kSign, HierarchicalPayload::kScaled})
+      cases.push_back({p == HierarchicalPayload::kSign ? "Birder nodes of 2" : "scaled 1-bit nodes of 2",
+                       hierarchical_body(p, p == HierarchicalPayload::kSign, 2, kNumel), 0, all});
+  return cases;
+}
+
+void table_cases_staged_equal_cpu(Failures& f, int n) {
+  for (const TableCase& c : table_cases(n)) {
+    const std::string what = str(c.name, " n=", n);
+    f.ran();
+    const CaseRun cpu = run_case(n, c.body, false);
+    const CaseRun staged = run_case(n, c.body, true);
+    for (int r = 0; r < n; ++r) {
+      const std::string text(cpu.out[r].begin(), cpu.out[r].end());
+      f.check(text.rfind("threw: ", 0) != 0, str(what, ": rank ", r, " ", text.substr(0, 200)));
+      f.check(staged.out[r] == cpu.out[r], str(what, ": rank ", r, ": staged differs from the CPU run"));
+    }
+    if (c.want_host)
+      f.check(staged.host_bytes == c.want_host,
+              str(what, ": rank 0 copied ", staged.host_bytes, " host bytes, want ", c.want_host));
+    else
+      f.check(staged.host_bytes > 0, str(what, ": rank 0 copied no host bytes: not through the table"));
+    for (const auto& d : c.drops) {
+      f.ran();
+      const CaseRun dropped = run_case(n, c.body, true, d.first, d.second);
+      bool differs = false;
+      for (int r = 0; r < n; ++r) differs = differs || dropped.out[r] != cpu.out[r];
+      const char* kind = d.first == StagedFault::kSkipToHost     ? "to_host"
+                         : d.first == StagedFault::kSkipToDevice ? "to_device"
+                                                                  : "wait";
+      f.check(dropped.struck, str(what, ": dropping ", kind, " #", d.second, " never happened"));
+      f.check(differs, str(what, ": dropping ", kind, " #", d.second,
+                           " on rank 0 left every rank's outcome equal to the CPU run's"));
+    }
+  }
 }
 
 // Every rank's fused buffer after flat Adasum; `staged`: on a staged device of its own per rank,
@@ -476,6 +703,7 @@ int main() {
       for (int64_t numel : {int64_t{1}, int64_t{8 * n}, int64_t{1000}})
         hvdc::staged_equals_cpu(f, n, numel, dtype);
     hvdc::a_dropped_copy_or_wait_shows(f, n);
+    hvdc::table_cases_staged_equal_cpu(f, n);
   }
   for (int n = 2; n <= 5; ++n) hvdc::adasum_staged_equals_cpu(f, n);
   hvdc::nonfinite_rejected(f);

@@ -35,6 +35,10 @@
 
 namespace hvdc {
 
+struct BirderMoments;  // hvdc/stochastic_kernels.h
+struct UniformSource;
+struct SparseSpec;  // hvdc/sparse_allreduce.h
+
 class DeviceTable {
  public:
   virtual ~DeviceTable() = default;
@@ -90,6 +94,49 @@ class DeviceTable {
   // onebit_first_nonfinite, its answer on the host (waits for the stream).
   virtual int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error,
                                          int64_t n) = 0;
+
+  // ---- kernels of the hierarchical 1-bit allreduce (hvdc/stochastic_kernels.h) ------------------
+  // stochastic_quantize; `moments` (if not null) is read at the call, its m and b and u.injected
+  // are device memory.
+  virtual void stochastic_quantize(const float* x, float* error, const BirderMoments* moments,
+                                   int64_t n_real, int64_t n_padded, const UniformSource& u,
+                                   uint8_t* bits) = 0;
+  // stochastic_server_quantize over `nranks` bit strings `stride` bytes apart (rank order).
+  virtual void stochastic_server_quantize(const uint8_t* bits, size_t stride, int nranks,
+                                          float* error, int64_t n_real, int64_t n_padded,
+                                          const UniformSource& u, uint8_t* out_bits) = 0;
+  virtual void sign_unpack(const uint8_t* bits, float* out, int64_t n) = 0;
+  // Stage 1's node mean: out[i] = float32 sum over r of chunks[r * stride + i] in rank order,
+  // divided once by nranks, for i < n.
+  virtual void chunk_mean(const float* chunks, int64_t stride, int nranks, int64_t n,
+                          float* out) = 0;
+  // first_nonfinite_f32, its answer on the host (waits for the stream).
+  virtual int64_t first_nonfinite_f32(const float* x, int64_t n) = 0;
+
+  // ---- kernels of the sparse allreduce (hvdc/sparse_allreduce.h, hvdc/elementwise/sparse.h) ---
+  // error = c, the compensated value of every element (sparse_compensate; velocity null: no
+  // momentum correction, else updated in place).
+  virtual void sparse_compensate(const void* x, DType dtype, float* error, float* velocity,
+                                 float momentum, int64_t n) = 0;
+  // The first element whose compensated value (as sparse_compensate would make it; error and
+  // velocity may be null) is not finite, or -1; its answer on the host (waits for the stream).
+  virtual int64_t sparse_first_nonfinite(const void* x, DType dtype, const float* error,
+                                         const float* velocity, float momentum, int64_t n) = 0;
+  // sparse_select of c into idx (sparse_total_k(numel, spec) of them) and vals[j] = c[idx[j]].
+  virtual void sparse_select(const float* c, int64_t numel, const SparseSpec& spec, uint32_t* idx,
+                             float* vals) = 0;
+  // out = 0, then every one of `nranks` * k top-k pairs (8 bytes: uint32 index, float32 value)
+  // added in, rank after rank.
+  virtual void sparse_sum_pairs(const uint8_t* pairs, int nranks, int64_t k, float* out,
+                                int64_t numel) = 0;
+  // out = 0, then out[idx[j]] = vals[j].
+  virtual void sparse_place(const uint32_t* idx, const float* vals, int64_t k, float* out,
+                            int64_t numel) = 0;
+  // buffer = dtype(out / divisor) (no division where divisor is 1); error and, if not null,
+  // velocity = 0 at the k sent elements idx.
+  virtual void sparse_finish(const float* out, float divisor, void* buffer, DType dtype,
+                             int64_t numel, const uint32_t* idx, int64_t k, float* error,
+                             float* velocity) = 0;
 
   // ---- kernels of Adasum (hvdc/adasum_kernels.h) -----------------------------------------------
   // dots[0..2] (device memory) = <left, right>, |left|^2, |right|^2 (the CUDA table sums in the

@@ -75,6 +75,9 @@ struct HierarchicalCall {
   KernelChoice kernels = KernelChoice::kAuto;  // the runtime's setting (hvdc/kernel_isa.h)
   // kScaled only: how the inter-node 1-bit stage pipelines (the runtime's HVDC_ONEBIT_PIPELINE).
   OneBitPipeline pipeline;
+  // The tensors' device (hvdc/device.h); null: cpu_device(kernels). Only the payload (bits, and
+  // the float32 chunks of the node stages) crosses to the host.
+  DeviceTable* device = nullptr;
 };
 
 // Why this rank cannot run `call` on `groups` ("" if it can): dtypes (float32), devices, the sizes

@@ -37,11 +37,14 @@
 // Selected indices are kept in ascending order (memory order for the gather and scatter). With
 // segments (a fused buffer of several tensors), each tensor selects its own k of its own elements.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "hvdc/communicator.h"
+#include "hvdc/device.h"
 #include "hvdc/elementwise/select.h"
 #include "hvdc/reduce_op.h"
 #include "hvdc/tensor.h"
@@ -70,14 +73,19 @@ struct SparseSpec {
 
 // Elements sent of `numel` at `ratio`: floor(ratio * numel + 0.5), at least 1 (0 for an empty buffer),
 // at most numel. The same double arithmetic as the reference, so both agree on every rank.
-int64_t sparse_k(int64_t numel, double ratio);
+// Inline: the CUDA table (hvd_compress._cuda, which links no core source) counts with it too.
+inline int64_t sparse_k(int64_t numel, double ratio) {
+  if (numel <= 0) return 0;
+  const double k = std::floor(ratio * static_cast<double>(numel) + 0.5);
+  return std::clamp<int64_t>(static_cast<int64_t>(std::min(k, 9.0e18)), 1, numel);
+}
 
 // Why this rank cannot run the call ("" if it can): op, kind, ratio, buffer dtype and device, the
 // error buffer (float32, numel elements, for top-k/random-k), the momentum and its velocity buffer
 // (float32, numel elements, when momentum > 0; ignored otherwise), and non-finite inputs (x, or the
 // c = x + e, or c = e + mu * u + x, the call would send from), naming the first bad element. Reads only.
 std::string sparse_check_input(const TensorView& buffer, const TensorView& error, const TensorView& velocity,
-                               const SparseSpec& spec);
+                               const SparseSpec& spec, DeviceTable* device = nullptr);
 
 // Whether a top-k call sends its whole buffer (n * k >= numel, k summed over the segments; see above).
 bool topk_sends_dense(int64_t numel, const SparseSpec& spec, int n);
@@ -98,7 +106,12 @@ void sparse_allreduce(Communicator& comm, const TensorView& buffer, const Tensor
                       const TensorView& velocity, const SparseSpec& spec);
 // The same for input that sparse_check_input already accepted on this rank (the runtime checks once,
 // before the ranks agree, so that a rejected call leaves every buffer unchanged).
+// `device`: the tensors' device (null: the CPU's); top-k and random-k compute on it, only the pairs
+// (or values) cross to the host; the 16-bit kinds and a top-k that sends dense copy the buffers.
 void sparse_allreduce_prepared(Communicator& comm, const TensorView& buffer, const TensorView& error,
-                               const TensorView& velocity, const SparseSpec& spec);
+                               const TensorView& velocity, const SparseSpec& spec,
+                               DeviceTable* device = nullptr);
+// How many elements top-k/random-k sends of a buffer of `numel`: the sum of its segments' sparse_k.
+int64_t sparse_total_k(int64_t numel, const SparseSpec& spec);
 
 }  // namespace hvdc

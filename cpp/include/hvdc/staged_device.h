@@ -63,6 +63,27 @@ class StagedDevice final : public DeviceTable {
                                         const uint8_t* worker_block,
                                         const uint8_t* result_block) override;
   int64_t onebit_first_nonfinite(const void* x, DType dtype, const float* error, int64_t n) override;
+  void stochastic_quantize(const float* x, float* error, const BirderMoments* moments,
+                           int64_t n_real, int64_t n_padded, const UniformSource& u,
+                           uint8_t* bits) override;
+  void stochastic_server_quantize(const uint8_t* bits, size_t stride, int nranks, float* error,
+                                  int64_t n_real, int64_t n_padded, const UniformSource& u,
+                                  uint8_t* out_bits) override;
+  void sign_unpack(const uint8_t* bits, float* out, int64_t n) override;
+  void chunk_mean(const float* chunks, int64_t stride, int nranks, int64_t n, float* out) override;
+  int64_t first_nonfinite_f32(const float* x, int64_t n) override;
+  void sparse_compensate(const void* x, DType dtype, float* error, float* velocity, float momentum,
+                         int64_t n) override;
+  int64_t sparse_first_nonfinite(const void* x, DType dtype, const float* error,
+                                 const float* velocity, float momentum, int64_t n) override;
+  void sparse_select(const float* c, int64_t numel, const SparseSpec& spec, uint32_t* idx,
+                     float* vals) override;
+  void sparse_sum_pairs(const uint8_t* pairs, int nranks, int64_t k, float* out,
+                        int64_t numel) override;
+  void sparse_place(const uint32_t* idx, const float* vals, int64_t k, float* out,
+                    int64_t numel) override;
+  void sparse_finish(const float* out, float divisor, void* buffer, DType dtype, int64_t numel,
+                     const uint32_t* idx, int64_t k, float* error, float* velocity) override;
   void adasum_dot_norms(const void* left, const void* right, DType dtype, int64_t n,
                         double* dots) override;
   void adasum_combine(const void* left, double left_coeff, const void* right, double right_coeff,
