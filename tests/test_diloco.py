@@ -34,7 +34,8 @@ class RegrowCases(Cases):
 def launched(tmp_path_factory) -> Cases:
     base = tmp_path_factory.mktemp("diloco")
     regrow = str(base / "diloco_n2" / "case1" / "regrow.pt")  # the 2-rank launch's second case writes it
-    cases = {2: [("main",), ("regrow-save",)], 3: [("main",), ("regrow-load", regrow)], 4: [("main",)]}
+    cases = {2: [("main",), ("regrow-save",), (("fast",), {}, "diloco_bn.py")],
+             3: [("main",), ("regrow-load", regrow)], 4: [("main",), (("long",), {}, "diloco_bn.py")]}
     return RegrowCases("diloco.py", cases, base, timeout_per_case=120)
 
 
@@ -248,3 +249,39 @@ def test_diloco_through_horovod_and_by_name(launched) -> None:
         assert wrapped, f"rank {r}: hvd.DistributedOptimizer(op=hc.DiLoCo) did not return hc's wrapper"
         for t, (a, b) in enumerate(zip(through_hvd, by_name, strict=True)):
             assert np.array_equal(a, b), f"rank {r}, step {t}: hvd's and op='diloco' differ"
+
+
+#: The held-out accuracy the 2-rank BatchNorm run must reach (60 inner steps, 6 syncs; it reaches about 0.95).
+BN_ACCURACY_FLOOR = 0.9
+
+
+def test_diloco_averages_batchnorm_buffers_so_ranks_evaluate_the_same_model(launched) -> None:
+    """buffers=model.buffers(): after a run that ends on a sync, every rank's eval-mode logits on the held-out digits
+    are the same bits (the running statistics averaged at the merge); without it they differ (each rank's own
+    statistics); the synced model has learned."""
+    ranks = launched.ranks(2, (("fast",), {}, "diloco_bn.py"))
+    for r, got in enumerate(ranks[1:], start=1):
+        a, b = ranks[0]["synced"]["logits"], got["synced"]["logits"]
+        assert np.array_equal(a, b), f"rank {r}'s eval-mode logits differ from rank 0's by {np.abs(a - b).max():.3g}"
+        assert not np.array_equal(ranks[0]["unsynced"]["logits"], got["unsynced"]["logits"]), \
+            "without buffers= the ranks' running statistics should differ"
+    accuracy = ranks[0]["synced"]["accuracy"]
+    assert accuracy >= BN_ACCURACY_FLOOR, f"held-out accuracy {accuracy:.3f} < {BN_ACCURACY_FLOOR}"
+
+
+def interval(xs: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% interval (Student's t, n - 1 degrees of freedom; n = 6: t = 2.571)."""
+    t = {5: 2.571}[len(xs) - 1]
+    return float(np.mean(xs)), t * float(np.std(xs, ddof=1)) / len(xs) ** 0.5
+
+
+@pytest.mark.long
+def test_diloco_batchnorm_held_out_loss_against_dense_adam(launched) -> None:
+    """6 model seeds at 4 ranks, 300 inner steps each: DiLoCo's (H = 20, buffers averaged) eval-mode held-out loss
+    against dense Adam's (op=hc.Average, rank 0's statistics); the means with their 95% intervals are printed.
+    Asserted: DiLoCo's mean is within twice the upper end of dense's interval."""
+    losses = launched.ranks(4, (("long",), {}, "diloco_bn.py"))[0]["losses"]
+    (d, dh), (a, ah) = interval(losses["diloco"]), interval(losses["dense"])
+    print(f"\nheld-out loss after 300 inner steps, 4 ranks, 6 seeds: DiLoCo {d:.4f} +- {dh:.4f}, "
+          f"dense Adam {a:.4f} +- {ah:.4f}")
+    assert d <= 2 * (a + ah), f"DiLoCo {d:.4f} +- {dh:.4f}, dense Adam {a:.4f} +- {ah:.4f}"

@@ -262,9 +262,11 @@ class DiLoCoSync:
     wrapped optimizer and ``end_step()`` after it; syncs start and end there, in the same order on every rank."""
 
     def __init__(self, options: DiLoCoOptions, sizes: Sequence[int], io: FragmentIO, meter: CommMeter,
-                 name: str = "DistributedOptimizer.diloco", outer: OuterOptimizer | None = None) -> None:
+                 name: str = "DistributedOptimizer.diloco", outer: OuterOptimizer | None = None,
+                 buffers: FragmentIO | None = None) -> None:
         self.options = options
         self.outer = outer
+        self.buffers = buffers
         self.sizes = [int(s) for s in sizes]
         self.io = io
         self.meter = meter
@@ -287,15 +289,31 @@ class DiLoCoSync:
         """After an inner step: merge the syncs that started ``sync_delay`` steps ago, then start the due ones."""
         st = self.state
         st.step += 1
+        merged = False
         for f in sorted(set(self.inflight) | set(st.averaged)):
             start = self.inflight[f][0] if f in self.inflight else st.averaged[f][0]
             if start + self.options.sync_delay <= st.step:
                 self._finish(f)
+                merged = True
         for f in range(self.options.fragments):
             if starts_sync(st.step, f, self.options):
                 self._start(f)
                 if self.options.sync_delay == 0:
                     self._finish(f)
+                    merged = True
+        if merged and self.buffers is not None:
+            self._average_buffers()
+
+    def _average_buffers(self) -> None:
+        """The face's buffers (BatchNorm's running statistics: state the forward pass updates, not the optimizer)
+        averaged in float32 at every step that merges a fragment, so that the model the ranks evaluate right
+        after a merge is the same on every rank. They are averaged as they are, not stepped by the outer
+        optimizer: they are estimates of the data's statistics, not parameters."""
+        values = self.buffers.read(0)
+        if values.size:
+            name = with_details(f"{self.name}.buffers", {"op": "DiLoCo", "step": self.state.step})
+            self.meter.run(ops.allreduce_, values, op=ReduceOp.Average, name=name)
+            self.buffers.write(0, values)
 
     def _start(self, f: int) -> None:
         """Streaming DiLoCo Section 2.3: the outer gradient of fragment ``f`` now, averaged in the background."""

@@ -95,6 +95,22 @@ class TorchOuterOptimizer:
         self.opt.load_state_dict(saved)
 
 
+def _buffers(buffers: Any) -> TorchFragments | None:
+    """``buffers=`` (e.g. ``model.buffers()``) as one fragment of its floating-point tensors: those DiLoCo averages
+    at each merge. Integer buffers (BatchNorm's ``num_batches_tracked``) count the same steps on every rank."""
+    if buffers is None:
+        return None
+    if isinstance(buffers, torch.Tensor) or not hasattr(buffers, "__iter__"):
+        raise TypeError(f"op=DiLoCo: buffers must be an iterable of tensors (e.g. model.buffers()), got "
+                        f"{type(buffers).__name__}")
+    found = list(buffers)
+    bad = [type(b).__name__ for b in found if not isinstance(b, torch.Tensor)]
+    if bad:
+        raise TypeError(f"op=DiLoCo: buffers must be tensors (e.g. model.buffers()), got {bad[0]}")
+    floating = [b for b in found if b.is_floating_point()]
+    return TorchFragments([floating]) if floating else None
+
+
 def _export(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(x)
 
@@ -114,7 +130,8 @@ class DiLoCoEngine(Engine):
 
     def __init__(self, optimizer: torch.optim.Optimizer, base: type, named_parameters: Any, passes: int,
                  algorithm: type, options: diloco.DiLoCoOptions,
-                 outer_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None) -> None:
+                 outer_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None,
+                 buffers: Any = None) -> None:
         del algorithm  # diloco.DiLoCo: the rule is hvd_compress.algorithms.diloco
         super().__init__(optimizer, base)
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
@@ -127,7 +144,8 @@ class DiLoCoEngine(Engine):
         self.passes = PassCounter(params, passes)  # gradients accumulate in .grad as torch's do: nothing to count
         outer = None if outer_optimizer is None else TorchOuterOptimizer(outer_optimizer, members)
         self.sync = diloco.DiLoCoSync(options, [sum(p.numel() for p in m) for m in members],
-                                      TorchFragments(members), self.meter, outer=outer)
+                                      TorchFragments(members), self.meter, outer=outer,
+                                      buffers=_buffers(buffers))
 
     @property
     def diloco_state(self) -> diloco.DiLoCoState:
