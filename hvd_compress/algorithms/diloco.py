@@ -24,7 +24,9 @@ paper's algorithm it belongs to:
 Everything runs on the host in float32, whatever device and dtype the parameters have: the synced copy, the outer
 momentum and the error feedback of each fragment are NumPy arrays in one ``DiLoCoState``, the same on every rank
 (but the error feedback), so a checkpoint resumes at another rank count. The face only reads a fragment's parameters
-into a float32 host array and writes one back (``FragmentIO``). The rule line by line: docs/algorithms/diloco.md.
+into a float32 host array and writes one back (``FragmentIO``); it may replace the outer SGD by an optimizer of its
+framework (``OuterOptimizer``) and give buffers (BatchNorm's statistics) to average at each merge. The rule line by
+line: docs/algorithms/diloco.md.
 """
 
 from __future__ import annotations
