@@ -230,7 +230,7 @@ BAD = {
     "outer_instance": ("TypeError", "outer_optimizer must be a function"),
     "outer_returns_other": ("TypeError", "must return a torch.optim.Optimizer"),
     "outer_other_params": ("ValueError", "exactly the params"), "outer_and_outer_lr": ("ValueError", "outer_lr"),
-    "load_other_outer": ("ValueError", "outer optimizer"),
+    "load_other_outer": ("ValueError", "outer optimizer"), "buffers_not_tensors": ("TypeError", "buffers must be"),
 }
 
 

@@ -99,6 +99,7 @@ def bad_options() -> dict[str, str]:
         "outer_returns_other": {"outer_optimizer": lambda p: [torch.optim.SGD(p, lr=0.7)]},
         "outer_other_params": {"outer_optimizer": lambda p: torch.optim.SGD([torch.zeros(2)], lr=0.7)},
         "outer_and_outer_lr": {"outer_optimizer": lambda p: torch.optim.SGD(p, lr=0.7), "outer_lr": 0.5},
+        "buffers_not_tensors": {"buffers": [torch.zeros(3), 1.5]},
     }
     out = {name: outcome(lambda kw=kw: wrap(**kw)) for name, kw in cases.items()}
     for kind in ("none", "int8"):  # a NaN in rank 1's parameters at a sync: refused on every rank
