@@ -32,6 +32,11 @@ def test_loss_at_equal_time_is_the_last_evaluation_at_or_before_it() -> None:
     assert race.loss_at_time(CURVE, 0.5) is None
 
 
+def test_mean_interval_leaves_out_a_diverged_runs_non_finite_loss() -> None:
+    assert race.mean_interval([1.0, float("nan"), 3.0, float("inf")]) == race.mean_interval([1.0, 3.0])
+    assert race.mean_interval([float("nan")]) is None
+
+
 def test_mean_interval_is_students_t() -> None:
     from scipy import stats
 

@@ -74,6 +74,7 @@ def loss_at_time(curve: list[list[float]], seconds: float) -> float | None:
 def mean_interval(values: list[float], level: float = 0.95) -> tuple[float, float | None, float | None] | None:
     """The mean and its two-sided ``level`` Student-t interval; the interval None under two values, all None for
     none."""
+    values = [v for v in values if math.isfinite(v)]  # a diverged run's loss is not a figure to average
     if not values:
         return None
     mean = statistics.fmean(values)
@@ -115,7 +116,7 @@ def summarize(records: list[dict], target_step: int) -> list[dict]:
         reached = [r["time_to_target_s"] for r in mine if r["time_to_target_s"] is not None]
         steps_ms = [r["mean_step_ms"] for r in mine if r["mean_step_ms"] is not None]
         paired = [(r["test_loss_at_last_eval"], r["dense_test_loss_at_last_eval"]) for r in mine
-                  if r["dense_test_loss_at_last_eval"] is not None]
+                  if r["dense_test_loss_at_last_eval"] is not None and math.isfinite(r["test_loss_at_last_eval"])]
         rows.append({
             "method": method, "seeds": len(mine), "reached": len(reached),
             "diverged": sum(1 for r in mine if r.get("diverged")),
@@ -279,6 +280,10 @@ def main() -> None:
             comm.Barrier()
             if comm.Get_rank() == 0:
                 print(f"[race] {model} seed {seed}: {time.perf_counter() - began:.0f} s in all", flush=True)
+                # every seed's records as they come: a failure later loses no measured seed
+                Path(args.out).mkdir(parents=True, exist_ok=True)
+                (Path(args.out) / f"race_{args.label}_np{comm.Get_size()}_{'-'.join(models)}.partial.json").write_text(
+                    json.dumps({"args": vars(args), "records": records, "dense_reference": dense_curves}))
     if comm.Get_rank() == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
