@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from mpi_harness import Cases
-from workers.diloco_task import CONFIGS, REGROW, RESUMES, SIZES, STEPS, initial, inner_step
+from workers.diloco_task import CONFIGS, OUTER, OUTER_RESUME, REGROW, RESUMES, SHAPES, SIZES, STEPS, initial, inner_step
 
 from hvd_compress.reference.block_quant import block_quant_allreduce
 from hvd_compress.reference.diloco import ReferenceDiLoCo
@@ -34,7 +34,8 @@ class RegrowCases(Cases):
 def launched(tmp_path_factory) -> Cases:
     base = tmp_path_factory.mktemp("diloco")
     regrow = str(base / "diloco_n2" / "case1" / "regrow.pt")  # the 2-rank launch's second case writes it
-    cases = {2: [("main",), ("regrow-save",)], 3: [("main",), ("regrow-load", regrow)], 4: [("main",)]}
+    cases = {2: [("main",), ("regrow-save",), (("fast",), {}, "diloco_bn.py")],
+             3: [("main",), ("regrow-load", regrow)], 4: [("main",), (("long",), {}, "diloco_bn.py")]}
     return RegrowCases("diloco.py", cases, base, timeout_per_case=120)
 
 
@@ -42,6 +43,33 @@ def reference_run(world: int, options: dict) -> list[list[np.ndarray]]:
     """Each step's parameters of every virtual rank."""
     ref = ReferenceDiLoCo([initial()] * world, SIZES, **options)
     return [ref.run(inner_step) for _ in range(STEPS)]
+
+
+class TorchOuter:
+    """One process's torch optimizer stepping the reference's synced fragments (ReferenceDiLoCo's ``outer``), over
+    tensors shaped as the parameters, fragment after fragment (the order the face gives them to the factory)."""
+
+    def __init__(self, cls: str, kwargs: dict, fragments: int) -> None:
+        self.params = [[torch.zeros(SHAPES[i]) for i in range(f, len(SHAPES), fragments)] for f in range(fragments)]
+        self.opt = getattr(torch.optim, cls)([p for m in self.params for p in m], **kwargs)
+
+    def __call__(self, f: int, synced: np.ndarray, gradient: np.ndarray) -> np.ndarray:
+        offset = 0
+        for p in self.params[f]:
+            n = p.numel()
+            p.copy_(torch.from_numpy(synced[offset : offset + n]).view_as(p))
+            p.grad = torch.from_numpy(gradient[offset : offset + n].copy()).view_as(p)
+            offset += n
+        self.opt.step()
+        for p in self.params[f]:
+            p.grad = None
+        return torch.cat([p.reshape(-1) for p in self.params[f]]).numpy().copy()
+
+
+def outer_reference(world: int, name: str) -> tuple[ReferenceDiLoCo, TorchOuter]:
+    options, cls, kwargs = OUTER[name]
+    outer = TorchOuter(cls, kwargs, options.get("fragments", 1))
+    return ReferenceDiLoCo([initial()] * world, SIZES, **options, outer=outer), outer
 
 
 def check_close(got: np.ndarray, want: np.ndarray, exact: bool, where: str) -> None:
@@ -70,6 +98,31 @@ def test_diloco_matches_reference_at_every_step(launched, world) -> None:
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_diloco_outer_optimizer_of_the_users_matches_torch_on_the_reference(launched, world) -> None:
+    """outer_optimizer=: the parameters after every step equal the NumPy reference's whose outer step is one
+    process's torch optimizer on the reference's averaged outer gradients (Nesterov SGD; Adam on 2 fragments with a
+    sync delay); torch's Nesterov SGD is DiLoCo's built-in rule up to the rounding of torch's fused multiply-add."""
+    ranks = launched.ranks(world, ("main",))
+    for name in OUTER:
+        ref, _ = outer_reference(world, name)
+        want = [ref.run(inner_step) for _ in range(STEPS)]
+        for r, got in enumerate(ranks):
+            for t in range(STEPS):
+                check_close(got["runs"][name]["flats"][t], want[t][r], world == 2,
+                            f"outer optimizer {name}, {world} ranks, rank {r}, after step {t}")
+    builtin = reference_run(world, CONFIGS["plain"])
+    assert OUTER["outer_sgd"][0] == CONFIGS["plain"]
+    for r, got in enumerate(ranks):
+        for t in range(STEPS):
+            a, b = got["runs"]["outer_sgd"]["flats"][t], builtin[t][r]
+            assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), \
+                f"{world} ranks, rank {r}, step {t}: torch's Nesterov SGD differs from the built-in rule by " \
+                f"{np.abs(a - b).max():.3g}"
+        # Not vacuous: Adam's outer step is not the built-in one.
+        assert not np.allclose(got["runs"]["outer_adam"]["flats"][-1], got["runs"]["stream3"]["flats"][-1])
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_diloco_sends_only_at_syncs_and_less_per_step_with_fragments(launched, world) -> None:
     """Plain DiLoCo sends on its sync steps only; 2 fragments halve the peak bytes of a step (give or take the
     calls' fixed bytes); fp16 halves a fragment's bytes again."""
@@ -91,7 +144,7 @@ def test_diloco_sends_only_at_syncs_and_less_per_step_with_fragments(launched, w
 @pytest.mark.parametrize("world", WORLDS)
 def test_diloco_resumes_bit_for_bit_mid_phase(launched, world) -> None:
     for r, got in enumerate(launched.ranks(world, ("main",))):
-        for name, at in RESUMES:
+        for name, at in [*RESUMES, OUTER_RESUME]:
             want, resumed = got["resumed"][f"{name}@{at}"]
             assert len(want) == len(resumed) == STEPS - at
             for t, (a, b) in enumerate(zip(want, resumed, strict=True)):
@@ -118,6 +171,21 @@ def test_diloco_checkpoint_of_2_ranks_continues_at_3(launched) -> None:
                                                                    "regrow.pt")))):
         for t, flat in enumerate(got["flats"]):
             check_close(flat, want[t][r], False, f"resumed at 3 ranks, rank {r}, step {at + t}")
+    # The outer optimizer's state (torch Adam's) travels in DiLoCo's section and continues at 3 ranks.
+    saved = torch.load(launched.base / "diloco_n2" / "case1" / "regrow_outer.pt", weights_only=True)
+    name, at = OUTER_RESUME
+    section = saved["opt"]["hvd_compress"]["diloco"]
+    assert section["momentum"] is None and section["outer"]["state"], "the checkpoint should hold Adam's state"
+    ref, outer = outer_reference(3, name)
+    outer.opt.load_state_dict(section["outer"])
+    ref.load({"step": section["step"], "synced": [x.numpy() for x in section["synced"]], "momentum": None,
+              "averaged": {f: (s, a.numpy()) for f, (s, a) in section["averaged"].items()}},
+             [np.array(saved["params"], dtype=np.float32)] * 3)
+    want = [ref.run(inner_step) for _ in range(at, STEPS)]
+    for r, got in enumerate(launched.ranks(3, ("regrow-load", str(launched.base / "diloco_n2" / "case1" /
+                                                                   "regrow.pt")))):
+        for t, flat in enumerate(got["outer_flats"]):
+            check_close(flat, want[t][r], False, f"outer Adam resumed at 3 ranks, rank {r}, step {at + t}")
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -159,6 +227,10 @@ BAD = {
     "load_other_options": ("ValueError", "DiLoCo options"),
     "nan_none": ("RejectedInputError", "not finite"), "nan_int8": ("RejectedInputError", "non-finite"),
     "schedules_differ": ("MismatchError", "sync_every: rank 0=2"),
+    "outer_instance": ("TypeError", "outer_optimizer must be a function"),
+    "outer_returns_other": ("TypeError", "must return a torch.optim.Optimizer"),
+    "outer_other_params": ("ValueError", "exactly the params"), "outer_and_outer_lr": ("ValueError", "outer_lr"),
+    "load_other_outer": ("ValueError", "outer optimizer"), "buffers_not_tensors": ("TypeError", "buffers must be"),
 }
 
 
@@ -177,3 +249,39 @@ def test_diloco_through_horovod_and_by_name(launched) -> None:
         assert wrapped, f"rank {r}: hvd.DistributedOptimizer(op=hc.DiLoCo) did not return hc's wrapper"
         for t, (a, b) in enumerate(zip(through_hvd, by_name, strict=True)):
             assert np.array_equal(a, b), f"rank {r}, step {t}: hvd's and op='diloco' differ"
+
+
+#: The held-out accuracy the 2-rank BatchNorm run must reach (60 inner steps, 6 syncs; it reaches about 0.95).
+BN_ACCURACY_FLOOR = 0.9
+
+
+def test_diloco_averages_batchnorm_buffers_so_ranks_evaluate_the_same_model(launched) -> None:
+    """buffers=model.buffers(): after a run that ends on a sync, every rank's eval-mode logits on the held-out digits
+    are the same bits (the running statistics averaged at the merge); without it they differ (each rank's own
+    statistics); the synced model has learned."""
+    ranks = launched.ranks(2, (("fast",), {}, "diloco_bn.py"))
+    for r, got in enumerate(ranks[1:], start=1):
+        a, b = ranks[0]["synced"]["logits"], got["synced"]["logits"]
+        assert np.array_equal(a, b), f"rank {r}'s eval-mode logits differ from rank 0's by {np.abs(a - b).max():.3g}"
+        assert not np.array_equal(ranks[0]["unsynced"]["logits"], got["unsynced"]["logits"]), \
+            "without buffers= the ranks' running statistics should differ"
+    accuracy = ranks[0]["synced"]["accuracy"]
+    assert accuracy >= BN_ACCURACY_FLOOR, f"held-out accuracy {accuracy:.3f} < {BN_ACCURACY_FLOOR}"
+
+
+def interval(xs: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% interval (Student's t, n - 1 degrees of freedom; n = 6: t = 2.571)."""
+    t = {5: 2.571}[len(xs) - 1]
+    return float(np.mean(xs)), t * float(np.std(xs, ddof=1)) / len(xs) ** 0.5
+
+
+@pytest.mark.long
+def test_diloco_batchnorm_held_out_loss_against_dense_adam(launched) -> None:
+    """6 model seeds at 4 ranks, 300 inner steps each: DiLoCo's (H = 20, buffers averaged) eval-mode held-out loss
+    against dense Adam's (op=hc.Average, rank 0's statistics); the means with their 95% intervals are printed.
+    Asserted: DiLoCo's mean is within twice the upper end of dense's interval."""
+    losses = launched.ranks(4, (("long",), {}, "diloco_bn.py"))[0]["losses"]
+    (d, dh), (a, ah) = interval(losses["diloco"]), interval(losses["dense"])
+    print(f"\nheld-out loss after 300 inner steps, 4 ranks, 6 seeds: DiLoCo {d:.4f} +- {dh:.4f}, "
+          f"dense Adam {a:.4f} +- {ah:.4f}")
+    assert d <= 2 * (a + ah), f"DiLoCo {d:.4f} +- {dh:.4f}, dense Adam {a:.4f} +- {ah:.4f}"

@@ -41,6 +41,13 @@ def test_keras_diloco_matches_reference(flavour: str, n: int, out_dir) -> None:
                     assert np.array_equal(got["function"][t], got["runs"][name][t]), \
                         f"{flavour}, rank {r}, step {t}: inside a tf.function differs from eager"
     for r, got in enumerate(ranks):
+        for name, options in CONFIGS.items():  # the variables go to NumPy only at the steps a sync starts or merges
+            h, delay = options["sync_every"], options.get("sync_delay", 0)
+            offsets = {(f + 1) * h // options.get("fragments", 1) % h for f in range(options.get("fragments", 1))}
+            due = [t for t in range(1, STEPS + 1)
+                   if t % h in offsets or (t - delay >= 1 and (t - delay) % h in offsets)]
+            assert got["copies"][name] == len(due), \
+                f"{flavour}, {name}, rank {r}: {got['copies'][name]} copies to NumPy in {STEPS} steps, want {len(due)}"
         for name, at in RESUMES:
             want, resumed = got["resumed"][f"{name}@{at}"]
             for t, (a, b) in enumerate(zip(want, resumed, strict=True)):

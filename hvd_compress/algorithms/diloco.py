@@ -24,7 +24,9 @@ paper's algorithm it belongs to:
 Everything runs on the host in float32, whatever device and dtype the parameters have: the synced copy, the outer
 momentum and the error feedback of each fragment are NumPy arrays in one ``DiLoCoState``, the same on every rank
 (but the error feedback), so a checkpoint resumes at another rank count. The face only reads a fragment's parameters
-into a float32 host array and writes one back (``FragmentIO``). The rule line by line: docs/algorithms/diloco.md.
+into a float32 host array and writes one back (``FragmentIO``); it may replace the outer SGD by an optimizer of its
+framework (``OuterOptimizer``) and give buffers (BatchNorm's statistics) to average at each merge. The rule line by
+line: docs/algorithms/diloco.md.
 """
 
 from __future__ import annotations
@@ -151,6 +153,23 @@ def round_to_wire(x: np.ndarray, kind: str) -> np.ndarray:
     return x.copy()
 
 
+class OuterOptimizer(Protocol):
+    """An outer optimizer of the user's in place of ``outer_step`` (DiLoCo Algorithm 1's OuterOpt, any): a face
+    wraps its framework's optimizer over host float32 copies of the synced parameters. Its state is the same on
+    every rank (each steps the same synced copy on the same average), so it travels in DiLoCo's checkpoint."""
+
+    name: str  # what it is, in each sync's call signature: ranks whose outer optimizers differ raise MismatchError
+
+    def step(self, fragment: int, synced: np.ndarray, gradient: np.ndarray) -> None:
+        """Step ``fragment``'s synced copy (float32, in place) on its averaged outer gradient."""
+
+    def state_dict(self) -> Any:
+        """A copy of its state, as the face saves it."""
+
+    def load_state_dict(self, saved: Any) -> None:
+        """Restore a ``state_dict()``."""
+
+
 class FragmentIO(Protocol):
     """What a face gives DiLoCo: a fragment's parameters as one float32 host array, and back."""
 
@@ -167,7 +186,8 @@ class DiLoCoState:
     and the error feedback (float32, host), and the averaged outer gradients of syncs started but not merged yet
     (``averaged``: fragment -> (step the sync started, the average)). None until the first step takes the synced
     copy (after the user's broadcast of the parameters). Everything but the error feedback is the same on every
-    rank."""
+    rank. With an outer optimizer of the user's (``DiLoCoSync(outer=...)``), ``momentum`` is None: that optimizer
+    holds its own state, which ``DiLoCoSync.state_dict`` saves beside this one."""
 
     options: DiLoCoOptions
     step: int = 0
@@ -190,9 +210,11 @@ class DiLoCoState:
             "averaged": {int(f): [int(s), export(a.copy())] for f, (s, a) in self.averaged.items()},
         }
 
-    def check_state_dict(self, saved: Any, sizes: Sequence[int], load: Callable[[Any], np.ndarray]) -> None:
-        """ValueError unless ``saved`` is a ``state_dict()`` of DiLoCo with these options over fragments of
-        ``sizes`` elements (checked before anything changes)."""
+    def check_state_dict(self, saved: Any, sizes: Sequence[int], load: Callable[[Any], np.ndarray],
+                         outer: str | None = None) -> None:
+        """ValueError unless ``saved`` is a ``state_dict()`` of DiLoCo with these options and outer optimizer
+        (``outer``: its name, None for the built-in one) over fragments of ``sizes`` elements (checked before
+        anything changes)."""
         want = dataclasses.asdict(self.options)
         if not isinstance(saved, dict) or saved.get("options") != want:
             got = saved.get("options") if isinstance(saved, dict) else saved
@@ -200,10 +222,14 @@ class DiLoCoState:
                              f"{want!r}")
         if not _integer(saved.get("step")) or saved["step"] < 0:
             raise ValueError(f"load_state_dict: the checkpoint's DiLoCo step is {saved.get('step')!r}")
+        if saved.get("outer_name") != outer:
+            raise ValueError(f"load_state_dict: the checkpoint's DiLoCo outer optimizer is "
+                             f"{saved.get('outer_name') or 'the built-in one'}; this optimizer's is "
+                             f"{outer or 'the built-in one'}")
         for key in ("synced", "momentum", "error"):
             xs = saved.get(key)
             if xs is None:
-                if key != "error" and saved.get("synced") is not None:
+                if key == "momentum" and outer is None and saved.get("synced") is not None:
                     raise ValueError(f"load_state_dict: the checkpoint's DiLoCo state has synced but no {key}")
                 continue
             got = [load(x).size for x in xs]
@@ -238,8 +264,11 @@ class DiLoCoSync:
     wrapped optimizer and ``end_step()`` after it; syncs start and end there, in the same order on every rank."""
 
     def __init__(self, options: DiLoCoOptions, sizes: Sequence[int], io: FragmentIO, meter: CommMeter,
-                 name: str = "DistributedOptimizer.diloco") -> None:
+                 name: str = "DistributedOptimizer.diloco", outer: OuterOptimizer | None = None,
+                 buffers: FragmentIO | None = None) -> None:
         self.options = options
+        self.outer = outer
+        self.buffers = buffers
         self.sizes = [int(s) for s in sizes]
         self.io = io
         self.meter = meter
@@ -255,22 +284,38 @@ class DiLoCoSync:
         st = self.state
         if st.synced is None:
             st.synced = [self.io.read(f) for f in range(self.options.fragments)]
-            st.momentum = [np.zeros_like(x) for x in st.synced]
+            st.momentum = [np.zeros_like(x) for x in st.synced] if self.outer is None else None
             st.error = [np.zeros_like(x) for x in st.synced] if self.options.outer_compression != "none" else None
 
     def end_step(self) -> None:
         """After an inner step: merge the syncs that started ``sync_delay`` steps ago, then start the due ones."""
         st = self.state
         st.step += 1
+        merged = False
         for f in sorted(set(self.inflight) | set(st.averaged)):
             start = self.inflight[f][0] if f in self.inflight else st.averaged[f][0]
             if start + self.options.sync_delay <= st.step:
                 self._finish(f)
+                merged = True
         for f in range(self.options.fragments):
             if starts_sync(st.step, f, self.options):
                 self._start(f)
                 if self.options.sync_delay == 0:
                     self._finish(f)
+                    merged = True
+        if merged and self.buffers is not None:
+            self._average_buffers()
+
+    def _average_buffers(self) -> None:
+        """The face's buffers (BatchNorm's running statistics: state the forward pass updates, not the optimizer)
+        averaged in float32 at every step that merges a fragment, so that the model the ranks evaluate right
+        after a merge is the same on every rank. They are averaged as they are, not stepped by the outer
+        optimizer: they are estimates of the data's statistics, not parameters."""
+        values = self.buffers.read(0)
+        if values.size:
+            name = with_details(f"{self.name}.buffers", {"op": "DiLoCo", "step": self.state.step})
+            self.meter.run(ops.allreduce_, values, op=ReduceOp.Average, name=name)
+            self.buffers.write(0, values)
 
     def _start(self, f: int) -> None:
         """Streaming DiLoCo Section 2.3: the outer gradient of fragment ``f`` now, averaged in the background."""
@@ -295,7 +340,10 @@ class DiLoCoSync:
         """The call's name with the sync's step and DiLoCo's options as details: the core hashes them into the
         signature, so ranks whose schedules or options differ raise MismatchError on every rank instead of averaging
         the outer gradients of different steps."""
-        return with_details(f"{self.name}.{f}", {"op": "DiLoCo", "step": start, **dataclasses.asdict(self.options)})
+        details = {"op": "DiLoCo", "step": start, **dataclasses.asdict(self.options)}
+        if self.outer is not None:
+            details["outer"] = self.outer.name
+        return with_details(f"{self.name}.{f}", details)
 
     def _average(self, delta: np.ndarray, f: int, name: str, error: np.ndarray | None = None) -> None:
         kind = self.options.outer_compression
@@ -326,7 +374,10 @@ class DiLoCoSync:
             self._wait(f)
         st = self.state
         _, gradient = st.averaged.pop(f)
-        outer_step(st.synced[f], st.momentum[f], gradient, self.options)
+        if self.outer is None:
+            outer_step(st.synced[f], st.momentum[f], gradient, self.options)
+        else:
+            self.outer.step(f, st.synced[f], gradient)
         self.io.write(f, merge(st.synced[f], self.io.read(f) if self.options.mix else st.synced[f],
                                self.options.mix))
 
@@ -344,15 +395,25 @@ class DiLoCoSync:
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def state_dict(self, export: Callable[[np.ndarray], Any]) -> dict[str, Any]:
-        """The state, with the averages of syncs in flight waited for (every rank started them alike)."""
+        """The state, with the averages of syncs in flight waited for (every rank started them alike), and the
+        outer optimizer's of the user's (``outer``, its ``state_dict()``)."""
         self.wait_all()
-        return self.state.state_dict(export)
+        out = self.state.state_dict(export)
+        if self.outer is not None:
+            out["outer_name"], out["outer"] = self.outer.name, self.outer.state_dict()
+        return out
+
+    def check_state_dict(self, saved: Any, load: Callable[[Any], np.ndarray] = _load_f32) -> None:
+        """ValueError unless ``saved`` fits this optimizer (``DiLoCoState.check_state_dict``)."""
+        self.state.check_state_dict(saved, self.sizes, load, None if self.outer is None else self.outer.name)
 
     def load_state_dict(self, saved: dict[str, Any], load: Callable[[Any], np.ndarray] = _load_f32) -> None:
-        self.state.check_state_dict(saved, self.sizes, load)
+        self.check_state_dict(saved, load)
         self.wait_all()  # a sync of the state being replaced still has to meet the other ranks' call
         self.state = DiLoCoState(self.options)
         self.state.load_state_dict(saved, load)
+        if self.outer is not None and "outer" in saved:
+            self.outer.load_state_dict(saved["outer"])
 
     def error_feedback(self) -> list[np.ndarray]:
         """This rank's error feedback per fragment (empty without outer compression or before the first step)."""

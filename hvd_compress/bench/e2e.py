@@ -96,6 +96,16 @@ def _hc(op, **options) -> Callable:
     return wrap
 
 
+def _diloco(**options) -> Callable:
+    """DiLoCo over the model's parameters, averaging its floating-point buffers (BatchNorm's running statistics) at
+    each merge, so that the synced model a user keeps has one set of statistics (docs/algorithms/diloco.md)."""
+    def wrap(model, opt):
+        return model, hc.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hc.DiLoCo,
+                                              buffers=model.buffers(), **options)
+
+    return wrap
+
+
 def _zero_one_adam(freeze: int, clipper: int = 16, **options: bool) -> Callable:
     """0/1 Adam with its frozen v bias-corrected (``variance_bias_correction``): DeepSpeed's uncorrected v makes every
     step after a short dense warm-up 1 / sqrt(1 - b2^n_v) times Adam's (8x after 15 steps) and the MLP diverges at
@@ -168,8 +178,8 @@ def methods(freeze: int) -> list[Method]:
         # The same bytes as the first row; m = 0 after each sync (Z18) rather than the 1-bit ubar / lrs.
         Method("hc ZeroOneAdam reset m", "adam", _zero_one_adam(freeze, reset_momentum_at_sync=True), True),
         Method("Horovod fp16 Adam", "adam", _hvd_fp16, needs_horovod=True),
-        Method("hc DiLoCo (Adam)", "adam", _hc(hc.DiLoCo, **DILOCO), True),
-        Method("hc Streaming DiLoCo (Adam)", "adam", _hc(hc.DiLoCo, **STREAMING_DILOCO), True),
+        Method("hc DiLoCo (Adam)", "adam", _diloco(**DILOCO), True),
+        Method("hc Streaming DiLoCo (Adam)", "adam", _diloco(**STREAMING_DILOCO), True),
         Method("hc Average (Lamb)", "lamb", _hc(hc.Average), True),
         Method("Horovod Lamb", "lamb", _hvd, needs_horovod=True),
         Method("hc OneBitLamb", "lamb", _hc(hc.OneBitLamb, freeze_step=freeze), True),

@@ -50,8 +50,8 @@ def race_methods(warmup: int, sync_every: int | None = None) -> list[e2e.Method]
     streaming = {**RACE_STREAMING, "sync_every": sync_every or RACE_STREAMING["sync_every"]}
     h, p, tau = streaming["sync_every"], streaming["fragments"], streaming["sync_delay"]
     return [by_name[n] for n in E2E_METHODS] + [
-        e2e.Method(f"hc DiLoCo H{diloco['sync_every']} int4 (Adam)", "adam", e2e._hc(hc.DiLoCo, **diloco), True),
-        e2e.Method(f"hc Streaming DiLoCo H{h} P{p} tau{tau} int4 (Adam)", "adam", e2e._hc(hc.DiLoCo, **streaming),
+        e2e.Method(f"hc DiLoCo H{diloco['sync_every']} int4 (Adam)", "adam", e2e._diloco(**diloco), True),
+        e2e.Method(f"hc Streaming DiLoCo H{h} P{p} tau{tau} int4 (Adam)", "adam", e2e._diloco(**streaming),
                    True),
         by_name[FLOOR],
     ]

@@ -36,12 +36,16 @@ class ReferenceDiLoCo:
 
     def __init__(self, params: list[np.ndarray], sizes: Sequence[int], sync_every: int, outer_lr: float = 0.7,
                  outer_momentum: float = 0.9, nesterov: bool = True, fragments: int = 1, sync_delay: int = 0,
-                 mix: float = 0.0, outer_compression: str = "none") -> None:
+                 mix: float = 0.0, outer_compression: str = "none",
+                 outer: Callable[[int, np.ndarray, np.ndarray], np.ndarray] | None = None) -> None:
+        """``outer``: an outer optimizer in place of the Nesterov SGD, (fragment, synced, averaged outer gradient)
+        -> the new synced copy of that fragment."""
         self.params = [np.array(p, dtype=np.float32) for p in params]
         self.n = len(params)
         self.h, self.lr, self.mu, self.nesterov = sync_every, outer_lr, outer_momentum, nesterov
         self.fragments, self.tau, self.mix, self.wire = fragments, sync_delay, mix, outer_compression
         self.index = fragment_index(sizes, fragments)
+        self.outer = outer
         self.step = 0
         self.synced: list[np.ndarray] | None = None
         self.momentum: list[np.ndarray] = []
@@ -88,10 +92,13 @@ class ReferenceDiLoCo:
         return np.asarray(half_wire_allreduce(sent, "float32", self.wire, "Average"), dtype=np.float32)
 
     def _outer(self, f: int, g: np.ndarray) -> None:
-        mu, lr = np.float32(self.mu), np.float32(self.lr)
-        self.momentum[f] = mu * self.momentum[f] + g
-        step = g + mu * self.momentum[f] if self.nesterov else self.momentum[f]
-        self.synced[f] = self.synced[f] - lr * step
+        if self.outer is not None:
+            self.synced[f] = np.asarray(self.outer(f, self.synced[f].copy(), g), dtype=np.float32)
+        else:
+            mu, lr = np.float32(self.mu), np.float32(self.lr)
+            self.momentum[f] = mu * self.momentum[f] + g
+            step = g + mu * self.momentum[f] if self.nesterov else self.momentum[f]
+            self.synced[f] = self.synced[f] - lr * step
         ix = self.index[f]
         for p in self.params:
             if self.mix == 0:
@@ -105,6 +112,6 @@ class ReferenceDiLoCo:
         self.n = len(params)
         self.step = int(state["step"])
         self.synced = [np.array(x, np.float32) for x in state["synced"]]
-        self.momentum = [np.array(x, np.float32) for x in state["momentum"]]
+        self.momentum = [np.array(x, np.float32) for x in state["momentum"] or []]
         self.error = [[np.zeros_like(s) for s in self.synced] for _ in range(self.n)]
         self.pending = {int(f): (int(s), np.array(a, np.float32)) for f, (s, a) in state["averaged"].items()}

@@ -60,6 +60,9 @@ class KerasDiLoCo:
         self.numel = sum(sizes)
         self.sync = diloco.DiLoCoSync(options, self.fragment_sizes, ArrayFragments([], self.members), meter,
                                       f"{name}.diloco")
+        #: Calls of ``run``: each copies every variable and DiLoCo's state to NumPy and back, so they happen only
+        #: at the steps where a fragment's sync starts or merges (``due``).
+        self.copies = 0
 
     def state_shapes(self) -> StateShapes:
         n, p = max(self.numel, 1), self.options.fragments
@@ -79,9 +82,21 @@ class KerasDiLoCo:
         bounds = np.cumsum([0, *self.fragment_sizes])
         return [np.array(flat[a:b], dtype=np.float32) for a, b in itertools.pairwise(bounds)]
 
+    def due(self, step: tf.Tensor) -> tf.Tensor:
+        """Whether a fragment's sync starts or merges after inner step ``step`` (counted from 1): the schedule of
+        ``diloco.starts_sync``, and its merges ``sync_delay`` steps later, in TF, so the other steps copy nothing."""
+        o, h = self.options, self.options.sync_every
+        offsets = sorted({diloco.sync_offset(f, o) for f in range(o.fragments)})
+        offsets = tf.constant(offsets, tf.int64)
+        start = tf.reduce_any(tf.equal(step % h, offsets))
+        later = step - o.sync_delay
+        merge = tf.logical_and(later >= 1, tf.reduce_any(tf.equal(later % h, offsets)))
+        return tf.logical_and(step >= 1, tf.logical_or(start, merge))
+
     def run(self, values: list[np.ndarray], saved: dict[str, np.ndarray]) -> tuple[list[np.ndarray], dict[str, Any]]:
         """After the inner step: DiLoCo's ``end_step`` on the variables' ``values`` with the state as ``saved`` in
         the variables (TF's input arrays, never written); the new values and the new state."""
+        self.copies += 1
         sync, p = self.sync, self.options.fragments
         st = sync.state
         st.step = int(saved["diloco_step"])
@@ -90,6 +105,7 @@ class KerasDiLoCo:
         st.error = self._split(saved["diloco_error"]) if "diloco_error" in saved else None
         st.averaged = {}
         sent, sent_at = self._split(saved["diloco_sent"]), [int(x) - 1 for x in saved["diloco_sent_at"]]
+        later = {}  # restored syncs whose merge is a later step's: their average is made then, kept as sent
         for f in range(p):
             live = sync.inflight.get(f)
             if live is not None and live[0] != sent_at[f]:  # a sync of a state since replaced: its call is done
@@ -97,11 +113,16 @@ class KerasDiLoCo:
                 del sync.inflight[f]
                 live = None
             if sent_at[f] >= 0 and live is None:  # restored: this process never made the call
-                sync.average_now(f, sent_at[f], sent[f])
+                if sent_at[f] + self.options.sync_delay <= st.step + 1:
+                    sync.average_now(f, sent_at[f], sent[f])
+                else:
+                    later[f] = (sent_at[f], sent[f])
         sync.io = ArrayFragments([np.array(v, dtype=np.float32) for v in values], self.members)
         sync.end_step()
         new_sent, new_at = [np.zeros(s, np.float32) for s in self.fragment_sizes], np.zeros(p, np.int64)
         for f, (start, _, _, copy, _) in sync.inflight.items():
+            new_sent[f], new_at[f] = copy, start + 1
+        for f, (start, copy) in later.items():
             new_sent[f], new_at[f] = copy, start + 1
         flat = lambda xs: np.concatenate(xs) if xs else np.zeros(1, np.float32)  # noqa: E731
         state = {
@@ -135,6 +156,19 @@ class KerasDiLoCo:
         if not pairs:
             raise ValueError("No gradients provided for any variable.")
         apply_inner([g for g, _ in pairs], [v for _, v in pairs])
+        step = tf.convert_to_tensor(state["diloco_step"]) + 1
+        tf.cond(self.due(step), lambda: self._call(built_with, state, name),
+                lambda: self._count(state["diloco_step"], step))
+
+    @staticmethod
+    def _count(variable: Any, step: tf.Tensor) -> tf.Tensor:
+        """A step that neither starts nor merges a sync: only the step count moves (``run`` would change nothing
+        else)."""
+        variable.assign(step)
+        return tf.constant(False)
+
+    def _call(self, built_with: Sequence[Any], state: dict[str, Any], name: str) -> tf.Tensor:
+        """``run`` on NumPy copies of the variables and the state, and the results assigned back."""
         keys = list(self.state_shapes())
         inputs = [tf.convert_to_tensor(v) for v in built_with] + [tf.convert_to_tensor(state[k]) for k in keys]
         touts = [tf.float32] * len(built_with) + [tf.as_dtype(state[k].dtype) for k in keys]
@@ -149,3 +183,4 @@ class KerasDiLoCo:
             v.assign(tf.reshape(x, v.shape))
         for k, x in zip(keys, outs[len(built_with):], strict=True):
             state[k].assign(tf.reshape(x, state[k].shape))
+        return tf.constant(True)

@@ -9,6 +9,8 @@ momentum stay off the GPU, and keeps the one ``DiLoCoState`` in ``state_dict()``
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,73 @@ class TorchFragments:
                 offset += p.numel()
 
 
+class TorchOuterOptimizer:
+    """``diloco.OuterOptimizer`` over a torch optimizer of the user's (``outer_optimizer=``, a factory params ->
+    Optimizer), made over host float32 tensors shaped as the parameters: at a sync of fragment f, its tensors take
+    the synced copy, their ``.grad`` the averaged outer gradient, the optimizer steps (the other fragments' tensors
+    have no gradient, so torch's optimizers leave them and their state alone), and the synced copy takes the
+    result."""
+
+    def __init__(self, factory: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+                 members: list[list[torch.nn.Parameter]]) -> None:
+        if isinstance(factory, torch.optim.Optimizer) or not callable(factory):
+            raise TypeError("op=DiLoCo: outer_optimizer must be a function of the parameters that returns a torch "
+                            "optimizer over them (e.g. lambda p: torch.optim.SGD(p, lr=0.7, momentum=0.9, "
+                            f"nesterov=True)), got {type(factory).__name__}: DiLoCo makes the parameters (host "
+                            "float32 copies of the synced model)")
+        self.params = [[torch.zeros(p.shape, dtype=torch.float32) for p in m] for m in members]
+        flat = [p for m in self.params for p in m]
+        opt = factory(list(flat))
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"op=DiLoCo: outer_optimizer(params) must return a torch.optim.Optimizer, got "
+                            f"{type(opt).__name__}")
+        theirs = [p for g in opt.param_groups for p in g["params"]]
+        if len(theirs) != len(flat) or {id(p) for p in theirs} != {id(p) for p in flat}:
+            raise ValueError("op=DiLoCo: outer_optimizer(params) must return an optimizer over exactly the params "
+                             f"it is given ({len(flat)} tensors), got one over {len(theirs)} other or more tensors")
+        self.opt = opt
+        self.name = f"{type(opt).__module__}.{type(opt).__qualname__}"
+
+    def step(self, fragment: int, synced: np.ndarray, gradient: np.ndarray) -> None:
+        with torch.no_grad():
+            for m in self.params:
+                for p in m:
+                    p.grad = None
+            offset, source, grad = 0, torch.from_numpy(synced), torch.from_numpy(gradient)
+            for p in self.params[fragment]:
+                p.copy_(source[offset : offset + p.numel()].view_as(p))
+                p.grad = grad[offset : offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+            self.opt.step()
+            offset = 0
+            for p in self.params[fragment]:
+                source[offset : offset + p.numel()] = p.reshape(-1)
+                p.grad = None
+                offset += p.numel()
+
+    def state_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(self.opt.state_dict())
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.opt.load_state_dict(saved)
+
+
+def _buffers(buffers: Any) -> TorchFragments | None:
+    """``buffers=`` (e.g. ``model.buffers()``) as one fragment of its floating-point tensors: those DiLoCo averages
+    at each merge. Integer buffers (BatchNorm's ``num_batches_tracked``) count the same steps on every rank."""
+    if buffers is None:
+        return None
+    if isinstance(buffers, torch.Tensor) or not hasattr(buffers, "__iter__"):
+        raise TypeError(f"op=DiLoCo: buffers must be an iterable of tensors (e.g. model.buffers()), got "
+                        f"{type(buffers).__name__}")
+    found = list(buffers)
+    bad = [type(b).__name__ for b in found if not isinstance(b, torch.Tensor)]
+    if bad:
+        raise TypeError(f"op=DiLoCo: buffers must be tensors (e.g. model.buffers()), got {bad[0]}")
+    floating = [b for b in found if b.is_floating_point()]
+    return TorchFragments([floating]) if floating else None
+
+
 def _export(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(x)
 
@@ -60,7 +129,9 @@ class DiLoCoEngine(Engine):
     frozen_later_ok = True  # a frozen parameter gets no gradient, so no inner step: it stays, as under torch
 
     def __init__(self, optimizer: torch.optim.Optimizer, base: type, named_parameters: Any, passes: int,
-                 algorithm: type, options: diloco.DiLoCoOptions) -> None:
+                 algorithm: type, options: diloco.DiLoCoOptions,
+                 outer_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None,
+                 buffers: Any = None) -> None:
         del algorithm  # diloco.DiLoCo: the rule is hvd_compress.algorithms.diloco
         super().__init__(optimizer, base)
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
@@ -71,8 +142,10 @@ class DiLoCoEngine(Engine):
         members = [[params[i] for i in m] for m in diloco.fragment_members(len(params), options.fragments)]
         self.meter = CommMeter()
         self.passes = PassCounter(params, passes)  # gradients accumulate in .grad as torch's do: nothing to count
+        outer = None if outer_optimizer is None else TorchOuterOptimizer(outer_optimizer, members)
         self.sync = diloco.DiLoCoSync(options, [sum(p.numel() for p in m) for m in members],
-                                      TorchFragments(members), self.meter)
+                                      TorchFragments(members), self.meter, outer=outer,
+                                      buffers=_buffers(buffers))
 
     @property
     def diloco_state(self) -> diloco.DiLoCoState:
@@ -116,7 +189,7 @@ class DiLoCoEngine(Engine):
         section = state_dict.pop(STATE_KEY, None)
         ours = (section or {}).get("diloco")
         if ours is not None:
-            self.sync.state.check_state_dict(ours, self.sync.sizes, _load)
+            self.sync.check_state_dict(ours, _load)
         self.base.load_state_dict(self.opt, state_dict)
         if ours is None:
             self.sync.wait_all()

@@ -180,15 +180,24 @@ def _algorithm(optimizer: torch.optim.Optimizer, named_parameters: Any, op: Algo
     algorithm = algorithms.lookup(op)
     check_inner(optimizer, algorithm)
     if algorithm.buffers == "local":  # no gradient buckets: bucket_mb and overlap are unknown options here
-        options = _horovod_defaults(options, op, option_names(algorithm.options_cls, ()))
-        parsed = algorithms.parse(op, options, also=())
-        return compose(optimizer, DiLoCoEngine, named_parameters, passes, algorithm, parsed)
+        options = _horovod_defaults(options, op, option_names(algorithm.options_cls, _DILOCO_FACE))
+        outer, buffers = options.pop("outer_optimizer", None), options.pop("buffers", None)
+        builtin = sorted(k for k in ("outer_lr", "outer_momentum", "nesterov") if k in options)
+        if outer is not None and builtin:
+            raise ValueError(f"op=DiLoCo: {builtin} set the built-in outer step; with outer_optimizer, set them in "
+                             "that optimizer")
+        parsed = algorithms.parse(op, options, also=_DILOCO_FACE)
+        return compose(optimizer, DiLoCoEngine, named_parameters, passes, algorithm, parsed, outer, buffers)
     options = _horovod_defaults(options, op, option_names(algorithm.options_cls))
     options, overlap, bucket_mb = _bucket_options(options)
     parsed = algorithms.parse(op, options)
     return compose(optimizer, _ENGINES[algorithm.buffers], named_parameters, passes, algorithm, parsed, overlap,
                    bucket_mb)
 
+
+#: DiLoCo's options that the torch face takes beside the algorithm's: a torch outer optimizer's factory, the
+#: model's buffers (averaged at each merge).
+_DILOCO_FACE = ("outer_optimizer", "buffers")
 
 #: The engines of the reductions; every other op is an algorithm of ``hvd_compress.algorithms`` (``_algorithm``).
 _WRAPPERS = {

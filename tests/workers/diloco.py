@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import torch
 from common import outcome, save
-from diloco_task import CONFIGS, REGROW, RESUMES, SHAPES, SIZES, STEPS, gradient, initial
+from diloco_task import CONFIGS, OUTER, OUTER_RESUME, REGROW, RESUMES, SHAPES, SIZES, STEPS, gradient, initial
 
 import hvd_compress.torch as hc
 
@@ -31,6 +31,14 @@ def flat_of(params: list[torch.nn.Parameter]) -> np.ndarray:
 
 def make(params: list[torch.nn.Parameter], options: dict, op=None) -> torch.optim.Optimizer:
     return hc.DistributedOptimizer(torch.optim.SGD(params, lr=0.5), op=hc.DiLoCo if op is None else op, **options)
+
+
+def options_of(name: str) -> dict:
+    """The DiLoCo options of a config of CONFIGS or OUTER (with its outer optimizer's factory)."""
+    if name in CONFIGS:
+        return CONFIGS[name]
+    options, cls, kwargs = OUTER[name]
+    return {**options, "outer_optimizer": lambda p: getattr(torch.optim, cls)(p, **kwargs)}
 
 
 def steps(rank: int, params, opt, start: int, stop: int) -> tuple[list[np.ndarray], list[int]]:
@@ -57,12 +65,12 @@ def checkpoint(params, opt) -> dict:
 def resumed(rank: int, name: str, at: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(the uninterrupted run's parameters after each step from ``at`` on, the resumed run's)."""
     params = model_from(initial())
-    opt = make(params, CONFIGS[name])
+    opt = make(params, options_of(name))
     steps(rank, params, opt, 0, at)
     saved = checkpoint(params, opt)
     want, _ = steps(rank, params, opt, at, STEPS)
     params2 = model_from(np.array(saved["params"], dtype=np.float32))
-    opt2 = make(params2, CONFIGS[name])
+    opt2 = make(params2, options_of(name))
     opt2.load_state_dict(saved["opt"])
     got, _ = steps(rank, params2, opt2, at, STEPS)
     return want, got
@@ -87,6 +95,11 @@ def bad_options() -> dict[str, str]:
         "unknown": {"outer_beta": 0.9},
         "bucket": {"bucket_mb": 1},
         "predivide": {"gradient_predivide_factor": 2.0},
+        "outer_instance": {"outer_optimizer": torch.optim.SGD([torch.zeros(2)], lr=0.7)},
+        "outer_returns_other": {"outer_optimizer": lambda p: [torch.optim.SGD(p, lr=0.7)]},
+        "outer_other_params": {"outer_optimizer": lambda p: torch.optim.SGD([torch.zeros(2)], lr=0.7)},
+        "outer_and_outer_lr": {"outer_optimizer": lambda p: torch.optim.SGD(p, lr=0.7), "outer_lr": 0.5},
+        "buffers_not_tensors": {"buffers": [torch.zeros(3), 1.5]},
     }
     out = {name: outcome(lambda kw=kw: wrap(**kw)) for name, kw in cases.items()}
     for kind in ("none", "int8"):  # a NaN in rank 1's parameters at a sync: refused on every rank
@@ -101,6 +114,8 @@ def bad_options() -> dict[str, str]:
     out["schedules_differ"] = outcome(lambda: steps(hc.rank(), params, opt, 0, 3))
     a, b = make(model_from(initial()), {"sync_every": 3}), make(model_from(initial()), {"sync_every": 4})
     out["load_other_options"] = outcome(lambda: b.load_state_dict(a.state_dict()))
+    c = make(model_from(initial()), {"sync_every": 3, "outer_optimizer": torch.optim.Adam})
+    out["load_other_outer"] = outcome(lambda: c.load_state_dict(a.state_dict()))
     return out
 
 
@@ -156,8 +171,14 @@ def main() -> None:
         opt = make(params, CONFIGS[name])
         steps(rank, params, opt, 0, at)
         state = opt.state_dict()
+        name, at = OUTER_RESUME
+        params2 = model_from(initial())
+        opt2 = make(params2, options_of(name))
+        steps(rank, params2, opt2, 0, at)
+        state2 = opt2.state_dict()
         if rank == 0:
             torch.save({"params": flat_of(params).tolist(), "opt": state}, sys.argv[1] + "/regrow.pt")
+            torch.save({"params": flat_of(params2).tolist(), "opt": state2}, sys.argv[1] + "/regrow_outer.pt")
         save(rank, {"done": True})
         return
     if mode and mode[0] == "regrow-load":
@@ -167,17 +188,22 @@ def main() -> None:
         opt = make(params, CONFIGS[name])
         opt.load_state_dict(saved["opt"])
         flats, _ = steps(rank, params, opt, at, STEPS)
-        save(rank, {"flats": flats})
+        name, at = OUTER_RESUME  # the outer optimizer's checkpoint, beside the first one
+        saved = torch.load(mode[1].replace("regrow.pt", "regrow_outer.pt"), weights_only=True)
+        params = model_from(np.array(saved["params"], dtype=np.float32))
+        opt = make(params, options_of(name))
+        opt.load_state_dict(saved["opt"])
+        save(rank, {"flats": flats, "outer_flats": steps(rank, params, opt, at, STEPS)[0]})
         return
     runs = {}
-    for name, options in CONFIGS.items():
+    for name in [*CONFIGS, *OUTER]:
         params = model_from(initial())
-        opt = make(params, options)
+        opt = make(params, options_of(name))
         flats, sent = steps(rank, params, opt, 0, STEPS)
         runs[name] = {"flats": flats, "sent": sent}
     save(rank, {
         "runs": runs,
-        "resumed": {f"{name}@{at}": resumed(rank, name, at) for name, at in RESUMES},
+        "resumed": {f"{name}@{at}": resumed(rank, name, at) for name, at in [*RESUMES, OUTER_RESUME]},
         "bad": bad_options(),
         "quantized": quantized(rank),
         "horovod": via_horovod(rank),

@@ -22,6 +22,14 @@ CONFIGS = {
     "int8": {"sync_every": 2, "outer_compression": "int8"},
     "int4": {"sync_every": 4, "fragments": 2, "sync_delay": 1, "outer_compression": "int4"},
 }
+#: name -> (DiLoCo options, the torch outer optimizer's class name in torch.optim, its arguments) of the runs with an
+#: outer optimizer of the user's (torch only): the paper's Nesterov SGD, and Adam on fragments with a delay.
+OUTER = {
+    "outer_sgd": ({"sync_every": 3}, "SGD", {"lr": 0.7, "momentum": 0.9, "nesterov": True}),
+    "outer_adam": ({"sync_every": 4, "fragments": 2, "sync_delay": 1}, "Adam", {"lr": 0.05}),
+}
+#: The outer optimizer's run resumed mid-phase (a sync in flight), in one process and at 2 -> 3 ranks.
+OUTER_RESUME = ("outer_adam", 6)
 #: (config, step after which the checkpoint is taken): mid-phase, and with a sync in flight where there is a delay.
 RESUMES = [("stream", 6), ("fp16", 3), ("plain", 4), ("int4", 6)]
 #: The 2 -> 3 rank resume: the config and the step of the 2-rank checkpoint (a sync in flight).

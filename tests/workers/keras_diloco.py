@@ -109,7 +109,7 @@ def bad() -> dict:
 
 
 def main() -> None:
-    runs, resumes = {}, {}
+    runs, resumes, copies = {}, {}, {}
     for name, options in CONFIGS.items():
         vs = variables(initial())
         opt = make(options)
@@ -118,10 +118,11 @@ def main() -> None:
         if at < STEPS:
             resumes[f"{name}@{at}"] = resumed(opt, vs, name, at)
             runs[name] += resumes[f"{name}@{at}"][0]
+        copies[name] = opt._hvdc.local.copies  # the copies of the variables to NumPy, over all STEPS steps
         if name == "int4":
             per_rank = sorted(v.name for v in opt.per_rank_variables)
     save(rank, {"runs": runs, "resumed": resumes, "function": in_function("stream"), "bad": bad(),
-                "per_rank": per_rank})
+                "per_rank": per_rank, "copies": copies})
 
 
 main()
