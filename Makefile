@@ -85,7 +85,7 @@ CPPTEST_OBJS_runtime := runtime dlpack_view adasum adasum_kernels allgather cast
 	block_quant_allreduce cpu_device staged_device hierarchical_allreduce masked_allreduce masks onebit_kernels philox signature sparse_allreduce \
 	stochastic_kernels
 CPPTEST_BINS += block_quant_allreduce
-CPPTEST_OBJS_block_quant_allreduce := block_quant_allreduce
+CPPTEST_OBJS_block_quant_allreduce = $(CPPTEST_OBJS_device_table)
 CPPTEST_BINS += device_table
 CPPTEST_OBJS_device_table := compressed_allreduce onebit_kernels signature cpu_device staged_device adasum adasum_kernels \
 	masks masked_allreduce philox stochastic_kernels block_quant_allreduce dense_allreduce cast

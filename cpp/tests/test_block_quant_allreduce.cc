@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "hvdc/block_quant_allreduce.h"
+#include "hvdc/device.h"
 #include "thread_communicator.h"
 
 namespace hvdc {
@@ -112,7 +113,7 @@ void matches_model(Failures& f, int n, int bits, bool average, int64_t numel, bo
       const std::string why = block_quant_check_input(view_of(x.data(), numel), e, bits,
                                                       average ? ReduceOp::kAverage : ReduceOp::kSum);
       f.check(why.empty(), name + ": refused: " + why);
-      block_quant_allreduce_prepared(comm, view_of(x.data(), numel), e, bits,
+      block_quant_allreduce_prepared(comm, cpu_device(KernelChoice::kAuto), view_of(x.data(), numel), e, bits,
                                      average ? ReduceOp::kAverage : ReduceOp::kSum);
       got[call][r] = x;
       got_error[call][r] = error;
