@@ -189,9 +189,12 @@ def plot(result: dict, model: str, path: Path) -> Path:
     with plots.context():
         fig, ax = plots.pyplot().subplots(figsize=(9, 5.5))
         for m in methods:
-            x, y = mean_curve([r["test_curve"] for r in records if r["method"] == m])
-            if x:
-                ax.plot(x, y, label=m, color=colors[m], linestyle=plots.style(m), linewidth=1.2)
+            mine = [r for r in records if r["method"] == m]
+            kept = [r["test_curve"] for r in mine if not r.get("diverged")]
+            gone = len(mine) - len(kept)  # a diverged seed's loss would swamp the mean: left out, and said
+            label = m if not gone else f"{m} ({gone}/{len(mine)} seeds diverged, left out)"
+            x, y = mean_curve(kept)
+            ax.plot(x, y, label=label, color=colors[m], linestyle=plots.style(m), linewidth=1.2)
         targets = [r["target"] for r in records if r["method"] == methods[0]]
         ax.axhline(statistics.fmean(targets), color="black", linewidth=0.8, linestyle="--",
                    label=f"target (dense at step {result['args']['target_step']}, mean)")
