@@ -152,7 +152,7 @@ endif
 # device kernels of cudacheck, the check's cases (cpp/tests/kernel_cases.h).
 KCHECK_SIZES ?= 1,7,8,4095,16777219
 KCHECK_CPU := onebit_kernels stochastic_kernels philox cast masks adasum_kernels onebit_adam_kernels \
-	onebit_lamb_kernels slamb_kernels sparse_allreduce cpu_device
+	onebit_lamb_kernels slamb_kernels sparse_allreduce block_quant_allreduce cpu_device
 KCHECK_CPU_OBJS := $(patsubst %,$(KCHECK_DIR)/obj/%.o,$(KCHECK_CPU))
 KCHECK_CXXFLAGS := -std=c++17 -O2 -fPIC -ffp-contract=off -Wall -Werror -Wno-psabi -pthread -Icpp/include \
 	-Icpp/tests -MMD -MP
