@@ -44,5 +44,5 @@ else
 fi
 if [ "${SAVE:-}" = 1 ]; then
     mkdir -p "$here/docs/bench-data"
-    find "$out" -maxdepth 1 -name '*.json' -newer "$marker" -exec cp -v {} "$here/docs/bench-data/" \;
+    find "$out" -maxdepth 1 -name '*.json' ! -name '*.partial.json' -newer "$marker" -exec cp -v {} "$here/docs/bench-data/" \;
 fi
